@@ -1,0 +1,64 @@
+"""The statestore client SDK: ``RingClient`` (blocking) and ``AsyncRingClient`` (asyncio).
+
+::
+
+    from client import RingClient, StoreId
+    with RingClient(["127.0.0.1:7400"]) as ring:
+        sid = StoreId(query="q1", operator=0, partition=3, name="default")
+        ring.commit(sid, version=1, puts={b"k": b"v"}, deletes=[], positions={"src-0": 42}, epoch=1)
+        st = ring.restore(sid, version=1)
+
+Errors come from one tree (``StateStoreError`` and below), re-exported here.
+"""
+
+from statestore.errors import (
+    CorruptChunk,
+    DecompressionBomb,
+    InvalidRequest,
+    InvalidStoreId,
+    MalformedData,
+    NodeUnavailable,
+    NotFound,
+    PayloadTooLarge,
+    QuorumNotReached,
+    RequestTimeout,
+    StaleEpoch,
+    StateStoreError,
+    StoreNotFound,
+    Unavailable,
+    VersionConflict,
+    VersionNotFound,
+)
+from statestore.ids import StoreId
+from statestore.manifest import Head
+from statestore.view import RingView
+
+from ._async import AsyncRingClient
+from ._core import CommitResult, RestoredState
+from ._sync import RingClient
+
+__all__ = [
+    "AsyncRingClient",
+    "CommitResult",
+    "CorruptChunk",
+    "DecompressionBomb",
+    "Head",
+    "InvalidRequest",
+    "InvalidStoreId",
+    "MalformedData",
+    "NodeUnavailable",
+    "NotFound",
+    "PayloadTooLarge",
+    "QuorumNotReached",
+    "RequestTimeout",
+    "RestoredState",
+    "RingClient",
+    "RingView",
+    "StaleEpoch",
+    "StateStoreError",
+    "StoreId",
+    "StoreNotFound",
+    "Unavailable",
+    "VersionConflict",
+    "VersionNotFound",
+]

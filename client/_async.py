@@ -1,0 +1,238 @@
+"""AsyncRingClient: the SDK for asyncio programs (the sync RingClient runs this on a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
+from statestore.errors import NodeUnavailable, StateStoreError, Unavailable
+from statestore.ids import StoreId
+from statestore.manifest import Head
+from statestore.replication import write_commit
+from statestore.restore import read_head, read_versions, restore_state
+from statestore.transport import HttpTransport
+from statestore.view import RingView
+
+from ._core import CommitResult, RestoredState, build_commit, check_plan, check_store, parse_seeds
+
+__all__ = ["AsyncRingClient"]
+
+T = TypeVar("T")
+
+
+class AsyncRingClient:
+    """Talks to the ring directly: learns it from any seed, routes to replicas itself.
+
+    Args:
+        seeds: ``HOST:PORT`` of one or more nodes (a list or a comma-separated string).
+        timeout: seconds for one request to one node.
+        concurrency: chunks in flight at once (the restorer's fan-in).
+        chunk_size: target raw bytes per chunk.
+        key_groups: key groups of newly written stores.
+        max_chunk: the decompressed size past which a chunk is refused as a bomb.
+    """
+
+    def __init__(
+        self,
+        seeds: Iterable[str] | str,
+        *,
+        timeout: float = 10.0,
+        concurrency: int = 16,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        key_groups: int = DEFAULT_KEY_GROUPS,
+        max_chunk: int = MAX_CHUNK_RAW,
+    ) -> None:
+        self.seeds = parse_seeds(seeds)
+        if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
+            raise ValueError("concurrency and chunk_size must be positive, key_groups 1..65536")
+        self.concurrency = concurrency
+        self.chunk_size = chunk_size
+        self.key_groups = key_groups
+        self.max_chunk = max_chunk
+        self._transport = HttpTransport(timeout=timeout, connections=max(64, concurrency * 4))
+        self._view: RingView | None = None
+
+    async def __aenter__(self) -> AsyncRingClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        await self._transport.start()
+        await self.refresh()
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    # -- ring view -----------------------------------------------------------------------
+    async def refresh(self) -> RingView:
+        """Fetch the ring view from any known node (live members first, then the seeds)."""
+        candidates = (self._view.live_addresses() if self._view else []) + self.seeds
+        errors: list[str] = []
+        for address in dict.fromkeys(candidates):
+            try:
+                resp = await self._transport.request("GET", address, "/v1/ring", timeout=3.0)
+            except StateStoreError as exc:
+                errors.append(str(exc))
+                continue
+            view = RingView.from_json(resp.json())
+            if self._view is None or view.epoch >= self._view.epoch:
+                self._view = view
+            return self._view
+        raise NodeUnavailable(
+            "no node of the ring answered (" + "; ".join(errors[:3]) + "): start a node, "
+            "or pass seeds of running ones"
+        )
+
+    async def view(self) -> RingView:
+        if self._view is None or self._transport.seen_epoch > self._view.epoch:
+            await self.refresh()
+        assert self._view is not None
+        return self._view
+
+    async def _routed(self, op: Callable[[RingView], Awaitable[T]]) -> T:
+        """Run ``op`` on the current view; on an availability error refresh once and retry."""
+        view = await self.view()
+        try:
+            return await op(view)
+        except Unavailable:
+            fresh = await self.refresh()
+            if fresh.epoch == view.epoch:
+                await asyncio.sleep(0.2)
+            return await op(await self.view())
+
+    async def ring(self) -> RingView:
+        return await self.refresh()
+
+    # -- state ---------------------------------------------------------------------------
+    async def commit(
+        self,
+        store: StoreId,
+        version: int,
+        puts: Mapping[bytes, bytes],
+        deletes: Iterable[bytes] = (),
+        positions: Mapping[str, Any] | None = None,
+        epoch: int = 0,
+        *,
+        snapshot: bool = False,
+    ) -> CommitResult:
+        """Commit ``version`` of ``store``: a delta on top of ``version - 1``, or a snapshot.
+
+        Returns once W replicas hold every chunk and the manifest durably. Re-committing the
+        same content is a no-op; raises StaleEpoch if a writer with a higher epoch took over,
+        VersionConflict for other content at the same epoch, QuorumNotReached if fewer than W
+        replicas answered (then nothing was acknowledged).
+        """
+        manifest, chunks = await asyncio.to_thread(
+            build_commit,
+            store,
+            version,
+            puts,
+            deletes,
+            positions,
+            epoch,
+            snapshot,
+            key_groups=self.key_groups,
+            chunk_size=self.chunk_size,
+            max_chunk=self.max_chunk,
+        )
+
+        async def op(view: RingView) -> CommitResult:
+            await write_commit(
+                self._transport, view, manifest, chunks, concurrency=self.concurrency
+            )
+            return CommitResult(
+                store,
+                version,
+                epoch,
+                manifest.kind,
+                len(chunks),
+                sum(len(c.data) for c in chunks),
+                sum(c.raw_size for c in chunks),
+            )
+
+        return await self._routed(op)
+
+    async def restore(
+        self,
+        store: StoreId,
+        version: int | None = None,
+        *,
+        plan: str = "star",
+        progress: Callable[[int], None] | None = None,
+    ) -> RestoredState:
+        """Rebuild a version (default: the latest) of ``store``.
+
+        Raises StoreNotFound / VersionNotFound for what is not there, CorruptChunk when a chunk
+        is bad on every holder, NodeUnavailable when no holder of a chunk answers.
+        """
+        check_store(store)
+        check_plan(plan)
+        if version is None:
+            version = (await self.latest(store)).version
+        started = time.perf_counter()
+        want = version
+
+        async def op(view: RingView) -> RestoredState:
+            state, chain, stats = await restore_state(
+                self._transport,
+                view,
+                store,
+                want,
+                concurrency=self.concurrency,
+                max_raw=self.max_chunk,
+                progress=progress,
+            )
+            top = chain[-1]
+            info = stats.as_dict()
+            info["seconds"] = round(time.perf_counter() - started, 4)
+            return RestoredState(state, want, top.epoch, dict(top.positions), plan, info)
+
+        return await self._routed(op)
+
+    async def get(self, store: StoreId, key: bytes, version: int | None = None) -> bytes | None:
+        """The value of ``key`` at ``version`` (default: latest), or None if it has none.
+
+        Fetches only the chunks of that key's key group along the chain.
+        """
+        check_store(store)
+        if not isinstance(key, bytes):
+            raise TypeError(f"key must be bytes, got {type(key).__name__}")
+        if version is None:
+            version = (await self.latest(store)).version
+        want = version
+
+        async def op(view: RingView) -> bytes | None:
+            state, _, _ = await restore_state(
+                self._transport,
+                view,
+                store,
+                want,
+                concurrency=self.concurrency,
+                key=key,
+                max_raw=self.max_chunk,
+            )
+            return state.get(key)
+
+        return await self._routed(op)
+
+    async def latest(self, store: StoreId) -> Head:
+        """The store's head: latest version and the epoch that wrote it."""
+        check_store(store)
+        return await self._routed(lambda view: read_head(self._transport, view, store))
+
+    async def versions(self, store: StoreId) -> list[int]:
+        """The versions still retained, oldest first."""
+        check_store(store)
+        return await self._routed(lambda view: read_versions(self._transport, view, store))

@@ -1,0 +1,106 @@
+"""RingClient: the blocking SDK (scripts, Spark executors), over AsyncRingClient.
+
+It owns one event loop on a private thread and runs the async client there. This is
+deliberate: a restore fans out over many nodes at once, and one async implementation of the
+read and write paths is easier to keep right than a second, threaded one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from statestore.ids import StoreId
+from statestore.manifest import Head
+from statestore.view import RingView
+
+from ._async import AsyncRingClient
+from ._core import CommitResult, RestoredState
+
+__all__ = ["RingClient"]
+
+T = TypeVar("T")
+
+
+class RingClient:
+    """Blocking twin of :class:`AsyncRingClient`; same arguments, same errors."""
+
+    def __init__(self, seeds: Iterable[str] | str, **options: Any) -> None:
+        self._async = AsyncRingClient(seeds, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="statestore-client", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._call(self._async.connect())
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _shutdown(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._async.close())
+        finally:
+            self._shutdown()
+
+    def __enter__(self) -> RingClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def commit(
+        self,
+        store: StoreId,
+        version: int,
+        puts: Mapping[bytes, bytes],
+        deletes: Iterable[bytes] = (),
+        positions: Mapping[str, Any] | None = None,
+        epoch: int = 0,
+        *,
+        snapshot: bool = False,
+    ) -> CommitResult:
+        return self._call(
+            self._async.commit(store, version, puts, deletes, positions, epoch, snapshot=snapshot)
+        )
+
+    def restore(
+        self,
+        store: StoreId,
+        version: int | None = None,
+        *,
+        plan: str = "star",
+        progress: Callable[[int], None] | None = None,
+    ) -> RestoredState:
+        return self._call(self._async.restore(store, version, plan=plan, progress=progress))
+
+    def get(self, store: StoreId, key: bytes, version: int | None = None) -> bytes | None:
+        return self._call(self._async.get(store, key, version))
+
+    def latest(self, store: StoreId) -> Head:
+        return self._call(self._async.latest(store))
+
+    def versions(self, store: StoreId) -> list[int]:
+        return self._call(self._async.versions(store))
+
+    def ring(self) -> RingView:
+        return self._call(self._async.ring())

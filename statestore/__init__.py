@@ -1,0 +1,49 @@
+"""statestore: a DHT-backed, replicated, versioned state store for stream processing.
+
+The node daemon and the pure core it shares with the client SDK (``client``). See README.md.
+"""
+
+from .errors import (
+    CorruptChunk,
+    DecompressionBomb,
+    InvalidRequest,
+    InvalidStoreId,
+    MalformedData,
+    NodeUnavailable,
+    NotFound,
+    PayloadTooLarge,
+    QuorumNotReached,
+    RequestTimeout,
+    StaleEpoch,
+    StateStoreError,
+    StoreNotFound,
+    Unavailable,
+    VersionConflict,
+    VersionNotFound,
+)
+from .ids import StoreId
+from .manifest import Head
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CorruptChunk",
+    "DecompressionBomb",
+    "Head",
+    "InvalidRequest",
+    "InvalidStoreId",
+    "MalformedData",
+    "NodeUnavailable",
+    "NotFound",
+    "PayloadTooLarge",
+    "QuorumNotReached",
+    "RequestTimeout",
+    "StaleEpoch",
+    "StateStoreError",
+    "StoreId",
+    "StoreNotFound",
+    "Unavailable",
+    "VersionConflict",
+    "VersionNotFound",
+    "__version__",
+]

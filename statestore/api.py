@@ -1,0 +1,260 @@
+"""The node's HTTP API under ``/v1/`` (docs/api.md is its written form).
+
+Handlers validate names first, hand the decision to the core and storage, and map every
+error of the tree onto ``{"error": {"code", "message"}}`` with its status: no stack trace ever
+reaches a caller. Every response carries the ring epoch in ``X-Statestore-Epoch``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .errors import (
+    InvalidRequest,
+    MalformedData,
+    PayloadTooLarge,
+    StateStoreError,
+    StoreNotFound,
+)
+from .ids import StoreId, check_version, chunk_key, parse_chunk_key
+from .manifest import decode_manifest, encode_chain, local_chain
+from .node import Node
+from .transport import EPOCH_HEADER
+
+__all__ = ["NODE", "build_app"]
+
+log = logging.getLogger(__name__)
+NODE = web.AppKey("node", Node)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    node = request.app[NODE]
+    try:
+        resp = await handler(request)
+    except StateStoreError as exc:
+        resp = _error(exc.status, exc.code, str(exc))
+    except web.HTTPRequestEntityTooLarge as exc:
+        resp = _error(
+            413,
+            PayloadTooLarge.code,
+            f"request body is larger than this node's limit ({exc.text}); "
+            "send smaller chunks or start the node with a larger --max-body",
+        )
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            resp = _error(
+                exc.status, "http_error", f"{exc.reason}: {request.method} {request.path}"
+            )
+        else:
+            raise
+    except Exception as exc:  # the boundary: log it, answer in our words
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        resp = _error(500, "internal", f"node error: {type(exc).__name__}: {exc}")
+    resp.headers[EPOCH_HEADER] = str(node.epoch)
+    return resp
+
+
+def _store(request: web.Request) -> StoreId:
+    mi = request.match_info
+    for part in ("operator", "partition"):
+        if not mi[part].isdigit():
+            raise InvalidRequest(f"store {part} {mi[part]!r} must be a non-negative integer")
+    return StoreId(mi["query"], int(mi["operator"]), int(mi["partition"]), mi["name"])
+
+
+def _version(text: str | None) -> int:
+    if text is None or not text.isdigit() or len(text) > 19:
+        raise InvalidRequest(f"version {text!r} must be a positive integer")
+    return check_version(int(text))
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise MalformedData(f"request body is not JSON ({exc})") from exc
+
+
+# -- node and ring ----------------------------------------------------------------------
+async def health(request: web.Request) -> web.Response:
+    return web.json_response(request.app[NODE].health())
+
+
+async def ring(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    view = node.view()
+    shares = view.ring.shares()
+    body = view.to_json()
+    for m in body["members"]:
+        m["share"] = round(shares.get(m["id"], 0.0), 4)
+    body["self"] = node.id
+    return web.json_response(body)
+
+
+async def gossip(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    assert node.membership is not None
+    node.membership.merge(await _json(request), node.clock())
+    return web.json_response(node.membership.digest())
+
+
+# -- chunks -----------------------------------------------------------------------------
+async def put_chunk(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    key = request.match_info["key"]
+    data = await request.read()
+    if len(data) > node.config.max_chunk:
+        raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
+    await node.write(node.store.put_chunk, key, data)
+    return web.json_response({"stored": key}, status=201)
+
+
+async def get_chunk(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    key = request.match_info["key"]
+    data = node.store.get_chunk(key)
+    if data is None:
+        from .errors import NotFound
+
+        raise NotFound(f"chunk {key} is not on this node; try another replica")
+    return web.Response(body=data, content_type="application/octet-stream")
+
+
+async def have(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _json(request)
+    chunks = body.get("chunks", [])
+    manifests = body.get("manifests", [])
+    if not isinstance(chunks, list) or not isinstance(manifests, list):
+        raise MalformedData("have: chunks and manifests must be lists")
+    out_m = []
+    floors: dict[str, int] = {}
+    for path, version, kind in manifests:
+        store = StoreId.parse(path)
+        floors[store.path] = node.store.floor(store)
+        out_m.append(node.store.raw_manifest(store, int(version), str(kind)) is not None)
+    for key in chunks:
+        store, _, _ = parse_chunk_key(str(key))
+        if store.path not in floors:
+            floors[store.path] = node.store.floor(store)
+    return web.json_response(
+        {
+            "chunks": node.store.has_chunks([str(k) for k in chunks]),
+            "manifests": out_m,
+            "floors": {k: v for k, v in floors.items() if v},
+        }
+    )
+
+
+# -- manifests and stores ---------------------------------------------------------------
+async def put_manifest(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.match_info["version"])
+    kind = request.match_info["kind"]
+    m = decode_manifest(await request.read())
+    if (m.store, m.version, m.kind) != (store, version, kind):
+        raise InvalidRequest(
+            f"manifest is for {m.store} v{m.version} {m.kind}, but was sent to "
+            f"{store} v{version} {kind}"
+        )
+    if version < node.store.floor(store):
+        raise InvalidRequest(f"{store} version {version} is below retention; commit a newer one")
+    for ref in m.chunks:
+        chunk_key(store, version, ref.name)  # validates chunk names
+    created = await node.write(node.store.put_manifest, m)
+    return web.json_response({"stored": created}, status=201 if created else 200)
+
+
+async def get_manifest(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.match_info["version"])
+    raw = node.store.raw_manifest(store, version, request.match_info["kind"])
+    if raw is None:
+        from .errors import VersionNotFound
+
+        raise VersionNotFound(f"{store} version {version} has no manifest on this node")
+    return web.Response(body=raw, content_type="application/msgpack")
+
+
+async def head(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    h = node.store.head(store)
+    if h is None:
+        raise StoreNotFound(f"store {store} has no version on this node")
+    return web.json_response({"version": h.version, "epoch": h.epoch})
+
+
+async def versions(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    if node.store.head(store) is None:
+        raise StoreNotFound(f"store {store} has no version on this node")
+    floor = node.store.floor(store)
+    vs = [v for v in node.store.versions(store) if v >= floor]
+    return web.json_response({"versions": vs, "floor": floor})
+
+
+async def chain(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.query.get("version"))
+    if node.store.head(store) is None:
+        raise StoreNotFound(f"store {store} has no version on this node")
+    deltas, snaps = node.store.manifests(store)
+    return web.Response(
+        body=encode_chain(local_chain(deltas, snaps, version)), content_type="application/msgpack"
+    )
+
+
+async def gc(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    body = await _json(request)
+    floor = body.get("floor") if isinstance(body, dict) else None
+    if not isinstance(floor, int) or floor < 0:
+        raise MalformedData('gc: body must be {"floor": <version>}')
+    dropped = await node.write(node.store.apply_floor, store, floor)
+    node.stats["gc"] += dropped
+    return web.json_response({"dropped": dropped, "floor": node.store.floor(store)})
+
+
+async def list_stores(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return web.json_response({"stores": [s.path for s in node.store.stores()]})
+
+
+def build_app(node: Node) -> web.Application:
+    app = web.Application(client_max_size=node.config.max_body, middlewares=[errors_middleware])
+    app[NODE] = node
+    s = "/v1/stores/{query}/{operator}/{partition}/{name}"
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/ring", ring)
+    app.router.add_post("/v1/gossip", gossip)
+    app.router.add_post("/v1/sync/have", have)
+    app.router.add_put("/v1/chunks/{key:.+}", put_chunk)
+    app.router.add_get("/v1/chunks/{key:.+}", get_chunk)
+    app.router.add_put(
+        "/v1/manifests/{query}/{operator}/{partition}/{name}/{version}/{kind}", put_manifest
+    )
+    app.router.add_get(
+        "/v1/manifests/{query}/{operator}/{partition}/{name}/{version}/{kind}", get_manifest
+    )
+    app.router.add_get("/v1/stores", list_stores)
+    app.router.add_get(s + "/head", head)
+    app.router.add_get(s + "/versions", versions)
+    app.router.add_get(s + "/chain", chain)
+    app.router.add_post(s + "/gc", gc)
+    return app

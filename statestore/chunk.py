@@ -1,0 +1,183 @@
+"""Key groups and the chunk codec (pure).
+
+A commit's rows are laid out by key group (``xxh3_64(key) % groups``), sorted, and cut into
+chunks of about ``target_size`` raw bytes. A chunk covers a contiguous key-group range
+``[lo, hi]`` (a group bigger than the target spans several chunks). Its payload is a format
+byte and a msgpack array of alternating keys and values (``None`` marks a delete), compressed
+with zstd level 1; its checksum is xxh3-64 of the compressed bytes, so a node can verify a
+chunk without decompressing it. Decoding refuses frames that would expand past a limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import msgpack
+import xxhash
+import zstandard
+
+from .errors import CorruptChunk, DecompressionBomb, InvalidRequest, PayloadTooLarge
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_KEY_GROUPS",
+    "MAX_CHUNK_RAW",
+    "EncodedChunk",
+    "Row",
+    "checksum",
+    "decode_chunk",
+    "encode_chunks",
+    "key_group",
+    "verify",
+]
+
+DEFAULT_KEY_GROUPS = 128
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+MAX_CHUNK_RAW = 256 * 1024 * 1024
+_FORMAT = b"\x01"
+_ROW_OVERHEAD = 10
+
+Row = tuple[bytes, bytes | None]
+
+
+@dataclass(frozen=True)
+class EncodedChunk:
+    """One compressed chunk, ready to send."""
+
+    name: str
+    lo: int
+    hi: int
+    data: bytes
+    checksum: int
+    raw_size: int
+    rows: int
+
+
+def key_group(key: bytes, groups: int) -> int:
+    """The key group of ``key`` among ``groups`` groups."""
+    return xxhash.xxh3_64_intdigest(key) % groups
+
+
+def checksum(data: bytes) -> int:
+    """xxh3-64 of ``data`` (the compressed chunk bytes)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def verify(data: bytes, expected: int, what: str) -> None:
+    """Raise CorruptChunk if ``data`` does not have checksum ``expected``."""
+    got = checksum(data)
+    if got != expected:
+        raise CorruptChunk(
+            f"chunk {what} is corrupt: checksum {got:016x} != expected {expected:016x}; "
+            "it will be read from another replica, and repair rewrites the bad copy"
+        )
+
+
+def _check_bytes(what: str, value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, got {type(value).__name__}")
+
+
+def encode_chunks(
+    puts: Mapping[bytes, bytes],
+    deletes: Iterable[bytes],
+    *,
+    groups: int = DEFAULT_KEY_GROUPS,
+    target_size: int = DEFAULT_CHUNK_SIZE,
+    kind: str = "d",
+    max_raw: int = MAX_CHUNK_RAW,
+) -> list[EncodedChunk]:
+    """Lay rows out by key group and cut them into compressed chunks.
+
+    ``kind`` is ``"d"`` for a delta and ``"s"`` for a snapshot; it prefixes chunk names.
+    Raises InvalidRequest for a key both put and deleted, PayloadTooLarge if one row is
+    bigger than ``max_raw`` and TypeError for keys or values that are not bytes.
+    """
+    rows: list[tuple[int, bytes, bytes | None]] = []
+    put_keys = set()
+    for k, v in puts.items():
+        key = _check_bytes("key", k)
+        val = _check_bytes("value", v)
+        if len(key) + len(val) + _ROW_OVERHEAD > max_raw:
+            raise PayloadTooLarge(
+                f"row of {len(key) + len(val)} bytes is over the {max_raw}-byte chunk limit"
+            )
+        put_keys.add(key)
+        rows.append((key_group(key, groups), key, val))
+    for k in deletes:
+        key = _check_bytes("deleted key", k)
+        if key in put_keys:
+            raise InvalidRequest(
+                f"key {key[:64]!r} is both put and deleted in one commit: keep one of the two"
+            )
+        rows.append((key_group(key, groups), key, None))
+    rows.sort(key=lambda r: (r[0], r[1]))
+
+    chunks: list[EncodedChunk] = []
+    batch: list[bytes | None] = []
+    size = 0
+    lo = hi = -1
+    cctx = zstandard.ZstdCompressor(level=1)
+
+    def flush() -> None:
+        raw = _FORMAT + msgpack.packb(batch, use_bin_type=True)
+        data = cctx.compress(raw)
+        digest = checksum(data)
+        name = f"{kind}{len(chunks)}-{digest:016x}"
+        chunks.append(EncodedChunk(name, lo, hi, data, digest, len(raw), len(batch) // 2))
+
+    for group, rkey, rval in rows:
+        row_size = len(rkey) + (len(rval) if rval is not None else 0) + _ROW_OVERHEAD
+        if batch and size + row_size > target_size:
+            flush()
+            batch, size, lo = [], 0, -1
+        if lo < 0:
+            lo = group
+        hi = group
+        batch.append(rkey)
+        batch.append(rval)
+        size += row_size
+    if batch or not chunks:
+        if lo < 0:
+            lo, hi = 0, groups - 1
+        flush()
+    return chunks
+
+
+def decode_chunk(data: bytes, *, max_raw: int = MAX_CHUNK_RAW, what: str = "") -> list[Row]:
+    """Decompress and decode one chunk into its rows, in key-group order.
+
+    Raises DecompressionBomb if the frame would expand past ``max_raw`` and CorruptChunk if
+    it is not a chunk this version of statestore wrote.
+    """
+    try:
+        declared = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunk(f"chunk {what} is not a zstd frame ({exc})") from exc
+    if declared > max_raw:
+        raise DecompressionBomb(
+            f"chunk {what} would decompress to {declared} bytes, past the {max_raw}-byte limit; "
+            "raise --max-chunk if this is real data"
+        )
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=max_raw)
+    except zstandard.ZstdError as exc:
+        if "exceed" in str(exc) or "output size" in str(exc):
+            raise DecompressionBomb(
+                f"chunk {what} decompresses past the {max_raw}-byte limit"
+            ) from exc
+        raise CorruptChunk(f"chunk {what} does not decompress ({exc})") from exc
+    if raw[:1] != _FORMAT:
+        raise CorruptChunk(f"chunk {what} has unknown format byte {raw[:1]!r}")
+    try:
+        flat = msgpack.unpackb(memoryview(raw)[1:], use_list=True, raw=True)
+    except Exception as exc:
+        raise CorruptChunk(f"chunk {what} payload does not decode ({exc})") from exc
+    if not isinstance(flat, list) or len(flat) % 2:
+        raise CorruptChunk(f"chunk {what} payload is not a list of key/value pairs")
+    it = iter(flat)
+    return list(zip(it, it, strict=True))

@@ -1,0 +1,152 @@
+"""Node processes on loopback: ``statestore local``, the demo, the tests and the benchmarks.
+
+Each node is a separate ``python -m statestore node`` process (so ``kill -9`` is real), started
+on a given or OS-chosen port; its first stdout line announces the address it bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LocalRing", "NodeProcess", "http_json"]
+
+
+def http_json(address: str, path: str, timeout: float = 2.0) -> object:
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+@dataclass
+class NodeProcess:
+    data_dir: str
+    port: int
+    args: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    address: str = ""
+    id: str = ""
+    log_path: str = ""
+
+    def start(self, seeds: Sequence[str], timeout: float = 30.0) -> None:
+        os.makedirs(self.data_dir, exist_ok=True)
+        out_path = os.path.join(self.data_dir, "node.out")
+        self.log_path = os.path.join(self.data_dir, "node.log")
+        cmd = [
+            sys.executable,
+            "-m",
+            "statestore",
+            "node",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--data-dir",
+            self.data_dir,
+            *self.args,
+        ]
+        if seeds:
+            cmd += ["--seeds", ",".join(seeds)]
+        with open(out_path, "wb") as out, open(self.log_path, "ab") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(out_path, "rb") as f:
+                line = f.readline().decode()
+            if line.endswith("\n") and " listening on " in line:
+                parts = line.split()
+                self.id = parts[2]
+                self.address = parts[5]
+                self.port = int(self.address.rsplit(":", 1)[1])  # keep the port on restart
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop(signal.SIGKILL)
+        with open(self.log_path, "rb") as f:
+            tail = f.read()[-2000:].decode(errors="replace")
+        raise RuntimeError(f"node in {self.data_dir} did not start:\n{tail}")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@dataclass
+class LocalRing:
+    """N node processes on 127.0.0.1 (port 0 = let the OS choose)."""
+
+    base_dir: str
+    nodes: int = 3
+    base_port: int = 0
+    args: list[str] = field(default_factory=list)
+    procs: list[NodeProcess] = field(default_factory=list)
+
+    def start(self) -> LocalRing:
+        for _ in range(self.nodes):
+            self.add_node()
+        self.wait_ring(self.nodes)
+        return self
+
+    def add_node(self, args: Sequence[str] = ()) -> NodeProcess:
+        i = len(self.procs)
+        port = self.base_port + i if self.base_port else 0
+        node = NodeProcess(os.path.join(self.base_dir, f"node-{i}"), port, [*self.args, *args])
+        node.start(self.seeds[:1])
+        self.procs.append(node)
+        return node
+
+    @property
+    def seeds(self) -> list[str]:
+        return [p.address for p in self.procs if p.alive]
+
+    def kill(self, i: int) -> None:
+        """``kill -9`` node ``i``."""
+        self.procs[i].stop(signal.SIGKILL)
+
+    def restart(self, i: int) -> None:
+        self.procs[i].start([s for s in self.seeds if s != self.procs[i].address][:1])
+
+    def ring(self, address: str | None = None) -> dict[str, Any]:
+        obj = http_json(address or self.seeds[0], "/v1/ring")
+        assert isinstance(obj, dict)
+        return obj
+
+    def wait_ring(self, up: int, timeout: float = 60.0) -> None:
+        """Wait until every live node sees exactly ``up`` members up and one epoch."""
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                views = [self.ring(a) for a in self.seeds]
+                counts = [sum(1 for m in v["members"] if m["status"] == "up") for v in views]
+                epochs = {v["epoch"] for v in views}
+                last = (counts, epochs)
+                if all(c == up for c in counts) and len(epochs) == 1:
+                    return
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                last = exc
+            time.sleep(0.2)
+        raise TimeoutError(f"ring did not settle on {up} up members: {last}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()

@@ -1,0 +1,109 @@
+"""Consistent-hashing placement (pure): 64-bit xxhash tokens, virtual nodes, zone-aware replicas.
+
+Every physical node owns ``vnodes`` tokens ``xxh64("<node id>#<i>")``. An item's token is
+``xxh3_64(key)``; its replicas are the first ``R`` distinct physical nodes met walking the ring
+clockwise from that token. When nodes declare zones, the walk first takes nodes of zones not
+yet used and fills up from the rest only when there are fewer zones than ``R`` (DESIGN.md,
+Placement). ``preference`` continues the same walk over every node, which is the order in
+which a reader tries holders.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+__all__ = ["DEFAULT_VNODES", "Member", "Ring", "item_token", "node_tokens"]
+
+DEFAULT_VNODES = 128
+RING_SIZE = 2**64
+
+
+@dataclass(frozen=True, order=True)
+class Member:
+    """A physical node as placement sees it."""
+
+    id: str
+    zone: str = ""
+
+
+def node_tokens(node_id: str, vnodes: int) -> list[int]:
+    return [xxhash.xxh64_intdigest(f"{node_id}#{i}".encode()) for i in range(vnodes)]
+
+
+def item_token(key: str | bytes) -> int:
+    return xxhash.xxh3_64_intdigest(key.encode() if isinstance(key, str) else key)
+
+
+class Ring:
+    """An immutable ring over a set of members."""
+
+    def __init__(self, members: Iterable[Member], vnodes: int = DEFAULT_VNODES) -> None:
+        if vnodes < 1:
+            raise ValueError(f"vnodes must be at least 1, got {vnodes}")
+        self.members: tuple[Member, ...] = tuple(sorted(set(members)))
+        self.vnodes = vnodes
+        pairs = sorted((tok, m.id) for m in self.members for tok in node_tokens(m.id, vnodes))
+        self._tokens = [t for t, _ in pairs]
+        self._owners = [o for _, o in pairs]
+        self._zone = {m.id: m.zone for m in self.members}
+        self._zoned = len({m.zone for m in self.members}) > 1
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def preference(self, key: str | bytes) -> list[str]:
+        """Every node, in the order the clockwise walk from ``key``'s token meets them."""
+        if not self._tokens:
+            return []
+        start = bisect.bisect_left(self._tokens, item_token(key))
+        seen: list[str] = []
+        seen_set: set[str] = set()
+        n = len(self._tokens)
+        total = len(self.members)
+        for i in range(n):
+            owner = self._owners[(start + i) % n]
+            if owner not in seen_set:
+                seen_set.add(owner)
+                seen.append(owner)
+                if len(seen) == total:
+                    break
+        return seen
+
+    def replicas(self, key: str | bytes, r: int) -> list[str]:
+        """The ``r`` nodes that hold ``key`` (fewer if the ring is smaller)."""
+        walk = self.preference(key)
+        if not self._zoned:
+            return walk[:r]
+        chosen: list[str] = []
+        zones: set[str] = set()
+        for node in walk:
+            if len(chosen) == r:
+                break
+            if self._zone[node] not in zones:
+                chosen.append(node)
+                zones.add(self._zone[node])
+        for node in walk:
+            if len(chosen) == r:
+                break
+            if node not in chosen:
+                chosen.append(node)
+        return chosen
+
+    def shares(self) -> dict[str, float]:
+        """Each node's fraction of the token space it is primary for."""
+        out = {m.id: 0.0 for m in self.members}
+        n = len(self._tokens)
+        for i in range(n):
+            prev = self._tokens[i - 1] if i else self._tokens[-1] - RING_SIZE
+            out[self._owners[i]] += (self._tokens[i] - prev) / RING_SIZE
+        return out
+
+    def primary_counts(self, keys: Sequence[str]) -> dict[str, int]:
+        out = {m.id: 0 for m in self.members}
+        for k in keys:
+            out[self.preference(k)[0]] += 1
+        return out

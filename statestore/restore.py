@@ -1,0 +1,229 @@
+"""The read path (star plan), shared by the client and the node's compactor.
+
+Restoring (store, version): ask the store's replicas for the manifests of the chain, merge
+what they return (per version the highest epoch wins), resolve the chain (a snapshot plus the
+deltas above it), then pull every chunk in parallel with bounded fan-in from its holders,
+failing over to the next holder on error, timeout or checksum mismatch (DESIGN.md, Recovery
+plans: star). Chunks are decoded on worker threads while others are still in flight, and
+folded in chain order: a later put or delete of a key replaces the earlier one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .chunk import MAX_CHUNK_RAW, Row, decode_chunk, key_group, verify
+from .errors import (
+    CorruptChunk,
+    NodeUnavailable,
+    NotFound,
+    QuorumNotReached,
+    StateStoreError,
+    StoreNotFound,
+    Unavailable,
+)
+from .ids import StoreId, chunk_key
+from .manifest import ChunkRef, Head, Manifest, decode_chain, resolve_chain
+from .quorum import first_semantic, merge_heads, read_quorum
+from .transport import HttpTransport
+from .view import RingView
+
+__all__ = [
+    "RestoreStats",
+    "fetch_chunk",
+    "fold",
+    "read_chain",
+    "read_head",
+    "read_versions",
+    "restore_state",
+]
+
+
+@dataclass
+class RestoreStats:
+    chunks: int = 0
+    bytes: int = 0
+    failovers: int = 0
+    chain: int = 0
+    by_node: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chunks": self.chunks,
+            "bytes": self.bytes,
+            "failovers": self.failovers,
+            "chain": self.chain,
+            "bytes_by_node": dict(self.by_node),
+        }
+
+
+async def _ask_replicas(
+    transport: HttpTransport, view: RingView, store: StoreId, path: str
+) -> tuple[list[bytes], list[BaseException]]:
+    targets = view.store_replicas(store)
+    results = await asyncio.gather(
+        *(transport.request("GET", a, path) for a in targets), return_exceptions=True
+    )
+    bodies = [r.body for r in results if not isinstance(r, BaseException)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for e in errors:
+        if not isinstance(e, StateStoreError):
+            raise e
+    return bodies, errors
+
+
+def _need(view: RingView, store: StoreId, answered: int, errors: list[BaseException]) -> None:
+    need = min(read_quorum(view.replicas, view.write_quorum), len(view.store_replicas(store)))
+    if answered < need:
+        raise QuorumNotReached(
+            f"reading {store} needs {need} replica answer(s), got {answered}: "
+            + "; ".join(str(e) for e in errors)
+        )
+
+
+async def read_head(transport: HttpTransport, view: RingView, store: StoreId) -> Head:
+    """The store's latest head over a read quorum. Raises StoreNotFound if none has one."""
+    bodies, errors = await _ask_replicas(transport, view, store, f"/v1/stores/{store.path}/head")
+    not_found = [e for e in errors if isinstance(e, NotFound)]
+    _need(view, store, len(bodies) + len(not_found), errors)
+    heads = [Head(int(o["version"]), int(o["epoch"])) for o in map(json.loads, bodies)]
+    best = merge_heads(heads)
+    if best is None:
+        raise StoreNotFound(f"store {store} has no committed version: commit one first")
+    return best
+
+
+async def read_versions(transport: HttpTransport, view: RingView, store: StoreId) -> list[int]:
+    bodies, errors = await _ask_replicas(
+        transport, view, store, f"/v1/stores/{store.path}/versions"
+    )
+    not_found = [e for e in errors if isinstance(e, NotFound)]
+    _need(view, store, len(bodies) + len(not_found), errors)
+    out: set[int] = set()
+    floor = 0
+    for o in map(json.loads, bodies):
+        out.update(int(v) for v in o["versions"])
+        floor = max(floor, int(o.get("floor", 0)))
+    if not out:
+        raise StoreNotFound(f"store {store} has no committed version: commit one first")
+    return sorted(v for v in out if v >= floor)
+
+
+async def read_chain(
+    transport: HttpTransport, view: RingView, store: StoreId, version: int
+) -> list[Manifest]:
+    """The manifests to apply for ``version``, merged over the store's replicas."""
+    bodies, errors = await _ask_replicas(
+        transport, view, store, f"/v1/stores/{store.path}/chain?version={version}"
+    )
+    if not bodies:
+        sem = first_semantic(errors)
+        if sem is not None:
+            raise sem
+        raise NodeUnavailable(
+            f"no replica of {store} answered: " + "; ".join(str(e) for e in errors)
+        )
+    deltas: dict[int, Manifest] = {}
+    snaps: dict[int, Manifest] = {}
+    for body in bodies:
+        for m in decode_chain(body):
+            table = deltas if m.kind == "delta" else snaps
+            cur = table.get(m.version)
+            if cur is None or m.epoch > cur.epoch:
+                table[m.version] = m
+    return resolve_chain(store, version, deltas, snaps)
+
+
+async def fetch_chunk(
+    transport: HttpTransport,
+    view: RingView,
+    store: StoreId,
+    version: int,
+    ref: ChunkRef,
+    stats: RestoreStats,
+    *,
+    skip: Callable[[str], bool] | None = None,
+) -> bytes:
+    """Fetch one chunk from the first holder that returns verified bytes."""
+    key = chunk_key(store, version, ref.name)
+    errors: list[StateStoreError] = []
+    for address in view.read_order(key):
+        if skip is not None and skip(address):
+            continue
+        try:
+            resp = await transport.request("GET", address, f"/v1/chunks/{key}")
+            verify(resp.body, ref.checksum, key)
+        except (Unavailable, CorruptChunk, NotFound) as exc:
+            errors.append(exc)
+            stats.failovers += 1
+            continue
+        stats.chunks += 1
+        stats.bytes += len(resp.body)
+        stats.by_node[address] = stats.by_node.get(address, 0) + len(resp.body)
+        return resp.body
+    if errors and all(isinstance(e, CorruptChunk) for e in errors):
+        raise CorruptChunk(f"chunk {key} is corrupt on every holder: {errors[0]}")
+    raise NodeUnavailable(
+        f"chunk {key} could not be read from any live holder: "
+        + "; ".join(str(e) for e in errors[:3])
+    )
+
+
+def fold(state: dict[bytes, bytes], rows: list[Row]) -> None:
+    """Apply one chunk's rows: a put replaces, a delete removes."""
+    for k, v in rows:
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+
+
+async def restore_state(
+    transport: HttpTransport,
+    view: RingView,
+    store: StoreId,
+    version: int,
+    *,
+    concurrency: int = 16,
+    key: bytes | None = None,
+    max_raw: int = MAX_CHUNK_RAW,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict[bytes, bytes], list[Manifest], RestoreStats]:
+    """Rebuild ``version`` of ``store``; with ``key``, only that key's key group is fetched."""
+    chain = await read_chain(transport, view, store, version)
+    stats = RestoreStats(chain=len(chain))
+    wanted: list[tuple[int, ChunkRef]] = []
+    for m in chain:
+        g = key_group(key, m.key_groups) if key is not None else -1
+        for ref in m.chunks:
+            if g < 0 or ref.lo <= g <= ref.hi:
+                wanted.append((m.version, ref))
+    sem = asyncio.Semaphore(concurrency)
+    loop = asyncio.get_running_loop()
+
+    async def one(version_: int, ref: ChunkRef) -> list[Row]:
+        async with sem:
+            data = await fetch_chunk(transport, view, store, version_, ref, stats)
+        rows = await loop.run_in_executor(
+            None, lambda: decode_chunk(data, max_raw=max_raw, what=ref.name)
+        )
+        if progress is not None:
+            progress(len(data))
+        return rows
+
+    tasks = [asyncio.ensure_future(one(v, r)) for v, r in wanted]
+    state: dict[bytes, bytes] = {}
+    try:
+        for t in tasks:  # fold in chain order while later chunks are still arriving
+            fold(state, await t)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if key is not None:
+        state = {key: state[key]} if key in state else {}
+    return state, chain, stats

@@ -1,0 +1,65 @@
+"""Run one node daemon: bind the HTTP API, start the node, stop gracefully on SIGTERM/SIGINT.
+
+Graceful means: stop accepting connections, let in-flight requests (a chunk being fsynced, a
+manifest being written) finish, then cancel and await the background loops and close storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from .api import build_app
+from .node import Node, NodeConfig
+
+__all__ = ["run_node", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
+    node = Node(config)
+    app = build_app(node)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=30.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    port = int(runner.addresses[0][1])
+    await node.start(port)
+    # The first line on stdout is the contract for scripts and tests that start nodes on port 0.
+    print(
+        f"statestore node {node.id} listening on {node.address} "
+        f"(dht udp {node.discovery.port if node.discovery else 'off'})",
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("node %s stopping", node.id)
+        await runner.cleanup()  # waits for in-flight requests
+        await node.stop()
+        print(f"statestore node {node.id} stopped", flush=True)
+
+
+def run_node(config: NodeConfig) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        print(
+            f"statestore node: cannot listen on {config.host}:{config.port}: {exc.strerror}; "
+            "pick another --listen port",
+            file=sys.stderr,
+        )
+        return 2
+    return 0

@@ -1,0 +1,115 @@
+"""The HTTP transport: every outbound call of the node and the client goes through here.
+
+It carries bytes and maps failures onto the error tree at this one boundary: a refused or
+reset connection is NodeUnavailable, a deadline is RequestTimeout, and an error body
+``{"error": {"code", "message"}}`` becomes the same class the node raised. Responses that depend
+on placement carry the ring epoch in ``X-Statestore-Epoch``; the transport remembers the
+highest it has seen so that a client can notice its view is stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from .errors import (
+    NodeUnavailable,
+    RequestTimeout,
+    StateStoreError,
+    error_from_code,
+)
+
+__all__ = ["EPOCH_HEADER", "HttpTransport", "Response"]
+
+EPOCH_HEADER = "X-Statestore-Epoch"
+
+
+class Response:
+    __slots__ = ("body", "epoch", "status")
+
+    def __init__(self, status: int, body: bytes, epoch: int) -> None:
+        self.status = status
+        self.body = body
+        self.epoch = epoch
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class HttpTransport:
+    """A pooled aiohttp session with the error mapping. Owned by whoever creates it."""
+
+    def __init__(self, timeout: float = 10.0, connections: int = 64) -> None:
+        self.timeout = timeout
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+        self.seen_epoch = 0
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=32),
+                timeout=aiohttp.ClientTimeout(total=None),
+                auto_decompress=False,
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        address: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+        ok: tuple[int, ...] = (200, 201),
+    ) -> Response:
+        """One request to ``address`` (``host:port``); raises from the error tree."""
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        hdrs = dict(headers or {})
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+            hdrs["Content-Type"] = "application/json"
+        url = f"http://{address}{path}"
+        limit = self.timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                async with self._session.request(method, url, data=body, headers=hdrs) as resp:
+                    data = await resp.read()
+                    epoch = int(resp.headers.get(EPOCH_HEADER, "0") or 0)
+        except TimeoutError as exc:
+            raise RequestTimeout(
+                f"{method} {url} took longer than {limit:.1f}s: the node is slow or stuck"
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise NodeUnavailable(
+                f"node {address} is unreachable ({type(exc).__name__}: {exc}); "
+                "check that it runs, or let the ring route around it"
+            ) from exc
+        if epoch > self.seen_epoch:
+            self.seen_epoch = epoch
+        if resp.status not in ok:
+            raise _error_from(resp.status, data, address)
+        return Response(resp.status, data, epoch)
+
+
+def _error_from(status: int, data: bytes, address: str) -> StateStoreError:
+    try:
+        err = json.loads(data)["error"]
+        return error_from_code(str(err["code"]), f"{err['message']} (from {address})")
+    except (ValueError, KeyError, TypeError):
+        text = data[:200].decode(errors="replace")
+        if status >= 500:
+            return NodeUnavailable(f"node {address} answered {status}: {text}")
+        return StateStoreError(f"node {address} answered {status}: {text}")
