@@ -7,12 +7,21 @@ reaches a caller. Every response carries the ring epoch in ``X-Statestore-Epoch`
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from .coordinator import (
+    POSITIONS_HEADER,
+    STATS_HEADER,
+    VERSION_HEADER,
+    WRITER_EPOCH_HEADER,
+    coordinate_commit,
+    coordinate_restore,
+)
 from .errors import (
     InvalidRequest,
     MalformedData,
@@ -23,6 +32,7 @@ from .errors import (
 from .ids import StoreId, check_version, chunk_key, parse_chunk_key
 from .manifest import decode_manifest, encode_chain, local_chain
 from .node import Node
+from .rows import decode_rows, encode_rows
 from .transport import EPOCH_HEADER
 
 __all__ = ["NODE", "build_app"]
@@ -236,6 +246,76 @@ async def list_stores(request: web.Request) -> web.Response:
     return web.json_response({"stores": [s.path for s in node.store.stores()]})
 
 
+# -- coordinator endpoints (the node writes and reads the ring for the caller) -----------
+async def commit(request: web.Request) -> web.Response:
+    """Commit framed rows as a version: the node chunks them and writes at W for the caller."""
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.query.get("version"))
+    epoch_text = request.query.get("epoch", "0")
+    if not epoch_text.isdigit():
+        raise InvalidRequest(f"epoch {epoch_text!r} must be a non-negative integer")
+    snapshot = request.query.get("snapshot", "0") in ("1", "true")
+    positions = _positions(request.headers.get(POSITIONS_HEADER, "{}"))
+    body = bytearray()
+    async for piece in request.content.iter_chunked(1 << 20):
+        body += piece
+        if len(body) > node.config.max_commit:
+            raise PayloadTooLarge(
+                f"commit body is over {node.config.max_commit} bytes: commit smaller deltas "
+                "or raise the node's --max-commit"
+            )
+    puts, deletes = decode_rows(bytes(body))
+    result = await coordinate_commit(
+        node, store, version, int(epoch_text), puts, deletes, positions, snapshot
+    )
+    return web.json_response(result, status=201)
+
+
+async def state(request: web.Request) -> web.StreamResponse:
+    """Restore a version and stream it as framed rows (puts only)."""
+    node = request.app[NODE]
+    store = _store(request)
+    text = request.query.get("version")
+    plan = request.query.get("plan", "star")
+    data, top, stats = await coordinate_restore(
+        node, store, _version(text) if text is not None else None, plan
+    )
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "application/octet-stream",
+            VERSION_HEADER: str(top.version),
+            WRITER_EPOCH_HEADER: str(top.epoch),
+            POSITIONS_HEADER: json.dumps(dict(top.positions)),
+            STATS_HEADER: json.dumps(stats),
+            EPOCH_HEADER: str(node.epoch),
+        }
+    )
+    await resp.prepare(request)
+    batch: list[bytes] = []
+    size = 0
+    for piece in encode_rows(data.items()):
+        batch.append(piece)
+        size += len(piece)
+        if size >= 1 << 20:
+            await resp.write(b"".join(batch))
+            batch, size = [], 0
+    if batch:
+        await resp.write(b"".join(batch))
+    await resp.write_eof()
+    return resp
+
+
+def _positions(text: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise MalformedData(f"{POSITIONS_HEADER} is not JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise MalformedData(f"{POSITIONS_HEADER} must be a JSON object")
+    return obj
+
+
 def build_app(node: Node) -> web.Application:
     app = web.Application(client_max_size=node.config.max_body, middlewares=[errors_middleware])
     app[NODE] = node
@@ -257,4 +337,6 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get(s + "/versions", versions)
     app.router.add_get(s + "/chain", chain)
     app.router.add_post(s + "/gc", gc)
+    app.router.add_post(s + "/commit", commit)
+    app.router.add_get(s + "/state", state)
     return app

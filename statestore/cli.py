@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=256 * 2**20,
         help="largest decompressed chunk accepted",
     )
+    n.add_argument(
+        "--max-commit", type=_positive, default=2**30, help="bytes per coordinator commit body"
+    )
     n.add_argument("--snapshot-every", type=_positive, default=10)
     n.add_argument("--retain", type=_positive, default=100, help="versions kept per store")
     n.add_argument("--gossip-interval", type=float, default=0.5)
@@ -106,6 +109,7 @@ def _node(args: argparse.Namespace) -> int:
             storage=args.storage,
             max_body=args.max_body,
             max_chunk=args.max_chunk,
+            max_commit=args.max_commit,
             snapshot_every=args.snapshot_every,
             retain_versions=args.retain,
             gossip_interval=args.gossip_interval,

@@ -49,6 +49,7 @@ class NodeConfig:
     storage: str = ""  # "" = lmdb in data_dir; "memory://" for tests
     max_body: int = 64 * 1024 * 1024
     max_chunk: int = 256 * 1024 * 1024
+    max_commit: int = 1024 * 1024 * 1024
     gossip_interval: float = 0.5
     suspect_after: float = 2.0
     down_after: float = 5.0

@@ -1,0 +1,97 @@
+"""The node as coordinator: commit and restore on behalf of a caller that has no ring client.
+
+The Spark provider (Java) and any HTTP-only client send framed rows to one node; that node
+chunks them, writes them to the replicas at W, or restores a version and streams it back. It
+is the same write and read path the Python client runs itself (replication.py, restore.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, encode_chunks
+from .errors import InvalidRequest, StoreNotFound
+from .ids import StoreId
+from .manifest import ChunkRef, Manifest
+from .replication import write_commit
+from .restore import read_head, restore_state
+
+if TYPE_CHECKING:
+    from .node import Node
+
+__all__ = [
+    "POSITIONS_HEADER",
+    "STATS_HEADER",
+    "VERSION_HEADER",
+    "WRITER_EPOCH_HEADER",
+    "coordinate_commit",
+    "coordinate_restore",
+]
+
+POSITIONS_HEADER = "X-Statestore-Positions"
+VERSION_HEADER = "X-Statestore-Version"
+WRITER_EPOCH_HEADER = "X-Statestore-Writer-Epoch"
+STATS_HEADER = "X-Statestore-Stats"
+
+
+async def coordinate_commit(
+    node: Node,
+    store: StoreId,
+    version: int,
+    epoch: int,
+    puts: Mapping[bytes, bytes],
+    deletes: list[bytes],
+    positions: Mapping[str, Any],
+    snapshot: bool,
+) -> dict[str, Any]:
+    if snapshot and deletes:
+        raise InvalidRequest("a snapshot holds the whole state: it takes no deletes")
+    chunks = await asyncio.to_thread(
+        encode_chunks,
+        puts,
+        deletes,
+        groups=DEFAULT_KEY_GROUPS,
+        target_size=DEFAULT_CHUNK_SIZE,
+        kind="s" if snapshot else "d",
+        max_raw=node.config.max_chunk,
+    )
+    manifest = Manifest(
+        store,
+        version,
+        "snapshot" if snapshot else "delta",
+        epoch,
+        DEFAULT_KEY_GROUPS,
+        tuple(ChunkRef.of(c) for c in chunks),
+        dict(positions),
+    )
+    stats = await write_commit(node.transport, node.view(), manifest, chunks)
+    return {
+        "version": version,
+        "epoch": epoch,
+        "kind": manifest.kind,
+        "chunks": stats.chunks,
+        "bytes": stats.bytes,
+    }
+
+
+async def coordinate_restore(
+    node: Node, store: StoreId, version: int | None, plan: str
+) -> tuple[dict[bytes, bytes], Manifest, dict[str, Any]]:
+    if plan != "star":
+        raise InvalidRequest(f"restore plan {plan!r} is not available on this node: use star")
+    view = node.view()
+    if version is None:
+        version = (await read_head(node.transport, view, store)).version
+    started = time.perf_counter()
+    data, chain, stats = await restore_state(
+        node.transport, view, store, version, max_raw=node.config.max_chunk
+    )
+    if not chain:
+        raise StoreNotFound(f"store {store} has no version {version}")
+    info = stats.as_dict()
+    info["seconds"] = round(time.perf_counter() - started, 4)
+    info["plan"] = plan
+    return data, chain[-1], info
