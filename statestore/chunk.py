@@ -164,12 +164,24 @@ def decode_chunk(data: bytes, *, max_raw: int = MAX_CHUNK_RAW, what: str = "") -
             "raise --max-chunk if this is real data"
         )
     try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=max_raw)
+        if declared >= 0:
+            raw = zstandard.ZstdDecompressor().decompress(data)
+        else:  # no declared size: stream it and stop one byte past the limit
+            reader = zstandard.ZstdDecompressor().stream_reader(data)
+            parts, total = [], 0
+            while total <= max_raw:
+                piece = reader.read(min(1 << 20, max_raw + 1 - total))
+                if not piece:
+                    break
+                parts.append(piece)
+                total += len(piece)
+            if total > max_raw:
+                raise DecompressionBomb(
+                    f"chunk {what} decompresses past the {max_raw}-byte limit; "
+                    "raise --max-chunk if this is real data"
+                )
+            raw = b"".join(parts)
     except zstandard.ZstdError as exc:
-        if "exceed" in str(exc) or "output size" in str(exc):
-            raise DecompressionBomb(
-                f"chunk {what} decompresses past the {max_raw}-byte limit"
-            ) from exc
         raise CorruptChunk(f"chunk {what} does not decompress ({exc})") from exc
     if raw[:1] != _FORMAT:
         raise CorruptChunk(f"chunk {what} has unknown format byte {raw[:1]!r}")

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from .errors import StateStoreError
 from .node import NodeConfig
+from .placement import DEFAULT_VNODES
 
 __all__ = ["build_parser", "main"]
 
@@ -53,8 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--seeds", type=_seeds, default=[], metavar="HOST:PORT,...")
     n.add_argument("--replicas", type=_positive, default=3, help="copies of every chunk (R)")
     n.add_argument("--write-quorum", type=_positive, default=None, help="W (default R//2+1)")
-    n.add_argument("--vnodes", type=_positive, default=128)
+    n.add_argument("--vnodes", type=_positive, default=DEFAULT_VNODES)
     n.add_argument("--zone", default="")
+    n.add_argument(
+        "--advertise",
+        type=_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="address other nodes and clients use (default: --listen)",
+    )
     n.add_argument("--storage", default="", help="memory:// or lmdb:///dir (default: data dir)")
     n.add_argument("--max-body", type=_positive, default=64 * 2**20, help="bytes per request")
     n.add_argument(
@@ -106,6 +114,7 @@ def _node(args: argparse.Namespace) -> int:
             write_quorum=w,
             vnodes=args.vnodes,
             zone=args.zone,
+            advertise=f"{args.advertise[0]}:{args.advertise[1]}" if args.advertise else "",
             storage=args.storage,
             max_body=args.max_body,
             max_chunk=args.max_chunk,

@@ -38,6 +38,29 @@ def retention_floor(head: int, snapshots: list[int], retain: int) -> int:
     return max(below) if below else 0
 
 
+async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | None:
+    """Write version ``top.version`` back as a snapshot; None if a newer writer fenced us."""
+    state, _, _ = await restore_state(
+        node.transport, view, top.store, top.version, max_raw=node.config.max_chunk
+    )
+    chunks = await asyncio.to_thread(encode_chunks, state, [], groups=top.key_groups, kind="s")
+    snap = Manifest(
+        top.store,
+        top.version,
+        "snapshot",
+        top.epoch,
+        top.key_groups,
+        tuple(ChunkRef.of(c) for c in chunks),
+        top.positions,
+    )
+    try:
+        await write_commit(node.transport, view, snap, chunks)
+    except StaleEpoch:
+        return None  # a newer writer took over meanwhile; its commits decide
+    node.stats["snapshots"] += 1
+    return snap
+
+
 async def compact_store(node: Node, view: RingView, store: StoreId) -> None:
     head = node.store.head(store)
     if head is None:
@@ -47,29 +70,23 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> None:
         chain = resolve_chain(store, head.version, deltas, snaps)
     except VersionNotFound:
         return  # this replica misses part of the chain; repair will bring it
-    n_deltas = sum(1 for m in chain if m.kind == "delta")
-    if n_deltas >= node.config.snapshot_every:
-        top = chain[-1]
-        state, _, _ = await restore_state(
-            node.transport, view, store, top.version, max_raw=node.config.max_chunk
-        )
-        chunks = await asyncio.to_thread(encode_chunks, state, [], groups=top.key_groups, kind="s")
-        snap = Manifest(
-            store,
-            top.version,
-            "snapshot",
-            top.epoch,
-            top.key_groups,
-            tuple(ChunkRef.of(c) for c in chunks),
-            top.positions,
-        )
-        try:
-            await write_commit(node.transport, view, snap, chunks)
-            node.stats["snapshots"] += 1
-            snaps[top.version] = snap
-        except StaleEpoch:
-            return  # a newer writer took over meanwhile; its commits decide
+    if sum(1 for m in chain if m.kind == "delta") >= node.config.snapshot_every:
+        snap = await _snapshot(node, view, chain[-1])
+        if snap is None:
+            return
+        snaps[snap.version] = snap
+    oldest_kept = head.version - node.config.retain_versions + 1
     floor = retention_floor(head.version, sorted(snaps), node.config.retain_versions)
+    if oldest_kept > max(floor, node.store.floor(store), 1) + node.config.snapshot_every:
+        # no snapshot close below the retention line (commits outran compaction): make one
+        try:
+            base = resolve_chain(store, oldest_kept, deltas, snaps)[-1]
+        except VersionNotFound:
+            return
+        snap = await _snapshot(node, view, base)
+        if snap is None:
+            return
+        floor = snap.version
     if floor > node.store.floor(store):
         await asyncio.gather(
             *(

@@ -46,6 +46,7 @@ class NodeConfig:
     write_quorum: int = 2
     vnodes: int = DEFAULT_VNODES
     zone: str = ""
+    advertise: str = ""  # HOST:PORT others use to reach us (default: the listen address)
     storage: str = ""  # "" = lmdb in data_dir; "memory://" for tests
     max_body: int = 64 * 1024 * 1024
     max_chunk: int = 256 * 1024 * 1024
@@ -105,7 +106,7 @@ class Node:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, port: int) -> None:
         """Called once the HTTP socket is bound to ``port``."""
-        self.address = f"{self.config.host}:{port}"
+        self.address = self.config.advertise or f"{self.config.host}:{port}"
         self.membership = Membership(
             self.id,
             self.address,
@@ -245,5 +246,6 @@ class Node:
             "incarnation": self.incarnation,
             "epoch": self.epoch,
             "dht_port": self.discovery.port if self.discovery is not None else None,
+            "dht_directory": len(self._directory),
             "stats": dict(self.stats),
         }

@@ -18,7 +18,7 @@ import xxhash
 
 __all__ = ["DEFAULT_VNODES", "Member", "Ring", "item_token", "node_tokens"]
 
-DEFAULT_VNODES = 128
+DEFAULT_VNODES = 256
 RING_SIZE = 2**64
 
 

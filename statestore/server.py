@@ -16,20 +16,35 @@ from aiohttp import web
 from .api import build_app
 from .node import Node, NodeConfig
 
-__all__ = ["run_node", "serve"]
+__all__ = ["run_node", "serve", "start_node", "stop_node"]
 
 log = logging.getLogger(__name__)
 
 
-async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
+async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
+    """Bind the API and start the node; stop with :func:`stop_node`."""
     node = Node(config)
-    app = build_app(node)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=30.0)
+    runner = web.AppRunner(build_app(node), access_log=None, shutdown_timeout=30.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-    await site.start()
-    port = int(runner.addresses[0][1])
-    await node.start(port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        node.writer.shutdown()
+        node.store.backend.close()
+        raise
+    await node.start(int(runner.addresses[0][1]))
+    return node, runner
+
+
+async def stop_node(node: Node, runner: web.AppRunner) -> None:
+    await runner.cleanup()  # stops accepting, waits for in-flight requests
+    await node.stop()
+
+
+async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
+    node, runner = await start_node(config)
     # The first line on stdout is the contract for scripts and tests that start nodes on port 0.
     print(
         f"statestore node {node.id} listening on {node.address} "
@@ -40,8 +55,7 @@ async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         log.info("node %s stopping", node.id)
-        await runner.cleanup()  # waits for in-flight requests
-        await node.stop()
+        await stop_node(node, runner)
         print(f"statestore node {node.id} stopped", flush=True)
 
 

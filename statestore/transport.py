@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from typing import Any
 
 import aiohttp
@@ -82,10 +83,17 @@ class HttpTransport:
             body = json.dumps(json_body).encode()
             hdrs["Content-Type"] = "application/json"
         url = f"http://{address}{path}"
+        data: Any = body
+        if body is not None and len(body) > 1 << 20:
+            # aiohttp warns that a large bytes body "might lock the event loop"; sending one
+            # that is already in memory is a plain socket write, so build the payload quietly.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                data = aiohttp.payload.BytesPayload(body)
         limit = self.timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
-                async with self._session.request(method, url, data=body, headers=hdrs) as resp:
+                async with self._session.request(method, url, data=data, headers=hdrs) as resp:
                     data = await resp.read()
                     epoch = int(resp.headers.get(EPOCH_HEADER, "0") or 0)
         except TimeoutError as exc:

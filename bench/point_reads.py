@@ -1,0 +1,181 @@
+"""Point reads per second on one node, against a bare aiohttp handler that returns a constant.
+
+Both are driven by the same asyncio load generator (``--concurrency`` workers in one process,
+``--seconds`` per phase, phases interleaved over ``--rounds``). A point read is
+``AsyncRingClient.get(store, key)``: the head, the chain of manifests, then only the chunks of
+the key's key group along the chain, decoded on the client. It is measured on a store written
+with the default 4 MiB chunks and on one written with 256 KiB chunks (the ``chunk_size``
+option of the client). The constant handler runs in its own process, like the node.
+
+    .venv/bin/python bench/point_reads.py [--seconds 10] [--rounds 2] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from _common import MiB, local_ring, machine, median, pct, rows, table
+
+from client import AsyncRingClient, StoreId
+from statestore.transport import HttpTransport
+
+
+def constant_server() -> None:
+    """``--constant-server``: an aiohttp app answering ``GET /const`` with 5 bytes."""
+    from aiohttp import web
+
+    async def const(request: web.Request) -> web.Response:
+        return web.Response(body=b"value", content_type="application/octet-stream")
+
+    async def run() -> None:
+        app = web.Application()
+        app.router.add_get("/const", const)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(f"listening on 127.0.0.1:{runner.addresses[0][1]}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+async def drive(op: Callable[[], Awaitable[object]], concurrency: int, seconds: float) -> list:
+    """Run ``op`` from ``concurrency`` workers for ``seconds``; returns the latencies."""
+    lat: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= deadline:
+                return
+            await op()
+            lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return lat
+
+
+async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> None:
+    rng = random.Random(3)
+    stores = {
+        "default": (StoreId("bench", 0, 0, "points-4m"), 4 * MiB),
+        "small": (StoreId("bench", 0, 0, "points-256k"), 256 * 1024),
+    }
+    snapshot = rows(a.keys, rng)
+    deltas = [rows(1000, rng, key_space=10**9) for _ in range(a.deltas)]
+    keys = list(snapshot)
+    for sid, chunk_size in stores.values():
+        async with AsyncRingClient(seeds, chunk_size=chunk_size) as w:
+            await w.commit(sid, 1, snapshot, [], {"src": 1}, epoch=1, snapshot=True)
+            for i, d in enumerate(deltas):
+                await w.commit(sid, i + 2, d, [], {"src": i + 2}, epoch=1)
+    print(
+        f"stores: snapshot of {a.keys} rows ({a.keys * 100 / MiB:.0f} MiB raw) + {a.deltas} "
+        f"deltas of 1000 rows; {a.concurrency} concurrent workers, {a.seconds:.0f}s per phase\n",
+        flush=True,
+    )
+
+    transport = HttpTransport(timeout=30.0, connections=a.concurrency * 2)
+    await transport.start()
+    client = AsyncRingClient(seeds, timeout=30.0)
+    await client.connect()
+    try:
+        expect = {k: snapshot[k] for k in keys}
+
+        async def const() -> None:
+            resp = await transport.request("GET", const_addr, "/const")
+            assert resp.body == b"value"
+
+        def point(sid: StoreId) -> Callable[[], Awaitable[None]]:
+            async def op() -> None:
+                k = rng.choice(keys)
+                got = await client.get(sid, k)
+                assert got is not None and (got == expect[k] or any(k in d for d in deltas))
+
+            return op
+
+        phases: dict[str, Callable[[], Awaitable[None]]] = {
+            "const": const,
+            "default": point(stores["default"][0]),
+            "small": point(stores["small"][0]),
+        }
+        results: dict[str, list[float]] = {p: [] for p in phases}
+        rates: dict[str, list[float]] = {p: [] for p in phases}
+        for r in range(a.rounds):
+            order = list(phases) if r % 2 == 0 else list(reversed(phases))
+            for name in order:
+                await drive(phases[name], a.concurrency, 1.0)  # warm the pools and caches
+                t0 = time.perf_counter()
+                lat = await drive(phases[name], a.concurrency, a.seconds)
+                rate = len(lat) / (time.perf_counter() - t0)
+                results[name] += lat
+                rates[name].append(rate)
+                print(f"round {r + 1} {name}: {rate:.0f}/s", flush=True)
+    finally:
+        await client.close()
+        await transport.close()
+
+    labels = {
+        "const": "bare aiohttp handler, constant body",
+        "default": "RingClient.get, 4 MiB chunks (default)",
+        "small": "RingClient.get, 256 KiB chunks",
+    }
+    body = []
+    for name, label in labels.items():
+        lat = results[name]
+        body.append(
+            [
+                label,
+                f"{median(rates[name]):.0f}",
+                f"{median(lat) * 1000:.1f}",
+                f"{pct(lat, 99) * 1000:.1f}",
+            ]
+        )
+    print()
+    print(table(["path", "reads/s", "p50 ms", "p99 ms"], body))
+    base = median(rates["const"])
+    print()
+    for name in ("default", "small"):
+        share = median(rates[name]) / base
+        print(f"{labels[name]}: {share:.3f}x the constant handler's rate (1/{1 / share:.0f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--keys", type=int, default=100_000, help="rows in the snapshot")
+    ap.add_argument("--deltas", type=int, default=5)
+    ap.add_argument("--constant-server", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.constant_server:
+        constant_server()
+        return
+    print(machine())
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--constant-server"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        const_addr = proc.stdout.readline().split()[-1]
+        with local_ring(1, ["--replicas", "1", "--write-quorum", "1"]) as ring:
+            asyncio.run(bench(a, ring.seeds, const_addr))
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Restore of a 256 MiB store (a snapshot + 20 deltas) from a local 3-node ring.
+
+Baseline, in the same run and interleaved round by round: the same chunks read from local
+files, decompressed and decoded (``decode_chunk``) and folded into a dict in chain order by
+this one process. Target: the ring within 1.5x of the local time.
+
+    .venv/bin/python bench/restore.py [--mib 256] [--deltas 20] [--rounds 3] [--profile]
+
+``--profile`` adds one ring restore under cProfile (the client's event loop runs on the main
+thread there) and prints the top functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import os
+import pstats
+import random
+import tempfile
+import time
+
+from _common import MiB, local_ring, machine, median, rows, table
+
+from client import AsyncRingClient, RingClient, StoreId
+from client._core import build_commit
+from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW, decode_chunk
+from statestore.restore import fold
+
+ROW = 104  # raw bytes per row in a chunk: 100 B of key + value, msgpack framing
+
+
+def build_versions(mib: int, n_deltas: int, delta_mib: int) -> list[dict[bytes, bytes | None]]:
+    """Version 1 (snapshot) and ``n_deltas`` deltas; a None value is a delete."""
+    rng = random.Random(2)
+    snap_rows = (mib - n_deltas * delta_mib) * MiB // ROW
+    state = rows(snap_rows, rng)
+    keys = list(state)
+    out: list[dict[bytes, bytes | None]] = [dict(state)]
+    per = delta_mib * MiB // ROW
+    for _ in range(n_deltas):
+        delta: dict[bytes, bytes | None] = dict.fromkeys(rng.sample(keys, per * 70 // 100), b"")
+        for k in delta:
+            delta[k] = rng.randbytes(42).hex().encode()
+        delta.update(rows(per * 25 // 100, rng))
+        for k in rng.sample(keys, per * 5 // 100):
+            if k not in delta:
+                delta[k] = None
+        out.append(delta)
+    return out
+
+
+def split(delta: dict[bytes, bytes | None]) -> tuple[dict[bytes, bytes], list[bytes]]:
+    puts = {k: v for k, v in delta.items() if v is not None}
+    return puts, [k for k, v in delta.items() if v is None]
+
+
+def restore_local(directory: str, versions: int) -> dict[bytes, bytes]:
+    """Read every chunk file in chain order, decode it and fold it: the one-process baseline."""
+    state: dict[bytes, bytes] = {}
+    for v in range(1, versions + 1):
+        vdir = os.path.join(directory, str(v))
+        for name in sorted(os.listdir(vdir), key=lambda n: int(n[1:].split("-")[0])):
+            with open(os.path.join(vdir, name), "rb") as f:
+                data = f.read()
+            fold(state, decode_chunk(data, what=name))
+    return state
+
+
+def profile_ring(seeds: list[str], sid: StoreId, version: int) -> str:
+    async def run() -> int:
+        async with AsyncRingClient(seeds) as c:
+            return len(await c.restore(sid, version))
+
+    prof = cProfile.Profile()
+    prof.enable()
+    asyncio.run(run())
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+    return out.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mib", type=int, default=256, help="raw size of the store's chain")
+    ap.add_argument("--deltas", type=int, default=20)
+    ap.add_argument("--delta-mib", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    print(machine())
+
+    t = time.perf_counter()
+    versions = build_versions(a.mib, a.deltas, a.delta_mib)
+    sid = StoreId("bench", 0, 0, "restore")
+    n = len(versions)
+    print(f"generated {n} versions in {time.perf_counter() - t:.1f}s", flush=True)
+    # the ring keeps the chain as committed: no background compaction into a newer snapshot
+    with (
+        local_ring(3, ["--snapshot-every", "100000"]) as ring,
+        tempfile.TemporaryDirectory(prefix="statestore-bench-files-") as files,
+        RingClient(ring.seeds) as client,
+    ):
+        raw = wire = chunks = 0
+        t = time.perf_counter()
+        for i, delta in enumerate(versions):
+            v = i + 1
+            puts, deletes = split(delta)
+            snap = v == 1
+            _, encoded = build_commit(
+                sid,
+                v,
+                puts,
+                deletes,
+                {"src": v},
+                1,
+                snap,
+                key_groups=DEFAULT_KEY_GROUPS,
+                chunk_size=DEFAULT_CHUNK_SIZE,
+                max_chunk=MAX_CHUNK_RAW,
+            )
+            os.makedirs(os.path.join(files, str(v)))
+            for c in encoded:
+                with open(os.path.join(files, str(v), c.name), "wb") as f:
+                    f.write(c.data)
+            res = client.commit(sid, v, puts, deletes, {"src": v}, epoch=1, snapshot=snap)
+            assert res.bytes == sum(len(c.data) for c in encoded), "ring and files differ"
+            raw += res.raw_bytes
+            wire += res.bytes
+            chunks += res.chunks
+        del versions, puts, deletes, encoded
+        gc.collect()
+        print(
+            f"committed v1 snapshot + {a.deltas} deltas in {time.perf_counter() - t:.1f}s: "
+            f"{raw / MiB:.0f} MiB raw, {wire / MiB:.0f} MiB compressed, {chunks} chunks\n",
+            flush=True,
+        )
+
+        times: dict[str, list[float]] = {"ring": [], "local": []}
+        sizes = set()
+        stats: dict[str, object] = {}
+        for r in range(a.rounds):
+            for path in ("local", "ring") if r % 2 == 0 else ("ring", "local"):
+                gc.collect()
+                t0 = time.perf_counter()
+                if path == "ring":
+                    st = client.restore(sid, n)
+                    stats = st.stats
+                    size = len(st)
+                else:
+                    size = len(restore_local(files, n))
+                times[path].append(time.perf_counter() - t0)
+                st = None  # type: ignore[assignment]
+                sizes.add(size)
+                print(f"round {r + 1} {path}: {times[path][-1]:.2f}s", flush=True)
+        assert len(sizes) == 1, f"ring and local disagree on the state: {sizes}"
+        print(f"\nrestored state: {sizes.pop()} keys; ring stats: {stats}\n")
+        body = []
+        for path, label in (
+            ("ring", "ring: RingClient.restore (3 nodes, star plan)"),
+            ("local", "local files: read + decode_chunk + fold, 1 process"),
+        ):
+            xs = times[path]
+            body.append(
+                [
+                    label,
+                    f"{median(xs):.2f}",
+                    f"{min(xs):.2f}",
+                    f"{raw / MiB / median(xs):.0f}",
+                ]
+            )
+        print(table(["path", "median s", "best s", "MB/s raw"], body))
+        ratio = median(times["ring"]) / median(times["local"])
+        verdict = "within" if ratio <= 1.5 else "NOT within"
+        print(f"\nring / local (medians): {ratio:.2f}x ({verdict} the 1.5x target)")
+        if a.profile:
+            print("\ncProfile of one ring restore (event loop thread; decode runs on workers):")
+            print(profile_ring(ring.seeds, sid, n))
+
+
+if __name__ == "__main__":
+    main()

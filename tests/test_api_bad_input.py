@@ -1,0 +1,161 @@
+"""Bad input at the HTTP boundary: a clear 4xx naming the problem, and committed data intact."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import aiohttp
+import pytest
+import zstandard
+
+from client import (
+    AsyncRingClient,
+    DecompressionBomb,
+    NodeUnavailable,
+    StaleEpoch,
+    StoreId,
+    StoreNotFound,
+    VersionConflict,
+    VersionNotFound,
+)
+from statestore.chunk import checksum
+from statestore.ids import chunk_key
+from statestore.manifest import ChunkRef, Manifest, encode_manifest
+from statestore.node import Node
+
+SID = StoreId("q1", 0, 3, "default")
+
+
+async def call(node: Node, method: str, path: str, **kw: object) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as s:
+        async with s.request(method, f"http://{node.address}{path}", **kw) as r:  # type: ignore[arg-type]
+            body = await r.read()
+            assert r.headers["X-Statestore-Epoch"].isdigit()
+            return r.status, json.loads(body) if body.startswith(b"{") else {}
+
+
+@pytest.mark.parametrize(
+    "path, status, code",
+    [
+        ("/v1/stores/q!/0/0/default/head", 400, "invalid_store_id"),
+        ("/v1/stores/q/x/0/default/head", 400, "invalid_request"),
+        ("/v1/stores/q/0/0/..%2F..%2Fetc/head", 400, "invalid_store_id"),
+        ("/v1/stores/q/0/0/" + "n" * 200 + "/head", 400, "invalid_store_id"),
+        ("/v1/stores/q/0/0/default/head", 404, "store_not_found"),
+        ("/v1/stores/q/0/0/default/chain?version=abc", 400, "invalid_request"),
+        ("/v1/chunks/q/0/0/default/1/d0-0000000000000000", 404, "not_found"),
+        ("/v1/chunks/q/0/0/default/1/..%2F..%2Fx", 400, "invalid_store_id"),
+        ("/v1/chunks/q/0/0/default/1", 400, "invalid_store_id"),
+        ("/v1/nothing", 404, "http_error"),
+    ],
+)
+async def test_bad_paths(solo: Node, path: str, status: int, code: str) -> None:
+    got, body = await call(solo, "GET", path)
+    assert got == status
+    assert body["error"]["code"] == code  # type: ignore[index]
+    assert body["error"]["message"]  # type: ignore[index]
+
+
+async def test_oversized_body_is_413_with_a_hint(solo: Node) -> None:
+    status, body = await call(
+        solo,
+        "PUT",
+        "/v1/chunks/q/0/0/default/1/d0-0000000000000000",
+        data=io.BytesIO(b"x" * (2 << 20)),
+    )
+    assert status == 413
+    assert "--max-body" in body["error"]["message"]  # type: ignore[index]
+
+
+async def test_wrong_checksum_and_malformed_wire_data(solo: Node) -> None:
+    status, body = await call(
+        solo, "PUT", "/v1/chunks/q/0/0/default/1/d0-0000000000000001", data=b"abc"
+    )
+    assert (status, body["error"]["code"]) == (422, "corrupt_chunk")  # type: ignore[index]
+    status, body = await call(solo, "PUT", "/v1/manifests/q/0/0/default/1/delta", data=b"\xc1")
+    assert (status, body["error"]["code"]) == (400, "malformed_data")  # type: ignore[index]
+    m = Manifest(SID, 1, "delta", 1, 128, (), {})
+    status, body = await call(
+        solo, "PUT", "/v1/manifests/q/0/0/default/2/delta", data=encode_manifest(m)
+    )
+    assert status == 400 and "was sent to" in body["error"]["message"]  # type: ignore[index]
+    status, body = await call(solo, "POST", "/v1/gossip", data=b"{not json")
+    assert (status, body["error"]["code"]) == (400, "malformed_data")  # type: ignore[index]
+    status, body = await call(
+        solo, "POST", "/v1/stores/q/0/0/default/commit?version=1", data=b"\x00\x00\x00\x09ab"
+    )
+    assert (status, body["error"]["code"]) == (400, "malformed_data")  # type: ignore[index]
+
+
+async def test_client_round_trip_and_typed_errors(solo: Node) -> None:
+    async with AsyncRingClient([solo.address]) as ring:
+        await ring.commit(SID, 1, {b"a": b"1", b"b": b"2"}, [], {"src": 1}, epoch=3)
+        await ring.commit(SID, 2, {b"c": b"3"}, [b"a"], {"src": 2}, epoch=3)
+        st = await ring.restore(SID, 2)
+        assert dict(st) == {b"b": b"2", b"c": b"3"}
+        assert (st.version, st.epoch, st.positions, st.plan) == (2, 3, {"src": 2}, "star")
+        assert dict(await ring.restore(SID, 1)) == {b"a": b"1", b"b": b"2"}
+        assert await ring.get(SID, b"c") == b"3"
+        assert await ring.get(SID, b"a") is None
+        assert await ring.get(SID, b"a", version=1) == b"1"
+        assert (await ring.latest(SID)).version == 2
+        assert await ring.versions(SID) == [1, 2]
+        # idempotent re-commit, conflicting content, zombie writer
+        await ring.commit(SID, 2, {b"c": b"3"}, [b"a"], {"src": 2}, epoch=3)
+        with pytest.raises(VersionConflict):
+            await ring.commit(SID, 2, {b"c": b"other"}, [], {}, epoch=3)
+        with pytest.raises(StaleEpoch):
+            await ring.commit(SID, 3, {b"z": b"z"}, [], {}, epoch=2)
+        with pytest.raises(StoreNotFound):
+            await ring.restore(StoreId("nope", 0, 0))
+        with pytest.raises(VersionNotFound, match="no version 7"):
+            await ring.restore(SID, 7)
+        # nothing above touched what was committed
+        assert dict(await ring.restore(SID)) == {b"b": b"2", b"c": b"3"}
+
+
+async def test_decompression_bomb_is_refused_on_restore(solo: Node) -> None:
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\x01" + b"\x00" * (16 << 20))
+    digest = checksum(bomb)
+    name = f"d0-{digest:016x}"
+    bomb_sid = StoreId("bomb", 0, 0)
+    async with aiohttp.ClientSession() as s:
+        r = await s.put(
+            f"http://{solo.address}/v1/chunks/{chunk_key(bomb_sid, 1, name)}", data=bomb
+        )
+        assert r.status == 201
+        m = Manifest(
+            bomb_sid,
+            1,
+            "delta",
+            1,
+            128,
+            (ChunkRef(name, 0, 127, len(bomb), 16 << 20, 1, digest),),
+            {},
+        )
+        r = await s.put(
+            f"http://{solo.address}/v1/manifests/bomb/0/0/default/1/delta", data=encode_manifest(m)
+        )
+        assert r.status == 201
+    async with AsyncRingClient([solo.address], max_chunk=1 << 20) as ring:
+        with pytest.raises(DecompressionBomb, match="past the 1048576-byte limit"):
+            await ring.restore(bomb_sid, 1)
+
+
+async def test_unreachable_seed_is_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ring = AsyncRingClient([f"127.0.0.1:{port}"], timeout=2.0)
+    with pytest.raises(NodeUnavailable, match="no node of the ring answered"):
+        await ring.connect()
+    await ring.close()
+
+
+def test_bad_seeds_are_refused() -> None:
+    for bad in ([], ["nohost"], ["h:99999"], "h:x"):
+        with pytest.raises(ValueError, match=r"seed|HOST:PORT"):
+            AsyncRingClient(bad)

@@ -1,0 +1,219 @@
+"""The ring end to end: real node processes on loopback port 0, kill -9, restarts, joins."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from client import RingClient, StaleEpoch, StoreId, VersionNotFound
+from statestore.local import LocalRing, http_json
+from tests.conftest import FAST
+
+Ref = dict[bytes, bytes]
+
+
+def workload(sid: StoreId, ring: RingClient, versions: int, seed: int) -> dict[int, Ref]:
+    """Commit ``versions`` versions of mixed puts and deletes; return the expected states."""
+    rng = random.Random(seed)
+    state: Ref = {}
+    expected: dict[int, Ref] = {}
+    for v in range(1, versions + 1):
+        puts = {
+            f"key-{rng.randrange(3000):05d}".encode(): rng.randbytes(rng.randrange(1, 200))
+            for _ in range(rng.randrange(50, 400))
+        }
+        dels = [k for k in rng.sample(sorted(state), min(len(state), 40)) if k not in puts]
+        ring.commit(sid, v, puts, dels, {"offset": v * 1000}, epoch=1)
+        state.update(puts)
+        for k in dels:
+            del state[k]
+        expected[v] = dict(state)
+    return expected
+
+
+def post(address: str, path: str, body: object) -> object:
+    req = urllib.request.Request(
+        f"http://{address}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def chunk_keys(ring: RingClient, sid: StoreId, versions: list[int]) -> list[str]:
+    """Every chunk key the retained versions need (from the manifests, via the client)."""
+    from statestore.manifest import decode_chain
+
+    view = ring.ring()
+    keys: set[str] = set()
+    for address in view.store_replicas(sid):
+        for v in versions:
+            with urllib.request.urlopen(
+                f"http://{address}/v1/stores/{sid.path}/chain?version={v}", timeout=5
+            ) as resp:
+                for m in decode_chain(resp.read()):
+                    keys |= {f"{sid.path}/{m.version}/{c.name}" for c in m.chunks}
+    return sorted(keys)
+
+
+def wait_copies(ring: LocalRing, keys: list[str], copies: int, timeout: float = 60) -> None:
+    """Wait until every chunk key has ``copies`` copies among the live nodes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = dict.fromkeys(keys, 0)
+        for address in ring.seeds:
+            answer = post(address, "/v1/sync/have", {"chunks": keys, "manifests": []})
+            for k, has in zip(keys, answer["chunks"], strict=True):  # type: ignore[index]
+                counts[k] += bool(has)
+        short = [k for k, c in counts.items() if c < copies]
+        if not short:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(short)} chunks still have < {copies} copies: {short[:3]}")
+        time.sleep(0.5)
+
+
+def assert_all_restore(client: RingClient, sid: StoreId, expected: dict[int, Ref]) -> None:
+    retained = client.versions(sid)
+    assert retained[-1] == max(expected)
+    for v in retained:
+        st = client.restore(sid, v)
+        assert dict(st) == expected[v], f"version {v} differs"
+        assert st.positions == {"offset": v * 1000}
+
+
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_fifty_versions_restore_exactly(tmp_path: Path, nodes: int) -> None:
+    ring = LocalRing(str(tmp_path), nodes, args=[*FAST, "--snapshot-every", "8"]).start()
+    try:
+        sid = StoreId("it", 1, nodes, "default")
+        with RingClient(ring.seeds[-1:], chunk_size=8192) as client:
+            expected = workload(sid, client, 50, seed=nodes)
+            assert client.latest(sid).version == 50
+            assert_all_restore(client, sid, expected)
+            key = next(iter(expected[50]))
+            assert client.get(sid, key) == expected[50][key]
+            assert client.get(sid, b"never-written") is None
+            # the compactor folded the chain into snapshots in the background
+            deadline = time.monotonic() + 30
+            while client.restore(sid, 50).stats["chain"] > 8:
+                assert time.monotonic() < deadline, "no snapshot was written"
+                time.sleep(0.5)
+            assert dict(client.restore(sid, 50)) == expected[50]
+    finally:
+        ring.stop()
+
+
+def test_kill9_one_then_a_second_after_repair(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 5, args=FAST).start()
+    try:
+        sid = StoreId("kill", 0, 0)
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            expected = workload(sid, client, 12, seed=1)
+            keys = chunk_keys(client, sid, list(expected))
+            ring.kill(1)
+            # writes still succeed at W while the node is down or suspect
+            more = workload(StoreId("kill", 0, 1), client, 3, seed=2)
+            ring.wait_ring(4)
+            wait_copies(ring, keys, 3)  # re-replicated without anyone asking
+            ring.kill(3)
+            ring.wait_ring(3)
+            assert_all_restore(client, sid, expected)
+            assert dict(client.restore(StoreId("kill", 0, 1))) == more[3]
+    finally:
+        ring.stop()
+
+
+def test_restarted_node_rejoins_with_its_data_and_catches_up(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
+    try:
+        sid = StoreId("restart", 2, 7)
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            first = workload(sid, client, 3, seed=3)
+            old_id = ring.procs[2].id
+            ring.kill(2)
+            ring.wait_ring(2)
+            rng = random.Random(9)
+            state = dict(first[3])
+            for v in range(4, 8):  # committed while node 2 is down: W=2 of the other two
+                puts = {f"late-{v}-{i}".encode(): rng.randbytes(50) for i in range(100)}
+                client.commit(sid, v, puts, [], {"offset": v * 1000}, epoch=1)
+                state.update(puts)
+            ring.restart(2)
+            assert ring.procs[2].id == old_id
+            ring.wait_ring(3)
+            keys = chunk_keys(client, sid, list(range(1, 8)))
+        wait_copies(ring, keys, 3)
+        # only the restarted node left: it must hold everything on its own
+        ring.kill(0)
+        ring.kill(1)
+        with RingClient([ring.procs[2].address]) as alone:
+            deadline = time.monotonic() + 30
+            while len(alone.ring().ring) != 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+            assert dict(alone.restore(sid, 7)) == state
+            assert dict(alone.restore(sid, 3)) == first[3]
+    finally:
+        ring.stop()
+
+
+def test_new_node_found_through_one_seed_and_the_dht(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
+    try:
+        newcomer = ring.add_node()
+        ring.wait_ring(4)
+        view = ring.ring(newcomer.address)
+        assert {m["address"] for m in view["members"]} == set(ring.seeds)
+        deadline = time.monotonic() + 30
+        while True:  # the DHT directory lists every member, not only the seed
+            health = http_json(newcomer.address, "/v1/health")
+            if health["dht_directory"] >= 3:  # type: ignore[index]
+                break
+            assert time.monotonic() < deadline, health
+            time.sleep(0.3)
+    finally:
+        ring.stop()
+
+
+def test_zombie_writer_is_fenced_and_retention_keeps_the_last_k(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 3, args=[*FAST, "--retain", "5", "--snapshot-every", "3"])
+    ring.start()
+    try:
+        sid = StoreId("retain", 0, 0)
+        with RingClient(ring.seeds) as client:
+            expected = workload(sid, client, 20, seed=4)
+            deadline = time.monotonic() + 30
+            while client.versions(sid)[0] == 1:
+                assert time.monotonic() < deadline, "retention never dropped old versions"
+                time.sleep(0.5)
+            kept = client.versions(sid)
+            assert kept[-1] == 20 and 5 <= len(kept) <= 5 + 3
+            assert_all_restore(client, sid, expected)
+            with pytest.raises(VersionNotFound):
+                client.restore(sid, 1)
+            client.commit(sid, 21, {b"new": b"writer"}, [], {"offset": 21000}, epoch=2)
+            with pytest.raises(StaleEpoch):
+                client.commit(sid, 22, {b"old": b"zombie"}, [], {}, epoch=1)
+            assert client.latest(sid).epoch == 2
+    finally:
+        ring.stop()
+
+
+def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 1, args=["--replicas", "1"]).start()
+    proc = ring.procs[0]
+    assert proc.proc is not None
+    popen = proc.proc
+    popen.send_signal(signal.SIGTERM)
+    assert popen.wait(30) == 0
+    out = (Path(proc.data_dir) / "node.out").read_text()
+    assert "stopped" in out
