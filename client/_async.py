@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -12,6 +11,8 @@ from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_R
 from statestore.errors import NodeUnavailable, StateStoreError, Unavailable
 from statestore.ids import StoreId
 from statestore.manifest import Head
+from statestore.plan import Plan
+from statestore.recovery import Restorer
 from statestore.replication import write_commit
 from statestore.restore import read_head, read_versions, restore_state
 from statestore.transport import HttpTransport
@@ -34,6 +35,9 @@ class AsyncRingClient:
         chunk_size: target raw bytes per chunk.
         key_groups: key groups of newly written stores.
         max_chunk: the decompressed size past which a chunk is refused as a bomb.
+        ingress: cap on the bytes per second this client takes in while restoring (a token
+            bucket); None for no cap. The planner takes it into account.
+        tree_fan_in: children per inner hop of a tree plan.
     """
 
     def __init__(
@@ -45,6 +49,8 @@ class AsyncRingClient:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         key_groups: int = DEFAULT_KEY_GROUPS,
         max_chunk: int = MAX_CHUNK_RAW,
+        ingress: float | None = None,
+        tree_fan_in: int = 2,
     ) -> None:
         self.seeds = parse_seeds(seeds)
         if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
@@ -55,6 +61,13 @@ class AsyncRingClient:
         self.max_chunk = max_chunk
         self._transport = HttpTransport(timeout=timeout, connections=max(64, concurrency * 4))
         self._view: RingView | None = None
+        self._restorer = Restorer(
+            self._transport,
+            fan_in=concurrency,
+            tree_fan_in=tree_fan_in,
+            ingress=ingress,
+            max_raw=max_chunk,
+        )
 
     async def __aenter__(self) -> AsyncRingClient:
         await self.connect()
@@ -169,37 +182,94 @@ class AsyncRingClient:
         store: StoreId,
         version: int | None = None,
         *,
-        plan: str = "star",
+        plan: str = "auto",
         progress: Callable[[int], None] | None = None,
     ) -> RestoredState:
-        """Rebuild a version (default: the latest) of ``store``.
+        """Rebuild a version (default: the latest) of ``store`` along a recovery plan.
 
-        Raises StoreNotFound / VersionNotFound for what is not there, CorruptChunk when a chunk
-        is bad on every holder, NodeUnavailable when no holder of a chunk answers.
+        ``plan`` is ``star``, ``line``, ``tree`` or ``auto`` (the cost model picks; the result's
+        ``stats`` say which, why, the predicted and the actual time). Raises StoreNotFound /
+        VersionNotFound for what is not there, CorruptChunk when a chunk is bad on every
+        holder, NodeUnavailable when no holder of a chunk answers.
         """
         check_store(store)
         check_plan(plan)
         if version is None:
             version = (await self.latest(store)).version
-        started = time.perf_counter()
         want = version
 
         async def op(view: RingView) -> RestoredState:
-            state, chain, stats = await restore_state(
-                self._transport,
-                view,
-                store,
-                want,
-                concurrency=self.concurrency,
-                max_raw=self.max_chunk,
-                progress=progress,
-            )
+            chain, p = await self._restorer.plan(view, store, want, plan)
+            result = await self._restorer.run(view, store, chain, p, progress=progress)
             top = chain[-1]
-            info = stats.as_dict()
-            info["seconds"] = round(time.perf_counter() - started, 4)
-            return RestoredState(state, want, top.epoch, dict(top.positions), plan, info)
+            return RestoredState(
+                result.state, want, top.epoch, dict(top.positions), p.kind, result.stats
+            )
 
         return await self._routed(op)
+
+    async def explain(self, store: StoreId, version: int | None = None, plan: str = "auto") -> Plan:
+        """The plan a restore would follow, without running it (``Plan.explain()`` prints it)."""
+        check_store(store)
+        check_plan(plan)
+        if version is None:
+            version = (await self.latest(store)).version
+        want = version
+
+        async def op(view: RingView) -> Plan:
+            return (await self._restorer.plan(view, store, want, plan))[1]
+
+        return await self._routed(op)
+
+    async def restore_many(
+        self,
+        stores: Sequence[StoreId | tuple[StoreId, int]],
+        *,
+        plan: str = "auto",
+        progress: Callable[[int], None] | None = None,
+    ) -> list[RestoredState]:
+        """Restore many stores together (a lost executor's partitions, a replaced node).
+
+        The plans are made one after another with the bytes already given to each source
+        counted as its load, so no source carries more than its share; then all run at once
+        under one fan-in limit. Results come back in the order asked.
+        """
+        check_plan(plan)
+        wanted: list[tuple[StoreId, int | None]] = [
+            (s, None) if isinstance(s, StoreId) else (check_store(s[0]), s[1]) for s in stores
+        ]
+        for sid, _ in wanted:
+            check_store(sid)
+        versions = await asyncio.gather(*(self._version_or_latest(sid, v) for sid, v in wanted))
+
+        async def op(view: RingView) -> list[RestoredState]:
+            load: dict[str, float] = {}
+            plans = []
+            for (sid, _), v in zip(wanted, versions, strict=True):
+                chain, p = await self._restorer.plan(view, sid, v, plan, load=load)
+                for t in p.tasks:
+                    src = p.assignment[t.key]
+                    load[src] = load.get(src, 0.0) + t.size
+                plans.append((sid, v, chain, p))
+            sem = asyncio.Semaphore(self.concurrency)
+            results = await asyncio.gather(
+                *(
+                    self._restorer.run(view, sid, chain, p, progress=progress, sem=sem)
+                    for sid, _, chain, p in plans
+                )
+            )
+            out = []
+            for (_, v, chain, p), r in zip(plans, results, strict=True):
+                top = chain[-1]
+                out.append(
+                    RestoredState(r.state, v, top.epoch, dict(top.positions), p.kind, r.stats)
+                )
+            return out
+
+        return await self._routed(op)
+
+    async def _version_or_latest(self, store: StoreId, version: int | None) -> int:
+        return version if version is not None else (await self.latest(store)).version
 
     async def get(self, store: StoreId, key: bytes, version: int | None = None) -> bytes | None:
         """The value of ``key`` at ``version`` (default: latest), or None if it has none.

@@ -14,7 +14,7 @@ from statestore.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
 
 __all__ = ["PLANS", "CommitResult", "RestoredState", "build_commit", "check_plan", "parse_seeds"]
 
-PLANS = ("star",)
+PLANS = ("star", "line", "tree", "auto")
 
 
 def parse_seeds(seeds: Iterable[str] | str) -> list[str]:

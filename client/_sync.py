@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 from statestore.ids import StoreId
 from statestore.manifest import Head
+from statestore.plan import Plan
 from statestore.view import RingView
 
 from ._async import AsyncRingClient
@@ -88,10 +89,22 @@ class RingClient:
         store: StoreId,
         version: int | None = None,
         *,
-        plan: str = "star",
+        plan: str = "auto",
         progress: Callable[[int], None] | None = None,
     ) -> RestoredState:
         return self._call(self._async.restore(store, version, plan=plan, progress=progress))
+
+    def restore_many(
+        self,
+        stores: Sequence[StoreId | tuple[StoreId, int]],
+        *,
+        plan: str = "auto",
+        progress: Callable[[int], None] | None = None,
+    ) -> list[RestoredState]:
+        return self._call(self._async.restore_many(stores, plan=plan, progress=progress))
+
+    def explain(self, store: StoreId, version: int | None = None, plan: str = "auto") -> Plan:
+        return self._call(self._async.explain(store, version, plan))
 
     def get(self, store: StoreId, key: bytes, version: int | None = None) -> bytes | None:
         return self._call(self._async.get(store, key, version))

@@ -32,6 +32,7 @@ from .errors import (
 from .ids import StoreId, check_version, chunk_key, parse_chunk_key
 from .manifest import decode_manifest, encode_chain, local_chain
 from .node import Node
+from .relay import relay_handler
 from .rows import decode_rows, encode_rows
 from .transport import EPOCH_HEADER
 
@@ -339,4 +340,5 @@ def build_app(node: Node) -> web.Application:
     app.router.add_post(s + "/gc", gc)
     app.router.add_post(s + "/commit", commit)
     app.router.add_get(s + "/state", state)
+    app.router.add_post("/v1/relay", relay_handler)
     return app

@@ -23,7 +23,7 @@ from .errors import (
     error_from_code,
 )
 
-__all__ = ["EPOCH_HEADER", "HttpTransport", "Response"]
+__all__ = ["EPOCH_HEADER", "HttpTransport", "Response", "Stream"]
 
 EPOCH_HEADER = "X-Statestore-Epoch"
 
@@ -110,6 +110,42 @@ class HttpTransport:
         if resp.status not in ok:
             raise _error_from(resp.status, data, address)
         return Response(resp.status, data, epoch)
+
+    async def open_stream(
+        self, address: str, path: str, body: bytes, *, timeout: float | None = None
+    ) -> Stream:
+        """POST ``body`` and return the streaming response once its headers arrived.
+
+        The caller reads ``stream.reader`` and must ``close()`` the stream.
+        """
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        url = f"http://{address}{path}"
+        limit = self.timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                resp = await self._session.post(url, data=body)
+        except TimeoutError as exc:
+            raise RequestTimeout(f"POST {url} took longer than {limit:.1f}s to answer") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise NodeUnavailable(f"node {address} is unreachable ({exc})") from exc
+        if resp.status != 200:
+            data = await resp.read()
+            resp.close()
+            raise _error_from(resp.status, data, address)
+        return Stream(resp)
+
+
+class Stream:
+    """An open streaming response; read frames from ``reader``."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.reader = resp.content
+
+    def close(self) -> None:
+        self._resp.close()
 
 
 def _error_from(status: int, data: bytes, address: str) -> StateStoreError:

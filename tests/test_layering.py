@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE = ["ids", "errors", "placement", "chunk", "manifest", "quorum", "membership", "view", "rows"]
+PURE = [
+    "ids", "errors", "placement", "chunk", "manifest", "quorum", "membership", "view", "rows",
+    "plan", "frames", "bucket",
+]
 IO = {
     "asyncio",
     "socket",

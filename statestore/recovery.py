@@ -1,0 +1,353 @@
+"""Executing a recovery plan at the restorer (the async shell around plan.py).
+
+``plan_restore`` reads the chain and builds the plan; ``run_plan`` carries it out:
+
+- star: every chunk from its assigned source first, then the other holders, ``fan_in`` at a
+  time, decoded on worker threads as they land;
+- line / tree: one ``POST /v1/relay`` to the hop nearest the restorer, whose stream carries
+  the chunks (line) or the folded rows (tree) of the whole plan.
+
+Whatever a streamed plan did not deliver (a hop died, a chunk was corrupt, the stream stalled
+past its deadline) is fetched afterwards from the other replicas, skipping the hops that
+failed: only the missing part is rerouted, nothing starts over. Rows are folded by chain
+position, so a row that arrives twice (folded and again from a replica) is harmless.
+Links are measured from every transfer (an EWMA of throughput and latency per source) and
+fed back to the planner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from .bucket import TokenBucket
+from .chunk import MAX_CHUNK_RAW, decode_chunk, verify
+from .errors import CorruptChunk, NodeUnavailable, NotFound, StateStoreError, Unavailable
+from .frames import decode_folded, encode_hop
+from .ids import StoreId
+from .manifest import Manifest
+from .plan import ChunkTask, CostModel, LinkStats, Plan, build
+from .relay import read_frames
+from .restore import read_chain
+from .transport import HttpTransport
+from .view import RingView
+
+__all__ = ["LinkTable", "RecoveryResult", "Restorer", "chain_tasks"]
+
+Rows = list[tuple[bytes, bytes | None]]
+
+
+class LinkTable:
+    """Per-source EWMA of throughput and latency, from the restorer's own transfers."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self._links: dict[str, LinkStats] = {}
+
+    def observe(self, address: str, nbytes: int, seconds: float) -> None:
+        seconds = max(seconds, 1e-6)
+        cur = self._links.get(address)
+        tput = nbytes / seconds if nbytes >= 64 * 1024 else None
+        lat = seconds if nbytes < 64 * 1024 else None
+        base = cur or LinkStats()
+        a = self.alpha
+        self._links[address] = LinkStats(
+            base.throughput
+            if tput is None
+            else (tput if cur is None else (1 - a) * base.throughput + a * tput),
+            base.latency
+            if lat is None
+            else (lat if cur is None else (1 - a) * base.latency + a * lat),
+        )
+
+    def snapshot(self) -> dict[str, LinkStats]:
+        return dict(self._links)
+
+
+@dataclass
+class RecoveryResult:
+    state: dict[bytes, bytes]
+    chain: list[Manifest]
+    plan: Plan
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def chain_tasks(view: RingView, store: StoreId, chain: Sequence[Manifest]) -> list[ChunkTask]:
+    tasks = []
+    for pos, m in enumerate(chain):
+        for ref in m.chunks:
+            key = f"{store.path}/{m.version}/{ref.name}"
+            tasks.append(
+                ChunkTask(
+                    key,
+                    pos,
+                    m.version,
+                    ref.name,
+                    ref.checksum,
+                    ref.size,
+                    ref.raw_size,
+                    ref.rows,
+                    tuple(view.read_order(key)),
+                )
+            )
+    return tasks
+
+
+class _Fold:
+    """Rows folded by chain position: per key, the row of the latest position wins."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, list[Rows]] = {}
+        self.folded: list[list[tuple[bytes, int, bytes | None]]] = []
+
+    def add_chunk(self, pos: int, rows: Rows) -> None:
+        self.groups.setdefault(pos, []).append(rows)
+
+    def add_folded(self, rows: list[tuple[bytes, int, bytes | None]]) -> None:
+        self.folded.append(rows)
+
+    def result(self) -> dict[bytes, bytes]:
+        if self.folded:  # split folded rows back into positions, then apply in order
+            for rows in self.folded:
+                by_pos: dict[int, Rows] = {}
+                for k, pos, v in rows:
+                    by_pos.setdefault(pos, []).append((k, v))
+                for pos, r in by_pos.items():
+                    self.add_chunk(pos, r)
+        state: dict[bytes, bytes] = {}
+        for pos in sorted(self.groups):
+            for chunk_rows in self.groups[pos]:
+                for k, v in chunk_rows:
+                    if v is None:
+                        state.pop(k, None)
+                    else:
+                        state[k] = v
+        return state
+
+
+class Restorer:
+    """Plans and runs restores for one client (its transport, links and limits)."""
+
+    def __init__(
+        self,
+        transport: HttpTransport,
+        *,
+        fan_in: int = 16,
+        tree_fan_in: int = 2,
+        ingress: float | None = None,
+        max_raw: int = MAX_CHUNK_RAW,
+        model: CostModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.transport = transport
+        self.fan_in = fan_in
+        self.tree_fan_in = tree_fan_in
+        self.ingress = ingress
+        self.max_raw = max_raw
+        self.model = model or CostModel()
+        self.links = LinkTable()
+        self.clock = clock
+        self._bucket = (
+            TokenBucket(ingress, max(ingress / 10, 1 << 20), clock()) if ingress else None
+        )
+
+    async def _throttle(self, nbytes: int) -> None:
+        if self._bucket is not None:
+            wait = self._bucket.reserve(nbytes, self.clock())
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+    async def plan(
+        self,
+        view: RingView,
+        store: StoreId,
+        version: int,
+        kind: str,
+        load: Mapping[str, float] | None = None,
+    ) -> tuple[list[Manifest], Plan]:
+        chain = await read_chain(self.transport, view, store, version)
+        tasks = chain_tasks(view, store, chain)
+        plan = build(
+            kind,
+            tasks,
+            links=self.links.snapshot(),
+            load=load,
+            ingress=self.ingress,
+            fan_in=self.fan_in,
+            tree_fan_in=self.tree_fan_in,
+            replicas=view.replicas,
+            model=self.model,
+        )
+        return chain, plan
+
+    async def run(
+        self,
+        view: RingView,
+        store: StoreId,
+        chain: list[Manifest],
+        plan: Plan,
+        *,
+        progress: Callable[[int], None] | None = None,
+        sem: asyncio.Semaphore | None = None,
+    ) -> RecoveryResult:
+        started = self.clock()
+        fold = _Fold()
+        stats: dict[str, Any] = {
+            "plan": plan.kind,
+            "reason": plan.reason,
+            "predicted_seconds": round(plan.predicted, 4),
+            "sr3_rule": plan.sr3,
+            "chunks": len(plan.tasks),
+            "bytes_in": 0,
+            "rerouted": 0,
+            "failovers": 0,
+            "hops": [],
+            "failed_hops": [],
+            "bytes_by_node": {},
+        }
+        done: set[str] = set()
+        bad: set[str] = set()
+        if plan.kind != "star" and plan.root is not None:
+            await self._stream(store, plan, fold, done, bad, stats, progress)
+        missing = [t for t in plan.tasks if t.key not in done]
+        if plan.kind != "star":
+            stats["rerouted"] = len(missing)
+        await self._star(missing, plan.assignment, fold, bad, stats, progress, sem)
+        loop = asyncio.get_running_loop()
+        state = await loop.run_in_executor(None, fold.result)
+        stats["seconds"] = round(self.clock() - started, 4)
+        stats["chain"] = len(chain)
+        stats["bytes"] = stats["bytes_in"]
+        return RecoveryResult(state, chain, plan, stats)
+
+    async def _stream(
+        self,
+        store: StoreId,
+        plan: Plan,
+        fold: _Fold,
+        done: set[str],
+        bad: set[str],
+        stats: dict[str, Any],
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        assert plan.root is not None
+        loop = asyncio.get_running_loop()
+        body = encode_hop(store, plan.root, plan.kind == "tree")
+        # a stream that stalls far past its prediction is abandoned; what it did not deliver
+        # is fetched from other replicas
+        deadline = max(10.0, plan.predicted * 5 + 5.0)
+        by_key = {t.key: t for t in plan.tasks}
+        stream = None
+        pending: list[asyncio.Future[None]] = []
+        try:
+            async with asyncio.timeout(deadline):
+                stream = await self.transport.open_stream(plan.root.address, "/v1/relay", body)
+                last = self.clock()
+                async for kind, meta, data, _raw in read_frames(stream.reader, self.max_raw):
+                    now = self.clock()
+                    self.links.observe(plan.root.address, len(data), now - last)
+                    last = now
+                    await self._throttle(len(data))
+                    stats["bytes_in"] += len(data)
+                    if progress is not None and data:
+                        progress(len(data))
+                    if kind == b"C":
+                        t = by_key.get(str(meta.get("k")))
+                        if t is None:
+                            continue
+                        pending.append(
+                            asyncio.ensure_future(self._decode_into(fold, t, data, done))
+                        )
+                    elif kind == b"F":
+                        rows = await loop.run_in_executor(None, decode_folded, data, self.max_raw)
+                        fold.add_folded(rows)
+                    elif kind == b"D":
+                        hop = {k: meta.get(k) for k in ("hop", "depth", "own", "in", "out")}
+                        stats["hops"].append(hop)
+                        done.update(str(k) for k in meta.get("covers", []) if k in by_key)
+                    elif kind == b"E":
+                        stats["failed_hops"].append(
+                            {"hop": meta.get("hop"), "error": meta.get("error")}
+                        )
+                        bad.add(str(meta.get("hop")))
+        except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
+            stats["failed_hops"].append(
+                {"hop": plan.root.address, "error": f"{type(exc).__name__}: {exc}"}
+            )
+            if not isinstance(exc, TimeoutError):
+                bad.add(plan.root.address)
+        finally:
+            if stream is not None:
+                stream.close()
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException) and not isinstance(r, CorruptChunk):
+                    raise r
+
+    async def _decode_into(self, fold: _Fold, t: ChunkTask, data: bytes, done: set[str]) -> None:
+        verify(data, t.checksum, t.key)
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(
+            None, lambda: decode_chunk(data, max_raw=self.max_raw, what=t.key)
+        )
+        fold.add_chunk(t.pos, rows)
+        done.add(t.key)
+
+    async def _star(
+        self,
+        tasks: Sequence[ChunkTask],
+        assignment: Mapping[str, str],
+        fold: _Fold,
+        bad: set[str],
+        stats: dict[str, Any],
+        progress: Callable[[int], None] | None,
+        sem: asyncio.Semaphore | None,
+    ) -> None:
+        sem = sem or asyncio.Semaphore(self.fan_in)
+        loop = asyncio.get_running_loop()
+
+        async def one(t: ChunkTask) -> None:
+            first = assignment.get(t.key)
+            order = [a for a in ([first] if first else []) + list(t.holders) if a not in bad]
+            order = list(dict.fromkeys(order)) + [a for a in t.holders if a in bad]
+            errors: list[StateStoreError] = []
+            for address in order:
+                try:
+                    async with sem:
+                        began = self.clock()
+                        resp = await self.transport.request("GET", address, f"/v1/chunks/{t.key}")
+                        self.links.observe(address, len(resp.body), self.clock() - began)
+                        await self._throttle(len(resp.body))
+                    verify(resp.body, t.checksum, t.key)
+                except (Unavailable, CorruptChunk, NotFound) as exc:
+                    errors.append(exc)
+                    stats["failovers"] += 1
+                    continue
+                stats["bytes_in"] += len(resp.body)
+                by = stats["bytes_by_node"]
+                by[address] = by.get(address, 0) + len(resp.body)
+                if progress is not None:
+                    progress(len(resp.body))
+                rows = await loop.run_in_executor(
+                    None, partial(decode_chunk, resp.body, max_raw=self.max_raw, what=t.key)
+                )
+                fold.add_chunk(t.pos, rows)
+                return
+            if errors and all(isinstance(e, CorruptChunk) for e in errors):
+                raise CorruptChunk(f"chunk {t.key} is corrupt on every holder: {errors[0]}")
+            raise NodeUnavailable(
+                f"chunk {t.key} could not be read from any live holder: "
+                + "; ".join(str(e) for e in errors[:3])
+            )
+
+        tasks_ = [asyncio.ensure_future(one(t)) for t in tasks]
+        try:
+            await asyncio.gather(*tasks_)
+        finally:
+            for f in tasks_:
+                f.cancel()
+            await asyncio.gather(*tasks_, return_exceptions=True)

@@ -1,0 +1,251 @@
+"""Executing a line or tree hop on a node: ``POST /v1/relay`` (DESIGN.md, Recovery plans).
+
+A hop receives its part of the plan, opens streams from its children (each gets its own
+sub-plan), and answers with one stream of frames (frames.py):
+
+- **line** (no folding): frames flow through as they arrive, interleaved with this hop's own
+  chunks read from local storage; the restorer sees its first bytes while the far end of the
+  line is still reading.
+- **tree** (folding): the hop decodes its own chunks and its children's frames and keeps, per
+  key, the row of the latest chain position; it then sends the folded rows up in frames of
+  about 4 MiB, and a ``D`` frame listing every chunk folded in.
+
+A child that fails mid-stream becomes an ``E`` frame and the hop carries on: the restorer
+fetches whatever is missing from other replicas instead of starting over. A local chunk that
+is missing or corrupt is skipped the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import StreamReader, web
+
+from .chunk import decode_chunk
+from .errors import MalformedData, StateStoreError
+from .frames import (
+    HEADER,
+    MAX_META,
+    decode_folded,
+    decode_hop,
+    decode_meta,
+    encode_folded,
+    encode_frame,
+    encode_hop,
+)
+from .plan import Hop
+
+if TYPE_CHECKING:
+    from .node import Node
+
+__all__ = ["read_frames", "relay_handler"]
+
+log = logging.getLogger(__name__)
+FOLD_FRAME_RAW = 4 * 1024 * 1024
+Frame = tuple[bytes, dict[str, Any], bytes, bytes]  # kind, meta, data, the frame's bytes
+
+
+async def read_frames(reader: StreamReader, max_data: int) -> AsyncIterator[Frame]:
+    """Frames from a stream until it ends; MalformedData on garbage, IncompleteReadError if
+    it is cut mid-frame."""
+    while True:
+        try:
+            head = await reader.readexactly(HEADER.size)
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                return
+            raise
+        kind, mlen, dlen = HEADER.unpack(head)
+        if kind not in (b"C", b"F", b"D", b"E") or mlen > MAX_META or dlen > max_data:
+            raise MalformedData(
+                f"relay frame header is invalid (kind {kind!r}, {mlen}+{dlen} bytes)"
+            )
+        meta_raw = await reader.readexactly(mlen)
+        data = await reader.readexactly(dlen) if dlen else b""
+        yield kind, decode_meta(meta_raw), data, head + meta_raw + data
+
+
+async def _own_frames(
+    node: Node, hop: Hop, out: asyncio.Queue[bytes | None]
+) -> tuple[int, list[str]]:
+    sent = 0
+    covered: list[str] = []
+    for t in hop.chunks:
+        try:
+            data = node.store.get_chunk(t.key)
+        except StateStoreError as exc:
+            log.warning("relay: own chunk %s unusable: %s", t.key, exc)
+            continue
+        if data is None:
+            continue
+        await out.put(encode_frame(b"C", {"k": t.key, "p": t.pos}, data))
+        sent += len(data)
+        covered.append(t.key)
+    return sent, covered
+
+
+async def _child_frames(
+    node: Node,
+    store_path: str,
+    child: Hop,
+    fold: bool,
+    depth: int,
+    handle: Any,
+) -> None:
+    """Stream a child's frames into ``handle(kind, meta, data, raw)``; failures become E."""
+    from .ids import StoreId
+
+    body = encode_hop(StoreId.parse(store_path), child, fold, depth)
+    stream = None
+    try:
+        stream = await node.transport.open_stream(child.address, "/v1/relay", body)
+        async for frame in read_frames(stream.reader, node.config.max_chunk):
+            await handle(*frame)
+    except Exception as exc:  # a dead or broken child: report it, keep the rest
+        meta = {"hop": child.address, "error": f"{type(exc).__name__}: {exc}"}
+        await handle(b"E", meta, b"", encode_frame(b"E", meta))
+    finally:
+        if stream is not None:
+            stream.close()
+
+
+async def _line(
+    node: Node, request: web.Request, store_path: str, hop: Hop, depth: int
+) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-statestore-frames"})
+    await resp.prepare(request)
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=16)
+    forwarded = [0]
+
+    async def forward(kind: bytes, meta: dict[str, Any], data: bytes, raw: bytes) -> None:
+        forwarded[0] += len(data)
+        await queue.put(raw)
+
+    async def produce() -> tuple[int, list[str]]:
+        own_task = asyncio.ensure_future(_own_frames(node, hop, queue))
+        await asyncio.gather(
+            own_task,
+            *(_child_frames(node, store_path, c, False, depth + 1, forward) for c in hop.children),
+        )
+        own, covered = own_task.result()
+        done = {
+            "hop": node.address,
+            "depth": depth,
+            "own": own,
+            "in": forwarded[0],
+            "out": own + forwarded[0],
+        }
+        await queue.put(encode_frame(b"D", done))
+        await queue.put(None)
+        return own, covered
+
+    producer = asyncio.create_task(produce())
+    try:
+        while (frame := await queue.get()) is not None:
+            await resp.write(frame)
+        await producer
+    finally:
+        producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await producer
+    await resp.write_eof()
+    return resp
+
+
+async def _tree(
+    node: Node, request: web.Request, store_path: str, hop: Hop, depth: int
+) -> web.StreamResponse:
+    folded: dict[bytes, tuple[int, bytes | None]] = {}
+    covers: list[str] = []
+    passthrough: list[bytes] = []  # D and E frames of the subtree
+    received = [0]
+    loop = asyncio.get_running_loop()
+    max_raw = node.config.max_chunk
+
+    def absorb(rows: list[tuple[bytes, int, bytes | None]]) -> None:
+        for k, pos, v in rows:
+            cur = folded.get(k)
+            if cur is None or cur[0] <= pos:
+                folded[k] = (pos, v)
+
+    async def absorb_chunk(key: str, pos: int, data: bytes) -> None:
+        rows = await loop.run_in_executor(
+            None, lambda: decode_chunk(data, max_raw=max_raw, what=key)
+        )
+        absorb([(k, pos, v) for k, v in rows])
+        covers.append(key)
+
+    async def handle(kind: bytes, meta: dict[str, Any], data: bytes, raw: bytes) -> None:
+        received[0] += len(data)
+        if kind == b"C":
+            await absorb_chunk(str(meta["k"]), int(meta["p"]), data)
+        elif kind == b"F":
+            absorb(await loop.run_in_executor(None, lambda: decode_folded(data, max_raw)))
+        elif kind == b"D":
+            covers.extend(str(k) for k in meta.get("covers", []))
+            passthrough.append(encode_frame(b"D", {k: v for k, v in meta.items() if k != "covers"}))
+        else:
+            passthrough.append(raw)
+
+    own = 0
+    children = [
+        asyncio.create_task(_child_frames(node, store_path, c, True, depth + 1, handle))
+        for c in hop.children
+    ]
+    for t in hop.chunks:  # own chunks are folded in while the children stream
+        try:
+            data = node.store.get_chunk(t.key)
+        except StateStoreError as exc:
+            log.warning("relay: own chunk %s unusable: %s", t.key, exc)
+            continue
+        if data is None:
+            continue
+        own += len(data)
+        await absorb_chunk(t.key, t.pos, data)
+    await asyncio.gather(*children)
+
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-statestore-frames"})
+    await resp.prepare(request)
+    out = 0
+    batch: list[tuple[bytes, int, bytes | None]] = []
+    size = 0
+    for k, (pos, v) in folded.items():
+        batch.append((k, pos, v))
+        size += len(k) + (len(v) if v is not None else 0) + 12
+        if size >= FOLD_FRAME_RAW:
+            data = await loop.run_in_executor(None, encode_folded, batch)
+            await resp.write(encode_frame(b"F", {"hop": node.address}, data))
+            out += len(data)
+            batch, size = [], 0
+    if batch:
+        data = await loop.run_in_executor(None, encode_folded, batch)
+        await resp.write(encode_frame(b"F", {"hop": node.address}, data))
+        out += len(data)
+    for frame in passthrough:
+        await resp.write(frame)
+    done = {
+        "hop": node.address,
+        "depth": depth,
+        "own": own,
+        "in": received[0],
+        "out": out,
+        "covers": covers,
+    }
+    await resp.write(encode_frame(b"D", done))
+    await resp.write_eof()
+    return resp
+
+
+async def relay_handler(request: web.Request) -> web.StreamResponse:
+    from .api import NODE
+
+    node = request.app[NODE]
+    body = await request.read()
+    store, hop, fold, depth = decode_hop(body)
+    if fold:
+        return await _tree(node, request, store.path, hop, depth)
+    return await _line(node, request, store.path, hop, depth)
