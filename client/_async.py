@@ -59,7 +59,11 @@ class AsyncRingClient:
         self.chunk_size = chunk_size
         self.key_groups = key_groups
         self.max_chunk = max_chunk
-        self._transport = HttpTransport(timeout=timeout, connections=max(64, concurrency * 4))
+        self._transport = HttpTransport(
+            timeout=timeout,
+            connections=max(64, concurrency * 4),
+            rcvbuf=256 * 1024 if ingress else None,
+        )
         self._view: RingView | None = None
         self._restorer = Restorer(
             self._transport,

@@ -7,6 +7,7 @@ reaches a caller. Every response carries the ring epoch in ``X-Statestore-Epoch`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -133,6 +134,8 @@ async def put_chunk(request: web.Request) -> web.Response:
 async def get_chunk(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = request.match_info["key"]
+    if node.config.inject_delay:
+        await asyncio.sleep(node.config.inject_delay)
     data = node.store.get_chunk(key)
     if data is None:
         from .errors import NotFound

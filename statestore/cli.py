@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--gossip-interval", type=float, default=0.5)
     n.add_argument("--suspect-after", type=float, default=2.0)
     n.add_argument("--down-after", type=float, default=5.0)
+    n.add_argument(
+        "--inject-delay",
+        type=float,
+        default=0.0,
+        help="testing only: seconds of delay added to every chunk read",
+    )
     n.add_argument("--no-dht", action="store_true", help="gossip through seeds only")
     n.add_argument("--log-level", default="WARNING")
 
@@ -90,6 +96,23 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("ring", help="show the ring's members and epoch")
     r.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
     r.add_argument("--json", action="store_true")
+
+    rs = sub.add_parser("restore", help="restore a store version along a recovery plan")
+    rs.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    rs.add_argument("--store", required=True, metavar="QUERY/OPERATOR/PARTITION/NAME")
+    rs.add_argument("--version", type=_positive, default=None, help="default: the latest")
+    rs.add_argument("--plan", choices=["star", "line", "tree", "auto"], default="auto")
+    rs.add_argument("--explain", action="store_true", help="print the plan and stop")
+    rs.add_argument("--out", default=None, help="write the state here as framed rows")
+    rs.add_argument(
+        "--ingress",
+        type=float,
+        default=None,
+        metavar="MB/S",
+        help="cap the bytes per second taken in (token bucket)",
+    )
+    rs.add_argument("--fan-in", type=_positive, default=16, help="chunks in flight (star)")
+    rs.add_argument("--tree-fan-in", type=_positive, default=2, help="children per tree hop")
 
     d = sub.add_parser("demo", help="local 3-node ring: commit, kill -9 a node, restore")
     d.add_argument("--data-dir", default=None)
@@ -125,6 +148,7 @@ def _node(args: argparse.Namespace) -> int:
             suspect_after=args.suspect_after,
             down_after=args.down_after,
             dht=not args.no_dht,
+            inject_delay=args.inject_delay,
         )
     except ValueError as exc:
         print(f"statestore node: {exc}", file=sys.stderr)
@@ -187,6 +211,69 @@ def _ring(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restore(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    from client import RingClient
+
+    from .ids import StoreId
+    from .rows import encode_rows
+
+    console = Console(stderr=True)
+    store = StoreId.parse(args.store)
+    ingress = args.ingress * 1e6 if args.ingress else None
+    with RingClient(
+        args.seeds, concurrency=args.fan_in, tree_fan_in=args.tree_fan_in, ingress=ingress
+    ) as ring:
+        plan = ring.explain(store, args.version, args.plan)
+        if args.explain:
+            print(plan.explain())
+            return 0
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(f"restoring {store} ({plan.kind})", total=plan.bytes_in)
+            st = ring.restore(
+                store,
+                args.version,
+                plan=plan.kind,
+                progress=lambda n: progress.advance(task, n),
+            )
+    s = st.stats
+    table = Table(title=f"restored {store} v{st.version}: {len(st)} keys")
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("plan", f"{st.plan}: {s['reason']}")
+    table.add_row("SR3 fixed rule", str(s["sr3_rule"]))
+    table.add_row("time", f"{s['seconds']:.3f}s (predicted {s['predicted_seconds']:.3f}s)")
+    table.add_row("chunks / chain", f"{s['chunks']} chunks over {s['chain']} versions")
+    table.add_row("bytes into restorer", str(s["bytes_in"]))
+    table.add_row("rerouted chunks", str(s["rerouted"]))
+    for hop in sorted(s["hops"], key=lambda h: (h["depth"], h["hop"])):
+        table.add_row(
+            f"hop {hop['hop']} (depth {hop['depth']})",
+            f"own {hop['own']} B, in {hop['in']} B, out {hop['out']} B",
+        )
+    for fail in s["failed_hops"]:
+        table.add_row(f"failed {fail['hop']}", str(fail["error"]))
+    for node, n in sorted(s["bytes_by_node"].items()):
+        table.add_row(f"pulled from {node}", f"{n} B")
+    console.print(table)
+    if args.out:
+        with open(args.out, "wb") as f:
+            for piece in encode_rows(sorted(st.items())):
+                f.write(piece)
+        console.print(f"wrote {len(st)} rows to {args.out} (framed rows, docs/api.md)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -196,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _local(args)
         if args.command == "ring":
             return _ring(args)
+        if args.command == "restore":
+            return _restore(args)
         if args.command == "demo":
             from .demo import run_demo
 

@@ -5,8 +5,12 @@
     frame := kind (1 byte) | u32 meta length | u32 data length | meta (msgpack map) | data
 
 - ``C`` a chunk as stored (still compressed): meta ``{"k": key, "p": chain position}``
-- ``F`` folded rows: data = zstd(msgpack [key, pos, value, ...]), value nil = delete
-- ``D`` a hop is done: meta ``{"hop", "depth", "own", "in", "out", "covers": [keys]}``
+- ``F`` folded rows: data = zstd(msgpack [key, pos, value, ...]), value nil = delete; meta
+  ``{"hop", "g": [lo, hi]}``: the key groups this frame completes (frames are cut at group
+  boundaries, in group order)
+- ``D`` hop stats ``{"hop", "depth", "own", "in", "out"}``; a tree hop sends one with
+  ``"covers": [chunk keys folded in]`` *before* its F frames, so a restorer whose stream is
+  cut knows which chunks the key groups it did receive already include
 - ``E`` a hop failed: meta ``{"hop", "error"}``; the restorer fetches what is missing
 
 Hop plans travel as msgpack too (:func:`encode_hop` / :func:`decode_hop`).
@@ -86,9 +90,16 @@ def _hop_obj(hop: Hop) -> dict[str, Any]:
     }
 
 
-def encode_hop(store: StoreId, hop: Hop, fold: bool, depth: int = 0) -> bytes:
+def encode_hop(store: StoreId, hop: Hop, fold: bool, depth: int = 0, groups: int = 0) -> bytes:
     data: bytes = msgpack.packb(
-        {"v": 1, "store": store.path, "fold": fold, "depth": depth, "hop": _hop_obj(hop)},
+        {
+            "v": 1,
+            "store": store.path,
+            "fold": fold,
+            "depth": depth,
+            "groups": groups,
+            "hop": _hop_obj(hop),
+        },
         use_bin_type=True,
     )
     return data
@@ -122,8 +133,9 @@ def _hop_from(store: StoreId, obj: Any, budget: list[int]) -> Hop:
         raise MalformedData(f"relay plan hop is malformed ({exc!r})") from exc
 
 
-def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int]:
-    """Parse a hop plan: (store, hop, fold, depth). Raises MalformedData or InvalidStoreId."""
+def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int, int]:
+    """Parse a hop plan: (store, hop, fold, depth, key groups). Raises MalformedData or
+    InvalidStoreId."""
     obj = decode_meta(data)
     if obj.get("v") != 1:
         raise MalformedData(f"relay plan version {obj.get('v')!r} is not supported")
@@ -133,4 +145,5 @@ def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int]:
         _hop_from(store, obj.get("hop"), [4096]),
         bool(obj.get("fold")),
         int(obj.get("depth", 0)),
+        int(obj.get("groups", 0)),
     )

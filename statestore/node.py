@@ -59,6 +59,7 @@ class NodeConfig:
     snapshot_every: int = 10
     retain_versions: int = 100
     dht: bool = True
+    inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read
     dht_port: int | None = None  # None: same number as the HTTP port (0 -> any)
 
     def __post_init__(self) -> None:

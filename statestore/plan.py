@@ -34,6 +34,8 @@ __all__ = [
     "assign",
     "build",
     "choose",
+    "folded_estimate",
+    "learn_fold_ratio",
     "sr3_rule",
 ]
 
@@ -55,6 +57,8 @@ class ChunkTask:
     raw_size: int
     rows: int
     holders: tuple[str, ...]
+    lo: int = 0  # key-group range the chunk covers
+    hi: int = 65535
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class CostModel:
 
     decode_rate: float = 250e6  # raw bytes/s decoded and folded by one process
     relay_rate: float = 400e6  # bytes/s one hop can forward
-    fold_ratio: float = 0.5  # estimated share of delta rows that survive folding
+    fold_ratio: float = 0.25  # share of a delta's bytes that are new keys (learned per store)
     startup: float = 0.003  # fixed cost of a streamed plan (hand-over of the plan)
 
 
@@ -187,20 +191,18 @@ def _tree(per: Mapping[str, list[ChunkTask]], fan_in: int) -> Hop:
 
 
 def _folded_bytes(tasks: Sequence[ChunkTask], model: CostModel) -> tuple[int, int]:
-    """Estimated (compressed, raw) bytes after folding the whole chain."""
-    by_pos: dict[int, list[ChunkTask]] = {}
-    for t in tasks:
-        by_pos.setdefault(t.pos, []).append(t)
-    if not by_pos:
+    """Estimated (compressed, raw) bytes after folding the whole chain: the base (the
+    snapshot, or version 1) survives whole, each later delta adds ``fold_ratio`` of its
+    bytes as new keys (the rest overwrites keys already there)."""
+    if not tasks:
         return 0, 0
+    base = min(t.pos for t in tasks)
     comp = raw = 0.0
-    for i, pos in enumerate(sorted(by_pos)):
-        share = 1.0 if i == len(by_pos) - 1 else model.fold_ratio
-        comp += share * sum(t.size for t in by_pos[pos])
-        raw += share * sum(t.raw_size for t in by_pos[pos])
-    total = sum(t.size for t in tasks)
-    total_raw = sum(t.raw_size for t in tasks)
-    return int(min(comp, total)), int(min(raw, total_raw))
+    for t in tasks:
+        share = 1.0 if t.pos == base else model.fold_ratio
+        comp += share * t.size
+        raw += share * t.raw_size
+    return int(comp), int(raw)
 
 
 def _predict(
@@ -253,6 +255,22 @@ def _predict(
     root_rate = min(cap, links.get(root.address, LinkStats()).throughput)
     t = sum(levels) + folded / root_rate + folded_raw / model.decode_rate
     return t + lat + model.startup * hops, folded
+
+
+def folded_estimate(tasks: Sequence[ChunkTask], model: CostModel) -> int:
+    return _folded_bytes(tasks, model)[0]
+
+
+def learn_fold_ratio(tasks: Sequence[ChunkTask], folded_bytes: int) -> float | None:
+    """The fold ratio a tree restore actually showed, for the next plan of the same store."""
+    if not tasks:
+        return None
+    base = min(t.pos for t in tasks)
+    base_bytes = sum(t.size for t in tasks if t.pos == base)
+    delta_bytes = sum(t.size for t in tasks if t.pos != base)
+    if delta_bytes <= 0:
+        return None
+    return min(1.0, max(0.0, (folded_bytes - base_bytes) / delta_bytes))
 
 
 def sr3_rule(tasks: Sequence[ChunkTask]) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -30,7 +30,7 @@ from .errors import CorruptChunk, NodeUnavailable, NotFound, StateStoreError, Un
 from .frames import decode_folded, encode_hop
 from .ids import StoreId
 from .manifest import Manifest
-from .plan import ChunkTask, CostModel, LinkStats, Plan, build
+from .plan import ChunkTask, CostModel, LinkStats, Plan, build, learn_fold_ratio
 from .relay import read_frames
 from .restore import read_chain
 from .transport import HttpTransport
@@ -92,6 +92,8 @@ def chain_tasks(view: RingView, store: StoreId, chain: Sequence[Manifest]) -> li
                     ref.raw_size,
                     ref.rows,
                     tuple(view.read_order(key)),
+                    ref.lo,
+                    ref.hi,
                 )
             )
     return tasks
@@ -151,6 +153,7 @@ class Restorer:
         self.model = model or CostModel()
         self.links = LinkTable()
         self.clock = clock
+        self._fold_ratio: dict[StoreId, float] = {}
         self._bucket = (
             TokenBucket(ingress, max(ingress / 10, 1 << 20), clock()) if ingress else None
         )
@@ -171,6 +174,9 @@ class Restorer:
     ) -> tuple[list[Manifest], Plan]:
         chain = await read_chain(self.transport, view, store, version)
         tasks = chain_tasks(view, store, chain)
+        model = self.model
+        if store in self._fold_ratio:  # what the last tree restore of this store showed
+            model = replace(model, fold_ratio=self._fold_ratio[store])
         plan = build(
             kind,
             tasks,
@@ -180,7 +186,7 @@ class Restorer:
             fan_in=self.fan_in,
             tree_fan_in=self.tree_fan_in,
             replicas=view.replicas,
-            model=self.model,
+            model=model,
         )
         return chain, plan
 
@@ -212,10 +218,14 @@ class Restorer:
         done: set[str] = set()
         bad: set[str] = set()
         if plan.kind != "star" and plan.root is not None:
-            await self._stream(store, plan, fold, done, bad, stats, progress)
+            await self._stream(store, chain[-1].key_groups, plan, fold, done, bad, stats, progress)
         missing = [t for t in plan.tasks if t.key not in done]
         if plan.kind != "star":
             stats["rerouted"] = len(missing)
+        if plan.kind == "tree" and not missing:
+            ratio = learn_fold_ratio(plan.tasks, stats["bytes_in"])
+            if ratio is not None:
+                self._fold_ratio[store] = ratio
         await self._star(missing, plan.assignment, fold, bad, stats, progress, sem)
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(None, fold.result)
@@ -227,6 +237,7 @@ class Restorer:
     async def _stream(
         self,
         store: StoreId,
+        groups: int,
         plan: Plan,
         fold: _Fold,
         done: set[str],
@@ -236,7 +247,10 @@ class Restorer:
     ) -> None:
         assert plan.root is not None
         loop = asyncio.get_running_loop()
-        body = encode_hop(store, plan.root, plan.kind == "tree")
+        body = encode_hop(store, plan.root, plan.kind == "tree", groups=groups)
+        covers: set[str] = set()
+        complete: set[int] = set()  # key groups the root's folded frames delivered in full
+        clean = False
         # a stream that stalls far past its prediction is abandoned; what it did not deliver
         # is fetched from other replicas
         deadline = max(10.0, plan.predicted * 5 + 5.0)
@@ -265,15 +279,20 @@ class Restorer:
                     elif kind == b"F":
                         rows = await loop.run_in_executor(None, decode_folded, data, self.max_raw)
                         fold.add_folded(rows)
+                        g = meta.get("g")
+                        if isinstance(g, list) and len(g) == 2:
+                            complete.update(range(int(g[0]), int(g[1]) + 1))
                     elif kind == b"D":
-                        hop = {k: meta.get(k) for k in ("hop", "depth", "own", "in", "out")}
-                        stats["hops"].append(hop)
-                        done.update(str(k) for k in meta.get("covers", []) if k in by_key)
+                        if "out" in meta:
+                            hop = {k: meta.get(k) for k in ("hop", "depth", "own", "in", "out")}
+                            stats["hops"].append(hop)
+                        covers.update(str(k) for k in meta.get("covers", []) if k in by_key)
                     elif kind == b"E":
                         stats["failed_hops"].append(
                             {"hop": meta.get("hop"), "error": meta.get("error")}
                         )
                         bad.add(str(meta.get("hop")))
+                clean = True
         except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             stats["failed_hops"].append(
                 {"hop": plan.root.address, "error": f"{type(exc).__name__}: {exc}"}
@@ -283,6 +302,12 @@ class Restorer:
         finally:
             if stream is not None:
                 stream.close()
+            # Folded rows count for a chunk only if the fold included it (covers) and either
+            # the stream ended cleanly or every key group the chunk spans arrived in full.
+            for key in covers:
+                t = by_key[key]
+                if clean or all(g in complete for g in range(t.lo, t.hi + 1)):
+                    done.add(key)
             results = await asyncio.gather(*pending, return_exceptions=True)
             for r in results:
                 if isinstance(r, BaseException) and not isinstance(r, CorruptChunk):

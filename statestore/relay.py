@@ -23,10 +23,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import StreamReader, web
+from aiohttp import ClientError, StreamReader, web
 
-from .chunk import decode_chunk
-from .errors import MalformedData, StateStoreError
+from .chunk import decode_chunk, key_group
+from .errors import MalformedData, NodeUnavailable, StateStoreError
 from .frames import (
     HEADER,
     MAX_META,
@@ -54,18 +54,21 @@ async def read_frames(reader: StreamReader, max_data: int) -> AsyncIterator[Fram
     it is cut mid-frame."""
     while True:
         try:
-            head = await reader.readexactly(HEADER.size)
-        except asyncio.IncompleteReadError as exc:
-            if not exc.partial:
-                return
-            raise
-        kind, mlen, dlen = HEADER.unpack(head)
-        if kind not in (b"C", b"F", b"D", b"E") or mlen > MAX_META or dlen > max_data:
-            raise MalformedData(
-                f"relay frame header is invalid (kind {kind!r}, {mlen}+{dlen} bytes)"
-            )
-        meta_raw = await reader.readexactly(mlen)
-        data = await reader.readexactly(dlen) if dlen else b""
+            try:
+                head = await reader.readexactly(HEADER.size)
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial:
+                    return
+                raise
+            kind, mlen, dlen = HEADER.unpack(head)
+            if kind not in (b"C", b"F", b"D", b"E") or mlen > MAX_META or dlen > max_data:
+                raise MalformedData(
+                    f"relay frame header is invalid (kind {kind!r}, {mlen}+{dlen} bytes)"
+                )
+            meta_raw = await reader.readexactly(mlen)
+            data = await reader.readexactly(dlen) if dlen else b""
+        except (asyncio.IncompleteReadError, ClientError) as exc:
+            raise NodeUnavailable(f"relay stream was cut mid-frame ({exc})") from exc
         yield kind, decode_meta(meta_raw), data, head + meta_raw + data
 
 
@@ -95,19 +98,23 @@ async def _child_frames(
     fold: bool,
     depth: int,
     handle: Any,
-) -> None:
-    """Stream a child's frames into ``handle(kind, meta, data, raw)``; failures become E."""
+    groups: int = 0,
+) -> bool:
+    """Stream a child's frames into ``handle(kind, meta, data, raw)``; failures become an E
+    frame. True if the child's stream ended cleanly."""
     from .ids import StoreId
 
-    body = encode_hop(StoreId.parse(store_path), child, fold, depth)
+    body = encode_hop(StoreId.parse(store_path), child, fold, depth, groups)
     stream = None
     try:
         stream = await node.transport.open_stream(child.address, "/v1/relay", body)
         async for frame in read_frames(stream.reader, node.config.max_chunk):
             await handle(*frame)
+        return True
     except Exception as exc:  # a dead or broken child: report it, keep the rest
         meta = {"hop": child.address, "error": f"{type(exc).__name__}: {exc}"}
         await handle(b"E", meta, b"", encode_frame(b"E", meta))
+        return False
     finally:
         if stream is not None:
             stream.close()
@@ -157,7 +164,7 @@ async def _line(
 
 
 async def _tree(
-    node: Node, request: web.Request, store_path: str, hop: Hop, depth: int
+    node: Node, request: web.Request, store_path: str, hop: Hop, depth: int, groups: int
 ) -> web.StreamResponse:
     folded: dict[bytes, tuple[int, bytes | None]] = {}
     covers: list[str] = []
@@ -179,22 +186,27 @@ async def _tree(
         absorb([(k, pos, v) for k, v in rows])
         covers.append(key)
 
-    async def handle(kind: bytes, meta: dict[str, Any], data: bytes, raw: bytes) -> None:
-        received[0] += len(data)
-        if kind == b"C":
-            await absorb_chunk(str(meta["k"]), int(meta["p"]), data)
-        elif kind == b"F":
-            absorb(await loop.run_in_executor(None, lambda: decode_folded(data, max_raw)))
-        elif kind == b"D":
-            covers.extend(str(k) for k in meta.get("covers", []))
-            passthrough.append(encode_frame(b"D", {k: v for k, v in meta.items() if k != "covers"}))
-        else:
-            passthrough.append(raw)
+    def handler(child_covers: list[str]) -> Any:
+        async def handle(kind: bytes, meta: dict[str, Any], data: bytes, raw: bytes) -> None:
+            received[0] += len(data)
+            if kind == b"C":
+                await absorb_chunk(str(meta["k"]), int(meta["p"]), data)
+            elif kind == b"F":
+                absorb(await loop.run_in_executor(None, lambda: decode_folded(data, max_raw)))
+            elif kind == b"D" and "covers" in meta:
+                child_covers.extend(str(k) for k in meta["covers"])
+            else:
+                passthrough.append(raw)
+
+        return handle
 
     own = 0
+    child_covers: list[list[str]] = [[] for _ in hop.children]
     children = [
-        asyncio.create_task(_child_frames(node, store_path, c, True, depth + 1, handle))
-        for c in hop.children
+        asyncio.create_task(
+            _child_frames(node, store_path, c, True, depth + 1, handler(cc), groups)
+        )
+        for c, cc in zip(hop.children, child_covers, strict=True)
     ]
     for t in hop.chunks:  # own chunks are folded in while the children stream
         try:
@@ -206,35 +218,40 @@ async def _tree(
             continue
         own += len(data)
         await absorb_chunk(t.key, t.pos, data)
-    await asyncio.gather(*children)
+    for task, cc in zip(children, child_covers, strict=True):
+        if await task:  # a child cut mid-stream: its chunks are not vouched for
+            covers.extend(cc)
 
     resp = web.StreamResponse(headers={"Content-Type": "application/x-statestore-frames"})
     await resp.prepare(request)
+    header = {"hop": node.address, "depth": depth, "covers": covers}
+    await resp.write(encode_frame(b"D", header))
+    # folded rows in key-group order, frames cut only at group boundaries, so that each
+    # frame completes the groups it names
+    items = sorted(
+        ((key_group(k, groups) if groups else 0, k, pos, v) for k, (pos, v) in folded.items()),
+        key=lambda r: r[0],
+    )
     out = 0
     batch: list[tuple[bytes, int, bytes | None]] = []
     size = 0
-    for k, (pos, v) in folded.items():
+    lo = 0
+    for i, (g, k, pos, v) in enumerate(items):
         batch.append((k, pos, v))
         size += len(k) + (len(v) if v is not None else 0) + 12
-        if size >= FOLD_FRAME_RAW:
+        last = i == len(items) - 1
+        if last or (size >= FOLD_FRAME_RAW and items[i + 1][0] != g):
             data = await loop.run_in_executor(None, encode_folded, batch)
-            await resp.write(encode_frame(b"F", {"hop": node.address}, data))
+            hi = (groups - 1 if groups else 0) if last else g
+            await resp.write(encode_frame(b"F", {"hop": node.address, "g": [lo, hi]}, data))
             out += len(data)
-            batch, size = [], 0
-    if batch:
-        data = await loop.run_in_executor(None, encode_folded, batch)
-        await resp.write(encode_frame(b"F", {"hop": node.address}, data))
-        out += len(data)
+            batch, size, lo = [], 0, g + 1
+    if not items and groups:
+        data = encode_folded([])
+        await resp.write(encode_frame(b"F", {"hop": node.address, "g": [0, groups - 1]}, data))
     for frame in passthrough:
         await resp.write(frame)
-    done = {
-        "hop": node.address,
-        "depth": depth,
-        "own": own,
-        "in": received[0],
-        "out": out,
-        "covers": covers,
-    }
+    done = {"hop": node.address, "depth": depth, "own": own, "in": received[0], "out": out}
     await resp.write(encode_frame(b"D", done))
     await resp.write_eof()
     return resp
@@ -245,7 +262,9 @@ async def relay_handler(request: web.Request) -> web.StreamResponse:
 
     node = request.app[NODE]
     body = await request.read()
-    store, hop, fold, depth = decode_hop(body)
+    store, hop, fold, depth, groups = decode_hop(body)
+    if node.config.inject_delay:
+        await asyncio.sleep(node.config.inject_delay)
     if fold:
-        return await _tree(node, request, store.path, hop, depth)
+        return await _tree(node, request, store.path, hop, depth, groups)
     return await _line(node, request, store.path, hop, depth)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import warnings
 from typing import Any
 
@@ -43,19 +44,34 @@ class Response:
 class HttpTransport:
     """A pooled aiohttp session with the error mapping. Owned by whoever creates it."""
 
-    def __init__(self, timeout: float = 10.0, connections: int = 64) -> None:
+    def __init__(
+        self, timeout: float = 10.0, connections: int = 64, rcvbuf: int | None = None
+    ) -> None:
         self.timeout = timeout
         self._connections = connections
+        self._rcvbuf = rcvbuf
         self._session: aiohttp.ClientSession | None = None
         self.seen_epoch = 0
 
     async def start(self) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=32),
+                connector=aiohttp.TCPConnector(
+                    limit=self._connections,
+                    limit_per_host=32,
+                    socket_factory=self._socket if self._rcvbuf else None,
+                ),
                 timeout=aiohttp.ClientTimeout(total=None),
                 auto_decompress=False,
             )
+
+    def _socket(self, addr_info: Any) -> socket.socket:
+        # A capped restorer stands for a slow link: it must not take in more than a small
+        # buffer ahead of what it consumes (Linux would otherwise autotune to tens of MB).
+        family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
+        sock = socket.socket(family, type_, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(self._rcvbuf or 0))
+        return sock
 
     async def close(self) -> None:
         if self._session is not None:
