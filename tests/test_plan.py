@@ -127,8 +127,8 @@ def test_token_bucket() -> None:
 def test_hop_plan_round_trip_and_garbage() -> None:
     plan = build("tree", tasks(3, 3))
     assert plan.root is not None
-    store, hop, fold, depth = decode_hop(encode_hop(SID, plan.root, True, 2))
-    assert (store, fold, depth) == (SID, True, 2)
+    store, hop, fold, depth, groups = decode_hop(encode_hop(SID, plan.root, True, 2, 128))
+    assert (store, fold, depth, groups) == (SID, True, 2, 128)
     assert sorted(t.key for t in hop.all_chunks()) == sorted(t.key for t in plan.root.all_chunks())
     with pytest.raises(MalformedData):
         decode_hop(b"\x81\xa1v\x07")
