@@ -31,10 +31,6 @@ def rows(n: int, rng: random.Random, key_space: int = 10**9) -> dict[bytes, byte
     return out
 
 
-def raw_size(puts: dict[bytes, bytes]) -> int:
-    return sum(len(k) + len(v) for k, v in puts.items())
-
-
 @contextlib.contextmanager
 def local_ring(nodes: int = 3, args: Sequence[str] = ()) -> Iterator[LocalRing]:
     """``nodes`` node processes on loopback in a temporary directory, stopped on exit."""

@@ -23,8 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from client import RingClient, StoreId  # noqa: E402
-from statestore.local import LocalRing  # noqa: E402
+from client import RingClient, StoreId
+from statestore.local import LocalRing
 
 PLANS = ("star", "line", "tree", "auto")
 MiB = 1024 * 1024
@@ -86,7 +86,8 @@ def main() -> int:
     header = (
         f"{'size':>6} {'chain':>5} {'ingress':>8} {'down':>4} | "
         + " ".join(f"{p + ' s':>8}" for p in PLANS)
-        + f" | {'auto->':>6} {'best':>5} {'auto/best':>9} {'sr3':>5} {'sr3/best':>8} {'tree/star B':>11}"
+        + f" | {'auto->':>6} {'best':>5} {'auto/best':>9} {'sr3':>5} {'sr3/best':>8}"
+        + f" {'tree/star B':>11}"
     )
     print(header, flush=True)
     try:
@@ -169,8 +170,13 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
         cap = "cap" if r["ingress"] else "free"
         labels.append(f"{r['size_mib']}M c{r['chain']} {cap} d{r['down']}")
         for j, p in enumerate(PLANS):
-            ax.bar(i + (j - 1.5) * width, r[p]["seconds"], width, label=p if i == 0 else None,
-                   color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][j])
+            ax.bar(
+                i + (j - 1.5) * width,
+                r[p]["seconds"],
+                width,
+                label=p if i == 0 else None,
+                color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][j],
+            )
     ax.set_xticks(range(len(results)))
     ax.set_xticklabels(labels, rotation=70, fontsize=7)
     ax.set_ylabel("restore time (s)")

@@ -4,10 +4,11 @@ Baseline, in the same run and interleaved round by round: the same chunks read f
 files, decompressed and decoded (``decode_chunk``) and folded into a dict in chain order by
 this one process. Target: the ring within 1.5x of the local time.
 
-    .venv/bin/python bench/restore.py [--mib 256] [--deltas 20] [--rounds 3] [--profile]
+    .venv/bin/python bench/restore.py [--mib 256] [--deltas 20] [--rounds 3] [--plan auto]
 
-``--profile`` adds one ring restore under cProfile (the client's event loop runs on the main
-thread there) and prints the top functions.
+``--profile`` adds one ring restore under cProfile and prints the top functions: it sees the
+client's event loop (run on the main thread there), not the decode worker threads; for those,
+run the script under ``py-spy record --format raw`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import io
 import os
 import pstats
 import random
+import resource
 import tempfile
 import time
 
@@ -70,10 +72,10 @@ def restore_local(directory: str, versions: int) -> dict[bytes, bytes]:
     return state
 
 
-def profile_ring(seeds: list[str], sid: StoreId, version: int) -> str:
+def profile_ring(seeds: list[str], sid: StoreId, version: int, plan: str) -> str:
     async def run() -> int:
         async with AsyncRingClient(seeds) as c:
-            return len(await c.restore(sid, version))
+            return len(await c.restore(sid, version, plan=plan))
 
     prof = cProfile.Profile()
     prof.enable()
@@ -90,6 +92,7 @@ def main() -> None:
     ap.add_argument("--deltas", type=int, default=20)
     ap.add_argument("--delta-mib", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--plan", default="auto", help="star, line, tree or auto (the default)")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     print(machine())
@@ -148,7 +151,7 @@ def main() -> None:
                 gc.collect()
                 t0 = time.perf_counter()
                 if path == "ring":
-                    st = client.restore(sid, n)
+                    st = client.restore(sid, n, plan=a.plan)
                     stats = st.stats
                     size = len(st)
                 else:
@@ -161,7 +164,7 @@ def main() -> None:
         print(f"\nrestored state: {sizes.pop()} keys; ring stats: {stats}\n")
         body = []
         for path, label in (
-            ("ring", "ring: RingClient.restore (3 nodes, star plan)"),
+            ("ring", f"ring: RingClient.restore (3 nodes, plan {a.plan} -> {stats.get('plan')})"),
             ("local", "local files: read + decode_chunk + fold, 1 process"),
         ):
             xs = times[path]
@@ -173,13 +176,15 @@ def main() -> None:
                     f"{raw / MiB / median(xs):.0f}",
                 ]
             )
-        print(table(["path", "median s", "best s", "MB/s raw"], body))
+        print(table(["path", "median s", "best s", "MiB/s raw"], body))
         ratio = median(times["ring"]) / median(times["local"])
         verdict = "within" if ratio <= 1.5 else "NOT within"
         print(f"\nring / local (medians): {ratio:.2f}x ({verdict} the 1.5x target)")
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"peak RSS of this process (client + baseline): {rss:.0f} MiB")
         if a.profile:
             print("\ncProfile of one ring restore (event loop thread; decode runs on workers):")
-            print(profile_ring(ring.seeds, sid, n))
+            print(profile_ring(ring.seeds, sid, n, a.plan))
 
 
 if __name__ == "__main__":

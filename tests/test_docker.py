@@ -103,12 +103,6 @@ def parse_cli(argv: list[str]) -> Any:
         pytest.fail(f"statestore {shlex.join(argv)} does not parse (exit {exc.code})")
 
 
-def node_options() -> set[str]:
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    node = sub.choices["node"]  # type: ignore[index]
-    return {opt for a in node._actions for opt in a.option_strings}
-
-
 # -- fixtures -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dockerfile() -> dict[str, list[str]]:
@@ -183,8 +177,6 @@ def test_compose_has_three_nodes_built_from_the_dockerfile(compose: dict[str, An
 def test_compose_commands_parse_with_the_cli(
     compose: dict[str, Any], entrypoint: list[str]
 ) -> None:
-    if "--advertise" not in node_options():
-        pytest.xfail("statestore node has no --advertise HOST:PORT yet (docker/ needs it)")
     for name, svc in compose["services"].items():
         entry = svc.get("entrypoint", entrypoint)
         assert entry[0] == "statestore", name
@@ -202,15 +194,3 @@ def test_compose_commands_parse_with_the_cli(
         else:
             assert ns.seeds == ["node1:7400"]
             assert svc["depends_on"] == {"node1": {"condition": "service_healthy"}}
-
-
-def test_compose_node_commands_parse_without_advertise(
-    compose: dict[str, Any], entrypoint: list[str]
-) -> None:
-    """Everything but --advertise already parses today (the rest of the command is right)."""
-    for name, svc in node_services(compose).items():
-        cmd = list(svc["command"])
-        i = cmd.index("--advertise")
-        del cmd[i : i + 2]
-        ns = parse_cli(entrypoint[1:] + cmd)
-        assert ns.command == "node" and ns.listen == ("0.0.0.0", 7400), name

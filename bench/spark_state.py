@@ -1,0 +1,204 @@
+"""Spark state providers compared: the ring, Spark's HDFS-backed provider, RocksDB.
+
+A streaming count by key, ``local[2]``: 2,000,000 rows over 200,000 keys in 4 micro-batches
+(4 Parquet files, one per batch), 8 shuffle partitions, then 200. The three providers run
+alternated in one JVM (after a warm-up round on a small input); then each is restarted in a
+new JVM that restores its state and runs one small batch. Ratios are against HDFS-backed.
+
+    .venv/bin/python bench/spark_state.py [--rows 2000000] [--keys 200000] [--partitions 8,200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+PROVIDERS = {
+    "ring": "statestore.spark.RingStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+}
+
+
+def write_parquet(path: Path, n: int, keys: int, seed: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    table = pa.table(
+        {"key": rng.integers(0, keys, n, dtype=np.int64), "v": rng.integers(0, 100, n)}
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+# -- the JVM side --------------------------------------------------------------------------
+def session(spec: dict[str, Any]) -> Any:
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-spark-state")
+        .config("spark.sql.shuffle.partitions", str(spec["partitions"]))
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "3g")
+    )
+    spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_query(spark: Any, provider: str, source: str, ckpt: str) -> float:
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
+    df = spark.readStream.schema("key long, v long").option("maxFilesPerTrigger", 1).parquet(source)
+    started = time.perf_counter()
+    q = (
+        df.groupBy("key")
+        .count()
+        .writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    return time.perf_counter() - started
+
+
+def worker(spec: dict[str, Any]) -> None:
+    spark = session(spec)
+    base = Path(spec["base"])
+    out: dict[str, Any] = {}
+    if spec["mode"] == "throughput":
+        for provider in spec["order"]:  # warm-up round: class loading, codegen, JIT
+            run_query(spark, provider, str(base / "warm"), str(base / "ckpt-warm" / provider))
+        for provider in spec["order"]:
+            ckpt = base / f"ckpt-{spec['partitions']}" / provider
+            out[provider] = run_query(spark, provider, str(base / "input"), str(ckpt))
+    else:
+        provider = spec["provider"]
+        ckpt = base / f"ckpt-{spec['partitions']}" / provider
+        out[provider] = run_query(spark, provider, str(base / "input"), str(ckpt))
+    spark.stop()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def call(spec: dict[str, Any], log: Path) -> tuple[dict[str, float], float]:
+    started = time.perf_counter()
+    with open(log, "a") as f:
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            stderr=f,
+            text=True,
+            check=False,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"worker failed ({spec['mode']}); see {log}")
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :]), wall
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--keys", type=int, default=200_000)
+    p.add_argument("--partitions", default="8,200")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = p.parse_args()
+
+    from _common import local_ring, machine, table
+
+    print(machine())
+    work = Path(tempfile.mkdtemp(prefix="statestore-bench-spark-"))
+    log = work / "spark.log"
+    batch = args.rows // 4
+    for i in range(4):
+        write_parquet(work / "input" / f"part-{i}.parquet", batch, args.keys, i)
+    write_parquet(work / "warm" / "part-0.parquet", 20_000, 2_000, 99)
+    results = []
+    try:
+        with local_ring(3) as ring:
+            seeds = ring.seeds
+            orders = [["ring", "hdfs", "rocksdb"], ["rocksdb", "hdfs", "ring"]]
+            parts = [int(x) for x in args.partitions.split(",")]
+            for n, partitions in enumerate(parts):
+                shutil.rmtree(work / "input" / "part-4.parquet", ignore_errors=True)
+                (work / "input" / "part-4.parquet").unlink(missing_ok=True)
+                spec = {
+                    "base": str(work),
+                    "seeds": seeds,
+                    "partitions": partitions,
+                    "mode": "throughput",
+                    "order": orders[n % 2],
+                }
+                print(f"{partitions} partitions: throughput, order {spec['order']} ...", flush=True)
+                times, _ = call(spec, log)
+                # one small new batch for every provider's restart
+                write_parquet(work / "input" / "part-4.parquet", 1_000, args.keys, 4)
+                restart: dict[str, tuple[float, float]] = {}
+                for provider in orders[n % 2]:
+                    print(f"{partitions} partitions: restart {provider} ...", flush=True)
+                    spec_r = {**spec, "mode": "restart", "provider": provider}
+                    q, wall = call(spec_r, log)
+                    restart[provider] = (q[provider], wall)
+                for provider in ("ring", "hdfs", "rocksdb"):
+                    rate = args.rows / times[provider]
+                    base_rate = args.rows / times["hdfs"]
+                    rq, rw = restart[provider]
+                    hq, hw = restart["hdfs"]
+                    results.append(
+                        [
+                            provider,
+                            partitions,
+                            f"{rate:,.0f}",
+                            f"{rate / base_rate:.2f}x",
+                            f"{rq:.1f}",
+                            f"{rq / hq:.2f}x",
+                            f"{rw:.1f}",
+                            f"{rw / hw:.2f}x",
+                        ]
+                    )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(
+        table(
+            [
+                "provider",
+                "partitions",
+                "rows/s",
+                "vs HDFS",
+                "restart query s",
+                "vs HDFS",
+                "restart incl. JVM s",
+                "vs HDFS",
+            ],
+            results,
+        )
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(json.loads(sys.argv[2]))
+    else:
+        main()
