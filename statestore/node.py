@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -107,7 +108,10 @@ class Node:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, port: int) -> None:
         """Called once the HTTP socket is bound to ``port``."""
-        self.address = self.config.advertise or f"{self.config.host}:{port}"
+        host = self.config.host
+        if host in ("0.0.0.0", "::", ""):  # a wildcard is no address to give to others
+            host = socket.gethostname()
+        self.address = self.config.advertise or f"{host}:{port}"
         self.membership = Membership(
             self.id,
             self.address,

@@ -100,14 +100,22 @@ def chain_tasks(view: RingView, store: StoreId, chain: Sequence[Manifest]) -> li
 
 
 class _Fold:
-    """Rows folded by chain position: per key, the row of the latest position wins."""
+    """Rows folded by chain position: per key, the row of the latest position wins.
+
+    Chunks of the base (position 0, a snapshot or version 1) hold no deletes in a snapshot and
+    are applied as they arrive; later positions wait until everything before them is in.
+    """
 
     def __init__(self) -> None:
+        self.state: dict[bytes, bytes] = {}
         self.groups: dict[int, list[Rows]] = {}
         self.folded: list[list[tuple[bytes, int, bytes | None]]] = []
 
-    def add_chunk(self, pos: int, rows: Rows) -> None:
-        self.groups.setdefault(pos, []).append(rows)
+    def add_chunk(self, pos: int, rows: Rows, puts_only: bool = False) -> None:
+        if pos == 0 and puts_only and not self.folded:
+            self.state.update(rows)  # type: ignore[arg-type]  # snapshots hold no deletes
+        else:
+            self.groups.setdefault(pos, []).append(rows)
 
     def add_folded(self, rows: list[tuple[bytes, int, bytes | None]]) -> None:
         self.folded.append(rows)
@@ -119,8 +127,8 @@ class _Fold:
                 for k, pos, v in rows:
                     by_pos.setdefault(pos, []).append((k, v))
                 for pos, r in by_pos.items():
-                    self.add_chunk(pos, r)
-        state: dict[bytes, bytes] = {}
+                    self.groups.setdefault(pos, []).append(r)
+        state = self.state
         for pos in sorted(self.groups):
             for chunk_rows in self.groups[pos]:
                 for k, v in chunk_rows:
@@ -319,7 +327,7 @@ class Restorer:
         rows = await loop.run_in_executor(
             None, lambda: decode_chunk(data, max_raw=self.max_raw, what=t.key)
         )
-        fold.add_chunk(t.pos, rows)
+        fold.add_chunk(t.pos, rows, t.name.startswith("s"))
         done.add(t.key)
 
     async def _star(
@@ -360,7 +368,7 @@ class Restorer:
                 rows = await loop.run_in_executor(
                     None, partial(decode_chunk, resp.body, max_raw=self.max_raw, what=t.key)
                 )
-                fold.add_chunk(t.pos, rows)
+                fold.add_chunk(t.pos, rows, t.name.startswith("s"))
                 return
             if errors and all(isinstance(e, CorruptChunk) for e in errors):
                 raise CorruptChunk(f"chunk {t.key} is corrupt on every holder: {errors[0]}")
