@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from statestore.cache import ChunkCache
 from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
 from statestore.errors import NodeUnavailable, StateStoreError, Unavailable
 from statestore.ids import StoreId
@@ -14,7 +15,7 @@ from statestore.manifest import Head
 from statestore.plan import Plan
 from statestore.recovery import Restorer
 from statestore.replication import write_commit
-from statestore.restore import read_head, read_versions, restore_state
+from statestore.restore import read_head, read_key, read_versions
 from statestore.transport import HttpTransport
 from statestore.view import RingView
 
@@ -38,6 +39,8 @@ class AsyncRingClient:
         ingress: cap on the bytes per second this client takes in while restoring (a token
             bucket); None for no cap. The planner takes it into account.
         tree_fan_in: children per inner hop of a tree plan.
+        cache_bytes: decoded chunks kept for point reads (chunks are immutable, so the
+            cache is never stale).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class AsyncRingClient:
         max_chunk: int = MAX_CHUNK_RAW,
         ingress: float | None = None,
         tree_fan_in: int = 2,
+        cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.seeds = parse_seeds(seeds)
         if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
@@ -65,6 +69,7 @@ class AsyncRingClient:
             rcvbuf=256 * 1024 if ingress else None,
         )
         self._view: RingView | None = None
+        self._cache = ChunkCache(cache_bytes)
         self._restorer = Restorer(
             self._transport,
             fan_in=concurrency,
@@ -278,7 +283,8 @@ class AsyncRingClient:
     async def get(self, store: StoreId, key: bytes, version: int | None = None) -> bytes | None:
         """The value of ``key`` at ``version`` (default: latest), or None if it has none.
 
-        Fetches only the chunks of that key's key group along the chain.
+        Walks the chain from the newest version down, fetching only the chunks of the key's
+        key group, and stops at the first version that mentions the key.
         """
         check_store(store)
         if not isinstance(key, bytes):
@@ -288,16 +294,9 @@ class AsyncRingClient:
         want = version
 
         async def op(view: RingView) -> bytes | None:
-            state, _, _ = await restore_state(
-                self._transport,
-                view,
-                store,
-                want,
-                concurrency=self.concurrency,
-                key=key,
-                max_raw=self.max_chunk,
+            return await read_key(
+                self._transport, view, store, want, key, self._cache, max_raw=self.max_chunk
             )
-            return state.get(key)
 
         return await self._routed(op)
 

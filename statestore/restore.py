@@ -14,8 +14,10 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+from .cache import ChunkCache
 from .chunk import MAX_CHUNK_RAW, Row, decode_chunk, key_group, verify
 from .errors import (
     CorruptChunk,
@@ -38,6 +40,7 @@ __all__ = [
     "fold",
     "read_chain",
     "read_head",
+    "read_key",
     "read_versions",
     "restore_state",
 ]
@@ -180,6 +183,45 @@ def fold(state: dict[bytes, bytes], rows: list[Row]) -> None:
             state.pop(k, None)
         else:
             state[k] = v
+
+
+async def read_key(
+    transport: HttpTransport,
+    view: RingView,
+    store: StoreId,
+    version: int,
+    key: bytes,
+    cache: ChunkCache,
+    *,
+    max_raw: int = MAX_CHUNK_RAW,
+) -> bytes | None:
+    """The value of ``key`` at ``version`` (None if absent): a point read.
+
+    Walks the chain from the newest manifest down and stops at the first that mentions the
+    key, fetching only the chunks of the key's key group; decoded chunks are cached.
+    """
+    chain = await read_chain(transport, view, store, version)
+    stats = RestoreStats(chain=len(chain))
+    loop = asyncio.get_running_loop()
+    for m in reversed(chain):
+        g = key_group(key, m.key_groups)
+        for ref in m.chunks:
+            if not ref.lo <= g <= ref.hi:
+                continue
+            ckey = chunk_key(store, m.version, ref.name)
+            rows = cache.get(ckey)
+            if rows is None:
+                data = await fetch_chunk(transport, view, store, m.version, ref, stats)
+                decoded = await loop.run_in_executor(
+                    None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)
+                )
+                rows = dict(decoded)
+                cache.put(ckey, rows, ref.raw_size)
+            if key in rows:
+                return rows[key]
+        if m.kind == "snapshot":
+            break
+    return None
 
 
 async def restore_state(

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PURE = [
     "ids", "errors", "placement", "chunk", "manifest", "quorum", "membership", "view", "rows",
-    "plan", "frames", "bucket",
+    "plan", "frames", "bucket", "cache",
 ]
 IO = {
     "asyncio",

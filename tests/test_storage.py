@@ -99,3 +99,17 @@ def test_lmdb_survives_reopen(tmp_path: Path) -> None:
 def test_unknown_storage_url() -> None:
     with pytest.raises(ValueError, match="memory:// or lmdb"):
         open_backend("redis://x")
+
+
+def test_chunk_cache_bounds_bytes_and_counts_hits() -> None:
+    from statestore.cache import ChunkCache
+
+    cache = ChunkCache(max_bytes=100)
+    cache.put("a", {b"k": b"v"}, 60)
+    cache.put("b", {b"k": None}, 30)
+    assert cache.get("a") == {b"k": b"v"}  # a is now the most recent
+    cache.put("c", {}, 30)  # over budget: b, the least recent, goes
+    assert cache.get("b") is None and cache.get("c") == {} and cache.get("a") is not None
+    cache.put("huge", {}, 1000)
+    assert cache.get("huge") is None
+    assert (cache.hits, cache.misses) == (3, 2)
