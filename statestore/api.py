@@ -281,7 +281,7 @@ async def state(request: web.Request) -> web.StreamResponse:
     node = request.app[NODE]
     store = _store(request)
     text = request.query.get("version")
-    plan = request.query.get("plan", "star")
+    plan = request.query.get("plan", "auto")
     data, top, stats = await coordinate_restore(
         node, store, _version(text) if text is not None else None, plan
     )

@@ -8,7 +8,6 @@ is the same write and read path the Python client runs itself (replication.py, r
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +15,9 @@ from .chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, encode_chunks
 from .errors import InvalidRequest, StoreNotFound
 from .ids import StoreId
 from .manifest import ChunkRef, Manifest
+from .plan import PLANS
 from .replication import write_commit
-from .restore import read_head, restore_state
+from .restore import read_head
 
 if TYPE_CHECKING:
     from .node import Node
@@ -80,18 +80,16 @@ async def coordinate_commit(
 async def coordinate_restore(
     node: Node, store: StoreId, version: int | None, plan: str
 ) -> tuple[dict[bytes, bytes], Manifest, dict[str, Any]]:
-    if plan != "star":
-        raise InvalidRequest(f"restore plan {plan!r} is not available on this node: use star")
+    """Restore for a caller along ``plan`` (star, line, tree or auto), with the node's own
+    link measurements feeding the planner."""
+    if plan not in PLANS:
+        raise InvalidRequest(f"restore plan {plan!r} is not one of {', '.join(PLANS)}")
     view = node.view()
     if version is None:
         version = (await read_head(node.transport, view, store)).version
-    started = time.perf_counter()
-    data, chain, stats = await restore_state(
-        node.transport, view, store, version, max_raw=node.config.max_chunk
-    )
+    chain, p = await node.restorer.plan(view, store, version, plan)
     if not chain:
         raise StoreNotFound(f"store {store} has no version {version}")
-    info = stats.as_dict()
-    info["seconds"] = round(time.perf_counter() - started, 4)
-    info["plan"] = plan
-    return data, chain[-1], info
+    result = await node.restorer.run(view, store, chain, p)
+    stats = {k: v for k, v in result.stats.items() if k != "hops"}
+    return result.state, chain[-1], stats

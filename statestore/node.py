@@ -27,6 +27,7 @@ from .errors import StateStoreError
 from .membership import Membership, Status
 from .placement import DEFAULT_VNODES
 from .quorum import validate_rw
+from .recovery import Restorer
 from .storage import NodeStore, open_backend
 from .transport import HttpTransport
 from .view import RingView
@@ -103,6 +104,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._view: RingView | None = None
         self._directory: list[str] = []
+        self.restorer: Restorer
         self.stats: dict[str, int] = {"repaired": 0, "handed_off": 0, "snapshots": 0, "gc": 0}
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -122,6 +124,7 @@ class Node:
             down_after=self.config.down_after,
         )
         await self.transport.start()
+        self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk)
         if self.config.dht:
             self.discovery = Discovery(self.id, self.config.host, self.address)
             dport = port if self.config.dht_port is None else self.config.dht_port
