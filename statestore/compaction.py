@@ -20,7 +20,6 @@ from .errors import StaleEpoch, StateStoreError, VersionNotFound
 from .ids import StoreId
 from .manifest import ChunkRef, Manifest, resolve_chain
 from .replication import write_commit
-from .restore import restore_state
 from .view import RingView
 
 if TYPE_CHECKING:
@@ -40,9 +39,8 @@ def retention_floor(head: int, snapshots: list[int], retain: int) -> int:
 
 async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | None:
     """Write version ``top.version`` back as a snapshot; None if a newer writer fenced us."""
-    state, _, _ = await restore_state(
-        node.transport, view, top.store, top.version, max_raw=node.config.max_chunk
-    )
+    chain, plan = await node.restorer.plan(view, top.store, top.version, "star")
+    state = (await node.restorer.run(view, top.store, chain, plan)).state
     chunks = await asyncio.to_thread(encode_chunks, state, [], groups=top.key_groups, kind="s")
     snap = Manifest(
         top.store,

@@ -1,11 +1,10 @@
-"""The read path (star plan), shared by the client and the node's compactor.
+"""Reading store metadata and single keys: heads, versions, chains, point reads.
 
-Restoring (store, version): ask the store's replicas for the manifests of the chain, merge
-what they return (per version the highest epoch wins), resolve the chain (a snapshot plus the
-deltas above it), then pull every chunk in parallel with bounded fan-in from its holders,
-failing over to the next holder on error, timeout or checksum mismatch (DESIGN.md, Recovery
-plans: star). Chunks are decoded on worker threads while others are still in flight, and
-folded in chain order: a later put or delete of a key replaces the earlier one.
+A chain read asks the store's replicas for the manifests of a version, merges what they
+return (per version the highest epoch wins) and resolves it (a snapshot plus the deltas above
+it). Whole-state restores build on it in recovery.py; a point read walks the chain newest
+first and fetches only the chunks of its key's key group, failing over to the next holder on
+error, timeout or checksum mismatch.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ __all__ = [
     "read_head",
     "read_key",
     "read_versions",
-    "restore_state",
 ]
 
 
@@ -222,50 +220,3 @@ async def read_key(
         if m.kind == "snapshot":
             break
     return None
-
-
-async def restore_state(
-    transport: HttpTransport,
-    view: RingView,
-    store: StoreId,
-    version: int,
-    *,
-    concurrency: int = 16,
-    key: bytes | None = None,
-    max_raw: int = MAX_CHUNK_RAW,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[dict[bytes, bytes], list[Manifest], RestoreStats]:
-    """Rebuild ``version`` of ``store``; with ``key``, only that key's key group is fetched."""
-    chain = await read_chain(transport, view, store, version)
-    stats = RestoreStats(chain=len(chain))
-    wanted: list[tuple[int, ChunkRef]] = []
-    for m in chain:
-        g = key_group(key, m.key_groups) if key is not None else -1
-        for ref in m.chunks:
-            if g < 0 or ref.lo <= g <= ref.hi:
-                wanted.append((m.version, ref))
-    sem = asyncio.Semaphore(concurrency)
-    loop = asyncio.get_running_loop()
-
-    async def one(version_: int, ref: ChunkRef) -> list[Row]:
-        async with sem:
-            data = await fetch_chunk(transport, view, store, version_, ref, stats)
-        rows = await loop.run_in_executor(
-            None, lambda: decode_chunk(data, max_raw=max_raw, what=ref.name)
-        )
-        if progress is not None:
-            progress(len(data))
-        return rows
-
-    tasks = [asyncio.ensure_future(one(v, r)) for v, r in wanted]
-    state: dict[bytes, bytes] = {}
-    try:
-        for t in tasks:  # fold in chain order while later chunks are still arriving
-            fold(state, await t)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    if key is not None:
-        state = {key: state[key]} if key in state else {}
-    return state, chain, stats
