@@ -121,6 +121,9 @@ class _Fold:
         self.folded.append(rows)
 
     def result(self) -> dict[bytes, bytes]:
+        if self.folded and not self.groups and not self.state:
+            # everything came folded from one tree root: one row per key, already the latest
+            return {k: v for rows in self.folded for k, _, v in rows if v is not None}
         if self.folded:  # split folded rows back into positions, then apply in order
             for rows in self.folded:
                 by_pos: dict[int, Rows] = {}
