@@ -190,3 +190,43 @@ def test_restore_many_spreads_sources(ring5: LocalRing) -> None:
         assert len(per_node) == 5 and max(per_node.values()) < 1.5 * mean, per_node
         mixed = client.restore_many([(stores[0], 2), stores[1]], plan="auto")
         assert dict(mixed[1]) == states[1] and mixed[0].version == 2
+
+
+def test_cli_restore_explain_and_out(ring5: LocalRing, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from statestore.rows import decode_rows
+
+    sid = StoreId("cli", 0, 0)
+    with RingClient(ring5.seeds, chunk_size=16 * 1024) as client:
+        state = counts_workload(client, sid, 4, 2000, seed=7)
+    base = [sys.executable, "-m", "statestore", "restore", "--seeds", ring5.seeds[0]]
+    explained = subprocess.run(
+        [*base, "--store", sid.path, "--plan", "tree", "--explain"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "plan: tree" in explained.stdout and "restorer <-" in explained.stdout
+    out = tmp_path / "state.rows"
+    done = subprocess.run(
+        [*base, "--store", sid.path, "--plan", "line", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "bytes into restorer" in done.stderr and "line" in done.stderr
+    puts, deletes = decode_rows(out.read_bytes())
+    assert puts == state and deletes == []
+    bad = subprocess.run(
+        [*base, "--store", "no/such/store/x"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "is not QUERY/OPERATOR/PARTITION/NAME" in bad.stderr or "integers" in bad.stderr
+    missing = subprocess.run(
+        [*base, "--store", "nothing/0/0/default"], capture_output=True, text=True, timeout=60
+    )
+    assert missing.returncode == 1 and "has no committed version" in missing.stderr
