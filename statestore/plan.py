@@ -72,7 +72,8 @@ class CostModel:
     """Rates of this deployment. Defaults were measured on the 2-core development machine
     (docs/benchmarks.md); nodes and clients replace the link figures with measured ones."""
 
-    decode_rate: float = 250e6  # raw bytes/s decoded and folded by one process
+    decode_rate: float = 80e6  # raw bytes/s the restorer decodes and folds
+    fold_rate: float = 40e6  # raw bytes/s an inner tree hop decodes, folds and re-encodes
     relay_rate: float = 400e6  # bytes/s one hop can forward
     fold_ratio: float = 0.25  # share of a delta's bytes that are new keys (learned per store)
     startup: float = 0.003  # fixed cost of a streamed plan (hand-over of the plan)
@@ -243,7 +244,7 @@ def _predict(
     def walk(h: Hop, depth: int) -> None:
         if h.children:
             sub = h.all_chunks()
-            cost = sum(t.raw_size for t in sub) / model.decode_rate
+            cost = sum(t.raw_size for t in sub) / model.fold_rate
             cost += sum(t.size for t in sub) / model.relay_rate
             while len(levels) <= depth:
                 levels.append(0.0)
@@ -294,8 +295,13 @@ def build(
     tree_fan_in: int = 2,
     replicas: int = 3,
     model: CostModel | None = None,
+    calibration: Mapping[str, float] | None = None,
 ) -> Plan:
-    """Build the plan ``kind`` (``star``, ``line``, ``tree`` or ``auto``)."""
+    """Build the plan ``kind`` (``star``, ``line``, ``tree`` or ``auto``).
+
+    ``calibration`` scales each shape's predicted time by how far off its recent predictions
+    were (actual / predicted, measured by the restorer), so auto learns this deployment.
+    """
     if kind not in PLANS:
         raise InvalidRequest(f"restore plan {kind!r} is not one of {', '.join(PLANS)}")
     if fan_in < 1 or tree_fan_in < 1:
@@ -308,10 +314,10 @@ def build(
     if per:
         roots["line"] = _line(per, links)
         roots["tree"] = _tree(per, tree_fan_in)
-    predictions: dict[str, tuple[float, int]] = {
-        k: _predict(k, tasks, assignment, r, links, ingress, fan_in, model)
-        for k, r in roots.items()
-    }
+    predictions: dict[str, tuple[float, int]] = {}
+    for k, r in roots.items():
+        t, b = _predict(k, tasks, assignment, r, links, ingress, fan_in, model)
+        predictions[k] = (t * (calibration or {}).get(k, 1.0), b)
     sr3 = sr3_rule(tasks)
     if kind == "auto":
         chosen = choose({k: v[0] for k, v in predictions.items()})

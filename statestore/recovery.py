@@ -165,6 +165,7 @@ class Restorer:
         self.links = LinkTable()
         self.clock = clock
         self._fold_ratio: dict[StoreId, float] = {}
+        self.calibration: dict[str, float] = {}  # per shape: EWMA of actual / predicted
         self._bucket = (
             TokenBucket(ingress, max(ingress / 10, 1 << 20), clock()) if ingress else None
         )
@@ -198,6 +199,7 @@ class Restorer:
             tree_fan_in=self.tree_fan_in,
             replicas=view.replicas,
             model=model,
+            calibration=self.calibration,
         )
         return chain, plan
 
@@ -241,9 +243,19 @@ class Restorer:
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(None, fold.result)
         stats["seconds"] = round(self.clock() - started, 4)
+        self._calibrate(plan, stats["seconds"], len(missing))
         stats["chain"] = len(chain)
         stats["bytes"] = stats["bytes_in"]
         return RecoveryResult(state, chain, plan, stats)
+
+    def _calibrate(self, plan: Plan, seconds: float, rerouted: int) -> None:
+        """Learn how far off the raw prediction for this shape was (a clean run only)."""
+        raw = plan.predictions.get(plan.kind, 0.0) / self.calibration.get(plan.kind, 1.0)
+        if raw <= 0 or (rerouted and plan.kind != "star") or not plan.tasks:
+            return
+        ratio = min(20.0, max(0.2, seconds / raw))
+        old = self.calibration.get(plan.kind)
+        self.calibration[plan.kind] = ratio if old is None else 0.5 * old + 0.5 * ratio
 
     async def _stream(
         self,

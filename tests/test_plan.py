@@ -82,10 +82,14 @@ def test_line_and_tree_cover_every_chunk_once(fan_in: int) -> None:
 
 def test_auto_prefers_tree_for_a_long_chain_into_a_capped_restorer() -> None:
     ts = tasks(51, 2, snap_factor=10)  # a snapshot and 50 deltas
-    plan = build("auto", ts, ingress=20e6)
+    plan = build("auto", ts, ingress=5e6)
     assert plan.kind == "tree", plan.explain()
     assert plan.bytes_in < sum(t.size for t in ts) / 2
     assert plan.predictions["tree"] < plan.predictions["star"]
+    # ...unless this deployment showed that its trees run far slower than predicted
+    calibrated = build("auto", ts, ingress=5e6, calibration={"tree": 10.0})
+    assert calibrated.kind != "tree"
+    assert calibrated.predictions["tree"] == pytest.approx(10 * plan.predictions["tree"])
 
 
 def test_auto_prefers_star_for_a_snapshot_with_free_ingress() -> None:
