@@ -10,6 +10,7 @@ single writer thread, which is what makes the fencing check atomic with the writ
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from .storage import NodeStore, open_backend
 from .transport import HttpTransport
 from .view import RingView
 
-__all__ = ["Node", "NodeConfig"]
+__all__ = ["DataDirInUse", "Node", "NodeConfig"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,6 +71,25 @@ class NodeConfig:
             raise ValueError("snapshot_every and retain_versions must be at least 1")
 
 
+class DataDirInUse(RuntimeError):
+    """Another node process holds this data dir."""
+
+
+def _lock_data_dir(data_dir: str) -> int:
+    """Hold an exclusive lock on the data dir for the life of the process."""
+    os.makedirs(data_dir, exist_ok=True)
+    fd = os.open(os.path.join(data_dir, "node.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirInUse(
+            f"data dir {data_dir} is in use by another running node: give each node its own "
+            "--data-dir (or stop the other one)"
+        ) from None
+    return fd
+
+
 def _load_identity(data_dir: str) -> tuple[str, int]:
     """The node id kept in the data dir, and a new incarnation (one more than last start)."""
     os.makedirs(data_dir, exist_ok=True)
@@ -93,6 +113,7 @@ class Node:
     def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
+        self._lock = _lock_data_dir(config.data_dir)
         self.id, self.incarnation = _load_identity(config.data_dir)
         url = config.storage or f"lmdb://{os.path.abspath(os.path.join(config.data_dir, 'db'))}"
         self.store = NodeStore(open_backend(url))
@@ -164,8 +185,13 @@ class Node:
         if self.discovery is not None:
             self.discovery.stop()
         await self.transport.close()
+        self.release()
+
+    def release(self) -> None:
+        """Close storage and let go of the data dir (after in-flight writes finished)."""
         self.writer.shutdown(wait=True)
         self.store.backend.close()
+        os.close(self._lock)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a storage write on the single writer thread."""

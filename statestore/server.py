@@ -14,7 +14,7 @@ import sys
 from aiohttp import web
 
 from .api import build_app
-from .node import Node, NodeConfig
+from .node import DataDirInUse, Node, NodeConfig
 
 __all__ = ["run_node", "serve", "start_node", "stop_node"]
 
@@ -31,8 +31,7 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
         await site.start()
     except OSError:
         await runner.cleanup()
-        node.writer.shutdown()
-        node.store.backend.close()
+        node.release()
         raise
     await node.start(int(runner.addresses[0][1]))
     return node, runner
@@ -69,11 +68,21 @@ def run_node(config: NodeConfig) -> int:
 
     try:
         asyncio.run(main())
+    except DataDirInUse as exc:
+        print(f"statestore node: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
-        print(
-            f"statestore node: cannot listen on {config.host}:{config.port}: {exc.strerror}; "
-            "pick another --listen port",
-            file=sys.stderr,
-        )
+        if exc.filename:
+            print(
+                f"statestore node: cannot use {exc.filename}: {exc.strerror}; "
+                "give a --data-dir this user can write",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"statestore node: cannot listen on {config.host}:{config.port}: "
+                f"{exc.strerror}; pick another --listen port",
+                file=sys.stderr,
+            )
         return 2
     return 0

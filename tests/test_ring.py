@@ -217,3 +217,43 @@ def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
     assert popen.wait(30) == 0
     out = (Path(proc.data_dir) / "node.out").read_text()
     assert "stopped" in out
+
+
+def test_node_cli_refuses_bad_setups_with_a_message(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    ring = LocalRing(str(tmp_path), 1, args=["--replicas", "1"]).start()
+    try:
+        node = [sys.executable, "-m", "statestore", "node"]
+        busy_port = ring.procs[0].port
+        cases = [
+            (
+                [*node, "--data-dir", ring.procs[0].data_dir, "--listen", "127.0.0.1:0"],
+                "in use by another running node",
+            ),
+            (
+                [*node, "--data-dir", str(tmp_path / "x"), "--listen", f"127.0.0.1:{busy_port}"],
+                "cannot listen",
+            ),
+            ([*node, "--data-dir", "/proc/statestore", "--listen", "127.0.0.1:0"], "cannot use"),
+            ([*node, "--data-dir", str(tmp_path / "y"), "--listen", "nope"], "HOST:PORT"),
+            (
+                [
+                    *node,
+                    "--data-dir",
+                    str(tmp_path / "z"),
+                    "--replicas",
+                    "2",
+                    "--write-quorum",
+                    "3",
+                ],
+                "write quorum",
+            ),
+        ]
+        for cmd, message in cases:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            assert done.returncode == 2, (cmd, done.stderr)
+            assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    finally:
+        ring.stop()
