@@ -159,3 +159,34 @@ def test_bad_seeds_are_refused() -> None:
     for bad in ([], ["nohost"], ["h:99999"], "h:x"):
         with pytest.raises(ValueError, match=r"seed|HOST:PORT"):
             AsyncRingClient(bad)
+
+
+async def test_coordinator_commit_and_state_round_trip(solo: Node) -> None:
+    from statestore.rows import decode_rows, encode_rows
+
+    base = f"http://{solo.address}/v1/stores/coord/1/2/default"
+    async with aiohttp.ClientSession() as s:
+        for v, rows in ((1, [(b"a", b"1"), (b"b", b"2")]), (2, [(b"a", None), (b"c", b"3")])):
+            body = b"".join(encode_rows(rows))
+            r = await s.post(
+                f"{base}/commit?version={v}&epoch=4",
+                data=body,
+                headers={"X-Statestore-Positions": json.dumps({"off": v})},
+            )
+            assert r.status == 201, await r.text()
+        for plan in ("star", "line", "tree", "auto"):
+            r = await s.get(f"{base}/state?plan={plan}")
+            assert r.status == 200
+            assert r.headers["X-Statestore-Version"] == "2"
+            assert json.loads(r.headers["X-Statestore-Positions"]) == {"off": 2}
+            assert decode_rows(await r.read()) == ({b"b": b"2", b"c": b"3"}, [])
+        r = await s.get(f"{base}/state?version=1")
+        assert decode_rows(await r.read())[0] == {b"a": b"1", b"b": b"2"}
+        r = await s.get(f"{base}/state?version=9")
+        assert r.status == 404 and (await r.json())["error"]["code"] == "version_not_found"
+        r = await s.post(f"{base}/commit?version=3&epoch=1", data=b"")
+        assert r.status == 409 and (await r.json())["error"]["code"] == "stale_epoch"
+        r = await s.post(
+            f"{base}/commit?version=3&epoch=4", data=b"", headers={"X-Statestore-Positions": "[1]"}
+        )
+        assert r.status == 400 and "JSON object" in (await r.json())["error"]["message"]
