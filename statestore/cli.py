@@ -114,7 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--fan-in", type=_positive, default=16, help="chunks in flight (star)")
     rs.add_argument("--tree-fan-in", type=_positive, default=2, help="children per tree hop")
 
-    d = sub.add_parser("demo", help="local 3-node ring: commit, kill -9 a node, restore")
+    sj = sub.add_parser(
+        "spark-jar", help="print the Spark provider jar's path (built on first use)"
+    )
+    sj.add_argument("--rebuild", action="store_true")
+
+    d = sub.add_parser(
+        "demo", help="local 3-node ring: commit, kill -9 a node, restore; then the Spark demo"
+    )
+    d.add_argument("--no-spark", action="store_true", help="skip the Spark streaming part")
     d.add_argument("--data-dir", default=None)
     d.add_argument("--base-port", type=int, default=0)
     return p
@@ -285,11 +293,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _ring(args)
         if args.command == "restore":
             return _restore(args)
+        if args.command == "spark-jar":
+            from spark_connector import main as spark_jar
+
+            return spark_jar(["--rebuild"] if args.rebuild else [])
         if args.command == "demo":
             from .demo import run_demo
 
             data_dir = args.data_dir or tempfile.mkdtemp(prefix="statestore-demo-")
-            return run_demo(data_dir, args.base_port)
+            return run_demo(data_dir, args.base_port, spark=not args.no_spark)
     except StateStoreError as exc:
         print(f"statestore {args.command}: {exc}", file=sys.stderr)
         return 1

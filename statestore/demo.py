@@ -13,7 +13,18 @@ from .local import LocalRing
 __all__ = ["run_demo"]
 
 
-def run_demo(data_dir: str, base_port: int = 0) -> int:
+def _spark_demo(ring: LocalRing, console: Console) -> int:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        console.print("pyspark is not installed: skipping the Spark part (pip install '.[spark]')")
+        return 0
+    from spark_connector.demo import run_spark_demo
+
+    return run_spark_demo(ring.seeds, ring)
+
+
+def run_demo(data_dir: str, base_port: int = 0, *, spark: bool = True) -> int:
     from client import RingClient, StoreId
 
     console = Console()
@@ -77,7 +88,14 @@ def run_demo(data_dir: str, base_port: int = 0) -> int:
             console.print(table)
             word = next(iter(sorted(reference)))
             console.print(f"point read {word!r} -> {client.get(sid, word)!r}")
-        return 0 if same else 1
+        rc = 0 if same else 1
+        if spark:
+            # bring the killed node back: the Spark part kills one of its own (W=2 of R=3)
+            ring.restart(1)
+            ring.wait_ring(3)
+            console.print(f"node {ring.procs[1].id} restarted with its data dir and rejoined")
+            rc = _spark_demo(ring, console) or rc
+        return rc
     finally:
         ring.stop()
         console.print(f"stopped; node data in {data_dir}")

@@ -10,8 +10,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PURE = [
-    "ids", "errors", "placement", "chunk", "manifest", "quorum", "membership", "view", "rows",
-    "plan", "frames", "bucket", "cache",
+    "ids",
+    "errors",
+    "placement",
+    "chunk",
+    "manifest",
+    "quorum",
+    "membership",
+    "view",
+    "rows",
+    "plan",
+    "frames",
+    "bucket",
+    "cache",
 ]
 IO = {
     "asyncio",

@@ -1,0 +1,159 @@
+"""Build (once per pyspark version and source) and locate the provider's jar.
+
+The provider is plain Java 17 compiled with ``javac`` against the jars of the installed
+pyspark (``pyspark/jars/*``): no Maven, nothing else to download. The jar is cached under
+``$STATESTORE_CACHE`` (default ``~/.cache/statestore``) as
+``spark/<pyspark version>-<source hash>/statestore-spark.jar``; a file lock keeps parallel
+builds (several test workers, several drivers) from stepping on each other.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+__all__ = [
+    "PROVIDER_CLASS",
+    "SUPPORTED",
+    "SparkConnectorError",
+    "jar_path",
+    "pyspark_home",
+]
+
+PROVIDER_CLASS = "statestore.spark.RingStateStoreProvider"
+SUPPORTED = ((4, 0), (4, 4))  # pyspark >= 4.0, < 4.4 (tested: 4.3.0)
+JAVA_SOURCES = Path(__file__).resolve().parent / "java"
+
+
+class SparkConnectorError(RuntimeError):
+    """A setup problem the user can fix (no Java, wrong pyspark, unreachable ring)."""
+
+
+def pyspark_home() -> tuple[Path, str]:
+    """The installed pyspark's directory and version; a clear error if it is missing or
+    outside the supported range."""
+    try:
+        import pyspark
+    except ImportError as exc:
+        raise SparkConnectorError(
+            "pyspark is not installed: pip install 'statestore[spark]' (pyspark>=4.0,<4.4)"
+        ) from exc
+    version = str(pyspark.__version__)
+    parts = version.split(".")
+    try:
+        major_minor = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError) as exc:
+        raise SparkConnectorError(f"cannot read the pyspark version {version!r}") from exc
+    lo, hi = SUPPORTED
+    if not lo <= major_minor < hi:
+        raise SparkConnectorError(
+            f"pyspark {version} is not supported: the ring provider is built for pyspark "
+            f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} (pip install 'pyspark>=4.0,<4.4')"
+        )
+    home = Path(pyspark.__file__).resolve().parent
+    if not (home / "jars").is_dir():
+        raise SparkConnectorError(
+            f"pyspark at {home} has no jars/ folder: install pyspark from PyPI, not a "
+            "client-only build"
+        )
+    return home, version
+
+
+def _sources() -> list[Path]:
+    files = sorted(JAVA_SOURCES.rglob("*.java"))
+    if not files:
+        raise SparkConnectorError(f"the provider's Java sources are missing from {JAVA_SOURCES}")
+    return files
+
+
+def _source_hash(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(JAVA_SOURCES)).encode())
+        h.update(b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("STATESTORE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "statestore"
+    )
+    return Path(base) / "spark"
+
+
+def _javac() -> str:
+    javac = shutil.which("javac")
+    if javac is None:
+        home = os.environ.get("JAVA_HOME")
+        if home and os.access(os.path.join(home, "bin", "javac"), os.X_OK):
+            javac = os.path.join(home, "bin", "javac")
+    if javac is None:
+        raise SparkConnectorError(
+            "javac was not found: the ring provider is compiled on first use and needs a JDK "
+            "17 or newer (e.g. apt-get install openjdk-17-jdk-headless, or set JAVA_HOME)"
+        )
+    return javac
+
+
+def jar_path(rebuild: bool = False) -> str:
+    """The provider jar for the installed pyspark, built on first use."""
+    home, version = pyspark_home()
+    files = _sources()
+    target_dir = cache_dir() / f"{version}-{_source_hash(files)}"
+    jar = target_dir / "statestore-spark.jar"
+    if jar.is_file() and not rebuild:
+        return str(jar)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with open(target_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if jar.is_file() and not rebuild:
+            return str(jar)
+        _compile(_javac(), home, files, jar)
+    return str(jar)
+
+
+def _compile(javac: str, home: Path, files: list[Path], jar: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="statestore-javac-") as tmp:
+        classes = Path(tmp) / "classes"
+        classes.mkdir()
+        cmd = [
+            javac,
+            "--release",
+            "17",
+            "-nowarn",
+            "-Xlint:-options",
+            "-encoding",
+            "UTF-8",
+            "-cp",
+            str(home / "jars" / "*"),
+            "-d",
+            str(classes),
+            *map(str, files),
+        ]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        except OSError as exc:
+            raise SparkConnectorError(f"could not run {javac}: {exc}") from exc
+        if done.returncode != 0:
+            out = (done.stderr or done.stdout).strip()
+            if "invalid target release" in out or "release version 17 not supported" in out:
+                raise SparkConnectorError(
+                    f"{javac} is older than Java 17: install a JDK 17+ (Spark 4 needs it too)"
+                )
+            raise SparkConnectorError(
+                "compiling the ring provider against pyspark's jars failed "
+                f"(is this pyspark supported?):\n{out[-3000:]}"
+            )
+        partial = jar.with_suffix(".jar.part")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: statestore\n")
+            for f in sorted(classes.rglob("*.class")):
+                zf.write(f, str(f.relative_to(classes)))
+        os.replace(partial, jar)

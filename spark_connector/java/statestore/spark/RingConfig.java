@@ -1,0 +1,120 @@
+package statestore.spark;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Locale;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
+
+/**
+ * The provider's options. Each is read, first found wins, from the session's Hadoop
+ * configuration (which carries every SQL conf, so {@code spark.conf.set} works), the
+ * executor's SparkConf ({@code --conf} of spark-submit), then the state store conf as
+ * {@code spark.sql.streaming.stateStore.ring.<name>}.
+ */
+final class RingConfig {
+  static final String PREFIX = "spark.statestore.";
+
+  final List<String> seeds;
+  final String restorePlan;
+  final int snapshotInterval;
+  final long connectTimeoutMs;
+  final long requestTimeoutMs;
+  final int maxAttempts;
+
+  private RingConfig(
+      List<String> seeds,
+      String restorePlan,
+      int snapshotInterval,
+      long connectTimeoutMs,
+      long requestTimeoutMs,
+      int maxAttempts) {
+    this.seeds = seeds;
+    this.restorePlan = restorePlan;
+    this.snapshotInterval = snapshotInterval;
+    this.connectTimeoutMs = connectTimeoutMs;
+    this.requestTimeoutMs = requestTimeoutMs;
+    this.maxAttempts = maxAttempts;
+  }
+
+  static RingConfig from(Configuration hadoopConf, StateStoreConf storeConf) {
+    String seedText = get(hadoopConf, storeConf, "seeds", "");
+    List<String> seeds = new ArrayList<>();
+    for (String part : seedText.split(",")) {
+      String s = part.trim();
+      if (s.isEmpty()) {
+        continue;
+      }
+      int colon = s.lastIndexOf(':');
+      if (colon <= 0 || colon == s.length() - 1 || !s.substring(colon + 1).matches("[0-9]{1,5}")) {
+        throw new IllegalArgumentException(
+            "RingStateStoreProvider: seed '" + s + "' in " + PREFIX + "seeds is not HOST:PORT, "
+                + "e.g. 127.0.0.1:7400");
+      }
+      seeds.add(s);
+    }
+    if (seeds.isEmpty()) {
+      throw new IllegalArgumentException(
+          "RingStateStoreProvider: no ring seeds: set " + PREFIX + "seeds to HOST:PORT[,HOST:PORT...]"
+              + " (spark_connector.configure(builder, seeds=[...]) does it for you)");
+    }
+    String plan = get(hadoopConf, storeConf, "restorePlan", "auto").toLowerCase(Locale.ROOT);
+    if (!plan.matches("[a-z]{1,32}")) {
+      throw new IllegalArgumentException(
+          "RingStateStoreProvider: " + PREFIX + "restorePlan '" + plan + "' is not a plan name");
+    }
+    return new RingConfig(
+        List.copyOf(seeds),
+        plan,
+        (int) number(hadoopConf, storeConf, "snapshotInterval", 0, 0, 1_000_000),
+        number(hadoopConf, storeConf, "connectTimeoutMs", 5_000, 1, 3_600_000),
+        number(hadoopConf, storeConf, "requestTimeoutMs", 120_000, 1, 24 * 3_600_000L),
+        (int) number(hadoopConf, storeConf, "maxAttempts", 3, 1, 100));
+  }
+
+  private static long number(
+      Configuration hadoopConf, StateStoreConf storeConf, String name, long dflt, long lo, long hi) {
+    String text = get(hadoopConf, storeConf, name, Long.toString(dflt)).trim();
+    long value;
+    try {
+      value = Long.parseLong(text);
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(
+          "RingStateStoreProvider: " + PREFIX + name + " '" + text + "' is not an integer");
+    }
+    if (value < lo || value > hi) {
+      throw new IllegalArgumentException(
+          "RingStateStoreProvider: " + PREFIX + name + " " + value + " is out of range "
+              + lo + ".." + hi);
+    }
+    return value;
+  }
+
+  private static String get(
+      Configuration hadoopConf, StateStoreConf storeConf, String name, String dflt) {
+    String key = PREFIX + name;
+    if (hadoopConf != null) {
+      String v = hadoopConf.get(key);
+      if (v != null) {
+        return v;
+      }
+    }
+    SparkEnv env = SparkEnv.get();
+    if (env != null) {
+      SparkConf conf = env.conf();
+      if (conf.contains(key)) {
+        return conf.get(key);
+      }
+    }
+    if (storeConf != null) {
+      scala.Option<String> v = storeConf.sqlConfs().get("spark.sql.streaming.stateStore.ring." + name);
+      if (v.isDefined()) {
+        return v.get();
+      }
+    }
+    return dflt;
+  }
+}

@@ -1,0 +1,163 @@
+"""Streaming jobs for the Spark tests, run in their own JVM: ``python jobs.py SPEC.json``.
+
+One SparkSession (local[2]) runs every operator of the spec, once per provider, each as a
+``trigger(availableNow=True)`` query over JSON files (one file per micro-batch). Each batch's
+output is written to ``<base>/out/<provider>/<op>/batch-<id>.json`` (overwritten when a
+batch is replayed, so a replay is idempotent); the tests fold those files and compare the
+providers. Spec keys:
+
+- ``base``, ``seeds``, ``providers`` (``ring``, ``hdfs``, ``rocksdb``), ``operators``
+- ``kill``: ``{"op", "provider", "after_batch", "pid"}``: SIGKILL that ring node once the
+  batch's output is written (the query goes on)
+- ``die``: ``{"op", "provider", "batch"}``: SIGKILL this driver inside that batch, after the
+  state commit and before the batch is marked done
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+PROVIDERS = {
+    "ring": "statestore.spark.RingStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+}
+EVENTS = "user string, id long, ts timestamp, v long"
+SIDE = "id long, ts timestamp, x string"
+# operator name -> output mode; "last" ops are folded as last value per key, "all" as a multiset
+OPERATORS = {
+    "agg": "update",
+    "dedup": "append",
+    "dedup_wm": "append",
+    "join": "append",
+    "session": "append",
+    "pandas": "update",
+}
+
+
+def count_by_user(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """applyInPandasWithState: running count and sum of v per user."""
+    import pandas as pd
+
+    n, total = state.get if state.exists else (0, 0)
+    for pdf in pdfs:
+        n += len(pdf)
+        total += int(pdf["v"].sum())
+    state.update((n, total))
+    yield pd.DataFrame({"user": [key[0]], "n": [n], "total": [total]})
+
+
+def build(spark: Any, op: str, base: Path) -> Any:
+    from pyspark.sql import functions as F
+
+    def stream(name: str, schema: str) -> Any:
+        return (
+            spark.readStream.schema(schema)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(base / "input" / name))
+        )
+
+    if op == "agg":
+        ev = stream("events", EVENTS)
+        return ev.groupBy("user").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+    if op == "dedup":
+        return stream("events", EVENTS).dropDuplicates(["id"]).select("id", "user", "v")
+    if op == "dedup_wm":
+        ev = stream("events", EVENTS).withWatermark("ts", "30 seconds")
+        return ev.dropDuplicates(["id", "ts"]).select("id", "ts", "user")
+    if op == "join":
+        left = stream("left", SIDE).select("id", F.col("x").alias("lx"))
+        right = stream("right", SIDE).select("id", F.col("x").alias("rx"))
+        return left.join(right, "id")
+    if op == "session":
+        ev = stream("events", EVENTS).withWatermark("ts", "10 seconds")
+        return ev.groupBy(F.session_window("ts", "5 seconds").alias("s"), "user").agg(
+            F.count("*").alias("n"), F.sum("v").alias("total")
+        )
+    if op == "pandas":
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        ev = stream("events", EVENTS).select("user", "v")
+        return ev.groupBy("user").applyInPandasWithState(
+            count_by_user,
+            "user string, n long, total long",
+            "n long, total long",
+            "Update",
+            GroupStateTimeout.NoTimeout,
+        )
+    raise ValueError(f"unknown operator {op}")
+
+
+def run(spec: dict[str, Any]) -> None:
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    base = Path(spec["base"])
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("statestore-spark-tests")
+        .config("spark.sql.shuffle.partitions", str(spec.get("partitions", 2)))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
+        .config("spark.driver.memory", "1g")
+    )
+    spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    kill = spec.get("kill") or {}
+    die = spec.get("die") or {}
+    for provider in spec["providers"]:
+        for op in spec["operators"]:
+            out_dir = base / "out" / provider / op
+            out_dir.mkdir(parents=True, exist_ok=True)
+            spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
+            here = (op, provider)
+            query = (
+                build(spark, op, base)
+                .writeStream.outputMode(OPERATORS[op])
+                .option("checkpointLocation", str(base / "ckpt" / provider / op))
+                .foreachBatch(
+                    sink(
+                        out_dir,
+                        kill if (kill.get("op"), kill.get("provider")) == here else {},
+                        die if (die.get("op"), die.get("provider")) == here else {},
+                    )
+                )
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            progress = query.lastProgress or {}
+            with open(out_dir / "progress.jsonl", "a") as f:
+                for p in query.recentProgress:
+                    f.write(json.dumps(p.get("stateOperators", [])) + "\n")
+            print(f"{provider}/{op}: {progress.get('batchId')}", flush=True)
+    spark.stop()
+
+
+def sink(out_dir: Path, kill: dict[str, Any], die: dict[str, Any]) -> Callable[[Any, int], None]:
+    def write(df: Any, batch_id: int) -> None:
+        rows = [r.asDict(recursive=True) for r in df.collect()]  # runs the batch: state commits
+        if die and batch_id == die["batch"]:
+            os.kill(os.getpid(), signal.SIGKILL)  # the offsets are logged, the batch is not done
+        tmp = out_dir / f".batch-{batch_id}.tmp"
+        tmp.write_text(json.dumps(rows, default=str, sort_keys=True))
+        os.replace(tmp, out_dir / f"batch-{batch_id}.json")
+        if kill and batch_id == kill["after_batch"]:
+            os.kill(kill["pid"], signal.SIGKILL)
+
+    return write
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    run(json.loads(Path(sys.argv[1]).read_text()))
