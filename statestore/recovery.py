@@ -7,8 +7,8 @@
 - line / tree: one ``POST /v1/relay`` to the hop nearest the restorer, whose stream carries
   the chunks (line) or the folded rows (tree) of the whole plan.
 
-Whatever a streamed plan did not deliver (a hop died, a chunk was corrupt, the stream stalled
-past its deadline) is fetched afterwards from the other replicas, skipping the hops that
+Whatever a streamed plan did not deliver (a hop died, a chunk was corrupt, the stream went
+quiet for too long) is fetched afterwards from the other replicas, skipping the hops that
 failed: only the missing part is rerouted, nothing starts over. Rows are folded by chain
 position, so a row that arrives twice (folded and again from a replica) is harmless.
 Links are measured from every transfer (an EWMA of throughput and latency per source) and
@@ -274,17 +274,21 @@ class Restorer:
         covers: set[str] = set()
         complete: set[int] = set()  # key groups the root's folded frames delivered in full
         clean = False
-        # a stream that stalls far past its prediction is abandoned; what it did not deliver
-        # is fetched from other replicas
-        deadline = max(10.0, plan.predicted * 5 + 5.0)
+        # A stream that goes quiet for too long is abandoned and what it did not deliver is
+        # fetched from other replicas. Quiet, not slow: a tree root sends nothing until its
+        # subtree is folded, so the allowance scales with the predicted time.
+        idle = max(30.0, plan.predicted * 3)
         by_key = {t.key: t for t in plan.tasks}
         stream = None
         pending: list[asyncio.Future[None]] = []
         try:
-            async with asyncio.timeout(deadline):
-                stream = await self.transport.open_stream(plan.root.address, "/v1/relay", body)
+            async with asyncio.timeout(idle) as quiet:
+                stream = await self.transport.open_stream(
+                    plan.root.address, "/v1/relay", body, timeout=idle
+                )
                 last = self.clock()
                 async for kind, meta, data, _raw in read_frames(stream.reader, self.max_raw):
+                    quiet.reschedule(loop.time() + idle)
                     now = self.clock()
                     self.links.observe(plan.root.address, len(data), now - last)
                     last = now
