@@ -172,6 +172,9 @@ async def _tree(
     received = [0]
     loop = asyncio.get_running_loop()
     max_raw = node.config.max_chunk
+    # headers go out now: the parent must not mistake a long fold for a dead hop
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-statestore-frames"})
+    await resp.prepare(request)
 
     def absorb(rows: list[tuple[bytes, int, bytes | None]]) -> None:
         for k, pos, v in rows:
@@ -222,8 +225,6 @@ async def _tree(
         if await task:  # a child cut mid-stream: its chunks are not vouched for
             covers.extend(cc)
 
-    resp = web.StreamResponse(headers={"Content-Type": "application/x-statestore-frames"})
-    await resp.prepare(request)
     header = {"hop": node.address, "depth": depth, "covers": covers}
     await resp.write(encode_frame(b"D", header))
     # folded rows in key-group order, frames cut only at group boundaries, so that each
