@@ -20,6 +20,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import xxhash
+
 from .errors import InvalidRequest, NodeUnavailable
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "choose",
     "folded_estimate",
     "learn_fold_ratio",
+    "pick_source",
     "sr3_rule",
 ]
 
@@ -272,6 +275,14 @@ def learn_fold_ratio(tasks: Sequence[ChunkTask], folded_bytes: int) -> float | N
     if delta_bytes <= 0:
         return None
     return min(1.0, max(0.0, (folded_bytes - base_bytes) / delta_bytes))
+
+
+def pick_source(key: str, holders: Sequence[str]) -> str:
+    """The one holder that re-replicates ``key`` (rendezvous hashing): every holder computes
+    the same answer without talking, and the work spreads evenly over the holders."""
+    if not holders:
+        raise NodeUnavailable(f"item {key} has no live holder to copy it from")
+    return max(holders, key=lambda h: (xxhash.xxh64_intdigest(f"{key}|{h}".encode()), h))
 
 
 def sr3_rule(tasks: Sequence[ChunkTask]) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
 from .ids import StoreId
+from .plan import pick_source
 from .view import RingView
 
 if TYPE_CHECKING:
@@ -66,9 +67,26 @@ async def _push(node: Node, address: str, item: Item) -> bool:
     return True
 
 
-async def repair_pass(node: Node, view: RingView, *, allow_handoff: bool) -> int:
-    """One pass; returns how many items still wait to be handed off."""
+def _mine_to_push(view: RingView, live: set[str], key: str, me: str) -> bool:
+    """After a node loss, each lost copy is made by one surviving holder, not by all of them:
+    the one :func:`plan.pick_source` names among the item's previous replicas still alive."""
+    holders = [a for a in view.previous_replicas(key) if a in live]
+    if me not in holders:
+        return True  # we hold it for another reason (a handoff): push
+    return pick_source(key, holders) == me
+
+
+async def repair_pass(
+    node: Node, view: RingView, *, allow_handoff: bool, planned: bool = False
+) -> int:
+    """One pass; returns how many items still wait to be handed off (or to be copied).
+
+    ``planned``: the first pass after the epoch moved leaves each copy to its designated
+    source; the passes after it (while anything is pending) push from every holder, so a
+    designated source that failed is covered.
+    """
     me = node.address
+    live = set(view.live_addresses())
     want: dict[str, list[Item]] = defaultdict(list)
     owners: dict[Item, list[str]] = {}
     for key in node.store.chunk_keys():
@@ -81,6 +99,7 @@ async def repair_pass(node: Node, view: RingView, *, allow_handoff: bool) -> int
             if t != me:
                 want[t].append(item)
     confirmed: dict[Item, int] = defaultdict(int)
+    skipped = 0
     for address, items in want.items():
         for i in range(0, len(items), BATCH):
             batch = items[i : i + BATCH]
@@ -102,6 +121,10 @@ async def repair_pass(node: Node, view: RingView, *, allow_handoff: bool) -> int
             flags = iter(answer["chunks"]), iter(answer["manifests"])
             for it in batch:
                 has = next(flags[0] if it[0] == "c" else flags[1])
+                key = it[1] if it[0] == "c" else it[1].rsplit("/", 2)[0]
+                if not has and planned and not _mine_to_push(view, live, key, me):
+                    skipped += 1
+                    continue
                 if has or await _push(node, address, it):
                     confirmed[it] += 1
                     if not has:
@@ -119,7 +142,7 @@ async def repair_pass(node: Node, view: RingView, *, allow_handoff: bool) -> int
             node.stats["handed_off"] += 1
         else:
             pending += 1
-    return pending
+    return pending + skipped
 
 
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:
@@ -135,7 +158,8 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
             view.epoch != last_epoch or pending or now - last_pass >= full_every
         ):
             try:
-                pending = await repair_pass(node, view, allow_handoff=view.epoch == last_epoch)
+                moved = view.epoch != last_epoch
+                pending = await repair_pass(node, view, allow_handoff=not moved, planned=moved)
             except StateStoreError as exc:
                 log.warning("repair pass failed: %s", exc)
             last_epoch, last_pass = view.epoch, now

@@ -55,6 +55,15 @@ class RingView:
         rest = [self.address(n) for n in self.ring.preference(key)]
         return first + [a for a in rest if a not in first]
 
+    def previous_replicas(self, key: str) -> list[str]:
+        """Addresses of ``key``'s replicas on the ring that still counted the down nodes:
+        where the item lived before they were declared down."""
+        ring: Ring = self.__dict__.get("_all_ring") or Ring(
+            (Member(m["id"], m.get("zone", "")) for m in self.members), self.vnodes
+        )
+        self.__dict__["_all_ring"] = ring
+        return [self.address(n) for n in ring.replicas(key, self.replicas)]
+
     def store_replicas(self, store: StoreId) -> list[str]:
         return self.replicas_of(store.path)
 

@@ -146,3 +146,18 @@ def test_hop_plan_round_trip_and_garbage() -> None:
 )
 def test_folded_rows_round_trip(rows: list[tuple[bytes, int, bytes | None]]) -> None:
     assert decode_folded(encode_folded(rows), 1 << 20) == rows
+
+
+def test_pick_source_is_deterministic_and_spreads_the_work() -> None:
+    from statestore.plan import pick_source
+
+    holders = NODES[:3]
+    picks = [pick_source(f"chunk-{i}", holders) for i in range(3000)]
+    assert picks == [pick_source(f"chunk-{i}", list(reversed(holders))) for i in range(3000)]
+    counts = {h: picks.count(h) for h in holders}
+    assert min(counts.values()) > 3000 / 3 * 0.85, counts
+    # removing a holder only moves the items it was picked for
+    fewer = [pick_source(f"chunk-{i}", holders[:2]) for i in range(3000)]
+    assert all(a == b for a, b in zip(picks, fewer, strict=True) if a != holders[2])
+    with pytest.raises(NodeUnavailable):
+        pick_source("x", [])

@@ -257,3 +257,40 @@ def test_node_cli_refuses_bad_setups_with_a_message(tmp_path: Path) -> None:
             assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
     finally:
         ring.stop()
+
+
+def test_each_lost_copy_is_made_by_its_planned_source(tmp_path: Path) -> None:
+    """After a node loss, re-replication is planned: each lost copy is made by the one
+    surviving holder the planner names (rendezvous), not by whichever holder runs first."""
+    from statestore.plan import pick_source
+
+    ring = LocalRing(str(tmp_path), 4, args=FAST).start()
+    try:
+        sid = StoreId("once", 0, 0)
+        with RingClient(ring.seeds, chunk_size=2048) as client:
+            expected = workload(sid, client, 8, seed=8)
+            keys = chunk_keys(client, sid, list(expected))
+            before = client.ring()
+        victim = ring.procs[3]
+        manifests = [[sid.path, v, "delta"] for v in expected]
+        held = post(victim.address, "/v1/sync/have", {"chunks": keys, "manifests": manifests})
+        planned: dict[str, int] = {p.address: 0 for p in ring.procs[:3]}
+        lost = [k for k, h in zip(keys, held["chunks"], strict=True) if h]  # type: ignore[index]
+        lost += [sid.path for h in held["manifests"] if h]  # type: ignore[index]
+        for key in lost:
+            holders = [a for a in before.replicas_of(key) if a != victim.address]
+            planned[pick_source(key, holders)] += 1
+        assert len(lost) > 30
+        ring.kill(3)
+        ring.wait_ring(3)
+        wait_copies(ring, keys, 3)
+        time.sleep(3)  # a second pass, if one is pending
+        for p in ring.procs[:3]:
+            done = http_json(p.address, "/v1/health")["stats"]["repaired"]  # type: ignore[index]
+            assert abs(done - planned[p.address]) <= 2 + 0.1 * planned[p.address], (
+                p.address,
+                done,
+                planned,
+            )
+    finally:
+        ring.stop()
