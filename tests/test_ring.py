@@ -173,6 +173,23 @@ def test_new_node_found_through_one_seed_and_the_dht(tmp_path: Path) -> None:
         ring.wait_ring(4)
         view = ring.ring(newcomer.address)
         assert {m["address"] for m in view["members"]} == set(ring.seeds)
+        import subprocess
+        import sys
+
+        cli = [sys.executable, "-m", "statestore", "ring", "--seeds", newcomer.address]
+        shown = json.loads(
+            subprocess.run(
+                [*cli, "--json"], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+        )
+        assert {m["status"] for m in shown["members"]} == {"up"} and len(shown["members"]) == 4
+        assert abs(sum(m["share"] for m in shown["members"]) - 1) < 0.01 and shown["epoch"] >= 1
+        table = subprocess.run(cli, capture_output=True, text=True, timeout=30, check=True)
+        assert "ring epoch" in table.stdout and newcomer.id in table.stdout
+        down = subprocess.run(
+            [*cli[:-1], "127.0.0.1:1"], capture_output=True, text=True, timeout=30
+        )
+        assert down.returncode == 1 and "no seed answered" in down.stderr
         deadline = time.monotonic() + 30
         while True:  # the DHT directory lists every member, not only the seed
             health = http_json(newcomer.address, "/v1/health")
