@@ -286,12 +286,9 @@ class Restorer:
                 stream = await self.transport.open_stream(
                     plan.root.address, "/v1/relay", body, timeout=idle
                 )
-                last = self.clock()
+                opened = self.clock()
                 async for kind, meta, data, _raw in read_frames(stream.reader, self.max_raw):
                     quiet.reschedule(loop.time() + idle)
-                    now = self.clock()
-                    self.links.observe(plan.root.address, len(data), now - last)
-                    last = now
                     await self._throttle(len(data))
                     stats["bytes_in"] += len(data)
                     if progress is not None and data:
@@ -320,6 +317,8 @@ class Restorer:
                         )
                         bad.add(str(meta.get("hop")))
                 clean = True
+                # the root's link, as the whole stream showed it (not frame by frame)
+                self.links.observe(plan.root.address, stats["bytes_in"], self.clock() - opened)
         except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             stats["failed_hops"].append(
                 {"hop": plan.root.address, "error": f"{type(exc).__name__}: {exc}"}
@@ -361,6 +360,9 @@ class Restorer:
     ) -> None:
         sem = sem or asyncio.Semaphore(self.fan_in)
         loop = asyncio.get_running_loop()
+        # per source: bytes and the span from its first request to its last answer. Requests
+        # to one source overlap, so one request's own rate would understate the source.
+        spans: dict[str, list[float]] = {}
 
         async def one(t: ChunkTask) -> None:
             first = assignment.get(t.key)
@@ -370,9 +372,10 @@ class Restorer:
             for address in order:
                 try:
                     async with sem:
-                        began = self.clock()
+                        span = spans.setdefault(address, [self.clock(), 0.0, 0.0])
                         resp = await self.transport.request("GET", address, f"/v1/chunks/{t.key}")
-                        self.links.observe(address, len(resp.body), self.clock() - began)
+                        span[1] = self.clock()
+                        span[2] += len(resp.body)
                         await self._throttle(len(resp.body))
                     verify(resp.body, t.checksum, t.key)
                 except (Unavailable, CorruptChunk, NotFound) as exc:
@@ -399,6 +402,9 @@ class Restorer:
         tasks_ = [asyncio.ensure_future(one(t)) for t in tasks]
         try:
             await asyncio.gather(*tasks_)
+            for address, (first, last, nbytes) in spans.items():
+                if last > first:
+                    self.links.observe(address, int(nbytes), last - first)
         finally:
             for f in tasks_:
                 f.cancel()
