@@ -203,9 +203,7 @@ class AsyncRingClient:
         """
         check_store(store)
         check_plan(plan)
-        if version is None:
-            version = (await self.latest(store)).version
-        want = version
+        want = await self._version_or_latest(store, version)
 
         async def op(view: RingView) -> RestoredState:
             chain, p = await self._restorer.plan(view, store, want, plan)
@@ -221,9 +219,7 @@ class AsyncRingClient:
         """The plan a restore would follow, without running it (``Plan.explain()`` prints it)."""
         check_store(store)
         check_plan(plan)
-        if version is None:
-            version = (await self.latest(store)).version
-        want = version
+        want = await self._version_or_latest(store, version)
 
         async def op(view: RingView) -> Plan:
             return (await self._restorer.plan(view, store, want, plan))[1]
@@ -289,9 +285,7 @@ class AsyncRingClient:
         check_store(store)
         if not isinstance(key, bytes):
             raise TypeError(f"key must be bytes, got {type(key).__name__}")
-        if version is None:
-            version = (await self.latest(store)).version
-        want = version
+        want = await self._version_or_latest(store, version)
 
         async def op(view: RingView) -> bytes | None:
             return await read_key(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientError, StreamReader, web
@@ -37,7 +37,7 @@ from .frames import (
     encode_frame,
     encode_hop,
 )
-from .plan import Hop
+from .plan import ChunkTask, Hop
 
 if TYPE_CHECKING:
     from .node import Node
@@ -72,19 +72,24 @@ async def read_frames(reader: StreamReader, max_data: int) -> AsyncIterator[Fram
         yield kind, decode_meta(meta_raw), data, head + meta_raw + data
 
 
-async def _own_frames(
-    node: Node, hop: Hop, out: asyncio.Queue[bytes | None]
-) -> tuple[int, list[str]]:
-    sent = 0
-    covered: list[str] = []
+def _local_chunks(node: Node, hop: Hop) -> Iterator[tuple[ChunkTask, bytes]]:
+    """This hop's own chunks that are here and sound; the rest the restorer fetches."""
     for t in hop.chunks:
         try:
             data = node.store.get_chunk(t.key)
         except StateStoreError as exc:
             log.warning("relay: own chunk %s unusable: %s", t.key, exc)
             continue
-        if data is None:
-            continue
+        if data is not None:
+            yield t, data
+
+
+async def _own_frames(
+    node: Node, hop: Hop, out: asyncio.Queue[bytes | None]
+) -> tuple[int, list[str]]:
+    sent = 0
+    covered: list[str] = []
+    for t, data in _local_chunks(node, hop):
         await out.put(encode_frame(b"C", {"k": t.key, "p": t.pos}, data))
         sent += len(data)
         covered.append(t.key)
@@ -211,14 +216,7 @@ async def _tree(
         )
         for c, cc in zip(hop.children, child_covers, strict=True)
     ]
-    for t in hop.chunks:  # own chunks are folded in while the children stream
-        try:
-            data = node.store.get_chunk(t.key)
-        except StateStoreError as exc:
-            log.warning("relay: own chunk %s unusable: %s", t.key, exc)
-            continue
-        if data is None:
-            continue
+    for t, data in _local_chunks(node, hop):  # folded in while the children stream
         own += len(data)
         await absorb_chunk(t.key, t.pos, data)
     for task, cc in zip(children, child_covers, strict=True):
