@@ -11,10 +11,11 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, encode_chunks
+from .chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS
+from .commit import build_commit
 from .errors import InvalidRequest, StoreNotFound
 from .ids import StoreId
-from .manifest import ChunkRef, Manifest
+from .manifest import Manifest
 from .plan import PLANS
 from .replication import write_commit
 from .restore import read_head
@@ -47,25 +48,18 @@ async def coordinate_commit(
     positions: Mapping[str, Any],
     snapshot: bool,
 ) -> dict[str, Any]:
-    if snapshot and deletes:
-        raise InvalidRequest("a snapshot holds the whole state: it takes no deletes")
-    chunks = await asyncio.to_thread(
-        encode_chunks,
-        puts,
-        deletes,
-        groups=DEFAULT_KEY_GROUPS,
-        target_size=DEFAULT_CHUNK_SIZE,
-        kind="s" if snapshot else "d",
-        max_raw=node.config.max_chunk,
-    )
-    manifest = Manifest(
+    manifest, chunks = await asyncio.to_thread(
+        build_commit,
         store,
         version,
-        "snapshot" if snapshot else "delta",
+        puts,
+        deletes,
+        positions,
         epoch,
-        DEFAULT_KEY_GROUPS,
-        tuple(ChunkRef.of(c) for c in chunks),
-        dict(positions),
+        snapshot,
+        key_groups=DEFAULT_KEY_GROUPS,
+        chunk_size=DEFAULT_CHUNK_SIZE,
+        max_chunk=node.config.max_chunk,
     )
     stats = await write_commit(node.transport, node.view(), manifest, chunks)
     return {

@@ -23,6 +23,7 @@ PURE = [
     "frames",
     "bucket",
     "cache",
+    "commit",
 ]
 IO = {
     "asyncio",
