@@ -81,9 +81,9 @@ async def repair_pass(
 ) -> int:
     """One pass; returns how many items still wait to be handed off (or to be copied).
 
-    ``planned``: the first pass after the epoch moved leaves each copy to its designated
-    source; the passes after it (while anything is pending) push from every holder, so a
-    designated source that failed is covered.
+    ``planned``: the passes within a grace period after the epoch moved leave each copy to
+    its designated source; the passes after it (while anything is pending) push from every
+    holder, so a designated source that failed is covered.
     """
     me = node.address
     live = set(view.live_addresses())
@@ -148,7 +148,13 @@ async def repair_pass(
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:
     last_epoch = -1
     last_pass = -full_every
+    moved_at = -full_every
     pending = 0
+    # Each node declares a death on its own clock, up to a failure-detector period apart, so
+    # a designated source may run its planned pass well after its peers. Until every live node
+    # has had that long (plus two passes), the others leave its copies to it; after that they
+    # cover for it, in case it failed.
+    grace = node.config.down_after + 2 * node.config.repair_interval
     # let gossip settle before the first pass, so a fresh node does not judge a partial view
     await asyncio.sleep(node.config.down_after)
     while True:
@@ -159,7 +165,11 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
         ):
             try:
                 moved = view.epoch != last_epoch
-                pending = await repair_pass(node, view, allow_handoff=not moved, planned=moved)
+                if moved:
+                    moved_at = now
+                pending = await repair_pass(
+                    node, view, allow_handoff=not moved, planned=now - moved_at < grace
+                )
             except StateStoreError as exc:
                 log.warning("repair pass failed: %s", exc)
             last_epoch, last_pass = view.epoch, now
