@@ -15,7 +15,7 @@ from statestore.manifest import Head
 from statestore.plan import Plan
 from statestore.recovery import Restorer
 from statestore.replication import write_commit
-from statestore.restore import read_head, read_key, read_versions
+from statestore.restore import read_chain, read_head, read_key, read_versions
 from statestore.transport import HttpTransport
 from statestore.view import RingView
 
@@ -235,9 +235,11 @@ class AsyncRingClient:
     ) -> list[RestoredState]:
         """Restore many stores together (a lost executor's partitions, a replaced node).
 
-        The plans are made one after another with the bytes already given to each source
-        counted as its load, so no source carries more than its share; then all run at once
-        under one fan-in limit. Results come back in the order asked.
+        The chains are read at once; the plans are then made one after another with the bytes
+        already given to each source counted as its load, so no source carries more than its
+        share. Star plans' chunks come in one stream per source rather than a request per
+        chunk; everything runs at once under one fan-in limit. Results come back in the order
+        asked.
         """
         check_plan(plan)
         wanted: list[tuple[StoreId, int | None]] = [
@@ -248,20 +250,23 @@ class AsyncRingClient:
         versions = await asyncio.gather(*(self._version_or_latest(sid, v) for sid, v in wanted))
 
         async def op(view: RingView) -> list[RestoredState]:
+            chains = await asyncio.gather(
+                *(
+                    read_chain(self._transport, view, sid, v)
+                    for (sid, _), v in zip(wanted, versions, strict=True)
+                )
+            )
             load: dict[str, float] = {}
             plans = []
-            for (sid, _), v in zip(wanted, versions, strict=True):
-                chain, p = await self._restorer.plan(view, sid, v, plan, load=load)
+            for (sid, _), v, chain in zip(wanted, versions, chains, strict=True):
+                p = self._restorer.plan_chain(view, sid, chain, plan, load=load)
                 for t in p.tasks:
                     src = p.assignment[t.key]
                     load[src] = load.get(src, 0.0) + t.size
                 plans.append((sid, v, chain, p))
             sem = asyncio.Semaphore(self.concurrency)
-            results = await asyncio.gather(
-                *(
-                    self._restorer.run(view, sid, chain, p, progress=progress, sem=sem)
-                    for sid, _, chain, p in plans
-                )
+            results = await self._restorer.run_many(
+                view, [(sid, chain, p) for sid, _, chain, p in plans], progress=progress, sem=sem
             )
             out = []
             for (_, v, chain, p), r in zip(plans, results, strict=True):

@@ -30,6 +30,7 @@ from .errors import (
     StateStoreError,
     StoreNotFound,
 )
+from .frames import encode_frame
 from .ids import StoreId, check_version, chunk_key, parse_chunk_key
 from .manifest import decode_manifest, encode_chain, local_chain
 from .node import Node
@@ -142,6 +143,41 @@ async def get_chunk(request: web.Request) -> web.Response:
 
         raise NotFound(f"chunk {key} is not on this node; try another replica")
     return web.Response(body=data, content_type="application/octet-stream")
+
+
+MAX_BATCH_KEYS = 10_000
+
+
+async def read_chunks(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chunks``: many chunks in one stream of ``C`` frames (frames.py), for a
+    restorer that wants everything one source holds for it (restore_many). A chunk that is
+    missing here or fails its checksum is left out; the caller fetches it elsewhere."""
+    node = request.app[NODE]
+    body = await _json(request)
+    keys = body.get("keys") if isinstance(body, dict) else None
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise MalformedData('chunk batch: the body must be {"keys": [chunk key, ...]}')
+    if len(keys) > MAX_BATCH_KEYS:
+        raise InvalidRequest(
+            f"chunk batch of {len(keys)} keys is over the limit of {MAX_BATCH_KEYS}; "
+            "split it into several requests"
+        )
+    for key in keys:
+        parse_chunk_key(key)  # names a malformed key before anything is sent
+    if node.config.inject_delay:
+        await asyncio.sleep(node.config.inject_delay)
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-statestore-frames"})
+    await resp.prepare(request)
+    for key in keys:
+        try:
+            data = node.store.get_chunk(key)
+        except StateStoreError as exc:
+            log.warning("chunk batch: %s unusable: %s", key, exc)
+            continue
+        if data is not None:
+            await resp.write(encode_frame(b"C", {"k": key}, data))
+    await resp.write_eof()
+    return resp
 
 
 async def have(request: web.Request) -> web.Response:
@@ -330,6 +366,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_post("/v1/sync/have", have)
     app.router.add_put("/v1/chunks/{key:.+}", put_chunk)
     app.router.add_get("/v1/chunks/{key:.+}", get_chunk)
+    app.router.add_post("/v1/chunks", read_chunks)
     app.router.add_put(
         "/v1/manifests/{query}/{operator}/{partition}/{name}/{version}/{kind}", put_manifest
     )

@@ -1,6 +1,6 @@
 """Executing a recovery plan at the restorer (the async shell around plan.py).
 
-``plan_restore`` reads the chain and builds the plan; ``run_plan`` carries it out:
+``Restorer.plan`` reads the chain and builds the plan; ``Restorer.run`` carries it out:
 
 - star: every chunk from its assigned source first, then the other holders, ``fan_in`` at a
   time, decoded on worker threads as they land;
@@ -11,6 +11,8 @@ Whatever a streamed plan did not deliver (a hop died, a chunk was corrupt, the s
 quiet for too long) is fetched afterwards from the other replicas, skipping the hops that
 failed: only the missing part is rerouted, nothing starts over. Rows are folded by chain
 position, so a row that arrives twice (folded and again from a replica) is harmless.
+``Restorer.run_many`` runs many plans at once and reads the star plans' chunks in one
+``POST /v1/chunks`` stream per source before handing each store to ``run``.
 Links are measured from every transfer (an EWMA of throughput and latency per source) and
 fed back to the planner.
 """
@@ -18,6 +20,7 @@ fed back to the planner.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +42,7 @@ from .view import RingView
 __all__ = ["LinkTable", "RecoveryResult", "Restorer", "chain_tasks"]
 
 Rows = list[tuple[bytes, bytes | None]]
+BATCH_KEYS = 4096  # chunks per POST /v1/chunks (the node accepts up to 10,000)
 
 
 class LinkTable:
@@ -142,6 +146,19 @@ class _Fold:
         return state
 
 
+@dataclass
+class _Prefetched:
+    """What a batched read (:meth:`Restorer.run_many`) delivered for one store."""
+
+    started: float
+    fold: _Fold = field(default_factory=_Fold)
+    done: set[str] = field(default_factory=set)
+    bytes_in: int = 0
+    bytes_by_node: dict[str, int] = field(default_factory=dict)
+    bad: set[str] = field(default_factory=set)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+
 class Restorer:
     """Plans and runs restores for one client (its transport, links and limits)."""
 
@@ -185,11 +202,22 @@ class Restorer:
         load: Mapping[str, float] | None = None,
     ) -> tuple[list[Manifest], Plan]:
         chain = await read_chain(self.transport, view, store, version)
+        return chain, self.plan_chain(view, store, chain, kind, load)
+
+    def plan_chain(
+        self,
+        view: RingView,
+        store: StoreId,
+        chain: list[Manifest],
+        kind: str,
+        load: Mapping[str, float] | None = None,
+    ) -> Plan:
+        """The plan for a chain already read (no I/O)."""
         tasks = chain_tasks(view, store, chain)
         model = self.model
         if store in self._fold_ratio:  # what the last tree restore of this store showed
             model = replace(model, fold_ratio=self._fold_ratio[store])
-        plan = build(
+        return build(
             kind,
             tasks,
             links=self.links.snapshot(),
@@ -201,7 +229,6 @@ class Restorer:
             model=model,
             calibration=self.calibration,
         )
-        return chain, plan
 
     async def run(
         self,
@@ -212,24 +239,28 @@ class Restorer:
         *,
         progress: Callable[[int], None] | None = None,
         sem: asyncio.Semaphore | None = None,
+        prefetched: _Prefetched | None = None,
     ) -> RecoveryResult:
-        started = self.clock()
-        fold = _Fold()
+        """Carry out ``plan``; ``prefetched`` holds what :meth:`run_many` already read."""
+        pre = prefetched or _Prefetched(self.clock())
+        started = pre.started
+        fold = pre.fold
         stats: dict[str, Any] = {
             "plan": plan.kind,
             "reason": plan.reason,
             "predicted_seconds": round(plan.predicted, 4),
             "sr3_rule": plan.sr3,
             "chunks": len(plan.tasks),
-            "bytes_in": 0,
+            "bytes_in": pre.bytes_in,
             "rerouted": 0,
             "failovers": 0,
             "hops": [],
-            "failed_hops": [],
-            "bytes_by_node": {},
+            "failed_hops": list(pre.failed),
+            "bytes_by_node": dict(pre.bytes_by_node),
+            "batched": len(pre.done),  # chunks a run_many stream delivered beforehand
         }
-        done: set[str] = set()
-        bad: set[str] = set()
+        done: set[str] = pre.done
+        bad: set[str] = set(pre.bad)
         if plan.kind != "star" and plan.root is not None:
             await self._stream(store, chain[-1].key_groups, plan, fold, done, bad, stats, progress)
         missing = [t for t in plan.tasks if t.key not in done]
@@ -334,6 +365,88 @@ class Restorer:
                 t = by_key[key]
                 if clean or all(g in complete for g in range(t.lo, t.hi + 1)):
                     done.add(key)
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException) and not isinstance(r, CorruptChunk):
+                    raise r
+
+    async def run_many(
+        self,
+        view: RingView,
+        jobs: Sequence[tuple[StoreId, list[Manifest], Plan]],
+        *,
+        progress: Callable[[int], None] | None = None,
+        sem: asyncio.Semaphore | None = None,
+    ) -> list[RecoveryResult]:
+        """Run many plans at once. The chunks of every star plan are read in one stream per
+        source (``POST /v1/chunks``) instead of one request per chunk; whatever a stream does
+        not deliver, and the line and tree plans, then run as :meth:`run` runs them."""
+        now = self.clock()
+        pre = [_Prefetched(now) for _ in jobs]
+        per_source: dict[str, list[tuple[_Prefetched, ChunkTask]]] = {}
+        for p, (_, _, plan) in zip(pre, jobs, strict=True):
+            if plan.kind == "star":
+                for t in plan.tasks:
+                    per_source.setdefault(plan.assignment[t.key], []).append((p, t))
+        await asyncio.gather(
+            *(
+                self._batch(address, items[i : i + BATCH_KEYS], progress)
+                for address, items in per_source.items()
+                for i in range(0, len(items), BATCH_KEYS)
+            )
+        )
+        return list(
+            await asyncio.gather(
+                *(
+                    self.run(view, sid, chain, plan, progress=progress, sem=sem, prefetched=p)
+                    for p, (sid, chain, plan) in zip(pre, jobs, strict=True)
+                )
+            )
+        )
+
+    async def _batch(
+        self,
+        address: str,
+        items: Sequence[tuple[_Prefetched, ChunkTask]],
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        """One ``POST /v1/chunks`` stream from ``address``; a chunk it leaves out, or a
+        stream that fails, leaves the rest to the per-store fetch that follows."""
+        loop = asyncio.get_running_loop()
+        by_key = {t.key: (p, t) for p, t in items}
+        body = json.dumps({"keys": list(by_key)}).encode()
+        pending: list[asyncio.Future[None]] = []
+        idle = 30.0
+        stream = None
+        nbytes = 0
+        opened = self.clock()
+        try:
+            async with asyncio.timeout(idle) as quiet:
+                stream = await self.transport.open_stream(address, "/v1/chunks", body)
+                async for kind, meta, data, _raw in read_frames(stream.reader, self.max_raw):
+                    quiet.reschedule(loop.time() + idle)
+                    hit = by_key.get(str(meta.get("k"))) if kind == b"C" else None
+                    if hit is None:
+                        continue
+                    p, t = hit
+                    await self._throttle(len(data))
+                    nbytes += len(data)
+                    p.bytes_in += len(data)
+                    p.bytes_by_node[address] = p.bytes_by_node.get(address, 0) + len(data)
+                    if progress is not None:
+                        progress(len(data))
+                    pending.append(
+                        asyncio.ensure_future(self._decode_into(p.fold, t, data, p.done))
+                    )
+            self.links.observe(address, nbytes, self.clock() - opened)
+        except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
+            for p in {id(p): p for p, _ in items}.values():
+                p.failed.append({"hop": address, "error": f"{type(exc).__name__}: {exc}"})
+                if not isinstance(exc, TimeoutError):
+                    p.bad.add(address)
+        finally:
+            if stream is not None:
+                stream.close()
             results = await asyncio.gather(*pending, return_exceptions=True)
             for r in results:
                 if isinstance(r, BaseException) and not isinstance(r, CorruptChunk):

@@ -88,6 +88,31 @@ async def test_wrong_checksum_and_malformed_wire_data(solo: Node) -> None:
     assert (status, body["error"]["code"]) == (400, "malformed_data")  # type: ignore[index]
 
 
+async def test_chunk_batch_names_bad_requests_and_skips_missing_chunks(solo: Node) -> None:
+    async with AsyncRingClient([solo.address]) as ring:
+        await ring.commit(SID, 1, {b"a": b"1"}, [], {}, epoch=1)
+        (st,) = await ring.restore_many([SID], plan="star")
+        assert dict(st) == {b"a": b"1"} and st.stats["batched"] == st.stats["chunks"] == 1
+    cases = [
+        (b"[1, 2]", 400, "malformed_data", '{"keys"'),
+        (b'{"keys": "x"}', 400, "malformed_data", '{"keys"'),
+        (b"{nope", 400, "malformed_data", "not JSON"),
+        (json.dumps({"keys": ["q/0/0/default/1/x"] * 10_001}).encode(), 400, "", "split it"),
+        (b'{"keys": ["q/0/0/../1/x"]}', 400, "invalid_store_id", ""),
+    ]
+    for data, status, code, words in cases:
+        got, body = await call(solo, "POST", "/v1/chunks", data=data)
+        err = body["error"]
+        assert got == status and code in err["code"] and words in err["message"], body  # type: ignore[index,operator]
+    # a batch asking for chunks this node does not hold answers with what it does hold
+    async with aiohttp.ClientSession() as s:
+        missing = chunk_key(SID, 9, "d0-0000000000000000")
+        async with s.post(
+            f"http://{solo.address}/v1/chunks", data=json.dumps({"keys": [missing]})
+        ) as r:
+            assert r.status == 200 and await r.read() == b""
+
+
 async def test_client_round_trip_and_typed_errors(solo: Node) -> None:
     async with AsyncRingClient([solo.address]) as ring:
         await ring.commit(SID, 1, {b"a": b"1", b"b": b"2"}, [], {"src": 1}, epoch=3)

@@ -154,6 +154,10 @@ def test_corrupted_replica_is_routed_around(tmp_path: Path) -> None:
         with RingClient(ring.seeds) as client:
             for plan in ("star", "line", "tree"):
                 assert dict(client.restore(sid, plan=plan)) == state, plan
+            # restore_many's per-source streams leave the rotten chunks out; they are
+            # fetched from the other replicas
+            (many,) = client.restore_many([sid], plan="star")
+            assert dict(many) == state and many.stats["batched"] < many.stats["chunks"]
     finally:
         ring.stop()
 
@@ -170,6 +174,8 @@ def test_slow_node_is_routed_around_by_star(tmp_path: Path) -> None:
             assert dict(st) == state
             assert st.stats["failovers"] > 0
             assert slow.address not in st.stats["bytes_by_node"]
+            (many,) = client.restore_many([sid], plan="star")
+            assert dict(many) == state and slow.address not in many.stats["bytes_by_node"]
     finally:
         ring.stop()
 
@@ -182,6 +188,8 @@ def test_restore_many_spreads_sources(ring5: LocalRing) -> None:
         ]
         results = client.restore_many(stores, plan="star")
         assert [dict(r) for r in results] == states
+        # every chunk came in the per-source streams, none by a request of its own
+        assert all(r.stats["batched"] == r.stats["chunks"] > 0 for r in results)
         per_node: dict[str, int] = {}
         for r in results:
             for node, n in r.stats["bytes_by_node"].items():
