@@ -305,7 +305,7 @@ async def commit(request: web.Request) -> web.Response:
                 f"commit body is over {node.config.max_commit} bytes: commit smaller deltas "
                 "or raise the node's --max-commit"
             )
-    puts, deletes = decode_rows(bytes(body))
+    puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
     result = await coordinate_commit(
         node, store, version, int(epoch_text), puts, deletes, positions, snapshot
     )

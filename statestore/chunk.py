@@ -10,8 +10,11 @@ chunk without decompressing it. Decoding refuses frames that would expand past a
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import cast
 
 import msgpack
 import xxhash
@@ -97,54 +100,59 @@ def encode_chunks(
     Raises InvalidRequest for a key both put and deleted, PayloadTooLarge if one row is
     bigger than ``max_raw`` and TypeError for keys or values that are not bytes.
     """
-    rows: list[tuple[int, bytes, bytes | None]] = []
-    put_keys = set()
-    for k, v in puts.items():
-        key = _check_bytes("key", k)
-        val = _check_bytes("value", v)
-        if len(key) + len(val) + _ROW_OVERHEAD > max_raw:
-            raise PayloadTooLarge(
-                f"row of {len(key) + len(val)} bytes is over the {max_raw}-byte chunk limit"
-            )
-        put_keys.add(key)
-        rows.append((key_group(key, groups), key, val))
-    for k in deletes:
-        key = _check_bytes("deleted key", k)
-        if key in put_keys:
+    # This runs for every commit, so the per-row work is left to C where CPython allows it
+    # (map, slicing, accumulate): one hash per key into per-group buckets, each sorted as
+    # plain bytes, and chunk cuts found by bisection over the running row sizes.
+    table: Mapping[bytes, bytes] = puts
+    if not all(type(k) is bytes and type(v) is bytes for k, v in puts.items()):
+        table = {_check_bytes("key", k): _check_bytes("value", v) for k, v in puts.items()}
+    if table and max(map(len, table)) + max(map(len, table.values())) > max_raw - _ROW_OVERHEAD:
+        for k, v in table.items():
+            if len(k) + len(v) + _ROW_OVERHEAD > max_raw:
+                raise PayloadTooLarge(
+                    f"row of {len(k) + len(v)} bytes is over the {max_raw}-byte chunk limit"
+                )
+    gone = list(
+        dict.fromkeys(k if type(k) is bytes else _check_bytes("deleted key", k) for k in deletes)
+    )
+    for key in gone:
+        if key in table:
             raise InvalidRequest(
                 f"key {key[:64]!r} is both put and deleted in one commit: keep one of the two"
             )
-        rows.append((key_group(key, groups), key, None))
-    rows.sort(key=lambda r: (r[0], r[1]))
+    buckets: list[list[bytes]] = [[] for _ in range(groups)]
+    everything = [*table, *gone]
+    hashes = map(xxhash.xxh3_64_intdigest, everything)
+    for g, k in zip(map(groups.__rmod__, hashes), everything, strict=True):
+        buckets[g].append(k)
+    for b in buckets:
+        b.sort()
+    keys = [k for b in buckets for k in b]
+    group_of = [g for g, b in enumerate(buckets) for _ in b]
+    values = list(map(table.get, keys))  # None for a deleted key
+    sizes: Iterable[int] = (
+        (len(v) if v else 0 for v in values) if gone else map(len, cast(list[bytes], values))
+    )
+    ends = list(accumulate(map(_ROW_OVERHEAD.__add__, map(int.__add__, map(len, keys), sizes))))
 
     chunks: list[EncodedChunk] = []
-    batch: list[bytes | None] = []
-    size = 0
-    lo = hi = -1
     cctx = zstandard.ZstdCompressor(level=1)
-
-    def flush() -> None:
-        raw = _FORMAT + msgpack.packb(batch, use_bin_type=True)
+    start = 0
+    while start < len(keys) or not chunks:
+        # the rows from ``start`` whose running size stays within the target (at least one)
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, bisect_right(ends, base + target_size, start))
+        n = len(keys[start:stop])
+        flat: list[bytes | None] = [None] * (2 * n)
+        flat[0::2] = keys[start:stop]
+        flat[1::2] = values[start:stop]
+        lo, hi = (group_of[start], group_of[stop - 1]) if n else (0, groups - 1)
+        raw = _FORMAT + msgpack.packb(flat, use_bin_type=True)
         data = cctx.compress(raw)
         digest = checksum(data)
         name = f"{kind}{len(chunks)}-{digest:016x}"
-        chunks.append(EncodedChunk(name, lo, hi, data, digest, len(raw), len(batch) // 2))
-
-    for group, rkey, rval in rows:
-        row_size = len(rkey) + (len(rval) if rval is not None else 0) + _ROW_OVERHEAD
-        if batch and size + row_size > target_size:
-            flush()
-            batch, size, lo = [], 0, -1
-        if lo < 0:
-            lo = group
-        hi = group
-        batch.append(rkey)
-        batch.append(rval)
-        size += row_size
-    if batch or not chunks:
-        if lo < 0:
-            lo, hi = 0, groups - 1
-        flush()
+        chunks.append(EncodedChunk(name, lo, hi, data, digest, len(raw), n))
+        start = stop
     return chunks
 
 

@@ -31,27 +31,31 @@ def encode_rows(rows: Iterable[tuple[bytes, bytes | None]]) -> Iterator[bytes]:
 
 
 def decode_rows(data: bytes) -> tuple[dict[bytes, bytes], list[bytes]]:
-    """Parse a framed body into puts and deletes; MalformedData names the bad offset."""
+    """Parse a framed body into puts and deletes (a later record of a key wins);
+    MalformedData names the bad offset. One tight loop: it runs for every coordinated commit."""
+    data = bytes(data)
     puts: dict[bytes, bytes] = {}
     deletes: list[bytes] = []
-    mv = memoryview(data)
     pos, end = 0, len(data)
     unpack = HEADER.unpack_from
     while pos < end:
-        if end - pos < HEADER.size:
+        if end - pos < 8:
             raise MalformedData(f"row framing: truncated header at byte {pos}")
-        klen, vlen = unpack(mv, pos)
-        pos += HEADER.size
-        need = klen + max(vlen, 0)
-        if vlen < -1 or end - pos < need:
-            raise MalformedData(f"row framing: record at byte {pos - HEADER.size} is truncated")
-        key = bytes(mv[pos : pos + klen])
-        pos += klen
-        if vlen < 0:
+        klen, vlen = unpack(data, pos)
+        start = pos + 8
+        pos = start + klen
+        if vlen >= 0:
+            stop = pos + vlen
+            if stop > end:
+                raise MalformedData(f"row framing: record at byte {start - 8} is truncated")
+            puts[data[start:pos]] = data[pos:stop]
+            pos = stop
+        elif vlen == -1 and pos <= end:
+            key = data[start:pos]
             deletes.append(key)
             puts.pop(key, None)
         else:
-            puts[key] = bytes(mv[pos : pos + vlen])
-            pos += vlen
-    deletes = [k for k in deletes if k not in puts]
+            raise MalformedData(f"row framing: record at byte {start - 8} is truncated")
+    if deletes:
+        deletes = [k for k in dict.fromkeys(deletes) if k not in puts]
     return puts, deletes
