@@ -143,125 +143,110 @@ final class RingHttp {
     return out;
   }
 
+  /** One try of a request against one member. */
+  private interface Attempt<T> {
+    T call(String address) throws IOException, InterruptedException;
+  }
+
+  /** A failure after part of an answer was handed over: retrying would hand it over twice. */
+  private static final class BrokeOff extends IOException {
+    BrokeOff(String message, Throwable cause) {
+      super(message, cause);
+    }
+  }
+
+  /**
+   * Try {@code attempt} on each member in the store's order; after a round in which every
+   * member failed (unreachable or 5xx), refresh the member list and go again, up to
+   * maxAttempts rounds. A 4xx is the ring's answer and is thrown at once.
+   */
+  private <T> T withRetries(String what, String storePath, Attempt<T> attempt)
+      throws IOException {
+    IOException last = null;
+    for (int round = 0; round < config.maxAttempts; round++) {
+      if (round > 0) {
+        try {
+          refresh();
+        } catch (IOException e) {
+          last = e;
+          sleep(round);
+          continue;
+        }
+      }
+      for (String address : route(storePath)) {
+        try {
+          return attempt.call(address);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new IOException("interrupted during " + what, e);
+        } catch (RingError e) {
+          if (!e.retryable()) {
+            throw e;
+          }
+          last = e;
+        } catch (BrokeOff e) {
+          throw e;
+        } catch (IOException e) {
+          last = new IOException(address + ": " + describe(e), e);
+        }
+      }
+    }
+    throw new IOException(
+        what + " failed on every ring member after " + config.maxAttempts + " rounds: "
+            + describe(last),
+        last);
+  }
+
   /** POST the framed rows as version {@code version}; returns the node's JSON answer. */
   JsonNode commit(String storePath, long version, long epoch, boolean snapshot, byte[] body)
       throws IOException {
     String query =
         "/v1/stores/" + storePath + "/commit?version=" + version + "&epoch=" + epoch
             + (snapshot ? "&snapshot=1" : "");
-    IOException last = null;
-    for (int attempt = 0; attempt < config.maxAttempts; attempt++) {
-      if (attempt > 0) {
-        try {
-          refresh();
-        } catch (IOException e) {
-          last = e;
-          sleep(attempt);
-          continue;
-        }
+    return withRetries("commit of " + storePath + " version " + version, storePath, address -> {
+      HttpRequest req =
+          HttpRequest.newBuilder(URI.create("http://" + address + query))
+              .timeout(Duration.ofMillis(config.requestTimeoutMs))
+              .header("Content-Type", "application/octet-stream")
+              .header("X-Statestore-Positions", "{\"spark_state_version\":" + version + "}")
+              .POST(HttpRequest.BodyPublishers.ofByteArray(body))
+              .build();
+      HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
+      if (resp.statusCode() == 201 || resp.statusCode() == 200) {
+        return JSON.readTree(resp.body());
       }
-      for (String address : route(storePath)) {
-        try {
-          HttpRequest req =
-              HttpRequest.newBuilder(URI.create("http://" + address + query))
-                  .timeout(Duration.ofMillis(config.requestTimeoutMs))
-                  .header("Content-Type", "application/octet-stream")
-                  .header("X-Statestore-Positions", "{\"spark_state_version\":" + version + "}")
-                  .POST(HttpRequest.BodyPublishers.ofByteArray(body))
-                  .build();
-          HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
-          if (resp.statusCode() == 201 || resp.statusCode() == 200) {
-            return JSON.readTree(resp.body());
-          }
-          RingError err = error(address, resp.statusCode(), resp.body());
-          if (!err.retryable()) {
-            throw err;
-          }
-          last = err;
-        } catch (InterruptedException e) {
-          Thread.currentThread().interrupt();
-          throw new IOException("interrupted while committing " + storePath, e);
-        } catch (RingError e) {
-          if (!e.retryable()) {
-            throw e;
-          }
-          last = e;
-        } catch (IOException e) {
-          last = new IOException(address + ": " + describe(e), e);
-        }
-      }
-    }
-    throw new IOException(
-        "commit of " + storePath + " version " + version + " failed on every ring member after "
-            + config.maxAttempts + " rounds: " + describe(last),
-        last);
+      throw error(address, resp.statusCode(), resp.body());
+    });
   }
 
   /** Stream version {@code version} of a store into {@code sink}. */
   Restored restore(String storePath, long version, RowSink sink) throws IOException {
+    String what = "restore of " + storePath + " version " + version;
     String query =
         "/v1/stores/" + storePath + "/state?version=" + version + "&plan=" + config.restorePlan;
-    IOException last = null;
-    for (int attempt = 0; attempt < config.maxAttempts; attempt++) {
-      if (attempt > 0) {
-        try {
-          refresh();
-        } catch (IOException e) {
-          last = e;
-          sleep(attempt);
-          continue;
+    return withRetries(what, storePath, address -> {
+      HttpRequest req =
+          HttpRequest.newBuilder(URI.create("http://" + address + query))
+              .timeout(Duration.ofMillis(config.requestTimeoutMs))
+              .GET()
+              .build();
+      HttpResponse<InputStream> resp = client.send(req, HttpResponse.BodyHandlers.ofInputStream());
+      try (InputStream body = resp.body()) {
+        if (resp.statusCode() != 200) {
+          throw error(address, resp.statusCode(), body.readAllBytes());
         }
-      }
-      for (String address : route(storePath)) {
-        boolean started = false;
+        Restored out = new Restored();
+        out.version = header(resp, "X-Statestore-Version", version);
+        out.writerEpoch = header(resp, "X-Statestore-Writer-Epoch", 0);
         try {
-          HttpRequest req =
-              HttpRequest.newBuilder(URI.create("http://" + address + query))
-                  .timeout(Duration.ofMillis(config.requestTimeoutMs))
-                  .GET()
-                  .build();
-          HttpResponse<InputStream> resp =
-              client.send(req, HttpResponse.BodyHandlers.ofInputStream());
-          try (InputStream body = resp.body()) {
-            if (resp.statusCode() != 200) {
-              RingError err = error(address, resp.statusCode(), body.readAllBytes());
-              if (!err.retryable()) {
-                throw err;
-              }
-              last = err;
-              continue;
-            }
-            Restored out = new Restored();
-            out.version = header(resp, "X-Statestore-Version", version);
-            out.writerEpoch = header(resp, "X-Statestore-Writer-Epoch", 0);
-            started = true;
-            readRows(body, sink, out);
-            return out;
-          }
-        } catch (InterruptedException e) {
-          Thread.currentThread().interrupt();
-          throw new IOException("interrupted while restoring " + storePath, e);
-        } catch (RingError e) {
-          if (!e.retryable()) {
-            throw e;
-          }
-          last = e;
+          readRows(body, sink, out);
         } catch (IOException e) {
-          if (started) {
-            // rows were already handed over: the caller must start from an empty map again
-            throw new IOException(
-                "restore of " + storePath + " version " + version + " broke off at " + address
-                    + ": " + describe(e),
-                e);
-          }
-          last = new IOException(address + ": " + describe(e), e);
+          // rows were already handed over: the caller must start from an empty map again
+          throw new BrokeOff(what + " broke off at " + address + ": " + describe(e), e);
         }
+        return out;
       }
-    }
-    throw new IOException(
-        "restore of " + storePath + " version " + version + " failed on every ring member after "
-            + config.maxAttempts + " rounds: " + describe(last),
-        last);
+    });
   }
 
   /** The head a member knows of ({@code null} if it has none). */
