@@ -35,7 +35,7 @@ from .ids import StoreId, check_version, chunk_key, parse_chunk_key
 from .manifest import decode_manifest, encode_chain, local_chain
 from .node import Node
 from .relay import relay_handler
-from .rows import decode_rows, encode_rows
+from .rows import decode_rows, encode_puts
 from .transport import EPOCH_HEADER
 
 __all__ = ["NODE", "build_app"]
@@ -146,6 +146,7 @@ async def get_chunk(request: web.Request) -> web.Response:
 
 
 MAX_BATCH_KEYS = 10_000
+STATE_BATCH_ROWS = 16_384  # rows per write of a streamed state
 
 
 async def read_chunks(request: web.Request) -> web.StreamResponse:
@@ -332,16 +333,11 @@ async def state(request: web.Request) -> web.StreamResponse:
         }
     )
     await resp.prepare(request)
-    batch: list[bytes] = []
-    size = 0
-    for piece in encode_rows(data.items()):
-        batch.append(piece)
-        size += len(piece)
-        if size >= 1 << 20:
-            await resp.write(b"".join(batch))
-            batch, size = [], 0
-    if batch:
-        await resp.write(b"".join(batch))
+    keys, values = list(data), list(data.values())
+    for i in range(0, len(keys), STATE_BATCH_ROWS):
+        await resp.write(
+            encode_puts(keys[i : i + STATE_BATCH_ROWS], values[i : i + STATE_BATCH_ROWS])
+        )
     await resp.write_eof()
     return resp
 

@@ -138,7 +138,11 @@ class _Fold:
         state = self.state
         for pos in sorted(self.groups):
             for chunk_rows in self.groups[pos]:
-                for k, v in chunk_rows:
+                latest = dict(chunk_rows)
+                if None not in latest.values():  # puts only (the usual delta): in C
+                    state.update(latest)  # type: ignore[arg-type]
+                    continue
+                for k, v in latest.items():
                     if v is None:
                         state.pop(k, None)
                     else:

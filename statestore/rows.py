@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 from .errors import MalformedData
 
-__all__ = ["HEADER", "decode_rows", "encode_rows"]
+__all__ = ["HEADER", "decode_rows", "encode_puts", "encode_rows"]
 
 HEADER = struct.Struct(">Ii")
 
@@ -28,6 +28,17 @@ def encode_rows(rows: Iterable[tuple[bytes, bytes | None]]) -> Iterator[bytes]:
             yield pack(len(k), -1) + k
         else:
             yield pack(len(k), len(v)) + k + v
+
+
+def encode_puts(keys: list[bytes], values: list[bytes]) -> bytes:
+    """Frame many puts at once (no deletes), with the per-row work done in C: what a
+    restore streams back, row for row the same bytes as :func:`encode_rows`."""
+    heads = map(HEADER.pack, map(len, keys), map(len, values))
+    parts: list[bytes] = [b""] * (3 * len(keys))
+    parts[0::3] = heads
+    parts[1::3] = keys
+    parts[2::3] = values
+    return b"".join(parts)
 
 
 def decode_rows(data: bytes) -> tuple[dict[bytes, bytes], list[bytes]]:
