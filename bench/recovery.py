@@ -145,6 +145,12 @@ def main() -> int:
             summary.update(
                 cells=len(results),
                 auto_within_10pct=sum(1 for r in results if r["auto_vs_best"] <= 1.10),
+                # the plan auto chose, timed in its own run of that plan (auto's run aside)
+                auto_choice_within_10pct=sum(
+                    1
+                    for r in results
+                    if r[r["auto"]["chose"]]["seconds"] <= 1.10 * r[r["best"]]["seconds"]
+                ),
                 auto_beats_or_ties_sr3=sum(
                     1
                     for r in results
