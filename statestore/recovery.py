@@ -278,7 +278,8 @@ class Restorer:
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(None, fold.result)
         stats["seconds"] = round(self.clock() - started, 4)
-        self._calibrate(plan, stats["seconds"], len(missing))
+        if prefetched is None:  # one of many at once is slowed by the others: not a sample
+            self._calibrate(plan, stats["seconds"], len(missing))
         stats["chain"] = len(chain)
         stats["bytes"] = stats["bytes_in"]
         return RecoveryResult(state, chain, plan, stats)
