@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 from statestore.cache import ChunkCache
 from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
 from statestore.errors import NodeUnavailable, StateStoreError, Unavailable
-from statestore.ids import StoreId
+from statestore.ids import StoreId, check_version
 from statestore.manifest import Head
 from statestore.plan import Plan
 from statestore.recovery import Restorer
 from statestore.replication import write_commit
-from statestore.restore import read_chain, read_head, read_key, read_versions
+from statestore.restore import read_chains, read_head, read_heads, read_key, read_versions
 from statestore.transport import HttpTransport
 from statestore.view import RingView
 
@@ -235,26 +235,30 @@ class AsyncRingClient:
     ) -> list[RestoredState]:
         """Restore many stores together (a lost executor's partitions, a replaced node).
 
-        The chains are read at once; the plans are then made one after another with the bytes
-        already given to each source counted as its load, so no source carries more than its
-        share. Star plans' chunks come in one stream per source rather than a request per
-        chunk; everything runs at once under one fan-in limit. Results come back in the order
-        asked.
+        Heads and chains are read in one batched request per node; the plans are then made
+        one after another with the bytes already given to each source counted as its load, so
+        no source carries more than its share. Star plans' chunks come in one stream per
+        source rather than a request per chunk; everything runs at once under one fan-in
+        limit. Results come back in the order asked.
         """
         check_plan(plan)
         wanted: list[tuple[StoreId, int | None]] = [
             (s, None) if isinstance(s, StoreId) else (check_store(s[0]), s[1]) for s in stores
         ]
-        for sid, _ in wanted:
+        for sid, v in wanted:
             check_store(sid)
-        versions = await asyncio.gather(*(self._version_or_latest(sid, v) for sid, v in wanted))
+            if v is not None:
+                check_version(v)
 
         async def op(view: RingView) -> list[RestoredState]:
-            chains = await asyncio.gather(
-                *(
-                    read_chain(self._transport, view, sid, v)
-                    for (sid, _), v in zip(wanted, versions, strict=True)
-                )
+            # heads and chains in one batched request per node, not a few per store
+            latest = [sid for sid, v in wanted if v is None]
+            heads = iter(await read_heads(self._transport, view, latest) if latest else [])
+            versions = [v if v is not None else next(heads).version for _, v in wanted]
+            chains = await read_chains(
+                self._transport,
+                view,
+                [(sid, v) for (sid, _), v in zip(wanted, versions, strict=True)],
             )
             load: dict[str, float] = {}
             plans = []

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgpack
 from aiohttp import web
 
 from .coordinator import (
@@ -270,6 +271,53 @@ async def chain(request: web.Request) -> web.Response:
     )
 
 
+MAX_BATCH_STORES = 1000
+
+
+async def _store_list(request: web.Request, what: str) -> list[Any]:
+    body = await _json(request)
+    stores = body.get("stores") if isinstance(body, dict) else None
+    if not isinstance(stores, list):
+        raise MalformedData(f'{what}: the body must be {{"stores": [...]}}')
+    if len(stores) > MAX_BATCH_STORES:
+        raise InvalidRequest(
+            f"{what} of {len(stores)} stores is over the limit of {MAX_BATCH_STORES}; "
+            "split it into several requests"
+        )
+    return stores
+
+
+async def heads(request: web.Request) -> web.Response:
+    """``POST /v1/heads``: the heads of many stores in one answer (null where this node
+    holds no version of the store)."""
+    node = request.app[NODE]
+    out: list[list[int] | None] = []
+    for path in await _store_list(request, "heads"):
+        if not isinstance(path, str):
+            raise MalformedData("heads: each store is a QUERY/OPERATOR/PARTITION/NAME string")
+        h = node.store.head(StoreId.parse(path))
+        out.append(None if h is None else [h.version, h.epoch])
+    return web.json_response({"heads": out})
+
+
+async def chains(request: web.Request) -> web.Response:
+    """``POST /v1/chains``: the chains of many (store, version) pairs in one msgpack answer,
+    each as ``GET .../chain`` encodes it (nil where this node holds no version of the store)."""
+    node = request.app[NODE]
+    out: list[bytes | None] = []
+    for item in await _store_list(request, "chains"):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise MalformedData("chains: each item is [QUERY/OPERATOR/PARTITION/NAME, version]")
+        store, version = StoreId.parse(item[0]), _version(str(item[1]))
+        if node.store.head(store) is None:
+            out.append(None)
+            continue
+        deltas, snaps = node.store.manifests(store)
+        out.append(encode_chain(local_chain(deltas, snaps, version)))
+    body: bytes = msgpack.packb(out, use_bin_type=True)
+    return web.Response(body=body, content_type="application/msgpack")
+
+
 async def gc(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
@@ -370,6 +418,8 @@ def build_app(node: Node) -> web.Application:
         "/v1/manifests/{query}/{operator}/{partition}/{name}/{version}/{kind}", get_manifest
     )
     app.router.add_get("/v1/stores", list_stores)
+    app.router.add_post("/v1/heads", heads)
+    app.router.add_post("/v1/chains", chains)
     app.router.add_get(s + "/head", head)
     app.router.add_get(s + "/versions", versions)
     app.router.add_get(s + "/chain", chain)

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+
+import msgpack
 
 from .cache import ChunkCache
 from .chunk import MAX_CHUNK_RAW, Row, decode_chunk, key_group, verify
 from .errors import (
     CorruptChunk,
+    MalformedData,
     NodeUnavailable,
     NotFound,
     QuorumNotReached,
@@ -38,10 +41,15 @@ __all__ = [
     "fetch_chunk",
     "fold",
     "read_chain",
+    "read_chains",
     "read_head",
+    "read_heads",
     "read_key",
     "read_versions",
 ]
+
+
+BATCH_STORES = 500  # stores per POST /v1/heads or /v1/chains (a node takes up to 1,000)
 
 
 @dataclass
@@ -86,16 +94,96 @@ def _need(view: RingView, store: StoreId, answered: int, errors: list[BaseExcept
         )
 
 
-async def read_head(transport: HttpTransport, view: RingView, store: StoreId) -> Head:
-    """The store's latest head over a read quorum. Raises StoreNotFound if none has one."""
-    bodies, errors = await _ask_replicas(transport, view, store, f"/v1/stores/{store.path}/head")
+def _merge_head(
+    view: RingView, store: StoreId, heads: list[Head], errors: list[BaseException]
+) -> Head:
     not_found = [e for e in errors if isinstance(e, NotFound)]
-    _need(view, store, len(bodies) + len(not_found), errors)
-    heads = [Head(int(o["version"]), int(o["epoch"])) for o in map(json.loads, bodies)]
+    _need(view, store, len(heads) + len(not_found), errors)
     best = merge_heads(heads)
     if best is None:
         raise StoreNotFound(f"store {store} has no committed version: commit one first")
     return best
+
+
+async def read_head(transport: HttpTransport, view: RingView, store: StoreId) -> Head:
+    """The store's latest head over a read quorum. Raises StoreNotFound if none has one."""
+    bodies, errors = await _ask_replicas(transport, view, store, f"/v1/stores/{store.path}/head")
+    heads = [Head(int(o["version"]), int(o["epoch"])) for o in map(json.loads, bodies)]
+    return _merge_head(view, store, heads, errors)
+
+
+async def _ask_many(
+    transport: HttpTransport,
+    view: RingView,
+    stores: Sequence[StoreId],
+    path: str,
+    items: Sequence[Any],
+    decode: Callable[[bytes], list[Any]],
+) -> list[tuple[list[Any], list[BaseException]]]:
+    """Like :func:`_ask_replicas` for many stores at once: one batched request per node for
+    all the stores it is a replica of. Per store: the answers and the errors (a node that
+    holds no version of the store counts as StoreNotFound, as the single endpoints say)."""
+    by_node: dict[str, list[int]] = {}
+    for i, store in enumerate(stores):
+        for address in view.store_replicas(store):
+            by_node.setdefault(address, []).append(i)
+
+    async def ask(address: str, idxs: list[int]) -> list[tuple[int, Any]]:
+        out: list[tuple[int, Any]] = []
+        for j in range(0, len(idxs), BATCH_STORES):
+            part = idxs[j : j + BATCH_STORES]
+            resp = await transport.request(
+                "POST", address, path, json_body={"stores": [items[i] for i in part]}
+            )
+            answers = decode(resp.body)
+            if not isinstance(answers, list) or len(answers) != len(part):
+                raise MalformedData(f"{address} answered {path} for the wrong number of stores")
+            out.extend(zip(part, answers, strict=True))
+        return out
+
+    nodes = list(by_node.items())
+    results = await asyncio.gather(*(ask(a, idxs) for a, idxs in nodes), return_exceptions=True)
+    per: list[tuple[list[Any], list[BaseException]]] = [([], []) for _ in stores]
+    for (address, idxs), r in zip(nodes, results, strict=True):
+        if isinstance(r, BaseException):
+            if not isinstance(r, StateStoreError):
+                raise r
+            for i in idxs:
+                per[i][1].append(r)
+            continue
+        for i, answer in r:
+            if answer is None:
+                per[i][1].append(StoreNotFound(f"store {stores[i]} has no version on {address}"))
+            else:
+                per[i][0].append(answer)
+    return per
+
+
+async def read_heads(
+    transport: HttpTransport, view: RingView, stores: Sequence[StoreId]
+) -> list[Head]:
+    """:func:`read_head` of many stores, in one ``POST /v1/heads`` per node."""
+    per = await _ask_many(
+        transport,
+        view,
+        stores,
+        "/v1/heads",
+        [s.path for s in stores],
+        _heads_of,
+    )
+    return [
+        _merge_head(view, store, answers, errors)
+        for store, (answers, errors) in zip(stores, per, strict=True)
+    ]
+
+
+def _heads_of(body: bytes) -> list[Any]:
+    try:
+        return [
+            None if h is None else Head(int(h[0]), int(h[1])) for h in json.loads(body)["heads"]
+        ]
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise MalformedData(f"batched heads do not decode ({exc!r})") from exc
 
 
 async def read_versions(transport: HttpTransport, view: RingView, store: StoreId) -> list[int]:
@@ -114,13 +202,9 @@ async def read_versions(transport: HttpTransport, view: RingView, store: StoreId
     return sorted(v for v in out if v >= floor)
 
 
-async def read_chain(
-    transport: HttpTransport, view: RingView, store: StoreId, version: int
+def _merge_chain(
+    store: StoreId, version: int, bodies: list[bytes], errors: list[BaseException]
 ) -> list[Manifest]:
-    """The manifests to apply for ``version``, merged over the store's replicas."""
-    bodies, errors = await _ask_replicas(
-        transport, view, store, f"/v1/stores/{store.path}/chain?version={version}"
-    )
     if not bodies:
         sem = first_semantic(errors)
         if sem is not None:
@@ -137,6 +221,46 @@ async def read_chain(
             if cur is None or m.epoch > cur.epoch:
                 table[m.version] = m
     return resolve_chain(store, version, deltas, snaps)
+
+
+async def read_chain(
+    transport: HttpTransport, view: RingView, store: StoreId, version: int
+) -> list[Manifest]:
+    """The manifests to apply for ``version``, merged over the store's replicas."""
+    bodies, errors = await _ask_replicas(
+        transport, view, store, f"/v1/stores/{store.path}/chain?version={version}"
+    )
+    return _merge_chain(store, version, bodies, errors)
+
+
+async def read_chains(
+    transport: HttpTransport, view: RingView, wanted: Sequence[tuple[StoreId, int]]
+) -> list[list[Manifest]]:
+    """:func:`read_chain` of many (store, version) pairs, in one ``POST /v1/chains`` per
+    node."""
+    stores = [s for s, _ in wanted]
+    per = await _ask_many(
+        transport,
+        view,
+        stores,
+        "/v1/chains",
+        [[s.path, v] for s, v in wanted],
+        _unpack_list,
+    )
+    return [
+        _merge_chain(store, version, answers, errors)
+        for (store, version), (answers, errors) in zip(wanted, per, strict=True)
+    ]
+
+
+def _unpack_list(body: bytes) -> list[Any]:
+    try:
+        out = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise MalformedData(f"batched chains do not decode ({exc})") from exc
+    if not isinstance(out, list):
+        raise MalformedData("batched chains are not a list")
+    return out
 
 
 async def fetch_chunk(

@@ -12,6 +12,7 @@ import zstandard
 from client import (
     AsyncRingClient,
     DecompressionBomb,
+    InvalidRequest,
     NodeUnavailable,
     StaleEpoch,
     StoreId,
@@ -103,7 +104,28 @@ async def test_chunk_batch_names_bad_requests_and_skips_missing_chunks(solo: Nod
     for data, status, code, words in cases:
         got, body = await call(solo, "POST", "/v1/chunks", data=data)
         err = body["error"]
-        assert got == status and code in err["code"] and words in err["message"], body  # type: ignore[index,operator]
+        assert got == status and code in err["code"] and words in err["message"], body  # type: ignore[index]
+    # batched heads and chains: clear 400s, and null where the node has no such store
+    for path, data, words in [
+        ("/v1/heads", b'{"stores": 3}', '{"stores"'),
+        ("/v1/heads", b'{"stores": [7]}', "QUERY/OPERATOR"),
+        ("/v1/chains", b'{"stores": [["q/0/3/default"]]}', "[QUERY/OPERATOR"),
+        ("/v1/chains", b'{"stores": [["q/0/3/default", "x"]]}', "positive integer"),
+        ("/v1/chains", json.dumps({"stores": [[SID.path, 1]] * 1001}).encode(), "split it"),
+    ]:
+        got, body = await call(solo, "POST", path, data=data)
+        assert got == 400 and words in body["error"]["message"], body  # type: ignore[index]
+    got, body = await call(
+        solo, "POST", "/v1/heads", data=json.dumps({"stores": [SID.path, "n/0/0/x"]})
+    )
+    assert (got, body) == (200, {"heads": [[1, 1], None]})
+    async with AsyncRingClient([solo.address]) as ring:
+        with pytest.raises(StoreNotFound):
+            await ring.restore_many([SID, StoreId("nothing", 0, 0)])
+        with pytest.raises(VersionNotFound):
+            await ring.restore_many([(SID, 5)])
+        with pytest.raises(InvalidRequest, match="version"):
+            await ring.restore_many([(SID, 0)])
     # a batch asking for chunks this node does not hold answers with what it does hold
     async with aiohttp.ClientSession() as s:
         missing = chunk_key(SID, 9, "d0-0000000000000000")
