@@ -15,7 +15,14 @@ from statestore.manifest import Head
 from statestore.plan import Plan
 from statestore.recovery import Restorer
 from statestore.replication import write_commit
-from statestore.restore import read_chains, read_head, read_heads, read_key, read_versions
+from statestore.restore import (
+    read_chain,
+    read_chains,
+    read_head,
+    read_heads,
+    read_key,
+    read_versions,
+)
 from statestore.transport import HttpTransport
 from statestore.view import RingView
 
@@ -251,15 +258,22 @@ class AsyncRingClient:
                 check_version(v)
 
         async def op(view: RingView) -> list[RestoredState]:
-            # heads and chains in one batched request per node, not a few per store
-            latest = [sid for sid, v in wanted if v is None]
-            heads = iter(await read_heads(self._transport, view, latest) if latest else [])
-            versions = [v if v is not None else next(heads).version for _, v in wanted]
-            chains = await read_chains(
-                self._transport,
-                view,
-                [(sid, v) for (sid, _), v in zip(wanted, versions, strict=True)],
-            )
+            try:  # heads and chains in one batched request per node, not a few per store
+                latest = [sid for sid, v in wanted if v is None]
+                heads = iter(await read_heads(self._transport, view, latest) if latest else [])
+                versions = [v if v is not None else next(heads).version for _, v in wanted]
+                pairs = list(zip([sid for sid, _ in wanted], versions, strict=True))
+                chains = await read_chains(self._transport, view, pairs)
+            except Unavailable:  # e.g. nodes older than the batched reads: one store at a time
+                versions = list(
+                    await asyncio.gather(*(self._version_or_latest(s, v) for s, v in wanted))
+                )
+                pairs = list(zip([sid for sid, _ in wanted], versions, strict=True))
+                chains = list(
+                    await asyncio.gather(
+                        *(read_chain(self._transport, view, s, v) for s, v in pairs)
+                    )
+                )
             load: dict[str, float] = {}
             plans = []
             for (sid, _), v, chain in zip(wanted, versions, chains, strict=True):

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable
+from itertools import accumulate
 from typing import Any
 
 import msgpack
@@ -147,7 +149,7 @@ async def get_chunk(request: web.Request) -> web.Response:
 
 
 MAX_BATCH_KEYS = 10_000
-STATE_BATCH_ROWS = 16_384  # rows per write of a streamed state
+STATE_WRITE_BYTES = 1 << 20  # bytes of rows per write of a streamed state
 
 
 async def read_chunks(request: web.Request) -> web.StreamResponse:
@@ -382,10 +384,14 @@ async def state(request: web.Request) -> web.StreamResponse:
     )
     await resp.prepare(request)
     keys, values = list(data), list(data.values())
-    for i in range(0, len(keys), STATE_BATCH_ROWS):
-        await resp.write(
-            encode_puts(keys[i : i + STATE_BATCH_ROWS], values[i : i + STATE_BATCH_ROWS])
-        )
+    # writes of about 1 MiB, cut by bytes (a few large values must not make one huge write)
+    ends = list(accumulate(map(int.__add__, map(len, keys), map(len, values))))
+    start = 0
+    while start < len(keys):
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, bisect_right(ends, base + STATE_WRITE_BYTES, start))
+        await resp.write(encode_puts(keys[start:stop], values[start:stop]))
+        start = stop
     await resp.write_eof()
     return resp
 

@@ -112,9 +112,8 @@ def encode_chunks(
                 raise PayloadTooLarge(
                     f"row of {len(k) + len(v)} bytes is over the {max_raw}-byte chunk limit"
                 )
-    gone = list(
-        dict.fromkeys(k if type(k) is bytes else _check_bytes("deleted key", k) for k in deletes)
-    )
+    # duplicates kept, as the first codec kept them: same rows in, same chunk bytes out
+    gone = [k if type(k) is bytes else _check_bytes("deleted key", k) for k in deletes]
     for key in gone:
         if key in table:
             raise InvalidRequest(

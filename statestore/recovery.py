@@ -393,13 +393,23 @@ class Restorer:
             if plan.kind == "star":
                 for t in plan.tasks:
                     per_source.setdefault(plan.assignment[t.key], []).append((p, t))
-        await asyncio.gather(
-            *(
-                self._batch(address, items[i : i + BATCH_KEYS], progress)
-                for address, items in per_source.items()
-                for i in range(0, len(items), BATCH_KEYS)
-            )
-        )
+        batches = [
+            asyncio.ensure_future(self._batch(address, items[i : i + BATCH_KEYS], progress))
+            for address, items in per_source.items()
+            for i in range(0, len(items), BATCH_KEYS)
+        ]
+        # A source that trickles must not hold every store back: past a deadline scaled from
+        # the plans' predictions, what has not arrived is fetched the normal way below.
+        deadline = max(30.0, 3 * sum(plan.predicted for _, _, plan in jobs))
+        try:
+            async with asyncio.timeout(deadline):
+                await asyncio.gather(*batches)
+        except TimeoutError:
+            pass
+        finally:
+            for b in batches:
+                b.cancel()
+            await asyncio.gather(*batches, return_exceptions=True)
         return list(
             await asyncio.gather(
                 *(

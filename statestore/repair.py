@@ -165,8 +165,8 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
         ):
             try:
                 moved = view.epoch != last_epoch
-                if moved:
-                    moved_at = now
+                if moved and now - moved_at >= grace:
+                    moved_at = now  # a new window; a move inside one does not extend it
                 pending = await repair_pass(
                     node, view, allow_handoff=not moved, planned=now - moved_at < grace
                 )

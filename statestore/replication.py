@@ -3,8 +3,7 @@
 Each chunk goes to its own R replicas (its key has its own token, so a store's chunks spread
 over the whole ring); the manifest goes to the store's R replicas last, so a manifest that
 any node holds only ever names chunks that were already acknowledged at W (DESIGN.md, Write
-path). A commit waits for the W fastest replicas of each; the writes past W finish in the
-background. A fencing refusal among the answers fails the commit with StaleEpoch.
+path). A fencing refusal from any replica fails the commit with StaleEpoch.
 """
 
 from __future__ import annotations
@@ -30,37 +29,22 @@ class WriteStats:
     replica_writes: int = 0
 
 
-async def _put_quorum(
+async def _put_everywhere(
     transport: HttpTransport,
     addresses: list[str],
     path: str,
     body: bytes,
-    need: int,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, list[BaseException]]:
-    """PUT to every address and return once ``need`` acknowledged (or that can no longer
-    happen): the commit waits for the W fastest replicas, not the slowest. The writes past W
-    go on in the background (``transport.trail``); one that fails is left to repair."""
-    pending = {
-        asyncio.ensure_future(transport.request("PUT", a, path, body=body, headers=headers))
-        for a in addresses
-    }
-    acks = 0
-    errors: list[BaseException] = []
-    try:
-        while pending and acks < need and len(errors) <= len(addresses) - need:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for f in done:
-                exc = f.exception()
-                if exc is None:
-                    acks += 1
-                elif isinstance(exc, StateStoreError):
-                    errors.append(exc)
-                else:
-                    raise exc
-    finally:
-        transport.trail(pending)
-    return acks, errors
+    results = await asyncio.gather(
+        *(transport.request("PUT", a, path, body=body, headers=headers) for a in addresses),
+        return_exceptions=True,
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for e in errors:
+        if not isinstance(e, StateStoreError):
+            raise e
+    return len(results) - len(errors), errors
 
 
 async def put_chunks(
@@ -80,8 +64,8 @@ async def put_chunks(
         key = chunk_key(store, version, chunk.name)
         targets = view.replicas_of(key)
         async with sem:
-            acks, errors = await _put_quorum(
-                transport, targets, f"/v1/chunks/{key}", chunk.data, view.write_quorum
+            acks, errors = await _put_everywhere(
+                transport, targets, f"/v1/chunks/{key}", chunk.data
             )
         check_write(f"chunk {key}", acks, view.write_quorum, len(targets), errors)
         if stats is not None:
@@ -96,17 +80,8 @@ async def put_manifest(transport: HttpTransport, view: RingView, m: Manifest) ->
     """Store the manifest on the store's replicas; returns the acks. Fencing errors win."""
     targets = view.store_replicas(m.store)
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
-    # A stale writer cannot collect W acks when W > R/2: any W replicas include one that
-    # holds the newer writer's manifest and refuses. Below that, hear from every replica.
-    w = view.write_quorum
-    need = w if 2 * w > view.replicas else len(targets)
-    acks, errors = await _put_quorum(
-        transport,
-        targets,
-        path,
-        encode_manifest(m),
-        need,
-        {"Content-Type": "application/msgpack"},
+    acks, errors = await _put_everywhere(
+        transport, targets, path, encode_manifest(m), {"Content-Type": "application/msgpack"}
     )
     for e in errors:
         if isinstance(e, StaleEpoch | VersionConflict):

@@ -132,9 +132,12 @@ async def _ask_many(
         out: list[tuple[int, Any]] = []
         for j in range(0, len(idxs), BATCH_STORES):
             part = idxs[j : j + BATCH_STORES]
-            resp = await transport.request(
-                "POST", address, path, json_body={"stores": [items[i] for i in part]}
-            )
+            try:
+                resp = await transport.request(
+                    "POST", address, path, json_body={"stores": [items[i] for i in part]}
+                )
+            except NotFound as exc:  # a node older than the batched reads: not a store answer
+                raise NodeUnavailable(f"{address} does not serve {path} ({exc})") from exc
             answers = decode(resp.body)
             if not isinstance(answers, list) or len(answers) != len(part):
                 raise MalformedData(f"{address} answered {path} for the wrong number of stores")

@@ -68,5 +68,5 @@ def decode_rows(data: bytes) -> tuple[dict[bytes, bytes], list[bytes]]:
         else:
             raise MalformedData(f"row framing: record at byte {start - 8} is truncated")
     if deletes:
-        deletes = [k for k in dict.fromkeys(deletes) if k not in puts]
+        deletes = [k for k in deletes if k not in puts]
     return puts, deletes

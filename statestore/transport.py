@@ -13,7 +13,6 @@ import asyncio
 import json
 import socket
 import warnings
-from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
@@ -52,7 +51,6 @@ class HttpTransport:
         self._connections = connections
         self._rcvbuf = rcvbuf
         self._session: aiohttp.ClientSession | None = None
-        self._trailing: set[asyncio.Future[Any]] = set()
         self.seen_epoch = 0
 
     async def start(self) -> None:
@@ -75,21 +73,7 @@ class HttpTransport:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(self._rcvbuf or 0))
         return sock
 
-    def trail(self, futures: Iterable[asyncio.Future[Any]]) -> None:
-        """Let requests nobody waits for any more (replica writes past W) finish in the
-        background; their failures are repair's business. ``close`` waits for them."""
-        for f in futures:
-            self._trailing.add(f)
-            f.add_done_callback(self._trail_done)
-
-    def _trail_done(self, f: asyncio.Future[Any]) -> None:
-        self._trailing.discard(f)
-        if not f.cancelled():
-            f.exception()  # retrieved, so asyncio does not log it as lost
-
     async def close(self) -> None:
-        if self._trailing:  # writes past W still under way: give them their time
-            await asyncio.wait(list(self._trailing), timeout=self.timeout)
         if self._session is not None:
             await self._session.close()
             self._session = None

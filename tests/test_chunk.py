@@ -110,3 +110,6 @@ def test_chunk_bytes_are_pinned() -> None:
     assert len(names) == 8
     assert names[:3] == ["d0-1fed7890a650798e", "d1-bf2e047a51401454", "d2-d78d5ae9e8dbbd81"]
     assert names[-1] == "d7-5c367c43fe56a530"
+    # a key deleted twice in one commit is laid out twice, as the first codec did
+    twice = encode_chunks(puts, deletes + deletes[:3], groups=16, target_size=2000)
+    assert [c.name for c in twice][::7] == ["d0-1b0799830ba1f6a2", "d7-3381ab5dbac635fc"]
