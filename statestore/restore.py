@@ -22,6 +22,7 @@ from .cache import ChunkCache
 from .chunk import MAX_CHUNK_RAW, Row, decode_chunk, key_group, verify
 from .errors import (
     CorruptChunk,
+    InvalidRequest,
     MalformedData,
     NodeUnavailable,
     NotFound,
@@ -136,7 +137,10 @@ async def _ask_many(
                 resp = await transport.request(
                     "POST", address, path, json_body={"stores": [items[i] for i in part]}
                 )
-            except NotFound as exc:  # a node older than the batched reads: not a store answer
+            except (Unavailable, InvalidRequest):
+                raise
+            except StateStoreError as exc:  # e.g. a node older than the batched reads (404):
+                # not an answer about any store, so the caller may fall back to single reads
                 raise NodeUnavailable(f"{address} does not serve {path} ({exc})") from exc
             answers = decode(resp.body)
             if not isinstance(answers, list) or len(answers) != len(part):

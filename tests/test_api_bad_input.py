@@ -237,3 +237,41 @@ async def test_coordinator_commit_and_state_round_trip(solo: Node) -> None:
             f"{base}/commit?version=3&epoch=4", data=b"", headers={"X-Statestore-Positions": "[1]"}
         )
         assert r.status == 400 and "JSON object" in (await r.json())["error"]["message"]
+
+
+async def test_batched_reads_from_a_node_without_them_are_unavailable() -> None:
+    """A node older than POST /v1/heads and /v1/chains answers 404 http_error: that is not
+    an answer about any store (no StoreNotFound), so restore_many can fall back."""
+    from aiohttp import web
+
+    from client import Unavailable
+    from statestore.restore import read_chains, read_heads
+    from statestore.transport import HttpTransport
+    from statestore.view import RingView
+
+    async def old_node(request: web.Request) -> web.Response:
+        err = {"error": {"code": "http_error", "message": "Not Found: " + request.path}}
+        return web.json_response(err, status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", old_node)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        member = {"id": "a", "address": f"127.0.0.1:{port}", "status": "up"}
+        view = RingView.from_json(
+            {"epoch": 1, "replicas": 1, "write_quorum": 1, "vnodes": 8, "members": [member]}
+        )
+        transport = HttpTransport(timeout=5.0)
+        try:
+            with pytest.raises(Unavailable, match="does not serve /v1/heads"):
+                await read_heads(transport, view, [SID])
+            with pytest.raises(Unavailable, match="does not serve /v1/chains"):
+                await read_chains(transport, view, [(SID, 1)])
+        finally:
+            await transport.close()
+    finally:
+        await runner.cleanup()
