@@ -15,7 +15,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
-from statestore.local import LocalRing
+from statestore.cli.local import LocalRing
 
 MiB = 1024 * 1024
 KEY_BYTES = 16

@@ -19,8 +19,8 @@ from _common import MiB, local_ring, machine, median, pct, rows, table
 
 from client import RingClient, StoreId
 from client._core import build_commit
-from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
-from statestore.manifest import encode_manifest
+from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
+from statestore.wire.manifest import encode_manifest
 
 
 def encode(sid: StoreId, version: int, puts: dict[bytes, bytes]) -> tuple[bytes, list]:

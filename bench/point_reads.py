@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from _common import MiB, local_ring, machine, median, pct, rows, table
 
 from client import AsyncRingClient, StoreId
-from statestore.transport import HttpTransport
+from statestore.net.http import HttpTransport
 
 
 def constant_server() -> None:

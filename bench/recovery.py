@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from client import RingClient, StoreId
-from statestore.local import LocalRing
+from statestore.cli.local import LocalRing
 
 PLANS = ("star", "line", "tree", "auto")
 MiB = 1024 * 1024

@@ -29,8 +29,13 @@ from _common import MiB, local_ring, machine, median, rows, table
 
 from client import AsyncRingClient, RingClient, StoreId
 from client._core import build_commit
-from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW, decode_chunk
-from statestore.restore import fold
+from statestore.core.chunk import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_KEY_GROUPS,
+    MAX_CHUNK_RAW,
+    decode_chunk,
+)
+from statestore.core.fold import apply as fold
 
 ROW = 104  # raw bytes per row in a chunk: 100 B of key + value, msgpack framing
 

@@ -11,7 +11,7 @@
 Errors come from one tree (``StateStoreError`` and below), re-exported here.
 """
 
-from statestore.errors import (
+from statestore.core.errors import (
     CorruptChunk,
     DecompressionBomb,
     InvalidRequest,
@@ -29,9 +29,9 @@ from statestore.errors import (
     VersionConflict,
     VersionNotFound,
 )
-from statestore.ids import StoreId
-from statestore.manifest import Head
-from statestore.view import RingView
+from statestore.core.ids import StoreId
+from statestore.core.manifest import Head
+from statestore.core.view import RingView
 
 from ._async import AsyncRingClient
 from ._core import CommitResult, RestoredState

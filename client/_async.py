@@ -7,15 +7,15 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from statestore.cache import ChunkCache
-from statestore.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
-from statestore.errors import NodeUnavailable, StateStoreError, Unavailable
-from statestore.ids import StoreId, check_version
-from statestore.manifest import Head
-from statestore.plan import Plan
-from statestore.recovery import Restorer
-from statestore.replication import write_commit
-from statestore.restore import (
+from statestore.core.cache import ChunkCache
+from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
+from statestore.core.errors import NodeUnavailable, StateStoreError, Unavailable
+from statestore.core.ids import StoreId, check_version
+from statestore.core.manifest import Head
+from statestore.core.plan import Plan
+from statestore.core.view import RingView
+from statestore.net.http import HttpTransport
+from statestore.net.reads import (
     read_chain,
     read_chains,
     read_head,
@@ -23,8 +23,8 @@ from statestore.restore import (
     read_key,
     read_versions,
 )
-from statestore.transport import HttpTransport
-from statestore.view import RingView
+from statestore.net.restorer import Restorer
+from statestore.net.writes import write_commit
 
 from ._core import CommitResult, RestoredState, build_commit, check_plan, check_store, parse_seeds
 

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from statestore.commit import build_commit
-from statestore.errors import InvalidRequest
-from statestore.ids import StoreId
-from statestore.plan import PLANS
+from statestore.core.commit import build_commit
+from statestore.core.errors import InvalidRequest
+from statestore.core.ids import StoreId
+from statestore.core.plan import PLANS
 
 __all__ = ["PLANS", "CommitResult", "RestoredState", "build_commit", "check_plan", "parse_seeds"]
 

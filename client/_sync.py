@@ -13,10 +13,10 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from statestore.ids import StoreId
-from statestore.manifest import Head
-from statestore.plan import Plan
-from statestore.view import RingView
+from statestore.core.ids import StoreId
+from statestore.core.manifest import Head
+from statestore.core.plan import Plan
+from statestore.core.view import RingView
 
 from ._async import AsyncRingClient
 from ._core import CommitResult, RestoredState

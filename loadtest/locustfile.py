@@ -34,13 +34,14 @@ import uuid
 
 from locust import FastHttpUser, between, task
 
-from statestore.chunk import decode_chunk, key_group
-from statestore.errors import StateStoreError
-from statestore.ids import StoreId, chunk_key
-from statestore.manifest import decode_chain, resolve_chain
-from statestore.restore import fold
-from statestore.rows import encode_rows
-from statestore.view import RingView
+from statestore.core.chunk import decode_chunk, key_group
+from statestore.core.errors import StateStoreError
+from statestore.core.fold import apply as fold
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import resolve_chain
+from statestore.core.view import RingView
+from statestore.wire.manifest import decode_chain
+from statestore.wire.rows import encode_rows
 
 SEEDS = [s.strip() for s in os.environ.get("STATESTORE_SEEDS", "127.0.0.1:7400").split(",")]
 DELTA_ROWS = int(os.environ.get("STATESTORE_DELTA_ROWS", "1000"))

@@ -18,6 +18,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from statestore.core.errors import SparkConnectorError
+
 __all__ = [
     "PROVIDER_CLASS",
     "SUPPORTED",
@@ -29,10 +31,6 @@ __all__ = [
 PROVIDER_CLASS = "statestore.spark.RingStateStoreProvider"
 SUPPORTED = ((4, 0), (4, 4))  # pyspark >= 4.0, < 4.4 (tested: 4.3.0)
 JAVA_SOURCES = Path(__file__).resolve().parent / "java"
-
-
-class SparkConnectorError(RuntimeError):
-    """A setup problem the user can fix (no Java, wrong pyspark, unreachable ring)."""
 
 
 def pyspark_home() -> tuple[Path, str]:

@@ -3,7 +3,7 @@
 The node daemon and the pure core it shares with the client SDK (``client``). See README.md.
 """
 
-from .errors import (
+from statestore.core.errors import (
     CorruptChunk,
     DecompressionBomb,
     InvalidRequest,
@@ -21,8 +21,8 @@ from .errors import (
     VersionConflict,
     VersionNotFound,
 )
-from .ids import StoreId
-from .manifest import Head
+from statestore.core.ids import StoreId
+from statestore.core.manifest import Head
 
 __version__ = "0.1.0"
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from statestore.local import LocalRing
-from statestore.node import Node, NodeConfig
-from statestore.server import start_node, stop_node
+from statestore.cli.local import LocalRing
+from statestore.node.daemon import Node, NodeConfig
+from statestore.node.server import start_node, stop_node
 
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
 

@@ -20,10 +20,11 @@ from client import (
     VersionConflict,
     VersionNotFound,
 )
-from statestore.chunk import checksum
-from statestore.ids import chunk_key
-from statestore.manifest import ChunkRef, Manifest, encode_manifest
-from statestore.node import Node
+from statestore.core.chunk import checksum
+from statestore.core.ids import chunk_key
+from statestore.core.manifest import ChunkRef, Manifest
+from statestore.node.daemon import Node
+from statestore.wire.manifest import encode_manifest
 
 SID = StoreId("q1", 0, 3, "default")
 
@@ -209,7 +210,7 @@ def test_bad_seeds_are_refused() -> None:
 
 
 async def test_coordinator_commit_and_state_round_trip(solo: Node) -> None:
-    from statestore.rows import decode_rows, encode_rows
+    from statestore.wire.rows import decode_rows, encode_rows
 
     base = f"http://{solo.address}/v1/stores/coord/1/2/default"
     async with aiohttp.ClientSession() as s:
@@ -245,9 +246,9 @@ async def test_batched_reads_from_a_node_without_them_are_unavailable() -> None:
     from aiohttp import web
 
     from client import Unavailable
-    from statestore.restore import read_chains, read_heads
-    from statestore.transport import HttpTransport
-    from statestore.view import RingView
+    from statestore.core.view import RingView
+    from statestore.net.http import HttpTransport
+    from statestore.net.reads import read_chains, read_heads
 
     async def old_node(request: web.Request) -> web.Response:
         err = {"error": {"code": "http_error", "message": "Not Found: " + request.path}}

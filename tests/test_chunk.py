@@ -8,8 +8,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statestore.chunk import checksum, decode_chunk, encode_chunks, key_group, verify
-from statestore.errors import CorruptChunk, DecompressionBomb, InvalidRequest, PayloadTooLarge
+from statestore.core.chunk import checksum, decode_chunk, encode_chunks, key_group, verify
+from statestore.core.errors import CorruptChunk, DecompressionBomb, InvalidRequest, PayloadTooLarge
 
 kv = st.dictionaries(st.binary(min_size=1, max_size=20), st.binary(max_size=50), max_size=200)
 

@@ -7,27 +7,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statestore.errors import (
+from statestore.core.errors import (
     InvalidRequest,
     InvalidStoreId,
     MalformedData,
     QuorumNotReached,
     VersionNotFound,
 )
-from statestore.ids import StoreId, chunk_key, parse_chunk_key
-from statestore.manifest import (
-    ChunkRef,
-    Head,
-    Manifest,
-    decode_chain,
-    decode_manifest,
-    encode_chain,
-    encode_manifest,
-    local_chain,
-    resolve_chain,
-)
-from statestore.quorum import check_write, merge_heads, read_quorum
-from statestore.rows import decode_rows, encode_rows
+from statestore.core.ids import StoreId, chunk_key, parse_chunk_key
+from statestore.core.manifest import ChunkRef, Head, Manifest, local_chain, resolve_chain
+from statestore.core.quorum import check_write, merge_heads, read_quorum
+from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
+from statestore.wire.rows import decode_rows, encode_rows
 
 SID = StoreId("q1", 0, 3, "default")
 

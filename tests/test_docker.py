@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from statestore.cli import build_parser
+from statestore.cli.main import build_parser
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 

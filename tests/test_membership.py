@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from statestore.errors import MalformedData
-from statestore.membership import Membership, Status
+from statestore.core.errors import MalformedData
+from statestore.core.membership import Membership, Status
 
 
 def cluster(n: int) -> list[Membership]:

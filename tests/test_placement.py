@@ -6,7 +6,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statestore.placement import DEFAULT_VNODES, Member, Ring
+from statestore.core.placement import DEFAULT_VNODES, Member, Ring
 
 
 def oracle(members: list[Member], vnodes: int, key: str, r: int) -> list[str]:

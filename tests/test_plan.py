@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statestore.bucket import TokenBucket
-from statestore.errors import InvalidRequest, MalformedData, NodeUnavailable
-from statestore.frames import decode_folded, decode_hop, encode_folded, encode_hop
-from statestore.ids import StoreId
-from statestore.plan import ChunkTask, Hop, LinkStats, build, choose, sr3_rule
+from statestore.core.bucket import TokenBucket
+from statestore.core.errors import InvalidRequest, MalformedData, NodeUnavailable
+from statestore.core.ids import StoreId
+from statestore.core.plan import ChunkTask, Hop, LinkStats, build, choose, sr3_rule
+from statestore.wire.frames import decode_folded, decode_hop, encode_folded, encode_hop
 
 NODES = [f"10.0.0.{i}:7400" for i in range(1, 6)]
 SID = StoreId("q", 0, 0)
@@ -149,7 +149,7 @@ def test_folded_rows_round_trip(rows: list[tuple[bytes, int, bytes | None]]) -> 
 
 
 def test_pick_source_is_deterministic_and_spreads_the_work() -> None:
-    from statestore.plan import pick_source
+    from statestore.core.repair import pick_source
 
     holders = NODES[:3]
     picks = [pick_source(f"chunk-{i}", holders) for i in range(3000)]

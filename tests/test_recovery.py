@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from client import RingClient, StoreId
-from statestore.local import LocalRing
+from statestore.cli.local import LocalRing
 from tests.conftest import FAST
 
 Ref = dict[bytes, bytes]
@@ -113,7 +113,7 @@ def test_dead_relay_in_the_plan_is_routed_around(tmp_path: Path) -> None:
                 victim = next(i for i, p in enumerate(ring.procs) if p.address == child)
                 ring.kill(victim)
                 # run the plan made while it was alive: its stream fails, the rest goes on
-                from statestore.recovery import Restorer
+                from statestore.net.restorer import Restorer
 
                 restorer = Restorer(client._async._transport)
                 view = client.ring()
@@ -204,7 +204,7 @@ def test_cli_restore_explain_and_out(ring5: LocalRing, tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from statestore.rows import decode_rows
+    from statestore.wire.rows import decode_rows
 
     sid = StoreId("cli", 0, 0)
     with RingClient(ring5.seeds, chunk_size=16 * 1024) as client:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from client import RingClient, StaleEpoch, StoreId, VersionNotFound
-from statestore.local import LocalRing, http_json
+from statestore.cli.local import LocalRing, http_json
 from tests.conftest import FAST
 
 Ref = dict[bytes, bytes]
@@ -50,7 +50,7 @@ def post(address: str, path: str, body: object) -> object:
 
 def chunk_keys(ring: RingClient, sid: StoreId, versions: list[int]) -> list[str]:
     """Every chunk key the retained versions need (from the manifests, via the client)."""
-    from statestore.manifest import decode_chain
+    from statestore.wire.manifest import decode_chain
 
     view = ring.ring()
     keys: set[str] = set()
@@ -279,7 +279,7 @@ def test_node_cli_refuses_bad_setups_with_a_message(tmp_path: Path) -> None:
 def test_each_lost_copy_is_made_by_its_planned_source(tmp_path: Path) -> None:
     """After a node loss, re-replication is planned: each lost copy is made by the one
     surviving holder the planner names (rendezvous), not by whichever holder runs first."""
-    from statestore.plan import pick_source
+    from statestore.core.repair import pick_source
 
     ring = LocalRing(str(tmp_path), 4, args=FAST).start()
     try:

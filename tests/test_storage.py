@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from statestore.chunk import encode_chunks
-from statestore.errors import CorruptChunk, StaleEpoch, VersionConflict
-from statestore.ids import StoreId, chunk_key
-from statestore.manifest import ChunkRef, Head, Manifest
-from statestore.storage import LmdbBackend, NodeStore, open_backend
+from statestore.core.chunk import encode_chunks
+from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import ChunkRef, Head, Manifest
+from statestore.node.storage import LmdbBackend, NodeStore, open_backend
 
 SID = StoreId("q", 1, 2, "agg")
 
@@ -102,7 +102,7 @@ def test_unknown_storage_url() -> None:
 
 
 def test_chunk_cache_bounds_bytes_and_counts_hits() -> None:
-    from statestore.cache import ChunkCache
+    from statestore.core.cache import ChunkCache
 
     cache = ChunkCache(max_bytes=100)
     cache.put("a", {b"k": b"v"}, 60)

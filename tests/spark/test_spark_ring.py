@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import spark_connector
-from statestore.local import LocalRing
+from statestore.cli.local import LocalRing
 
 JOBS = Path(__file__).with_name("jobs.py")
 T0 = datetime(2024, 1, 1)

@@ -1,0 +1,309 @@
+"""The ``statestore`` command: ``node``, ``local``, ``ring``, ``demo``.
+
+Bad arguments end with a one-line message naming the problem and exit code 2, never a trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from statestore.core.errors import StateStoreError
+from statestore.core.placement import DEFAULT_VNODES
+from statestore.node.daemon import NodeConfig
+
+__all__ = ["build_parser", "main"]
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT, e.g. 127.0.0.1:7400")
+    return host, int(port)
+
+
+def _seeds(text: str) -> list[str]:
+    out = []
+    for part in text.split(","):
+        if part.strip():
+            _address(part.strip())
+            out.append(part.strip())
+    return out
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="statestore", description="DHT-backed state store")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    n = sub.add_parser("node", help="run one ring node daemon")
+    n.add_argument("--listen", type=_address, default=("127.0.0.1", 7400), metavar="HOST:PORT")
+    n.add_argument("--data-dir", required=True, help="node id and data live here")
+    n.add_argument("--seeds", type=_seeds, default=[], metavar="HOST:PORT,...")
+    n.add_argument("--replicas", type=_positive, default=3, help="copies of every chunk (R)")
+    n.add_argument("--write-quorum", type=_positive, default=None, help="W (default R//2+1)")
+    n.add_argument("--vnodes", type=_positive, default=DEFAULT_VNODES)
+    n.add_argument("--zone", default="")
+    n.add_argument(
+        "--advertise",
+        type=_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="address other nodes and clients use (default: --listen)",
+    )
+    n.add_argument("--storage", default="", help="memory:// or lmdb:///dir (default: data dir)")
+    n.add_argument("--max-body", type=_positive, default=64 * 2**20, help="bytes per request")
+    n.add_argument(
+        "--max-chunk",
+        type=_positive,
+        default=256 * 2**20,
+        help="largest decompressed chunk accepted",
+    )
+    n.add_argument(
+        "--max-commit", type=_positive, default=2**30, help="bytes per coordinator commit body"
+    )
+    n.add_argument("--snapshot-every", type=_positive, default=10)
+    n.add_argument("--retain", type=_positive, default=100, help="versions kept per store")
+    n.add_argument("--gossip-interval", type=float, default=0.5)
+    n.add_argument("--suspect-after", type=float, default=2.0)
+    n.add_argument("--down-after", type=float, default=5.0)
+    n.add_argument(
+        "--inject-delay",
+        type=float,
+        default=0.0,
+        help="testing only: seconds of delay added to every chunk read",
+    )
+    n.add_argument("--no-dht", action="store_true", help="gossip through seeds only")
+    n.add_argument("--log-level", default="WARNING")
+
+    loc = sub.add_parser("local", help="run N nodes on loopback until Ctrl-C")
+    loc.add_argument("--nodes", type=_positive, default=3)
+    loc.add_argument("--base-port", type=int, default=7400)
+    loc.add_argument("--data-dir", default="data/local")
+
+    r = sub.add_parser("ring", help="show the ring's members and epoch")
+    r.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    r.add_argument("--json", action="store_true")
+
+    rs = sub.add_parser("restore", help="restore a store version along a recovery plan")
+    rs.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    rs.add_argument("--store", required=True, metavar="QUERY/OPERATOR/PARTITION/NAME")
+    rs.add_argument("--version", type=_positive, default=None, help="default: the latest")
+    rs.add_argument("--plan", choices=["star", "line", "tree", "auto"], default="auto")
+    rs.add_argument("--explain", action="store_true", help="print the plan and stop")
+    rs.add_argument("--out", default=None, help="write the state here as framed rows")
+    rs.add_argument(
+        "--ingress",
+        type=float,
+        default=None,
+        metavar="MB/S",
+        help="cap the bytes per second taken in (token bucket)",
+    )
+    rs.add_argument("--fan-in", type=_positive, default=16, help="chunks in flight (star)")
+    rs.add_argument("--tree-fan-in", type=_positive, default=2, help="children per tree hop")
+
+    sj = sub.add_parser(
+        "spark-jar", help="print the Spark provider jar's path (built on first use)"
+    )
+    sj.add_argument("--rebuild", action="store_true")
+
+    d = sub.add_parser(
+        "demo", help="local 3-node ring: commit, kill -9 a node, restore; then the Spark demo"
+    )
+    d.add_argument("--no-spark", action="store_true", help="skip the Spark streaming part")
+    d.add_argument("--data-dir", default=None)
+    d.add_argument("--base-port", type=int, default=0)
+    return p
+
+
+def _node(args: argparse.Namespace) -> int:
+    from statestore.node.server import run_node
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    w = args.write_quorum or args.replicas // 2 + 1
+    try:
+        config = NodeConfig(
+            host=args.listen[0],
+            port=args.listen[1],
+            data_dir=args.data_dir,
+            seeds=args.seeds,
+            replicas=args.replicas,
+            write_quorum=w,
+            vnodes=args.vnodes,
+            zone=args.zone,
+            advertise=f"{args.advertise[0]}:{args.advertise[1]}" if args.advertise else "",
+            storage=args.storage,
+            max_body=args.max_body,
+            max_chunk=args.max_chunk,
+            max_commit=args.max_commit,
+            snapshot_every=args.snapshot_every,
+            retain_versions=args.retain,
+            gossip_interval=args.gossip_interval,
+            suspect_after=args.suspect_after,
+            down_after=args.down_after,
+            dht=not args.no_dht,
+            inject_delay=args.inject_delay,
+        )
+    except ValueError as exc:
+        print(f"statestore node: {exc}", file=sys.stderr)
+        return 2
+    return run_node(config)
+
+
+def _local(args: argparse.Namespace) -> int:
+    from statestore.cli.local import LocalRing
+
+    ring = LocalRing(os.path.abspath(args.data_dir), args.nodes, args.base_port)
+    stop = {"now": False}
+
+    def handler(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        ring.start()
+        print(f"local ring of {args.nodes} nodes up; seeds: {','.join(ring.seeds)}", flush=True)
+        print("Ctrl-C stops them.", flush=True)
+        while not stop["now"]:
+            time.sleep(0.2)
+    finally:
+        ring.stop()
+        print("local ring stopped", flush=True)
+    return 0
+
+
+def _ring(args: argparse.Namespace) -> int:
+    from statestore.cli.local import http_json
+
+    errors = []
+    for seed in args.seeds:
+        try:
+            view = http_json(seed, "/v1/ring", timeout=3.0)
+            break
+        except OSError as exc:
+            errors.append(f"{seed}: {exc}")
+    else:
+        print("statestore ring: no seed answered (" + "; ".join(errors) + ")", file=sys.stderr)
+        return 1
+    assert isinstance(view, dict)
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"ring epoch {view['epoch']}  R={view['replicas']} W={view['write_quorum']}"
+    )
+    for col in ("id", "address", "status", "zone", "share"):
+        table.add_column(col)
+    for m in view["members"]:
+        share = f"{100 * m.get('share', 0):.1f}%"
+        table.add_row(m["id"], m["address"], m["status"], m.get("zone") or "-", share)
+    Console().print(table)
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    from client import RingClient
+    from statestore.core.ids import StoreId
+    from statestore.wire.rows import encode_rows
+
+    console = Console(stderr=True)
+    store = StoreId.parse(args.store)
+    ingress = args.ingress * 1e6 if args.ingress else None
+    with RingClient(
+        args.seeds, concurrency=args.fan_in, tree_fan_in=args.tree_fan_in, ingress=ingress
+    ) as ring:
+        plan = ring.explain(store, args.version, args.plan)
+        if args.explain:
+            print(plan.explain())
+            return 0
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(f"restoring {store} ({plan.kind})", total=plan.bytes_in)
+            st = ring.restore(
+                store,
+                args.version,
+                plan=plan.kind,
+                progress=lambda n: progress.advance(task, n),
+            )
+    s = st.stats
+    table = Table(title=f"restored {store} v{st.version}: {len(st)} keys")
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("plan", f"{st.plan}: {s['reason']}")
+    table.add_row("SR3 fixed rule", str(s["sr3_rule"]))
+    table.add_row("time", f"{s['seconds']:.3f}s (predicted {s['predicted_seconds']:.3f}s)")
+    table.add_row("chunks / chain", f"{s['chunks']} chunks over {s['chain']} versions")
+    table.add_row("bytes into restorer", str(s["bytes_in"]))
+    table.add_row("rerouted chunks", str(s["rerouted"]))
+    for hop in sorted(s["hops"], key=lambda h: (h["depth"], h["hop"])):
+        table.add_row(
+            f"hop {hop['hop']} (depth {hop['depth']})",
+            f"own {hop['own']} B, in {hop['in']} B, out {hop['out']} B",
+        )
+    for fail in s["failed_hops"]:
+        table.add_row(f"failed {fail['hop']}", str(fail["error"]))
+    for node, n in sorted(s["bytes_by_node"].items()):
+        table.add_row(f"pulled from {node}", f"{n} B")
+    console.print(table)
+    if args.out:
+        with open(args.out, "wb") as f:
+            for piece in encode_rows(sorted(st.items())):
+                f.write(piece)
+        console.print(f"wrote {len(st)} rows to {args.out} (framed rows, docs/api.md)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "node":
+            return _node(args)
+        if args.command == "local":
+            return _local(args)
+        if args.command == "ring":
+            return _ring(args)
+        if args.command == "restore":
+            return _restore(args)
+        if args.command == "spark-jar":
+            from spark_connector import main as spark_jar
+
+            return spark_jar(["--rebuild"] if args.rebuild else [])
+        if args.command == "demo":
+            from statestore.cli.demo import run_demo
+
+            data_dir = args.data_dir or tempfile.mkdtemp(prefix="statestore-demo-")
+            return run_demo(data_dir, args.base_port, spark=not args.no_spark)
+    except StateStoreError as exc:
+        print(f"statestore {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2

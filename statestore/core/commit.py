@@ -1,0 +1,70 @@
+"""Laying out one commit (pure): check the arguments, cut the rows into chunks, describe
+them in a manifest. The client runs it before writing to the replicas; a node runs it for the
+callers of its coordinator endpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from statestore.core.chunk import EncodedChunk, encode_chunks
+from statestore.core.errors import InvalidRequest, PayloadTooLarge
+from statestore.core.ids import StoreId, check_version
+from statestore.core.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
+
+__all__ = ["build_commit"]
+
+
+def build_commit(
+    store: StoreId,
+    version: int,
+    puts: Mapping[bytes, bytes],
+    deletes: Iterable[bytes],
+    positions: Mapping[str, Any] | None,
+    epoch: int,
+    snapshot: bool,
+    *,
+    key_groups: int,
+    chunk_size: int,
+    max_chunk: int,
+) -> tuple[Manifest, list[EncodedChunk]]:
+    """Check the arguments and lay the commit out in chunks. CPU only."""
+    if not isinstance(store, StoreId):
+        raise InvalidRequest(f"store must be a StoreId, got {store!r}")
+    check_version(version)
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise InvalidRequest(f"epoch must be a non-negative integer, got {epoch!r}")
+    pos = dict(positions or {})
+    try:
+        encoded = json.dumps(pos)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"positions must be JSON-able ({exc})") from exc
+    if len(encoded) > MAX_POSITIONS_BYTES:
+        raise PayloadTooLarge(
+            f"positions are {len(encoded)} bytes; the limit is {MAX_POSITIONS_BYTES}"
+        )
+    deletes = list(deletes)
+    if snapshot and deletes:
+        raise InvalidRequest("a snapshot holds the whole state: it takes no deletes")
+    try:
+        chunks = encode_chunks(
+            puts,
+            deletes,
+            groups=key_groups,
+            target_size=chunk_size,
+            kind="s" if snapshot else "d",
+            max_raw=max_chunk,
+        )
+    except TypeError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    manifest = Manifest(
+        store,
+        version,
+        "snapshot" if snapshot else "delta",
+        epoch,
+        key_groups,
+        tuple(ChunkRef.of(c) for c in chunks),
+        json.loads(encoded),
+    )
+    return manifest, chunks

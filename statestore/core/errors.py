@@ -1,0 +1,153 @@
+"""One exception tree for the node, the client and the CLI.
+
+::
+
+    StateStoreError                  every error this package raises
+    ├── InvalidRequest               the caller sent something we refuse (HTTP 400/413)
+    │   ├── InvalidStoreId           a malformed query / operator / partition / name
+    │   ├── PayloadTooLarge          a body or chunk over the configured limit
+    │   └── MalformedData            wire data that does not decode
+    ├── NotFound                     (HTTP 404)
+    │   ├── StoreNotFound            no version of that store exists
+    │   └── VersionNotFound          that version is unknown or past retention
+    ├── StaleEpoch                   a writer fenced by a newer epoch (HTTP 409)
+    ├── VersionConflict              same version and epoch, different content (HTTP 409)
+    ├── CorruptChunk                 checksum mismatch or undecodable chunk
+    │   └── DecompressionBomb        a zstd frame that would decompress past the limit
+    ├── Unavailable                  availability, not semantics: retrying may help
+    │   ├── NodeUnavailable          a node did not answer
+    │   ├── QuorumNotReached         fewer than W (or the read quorum) replicas answered
+    │   └── RequestTimeout           an operation ran past its deadline
+    └── SetupError                   this machine is not set up to do it (never sent on the wire)
+        ├── DataDirInUse             another node process holds the data dir
+        └── SparkConnectorError      no javac, an unsupported pyspark, no seed answering
+
+Semantic errors are final; ``Unavailable`` errors may go away when the ring heals. Every
+message says what went wrong and what to do about it. Each class has an HTTP status and a
+stable ``code`` so that the node can send it and the client can raise the same class again.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptChunk",
+    "DataDirInUse",
+    "DecompressionBomb",
+    "InvalidRequest",
+    "InvalidStoreId",
+    "MalformedData",
+    "NodeUnavailable",
+    "NotFound",
+    "PayloadTooLarge",
+    "QuorumNotReached",
+    "RequestTimeout",
+    "SetupError",
+    "SparkConnectorError",
+    "StaleEpoch",
+    "StateStoreError",
+    "StoreNotFound",
+    "Unavailable",
+    "VersionConflict",
+    "VersionNotFound",
+    "error_from_code",
+]
+
+
+class StateStoreError(Exception):
+    """Base of every statestore error."""
+
+    code = "error"
+    status = 500
+
+
+class InvalidRequest(StateStoreError):
+    code = "invalid_request"
+    status = 400
+
+
+class InvalidStoreId(InvalidRequest):
+    code = "invalid_store_id"
+
+
+class PayloadTooLarge(InvalidRequest):
+    code = "payload_too_large"
+    status = 413
+
+
+class MalformedData(InvalidRequest):
+    code = "malformed_data"
+
+
+class NotFound(StateStoreError):
+    code = "not_found"
+    status = 404
+
+
+class StoreNotFound(NotFound):
+    code = "store_not_found"
+
+
+class VersionNotFound(NotFound):
+    code = "version_not_found"
+
+
+class StaleEpoch(StateStoreError):
+    code = "stale_epoch"
+    status = 409
+
+
+class VersionConflict(StateStoreError):
+    code = "version_conflict"
+    status = 409
+
+
+class CorruptChunk(StateStoreError):
+    code = "corrupt_chunk"
+    status = 422
+
+
+class DecompressionBomb(CorruptChunk):
+    code = "decompression_bomb"
+
+
+class Unavailable(StateStoreError):
+    code = "unavailable"
+    status = 503
+
+
+class NodeUnavailable(Unavailable):
+    code = "node_unavailable"
+
+
+class QuorumNotReached(Unavailable):
+    code = "quorum_not_reached"
+
+
+class RequestTimeout(Unavailable):
+    code = "timeout"
+    status = 504
+
+
+class SetupError(StateStoreError):
+    code = "setup_error"
+
+
+class DataDirInUse(SetupError):
+    code = "data_dir_in_use"
+
+
+class SparkConnectorError(SetupError):
+    code = "spark_connector_error"
+
+
+def _tree(cls: type[StateStoreError]) -> list[type[StateStoreError]]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _tree(sub))]
+
+
+# The one list of error codes: every class of the tree, found by walking it.
+_BY_CODE: dict[str, type[StateStoreError]] = {cls.code: cls for cls in _tree(StateStoreError)}
+
+
+def error_from_code(code: str, message: str) -> StateStoreError:
+    """Rebuild the error a node sent as ``{"error": {"code", "message"}}``."""
+    return _BY_CODE.get(code, StateStoreError)(message)

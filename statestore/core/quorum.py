@@ -1,0 +1,63 @@
+"""Quorum rules (pure): how many acknowledgements make a write, how many answers make a read.
+
+A write of R copies is acknowledged at W durable copies; a read that asks every replica and
+hears from at least ``R - W + 1`` of them is sure to meet one of the W that acknowledged the
+latest commit (R=3, W=2: two answers). Heads merge by maximum ``(epoch, version)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from statestore.core.errors import QuorumNotReached, StateStoreError
+from statestore.core.manifest import Head
+
+__all__ = ["check_write", "merge_heads", "read_quorum", "validate_rw"]
+
+
+def validate_rw(replicas: int, write_quorum: int) -> None:
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    if not 1 <= write_quorum <= replicas:
+        raise ValueError(f"write quorum must be in 1..{replicas}, got {write_quorum}")
+
+
+def read_quorum(replicas: int, write_quorum: int) -> int:
+    return max(1, replicas - write_quorum + 1)
+
+
+def check_write(
+    what: str,
+    acks: int,
+    write_quorum: int,
+    placed: int,
+    errors: Sequence[BaseException],
+) -> None:
+    """Raise QuorumNotReached unless ``acks >= write_quorum``."""
+    if acks >= write_quorum:
+        return
+    why = "; ".join(sorted({str(e) for e in errors})) or "no replica answered"
+    if placed < write_quorum:
+        why = f"the ring has only {placed} live node(s) for it; {why}"
+    raise QuorumNotReached(
+        f"{what} reached {acks} of the {write_quorum} replicas it needs (W): {why}. "
+        "Nothing was acknowledged; retry when the ring has enough live nodes"
+    )
+
+
+def merge_heads(heads: Iterable[Head | None]) -> Head | None:
+    best: Head | None = None
+    for h in heads:
+        if h is not None and (best is None or h.key() > best.key()):
+            best = h
+    return best
+
+
+def first_semantic(errors: Iterable[BaseException]) -> StateStoreError | None:
+    """The first error that is about the request rather than about availability."""
+    from statestore.core.errors import Unavailable
+
+    for e in errors:
+        if isinstance(e, StateStoreError) and not isinstance(e, Unavailable):
+            return e
+    return None

@@ -1,0 +1,99 @@
+"""A ring view (pure): the live members, their addresses, R and W, at one epoch.
+
+This is what ``GET /v1/ring`` returns and what the client routes with: the same placement
+code runs in the node and the client, so both agree on who holds what at a given epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from statestore.core.errors import MalformedData
+from statestore.core.ids import StoreId
+from statestore.core.placement import DEFAULT_VNODES, Member, Ring
+from statestore.core.quorum import validate_rw
+
+__all__ = ["RingView"]
+
+
+@dataclass(frozen=True)
+class RingView:
+    epoch: int
+    members: tuple[dict[str, Any], ...]
+    replicas: int = 3
+    write_quorum: int = 2
+    vnodes: int = DEFAULT_VNODES
+
+    def __post_init__(self) -> None:
+        validate_rw(self.replicas, self.write_quorum)
+        live = [m for m in self.members if m["status"] != "down"]
+        object.__setattr__(
+            self, "_ring", Ring((Member(m["id"], m.get("zone", "")) for m in live), self.vnodes)
+        )
+        object.__setattr__(self, "_addr", {m["id"]: m["address"] for m in self.members})
+
+    @property
+    def ring(self) -> Ring:
+        ring: Ring = self.__dict__["_ring"]
+        return ring
+
+    def address(self, node_id: str) -> str:
+        addr: str = self.__dict__["_addr"][node_id]
+        return addr
+
+    def live_addresses(self) -> list[str]:
+        return [self.address(m.id) for m in self.ring.members]
+
+    def replicas_of(self, key: str) -> list[str]:
+        """Addresses of the R nodes that hold ``key`` at this epoch."""
+        return [self.address(n) for n in self.ring.replicas(key, self.replicas)]
+
+    def read_order(self, key: str) -> list[str]:
+        """Replicas first, then every other live node in ring order (where it may have moved)."""
+        first = self.replicas_of(key)
+        rest = [self.address(n) for n in self.ring.preference(key)]
+        return first + [a for a in rest if a not in first]
+
+    def previous_replicas(self, key: str) -> list[str]:
+        """Addresses of ``key``'s replicas on the ring that still counted the down nodes:
+        where the item lived before they were declared down."""
+        ring: Ring = self.__dict__.get("_all_ring") or Ring(
+            (Member(m["id"], m.get("zone", "")) for m in self.members), self.vnodes
+        )
+        self.__dict__["_all_ring"] = ring
+        return [self.address(n) for n in ring.replicas(key, self.replicas)]
+
+    def store_replicas(self, store: StoreId) -> list[str]:
+        return self.replicas_of(store.path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "replicas": self.replicas,
+            "write_quorum": self.write_quorum,
+            "vnodes": self.vnodes,
+            "members": [dict(m) for m in self.members],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RingView:
+        try:
+            members = tuple(
+                {
+                    "id": str(m["id"]),
+                    "address": str(m["address"]),
+                    "status": str(m["status"]),
+                    "zone": str(m.get("zone", "")),
+                }
+                for m in obj["members"]
+            )
+            return cls(
+                int(obj["epoch"]),
+                members,
+                int(obj["replicas"]),
+                int(obj["write_quorum"]),
+                int(obj["vnodes"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedData(f"ring view is malformed ({exc!r})") from exc

@@ -1,0 +1,180 @@
+"""The HTTP transport: every outbound call of the node and the client goes through here.
+
+It carries bytes and maps failures onto the error tree at this one boundary: a refused or
+reset connection is NodeUnavailable, a deadline is RequestTimeout, and an error body
+``{"error": {"code", "message"}}`` becomes the same class the node raised. Responses that depend
+on placement carry the ring epoch in ``X-Statestore-Epoch``; the transport remembers the
+highest it has seen so that a client can notice its view is stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import warnings
+from typing import Any
+
+import aiohttp
+
+from statestore.core.errors import (
+    NodeUnavailable,
+    RequestTimeout,
+    StateStoreError,
+    error_from_code,
+)
+from statestore.wire.headers import EPOCH_HEADER
+
+__all__ = ["HttpTransport", "Response", "Stream"]
+
+
+class Response:
+    __slots__ = ("body", "epoch", "status")
+
+    def __init__(self, status: int, body: bytes, epoch: int) -> None:
+        self.status = status
+        self.body = body
+        self.epoch = epoch
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class HttpTransport:
+    """A pooled aiohttp session with the error mapping. Owned by whoever creates it."""
+
+    def __init__(
+        self, timeout: float = 10.0, connections: int = 64, rcvbuf: int | None = None
+    ) -> None:
+        self.timeout = timeout
+        self._connections = connections
+        self._rcvbuf = rcvbuf
+        self._session: aiohttp.ClientSession | None = None
+        self.seen_epoch = 0
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self._connections,
+                    limit_per_host=32,
+                    socket_factory=self._socket if self._rcvbuf else None,
+                ),
+                timeout=aiohttp.ClientTimeout(total=None),
+                auto_decompress=False,
+            )
+
+    def _socket(self, addr_info: Any) -> socket.socket:
+        # A capped restorer stands for a slow link: it must not take in more than a small
+        # buffer ahead of what it consumes (Linux would otherwise autotune to tens of MB).
+        family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
+        sock = socket.socket(family, type_, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(self._rcvbuf or 0))
+        return sock
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        address: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+        ok: tuple[int, ...] = (200, 201),
+    ) -> Response:
+        """One request to ``address`` (``host:port``); raises from the error tree."""
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        hdrs = dict(headers or {})
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+            hdrs["Content-Type"] = "application/json"
+        url = f"http://{address}{path}"
+        data: Any = body
+        if body is not None and len(body) > 1 << 20:
+            # aiohttp warns that a large bytes body "might lock the event loop"; sending one
+            # that is already in memory is a plain socket write, so build the payload quietly.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                data = aiohttp.payload.BytesPayload(body)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                async with self._session.request(method, url, data=data, headers=hdrs) as resp:
+                    data = await resp.read()
+                    epoch = int(resp.headers.get(EPOCH_HEADER, "0") or 0)
+        except TimeoutError as exc:
+            raise RequestTimeout(
+                f"{method} {url} took longer than {limit:.1f}s: the node is slow or stuck"
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise NodeUnavailable(
+                f"node {address} is unreachable ({type(exc).__name__}: {exc}); "
+                "check that it runs, or let the ring route around it"
+            ) from exc
+        if epoch > self.seen_epoch:
+            self.seen_epoch = epoch
+        if resp.status not in ok:
+            raise _error_from(resp.status, data, address)
+        return Response(resp.status, data, epoch)
+
+    async def open_stream(
+        self, address: str, path: str, body: bytes, *, timeout: float | None = None
+    ) -> Stream:
+        """POST ``body`` and return the streaming response once its headers arrived.
+
+        The caller reads ``stream.reader`` and must ``close()`` the stream.
+        """
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        url = f"http://{address}{path}"
+        limit = self.timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                resp = await self._session.post(url, data=body)
+        except TimeoutError as exc:
+            raise RequestTimeout(f"POST {url} took longer than {limit:.1f}s to answer") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise NodeUnavailable(f"node {address} is unreachable ({exc})") from exc
+        if resp.status != 200:
+            data = await resp.read()
+            resp.close()
+            raise _error_from(resp.status, data, address)
+        return Stream(resp, address)
+
+
+class Stream:
+    """An open streaming response (a ``net.streams.ByteReader``); ``close()`` it when done."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, address: str) -> None:
+        self._resp = resp
+        self._address = address
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self._resp.content.readexactly(n)
+        except aiohttp.ClientError as exc:
+            raise NodeUnavailable(f"stream from {self._address} broke ({exc})") from exc
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+def _error_from(status: int, data: bytes, address: str) -> StateStoreError:
+    try:
+        err = json.loads(data)["error"]
+        return error_from_code(str(err["code"]), f"{err['message']} (from {address})")
+    except (ValueError, KeyError, TypeError):
+        text = data[:200].decode(errors="replace")
+        if status >= 500:
+            return NodeUnavailable(f"node {address} answered {status}: {text}")
+        return StateStoreError(f"node {address} answered {status}: {text}")

@@ -1,0 +1,344 @@
+"""Reading store metadata and single keys: heads, versions, chains, point reads.
+
+A chain read asks the store's replicas for the manifests of a version, merges what they
+return (per version the highest epoch wins) and resolves it (a snapshot plus the deltas above
+it). Whole-state restores build on it in recovery.py; a point read walks the chain newest
+first and fetches only the chunks of its key's key group, failing over to the next holder on
+error, timeout or checksum mismatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import msgpack
+
+from statestore.core.cache import ChunkCache
+from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group, verify
+from statestore.core.errors import (
+    CorruptChunk,
+    InvalidRequest,
+    MalformedData,
+    NodeUnavailable,
+    NotFound,
+    QuorumNotReached,
+    StateStoreError,
+    StoreNotFound,
+    Unavailable,
+)
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import ChunkRef, Head, Manifest, resolve_chain
+from statestore.core.quorum import first_semantic, merge_heads, read_quorum
+from statestore.core.view import RingView
+from statestore.net.http import HttpTransport
+from statestore.wire.manifest import decode_chain
+
+__all__ = [
+    "RestoreStats",
+    "fetch_chunk",
+    "read_chain",
+    "read_chains",
+    "read_head",
+    "read_heads",
+    "read_key",
+    "read_versions",
+]
+
+
+BATCH_STORES = 500  # stores per POST /v1/heads or /v1/chains (a node takes up to 1,000)
+
+
+@dataclass
+class RestoreStats:
+    chunks: int = 0
+    bytes: int = 0
+    failovers: int = 0
+    chain: int = 0
+    by_node: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chunks": self.chunks,
+            "bytes": self.bytes,
+            "failovers": self.failovers,
+            "chain": self.chain,
+            "bytes_by_node": dict(self.by_node),
+        }
+
+
+async def _ask_replicas(
+    transport: HttpTransport, view: RingView, store: StoreId, path: str
+) -> tuple[list[bytes], list[BaseException]]:
+    targets = view.store_replicas(store)
+    results = await asyncio.gather(
+        *(transport.request("GET", a, path) for a in targets), return_exceptions=True
+    )
+    bodies = [r.body for r in results if not isinstance(r, BaseException)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for e in errors:
+        if not isinstance(e, StateStoreError):
+            raise e
+    return bodies, errors
+
+
+def _need(view: RingView, store: StoreId, answered: int, errors: list[BaseException]) -> None:
+    need = min(read_quorum(view.replicas, view.write_quorum), len(view.store_replicas(store)))
+    if answered < need:
+        raise QuorumNotReached(
+            f"reading {store} needs {need} replica answer(s), got {answered}: "
+            + "; ".join(str(e) for e in errors)
+        )
+
+
+def _merge_head(
+    view: RingView, store: StoreId, heads: list[Head], errors: list[BaseException]
+) -> Head:
+    not_found = [e for e in errors if isinstance(e, NotFound)]
+    _need(view, store, len(heads) + len(not_found), errors)
+    best = merge_heads(heads)
+    if best is None:
+        raise StoreNotFound(f"store {store} has no committed version: commit one first")
+    return best
+
+
+async def read_head(transport: HttpTransport, view: RingView, store: StoreId) -> Head:
+    """The store's latest head over a read quorum. Raises StoreNotFound if none has one."""
+    bodies, errors = await _ask_replicas(transport, view, store, f"/v1/stores/{store.path}/head")
+    heads = [Head(int(o["version"]), int(o["epoch"])) for o in map(json.loads, bodies)]
+    return _merge_head(view, store, heads, errors)
+
+
+async def _ask_many(
+    transport: HttpTransport,
+    view: RingView,
+    stores: Sequence[StoreId],
+    path: str,
+    items: Sequence[Any],
+    decode: Callable[[bytes], list[Any]],
+) -> list[tuple[list[Any], list[BaseException]]]:
+    """Like :func:`_ask_replicas` for many stores at once: one batched request per node for
+    all the stores it is a replica of. Per store: the answers and the errors (a node that
+    holds no version of the store counts as StoreNotFound, as the single endpoints say)."""
+    by_node: dict[str, list[int]] = {}
+    for i, store in enumerate(stores):
+        for address in view.store_replicas(store):
+            by_node.setdefault(address, []).append(i)
+
+    async def ask(address: str, idxs: list[int]) -> list[tuple[int, Any]]:
+        out: list[tuple[int, Any]] = []
+        for j in range(0, len(idxs), BATCH_STORES):
+            part = idxs[j : j + BATCH_STORES]
+            try:
+                resp = await transport.request(
+                    "POST", address, path, json_body={"stores": [items[i] for i in part]}
+                )
+            except (Unavailable, InvalidRequest):
+                raise
+            except StateStoreError as exc:  # e.g. a node older than the batched reads (404):
+                # not an answer about any store, so the caller may fall back to single reads
+                raise NodeUnavailable(f"{address} does not serve {path} ({exc})") from exc
+            answers = decode(resp.body)
+            if not isinstance(answers, list) or len(answers) != len(part):
+                raise MalformedData(f"{address} answered {path} for the wrong number of stores")
+            out.extend(zip(part, answers, strict=True))
+        return out
+
+    nodes = list(by_node.items())
+    results = await asyncio.gather(*(ask(a, idxs) for a, idxs in nodes), return_exceptions=True)
+    per: list[tuple[list[Any], list[BaseException]]] = [([], []) for _ in stores]
+    for (address, idxs), r in zip(nodes, results, strict=True):
+        if isinstance(r, BaseException):
+            if not isinstance(r, StateStoreError):
+                raise r
+            for i in idxs:
+                per[i][1].append(r)
+            continue
+        for i, answer in r:
+            if answer is None:
+                per[i][1].append(StoreNotFound(f"store {stores[i]} has no version on {address}"))
+            else:
+                per[i][0].append(answer)
+    return per
+
+
+async def read_heads(
+    transport: HttpTransport, view: RingView, stores: Sequence[StoreId]
+) -> list[Head]:
+    """:func:`read_head` of many stores, in one ``POST /v1/heads`` per node."""
+    per = await _ask_many(
+        transport,
+        view,
+        stores,
+        "/v1/heads",
+        [s.path for s in stores],
+        _heads_of,
+    )
+    return [
+        _merge_head(view, store, answers, errors)
+        for store, (answers, errors) in zip(stores, per, strict=True)
+    ]
+
+
+def _heads_of(body: bytes) -> list[Any]:
+    try:
+        return [
+            None if h is None else Head(int(h[0]), int(h[1])) for h in json.loads(body)["heads"]
+        ]
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise MalformedData(f"batched heads do not decode ({exc!r})") from exc
+
+
+async def read_versions(transport: HttpTransport, view: RingView, store: StoreId) -> list[int]:
+    bodies, errors = await _ask_replicas(
+        transport, view, store, f"/v1/stores/{store.path}/versions"
+    )
+    not_found = [e for e in errors if isinstance(e, NotFound)]
+    _need(view, store, len(bodies) + len(not_found), errors)
+    out: set[int] = set()
+    floor = 0
+    for o in map(json.loads, bodies):
+        out.update(int(v) for v in o["versions"])
+        floor = max(floor, int(o.get("floor", 0)))
+    if not out:
+        raise StoreNotFound(f"store {store} has no committed version: commit one first")
+    return sorted(v for v in out if v >= floor)
+
+
+def _merge_chain(
+    store: StoreId, version: int, bodies: list[bytes], errors: list[BaseException]
+) -> list[Manifest]:
+    if not bodies:
+        sem = first_semantic(errors)
+        if sem is not None:
+            raise sem
+        raise NodeUnavailable(
+            f"no replica of {store} answered: " + "; ".join(str(e) for e in errors)
+        )
+    deltas: dict[int, Manifest] = {}
+    snaps: dict[int, Manifest] = {}
+    for body in bodies:
+        for m in decode_chain(body):
+            table = deltas if m.kind == "delta" else snaps
+            cur = table.get(m.version)
+            if cur is None or m.epoch > cur.epoch:
+                table[m.version] = m
+    return resolve_chain(store, version, deltas, snaps)
+
+
+async def read_chain(
+    transport: HttpTransport, view: RingView, store: StoreId, version: int
+) -> list[Manifest]:
+    """The manifests to apply for ``version``, merged over the store's replicas."""
+    bodies, errors = await _ask_replicas(
+        transport, view, store, f"/v1/stores/{store.path}/chain?version={version}"
+    )
+    return _merge_chain(store, version, bodies, errors)
+
+
+async def read_chains(
+    transport: HttpTransport, view: RingView, wanted: Sequence[tuple[StoreId, int]]
+) -> list[list[Manifest]]:
+    """:func:`read_chain` of many (store, version) pairs, in one ``POST /v1/chains`` per
+    node."""
+    stores = [s for s, _ in wanted]
+    per = await _ask_many(
+        transport,
+        view,
+        stores,
+        "/v1/chains",
+        [[s.path, v] for s, v in wanted],
+        _unpack_list,
+    )
+    return [
+        _merge_chain(store, version, answers, errors)
+        for (store, version), (answers, errors) in zip(wanted, per, strict=True)
+    ]
+
+
+def _unpack_list(body: bytes) -> list[Any]:
+    try:
+        out = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise MalformedData(f"batched chains do not decode ({exc})") from exc
+    if not isinstance(out, list):
+        raise MalformedData("batched chains are not a list")
+    return out
+
+
+async def fetch_chunk(
+    transport: HttpTransport,
+    view: RingView,
+    store: StoreId,
+    version: int,
+    ref: ChunkRef,
+    stats: RestoreStats,
+    *,
+    skip: Callable[[str], bool] | None = None,
+) -> bytes:
+    """Fetch one chunk from the first holder that returns verified bytes."""
+    key = chunk_key(store, version, ref.name)
+    errors: list[StateStoreError] = []
+    for address in view.read_order(key):
+        if skip is not None and skip(address):
+            continue
+        try:
+            resp = await transport.request("GET", address, f"/v1/chunks/{key}")
+            verify(resp.body, ref.checksum, key)
+        except (Unavailable, CorruptChunk, NotFound) as exc:
+            errors.append(exc)
+            stats.failovers += 1
+            continue
+        stats.chunks += 1
+        stats.bytes += len(resp.body)
+        stats.by_node[address] = stats.by_node.get(address, 0) + len(resp.body)
+        return resp.body
+    if errors and all(isinstance(e, CorruptChunk) for e in errors):
+        raise CorruptChunk(f"chunk {key} is corrupt on every holder: {errors[0]}")
+    raise NodeUnavailable(
+        f"chunk {key} could not be read from any live holder: "
+        + "; ".join(str(e) for e in errors[:3])
+    )
+
+
+async def read_key(
+    transport: HttpTransport,
+    view: RingView,
+    store: StoreId,
+    version: int,
+    key: bytes,
+    cache: ChunkCache,
+    *,
+    max_raw: int = MAX_CHUNK_RAW,
+) -> bytes | None:
+    """The value of ``key`` at ``version`` (None if absent): a point read.
+
+    Walks the chain from the newest manifest down and stops at the first that mentions the
+    key, fetching only the chunks of the key's key group; decoded chunks are cached.
+    """
+    chain = await read_chain(transport, view, store, version)
+    stats = RestoreStats(chain=len(chain))
+    loop = asyncio.get_running_loop()
+    for m in reversed(chain):
+        g = key_group(key, m.key_groups)
+        for ref in m.chunks:
+            if not ref.lo <= g <= ref.hi:
+                continue
+            ckey = chunk_key(store, m.version, ref.name)
+            rows = cache.get(ckey)
+            if rows is None:
+                data = await fetch_chunk(transport, view, store, m.version, ref, stats)
+                decoded = await loop.run_in_executor(
+                    None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)
+                )
+                rows = dict(decoded)
+                cache.put(ckey, rows, ref.raw_size)
+            if key in rows:
+                return rows[key]
+        if m.kind == "snapshot":
+            break
+    return None

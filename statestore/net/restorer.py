@@ -1,0 +1,475 @@
+"""Executing a recovery plan at the restorer (the async shell around plan.py).
+
+``Restorer.plan`` reads the chain and builds the plan; ``Restorer.run`` carries it out:
+
+- star: every chunk from its assigned source first, then the other holders, ``fan_in`` at a
+  time, decoded on worker threads as they land;
+- line / tree: one ``POST /v1/relay`` to the hop nearest the restorer, whose stream carries
+  the chunks (line) or the folded rows (tree) of the whole plan.
+
+Whatever a streamed plan did not deliver (a hop died, a chunk was corrupt, the stream went
+quiet for too long) is fetched afterwards from the other replicas, skipping the hops that
+failed: only the missing part is rerouted, nothing starts over. Rows are folded by chain
+position, so a row that arrives twice (folded and again from a replica) is harmless.
+``Restorer.run_many`` runs many plans at once and reads the star plans' chunks in one
+``POST /v1/chunks`` stream per source before handing each store to ``run``.
+Links are measured from every transfer (an EWMA of throughput and latency per source) and
+fed back to the planner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
+
+from statestore.core.bucket import TokenBucket
+from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, verify
+from statestore.core.errors import (
+    CorruptChunk,
+    NodeUnavailable,
+    NotFound,
+    StateStoreError,
+    Unavailable,
+)
+from statestore.core.fold import ChainFold
+from statestore.core.ids import StoreId
+from statestore.core.links import LinkTable
+from statestore.core.manifest import Manifest
+from statestore.core.plan import ChunkTask, CostModel, Plan, build, learn_fold_ratio
+from statestore.core.view import RingView
+from statestore.net.http import HttpTransport
+from statestore.net.reads import read_chain
+from statestore.net.streams import read_frames
+from statestore.wire.frames import decode_folded, encode_hop
+
+__all__ = ["RecoveryResult", "Restorer", "chain_tasks"]
+
+Rows = list[tuple[bytes, bytes | None]]
+BATCH_KEYS = 4096  # chunks per POST /v1/chunks (the node accepts up to 10,000)
+
+
+@dataclass
+class RecoveryResult:
+    state: dict[bytes, bytes]
+    chain: list[Manifest]
+    plan: Plan
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def chain_tasks(view: RingView, store: StoreId, chain: Sequence[Manifest]) -> list[ChunkTask]:
+    tasks = []
+    for pos, m in enumerate(chain):
+        for ref in m.chunks:
+            key = f"{store.path}/{m.version}/{ref.name}"
+            tasks.append(
+                ChunkTask(
+                    key,
+                    pos,
+                    m.version,
+                    ref.name,
+                    ref.checksum,
+                    ref.size,
+                    ref.raw_size,
+                    ref.rows,
+                    tuple(view.read_order(key)),
+                    ref.lo,
+                    ref.hi,
+                )
+            )
+    return tasks
+
+
+@dataclass
+class _Prefetched:
+    """What a batched read (:meth:`Restorer.run_many`) delivered for one store."""
+
+    started: float
+    fold: ChainFold = field(default_factory=ChainFold)
+    done: set[str] = field(default_factory=set)
+    bytes_in: int = 0
+    bytes_by_node: dict[str, int] = field(default_factory=dict)
+    bad: set[str] = field(default_factory=set)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Restorer:
+    """Plans and runs restores for one client (its transport, links and limits)."""
+
+    def __init__(
+        self,
+        transport: HttpTransport,
+        *,
+        fan_in: int = 16,
+        tree_fan_in: int = 2,
+        ingress: float | None = None,
+        max_raw: int = MAX_CHUNK_RAW,
+        model: CostModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.transport = transport
+        self.fan_in = fan_in
+        self.tree_fan_in = tree_fan_in
+        self.ingress = ingress
+        self.max_raw = max_raw
+        self.model = model or CostModel()
+        self.links = LinkTable()
+        self.clock = clock
+        self._fold_ratio: dict[StoreId, float] = {}
+        self.calibration: dict[str, float] = {}  # per shape: EWMA of actual / predicted
+        self._bucket = (
+            TokenBucket(ingress, max(ingress / 10, 1 << 20), clock()) if ingress else None
+        )
+
+    async def _throttle(self, nbytes: int) -> None:
+        if self._bucket is not None:
+            wait = self._bucket.reserve(nbytes, self.clock())
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+    async def plan(
+        self,
+        view: RingView,
+        store: StoreId,
+        version: int,
+        kind: str,
+        load: Mapping[str, float] | None = None,
+    ) -> tuple[list[Manifest], Plan]:
+        chain = await read_chain(self.transport, view, store, version)
+        return chain, self.plan_chain(view, store, chain, kind, load)
+
+    def plan_chain(
+        self,
+        view: RingView,
+        store: StoreId,
+        chain: list[Manifest],
+        kind: str,
+        load: Mapping[str, float] | None = None,
+    ) -> Plan:
+        """The plan for a chain already read (no I/O)."""
+        tasks = chain_tasks(view, store, chain)
+        model = self.model
+        if store in self._fold_ratio:  # what the last tree restore of this store showed
+            model = replace(model, fold_ratio=self._fold_ratio[store])
+        return build(
+            kind,
+            tasks,
+            links=self.links.snapshot(),
+            load=load,
+            ingress=self.ingress,
+            fan_in=self.fan_in,
+            tree_fan_in=self.tree_fan_in,
+            replicas=view.replicas,
+            model=model,
+            calibration=self.calibration,
+        )
+
+    async def run(
+        self,
+        view: RingView,
+        store: StoreId,
+        chain: list[Manifest],
+        plan: Plan,
+        *,
+        progress: Callable[[int], None] | None = None,
+        sem: asyncio.Semaphore | None = None,
+        prefetched: _Prefetched | None = None,
+    ) -> RecoveryResult:
+        """Carry out ``plan``; ``prefetched`` holds what :meth:`run_many` already read."""
+        pre = prefetched or _Prefetched(self.clock())
+        started = pre.started
+        fold = pre.fold
+        stats: dict[str, Any] = {
+            "plan": plan.kind,
+            "reason": plan.reason,
+            "predicted_seconds": round(plan.predicted, 4),
+            "sr3_rule": plan.sr3,
+            "chunks": len(plan.tasks),
+            "bytes_in": pre.bytes_in,
+            "rerouted": 0,
+            "failovers": 0,
+            "hops": [],
+            "failed_hops": list(pre.failed),
+            "bytes_by_node": dict(pre.bytes_by_node),
+            "batched": len(pre.done),  # chunks a run_many stream delivered beforehand
+        }
+        done: set[str] = pre.done
+        bad: set[str] = set(pre.bad)
+        if plan.kind != "star" and plan.root is not None:
+            await self._stream(store, chain[-1].key_groups, plan, fold, done, bad, stats, progress)
+        missing = [t for t in plan.tasks if t.key not in done]
+        if plan.kind != "star":
+            stats["rerouted"] = len(missing)
+        if plan.kind == "tree" and not missing:
+            ratio = learn_fold_ratio(plan.tasks, stats["bytes_in"])
+            if ratio is not None:
+                self._fold_ratio[store] = ratio
+        await self._star(missing, plan.assignment, fold, bad, stats, progress, sem)
+        loop = asyncio.get_running_loop()
+        state = await loop.run_in_executor(None, fold.result)
+        stats["seconds"] = round(self.clock() - started, 4)
+        if prefetched is None:  # one of many at once is slowed by the others: not a sample
+            self._calibrate(plan, stats["seconds"], len(missing))
+        stats["chain"] = len(chain)
+        stats["bytes"] = stats["bytes_in"]
+        return RecoveryResult(state, chain, plan, stats)
+
+    def _calibrate(self, plan: Plan, seconds: float, rerouted: int) -> None:
+        """Learn how far off the raw prediction for this shape was (a clean run only)."""
+        raw = plan.predictions.get(plan.kind, 0.0) / self.calibration.get(plan.kind, 1.0)
+        if raw <= 0 or (rerouted and plan.kind != "star") or not plan.tasks:
+            return
+        ratio = min(20.0, max(0.2, seconds / raw))
+        old = self.calibration.get(plan.kind)
+        self.calibration[plan.kind] = ratio if old is None else 0.5 * old + 0.5 * ratio
+
+    async def _stream(
+        self,
+        store: StoreId,
+        groups: int,
+        plan: Plan,
+        fold: ChainFold,
+        done: set[str],
+        bad: set[str],
+        stats: dict[str, Any],
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        assert plan.root is not None
+        loop = asyncio.get_running_loop()
+        body = encode_hop(store, plan.root, plan.kind == "tree", groups=groups)
+        covers: set[str] = set()
+        complete: set[int] = set()  # key groups the root's folded frames delivered in full
+        clean = False
+        # A stream that goes quiet for too long is abandoned and what it did not deliver is
+        # fetched from other replicas. Quiet, not slow: a tree root sends nothing until its
+        # subtree is folded, so the allowance scales with the predicted time.
+        idle = max(30.0, plan.predicted * 3)
+        by_key = {t.key: t for t in plan.tasks}
+        stream = None
+        pending: list[asyncio.Future[None]] = []
+        try:
+            async with asyncio.timeout(idle) as quiet:
+                stream = await self.transport.open_stream(
+                    plan.root.address, "/v1/relay", body, timeout=idle
+                )
+                opened = self.clock()
+                async for kind, meta, data, _raw in read_frames(stream, self.max_raw):
+                    quiet.reschedule(loop.time() + idle)
+                    await self._throttle(len(data))
+                    stats["bytes_in"] += len(data)
+                    if progress is not None and data:
+                        progress(len(data))
+                    if kind == b"C":
+                        t = by_key.get(str(meta.get("k")))
+                        if t is None:
+                            continue
+                        pending.append(
+                            asyncio.ensure_future(self._decode_into(fold, t, data, done))
+                        )
+                    elif kind == b"F":
+                        rows = await loop.run_in_executor(None, decode_folded, data, self.max_raw)
+                        fold.add_folded(rows)
+                        g = meta.get("g")
+                        if isinstance(g, list) and len(g) == 2:
+                            complete.update(range(int(g[0]), int(g[1]) + 1))
+                    elif kind == b"D":
+                        if "out" in meta:
+                            hop = {k: meta.get(k) for k in ("hop", "depth", "own", "in", "out")}
+                            stats["hops"].append(hop)
+                        covers.update(str(k) for k in meta.get("covers", []) if k in by_key)
+                    elif kind == b"E":
+                        stats["failed_hops"].append(
+                            {"hop": meta.get("hop"), "error": meta.get("error")}
+                        )
+                        bad.add(str(meta.get("hop")))
+                clean = True
+                # the root's link, as the whole stream showed it (not frame by frame)
+                self.links.observe(plan.root.address, stats["bytes_in"], self.clock() - opened)
+        except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
+            stats["failed_hops"].append(
+                {"hop": plan.root.address, "error": f"{type(exc).__name__}: {exc}"}
+            )
+            if not isinstance(exc, TimeoutError):
+                bad.add(plan.root.address)
+        finally:
+            if stream is not None:
+                stream.close()
+            # Folded rows count for a chunk only if the fold included it (covers) and either
+            # the stream ended cleanly or every key group the chunk spans arrived in full.
+            for key in covers:
+                t = by_key[key]
+                if clean or all(g in complete for g in range(t.lo, t.hi + 1)):
+                    done.add(key)
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException) and not isinstance(r, CorruptChunk):
+                    raise r
+
+    async def run_many(
+        self,
+        view: RingView,
+        jobs: Sequence[tuple[StoreId, list[Manifest], Plan]],
+        *,
+        progress: Callable[[int], None] | None = None,
+        sem: asyncio.Semaphore | None = None,
+    ) -> list[RecoveryResult]:
+        """Run many plans at once. The chunks of every star plan are read in one stream per
+        source (``POST /v1/chunks``) instead of one request per chunk; whatever a stream does
+        not deliver, and the line and tree plans, then run as :meth:`run` runs them."""
+        now = self.clock()
+        pre = [_Prefetched(now) for _ in jobs]
+        per_source: dict[str, list[tuple[_Prefetched, ChunkTask]]] = {}
+        for p, (_, _, plan) in zip(pre, jobs, strict=True):
+            if plan.kind == "star":
+                for t in plan.tasks:
+                    per_source.setdefault(plan.assignment[t.key], []).append((p, t))
+        batches = [
+            asyncio.ensure_future(self._batch(address, items[i : i + BATCH_KEYS], progress))
+            for address, items in per_source.items()
+            for i in range(0, len(items), BATCH_KEYS)
+        ]
+        # A source that trickles must not hold every store back: past a deadline scaled from
+        # the plans' predictions, what has not arrived is fetched the normal way below.
+        deadline = max(30.0, 3 * sum(plan.predicted for _, _, plan in jobs))
+        try:
+            async with asyncio.timeout(deadline):
+                await asyncio.gather(*batches)
+        except TimeoutError:
+            pass
+        finally:
+            for b in batches:
+                b.cancel()
+            await asyncio.gather(*batches, return_exceptions=True)
+        return list(
+            await asyncio.gather(
+                *(
+                    self.run(view, sid, chain, plan, progress=progress, sem=sem, prefetched=p)
+                    for p, (sid, chain, plan) in zip(pre, jobs, strict=True)
+                )
+            )
+        )
+
+    async def _batch(
+        self,
+        address: str,
+        items: Sequence[tuple[_Prefetched, ChunkTask]],
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        """One ``POST /v1/chunks`` stream from ``address``; a chunk it leaves out, or a
+        stream that fails, leaves the rest to the per-store fetch that follows."""
+        loop = asyncio.get_running_loop()
+        by_key = {t.key: (p, t) for p, t in items}
+        body = json.dumps({"keys": list(by_key)}).encode()
+        pending: list[asyncio.Future[None]] = []
+        idle = 30.0
+        stream = None
+        nbytes = 0
+        opened = self.clock()
+        try:
+            async with asyncio.timeout(idle) as quiet:
+                stream = await self.transport.open_stream(address, "/v1/chunks", body)
+                async for kind, meta, data, _raw in read_frames(stream, self.max_raw):
+                    quiet.reschedule(loop.time() + idle)
+                    hit = by_key.get(str(meta.get("k"))) if kind == b"C" else None
+                    if hit is None:
+                        continue
+                    p, t = hit
+                    await self._throttle(len(data))
+                    nbytes += len(data)
+                    p.bytes_in += len(data)
+                    p.bytes_by_node[address] = p.bytes_by_node.get(address, 0) + len(data)
+                    if progress is not None:
+                        progress(len(data))
+                    pending.append(
+                        asyncio.ensure_future(self._decode_into(p.fold, t, data, p.done))
+                    )
+            self.links.observe(address, nbytes, self.clock() - opened)
+        except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
+            for p in {id(p): p for p, _ in items}.values():
+                p.failed.append({"hop": address, "error": f"{type(exc).__name__}: {exc}"})
+                if not isinstance(exc, TimeoutError):
+                    p.bad.add(address)
+        finally:
+            if stream is not None:
+                stream.close()
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException) and not isinstance(r, CorruptChunk):
+                    raise r
+
+    async def _decode_into(
+        self, fold: ChainFold, t: ChunkTask, data: bytes, done: set[str]
+    ) -> None:
+        verify(data, t.checksum, t.key)
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(
+            None, lambda: decode_chunk(data, max_raw=self.max_raw, what=t.key)
+        )
+        fold.add_chunk(t.pos, rows, t.name.startswith("s"))
+        done.add(t.key)
+
+    async def _star(
+        self,
+        tasks: Sequence[ChunkTask],
+        assignment: Mapping[str, str],
+        fold: ChainFold,
+        bad: set[str],
+        stats: dict[str, Any],
+        progress: Callable[[int], None] | None,
+        sem: asyncio.Semaphore | None,
+    ) -> None:
+        sem = sem or asyncio.Semaphore(self.fan_in)
+        loop = asyncio.get_running_loop()
+        # per source: bytes and the span from its first request to its last answer. Requests
+        # to one source overlap, so one request's own rate would understate the source.
+        spans: dict[str, list[float]] = {}
+
+        async def one(t: ChunkTask) -> None:
+            first = assignment.get(t.key)
+            order = [a for a in ([first] if first else []) + list(t.holders) if a not in bad]
+            order = list(dict.fromkeys(order)) + [a for a in t.holders if a in bad]
+            errors: list[StateStoreError] = []
+            for address in order:
+                try:
+                    async with sem:
+                        span = spans.setdefault(address, [self.clock(), 0.0, 0.0])
+                        resp = await self.transport.request("GET", address, f"/v1/chunks/{t.key}")
+                        span[1] = self.clock()
+                        span[2] += len(resp.body)
+                        await self._throttle(len(resp.body))
+                    verify(resp.body, t.checksum, t.key)
+                except (Unavailable, CorruptChunk, NotFound) as exc:
+                    errors.append(exc)
+                    stats["failovers"] += 1
+                    continue
+                stats["bytes_in"] += len(resp.body)
+                by = stats["bytes_by_node"]
+                by[address] = by.get(address, 0) + len(resp.body)
+                if progress is not None:
+                    progress(len(resp.body))
+                rows = await loop.run_in_executor(
+                    None, partial(decode_chunk, resp.body, max_raw=self.max_raw, what=t.key)
+                )
+                fold.add_chunk(t.pos, rows, t.name.startswith("s"))
+                return
+            if errors and all(isinstance(e, CorruptChunk) for e in errors):
+                raise CorruptChunk(f"chunk {t.key} is corrupt on every holder: {errors[0]}")
+            raise NodeUnavailable(
+                f"chunk {t.key} could not be read from any live holder: "
+                + "; ".join(str(e) for e in errors[:3])
+            )
+
+        tasks_ = [asyncio.ensure_future(one(t)) for t in tasks]
+        try:
+            await asyncio.gather(*tasks_)
+            for address, (first, last, nbytes) in spans.items():
+                if last > first:
+                    self.links.observe(address, int(nbytes), last - first)
+        finally:
+            for f in tasks_:
+                f.cancel()
+            await asyncio.gather(*tasks_, return_exceptions=True)

@@ -1,0 +1,436 @@
+"""The node's HTTP API under ``/v1/`` (docs/api.md is its written form).
+
+Handlers validate names first, hand the decision to the core and storage, and map every
+error of the tree onto ``{"error": {"code", "message"}}`` with its status: no stack trace ever
+reaches a caller. Every response carries the ring epoch in ``X-Statestore-Epoch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from bisect import bisect_right
+from collections.abc import Awaitable, Callable
+from itertools import accumulate
+from typing import Any
+
+import msgpack
+from aiohttp import web
+
+from statestore.core.errors import (
+    InvalidRequest,
+    MalformedData,
+    PayloadTooLarge,
+    StateStoreError,
+    StoreNotFound,
+)
+from statestore.core.ids import StoreId, check_version, chunk_key, parse_chunk_key
+from statestore.core.manifest import local_chain
+from statestore.node.coordinator import (
+    POSITIONS_HEADER,
+    STATS_HEADER,
+    VERSION_HEADER,
+    WRITER_EPOCH_HEADER,
+    coordinate_commit,
+    coordinate_restore,
+)
+from statestore.node.daemon import NODE, Node
+from statestore.node.relay import relay_handler
+from statestore.wire.frames import encode_frame
+from statestore.wire.headers import EPOCH_HEADER, FRAMES_CONTENT_TYPE
+from statestore.wire.manifest import decode_manifest, encode_chain
+from statestore.wire.rows import decode_rows, encode_puts
+
+__all__ = ["NODE", "build_app"]
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    node = request.app[NODE]
+    try:
+        resp = await handler(request)
+    except StateStoreError as exc:
+        resp = _error(exc.status, exc.code, str(exc))
+    except web.HTTPRequestEntityTooLarge as exc:
+        resp = _error(
+            413,
+            PayloadTooLarge.code,
+            f"request body is larger than this node's limit ({exc.text}); "
+            "send smaller chunks or start the node with a larger --max-body",
+        )
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            resp = _error(
+                exc.status, "http_error", f"{exc.reason}: {request.method} {request.path}"
+            )
+        else:
+            raise
+    except Exception as exc:  # the boundary: log it, answer in our words
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        resp = _error(500, "internal", f"node error: {type(exc).__name__}: {exc}")
+    resp.headers[EPOCH_HEADER] = str(node.epoch)
+    return resp
+
+
+def _store(request: web.Request) -> StoreId:
+    mi = request.match_info
+    for part in ("operator", "partition"):
+        if not mi[part].isdigit():
+            raise InvalidRequest(f"store {part} {mi[part]!r} must be a non-negative integer")
+    return StoreId(mi["query"], int(mi["operator"]), int(mi["partition"]), mi["name"])
+
+
+def _version(text: str | None) -> int:
+    if text is None or not text.isdigit() or len(text) > 19:
+        raise InvalidRequest(f"version {text!r} must be a positive integer")
+    return check_version(int(text))
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise MalformedData(f"request body is not JSON ({exc})") from exc
+
+
+# -- node and ring ----------------------------------------------------------------------
+async def health(request: web.Request) -> web.Response:
+    return web.json_response(request.app[NODE].health())
+
+
+async def ring(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    view = node.view()
+    shares = view.ring.shares()
+    body = view.to_json()
+    for m in body["members"]:
+        m["share"] = round(shares.get(m["id"], 0.0), 4)
+    body["self"] = node.id
+    return web.json_response(body)
+
+
+async def gossip(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    assert node.membership is not None
+    node.membership.merge(await _json(request), node.clock())
+    return web.json_response(node.membership.digest())
+
+
+# -- chunks -----------------------------------------------------------------------------
+async def put_chunk(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    key = request.match_info["key"]
+    data = await request.read()
+    if len(data) > node.config.max_chunk:
+        raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
+    await node.write(node.store.put_chunk, key, data)
+    return web.json_response({"stored": key}, status=201)
+
+
+async def get_chunk(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    key = request.match_info["key"]
+    if node.config.inject_delay:
+        await asyncio.sleep(node.config.inject_delay)
+    data = node.store.get_chunk(key)
+    if data is None:
+        from statestore.core.errors import NotFound
+
+        raise NotFound(f"chunk {key} is not on this node; try another replica")
+    return web.Response(body=data, content_type="application/octet-stream")
+
+
+MAX_BATCH_KEYS = 10_000
+STATE_WRITE_BYTES = 1 << 20  # bytes of rows per write of a streamed state
+
+
+async def read_chunks(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chunks``: many chunks in one stream of ``C`` frames (frames.py), for a
+    restorer that wants everything one source holds for it (restore_many). A chunk that is
+    missing here or fails its checksum is left out; the caller fetches it elsewhere."""
+    node = request.app[NODE]
+    body = await _json(request)
+    keys = body.get("keys") if isinstance(body, dict) else None
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise MalformedData('chunk batch: the body must be {"keys": [chunk key, ...]}')
+    if len(keys) > MAX_BATCH_KEYS:
+        raise InvalidRequest(
+            f"chunk batch of {len(keys)} keys is over the limit of {MAX_BATCH_KEYS}; "
+            "split it into several requests"
+        )
+    for key in keys:
+        parse_chunk_key(key)  # names a malformed key before anything is sent
+    if node.config.inject_delay:
+        await asyncio.sleep(node.config.inject_delay)
+    resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
+    await resp.prepare(request)
+    for key in keys:
+        try:
+            data = node.store.get_chunk(key)
+        except StateStoreError as exc:
+            log.warning("chunk batch: %s unusable: %s", key, exc)
+            continue
+        if data is not None:
+            await resp.write(encode_frame(b"C", {"k": key}, data))
+    await resp.write_eof()
+    return resp
+
+
+async def have(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _json(request)
+    chunks = body.get("chunks", [])
+    manifests = body.get("manifests", [])
+    if not isinstance(chunks, list) or not isinstance(manifests, list):
+        raise MalformedData("have: chunks and manifests must be lists")
+    out_m = []
+    floors: dict[str, int] = {}
+    for path, version, kind in manifests:
+        store = StoreId.parse(path)
+        floors[store.path] = node.store.floor(store)
+        out_m.append(node.store.raw_manifest(store, int(version), str(kind)) is not None)
+    for key in chunks:
+        store, _, _ = parse_chunk_key(str(key))
+        if store.path not in floors:
+            floors[store.path] = node.store.floor(store)
+    return web.json_response(
+        {
+            "chunks": node.store.has_chunks([str(k) for k in chunks]),
+            "manifests": out_m,
+            "floors": {k: v for k, v in floors.items() if v},
+        }
+    )
+
+
+# -- manifests and stores ---------------------------------------------------------------
+async def put_manifest(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.match_info["version"])
+    kind = request.match_info["kind"]
+    m = decode_manifest(await request.read())
+    if (m.store, m.version, m.kind) != (store, version, kind):
+        raise InvalidRequest(
+            f"manifest is for {m.store} v{m.version} {m.kind}, but was sent to "
+            f"{store} v{version} {kind}"
+        )
+    if version < node.store.floor(store):
+        raise InvalidRequest(f"{store} version {version} is below retention; commit a newer one")
+    for ref in m.chunks:
+        chunk_key(store, version, ref.name)  # validates chunk names
+    created = await node.write(node.store.put_manifest, m)
+    return web.json_response({"stored": created}, status=201 if created else 200)
+
+
+async def get_manifest(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.match_info["version"])
+    raw = node.store.raw_manifest(store, version, request.match_info["kind"])
+    if raw is None:
+        from statestore.core.errors import VersionNotFound
+
+        raise VersionNotFound(f"{store} version {version} has no manifest on this node")
+    return web.Response(body=raw, content_type="application/msgpack")
+
+
+async def head(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    h = node.store.head(store)
+    if h is None:
+        raise StoreNotFound(f"store {store} has no version on this node")
+    return web.json_response({"version": h.version, "epoch": h.epoch})
+
+
+async def versions(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    if node.store.head(store) is None:
+        raise StoreNotFound(f"store {store} has no version on this node")
+    floor = node.store.floor(store)
+    vs = [v for v in node.store.versions(store) if v >= floor]
+    return web.json_response({"versions": vs, "floor": floor})
+
+
+async def chain(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.query.get("version"))
+    if node.store.head(store) is None:
+        raise StoreNotFound(f"store {store} has no version on this node")
+    deltas, snaps = node.store.manifests(store)
+    return web.Response(
+        body=encode_chain(local_chain(deltas, snaps, version)), content_type="application/msgpack"
+    )
+
+
+MAX_BATCH_STORES = 1000
+
+
+async def _store_list(request: web.Request, what: str) -> list[Any]:
+    body = await _json(request)
+    stores = body.get("stores") if isinstance(body, dict) else None
+    if not isinstance(stores, list):
+        raise MalformedData(f'{what}: the body must be {{"stores": [...]}}')
+    if len(stores) > MAX_BATCH_STORES:
+        raise InvalidRequest(
+            f"{what} of {len(stores)} stores is over the limit of {MAX_BATCH_STORES}; "
+            "split it into several requests"
+        )
+    return stores
+
+
+async def heads(request: web.Request) -> web.Response:
+    """``POST /v1/heads``: the heads of many stores in one answer (null where this node
+    holds no version of the store)."""
+    node = request.app[NODE]
+    out: list[list[int] | None] = []
+    for path in await _store_list(request, "heads"):
+        if not isinstance(path, str):
+            raise MalformedData("heads: each store is a QUERY/OPERATOR/PARTITION/NAME string")
+        h = node.store.head(StoreId.parse(path))
+        out.append(None if h is None else [h.version, h.epoch])
+    return web.json_response({"heads": out})
+
+
+async def chains(request: web.Request) -> web.Response:
+    """``POST /v1/chains``: the chains of many (store, version) pairs in one msgpack answer,
+    each as ``GET .../chain`` encodes it (nil where this node holds no version of the store)."""
+    node = request.app[NODE]
+    out: list[bytes | None] = []
+    for item in await _store_list(request, "chains"):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise MalformedData("chains: each item is [QUERY/OPERATOR/PARTITION/NAME, version]")
+        store, version = StoreId.parse(item[0]), _version(str(item[1]))
+        if node.store.head(store) is None:
+            out.append(None)
+            continue
+        deltas, snaps = node.store.manifests(store)
+        out.append(encode_chain(local_chain(deltas, snaps, version)))
+    body: bytes = msgpack.packb(out, use_bin_type=True)
+    return web.Response(body=body, content_type="application/msgpack")
+
+
+async def gc(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    store = _store(request)
+    body = await _json(request)
+    floor = body.get("floor") if isinstance(body, dict) else None
+    if not isinstance(floor, int) or floor < 0:
+        raise MalformedData('gc: body must be {"floor": <version>}')
+    dropped = await node.write(node.store.apply_floor, store, floor)
+    node.stats["gc"] += dropped
+    return web.json_response({"dropped": dropped, "floor": node.store.floor(store)})
+
+
+async def list_stores(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return web.json_response({"stores": [s.path for s in node.store.stores()]})
+
+
+# -- coordinator endpoints (the node writes and reads the ring for the caller) -----------
+async def commit(request: web.Request) -> web.Response:
+    """Commit framed rows as a version: the node chunks them and writes at W for the caller."""
+    node = request.app[NODE]
+    store = _store(request)
+    version = _version(request.query.get("version"))
+    epoch_text = request.query.get("epoch", "0")
+    if not epoch_text.isdigit():
+        raise InvalidRequest(f"epoch {epoch_text!r} must be a non-negative integer")
+    snapshot = request.query.get("snapshot", "0") in ("1", "true")
+    positions = _positions(request.headers.get(POSITIONS_HEADER, "{}"))
+    body = bytearray()
+    async for piece in request.content.iter_chunked(1 << 20):
+        body += piece
+        if len(body) > node.config.max_commit:
+            raise PayloadTooLarge(
+                f"commit body is over {node.config.max_commit} bytes: commit smaller deltas "
+                "or raise the node's --max-commit"
+            )
+    puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
+    result = await coordinate_commit(
+        node, store, version, int(epoch_text), puts, deletes, positions, snapshot
+    )
+    return web.json_response(result, status=201)
+
+
+async def state(request: web.Request) -> web.StreamResponse:
+    """Restore a version and stream it as framed rows (puts only)."""
+    node = request.app[NODE]
+    store = _store(request)
+    text = request.query.get("version")
+    plan = request.query.get("plan", "auto")
+    data, top, stats = await coordinate_restore(
+        node, store, _version(text) if text is not None else None, plan
+    )
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "application/octet-stream",
+            VERSION_HEADER: str(top.version),
+            WRITER_EPOCH_HEADER: str(top.epoch),
+            POSITIONS_HEADER: json.dumps(dict(top.positions)),
+            STATS_HEADER: json.dumps(stats),
+            EPOCH_HEADER: str(node.epoch),
+        }
+    )
+    await resp.prepare(request)
+    keys, values = list(data), list(data.values())
+    # writes of about 1 MiB, cut by bytes (a few large values must not make one huge write)
+    ends = list(accumulate(map(int.__add__, map(len, keys), map(len, values))))
+    start = 0
+    while start < len(keys):
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, bisect_right(ends, base + STATE_WRITE_BYTES, start))
+        await resp.write(encode_puts(keys[start:stop], values[start:stop]))
+        start = stop
+    await resp.write_eof()
+    return resp
+
+
+def _positions(text: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise MalformedData(f"{POSITIONS_HEADER} is not JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise MalformedData(f"{POSITIONS_HEADER} must be a JSON object")
+    return obj
+
+
+def build_app(node: Node) -> web.Application:
+    app = web.Application(client_max_size=node.config.max_body, middlewares=[errors_middleware])
+    app[NODE] = node
+    s = "/v1/stores/{query}/{operator}/{partition}/{name}"
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/ring", ring)
+    app.router.add_post("/v1/gossip", gossip)
+    app.router.add_post("/v1/sync/have", have)
+    app.router.add_put("/v1/chunks/{key:.+}", put_chunk)
+    app.router.add_get("/v1/chunks/{key:.+}", get_chunk)
+    app.router.add_post("/v1/chunks", read_chunks)
+    app.router.add_put(
+        "/v1/manifests/{query}/{operator}/{partition}/{name}/{version}/{kind}", put_manifest
+    )
+    app.router.add_get(
+        "/v1/manifests/{query}/{operator}/{partition}/{name}/{version}/{kind}", get_manifest
+    )
+    app.router.add_get("/v1/stores", list_stores)
+    app.router.add_post("/v1/heads", heads)
+    app.router.add_post("/v1/chains", chains)
+    app.router.add_get(s + "/head", head)
+    app.router.add_get(s + "/versions", versions)
+    app.router.add_get(s + "/chain", chain)
+    app.router.add_post(s + "/gc", gc)
+    app.router.add_post(s + "/commit", commit)
+    app.router.add_get(s + "/state", state)
+    app.router.add_post("/v1/relay", relay_handler)
+    return app

@@ -1,0 +1,285 @@
+"""The node daemon: storage, membership, discovery and the background loops, under one owner.
+
+``Node`` is a thin async shell: placement, quorum, chunk and membership decisions come from the
+pure core; this module only waits (on sockets, the disk thread and timers). Every background
+task (gossip, discovery, repair, compaction) is started in :meth:`Node.start` and cancelled and
+awaited in :meth:`Node.stop`, in reverse order (STYLE.md, owned tasks). Storage writes run on a
+single writer thread, which is what makes the fencing check atomic with the write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from statestore.core.errors import DataDirInUse, StateStoreError
+from statestore.core.membership import Membership, Status
+from statestore.core.placement import DEFAULT_VNODES
+from statestore.core.quorum import validate_rw
+from statestore.core.view import RingView
+from statestore.net.http import HttpTransport
+from statestore.net.restorer import Restorer
+from statestore.node.discovery import Discovery
+from statestore.node.storage import NodeStore, open_backend
+
+__all__ = ["NODE", "DataDirInUse", "Loop", "Node", "NodeConfig"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class NodeConfig:
+    host: str = "127.0.0.1"
+    port: int = 7400
+    data_dir: str = "data/node"
+    seeds: list[str] = field(default_factory=list)
+    replicas: int = 3
+    write_quorum: int = 2
+    vnodes: int = DEFAULT_VNODES
+    zone: str = ""
+    advertise: str = ""  # HOST:PORT others use to reach us (default: the listen address)
+    storage: str = ""  # "" = lmdb in data_dir; "memory://" for tests
+    max_body: int = 64 * 1024 * 1024
+    max_chunk: int = 256 * 1024 * 1024
+    max_commit: int = 1024 * 1024 * 1024
+    gossip_interval: float = 0.5
+    suspect_after: float = 2.0
+    down_after: float = 5.0
+    repair_interval: float = 2.0
+    compact_interval: float = 2.0
+    snapshot_every: int = 10
+    retain_versions: int = 100
+    dht: bool = True
+    inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read
+    dht_port: int | None = None  # None: same number as the HTTP port (0 -> any)
+
+    def __post_init__(self) -> None:
+        validate_rw(self.replicas, self.write_quorum)
+        if self.snapshot_every < 1 or self.retain_versions < 1:
+            raise ValueError("snapshot_every and retain_versions must be at least 1")
+
+
+def _lock_data_dir(data_dir: str) -> int:
+    """Hold an exclusive lock on the data dir for the life of the process."""
+    os.makedirs(data_dir, exist_ok=True)
+    fd = os.open(os.path.join(data_dir, "node.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirInUse(
+            f"data dir {data_dir} is in use by another running node: give each node its own "
+            "--data-dir (or stop the other one)"
+        ) from None
+    return fd
+
+
+def _load_identity(data_dir: str) -> tuple[str, int]:
+    """The node id kept in the data dir, and a new incarnation (one more than last start)."""
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, "node.json")
+    ident: dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            ident = json.load(f)
+    node_id = str(ident.get("id") or uuid.uuid4().hex[:16])
+    incarnation = int(ident.get("incarnation", 0)) + 1
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"id": node_id, "incarnation": incarnation}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return node_id, incarnation
+
+
+class Node:
+    def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self._lock = _lock_data_dir(config.data_dir)
+        self.id, self.incarnation = _load_identity(config.data_dir)
+        url = config.storage or f"lmdb://{os.path.abspath(os.path.join(config.data_dir, 'db'))}"
+        self.store = NodeStore(open_backend(url))
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="statestore-writer")
+        self.transport = HttpTransport(timeout=10.0)
+        self.address = f"{config.host}:{config.port}"
+        self.membership: Membership | None = None
+        self.discovery: Discovery | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._view: RingView | None = None
+        self._directory: list[str] = []
+        self.restorer: Restorer
+        self.stats: dict[str, int] = {"repaired": 0, "handed_off": 0, "snapshots": 0, "gc": 0}
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self, port: int, loops: Sequence[tuple[str, Loop]] = ()) -> None:
+        """Called once the HTTP socket is bound to ``port``; starts gossip, discovery and the
+        given background ``loops`` (repair, compaction: node/server.py passes them)."""
+        host = self.config.host
+        if host in ("0.0.0.0", "::", ""):  # a wildcard is no address to give to others
+            host = socket.gethostname()
+        self.address = self.config.advertise or f"{host}:{port}"
+        self.membership = Membership(
+            self.id,
+            self.address,
+            self.config.zone,
+            self.incarnation,
+            self.clock(),
+            suspect_after=self.config.suspect_after,
+            down_after=self.config.down_after,
+        )
+        await self.transport.start()
+        self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk)
+        if self.config.dht:
+            self.discovery = Discovery(self.id, self.config.host, self.address)
+            dport = port if self.config.dht_port is None else self.config.dht_port
+            try:
+                await self.discovery.listen(dport)
+            except OSError:
+                await self.discovery.listen(0)
+        self._spawn(self._gossip_loop(), "gossip")
+        if self.discovery is not None:
+            self._spawn(self._discovery_loop(), "discovery")
+        for name, loop in loops:
+            self._spawn(loop(self), name)
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background task %s died", name)
+
+        self._tasks.append(asyncio.create_task(guarded(), name=f"statestore-{name}"))
+
+    async def stop(self) -> None:
+        for task in reversed(self._tasks):
+            task.cancel()
+        for task in reversed(self._tasks):
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._tasks.clear()
+        if self.discovery is not None:
+            self.discovery.stop()
+        await self.transport.close()
+        self.release()
+
+    def release(self) -> None:
+        """Close storage and let go of the data dir (after in-flight writes finished)."""
+        self.writer.shutdown(wait=True)
+        self.store.backend.close()
+        os.close(self._lock)
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a storage write on the single writer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.writer, fn, *args)
+
+    # -- ring view -----------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self.membership.epoch if self.membership is not None else 0
+
+    def view(self) -> RingView:
+        assert self.membership is not None
+        if self._view is None or self._view.epoch != self.membership.epoch:
+            members = tuple(
+                {"id": m.id, "address": m.address, "status": m.status.value, "zone": m.zone}
+                for m in self.membership.members()
+            )
+            self._view = RingView(
+                self.membership.epoch,
+                members,
+                self.config.replicas,
+                self.config.write_quorum,
+                self.config.vnodes,
+            )
+        return self._view
+
+    # -- gossip --------------------------------------------------------------------------
+    async def gossip_with(self, address: str) -> None:
+        assert self.membership is not None
+        resp = await self.transport.request(
+            "POST", address, "/v1/gossip", json_body=self.membership.digest(), timeout=2.0
+        )
+        self.membership.merge(resp.json(), self.clock())
+
+    def _gossip_targets(self, extra: list[str]) -> list[str]:
+        assert self.membership is not None
+        others = [m for m in self.membership.members() if m.id != self.id]
+        live = [m.address for m in others if m.status is not Status.DOWN]
+        down = [m.address for m in others if m.status is Status.DOWN]
+        known = {m.address for m in others}
+        targets = random.sample(live, min(2, len(live)))
+        if down and random.random() < 0.3:
+            targets.append(random.choice(down))  # notice a node that came back
+        targets += [a for a in extra if a not in known and a != self.address]
+        return targets
+
+    async def _gossip_loop(self) -> None:
+        assert self.membership is not None
+        while True:
+            if self.membership.tick(self.clock()):
+                log.info(
+                    "ring epoch %d: %d live", self.membership.epoch, len(self.membership.live())
+                )
+            targets = self._gossip_targets(self.config.seeds + self._directory)
+            results = await asyncio.gather(
+                *(self.gossip_with(a) for a in targets), return_exceptions=True
+            )
+            for a, r in zip(targets, results, strict=True):
+                if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
+                    log.warning("gossip with %s failed: %r", a, r)
+            await asyncio.sleep(self.config.gossip_interval)
+
+    async def _discovery_loop(self) -> None:
+        assert self.discovery is not None
+        seeds: list[tuple[str, int]] = []
+        for seed in self.config.seeds:
+            try:
+                resp = await self.transport.request("GET", seed, "/v1/health", timeout=2.0)
+                host = seed.rsplit(":", 1)[0]
+                seeds.append((host, int(resp.json()["dht_port"])))
+            except (StateStoreError, KeyError, ValueError, TypeError) as exc:
+                log.warning("seed %s gave no DHT port: %s", seed, exc)
+        await self.discovery.bootstrap(seeds)
+        while True:
+            directory = await self.discovery.announce()
+            self._directory = [a for i, a in directory.items() if i != self.id]
+            await asyncio.sleep(5.0)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "id": self.id,
+            "address": self.address,
+            "zone": self.config.zone,
+            "incarnation": self.incarnation,
+            "epoch": self.epoch,
+            "dht_port": self.discovery.port if self.discovery is not None else None,
+            "dht_directory": len(self._directory),
+            "stats": dict(self.stats),
+        }
+
+
+Loop = Callable[[Node], Awaitable[None]]
+NODE = web.AppKey("node", Node)

@@ -1,0 +1,238 @@
+"""Executing a line or tree hop on a node: ``POST /v1/relay`` (DESIGN.md, Recovery plans).
+
+A hop receives its part of the plan, opens streams from its children (each gets its own
+sub-plan), and answers with one stream of frames (frames.py):
+
+- **line** (no folding): frames flow through as they arrive, interleaved with this hop's own
+  chunks read from local storage; the restorer sees its first bytes while the far end of the
+  line is still reading.
+- **tree** (folding): the hop decodes its own chunks and its children's frames and keeps, per
+  key, the row of the latest chain position; it then sends the folded rows up in frames of
+  about 4 MiB, and a ``D`` frame listing every chunk folded in.
+
+A child that fails mid-stream becomes an ``E`` frame and the hop carries on: the restorer
+fetches whatever is missing from other replicas instead of starting over. A local chunk that
+is missing or corrupt is skipped the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+
+from statestore.core.chunk import decode_chunk, key_group
+from statestore.core.errors import StateStoreError
+from statestore.core.fold import Positioned, merge_positioned
+from statestore.core.ids import StoreId
+from statestore.core.plan import ChunkTask, Hop
+from statestore.net.streams import read_frames
+from statestore.node.daemon import NODE, Node
+from statestore.wire.frames import (
+    decode_folded,
+    decode_hop,
+    encode_folded,
+    encode_frame,
+    encode_hop,
+)
+from statestore.wire.headers import FRAMES_CONTENT_TYPE
+
+__all__ = ["relay_handler"]
+
+log = logging.getLogger(__name__)
+FOLD_FRAME_RAW = 4 * 1024 * 1024
+Frame = tuple[bytes, dict[str, Any], bytes, bytes]  # kind, meta, data, the frame's bytes
+
+
+def _local_chunks(node: Node, hop: Hop) -> Iterator[tuple[ChunkTask, bytes]]:
+    """This hop's own chunks that are here and sound; the rest the restorer fetches."""
+    for t in hop.chunks:
+        try:
+            data = node.store.get_chunk(t.key)
+        except StateStoreError as exc:
+            log.warning("relay: own chunk %s unusable: %s", t.key, exc)
+            continue
+        if data is not None:
+            yield t, data
+
+
+async def _own_frames(
+    node: Node, hop: Hop, out: asyncio.Queue[bytes | None]
+) -> tuple[int, list[str]]:
+    sent = 0
+    covered: list[str] = []
+    for t, data in _local_chunks(node, hop):
+        await out.put(encode_frame(b"C", {"k": t.key, "p": t.pos}, data))
+        sent += len(data)
+        covered.append(t.key)
+    return sent, covered
+
+
+async def _child_frames(
+    node: Node,
+    store_path: str,
+    child: Hop,
+    fold: bool,
+    depth: int,
+    handle: Any,
+    groups: int = 0,
+) -> bool:
+    """Stream a child's frames into ``handle(kind, meta, data, raw)``; failures become an E
+    frame. True if the child's stream ended cleanly."""
+    body = encode_hop(StoreId.parse(store_path), child, fold, depth, groups)
+    stream = None
+    try:
+        stream = await node.transport.open_stream(child.address, "/v1/relay", body)
+        async for frame in read_frames(stream, node.config.max_chunk):
+            await handle(*frame)
+        return True
+    except Exception as exc:  # a dead or broken child: report it, keep the rest
+        meta = {"hop": child.address, "error": f"{type(exc).__name__}: {exc}"}
+        await handle(b"E", meta, b"", encode_frame(b"E", meta))
+        return False
+    finally:
+        if stream is not None:
+            stream.close()
+
+
+async def _line(
+    node: Node, request: web.Request, store_path: str, hop: Hop, depth: int
+) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
+    await resp.prepare(request)
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=16)
+    forwarded = [0]
+
+    async def forward(kind: bytes, meta: dict[str, Any], data: bytes, raw: bytes) -> None:
+        forwarded[0] += len(data)
+        await queue.put(raw)
+
+    async def produce() -> tuple[int, list[str]]:
+        own_task = asyncio.ensure_future(_own_frames(node, hop, queue))
+        await asyncio.gather(
+            own_task,
+            *(_child_frames(node, store_path, c, False, depth + 1, forward) for c in hop.children),
+        )
+        own, covered = own_task.result()
+        done = {
+            "hop": node.address,
+            "depth": depth,
+            "own": own,
+            "in": forwarded[0],
+            "out": own + forwarded[0],
+        }
+        await queue.put(encode_frame(b"D", done))
+        await queue.put(None)
+        return own, covered
+
+    producer = asyncio.create_task(produce())
+    try:
+        while (frame := await queue.get()) is not None:
+            await resp.write(frame)
+        await producer
+    finally:
+        producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await producer
+    await resp.write_eof()
+    return resp
+
+
+async def _tree(
+    node: Node, request: web.Request, store_path: str, hop: Hop, depth: int, groups: int
+) -> web.StreamResponse:
+    folded: dict[bytes, tuple[int, bytes | None]] = {}
+    covers: list[str] = []
+    passthrough: list[bytes] = []  # D and E frames of the subtree
+    received = [0]
+    loop = asyncio.get_running_loop()
+    max_raw = node.config.max_chunk
+    # headers go out now: the parent must not mistake a long fold for a dead hop
+    resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
+    await resp.prepare(request)
+
+    def absorb(rows: list[Positioned]) -> None:
+        merge_positioned(folded, rows)
+
+    async def absorb_chunk(key: str, pos: int, data: bytes) -> None:
+        rows = await loop.run_in_executor(
+            None, lambda: decode_chunk(data, max_raw=max_raw, what=key)
+        )
+        absorb([(k, pos, v) for k, v in rows])
+        covers.append(key)
+
+    def handler(child_covers: list[str]) -> Any:
+        async def handle(kind: bytes, meta: dict[str, Any], data: bytes, raw: bytes) -> None:
+            received[0] += len(data)
+            if kind == b"C":
+                await absorb_chunk(str(meta["k"]), int(meta["p"]), data)
+            elif kind == b"F":
+                absorb(await loop.run_in_executor(None, lambda: decode_folded(data, max_raw)))
+            elif kind == b"D" and "covers" in meta:
+                child_covers.extend(str(k) for k in meta["covers"])
+            else:
+                passthrough.append(raw)
+
+        return handle
+
+    own = 0
+    child_covers: list[list[str]] = [[] for _ in hop.children]
+    children = [
+        asyncio.create_task(
+            _child_frames(node, store_path, c, True, depth + 1, handler(cc), groups)
+        )
+        for c, cc in zip(hop.children, child_covers, strict=True)
+    ]
+    for t, data in _local_chunks(node, hop):  # folded in while the children stream
+        own += len(data)
+        await absorb_chunk(t.key, t.pos, data)
+    for task, cc in zip(children, child_covers, strict=True):
+        if await task:  # a child cut mid-stream: its chunks are not vouched for
+            covers.extend(cc)
+
+    header = {"hop": node.address, "depth": depth, "covers": covers}
+    await resp.write(encode_frame(b"D", header))
+    # folded rows in key-group order, frames cut only at group boundaries, so that each
+    # frame completes the groups it names
+    items = sorted(
+        ((key_group(k, groups) if groups else 0, k, pos, v) for k, (pos, v) in folded.items()),
+        key=lambda r: r[0],
+    )
+    out = 0
+    batch: list[tuple[bytes, int, bytes | None]] = []
+    size = 0
+    lo = 0
+    for i, (g, k, pos, v) in enumerate(items):
+        batch.append((k, pos, v))
+        size += len(k) + (len(v) if v is not None else 0) + 12
+        last = i == len(items) - 1
+        if last or (size >= FOLD_FRAME_RAW and items[i + 1][0] != g):
+            data = await loop.run_in_executor(None, encode_folded, batch)
+            hi = (groups - 1 if groups else 0) if last else g
+            await resp.write(encode_frame(b"F", {"hop": node.address, "g": [lo, hi]}, data))
+            out += len(data)
+            batch, size, lo = [], 0, g + 1
+    if not items and groups:
+        data = encode_folded([])
+        await resp.write(encode_frame(b"F", {"hop": node.address, "g": [0, groups - 1]}, data))
+    for frame in passthrough:
+        await resp.write(frame)
+    done = {"hop": node.address, "depth": depth, "own": own, "in": received[0], "out": out}
+    await resp.write(encode_frame(b"D", done))
+    await resp.write_eof()
+    return resp
+
+
+async def relay_handler(request: web.Request) -> web.StreamResponse:
+    node = request.app[NODE]
+    body = await request.read()
+    store, hop, fold, depth, groups = decode_hop(body)
+    if node.config.inject_delay:
+        await asyncio.sleep(node.config.inject_delay)
+    if fold:
+        return await _tree(node, request, store.path, hop, depth, groups)
+    return await _line(node, request, store.path, hop, depth)

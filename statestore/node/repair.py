@@ -1,0 +1,164 @@
+"""Re-replication, hinted handoff and anti-entropy in one loop.
+
+Every node walks what it holds: for each chunk and manifest it computes the replicas at the
+current epoch, asks each of them in one batched ``/v1/sync/have`` call which items they lack,
+and pushes those. An item this node holds but no longer owns (the ring moved: a node joined,
+or came back after its writes were handed to us) is deleted locally only once every current
+replica has confirmed it, and only when the epoch has not moved since the previous pass, so a
+half-formed view never costs a copy. A pass runs when the epoch changes, while handoffs are
+pending, and every ``full_every`` seconds as a safety net (DESIGN.md, Write path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
+from statestore.core.ids import StoreId
+from statestore.core.repair import mine_to_push
+from statestore.core.view import RingView
+from statestore.node.daemon import Node
+
+__all__ = ["repair_loop", "repair_pass"]
+
+log = logging.getLogger(__name__)
+BATCH = 1000
+Item = tuple[str, str]  # ("c", chunk key) | ("m", "store/version/kind")
+
+
+def _manifest_item(store: StoreId, version: int, kind: str) -> Item:
+    return ("m", f"{store.path}/{version}/{kind}")
+
+
+async def _push(node: Node, address: str, item: Item) -> bool:
+    kind, key = item
+    try:
+        if kind == "c":
+            data = node.store.get_chunk(key)
+            if data is None:
+                return False
+            await node.transport.request("PUT", address, f"/v1/chunks/{key}", body=data)
+        else:
+            path, version, mkind = key.rsplit("/", 2)
+            raw = node.store.raw_manifest(StoreId.parse(path), int(version), mkind)
+            if raw is None:
+                return False
+            try:
+                await node.transport.request(
+                    "PUT",
+                    address,
+                    f"/v1/manifests/{key}",
+                    body=raw,
+                    headers={"Content-Type": "application/msgpack"},
+                )
+            except (StaleEpoch, VersionConflict):
+                pass  # the target holds a newer manifest: ours is obsolete, which is fine
+    except CorruptChunk:
+        node.store.delete_chunks([key])  # our copy rotted: drop it, a replica will push back
+        return False
+    except StateStoreError as exc:
+        log.debug("repair push of %s to %s failed: %s", key, address, exc)
+        return False
+    return True
+
+
+async def repair_pass(
+    node: Node, view: RingView, *, allow_handoff: bool, planned: bool = False
+) -> int:
+    """One pass; returns how many items still wait to be handed off (or to be copied).
+
+    ``planned``: the passes within a grace period after the epoch moved leave each copy to
+    its designated source; the passes after it (while anything is pending) push from every
+    holder, so a designated source that failed is covered.
+    """
+    me = node.address
+    live = set(view.live_addresses())
+    want: dict[str, list[Item]] = defaultdict(list)
+    owners: dict[Item, list[str]] = {}
+    for key in node.store.chunk_keys():
+        item: Item = ("c", key)
+        owners[item] = view.replicas_of(key)
+    for store, version, kind in node.store.manifest_keys():
+        owners[_manifest_item(store, version, kind)] = view.store_replicas(store)
+    for item, targets in owners.items():
+        for t in targets:
+            if t != me:
+                want[t].append(item)
+    confirmed: dict[Item, int] = defaultdict(int)
+    skipped = 0
+    for address, items in want.items():
+        for i in range(0, len(items), BATCH):
+            batch = items[i : i + BATCH]
+            body = {
+                "chunks": [k for kind, k in batch if kind == "c"],
+                "manifests": [k.rsplit("/", 2) for kind, k in batch if kind == "m"],
+            }
+            try:
+                resp = await node.transport.request(
+                    "POST", address, "/v1/sync/have", json_body=body
+                )
+            except StateStoreError:
+                continue
+            answer = resp.json()
+            for path, floor in answer.get("floors", {}).items():
+                store = StoreId.parse(path)
+                if int(floor) > node.store.floor(store):  # a GC we missed while down
+                    await node.write(node.store.apply_floor, store, int(floor))
+            flags = iter(answer["chunks"]), iter(answer["manifests"])
+            for it in batch:
+                has = next(flags[0] if it[0] == "c" else flags[1])
+                key = it[1] if it[0] == "c" else it[1].rsplit("/", 2)[0]
+                if not has and planned and not mine_to_push(view, live, key, me):
+                    skipped += 1
+                    continue
+                if has or await _push(node, address, it):
+                    confirmed[it] += 1
+                    if not has:
+                        node.stats["repaired"] += 1
+    pending = 0
+    for item, targets in owners.items():
+        if me in targets or not targets:
+            continue
+        if confirmed[item] >= len(targets) and allow_handoff:
+            if item[0] == "c":
+                await node.write(node.store.delete_chunks, [item[1]])
+            else:
+                path, ver, kind = item[1].rsplit("/", 2)
+                await node.write(node.store.delete_manifest, StoreId.parse(path), int(ver), kind)
+            node.stats["handed_off"] += 1
+        else:
+            pending += 1
+    return pending + skipped
+
+
+async def repair_loop(node: Node, full_every: float = 30.0) -> None:
+    last_epoch = -1
+    last_pass = -full_every
+    moved_at = -full_every
+    pending = 0
+    # Each node declares a death on its own clock, up to a failure-detector period apart, so
+    # a designated source may run its planned pass well after its peers. Until every live node
+    # has had that long (plus two passes), the others leave its copies to it; after that they
+    # cover for it, in case it failed.
+    grace = node.config.down_after + 2 * node.config.repair_interval
+    # let gossip settle before the first pass, so a fresh node does not judge a partial view
+    await asyncio.sleep(node.config.down_after)
+    while True:
+        view = node.view()
+        now = node.clock()
+        if len(view.ring) and (
+            view.epoch != last_epoch or pending or now - last_pass >= full_every
+        ):
+            try:
+                moved = view.epoch != last_epoch
+                if moved and now - moved_at >= grace:
+                    moved_at = now  # a new window; a move inside one does not extend it
+                pending = await repair_pass(
+                    node, view, allow_handoff=not moved, planned=now - moved_at < grace
+                )
+            except StateStoreError as exc:
+                log.warning("repair pass failed: %s", exc)
+            last_epoch, last_pass = view.epoch, now
+        await asyncio.sleep(node.config.repair_interval)

@@ -1,0 +1,92 @@
+"""Run one node daemon: bind the HTTP API, start the node, stop gracefully on SIGTERM/SIGINT.
+
+Graceful means: stop accepting connections, let in-flight requests (a chunk being fsynced, a
+manifest being written) finish, then cancel and await the background loops and close storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from statestore.core.errors import DataDirInUse
+from statestore.node.api import build_app
+from statestore.node.compaction import compaction_loop
+from statestore.node.daemon import Loop, Node, NodeConfig
+from statestore.node.repair import repair_loop
+
+__all__ = ["run_node", "serve", "start_node", "stop_node"]
+
+log = logging.getLogger(__name__)
+LOOPS: tuple[tuple[str, Loop], ...] = (("repair", repair_loop), ("compaction", compaction_loop))
+
+
+async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
+    """Bind the API and start the node; stop with :func:`stop_node`."""
+    node = Node(config)
+    runner = web.AppRunner(build_app(node), access_log=None, shutdown_timeout=30.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        node.release()
+        raise
+    await node.start(int(runner.addresses[0][1]), LOOPS)
+    return node, runner
+
+
+async def stop_node(node: Node, runner: web.AppRunner) -> None:
+    await runner.cleanup()  # stops accepting, waits for in-flight requests
+    await node.stop()
+
+
+async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
+    node, runner = await start_node(config)
+    # The first line on stdout is the contract for scripts and tests that start nodes on port 0.
+    print(
+        f"statestore node {node.id} listening on {node.address} "
+        f"(dht udp {node.discovery.port if node.discovery else 'off'})",
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("node %s stopping", node.id)
+        await stop_node(node, runner)
+        print(f"statestore node {node.id} stopped", flush=True)
+
+
+def run_node(config: NodeConfig) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    try:
+        asyncio.run(main())
+    except DataDirInUse as exc:
+        print(f"statestore node: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.filename:
+            print(
+                f"statestore node: cannot use {exc.filename}: {exc.strerror}; "
+                "give a --data-dir this user can write",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"statestore node: cannot listen on {config.host}:{config.port}: "
+                f"{exc.strerror}; pick another --listen port",
+                file=sys.stderr,
+            )
+        return 2
+    return 0

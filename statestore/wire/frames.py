@@ -1,0 +1,149 @@
+"""Frames of a streamed recovery plan (pure): what hops send each other and the restorer.
+
+::
+
+    frame := kind (1 byte) | u32 meta length | u32 data length | meta (msgpack map) | data
+
+- ``C`` a chunk as stored (still compressed): meta ``{"k": key, "p": chain position}``
+- ``F`` folded rows: data = zstd(msgpack [key, pos, value, ...]), value nil = delete; meta
+  ``{"hop", "g": [lo, hi]}``: the key groups this frame completes (frames are cut at group
+  boundaries, in group order)
+- ``D`` hop stats ``{"hop", "depth", "own", "in", "out"}``; a tree hop sends one with
+  ``"covers": [chunk keys folded in]`` *before* its F frames, so a restorer whose stream is
+  cut knows which chunks the key groups it did receive already include
+- ``E`` a hop failed: meta ``{"hop", "error"}``; the restorer fetches what is missing
+
+Hop plans travel as msgpack too (:func:`encode_hop` / :func:`decode_hop`).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import zstandard
+
+from statestore.core.errors import DecompressionBomb, MalformedData
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.plan import ChunkTask, Hop
+
+__all__ = [
+    "HEADER",
+    "decode_folded",
+    "decode_hop",
+    "decode_meta",
+    "encode_folded",
+    "encode_frame",
+    "encode_hop",
+]
+
+HEADER = struct.Struct(">cII")
+MAX_META = 16 * 1024 * 1024
+KINDS = (b"C", b"F", b"D", b"E")
+
+
+def encode_frame(kind: bytes, meta: dict[str, Any], data: bytes = b"") -> bytes:
+    m: bytes = msgpack.packb(meta, use_bin_type=True)
+    return HEADER.pack(kind, len(m), len(data)) + m + data
+
+
+def decode_meta(raw: bytes) -> dict[str, Any]:
+    try:
+        obj = msgpack.unpackb(raw, raw=False)
+    except Exception as exc:
+        raise MalformedData(f"frame meta does not decode ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise MalformedData("frame meta is not a map")
+    return obj
+
+
+def encode_folded(rows: list[tuple[bytes, int, bytes | None]]) -> bytes:
+    flat: list[Any] = []
+    for k, pos, v in rows:
+        flat += (k, pos, v)
+    data: bytes = zstandard.ZstdCompressor(level=1).compress(msgpack.packb(flat, use_bin_type=True))
+    return data
+
+
+def decode_folded(data: bytes, max_raw: int) -> list[tuple[bytes, int, bytes | None]]:
+    size = zstandard.frame_content_size(data)
+    if size < 0 or size > max_raw:
+        raise DecompressionBomb(f"folded frame declares {size} bytes; the limit is {max_raw}")
+    try:
+        flat = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(data), raw=True)
+    except Exception as exc:
+        raise MalformedData(f"folded frame does not decode ({exc})") from exc
+    if not isinstance(flat, list) or len(flat) % 3:
+        raise MalformedData("folded frame is not a list of key, position, value triples")
+    it = iter(flat)
+    return list(zip(it, it, it, strict=True))
+
+
+def _hop_obj(hop: Hop) -> dict[str, Any]:
+    return {
+        "a": hop.address,
+        "c": [
+            [t.pos, t.version, t.name, t.checksum, t.size, t.raw_size, t.rows] for t in hop.chunks
+        ],
+        "k": [_hop_obj(c) for c in hop.children],
+    }
+
+
+def encode_hop(store: StoreId, hop: Hop, fold: bool, depth: int = 0, groups: int = 0) -> bytes:
+    data: bytes = msgpack.packb(
+        {
+            "v": 1,
+            "store": store.path,
+            "fold": fold,
+            "depth": depth,
+            "groups": groups,
+            "hop": _hop_obj(hop),
+        },
+        use_bin_type=True,
+    )
+    return data
+
+
+def _hop_from(store: StoreId, obj: Any, budget: list[int]) -> Hop:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise MalformedData("relay plan has too many hops")
+    try:
+        chunks = []
+        for pos, version, name, digest, size, raw_size, rows in obj["c"]:
+            key = chunk_key(store, int(version), str(name))
+            chunks.append(
+                ChunkTask(
+                    key,
+                    int(pos),
+                    int(version),
+                    str(name),
+                    int(digest),
+                    int(size),
+                    int(raw_size),
+                    int(rows),
+                    (),
+                )
+            )
+        return Hop(
+            str(obj["a"]), tuple(chunks), tuple(_hop_from(store, k, budget) for k in obj["k"])
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedData(f"relay plan hop is malformed ({exc!r})") from exc
+
+
+def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int, int]:
+    """Parse a hop plan: (store, hop, fold, depth, key groups). Raises MalformedData or
+    InvalidStoreId."""
+    obj = decode_meta(data)
+    if obj.get("v") != 1:
+        raise MalformedData(f"relay plan version {obj.get('v')!r} is not supported")
+    store = StoreId.parse(str(obj.get("store")))
+    return (
+        store,
+        _hop_from(store, obj.get("hop"), [4096]),
+        bool(obj.get("fold")),
+        int(obj.get("depth", 0)),
+        int(obj.get("groups", 0)),
+    )
