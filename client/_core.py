@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from statestore.core.address import parse_seeds
 from statestore.core.commit import build_commit
 from statestore.core.errors import InvalidRequest
 from statestore.core.ids import StoreId
-from statestore.core.plan import PLANS
+from statestore.core.plan import PLANS, check_plan
 
 __all__ = ["PLANS", "CommitResult", "RestoredState", "build_commit", "check_plan", "parse_seeds"]
-
-
-def parse_seeds(seeds: Iterable[str] | str) -> list[str]:
-    items = [seeds] if isinstance(seeds, str) else list(seeds)
-    out = []
-    for s in items:
-        for part in str(s).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            host, sep, port = part.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"seed {part!r} is not HOST:PORT, e.g. 127.0.0.1:7400")
-            out.append(part)
-    if not out:
-        raise ValueError("give at least one seed HOST:PORT of a running node")
-    return out
-
-
-def check_plan(plan: str) -> str:
-    if plan not in PLANS:
-        raise InvalidRequest(f"restore plan {plan!r} is not one of {', '.join(PLANS)}")
-    return plan
 
 
 def check_store(store: object) -> StoreId:

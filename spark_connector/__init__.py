@@ -23,6 +23,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from statestore.core.address import parse_address
+from statestore.core.errors import InvalidAddress
+
 from ._build import PROVIDER_CLASS, SUPPORTED, SparkConnectorError, jar_path
 
 if TYPE_CHECKING:
@@ -45,11 +48,11 @@ PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
 def _check_address(seed: str) -> str:
-    text = seed.strip()
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SparkConnectorError(f"seed {seed!r} is not HOST:PORT, e.g. 127.0.0.1:7400")
-    return text
+    try:
+        host, port = parse_address(seed, what="seed")
+    except InvalidAddress as exc:
+        raise SparkConnectorError(str(exc)) from exc
+    return f"{host}:{port}"
 
 
 def check_seeds(seeds: Sequence[str], timeout: float = 3.0) -> dict[str, object]:

@@ -157,7 +157,7 @@ def test_dockerfile_exposes_http_and_dht_and_keeps_data_on_a_volume(
     exposed = {p for line in dockerfile["EXPOSE"] for p in line.split()}
     assert {"7400/tcp", "7400/udp"} <= exposed
     assert any("/data" in exec_form(v) for v in dockerfile["VOLUME"])
-    assert any("pip install ." in r for r in dockerfile["RUN"])
+    assert any("pip install '.[node]'" in r for r in dockerfile["RUN"])
     assert dockerfile.get("USER") not in (None, ["root"]), "the node should not run as root"
 
 

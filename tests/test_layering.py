@@ -233,3 +233,28 @@ def test_every_error_class_is_in_the_one_tree() -> None:
         obj = getattr(client, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert obj in tree, f"client.{name} is outside the error tree"
+
+
+def test_the_base_install_is_the_client() -> None:
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = " ".join(meta["dependencies"])
+    for node_only in ("lmdb", "kademlia"):
+        assert node_only not in base, f"{node_only} is a node dependency, not the client's"
+        assert any(node_only in d for d in meta["optional-dependencies"]["node"])
+
+
+def test_the_cli_client_commands_work_without_node_packages() -> None:
+    # lmdb, kademlia and the node layer made unimportable: `statestore ring` must still run
+    # (and say that no seed answered) on a client-only install.
+    code = (
+        "import sys\n"
+        "for m in ('lmdb', 'kademlia', 'statestore.node.daemon', 'statestore.node.api'):\n"
+        "    sys.modules[m] = None\n"
+        "from statestore.cli.main import main\n"
+        "sys.exit(main(['ring', '--seeds', '127.0.0.1:1']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 1, out.stderr
+    assert "no seed answered" in out.stderr

@@ -15,27 +15,27 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from statestore.core.errors import StateStoreError
+from statestore.core.address import parse_address, parse_seeds
+from statestore.core.errors import InvalidAddress, StateStoreError
 from statestore.core.placement import DEFAULT_VNODES
-from statestore.node.daemon import NodeConfig
+from statestore.core.plan import PLANS
+from statestore.node.config import NodeConfig
 
 __all__ = ["build_parser", "main"]
 
 
 def _address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT, e.g. 127.0.0.1:7400")
-    return host, int(port)
+    try:
+        return parse_address(text, bind=True)
+    except InvalidAddress as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _seeds(text: str) -> list[str]:
-    out = []
-    for part in text.split(","):
-        if part.strip():
-            _address(part.strip())
-            out.append(part.strip())
-    return out
+    try:
+        return parse_seeds(text)
+    except InvalidAddress as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _positive(text: str) -> int:
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
     rs.add_argument("--store", required=True, metavar="QUERY/OPERATOR/PARTITION/NAME")
     rs.add_argument("--version", type=_positive, default=None, help="default: the latest")
-    rs.add_argument("--plan", choices=["star", "line", "tree", "auto"], default="auto")
+    rs.add_argument("--plan", choices=PLANS, default="auto")
     rs.add_argument("--explain", action="store_true", help="print the plan and stop")
     rs.add_argument("--out", default=None, help="write the state here as framed rows")
     rs.add_argument(

@@ -5,6 +5,7 @@
     StateStoreError                  every error this package raises
     ├── InvalidRequest               the caller sent something we refuse (HTTP 400/413)
     │   ├── InvalidStoreId           a malformed query / operator / partition / name
+    │   ├── InvalidAddress           not HOST:PORT (also a ValueError)
     │   ├── PayloadTooLarge          a body or chunk over the configured limit
     │   └── MalformedData            wire data that does not decode
     ├── NotFound                     (HTTP 404)
@@ -33,6 +34,7 @@ __all__ = [
     "CorruptChunk",
     "DataDirInUse",
     "DecompressionBomb",
+    "InvalidAddress",
     "InvalidRequest",
     "InvalidStoreId",
     "MalformedData",
@@ -67,6 +69,10 @@ class InvalidRequest(StateStoreError):
 
 class InvalidStoreId(InvalidRequest):
     code = "invalid_store_id"
+
+
+class InvalidAddress(InvalidRequest, ValueError):
+    code = "invalid_address"
 
 
 class PayloadTooLarge(InvalidRequest):

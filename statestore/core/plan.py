@@ -33,6 +33,7 @@ __all__ = [
     "Plan",
     "assign",
     "build",
+    "check_plan",
     "choose",
     "folded_estimate",
     "learn_fold_ratio",
@@ -274,6 +275,13 @@ def learn_fold_ratio(tasks: Sequence[ChunkTask], folded_bytes: int) -> float | N
     return min(1.0, max(0.0, (folded_bytes - base_bytes) / delta_bytes))
 
 
+def check_plan(plan: object) -> str:
+    """``plan`` if it names a plan; InvalidRequest listing the plans otherwise."""
+    if not isinstance(plan, str) or plan not in PLANS:
+        raise InvalidRequest(f"restore plan {plan!r} is not one of {', '.join(PLANS)}")
+    return plan
+
+
 def sr3_rule(tasks: Sequence[ChunkTask]) -> str:
     """SR3's fixed rule: star below 16 MB chunks, line for recovery paths longer than 128
     (here: chunks to move), tree otherwise."""
@@ -302,8 +310,7 @@ def build(
     ``calibration`` scales each shape's predicted time by how far off its recent predictions
     were (actual / predicted, measured by the restorer), so auto learns this deployment.
     """
-    if kind not in PLANS:
-        raise InvalidRequest(f"restore plan {kind!r} is not one of {', '.join(PLANS)}")
+    check_plan(kind)
     if fan_in < 1 or tree_fan_in < 1:
         raise InvalidRequest("fan-in must be at least 1")
     links = links or {}

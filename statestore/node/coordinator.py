@@ -13,10 +13,10 @@ from typing import Any
 
 from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS
 from statestore.core.commit import build_commit
-from statestore.core.errors import InvalidRequest, StoreNotFound
+from statestore.core.errors import StoreNotFound
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
-from statestore.core.plan import PLANS
+from statestore.core.plan import check_plan
 from statestore.net.reads import read_head
 from statestore.net.writes import write_commit
 from statestore.node.daemon import Node
@@ -74,8 +74,7 @@ async def coordinate_restore(
 ) -> tuple[dict[bytes, bytes], Manifest, dict[str, Any]]:
     """Restore for a caller along ``plan`` (star, line, tree or auto), with the node's own
     link measurements feeding the planner."""
-    if plan not in PLANS:
-        raise InvalidRequest(f"restore plan {plan!r} is not one of {', '.join(PLANS)}")
+    check_plan(plan)
     view = node.view()
     if version is None:
         version = (await read_head(node.transport, view, store)).version

@@ -20,18 +20,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from statestore.core.errors import DataDirInUse, StateStoreError
 from statestore.core.membership import Membership, Status
-from statestore.core.placement import DEFAULT_VNODES
-from statestore.core.quorum import validate_rw
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
+from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
 from statestore.node.storage import NodeStore, open_backend
 
@@ -39,38 +37,6 @@ __all__ = ["NODE", "DataDirInUse", "Loop", "Node", "NodeConfig"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass
-class NodeConfig:
-    host: str = "127.0.0.1"
-    port: int = 7400
-    data_dir: str = "data/node"
-    seeds: list[str] = field(default_factory=list)
-    replicas: int = 3
-    write_quorum: int = 2
-    vnodes: int = DEFAULT_VNODES
-    zone: str = ""
-    advertise: str = ""  # HOST:PORT others use to reach us (default: the listen address)
-    storage: str = ""  # "" = lmdb in data_dir; "memory://" for tests
-    max_body: int = 64 * 1024 * 1024
-    max_chunk: int = 256 * 1024 * 1024
-    max_commit: int = 1024 * 1024 * 1024
-    gossip_interval: float = 0.5
-    suspect_after: float = 2.0
-    down_after: float = 5.0
-    repair_interval: float = 2.0
-    compact_interval: float = 2.0
-    snapshot_every: int = 10
-    retain_versions: int = 100
-    dht: bool = True
-    inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read
-    dht_port: int | None = None  # None: same number as the HTTP port (0 -> any)
-
-    def __post_init__(self) -> None:
-        validate_rw(self.replicas, self.write_quorum)
-        if self.snapshot_every < 1 or self.retain_versions < 1:
-            raise ValueError("snapshot_every and retain_versions must be at least 1")
 
 
 def _lock_data_dir(data_dir: str) -> int:

@@ -1,0 +1,46 @@
+"""A node's settings (``statestore node`` flags), checked when built.
+
+Importing this module loads no server, storage or DHT code, so the CLI can parse node flags on
+a client-only install.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from statestore.core.placement import DEFAULT_VNODES
+from statestore.core.quorum import validate_rw
+
+__all__ = ["NodeConfig"]
+
+
+@dataclass
+class NodeConfig:
+    host: str = "127.0.0.1"
+    port: int = 7400
+    data_dir: str = "data/node"
+    seeds: list[str] = field(default_factory=list)
+    replicas: int = 3
+    write_quorum: int = 2
+    vnodes: int = DEFAULT_VNODES
+    zone: str = ""
+    advertise: str = ""  # HOST:PORT others use to reach us (default: the listen address)
+    storage: str = ""  # "" = lmdb in data_dir; "memory://" for tests
+    max_body: int = 64 * 1024 * 1024
+    max_chunk: int = 256 * 1024 * 1024
+    max_commit: int = 1024 * 1024 * 1024
+    gossip_interval: float = 0.5
+    suspect_after: float = 2.0
+    down_after: float = 5.0
+    repair_interval: float = 2.0
+    compact_interval: float = 2.0
+    snapshot_every: int = 10
+    retain_versions: int = 100
+    dht: bool = True
+    inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read
+    dht_port: int | None = None  # None: same number as the HTTP port (0 -> any)
+
+    def __post_init__(self) -> None:
+        validate_rw(self.replicas, self.write_quorum)
+        if self.snapshot_every < 1 or self.retain_versions < 1:
+            raise ValueError("snapshot_every and retain_versions must be at least 1")
