@@ -14,24 +14,37 @@ from statestore.core.ids import StoreId
 from statestore.core.placement import DEFAULT_VNODES, Member, Ring
 from statestore.core.quorum import validate_rw
 
-__all__ = ["RingView"]
+__all__ = ["MemberInfo", "RingView"]
+
+STATUSES = ("up", "suspect", "down")
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """One member as a ring view shows it: who, where, its failure-detector state, its zone."""
+
+    id: str
+    address: str
+    status: str = "up"  # "up" | "suspect" | "down"
+    zone: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.id, "address": self.address, "status": self.status, "zone": self.zone}
 
 
 @dataclass(frozen=True)
 class RingView:
     epoch: int
-    members: tuple[dict[str, Any], ...]
+    members: tuple[MemberInfo, ...]
     replicas: int = 3
     write_quorum: int = 2
     vnodes: int = DEFAULT_VNODES
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
-        live = [m for m in self.members if m["status"] != "down"]
-        object.__setattr__(
-            self, "_ring", Ring((Member(m["id"], m.get("zone", "")) for m in live), self.vnodes)
-        )
-        object.__setattr__(self, "_addr", {m["id"]: m["address"] for m in self.members})
+        live = [m for m in self.members if m.status != "down"]
+        object.__setattr__(self, "_ring", Ring((Member(m.id, m.zone) for m in live), self.vnodes))
+        object.__setattr__(self, "_addr", {m.id: m.address for m in self.members})
 
     @property
     def ring(self) -> Ring:
@@ -59,7 +72,7 @@ class RingView:
         """Addresses of ``key``'s replicas on the ring that still counted the down nodes:
         where the item lived before they were declared down."""
         ring: Ring = self.__dict__.get("_all_ring") or Ring(
-            (Member(m["id"], m.get("zone", "")) for m in self.members), self.vnodes
+            (Member(m.id, m.zone) for m in self.members), self.vnodes
         )
         self.__dict__["_all_ring"] = ring
         return [self.address(n) for n in ring.replicas(key, self.replicas)]
@@ -73,21 +86,20 @@ class RingView:
             "replicas": self.replicas,
             "write_quorum": self.write_quorum,
             "vnodes": self.vnodes,
-            "members": [dict(m) for m in self.members],
+            "members": [m.to_json() for m in self.members],
         }
 
     @classmethod
     def from_json(cls, obj: Any) -> RingView:
         try:
             members = tuple(
-                {
-                    "id": str(m["id"]),
-                    "address": str(m["address"]),
-                    "status": str(m["status"]),
-                    "zone": str(m.get("zone", "")),
-                }
+                MemberInfo(
+                    str(m["id"]), str(m["address"]), str(m["status"]), str(m.get("zone", ""))
+                )
                 for m in obj["members"]
             )
+            if any(m.status not in STATUSES for m in members):
+                raise ValueError(f"a member status is not one of {STATUSES}")
             return cls(
                 int(obj["epoch"]),
                 members,

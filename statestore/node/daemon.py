@@ -26,7 +26,7 @@ from aiohttp import web
 
 from statestore.core.errors import DataDirInUse, StateStoreError
 from statestore.core.membership import Membership, Status
-from statestore.core.view import RingView
+from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
 from statestore.node.config import NodeConfig
@@ -169,7 +169,7 @@ class Node:
         assert self.membership is not None
         if self._view is None or self._view.epoch != self.membership.epoch:
             members = tuple(
-                {"id": m.id, "address": m.address, "status": m.status.value, "zone": m.zone}
+                MemberInfo(m.id, m.address, m.status.value, m.zone)
                 for m in self.membership.members()
             )
             self._view = RingView(
