@@ -21,7 +21,6 @@ import msgpack
 from statestore.core.cache import ChunkCache
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group, verify
 from statestore.core.errors import (
-    CorruptChunk,
     InvalidRequest,
     MalformedData,
     NodeUnavailable,
@@ -35,6 +34,7 @@ from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest, resolve_chain
 from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
+from statestore.net.failover import first_holder
 from statestore.net.http import HttpTransport
 from statestore.wire.manifest import decode_chain
 
@@ -282,27 +282,21 @@ async def fetch_chunk(
 ) -> bytes:
     """Fetch one chunk from the first holder that returns verified bytes."""
     key = chunk_key(store, version, ref.name)
-    errors: list[StateStoreError] = []
-    for address in view.read_order(key):
-        if skip is not None and skip(address):
-            continue
-        try:
-            resp = await transport.request("GET", address, f"/v1/chunks/{key}")
-            verify(resp.body, ref.checksum, key)
-        except (Unavailable, CorruptChunk, NotFound) as exc:
-            errors.append(exc)
-            stats.failovers += 1
-            continue
-        stats.chunks += 1
-        stats.bytes += len(resp.body)
-        stats.by_node[address] = stats.by_node.get(address, 0) + len(resp.body)
+
+    async def read(address: str) -> bytes:
+        resp = await transport.request("GET", address, f"/v1/chunks/{key}")
+        verify(resp.body, ref.checksum, key)
         return resp.body
-    if errors and all(isinstance(e, CorruptChunk) for e in errors):
-        raise CorruptChunk(f"chunk {key} is corrupt on every holder: {errors[0]}")
-    raise NodeUnavailable(
-        f"chunk {key} could not be read from any live holder: "
-        + "; ".join(str(e) for e in errors[:3])
-    )
+
+    def failed(_address: str, _exc: StateStoreError) -> None:
+        stats.failovers += 1
+
+    order = [a for a in view.read_order(key) if skip is None or not skip(a)]
+    address, body = await first_holder(key, order, read, on_failover=failed)
+    stats.chunks += 1
+    stats.bytes += len(body)
+    stats.by_node[address] = stats.by_node.get(address, 0) + len(body)
+    return body
 
 
 async def read_key(

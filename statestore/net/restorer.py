@@ -31,10 +31,7 @@ from statestore.core.bucket import TokenBucket
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, verify
 from statestore.core.errors import (
     CorruptChunk,
-    NodeUnavailable,
-    NotFound,
     StateStoreError,
-    Unavailable,
 )
 from statestore.core.fold import ChainFold
 from statestore.core.ids import StoreId
@@ -42,6 +39,7 @@ from statestore.core.links import LinkTable
 from statestore.core.manifest import Manifest
 from statestore.core.plan import ChunkTask, CostModel, Plan, build, learn_fold_ratio
 from statestore.core.view import RingView
+from statestore.net.failover import first_holder
 from statestore.net.http import HttpTransport
 from statestore.net.reads import read_chain
 from statestore.net.streams import read_frames
@@ -432,36 +430,30 @@ class Restorer:
             first = assignment.get(t.key)
             order = [a for a in ([first] if first else []) + list(t.holders) if a not in bad]
             order = list(dict.fromkeys(order)) + [a for a in t.holders if a in bad]
-            errors: list[StateStoreError] = []
-            for address in order:
-                try:
-                    async with sem:
-                        span = spans.setdefault(address, [self.clock(), 0.0, 0.0])
-                        resp = await self.transport.request("GET", address, f"/v1/chunks/{t.key}")
-                        span[1] = self.clock()
-                        span[2] += len(resp.body)
-                        await self._throttle(len(resp.body))
-                    verify(resp.body, t.checksum, t.key)
-                except (Unavailable, CorruptChunk, NotFound) as exc:
-                    errors.append(exc)
-                    stats["failovers"] += 1
-                    continue
-                stats["bytes_in"] += len(resp.body)
-                by = stats["bytes_by_node"]
-                by[address] = by.get(address, 0) + len(resp.body)
-                if progress is not None:
-                    progress(len(resp.body))
-                rows = await loop.run_in_executor(
-                    None, partial(decode_chunk, resp.body, max_raw=self.max_raw, what=t.key)
-                )
-                fold.add_chunk(t.pos, rows, t.name.startswith("s"))
-                return
-            if errors and all(isinstance(e, CorruptChunk) for e in errors):
-                raise CorruptChunk(f"chunk {t.key} is corrupt on every holder: {errors[0]}")
-            raise NodeUnavailable(
-                f"chunk {t.key} could not be read from any live holder: "
-                + "; ".join(str(e) for e in errors[:3])
+
+            async def read(address: str) -> bytes:
+                async with sem:
+                    span = spans.setdefault(address, [self.clock(), 0.0, 0.0])
+                    resp = await self.transport.request("GET", address, f"/v1/chunks/{t.key}")
+                    span[1] = self.clock()
+                    span[2] += len(resp.body)
+                    await self._throttle(len(resp.body))
+                verify(resp.body, t.checksum, t.key)
+                return resp.body
+
+            def failed(_address: str, _exc: StateStoreError) -> None:
+                stats["failovers"] += 1
+
+            address, body = await first_holder(t.key, order, read, on_failover=failed)
+            stats["bytes_in"] += len(body)
+            by = stats["bytes_by_node"]
+            by[address] = by.get(address, 0) + len(body)
+            if progress is not None:
+                progress(len(body))
+            rows = await loop.run_in_executor(
+                None, partial(decode_chunk, body, max_raw=self.max_raw, what=t.key)
             )
+            fold.add_chunk(t.pos, rows, t.name.startswith("s"))
 
         tasks_ = [asyncio.ensure_future(one(t)) for t in tasks]
         try:
