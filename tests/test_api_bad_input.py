@@ -119,7 +119,7 @@ async def test_chunk_batch_names_bad_requests_and_skips_missing_chunks(solo: Nod
     got, body = await call(
         solo, "POST", "/v1/heads", data=json.dumps({"stores": [SID.path, "n/0/0/x"]})
     )
-    assert (got, body) == (200, {"heads": [[1, 1], None]})
+    assert (got, body) == (200, {"heads": [{"version": 1, "epoch": 1}, None]})
     async with AsyncRingClient([solo.address]) as ring:
         with pytest.raises(StoreNotFound):
             await ring.restore_many([SID, StoreId("nothing", 0, 0)])

@@ -133,3 +133,17 @@ def test_rows_truncated_is_malformed() -> None:
     for cut in (3, 9, len(body) - 1):
         with pytest.raises(MalformedData, match="row framing"):
             decode_rows(body[:cut])
+
+
+def test_a_head_has_one_stored_form_and_one_wire_form() -> None:
+    from statestore.wire import head as wire_head
+
+    h = Head(7, 3)
+    # the stored form is what nodes wrote before: msgpack [epoch, version]
+    assert wire_head.encode_stored(h) == msgpack.packb([3, 7])
+    assert wire_head.decode_stored(wire_head.encode_stored(h)) == h
+    assert wire_head.from_json(wire_head.to_json(h)) == h
+    assert wire_head.to_json(h) == {"version": 7, "epoch": 3}
+    for bad in ([7, 3], {"version": True, "epoch": 1}, {"version": 1, "epoch": 2**64}, None):
+        with pytest.raises(MalformedData):
+            wire_head.from_json(bad)

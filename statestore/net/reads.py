@@ -36,6 +36,7 @@ from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.http import HttpTransport
+from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
 
 __all__ = [
@@ -109,7 +110,12 @@ def _merge_head(
 async def read_head(transport: HttpTransport, view: RingView, store: StoreId) -> Head:
     """The store's latest head over a read quorum. Raises StoreNotFound if none has one."""
     bodies, errors = await _ask_replicas(transport, view, store, f"/v1/stores/{store.path}/head")
-    heads = [Head(int(o["version"]), int(o["epoch"])) for o in map(json.loads, bodies)]
+    heads = []
+    for body in bodies:
+        try:
+            heads.append(head_from_json(_json(body, "head")))
+        except MalformedData as exc:  # a replica answering garbage counts as no answer
+            errors.append(exc)
     return _merge_head(view, store, heads, errors)
 
 
@@ -185,12 +191,18 @@ async def read_heads(
 
 
 def _heads_of(body: bytes) -> list[Any]:
+    obj = _json(body, "batched heads")
+    heads = obj.get("heads") if isinstance(obj, dict) else None
+    if not isinstance(heads, list):
+        raise MalformedData("batched heads: the answer has no list of heads")
+    return [None if h is None else head_from_json(h) for h in heads]
+
+
+def _json(body: bytes, what: str) -> Any:
     try:
-        return [
-            None if h is None else Head(int(h[0]), int(h[1])) for h in json.loads(body)["heads"]
-        ]
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise MalformedData(f"batched heads do not decode ({exc!r})") from exc
+        return json.loads(body)
+    except ValueError as exc:
+        raise MalformedData(f"{what} is not JSON ({exc})") from exc
 
 
 async def read_versions(transport: HttpTransport, view: RingView, store: StoreId) -> list[int]:

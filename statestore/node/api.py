@@ -38,6 +38,7 @@ from statestore.node.coordinator import (
 from statestore.node.daemon import NODE, Node
 from statestore.node.relay import relay_handler
 from statestore.wire.frames import encode_frame
+from statestore.wire.head import to_json as head_json
 from statestore.wire.headers import EPOCH_HEADER, FRAMES_CONTENT_TYPE
 from statestore.wire.manifest import decode_manifest, encode_chain
 from statestore.wire.rows import decode_rows, encode_puts
@@ -248,7 +249,7 @@ async def head(request: web.Request) -> web.Response:
     h = node.store.head(store)
     if h is None:
         raise StoreNotFound(f"store {store} has no version on this node")
-    return web.json_response({"version": h.version, "epoch": h.epoch})
+    return web.json_response(head_json(h))
 
 
 async def versions(request: web.Request) -> web.Response:
@@ -293,12 +294,12 @@ async def heads(request: web.Request) -> web.Response:
     """``POST /v1/heads``: the heads of many stores in one answer (null where this node
     holds no version of the store)."""
     node = request.app[NODE]
-    out: list[list[int] | None] = []
+    out: list[dict[str, int] | None] = []
     for path in await _store_list(request, "heads"):
         if not isinstance(path, str):
             raise MalformedData("heads: each store is a QUERY/OPERATOR/PARTITION/NAME string")
         h = node.store.head(StoreId.parse(path))
-        out.append(None if h is None else [h.version, h.epoch])
+        out.append(None if h is None else head_json(h))
     return web.json_response({"heads": out})
 
 

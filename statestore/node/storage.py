@@ -19,12 +19,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from urllib.parse import urlparse
 
-import msgpack
-
 from statestore.core.chunk import verify
 from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
+from statestore.wire.head import decode_stored, encode_stored
 from statestore.wire.manifest import decode_manifest, encode_manifest
 
 __all__ = ["Backend", "LmdbBackend", "MemoryBackend", "NodeStore", "open_backend"]
@@ -201,7 +200,7 @@ class NodeStore:
                 )
         puts = {_mkey(m.store, m.version, m.kind): encode_manifest(m)}
         if head is None or (m.epoch, m.version) > head.key():
-            puts[b"h:" + m.store.path.encode()] = msgpack.packb([m.epoch, m.version])
+            puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
         self.backend.write(puts)
         return True
 
@@ -227,8 +226,7 @@ class NodeStore:
         raw = self.backend.get(b"h:" + store.path.encode())
         if raw is None:
             return None
-        epoch, version = msgpack.unpackb(raw)
-        return Head(version, epoch)
+        return decode_stored(raw)
 
     def stores(self) -> list[StoreId]:
         return [StoreId.parse(k[2:].decode()) for k in self.backend.scan_keys(b"h:")]
