@@ -11,7 +11,8 @@ from statestore.core.chunk import encode_chunks
 from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
-from statestore.node.storage import LmdbBackend, NodeStore, open_backend
+from statestore.node.backends import LmdbBackend, open_backend
+from statestore.node.replica import NodeStore
 
 SID = StoreId("q", 1, 2, "agg")
 

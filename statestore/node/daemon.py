@@ -29,9 +29,10 @@ from statestore.core.membership import Membership, Status
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
+from statestore.node.backends import open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
-from statestore.node.storage import NodeStore, open_backend
+from statestore.node.replica import NodeStore
 
 __all__ = ["NODE", "DataDirInUse", "Loop", "Node", "NodeConfig"]
 

@@ -1,136 +1,26 @@
-"""Node-local storage: a tiny key-value interface, two backends, and the store layout on top.
-
-Backends are chosen by URL: ``memory://`` (tests) or ``lmdb:///path/to/dir`` (nodes). LMDB
-is the default on nodes because a write transaction is atomic over many keys and, opened with
-``sync=True``, is fsynced before ``commit`` returns: so a chunk or a manifest is durable before
-the node acknowledges it. Reads are zero-copy from the map and need no background threads.
+"""A node's replica of the ring's data: chunks, manifests, heads and retention floors over one
+byte backend (node/backends.py), with the replica rules: fencing by epoch, idempotent
+re-commits, checksums verified on read.
 
 Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, re-verified on read)
-       ``m:<store>/<version, 20 digits>/<kind>``  manifest (msgpack)
-       ``h:<store>``                         head, msgpack ``[epoch, version]``
+       ``m:<store>/<version, 20 digits>/<kind>``  manifest (msgpack, wire/manifest.py)
+       ``h:<store>``                         head, msgpack ``[epoch, version]`` (wire/head.py)
        ``f:<store>``                         retention floor: versions below it are gone
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from urllib.parse import urlparse
+from collections.abc import Sequence
 
 from statestore.core.chunk import verify
 from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
+from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
 from statestore.wire.manifest import decode_manifest, encode_manifest
 
-__all__ = ["Backend", "LmdbBackend", "MemoryBackend", "NodeStore", "open_backend"]
-
-
-class Backend(ABC):
-    """Ordered bytes-to-bytes map with atomic, durable batches."""
-
-    @abstractmethod
-    def get(self, key: bytes) -> bytes | None: ...
-
-    @abstractmethod
-    def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
-        """Apply puts and deletes atomically; durable when it returns."""
-
-    @abstractmethod
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Items whose key starts with ``prefix``, in key order (a snapshot)."""
-
-    @abstractmethod
-    def scan_keys(self, prefix: bytes) -> list[bytes]: ...
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        pass
-
-
-class MemoryBackend(Backend):
-    def __init__(self) -> None:
-        self._data: dict[bytes, bytes] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: bytes) -> bytes | None:
-        return self._data.get(key)
-
-    def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
-        with self._lock:
-            for k in deletes:
-                self._data.pop(k, None)
-            self._data.update(puts)
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        with self._lock:
-            items = sorted((k, v) for k, v in self._data.items() if k.startswith(prefix))
-        return iter(items)
-
-    def scan_keys(self, prefix: bytes) -> list[bytes]:
-        with self._lock:
-            return sorted(k for k in self._data if k.startswith(prefix))
-
-
-class LmdbBackend(Backend):
-    def __init__(self, path: str, map_size: int = 64 * 2**30) -> None:
-        import lmdb
-
-        os.makedirs(path, exist_ok=True)
-        self._env = lmdb.open(
-            path, map_size=map_size, sync=True, metasync=True, max_readers=256, readahead=False
-        )
-
-    def get(self, key: bytes) -> bytes | None:
-        with self._env.begin() as txn:
-            value: bytes | None = txn.get(key)
-            return value
-
-    def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
-        with self._env.begin(write=True) as txn:
-            for k in deletes:
-                txn.delete(k)
-            for k, v in puts.items():
-                txn.put(k, v)
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        out = []
-        with self._env.begin() as txn:
-            cur = txn.cursor()
-            if cur.set_range(prefix):
-                for k, v in cur:
-                    if not k.startswith(prefix):
-                        break
-                    out.append((bytes(k), bytes(v)))
-        return iter(out)
-
-    def scan_keys(self, prefix: bytes) -> list[bytes]:
-        out = []
-        with self._env.begin() as txn:
-            cur = txn.cursor()
-            if cur.set_range(prefix):
-                for k in cur.iternext(keys=True, values=False):
-                    if not k.startswith(prefix):
-                        break
-                    out.append(bytes(k))
-        return out
-
-    def close(self) -> None:
-        self._env.close()
-
-
-def open_backend(url: str) -> Backend:
-    """``memory://`` or ``lmdb:///absolute/dir`` (or a bare directory path)."""
-    parsed = urlparse(url)
-    if parsed.scheme == "memory":
-        return MemoryBackend()
-    if parsed.scheme == "lmdb":
-        return LmdbBackend(parsed.path)
-    if parsed.scheme == "":
-        return LmdbBackend(url)
-    raise ValueError(f"storage URL {url!r}: use memory:// or lmdb:///path")
+__all__ = ["NodeStore"]
 
 
 def _mkey(store: StoreId, version: int, kind: str) -> bytes:
