@@ -1,7 +1,5 @@
 package statestore.spark;
 
-import java.io.BufferedInputStream;
-import java.io.DataInputStream;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
@@ -50,11 +48,6 @@ final class RingHttp {
     long writerEpoch;
     long rows;
     long bytes;
-  }
-
-  /** Receives the restored rows, one at a time. */
-  interface RowSink {
-    void row(byte[] key, byte[] value);
   }
 
   private final RingConfig config;
@@ -220,7 +213,7 @@ final class RingHttp {
   }
 
   /** Stream version {@code version} of a store into {@code sink}. */
-  Restored restore(String storePath, long version, RowSink sink) throws IOException {
+  Restored restore(String storePath, long version, RowFraming.RowSink sink) throws IOException {
     String what = "restore of " + storePath + " version " + version;
     String query =
         "/v1/stores/" + storePath + "/state?version=" + version + "&plan=" + config.restorePlan;
@@ -239,7 +232,10 @@ final class RingHttp {
         out.version = header(resp, "X-Statestore-Version", version);
         out.writerEpoch = header(resp, "X-Statestore-Writer-Epoch", 0);
         try {
-          readRows(body, sink, out);
+          RowFraming.Counts counts = new RowFraming.Counts();
+          RowFraming.read(body, sink, counts);
+          out.rows = counts.rows;
+          out.bytes = counts.bytes;
         } catch (IOException e) {
           // rows were already handed over: the caller must start from an empty map again
           throw new BrokeOff(what + " broke off at " + address + ": " + describe(e), e);
@@ -274,35 +270,6 @@ final class RingHttp {
       }
     }
     return null;
-  }
-
-  private static void readRows(InputStream raw, RowSink sink, Restored out) throws IOException {
-    DataInputStream in = new DataInputStream(new BufferedInputStream(raw, 1 << 16));
-    byte[] header = new byte[8];
-    while (true) {
-      int n = in.read(header, 0, 1);
-      if (n < 0) {
-        return;
-      }
-      in.readFully(header, 1, 7);
-      int klen = ((header[0] & 0xff) << 24) | ((header[1] & 0xff) << 16)
-          | ((header[2] & 0xff) << 8) | (header[3] & 0xff);
-      int vlen = ((header[4] & 0xff) << 24) | ((header[5] & 0xff) << 16)
-          | ((header[6] & 0xff) << 8) | (header[7] & 0xff);
-      if (klen < 0) {
-        throw new IOException("restored stream has a key longer than 2 GiB: not Spark state");
-      }
-      byte[] key = new byte[klen];
-      in.readFully(key);
-      if (vlen < 0) {
-        continue; // a delete; the state endpoint sends puts only
-      }
-      byte[] value = new byte[vlen];
-      in.readFully(value);
-      sink.row(key, value);
-      out.rows++;
-      out.bytes += 8L + klen + vlen;
-    }
   }
 
   private static long header(HttpResponse<?> resp, String name, long dflt) {

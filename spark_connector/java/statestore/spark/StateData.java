@@ -1,0 +1,141 @@
+package statestore.spark;
+
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Iterator;
+import java.util.Map;
+import java.util.NoSuchElementException;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicLong;
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.StateStoreIterator;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
+import org.apache.spark.sql.types.DataType;
+
+import scala.jdk.javaapi.CollectionConverters;
+import scala.runtime.BoxedUnit;
+
+/** One version of the partition in memory, with a prefix index when Spark needs scans. */
+final class StateData {
+  final ConcurrentHashMap<UnsafeRow, UnsafeRow> map = new ConcurrentHashMap<>();
+  final ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> prefixIndex;
+  final UnsafeProjection prefixProjection;
+  volatile long version;
+  volatile long epoch;
+  final AtomicLong bytes = new AtomicLong();
+  // how this map was loaded, reported by the first write store that uses it
+  long pendingRestoreMs;
+  long pendingRestoredRows;
+  boolean pendingMiss;
+
+  StateData(DataType[] prefixTypes) {
+    if (prefixTypes != null) {
+      prefixIndex = new ConcurrentHashMap<>();
+      prefixProjection = UnsafeProjection.create(prefixTypes);
+    } else {
+      prefixIndex = null;
+      prefixProjection = null;
+    }
+  }
+
+  private UnsafeRow prefixOf(UnsafeRow key) {
+    synchronized (prefixProjection) {
+      return prefixProjection.apply(key).copy();
+    }
+  }
+
+  UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+    UnsafeRow prev = map.put(key, value);
+    if (prev == null) {
+      bytes.addAndGet(key.getSizeInBytes() + value.getSizeInBytes() + 64L);
+      if (prefixIndex != null) {
+        prefixIndex.computeIfAbsent(prefixOf(key), p -> ConcurrentHashMap.newKeySet()).add(key);
+      }
+    } else {
+      bytes.addAndGet(value.getSizeInBytes() - prev.getSizeInBytes());
+    }
+    return prev;
+  }
+
+  UnsafeRow remove(UnsafeRow key) {
+    UnsafeRow prev = map.remove(key);
+    if (prev != null) {
+      bytes.addAndGet(-(key.getSizeInBytes() + prev.getSizeInBytes() + 64L));
+      if (prefixIndex != null) {
+        UnsafeRow prefix = prefixOf(key);
+        Set<UnsafeRow> keys = prefixIndex.get(prefix);
+        if (keys != null) {
+          keys.remove(key);
+          if (keys.isEmpty()) {
+            prefixIndex.remove(prefix, keys);
+          }
+        }
+      }
+    }
+    return prev;
+  }
+
+  StateStoreIterator<UnsafeRowPair> iterator() {
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = map.entrySet().iterator();
+    return wrap(new Iterator<UnsafeRowPair>() {
+      @Override
+      public boolean hasNext() {
+        return it.hasNext();
+      }
+
+      @Override
+      public UnsafeRowPair next() {
+        Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
+        return new UnsafeRowPair(e.getKey(), e.getValue());
+      }
+    });
+  }
+
+  StateStoreIterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey) {
+    if (prefixIndex == null) {
+      throw new UnsupportedOperationException(
+          "prefix scan on a state store created without a prefix key encoding");
+    }
+    Set<UnsafeRow> keys = prefixIndex.get(prefixKey);
+    if (keys == null) {
+      return wrap(Collections.emptyIterator());
+    }
+    Iterator<UnsafeRow> it = new ArrayList<>(keys).iterator();
+    return wrap(new Iterator<UnsafeRowPair>() {
+      private UnsafeRowPair next = advance();
+
+      private UnsafeRowPair advance() {
+        while (it.hasNext()) {
+          UnsafeRow k = it.next();
+          UnsafeRow v = map.get(k);
+          if (v != null) {
+            return new UnsafeRowPair(k, v);
+          }
+        }
+        return null;
+      }
+
+      @Override
+      public boolean hasNext() {
+        return next != null;
+      }
+
+      @Override
+      public UnsafeRowPair next() {
+        if (next == null) {
+          throw new NoSuchElementException();
+        }
+        UnsafeRowPair out = next;
+        next = advance();
+        return out;
+      }
+    });
+  }
+
+  static StateStoreIterator<UnsafeRowPair> wrap(Iterator<UnsafeRowPair> it) {
+    return new StateStoreIterator<>(CollectionConverters.asScala(it), () -> BoxedUnit.UNIT);
+  }
+}
