@@ -11,6 +11,7 @@ from statestore.core.cache import ChunkCache
 from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
 from statestore.core.errors import NodeUnavailable, StateStoreError, Unavailable
 from statestore.core.ids import StoreId, check_version
+from statestore.core.keygroups import chain_for_groups, check_groups, only_groups
 from statestore.core.manifest import Head
 from statestore.core.plan import Plan
 from statestore.core.view import RingView
@@ -200,11 +201,14 @@ class AsyncRingClient:
         *,
         plan: str = "auto",
         progress: Callable[[int], None] | None = None,
+        key_groups: range | None = None,
     ) -> RestoredState:
         """Rebuild a version (default: the latest) of ``store`` along a recovery plan.
 
         ``plan`` is ``star``, ``line``, ``tree`` or ``auto`` (the cost model picks; the result's
-        ``stats`` say which, why, the predicted and the actual time). Raises StoreNotFound /
+        ``stats`` say which, why, the predicted and the actual time). ``key_groups``
+        (``range(a, b)``) restores only the keys of those key groups, fetching only the chunks
+        that hold them (rescaling, core/keygroups.py). Raises StoreNotFound /
         VersionNotFound for what is not there, CorruptChunk when a chunk is bad on every
         holder, NodeUnavailable when no holder of a chunk answers.
         """
@@ -213,12 +217,16 @@ class AsyncRingClient:
         want = await self._version_or_latest(store, version)
 
         async def op(view: RingView) -> RestoredState:
-            chain, p = await self._restorer.plan(view, store, want, plan)
-            result = await self._restorer.run(view, store, chain, p, progress=progress)
+            chain = await read_chain(self._transport, view, store, want)
             top = chain[-1]
-            return RestoredState(
-                result.state, want, top.epoch, dict(top.positions), p.kind, result.stats
-            )
+            if key_groups is not None:
+                chain = chain_for_groups(chain, check_groups(key_groups, top.key_groups))
+            p = self._restorer.plan_chain(view, store, chain, plan)
+            result = await self._restorer.run(view, store, chain, p, progress=progress)
+            state = result.state
+            if key_groups is not None:
+                state = only_groups(state, key_groups, top.key_groups)
+            return RestoredState(state, want, top.epoch, dict(top.positions), p.kind, result.stats)
 
         return await self._routed(op)
 
@@ -239,8 +247,11 @@ class AsyncRingClient:
         *,
         plan: str = "auto",
         progress: Callable[[int], None] | None = None,
+        key_groups: range | None = None,
     ) -> list[RestoredState]:
         """Restore many stores together (a lost executor's partitions, a replaced node).
+
+        ``key_groups`` restores only those key groups of every store (as :meth:`restore`).
 
         Heads and chains are read in one batched request per node; the plans are then made
         one after another with the bytes already given to each source counted as its load, so
@@ -276,6 +287,12 @@ class AsyncRingClient:
                 )
             load: dict[str, float] = {}
             plans = []
+            tops = [chain[-1] for chain in chains]
+            if key_groups is not None:
+                chains = [
+                    chain_for_groups(c, check_groups(key_groups, top.key_groups))
+                    for c, top in zip(chains, tops, strict=True)
+                ]
             for (sid, _), v, chain in zip(wanted, versions, chains, strict=True):
                 p = self._restorer.plan_chain(view, sid, chain, plan, load=load)
                 for t in p.tasks:
@@ -287,11 +304,11 @@ class AsyncRingClient:
                 view, [(sid, chain, p) for sid, _, chain, p in plans], progress=progress, sem=sem
             )
             out = []
-            for (_, v, chain, p), r in zip(plans, results, strict=True):
-                top = chain[-1]
-                out.append(
-                    RestoredState(r.state, v, top.epoch, dict(top.positions), p.kind, r.stats)
-                )
+            for (_, v, _chain, p), r, top in zip(plans, results, tops, strict=True):
+                state = r.state
+                if key_groups is not None:
+                    state = only_groups(state, key_groups, top.key_groups)
+                out.append(RestoredState(state, v, top.epoch, dict(top.positions), p.kind, r.stats))
             return out
 
         return await self._routed(op)

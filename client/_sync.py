@@ -91,8 +91,11 @@ class RingClient:
         *,
         plan: str = "auto",
         progress: Callable[[int], None] | None = None,
+        key_groups: range | None = None,
     ) -> RestoredState:
-        return self._call(self._async.restore(store, version, plan=plan, progress=progress))
+        return self._call(
+            self._async.restore(store, version, plan=plan, progress=progress, key_groups=key_groups)
+        )
 
     def restore_many(
         self,
@@ -100,8 +103,11 @@ class RingClient:
         *,
         plan: str = "auto",
         progress: Callable[[int], None] | None = None,
+        key_groups: range | None = None,
     ) -> list[RestoredState]:
-        return self._call(self._async.restore_many(stores, plan=plan, progress=progress))
+        return self._call(
+            self._async.restore_many(stores, plan=plan, progress=progress, key_groups=key_groups)
+        )
 
     def explain(self, store: StoreId, version: int | None = None, plan: str = "auto") -> Plan:
         return self._call(self._async.explain(store, version, plan))
