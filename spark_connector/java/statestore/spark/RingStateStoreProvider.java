@@ -1,10 +1,12 @@
 package statestore.spark;
 
 import java.io.IOException;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
 import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
@@ -41,7 +43,9 @@ import scala.jdk.javaapi.CollectionConverters;
  */
 public final class RingStateStoreProvider implements StateStoreProvider {
   private static final Logger LOG = LoggerFactory.getLogger(RingStateStoreProvider.class);
-  private static final AtomicLong LAST_EPOCH = new AtomicLong();
+  /** The last epoch this JVM handed out, per ring store. */
+  private static final ConcurrentHashMap<String, Long> LAST_EPOCH = new ConcurrentHashMap<>();
+  private static final AtomicLong ANONYMOUS = new AtomicLong();
 
   // -- fields of the Scala trait --------------------------------------------------------
   private volatile boolean unloaded;
@@ -60,7 +64,6 @@ public final class RingStateStoreProvider implements StateStoreProvider {
 
   // -- the in-memory versions -----------------------------------------------------------
   private StateData cached;
-  private WriteStore activeWriter;
 
   public RingStateStoreProvider() {
     StateStoreProvider.$init$(this);
@@ -135,7 +138,9 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     }
     this.config = RingConfig.from(hadoopConf, storeConf);
     this.ring = RingHttp.shared(config);
-    this.storePath = StoreNaming.storePath(stateStoreId);
+    String queryId = StoreNaming.queryId(stateStoreId.checkpointRootLocation(), hadoopConf);
+    this.storePath = StoreNaming.storePath(stateStoreId, queryId);
+    StoreNaming.markPartition(stateStoreId, hadoopConf);
   }
 
   @Override
@@ -146,7 +151,6 @@ public final class RingStateStoreProvider implements StateStoreProvider {
   @Override
   public synchronized void close() {
     cached = null;
-    activeWriter = null;
   }
 
   @Override
@@ -166,21 +170,28 @@ public final class RingStateStoreProvider implements StateStoreProvider {
 
   // -- loading --------------------------------------------------------------------------
 
-  /** What a load produced: the map to work on and how it got there. */
+  /** What a load produced: the version to work on and how it got there. */
   static final class Loaded {
     StateData data;
-    boolean detached;
     boolean hit;
     long restoreMs;
     long restoredRows;
+  }
+
+  private static long taskId() {
+    TaskContext ctx = TaskContext.get();
+    // outside a task every store is its own holder
+    return ctx != null ? ctx.taskAttemptId() : -ANONYMOUS.incrementAndGet();
   }
 
   @Override
   public StateStore getStore(
       long version, Option<String> uniqueId, boolean forceSnapshotOnCommit, boolean loadEmpty) {
     checkVersion(version, uniqueId);
+    long task = taskId();
     synchronized (this) {
-      Loaded l = load(version, loadEmpty, true);
+      RingHttp.Head head = head();
+      Loaded l = load(version, loadEmpty, head, task);
       if (l.data.pendingMiss) {
         // a read store of this task loaded it: the write store reports the restore
         l.hit = false;
@@ -188,20 +199,32 @@ public final class RingStateStoreProvider implements StateStoreProvider {
         l.restoredRows = l.data.pendingRestoredRows;
         l.data.pendingMiss = false;
       }
-      WriteStore store = new WriteStore(this, version, l, forceSnapshotOnCommit, nextEpoch(l.data.epoch));
-      if (!l.detached) {
-        activeWriter = store;
-      }
-      return store;
+      long epoch = nextEpoch(head, l.data.epoch);
+      return new WriteStore(this, version, l, forceSnapshotOnCommit || loadEmpty, epoch, task);
     }
   }
 
   @Override
   public ReadStateStore getReadStore(long version, Option<String> uniqueId) {
     checkVersion(version, uniqueId);
+    long task = taskId();
     synchronized (this) {
-      return new ReadStore(this, version, load(version, false, false).data);
+      ReadStore store = new ReadStore(this, version, load(version, false, head(), task).data, task);
+      TaskContext ctx = TaskContext.get();
+      if (ctx != null) {
+        ctx.addTaskCompletionListener((org.apache.spark.util.TaskCompletionListener) c -> {
+          store.release();
+        });
+      }
+      return store;
     }
+  }
+
+  @Override
+  public StateStore upgradeReadStoreToWriteStore(
+      ReadStateStore readStore, long version, Option<String> uniqueId, boolean forceSnapshot) {
+    readStore.release();
+    return getStore(version, uniqueId, forceSnapshot, false);
   }
 
   private void checkVersion(long version, Option<String> uniqueId) {
@@ -215,84 +238,141 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     }
   }
 
-  private Loaded load(long version, boolean loadEmpty, boolean forWrite) {
+  private RingHttp.Head head() {
+    try {
+      return ring.head(storePath);
+    } catch (IOException e) {
+      throw new IllegalStateException(
+          "RingStateStoreProvider: cannot read the head of " + storePath + " from the ring: "
+              + e.getMessage(),
+          e);
+    }
+  }
+
+  /**
+   * The version to work on, held for {@code task}: an empty one for version 0 or
+   * {@code loadEmpty}; the cached one only when the ring's head is that very version and
+   * epoch (a version re-committed elsewhere, or an older version asked for, is restored);
+   * else restored from the ring.
+   */
+  private Loaded load(long version, boolean loadEmpty, RingHttp.Head head, long task) {
     Loaded l = new Loaded();
-    if (cached != null && cached.version == version && activeWriter == null) {
-      l.data = cached;
+    StateData data;
+    if (loadEmpty || version == 0) {
+      data = new StateData(prefixTypes);
+      data.version = version;
+      if (cached != null && cached.shards > 1) {
+        data.shards = cached.shards;
+      }
+    } else if (cached != null && cached.version == version && head != null
+        && head.version == version && head.epoch == cached.epoch) {
+      data = cached;
       l.hit = true;
-      return l;
-    }
-    StateData data = new StateData(prefixTypes);
-    data.version = version;
-    if (version > 0 && !loadEmpty) {
-      long started = System.nanoTime();
-      RingHttp.Restored r;
-      try {
-        r = ring.restore(storePath, version, (k, v) -> {
-          UnsafeRow key = new UnsafeRow(keyFields);
-          key.pointTo(k, k.length);
-          UnsafeRow value = new UnsafeRow(valueFields);
-          value.pointTo(v, v.length);
-          data.put(key, value);
-        });
-      } catch (IOException e) {
-        throw new IllegalStateException(
-            "RingStateStoreProvider: cannot load version " + version + " of " + storePath
-                + " from the ring: " + e.getMessage(),
-            e);
-      }
-      if (r.version != version) {
-        throw new IllegalStateException(
-            "RingStateStoreProvider: asked the ring for version " + version + " of " + storePath
-                + " and got version " + r.version);
-      }
-      data.epoch = r.writerEpoch;
-      l.restoreMs = (System.nanoTime() - started) / 1_000_000;
-      l.restoredRows = r.rows;
-      data.pendingRestoreMs = l.restoreMs;
-      data.pendingRestoredRows = r.rows;
-      LOG.info("restored {} version {} from the ring: {} rows, {} bytes in {} ms", storePath,
-          version, r.rows, r.bytes, l.restoreMs);
-    }
-    if (forWrite) {
-      long[] head = ring.head(storePath);
-      if (head != null) {
-        data.epoch = Math.max(data.epoch, head[1]);
-      }
-    }
-    l.data = data;
-    data.pendingMiss = true;
-    if (activeWriter == null) {
-      cached = data;
     } else {
-      l.detached = true;
+      if (cached != null && cached.version == version) {
+        LOG.info("{}: cached version {} (epoch {}) is not the ring's head {}: restoring",
+            storePath, version, cached.epoch, head);
+      }
+      data = restore(version, l);
+      cached = data;
     }
+    data.hold(task);
+    l.data = data;
     return l;
   }
 
-  private static long nextEpoch(long floor) {
-    long now = System.currentTimeMillis();
-    return LAST_EPOCH.updateAndGet(prev -> Math.max(Math.max(prev + 1, floor + 1), now));
-  }
-
-  synchronized void committed(WriteStore store, long newVersion) {
-    StateData data = store.data;
-    data.version = newVersion;
-    data.epoch = store.epoch;
-    if (activeWriter == store) {
-      activeWriter = null;
-    } else if (activeWriter == null) {
-      cached = data;
-    }
-  }
-
-  synchronized void finished(WriteStore store, boolean broken) {
-    if (activeWriter == store) {
-      activeWriter = null;
-      if (broken) {
-        cached = null;
+  private StateData restore(long version, Loaded l) {
+    StateData data = new StateData(prefixTypes);
+    data.version = version;
+    long started = System.nanoTime();
+    long rows = 0;
+    long bytes = 0;
+    try {
+      int shards = 1;
+      for (int shard = 0; shard < shards; shard++) {
+        int s = shard;
+        int n = shards;
+        int[] attempts = {0};
+        String path = StateCommit.shardPath(storePath, shard);
+        RingHttp.Restored r = ring.restore(path, version, () -> {
+          if (attempts[0]++ > 0) {
+            // an attempt broke off: drop what it delivered of this shard
+            if (n == 1) {
+              data.clear();
+            } else {
+              data.map.keySet().removeIf(k -> StateCommit.shardOf(k, n) == s);
+            }
+          }
+          return (k, v) -> {
+            UnsafeRow key = new UnsafeRow(keyFields);
+            key.pointTo(k, k.length);
+            UnsafeRow value = new UnsafeRow(valueFields);
+            value.pointTo(v, v.length);
+            data.put(key, value);
+          };
+        });
+        if (r.version != version) {
+          throw new IllegalStateException(
+              "RingStateStoreProvider: asked the ring for version " + version + " of " + path
+                  + " and got version " + r.version);
+        }
+        if (shard == 0) {
+          data.epoch = r.writerEpoch;
+          shards = StateCommit.shardsOf(r.positions);
+          data.shards = shards;
+        }
+        rows += r.rows;
+        bytes += r.bytes;
       }
+    } catch (IOException e) {
+      throw new IllegalStateException(
+          "RingStateStoreProvider: cannot load version " + version + " of " + storePath
+              + " from the ring: " + e.getMessage(),
+          e);
     }
+    l.restoreMs = (System.nanoTime() - started) / 1_000_000;
+    l.restoredRows = rows;
+    data.pendingRestoreMs = l.restoreMs;
+    data.pendingRestoredRows = rows;
+    data.pendingMiss = true;
+    LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
+        storePath, version, rows, bytes, data.shards, l.restoreMs);
+    return data;
+  }
+
+  /**
+   * The epoch rule: a write store's epoch is one above the highest of the ring's head epoch
+   * for the store (read when the store is opened), the epoch of the version it starts from,
+   * and every epoch this JVM handed out for the store. No clock is involved: the head only
+   * moves forward, so a later attempt gets a higher epoch than any attempt whose commit it
+   * could see, and the ring refuses a commit below its head (409 stale_epoch).
+   */
+  private long nextEpoch(RingHttp.Head head, long loadedEpoch) {
+    long floor = Math.max(loadedEpoch, head == null ? 0 : head.epoch);
+    return LAST_EPOCH.merge(storePath, floor + 1, (prev, proposed) -> Math.max(prev + 1, proposed));
+  }
+
+  /** A write store's commit was acknowledged: its version becomes the cached one. */
+  synchronized StateData committed(WriteStore store, long newVersion) {
+    StateData base = store.data;
+    StateData next = base.onlyHeldBy(store.task) ? base : base.copy();
+    base.release(store.task);
+    next.apply(store.overlay);
+    next.version = newVersion;
+    next.epoch = store.epoch;
+    next.shards = store.shardsCommitted;
+    next.pendingMiss = false;
+    cached = next;
+    return next;
+  }
+
+  /** A write store ended without a commit. */
+  synchronized void finished(WriteStore store) {
+    store.data.release(store.task);
+  }
+
+  synchronized void released(ReadStore store) {
+    store.data.release(store.task);
   }
 
   // -- what the stores call back -------------------------------------------------------
