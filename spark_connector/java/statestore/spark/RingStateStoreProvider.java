@@ -27,19 +27,17 @@ import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * A Spark {@link StateStoreProvider} whose state lives on a statestore ring.
+ * A Spark {@link StateStoreProvider} whose state lives on a statestore ring: the provider's
+ * lifecycle and its cache of the last committed version (docs/spark.md says what each rule
+ * is for and how it is tested).
  *
- * <p>The last committed version of the partition stays in memory (in this executor JVM), so
- * the next micro-batch loads nothing. A write store changes that map in place and keeps an
- * undo log (for {@code abort()}) and the delta; {@code commit()} posts the delta as framed
- * rows to a ring coordinator ({@code POST /v1/stores/.../commit}) and returns once W replicas
- * hold it. On a miss (restart, task moved, executor lost) the version is restored from the
- * ring ({@code GET /v1/stores/.../state?version=N}). Nothing is written under the
- * checkpoint's partition folders. Maintenance (snapshots, retention) is done by the ring.
- *
- * <p>Store ids: query = the sanitized checkpoint root plus a hash of it, operator, partition,
- * name = Spark's store name. Writer epochs rise monotonically per JVM and stay above the
- * epoch of the state they start from, so a stale task attempt is fenced by the ring (409).
+ * <p>The cached version is used only when the ring's head is that version and epoch, else
+ * the version is restored from the ring ({@code GET /v1/stores/.../state?version=N}). Stores
+ * hold a version without changing it ({@link StateData}, copy on write); a write store's
+ * commit goes out through {@link StateCommit}, and its epoch follows {@link #nextEpoch}. No
+ * state is written under the checkpoint's partition folders, only a marker file per store
+ * ({@link StoreNaming#markPartition}) so Spark's state data source finds every partition.
+ * Maintenance (snapshots, retention) is done by the ring.
  */
 public final class RingStateStoreProvider implements StateStoreProvider {
   private static final Logger LOG = LoggerFactory.getLogger(RingStateStoreProvider.class);
