@@ -108,6 +108,18 @@ def test_load_empty_starts_empty_and_old_rows_do_not_come_back(
     assert (r["ring_v2_old"], r["ring_v2_new"]) == (None, 2)
 
 
+def test_state_under_the_path_only_name_is_found_after_upgrade(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    root = tmp_path / "ckpt" / "state"
+    root.mkdir(parents=True)
+    r = harness(classpath, "legacy", root, seeds=",".join(ring3.seeds))
+    assert r["renamed"] is True
+    assert r["upgraded_rows"] == 2
+    assert r["upgraded_commit"] == "ok" and r["upgraded_snapshot"] == 1
+    assert r["ring_v3_rows"] == 3
+
+
 def test_commit_larger_than_max_commit_is_split(tmp_path: Path, classpath: str) -> None:
     ring = LocalRing(str(tmp_path / "ring"), 3, args=[*FAST, "--max-commit", "200000"]).start()
     try:

@@ -56,6 +56,8 @@ public final class RingStateStoreProvider implements StateStoreProvider {
   private RingConfig config;
   private RingHttp ring;
   private String storePath;
+  /** The store's name before names carried the query id (null when they are the same). */
+  private String legacyPath;
   private int keyFields;
   private int valueFields;
   private DataType[] prefixTypes;
@@ -138,6 +140,8 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     this.ring = RingHttp.shared(config);
     String queryId = StoreNaming.queryId(stateStoreId.checkpointRootLocation(), hadoopConf);
     this.storePath = StoreNaming.storePath(stateStoreId, queryId);
+    String legacy = StoreNaming.storePath(stateStoreId, null);
+    this.legacyPath = legacy.equals(storePath) ? null : legacy;
     StoreNaming.markPartition(stateStoreId, hadoopConf);
   }
 
@@ -198,7 +202,9 @@ public final class RingStateStoreProvider implements StateStoreProvider {
         l.data.pendingMiss = false;
       }
       long epoch = nextEpoch(head, l.data.epoch);
-      return new WriteStore(this, version, l, forceSnapshotOnCommit || loadEmpty, epoch, task);
+      // a version loaded from the legacy name has no base under the new one: a snapshot
+      boolean snapshot = forceSnapshotOnCommit || loadEmpty || l.data.legacy;
+      return new WriteStore(this, version, l, snapshot, epoch, task);
     }
   }
 
@@ -271,7 +277,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
         LOG.info("{}: cached version {} (epoch {}) is not the ring's head {}: restoring",
             storePath, version, cached.epoch, head);
       }
-      data = restore(version, l);
+      data = restore(version, l, legacySource(version, head));
       cached = data;
     }
     data.hold(task);
@@ -279,7 +285,30 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     return l;
   }
 
-  private StateData restore(long version, Loaded l) {
+  /**
+   * Where a query started by a provider that named stores by the checkpoint path alone keeps
+   * its state: the legacy name, when the new name has no version yet and the legacy one has
+   * {@code version}; else the store's own name.
+   */
+  private String legacySource(long version, RingHttp.Head head) {
+    if (legacyPath == null || head != null) {
+      return storePath;
+    }
+    RingHttp.Head old;
+    try {
+      old = ring.head(legacyPath);
+    } catch (IOException e) {
+      return storePath;
+    }
+    if (old == null || old.version < version) {
+      return storePath;
+    }
+    LOG.info("{}: version {} comes from the store's name before query ids ({}); the next "
+        + "commit is a snapshot under the new name", storePath, version, legacyPath);
+    return legacyPath;
+  }
+
+  private StateData restore(long version, Loaded l, String source) {
     StateData data = new StateData(prefixTypes);
     data.version = version;
     long started = System.nanoTime();
@@ -291,7 +320,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
         int s = shard;
         int n = shards;
         int[] attempts = {0};
-        String path = StateCommit.shardPath(storePath, shard);
+        String path = StateCommit.shardPath(source, shard);
         RingHttp.Restored r = ring.restore(path, version, () -> {
           if (attempts[0]++ > 0) {
             // an attempt broke off: drop what it delivered of this shard
@@ -333,6 +362,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     data.pendingRestoreMs = l.restoreMs;
     data.pendingRestoredRows = rows;
     data.pendingMiss = true;
+    data.legacy = !source.equals(storePath);
     LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
         storePath, version, rows, bytes, data.shards, l.restoreMs);
     return data;
@@ -360,6 +390,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     next.epoch = store.epoch;
     next.shards = store.shardsCommitted;
     next.pendingMiss = false;
+    next.legacy = false;
     cached = next;
     return next;
   }

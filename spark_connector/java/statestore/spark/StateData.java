@@ -46,6 +46,8 @@ final class StateData {
   long pendingRestoreMs;
   long pendingRestoredRows;
   boolean pendingMiss;
+  /** Restored from the store's legacy name: its first commit must be a snapshot. */
+  boolean legacy;
 
   StateData(DataType[] prefixTypes) {
     this.prefixTypes = prefixTypes;

@@ -162,6 +162,28 @@ public final class ProviderHarness {
     r.abort();
   }
 
+  /** A query whose state was written before store names carried the query id. */
+  void legacy() throws java.io.IOException {
+    RingStateStoreProvider old = provider(); // no <checkpoint>/metadata yet: the path alone
+    for (int v = 0; v < 2; v++) {
+      StateStore w = write(old, v, false);
+      w.put(key(v + 1), value(v + 1, 4), null);
+      w.commit();
+    }
+    java.nio.file.Path metadata = java.nio.file.Paths.get(root).getParent().resolve("metadata");
+    java.nio.file.Files.writeString(metadata, "{\"id\":\"0d5c7bc4-5a4e-4c55-9f5e-3f0f2a8b7c11\"}");
+    RingStateStoreProvider upgraded = provider();
+    out.put("renamed", !upgraded.storePath().equals(old.storePath()));
+    WriteStore w = write(upgraded, 2, false);
+    out.put("upgraded_rows", countRows(w));
+    w.put(key(3), value(3, 4), null);
+    out.put("upgraded_commit", attempt(w::commit));
+    out.put("upgraded_snapshot", w.metrics().customMetrics().get(RingMetrics.SNAPSHOTS).get());
+    WriteStore r = write(provider(), 3, false);
+    out.put("ring_v3_rows", countRows(r));
+    r.abort();
+  }
+
   static long countRows(StateStore s) {
     long n = 0;
     scala.collection.Iterator<UnsafeRowPair> it = s.iterator(null);
@@ -233,6 +255,7 @@ public final class ProviderHarness {
       case "isolation" -> h.isolation();
       case "cache" -> h.cache();
       case "empty" -> h.empty();
+      case "legacy" -> h.legacy();
       case "bulk" -> h.bulk();
       case "restore" -> h.restore(Long.parseLong(args.get("version")));
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
