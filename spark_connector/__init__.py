@@ -83,6 +83,10 @@ def ring_conf(
     connect_timeout_ms: int | None = None,
     request_timeout_ms: int | None = None,
     max_attempts: int | None = None,
+    retry_budget_ms: int | None = None,
+    read_timeout_ms: int | None = None,
+    restore_timeout_ms: int | None = None,
+    max_commit_bytes: int | None = None,
 ) -> dict[str, str]:
     """The ``spark.statestore.*`` keys for these options (unset ones keep their defaults)."""
     clean = [_check_address(s) for s in seeds]
@@ -94,6 +98,10 @@ def ring_conf(
         "connectTimeoutMs": (connect_timeout_ms, 1),
         "requestTimeoutMs": (request_timeout_ms, 1),
         "maxAttempts": (max_attempts, 1),
+        "retryBudgetMs": (retry_budget_ms, 0),
+        "readTimeoutMs": (read_timeout_ms, 1),
+        "restoreTimeoutMs": (restore_timeout_ms, 1),
+        "maxCommitBytes": (max_commit_bytes, 1024),
     }
     for name, (value, low) in numbers.items():
         if value is None:
@@ -117,6 +125,10 @@ def configure(
     connect_timeout_ms: int | None = None,
     request_timeout_ms: int | None = None,
     max_attempts: int | None = None,
+    retry_budget_ms: int | None = None,
+    read_timeout_ms: int | None = None,
+    restore_timeout_ms: int | None = None,
+    max_commit_bytes: int | None = None,
     check: bool = True,
 ) -> SparkSession.Builder:
     """Point ``builder``'s streaming state at the ring and return it.
@@ -124,8 +136,11 @@ def configure(
     Sets ``spark.sql.streaming.stateStore.providerClass``, adds the provider jar (built on
     first use) to ``spark.jars`` and sets ``spark.statestore.*``: ``seeds``,
     ``restorePlan`` (default ``auto``), ``snapshotInterval`` (0 = let the ring compact),
-    ``connectTimeoutMs``, ``requestTimeoutMs`` and ``maxAttempts`` (rounds over the ring's
-    members per request). With ``check`` the seeds must answer now: a clear
+    ``connectTimeoutMs``, ``requestTimeoutMs`` (one attempt), ``retryBudgetMs`` (all
+    attempts of a commit or head read), ``maxAttempts`` (rounds over the ring's members
+    within that budget), ``readTimeoutMs`` (a stalled restore body), ``restoreTimeoutMs``
+    (a whole restore) and ``maxCommitBytes`` (the largest commit body); docs/spark.md says
+    what each bounds. With ``check`` the seeds must answer now: a clear
     SparkConnectorError instead of a failed query later.
     """
     conf = ring_conf(
@@ -135,6 +150,10 @@ def configure(
         connect_timeout_ms=connect_timeout_ms,
         request_timeout_ms=request_timeout_ms,
         max_attempts=max_attempts,
+        retry_budget_ms=retry_budget_ms,
+        read_timeout_ms=read_timeout_ms,
+        restore_timeout_ms=restore_timeout_ms,
+        max_commit_bytes=max_commit_bytes,
     )
     if check:
         check_seeds(conf[CONF_PREFIX + "seeds"].split(","))

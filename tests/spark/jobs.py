@@ -11,6 +11,10 @@ providers. Spec keys:
   batch's output is written (the query goes on)
 - ``die``: ``{"op", "provider", "batch"}``: SIGKILL this driver inside that batch, after the
   state commit and before the batch is marked done
+- ``partitions``: shuffle partitions (default 2)
+- ``read_state``: operator ids whose state the state data source
+  (``spark.read.format("statestore")``) reads after each query, written as sorted JSON rows
+  to ``<base>/out/<provider>/<op>/state-<id>.json``
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ OPERATORS = {
     "join": "append",
     "session": "append",
     "pandas": "update",
+    "dedup_count": "update",
 }
 
 
@@ -83,6 +88,9 @@ def build(spark: Any, op: str, base: Path) -> Any:
         return ev.groupBy(F.session_window("ts", "5 seconds").alias("s"), "user").agg(
             F.count("*").alias("n"), F.sum("v").alias("total")
         )
+    if op == "dedup_count":
+        ev = stream("events", EVENTS).dropDuplicates(["id"])
+        return ev.groupBy("user").agg(F.count("*").alias("n"))
     if op == "pandas":
         from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -141,6 +149,16 @@ def run(spec: dict[str, Any]) -> None:
                 for p in query.recentProgress:
                     f.write(json.dumps(p.get("stateOperators", [])) + "\n")
             print(f"{provider}/{op}: {progress.get('batchId')}", flush=True)
+            for op_id in spec.get("read_state", []):
+                state = (
+                    spark.read.format("statestore")
+                    .option("operatorId", op_id)
+                    .load(str(base / "ckpt" / provider / op))
+                )
+                rows = [
+                    json.dumps(r.asDict(recursive=True), sort_keys=True) for r in state.collect()
+                ]
+                (out_dir / f"state-{op_id}.json").write_text(json.dumps(sorted(rows)))
     spark.stop()
 
 

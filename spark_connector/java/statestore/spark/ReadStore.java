@@ -1,16 +1,27 @@
 package statestore.spark;
 
-/** A read-only view of one version. */
+/** A read-only view of one version, fixed for the store's life. */
 final class ReadStore extends StoreBase {
-  ReadStore(RingStateStoreProvider provider, long version, StateData data) {
+  final long task;
+  private boolean released;
+
+  ReadStore(RingStateStoreProvider provider, long version, StateData data, long task) {
     super(provider, version, data);
+    this.task = task;
   }
 
   @Override
-  public void abort() {}
+  public void abort() {
+    release();
+  }
 
   @Override
-  public void release() {}
+  public synchronized void release() {
+    if (!released) {
+      released = true;
+      provider.released(this);
+    }
+  }
 
   @Override
   public String toString() {

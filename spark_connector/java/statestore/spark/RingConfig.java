@@ -24,6 +24,10 @@ final class RingConfig {
   final long connectTimeoutMs;
   final long requestTimeoutMs;
   final int maxAttempts;
+  final long retryBudgetMs;
+  final long readTimeoutMs;
+  final long restoreTimeoutMs;
+  final long maxCommitBytes;
 
   private RingConfig(
       List<String> seeds,
@@ -31,13 +35,21 @@ final class RingConfig {
       int snapshotInterval,
       long connectTimeoutMs,
       long requestTimeoutMs,
-      int maxAttempts) {
+      int maxAttempts,
+      long retryBudgetMs,
+      long readTimeoutMs,
+      long restoreTimeoutMs,
+      long maxCommitBytes) {
     this.seeds = seeds;
     this.restorePlan = restorePlan;
     this.snapshotInterval = snapshotInterval;
     this.connectTimeoutMs = connectTimeoutMs;
     this.requestTimeoutMs = requestTimeoutMs;
     this.maxAttempts = maxAttempts;
+    this.retryBudgetMs = retryBudgetMs;
+    this.readTimeoutMs = readTimeoutMs;
+    this.restoreTimeoutMs = restoreTimeoutMs;
+    this.maxCommitBytes = maxCommitBytes;
   }
 
   static RingConfig from(Configuration hadoopConf, StateStoreConf storeConf) {
@@ -71,8 +83,12 @@ final class RingConfig {
         plan,
         (int) number(hadoopConf, storeConf, "snapshotInterval", 0, 0, 1_000_000),
         number(hadoopConf, storeConf, "connectTimeoutMs", 5_000, 1, 3_600_000),
-        number(hadoopConf, storeConf, "requestTimeoutMs", 120_000, 1, 24 * 3_600_000L),
-        (int) number(hadoopConf, storeConf, "maxAttempts", 3, 1, 100));
+        number(hadoopConf, storeConf, "requestTimeoutMs", 60_000, 1, 24 * 3_600_000L),
+        (int) number(hadoopConf, storeConf, "maxAttempts", 50, 1, 10_000),
+        number(hadoopConf, storeConf, "retryBudgetMs", 60_000, 0, 24 * 3_600_000L),
+        number(hadoopConf, storeConf, "readTimeoutMs", 30_000, 1, 24 * 3_600_000L),
+        number(hadoopConf, storeConf, "restoreTimeoutMs", 300_000, 1, 24 * 3_600_000L),
+        number(hadoopConf, storeConf, "maxCommitBytes", 64L << 20, 1L << 10, 1L << 30));
   }
 
   private static long number(

@@ -11,7 +11,10 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ThreadLocalRandom;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
@@ -46,6 +49,7 @@ final class RingHttp {
   static final class Restored {
     long version;
     long writerEpoch;
+    String positions = "{}";
     long rows;
     long bytes;
   }
@@ -67,12 +71,13 @@ final class RingHttp {
   static RingHttp shared(RingConfig config) {
     String key =
         String.join(",", config.seeds) + "|" + config.connectTimeoutMs + "|" + config.requestTimeoutMs
-            + "|" + config.maxAttempts;
+            + "|" + config.maxAttempts + "|" + config.retryBudgetMs + "|" + config.readTimeoutMs
+            + "|" + config.restoreTimeoutMs + "|" + config.restorePlan;
     return SHARED.computeIfAbsent(key, k -> new RingHttp(config));
   }
 
   /** Learn the ring's live members from the first seed or member that answers. */
-  synchronized void refresh() throws IOException {
+  synchronized void refresh(long deadline) throws IOException {
     List<String> candidates = new ArrayList<>(config.seeds);
     for (String m : members) {
       if (!candidates.contains(m)) {
@@ -81,10 +86,15 @@ final class RingHttp {
     }
     StringBuilder errors = new StringBuilder();
     for (String address : candidates) {
+      long left = (deadline - System.nanoTime()) / 1_000_000L;
+      if (left <= 0) {
+        errors.append("deadline passed; ");
+        break;
+      }
       try {
         HttpRequest req =
             HttpRequest.newBuilder(URI.create("http://" + address + "/v1/ring"))
-                .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, 10_000)))
+                .timeout(Duration.ofMillis(Math.min(left, Math.min(config.requestTimeoutMs, 10_000))))
                 .GET()
                 .build();
         HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
@@ -121,7 +131,7 @@ final class RingHttp {
   private List<String> route(String storePath) {
     if (!learned) {
       try {
-        refresh();
+        refresh(System.nanoTime() + Math.min(config.requestTimeoutMs, 10_000) * 1_000_000L);
       } catch (IOException e) {
         // keep the seeds: the request itself reports what is unreachable
       }
@@ -136,39 +146,49 @@ final class RingHttp {
     return out;
   }
 
-  /** One try of a request against one member. */
+  /** One try of a request against one member, bounded by {@code timeoutMs}. */
   private interface Attempt<T> {
-    T call(String address) throws IOException, InterruptedException;
-  }
-
-  /** A failure after part of an answer was handed over: retrying would hand it over twice. */
-  private static final class BrokeOff extends IOException {
-    BrokeOff(String message, Throwable cause) {
-      super(message, cause);
-    }
+    T call(String address, long timeoutMs) throws IOException, InterruptedException;
   }
 
   /**
-   * Try {@code attempt} on each member in the store's order; after a round in which every
-   * member failed (unreachable or 5xx), refresh the member list and go again, up to
-   * maxAttempts rounds. A 4xx is the ring's answer and is thrown at once.
+   * Try {@code attempt} on each member in the store's order until one succeeds, for at most
+   * {@code budgetMs}: after a round in which every member failed (unreachable, timed out,
+   * 5xx, cut mid-body), refresh the member list, sleep an exponential backoff with full
+   * jitter (100 ms doubling to 5 s, never past the deadline) and go again, at most
+   * maxAttempts rounds. No attempt starts after the deadline; one in flight is bounded by
+   * {@code attemptMs} (or the time left when {@code hard}). A 4xx is the ring's answer and
+   * is thrown at once.
    */
-  private <T> T withRetries(String what, String storePath, Attempt<T> attempt)
+  private <T> T withRetries(
+      String what, String storePath, long budgetMs, long attemptMs, boolean hard, Attempt<T> attempt)
       throws IOException {
+    long deadline = System.nanoTime() + budgetMs * 1_000_000L;
     IOException last = null;
-    for (int round = 0; round < config.maxAttempts; round++) {
+    int round = 0;
+    while (true) {
       if (round > 0) {
+        long left = (deadline - System.nanoTime()) / 1_000_000L;
+        if (left <= 0 || round >= config.maxAttempts) {
+          break;
+        }
+        long cap = Math.min(5_000L, 100L << Math.min(round - 1, 6));
+        sleepMs(Math.min(left, ThreadLocalRandom.current().nextLong(cap / 2, cap + 1)));
         try {
-          refresh();
+          refresh(deadline);
         } catch (IOException e) {
           last = e;
-          sleep(round);
+          round++;
           continue;
         }
       }
-      for (String address : route(storePath)) {
+      for (String address : storePath == null ? List.of("*") : route(storePath)) {
+        long left = (deadline - System.nanoTime()) / 1_000_000L;
+        if (left <= 0) {
+          break;
+        }
         try {
-          return attempt.call(address);
+          return attempt.call(address, hard ? Math.min(attemptMs, left) : attemptMs);
         } catch (InterruptedException e) {
           Thread.currentThread().interrupt();
           throw new IOException("interrupted during " + what, e);
@@ -177,99 +197,170 @@ final class RingHttp {
             throw e;
           }
           last = e;
-        } catch (BrokeOff e) {
-          throw e;
         } catch (IOException e) {
           last = new IOException(address + ": " + describe(e), e);
         }
       }
+      round++;
     }
-    throw new IOException(
-        what + " failed on every ring member after " + config.maxAttempts + " rounds: "
-            + describe(last),
+    throw new Unavailable(
+        what + " failed on every ring member for " + budgetMs + " ms (" + (round) + " rounds): "
+            + describe(last) + "; the ring may be down or overloaded (raise "
+            + RingConfig.PREFIX + "retryBudgetMs to wait longer)",
         last);
   }
 
+  /** The ring could not be reached within a request's budget. */
+  static final class Unavailable extends IOException {
+    Unavailable(String message, Throwable cause) {
+      super(message, cause);
+    }
+  }
+
   /** POST the framed rows as version {@code version}; returns the node's JSON answer. */
-  JsonNode commit(String storePath, long version, long epoch, boolean snapshot, byte[] body)
+  JsonNode commit(
+      String storePath, long version, long epoch, boolean snapshot, String positions, byte[] body)
       throws IOException {
     String query =
         "/v1/stores/" + storePath + "/commit?version=" + version + "&epoch=" + epoch
             + (snapshot ? "&snapshot=1" : "");
-    return withRetries("commit of " + storePath + " version " + version, storePath, address -> {
-      HttpRequest req =
-          HttpRequest.newBuilder(URI.create("http://" + address + query))
-              .timeout(Duration.ofMillis(config.requestTimeoutMs))
-              .header("Content-Type", "application/octet-stream")
-              .header("X-Statestore-Positions", "{\"spark_state_version\":" + version + "}")
-              .POST(HttpRequest.BodyPublishers.ofByteArray(body))
-              .build();
-      HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
-      if (resp.statusCode() == 201 || resp.statusCode() == 200) {
-        return JSON.readTree(resp.body());
-      }
-      throw error(address, resp.statusCode(), resp.body());
-    });
+    return withRetries(
+        "commit of " + storePath + " version " + version, storePath, config.retryBudgetMs,
+        config.requestTimeoutMs, false, (address, timeoutMs) -> {
+          HttpRequest req =
+              HttpRequest.newBuilder(URI.create("http://" + address + query))
+                  .timeout(Duration.ofMillis(timeoutMs))
+                  .header("Content-Type", "application/octet-stream")
+                  .header("X-Statestore-Positions", positions)
+                  .POST(HttpRequest.BodyPublishers.ofByteArray(body))
+                  .build();
+          HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
+          if (resp.statusCode() == 201 || resp.statusCode() == 200) {
+            return JSON.readTree(resp.body());
+          }
+          throw error(address, resp.statusCode(), resp.body());
+        });
   }
 
-  /** Stream version {@code version} of a store into {@code sink}. */
-  Restored restore(String storePath, long version, RowFraming.RowSink sink) throws IOException {
+  /** Where a restore's rows go; {@link #begin} is called once per attempt, from scratch. */
+  interface RestoreTarget {
+    RowFraming.RowSink begin();
+  }
+
+  /**
+   * Stream version {@code version} of a store into the target. The whole restore, every
+   * attempt and backoff included, ends by {@code restoreTimeoutMs}; a body that delivers no
+   * byte for {@code readTimeoutMs} is cut. A failed attempt (unreachable, 5xx, stalled or cut
+   * mid-body) is retried on the next member, from an empty target.
+   */
+  Restored restore(String storePath, long version, RestoreTarget target) throws IOException {
     String what = "restore of " + storePath + " version " + version;
     String query =
         "/v1/stores/" + storePath + "/state?version=" + version + "&plan=" + config.restorePlan;
-    return withRetries(what, storePath, address -> {
-      HttpRequest req =
-          HttpRequest.newBuilder(URI.create("http://" + address + query))
-              .timeout(Duration.ofMillis(config.requestTimeoutMs))
-              .GET()
-              .build();
-      HttpResponse<InputStream> resp = client.send(req, HttpResponse.BodyHandlers.ofInputStream());
-      try (InputStream body = resp.body()) {
-        if (resp.statusCode() != 200) {
-          throw error(address, resp.statusCode(), body.readAllBytes());
-        }
-        Restored out = new Restored();
-        out.version = header(resp, "X-Statestore-Version", version);
-        out.writerEpoch = header(resp, "X-Statestore-Writer-Epoch", 0);
-        try {
-          RowFraming.Counts counts = new RowFraming.Counts();
-          RowFraming.read(body, sink, counts);
-          out.rows = counts.rows;
-          out.bytes = counts.bytes;
-        } catch (IOException e) {
-          // rows were already handed over: the caller must start from an empty map again
-          throw new BrokeOff(what + " broke off at " + address + ": " + describe(e), e);
-        }
-        return out;
-      }
-    });
+    long deadline = System.nanoTime() + config.restoreTimeoutMs * 1_000_000L;
+    return withRetries(
+        what, storePath, config.restoreTimeoutMs, config.requestTimeoutMs, true,
+        (address, timeoutMs) -> {
+          HttpRequest req =
+              HttpRequest.newBuilder(URI.create("http://" + address + query))
+                  .timeout(Duration.ofMillis(timeoutMs))
+                  .GET()
+                  .build();
+          HttpResponse<InputStream> resp =
+              client.send(req, HttpResponse.BodyHandlers.ofInputStream());
+          try (InputStream body = resp.body()) {
+            if (resp.statusCode() != 200) {
+              throw error(address, resp.statusCode(), body.readAllBytes());
+            }
+            Restored out = new Restored();
+            out.version = header(resp, "X-Statestore-Version", version);
+            out.writerEpoch = header(resp, "X-Statestore-Writer-Epoch", 0);
+            out.positions = resp.headers().firstValue("X-Statestore-Positions").orElse("{}");
+            RowFraming.Counts counts = new RowFraming.Counts();
+            try (Watchdog.Guard guard =
+                Watchdog.watch(body, deadline, config.readTimeoutMs)) {
+              try {
+                RowFraming.read(guard.stream(), target.begin(), counts);
+              } catch (IOException e) {
+                guard.check();
+                throw e;
+              }
+              guard.check();
+            }
+            out.rows = counts.rows;
+            out.bytes = counts.bytes;
+            return out;
+          }
+        });
   }
 
-  /** The head a member knows of ({@code null} if it has none). */
-  long[] head(String storePath) {
-    for (String address : route(storePath)) {
-      try {
-        HttpRequest req =
-            HttpRequest.newBuilder(URI.create("http://" + address + "/v1/stores/" + storePath + "/head"))
-                .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, 10_000)))
-                .GET()
-                .build();
-        HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
-        if (resp.statusCode() == 200) {
-          JsonNode h = JSON.readTree(resp.body());
-          return new long[] {h.path("version").asLong(), h.path("epoch").asLong()};
-        }
-        if (resp.statusCode() == 404) {
-          return null;
-        }
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        return null;
-      } catch (IOException | IllegalArgumentException e) {
-        // try the next member
-      }
+  /** A store's head: its latest version and that version's writer epoch. */
+  static final class Head {
+    final long version;
+    final long epoch;
+
+    Head(long version, long epoch) {
+      this.version = version;
+      this.epoch = epoch;
     }
-    return null;
+
+    @Override
+    public String toString() {
+      return "(version " + version + ", epoch " + epoch + ")";
+    }
+  }
+
+  /**
+   * The store's head as the ring knows it: every live member is asked at once (a node
+   * answers for what it holds), and the highest (version, epoch) wins; {@code null} when
+   * no member holds the store. Retried within {@code retryBudgetMs} while no member
+   * answers.
+   */
+  Head head(String storePath) throws IOException {
+    return withRetries(
+        "head of " + storePath, null, config.retryBudgetMs, config.requestTimeoutMs, false,
+        (ignored, timeoutMs) -> {
+          List<String> all = route(storePath);
+          List<CompletableFuture<HttpResponse<byte[]>>> pending = new ArrayList<>();
+          for (String address : all) {
+            HttpRequest req =
+                HttpRequest.newBuilder(
+                        URI.create("http://" + address + "/v1/stores/" + storePath + "/head"))
+                    .timeout(Duration.ofMillis(timeoutMs))
+                    .GET()
+                    .build();
+            pending.add(client.sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
+          }
+          Head best = null;
+          int answered = 0;
+          IOException last = null;
+          for (int i = 0; i < pending.size(); i++) {
+            HttpResponse<byte[]> resp;
+            try {
+              resp = pending.get(i).get();
+            } catch (ExecutionException e) {
+              last = new IOException(all.get(i) + ": " + describe(e.getCause()), e.getCause());
+              continue;
+            }
+            if (resp.statusCode() == 200) {
+              JsonNode h = JSON.readTree(resp.body());
+              Head got = new Head(h.path("version").asLong(), h.path("epoch").asLong());
+              if (best == null || got.version > best.version
+                  || (got.version == best.version && got.epoch > best.epoch)) {
+                best = got;
+              }
+              answered++;
+            } else if (resp.statusCode() == 404) {
+              answered++;
+            } else {
+              last = error(all.get(i), resp.statusCode(), resp.body());
+            }
+          }
+          if (answered == 0) {
+            throw last != null ? last : new IOException("no member answered");
+          }
+          return best;
+        });
   }
 
   private static long header(HttpResponse<?> resp, String name, long dflt) {
@@ -297,7 +388,7 @@ final class RingHttp {
     return new RingError(status, code, address + " answered " + status + " " + code + ": " + message);
   }
 
-  private static String describe(Throwable e) {
+  static String describe(Throwable e) {
     if (e == null) {
       return "no ring member reachable";
     }
@@ -308,11 +399,12 @@ final class RingHttp {
     return e.getClass().getSimpleName() + (msg == null ? "" : ": " + msg);
   }
 
-  private static void sleep(int attempt) {
+  private static void sleepMs(long ms) throws IOException {
     try {
-      Thread.sleep(Math.min(2_000L, 200L * attempt));
+      Thread.sleep(Math.max(0, ms));
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
+      throw new IOException("interrupted while waiting to retry", e);
     }
   }
 }

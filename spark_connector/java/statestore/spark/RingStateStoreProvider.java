@@ -1,10 +1,12 @@
 package statestore.spark;
 
 import java.io.IOException;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
 import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
@@ -25,23 +27,23 @@ import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * A Spark {@link StateStoreProvider} whose state lives on a statestore ring.
+ * A Spark {@link StateStoreProvider} whose state lives on a statestore ring: the provider's
+ * lifecycle and its cache of the last committed version (docs/spark.md says what each rule
+ * is for and how it is tested).
  *
- * <p>The last committed version of the partition stays in memory (in this executor JVM), so
- * the next micro-batch loads nothing. A write store changes that map in place and keeps an
- * undo log (for {@code abort()}) and the delta; {@code commit()} posts the delta as framed
- * rows to a ring coordinator ({@code POST /v1/stores/.../commit}) and returns once W replicas
- * hold it. On a miss (restart, task moved, executor lost) the version is restored from the
- * ring ({@code GET /v1/stores/.../state?version=N}). Nothing is written under the
- * checkpoint's partition folders. Maintenance (snapshots, retention) is done by the ring.
- *
- * <p>Store ids: query = the sanitized checkpoint root plus a hash of it, operator, partition,
- * name = Spark's store name. Writer epochs rise monotonically per JVM and stay above the
- * epoch of the state they start from, so a stale task attempt is fenced by the ring (409).
+ * <p>The cached version is used only when the ring's head is that version and epoch, else
+ * the version is restored from the ring ({@code GET /v1/stores/.../state?version=N}). Stores
+ * hold a version without changing it ({@link StateData}, copy on write); a write store's
+ * commit goes out through {@link StateCommit}, and its epoch follows {@link #nextEpoch}. No
+ * state is written under the checkpoint's partition folders, only a marker file per store
+ * ({@link StoreNaming#markPartition}) so Spark's state data source finds every partition.
+ * Maintenance (snapshots, retention) is done by the ring.
  */
 public final class RingStateStoreProvider implements StateStoreProvider {
   private static final Logger LOG = LoggerFactory.getLogger(RingStateStoreProvider.class);
-  private static final AtomicLong LAST_EPOCH = new AtomicLong();
+  /** The last epoch this JVM handed out, per ring store. */
+  private static final ConcurrentHashMap<String, Long> LAST_EPOCH = new ConcurrentHashMap<>();
+  private static final AtomicLong ANONYMOUS = new AtomicLong();
 
   // -- fields of the Scala trait --------------------------------------------------------
   private volatile boolean unloaded;
@@ -54,13 +56,14 @@ public final class RingStateStoreProvider implements StateStoreProvider {
   private RingConfig config;
   private RingHttp ring;
   private String storePath;
+  /** The store's name before names carried the query id (null when they are the same). */
+  private String legacyPath;
   private int keyFields;
   private int valueFields;
   private DataType[] prefixTypes;
 
   // -- the in-memory versions -----------------------------------------------------------
   private StateData cached;
-  private WriteStore activeWriter;
 
   public RingStateStoreProvider() {
     StateStoreProvider.$init$(this);
@@ -135,7 +138,11 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     }
     this.config = RingConfig.from(hadoopConf, storeConf);
     this.ring = RingHttp.shared(config);
-    this.storePath = StoreNaming.storePath(stateStoreId);
+    String queryId = StoreNaming.queryId(stateStoreId.checkpointRootLocation(), hadoopConf);
+    this.storePath = StoreNaming.storePath(stateStoreId, queryId);
+    String legacy = StoreNaming.storePath(stateStoreId, null);
+    this.legacyPath = legacy.equals(storePath) ? null : legacy;
+    StoreNaming.markPartition(stateStoreId, hadoopConf);
   }
 
   @Override
@@ -146,7 +153,6 @@ public final class RingStateStoreProvider implements StateStoreProvider {
   @Override
   public synchronized void close() {
     cached = null;
-    activeWriter = null;
   }
 
   @Override
@@ -166,21 +172,28 @@ public final class RingStateStoreProvider implements StateStoreProvider {
 
   // -- loading --------------------------------------------------------------------------
 
-  /** What a load produced: the map to work on and how it got there. */
+  /** What a load produced: the version to work on and how it got there. */
   static final class Loaded {
     StateData data;
-    boolean detached;
     boolean hit;
     long restoreMs;
     long restoredRows;
+  }
+
+  private static long taskId() {
+    TaskContext ctx = TaskContext.get();
+    // outside a task every store is its own holder
+    return ctx != null ? ctx.taskAttemptId() : -ANONYMOUS.incrementAndGet();
   }
 
   @Override
   public StateStore getStore(
       long version, Option<String> uniqueId, boolean forceSnapshotOnCommit, boolean loadEmpty) {
     checkVersion(version, uniqueId);
+    long task = taskId();
     synchronized (this) {
-      Loaded l = load(version, loadEmpty, true);
+      RingHttp.Head head = head();
+      Loaded l = load(version, loadEmpty, head, task);
       if (l.data.pendingMiss) {
         // a read store of this task loaded it: the write store reports the restore
         l.hit = false;
@@ -188,20 +201,34 @@ public final class RingStateStoreProvider implements StateStoreProvider {
         l.restoredRows = l.data.pendingRestoredRows;
         l.data.pendingMiss = false;
       }
-      WriteStore store = new WriteStore(this, version, l, forceSnapshotOnCommit, nextEpoch(l.data.epoch));
-      if (!l.detached) {
-        activeWriter = store;
-      }
-      return store;
+      long epoch = nextEpoch(head, l.data.epoch);
+      // a version loaded from the legacy name has no base under the new one: a snapshot
+      boolean snapshot = forceSnapshotOnCommit || loadEmpty || l.data.legacy;
+      return new WriteStore(this, version, l, snapshot, epoch, task);
     }
   }
 
   @Override
   public ReadStateStore getReadStore(long version, Option<String> uniqueId) {
     checkVersion(version, uniqueId);
+    long task = taskId();
     synchronized (this) {
-      return new ReadStore(this, version, load(version, false, false).data);
+      ReadStore store = new ReadStore(this, version, load(version, false, head(), task).data, task);
+      TaskContext ctx = TaskContext.get();
+      if (ctx != null) {
+        ctx.addTaskCompletionListener((org.apache.spark.util.TaskCompletionListener) c -> {
+          store.release();
+        });
+      }
+      return store;
     }
+  }
+
+  @Override
+  public StateStore upgradeReadStoreToWriteStore(
+      ReadStateStore readStore, long version, Option<String> uniqueId, boolean forceSnapshot) {
+    readStore.release();
+    return getStore(version, uniqueId, forceSnapshot, false);
   }
 
   private void checkVersion(long version, Option<String> uniqueId) {
@@ -215,84 +242,166 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     }
   }
 
-  private Loaded load(long version, boolean loadEmpty, boolean forWrite) {
+  private RingHttp.Head head() {
+    try {
+      return ring.head(storePath);
+    } catch (IOException e) {
+      throw new IllegalStateException(
+          "RingStateStoreProvider: cannot read the head of " + storePath + " from the ring: "
+              + e.getMessage(),
+          e);
+    }
+  }
+
+  /**
+   * The version to work on, held for {@code task}: an empty one for version 0 or
+   * {@code loadEmpty}; the cached one only when the ring's head is that very version and
+   * epoch (a version re-committed elsewhere, or an older version asked for, is restored);
+   * else restored from the ring.
+   */
+  private Loaded load(long version, boolean loadEmpty, RingHttp.Head head, long task) {
     Loaded l = new Loaded();
-    if (cached != null && cached.version == version && activeWriter == null) {
-      l.data = cached;
+    StateData data;
+    if (loadEmpty || version == 0) {
+      data = new StateData(prefixTypes);
+      data.version = version;
+      if (cached != null && cached.shards > 1) {
+        data.shards = cached.shards;
+      }
+    } else if (cached != null && cached.version == version && head != null
+        && head.version == version && head.epoch == cached.epoch) {
+      data = cached;
       l.hit = true;
-      return l;
-    }
-    StateData data = new StateData(prefixTypes);
-    data.version = version;
-    if (version > 0 && !loadEmpty) {
-      long started = System.nanoTime();
-      RingHttp.Restored r;
-      try {
-        r = ring.restore(storePath, version, (k, v) -> {
-          UnsafeRow key = new UnsafeRow(keyFields);
-          key.pointTo(k, k.length);
-          UnsafeRow value = new UnsafeRow(valueFields);
-          value.pointTo(v, v.length);
-          data.put(key, value);
-        });
-      } catch (IOException e) {
-        throw new IllegalStateException(
-            "RingStateStoreProvider: cannot load version " + version + " of " + storePath
-                + " from the ring: " + e.getMessage(),
-            e);
-      }
-      if (r.version != version) {
-        throw new IllegalStateException(
-            "RingStateStoreProvider: asked the ring for version " + version + " of " + storePath
-                + " and got version " + r.version);
-      }
-      data.epoch = r.writerEpoch;
-      l.restoreMs = (System.nanoTime() - started) / 1_000_000;
-      l.restoredRows = r.rows;
-      data.pendingRestoreMs = l.restoreMs;
-      data.pendingRestoredRows = r.rows;
-      LOG.info("restored {} version {} from the ring: {} rows, {} bytes in {} ms", storePath,
-          version, r.rows, r.bytes, l.restoreMs);
-    }
-    if (forWrite) {
-      long[] head = ring.head(storePath);
-      if (head != null) {
-        data.epoch = Math.max(data.epoch, head[1]);
-      }
-    }
-    l.data = data;
-    data.pendingMiss = true;
-    if (activeWriter == null) {
-      cached = data;
     } else {
-      l.detached = true;
+      if (cached != null && cached.version == version) {
+        LOG.info("{}: cached version {} (epoch {}) is not the ring's head {}: restoring",
+            storePath, version, cached.epoch, head);
+      }
+      data = restore(version, l, legacySource(version, head));
+      cached = data;
     }
+    data.hold(task);
+    l.data = data;
     return l;
   }
 
-  private static long nextEpoch(long floor) {
-    long now = System.currentTimeMillis();
-    return LAST_EPOCH.updateAndGet(prev -> Math.max(Math.max(prev + 1, floor + 1), now));
-  }
-
-  synchronized void committed(WriteStore store, long newVersion) {
-    StateData data = store.data;
-    data.version = newVersion;
-    data.epoch = store.epoch;
-    if (activeWriter == store) {
-      activeWriter = null;
-    } else if (activeWriter == null) {
-      cached = data;
+  /**
+   * Where a query started by a provider that named stores by the checkpoint path alone keeps
+   * its state: the legacy name, when the new name has no version yet and the legacy one has
+   * {@code version}; else the store's own name.
+   */
+  private String legacySource(long version, RingHttp.Head head) {
+    if (legacyPath == null || head != null) {
+      return storePath;
     }
+    RingHttp.Head old;
+    try {
+      old = ring.head(legacyPath);
+    } catch (IOException e) {
+      return storePath;
+    }
+    if (old == null || old.version < version) {
+      return storePath;
+    }
+    LOG.info("{}: version {} comes from the store's name before query ids ({}); the next "
+        + "commit is a snapshot under the new name", storePath, version, legacyPath);
+    return legacyPath;
   }
 
-  synchronized void finished(WriteStore store, boolean broken) {
-    if (activeWriter == store) {
-      activeWriter = null;
-      if (broken) {
-        cached = null;
+  private StateData restore(long version, Loaded l, String source) {
+    StateData data = new StateData(prefixTypes);
+    data.version = version;
+    long started = System.nanoTime();
+    long rows = 0;
+    long bytes = 0;
+    try {
+      int shards = 1;
+      for (int shard = 0; shard < shards; shard++) {
+        int s = shard;
+        int n = shards;
+        int[] attempts = {0};
+        String path = StateCommit.shardPath(source, shard);
+        RingHttp.Restored r = ring.restore(path, version, () -> {
+          if (attempts[0]++ > 0) {
+            // an attempt broke off: drop what it delivered of this shard
+            if (n == 1) {
+              data.clear();
+            } else {
+              data.map.keySet().removeIf(k -> StateCommit.shardOf(k, n) == s);
+            }
+          }
+          return (k, v) -> {
+            UnsafeRow key = new UnsafeRow(keyFields);
+            key.pointTo(k, k.length);
+            UnsafeRow value = new UnsafeRow(valueFields);
+            value.pointTo(v, v.length);
+            data.put(key, value);
+          };
+        });
+        if (r.version != version) {
+          throw new IllegalStateException(
+              "RingStateStoreProvider: asked the ring for version " + version + " of " + path
+                  + " and got version " + r.version);
+        }
+        if (shard == 0) {
+          data.epoch = r.writerEpoch;
+          shards = StateCommit.shardsOf(r.positions);
+          data.shards = shards;
+        }
+        rows += r.rows;
+        bytes += r.bytes;
       }
+    } catch (IOException e) {
+      throw new IllegalStateException(
+          "RingStateStoreProvider: cannot load version " + version + " of " + storePath
+              + " from the ring: " + e.getMessage(),
+          e);
     }
+    l.restoreMs = (System.nanoTime() - started) / 1_000_000;
+    l.restoredRows = rows;
+    data.pendingRestoreMs = l.restoreMs;
+    data.pendingRestoredRows = rows;
+    data.pendingMiss = true;
+    data.legacy = !source.equals(storePath);
+    LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
+        storePath, version, rows, bytes, data.shards, l.restoreMs);
+    return data;
+  }
+
+  /**
+   * The epoch rule: a write store's epoch is one above the highest of the ring's head epoch
+   * for the store (read when the store is opened), the epoch of the version it starts from,
+   * and every epoch this JVM handed out for the store. No clock is involved: the head only
+   * moves forward, so a later attempt gets a higher epoch than any attempt whose commit it
+   * could see, and the ring refuses a commit below its head (409 stale_epoch).
+   */
+  private long nextEpoch(RingHttp.Head head, long loadedEpoch) {
+    long floor = Math.max(loadedEpoch, head == null ? 0 : head.epoch);
+    return LAST_EPOCH.merge(storePath, floor + 1, (prev, proposed) -> Math.max(prev + 1, proposed));
+  }
+
+  /** A write store's commit was acknowledged: its version becomes the cached one. */
+  synchronized StateData committed(WriteStore store, long newVersion) {
+    StateData base = store.data;
+    StateData next = base.onlyHeldBy(store.task) ? base : base.copy();
+    base.release(store.task);
+    next.apply(store.overlay);
+    next.version = newVersion;
+    next.epoch = store.epoch;
+    next.shards = store.shardsCommitted;
+    next.pendingMiss = false;
+    next.legacy = false;
+    cached = next;
+    return next;
+  }
+
+  /** A write store ended without a commit. */
+  synchronized void finished(WriteStore store) {
+    store.data.release(store.task);
+  }
+
+  synchronized void released(ReadStore store) {
+    store.data.release(store.task);
   }
 
   // -- what the stores call back -------------------------------------------------------

@@ -18,9 +18,25 @@ import org.apache.spark.sql.types.DataType;
 import scala.jdk.javaapi.CollectionConverters;
 import scala.runtime.BoxedUnit;
 
-/** One version of the partition in memory, with a prefix index when Spark needs scans. */
+/**
+ * One version of the partition in memory, with a prefix index when Spark needs scans.
+ *
+ * <p>A published version is not changed while another store holds it: write stores keep
+ * their changes in an overlay ({@link WriteStore}) and the provider applies them at commit,
+ * in place only when the committing store is the version's sole holder (or shares it only
+ * with stores of the same task attempt), else to a copy. So every read store, and every
+ * other attempt, sees a fixed version.
+ */
 final class StateData {
+  /** The overlay's mark for a removed key (compared by identity). */
+  static final UnsafeRow TOMBSTONE = new UnsafeRow(0);
+
   final ConcurrentHashMap<UnsafeRow, UnsafeRow> map = new ConcurrentHashMap<>();
+  private final DataType[] prefixTypes;
+  /** Ring stores the version is spread over (key hash shards, {@link StateCommit}). */
+  volatile int shards = 1;
+  /** Task attempts holding this version through an open store (provider lock). */
+  private final ArrayList<Long> holders = new ArrayList<>();
   final ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> prefixIndex;
   final UnsafeProjection prefixProjection;
   volatile long version;
@@ -30,8 +46,11 @@ final class StateData {
   long pendingRestoreMs;
   long pendingRestoredRows;
   boolean pendingMiss;
+  /** Restored from the store's legacy name: its first commit must be a snapshot. */
+  boolean legacy;
 
   StateData(DataType[] prefixTypes) {
+    this.prefixTypes = prefixTypes;
     if (prefixTypes != null) {
       prefixIndex = new ConcurrentHashMap<>();
       prefixProjection = UnsafeProjection.create(prefixTypes);
@@ -41,7 +60,57 @@ final class StateData {
     }
   }
 
-  private UnsafeRow prefixOf(UnsafeRow key) {
+  /** An independent copy (rows are immutable and shared). */
+  StateData copy() {
+    StateData out = new StateData(prefixTypes);
+    for (Map.Entry<UnsafeRow, UnsafeRow> e : map.entrySet()) {
+      out.put(e.getKey(), e.getValue());
+    }
+    out.version = version;
+    out.epoch = epoch;
+    out.shards = shards;
+    return out;
+  }
+
+  /** Apply an overlay (value {@link #TOMBSTONE} = remove). */
+  void apply(Map<UnsafeRow, UnsafeRow> overlay) {
+    for (Map.Entry<UnsafeRow, UnsafeRow> e : overlay.entrySet()) {
+      if (e.getValue() == TOMBSTONE) {
+        remove(e.getKey());
+      } else {
+        put(e.getKey(), e.getValue());
+      }
+    }
+  }
+
+  /** Empty the map (a restore attempt starting again). */
+  void clear() {
+    map.clear();
+    if (prefixIndex != null) {
+      prefixIndex.clear();
+    }
+    bytes.set(0);
+  }
+
+  void hold(long task) {
+    holders.add(task);
+  }
+
+  void release(long task) {
+    holders.remove(Long.valueOf(task));
+  }
+
+  /** Whether only stores of {@code task} hold this version. */
+  boolean onlyHeldBy(long task) {
+    for (long t : holders) {
+      if (t != task) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  UnsafeRow prefixOf(UnsafeRow key) {
     synchronized (prefixProjection) {
       return prefixProjection.apply(key).copy();
     }

@@ -1,9 +1,15 @@
 package statestore.spark;
 
 import java.io.IOException;
+import java.util.AbstractMap;
+import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.LinkedHashMap;
+import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
+import java.util.NoSuchElementException;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
@@ -12,38 +18,53 @@ import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCheckpointInfo;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreInstanceMetric;
+import org.apache.spark.sql.execution.streaming.state.StateStoreIterator;
 import org.apache.spark.sql.execution.streaming.state.StateStoreMetrics;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.types.StructType;
 
 import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
 
-/** The store a task updates: version + 1 in the making. */
+/**
+ * The store a task updates: version + 1 in the making. Its changes go to an overlay (the
+ * delta: a value, or {@link StateData#TOMBSTONE} for a removed key) over the loaded
+ * version, which stays unchanged until the commit is acknowledged; reads see the overlay
+ * first. {@code abort()} drops the overlay.
+ */
 final class WriteStore extends StoreBase implements StateStore {
   private static final int UPDATING = 0;
   private static final int COMMITTED = 1;
   private static final int ABORTED = 2;
 
   final long epoch;
-  private final boolean forceSnapshot;
+  final long task;
+  final boolean forceSnapshot;
   private final RingStateStoreProvider.Loaded loaded;
-  private final HashMap<UnsafeRow, UnsafeRow> undo = new HashMap<>();
-  private final LinkedHashMap<UnsafeRow, UnsafeRow> delta = new LinkedHashMap<>();
+  final ConcurrentHashMap<UnsafeRow, UnsafeRow> overlay = new ConcurrentHashMap<>();
+  private final ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> overlayPrefix;
   private volatile int state = UPDATING;
+  private long keyDelta;
+  private long bytesDelta;
   private long bytesCommitted;
   private long commitMs;
   private boolean snapshotSent;
+  int shardsCommitted;
+  private volatile StateData committedData;
 
   WriteStore(
       RingStateStoreProvider provider,
       long version,
       RingStateStoreProvider.Loaded loaded,
       boolean forceSnapshot,
-      long epoch) {
+      long epoch,
+      long task) {
     super(provider, version, loaded.data);
     this.loaded = loaded;
     this.forceSnapshot = forceSnapshot;
     this.epoch = epoch;
+    this.task = task;
+    this.overlayPrefix = data.prefixIndex == null ? null : new ConcurrentHashMap<>();
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
       ctx.addTaskCompletionListener(c -> {
@@ -62,6 +83,16 @@ final class WriteStore extends StoreBase implements StateStore {
   }
 
   @Override
+  public UnsafeRow get(UnsafeRow key, String cf) {
+    defaultFamily(cf);
+    UnsafeRow o = overlay.get(key);
+    if (o != null) {
+      return o == StateData.TOMBSTONE ? null : o;
+    }
+    return data.map.get(key);
+  }
+
+  @Override
   public void put(UnsafeRow key, UnsafeRow value, String cf) {
     defaultFamily(cf);
     if (value == null) {
@@ -70,25 +101,151 @@ final class WriteStore extends StoreBase implements StateStore {
     updating("put");
     UnsafeRow k = key.copy();
     UnsafeRow v = value.copy();
-    UnsafeRow prev = data.put(k, v);
-    if (!undo.containsKey(k)) {
-      undo.put(k, prev);
+    UnsafeRow before = get(k, null);
+    overlay.put(k, v);
+    if (before == null) {
+      keyDelta++;
+      bytesDelta += k.getSizeInBytes() + v.getSizeInBytes() + 64L;
+      if (overlayPrefix != null && !data.map.containsKey(k)) {
+        overlayPrefix.computeIfAbsent(data.prefixOf(k), p -> ConcurrentHashMap.newKeySet()).add(k);
+      }
+    } else {
+      bytesDelta += v.getSizeInBytes() - before.getSizeInBytes();
     }
-    delta.put(k, v);
   }
 
   @Override
   public void remove(UnsafeRow key, String cf) {
     defaultFamily(cf);
     updating("remove");
-    UnsafeRow prev = data.remove(key);
-    if (prev != null) {
-      UnsafeRow k = key.copy();
-      if (!undo.containsKey(k)) {
-        undo.put(k, prev);
-      }
-      delta.put(k, null);
+    UnsafeRow before = get(key, null);
+    if (before == null) {
+      return;
     }
+    UnsafeRow k = key.copy();
+    if (data.map.containsKey(k)) {
+      overlay.put(k, StateData.TOMBSTONE);
+    } else {
+      overlay.remove(k);
+      if (overlayPrefix != null) {
+        Set<UnsafeRow> keys = overlayPrefix.get(data.prefixOf(k));
+        if (keys != null) {
+          keys.remove(k);
+        }
+      }
+    }
+    keyDelta--;
+    bytesDelta -= k.getSizeInBytes() + before.getSizeInBytes() + 64L;
+  }
+
+  /** Every row of version + 1 as it stands: the loaded version under the overlay. */
+  Iterator<Map.Entry<UnsafeRow, UnsafeRow>> merged() {
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> base = data.map.entrySet().iterator();
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> added = overlay.entrySet().iterator();
+    return new Iterator<Map.Entry<UnsafeRow, UnsafeRow>>() {
+      private Map.Entry<UnsafeRow, UnsafeRow> next = advance();
+
+      private Map.Entry<UnsafeRow, UnsafeRow> advance() {
+        while (base.hasNext()) {
+          Map.Entry<UnsafeRow, UnsafeRow> e = base.next();
+          UnsafeRow o = overlay.get(e.getKey());
+          if (o == null) {
+            return e;
+          }
+          if (o != StateData.TOMBSTONE) {
+            return new AbstractMap.SimpleImmutableEntry<>(e.getKey(), o);
+          }
+        }
+        while (added.hasNext()) {
+          Map.Entry<UnsafeRow, UnsafeRow> e = added.next();
+          if (e.getValue() != StateData.TOMBSTONE && !data.map.containsKey(e.getKey())) {
+            return e;
+          }
+        }
+        return null;
+      }
+
+      @Override
+      public boolean hasNext() {
+        return next != null;
+      }
+
+      @Override
+      public Map.Entry<UnsafeRow, UnsafeRow> next() {
+        if (next == null) {
+          throw new NoSuchElementException();
+        }
+        Map.Entry<UnsafeRow, UnsafeRow> out = next;
+        next = advance();
+        return out;
+      }
+    };
+  }
+
+  @Override
+  public StateStoreIterator<UnsafeRowPair> iterator(String cf) {
+    defaultFamily(cf);
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = merged();
+    return StateData.wrap(new Iterator<UnsafeRowPair>() {
+      @Override
+      public boolean hasNext() {
+        return it.hasNext();
+      }
+
+      @Override
+      public UnsafeRowPair next() {
+        Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
+        return new UnsafeRowPair(e.getKey(), e.getValue());
+      }
+    });
+  }
+
+  @Override
+  public StateStoreIterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey, String cf) {
+    defaultFamily(cf);
+    if (data.prefixIndex == null) {
+      throw new UnsupportedOperationException(
+          "prefix scan on a state store created without a prefix key encoding");
+    }
+    List<UnsafeRow> keys = new ArrayList<>();
+    Set<UnsafeRow> old = data.prefixIndex.get(prefixKey);
+    if (old != null) {
+      keys.addAll(old);
+    }
+    Set<UnsafeRow> fresh = overlayPrefix.get(prefixKey);
+    if (fresh != null) {
+      keys.addAll(fresh);
+    }
+    Iterator<UnsafeRow> it = keys.iterator();
+    return StateData.wrap(new Iterator<UnsafeRowPair>() {
+      private UnsafeRowPair next = advance();
+
+      private UnsafeRowPair advance() {
+        while (it.hasNext()) {
+          UnsafeRow k = it.next();
+          UnsafeRow v = get(k, null);
+          if (v != null) {
+            return new UnsafeRowPair(k, v);
+          }
+        }
+        return null;
+      }
+
+      @Override
+      public boolean hasNext() {
+        return next != null;
+      }
+
+      @Override
+      public UnsafeRowPair next() {
+        if (next == null) {
+          throw new NoSuchElementException();
+        }
+        UnsafeRowPair out = next;
+        next = advance();
+        return out;
+      }
+    });
   }
 
   @Override
@@ -101,52 +258,37 @@ final class WriteStore extends StoreBase implements StateStore {
         forceSnapshot || (config.snapshotInterval > 0 && newVersion % config.snapshotInterval == 0);
     long started = System.nanoTime();
     try {
-      byte[] body = snapshot ? RowFraming.frame(data.map) : RowFraming.frame(delta);
-      provider.ring().commit(storePath, newVersion, epoch, snapshot, body);
-      bytesCommitted = body.length;
-      snapshotSent = snapshot;
+      StateCommit.Result r = StateCommit.send(provider, this, newVersion, snapshot);
+      bytesCommitted = r.bytes;
+      snapshotSent = r.snapshot;
+      shardsCommitted = r.shards;
     } catch (IOException | RuntimeException e) {
-      rollback();
       state = ABORTED;
-      provider.finished(this, true);
+      provider.finished(this);
       String msg = e.getMessage();
       if (e instanceof RingHttp.RingError && "stale_epoch".equals(((RingHttp.RingError) e).code)) {
         msg = "fenced: a newer attempt owns " + storePath + " (" + msg + ")";
       }
       throw new IllegalStateException(
           "RingStateStoreProvider: commit of " + storePath + " version " + newVersion
-              + " failed: " + msg,
+              + " (epoch " + epoch + ") failed: " + msg,
           e);
     }
     commitMs = (System.nanoTime() - started) / 1_000_000;
-    undo.clear();
-    delta.clear();
     state = COMMITTED;
-    provider.committed(this, newVersion);
+    committedData = provider.committed(this, newVersion);
     if (provider.storeConf().commitValidationEnabled()) {
       StateStore.reportCommitToCoordinator(newVersion, id(), provider.hadoopConf());
     }
     return newVersion;
   }
 
-  private void rollback() {
-    for (Map.Entry<UnsafeRow, UnsafeRow> e : undo.entrySet()) {
-      if (e.getValue() == null) {
-        data.remove(e.getKey());
-      } else {
-        data.put(e.getKey(), e.getValue());
-      }
-    }
-    undo.clear();
-    delta.clear();
-  }
-
   @Override
   public void abort() {
     if (state == UPDATING) {
-      rollback();
       state = ABORTED;
-      provider.finished(this, false);
+      overlay.clear();
+      provider.finished(this);
     } else {
       state = ABORTED;
     }
@@ -163,9 +305,10 @@ final class WriteStore extends StoreBase implements StateStore {
     custom.put(RingMetrics.CACHE_MISSES, loaded.hit ? 0L : 1L);
     custom.put(RingMetrics.SNAPSHOTS, snapshotSent ? 1L : 0L);
     Map<StateStoreInstanceMetric, Object> none = new HashMap<>();
+    StateData after = committedData;
     return new StateStoreMetrics(
-        data.map.size(),
-        data.bytes.get(),
+        after != null ? after.map.size() : Math.max(0, data.map.size() + keyDelta),
+        after != null ? after.bytes.get() : Math.max(0, data.bytes.get() + bytesDelta),
         scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(custom)),
         scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(none)));
   }

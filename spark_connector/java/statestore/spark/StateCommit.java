@@ -1,0 +1,186 @@
+package statestore.spark;
+
+import java.io.ByteArrayOutputStream;
+import java.io.DataOutputStream;
+import java.io.IOException;
+import java.util.Iterator;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * How one version's rows reach the ring without one huge body: a partition's state is
+ * spread over {@code n} ring stores by key hash (shard 0 is the store of {@link
+ * StoreNaming}, shard {@code i > 0} the same name plus {@code .s<i>}), and each shard gets
+ * its own commit of at most {@code maxCommitBytes} (the provider's part limit, lowered for
+ * the JVM when a node answers 413 because its {@code --max-commit} is smaller).
+ *
+ * <p>{@code n} starts at 1 (the layout of a store that never needed more). When one shard's
+ * part would exceed the limit, {@code n} doubles until every shard of the whole state fits
+ * and the version is sent as a snapshot of every shard (so shards never need keys moved
+ * between deltas). Every version is committed to all {@code n} shards (empty deltas
+ * included), biggest body first so that a 413 comes before anything was written, shard 0
+ * last; shard 0's positions carry {@code "shards": n}, which a restore reads to fetch the
+ * others. Each body is framed into its own buffer of at most the limit.
+ */
+final class StateCommit {
+  private static final Logger LOG = LoggerFactory.getLogger(StateCommit.class);
+  private static final int MAX_SHARDS = 4096;
+  /** Part limits learned from 413 answers, per ring (seeds). */
+  private static final ConcurrentHashMap<String, Long> LEARNED = new ConcurrentHashMap<>();
+
+  private StateCommit() {}
+
+  /** What was sent. */
+  static final class Result {
+    long bytes;
+    boolean snapshot;
+    int shards;
+  }
+
+  static int shardOf(UnsafeRow key, int shards) {
+    if (shards == 1) {
+      return 0;
+    }
+    int h = key.hashCode() * 0x9E3779B9;
+    return Math.floorMod(h ^ (h >>> 16), shards);
+  }
+
+  static String shardPath(String storePath, int shard) {
+    return shard == 0 ? storePath : storePath + ".s" + shard;
+  }
+
+  static String positions(long version, int shards) {
+    return "{\"spark_state_version\":" + version + (shards > 1 ? ",\"shards\":" + shards : "")
+        + "}";
+  }
+
+  /** Read {@code "shards"} from shard 0's positions (1 when absent). */
+  static int shardsOf(String positionsJson) {
+    int at = positionsJson.indexOf("\"shards\"");
+    if (at < 0) {
+      return 1;
+    }
+    int colon = positionsJson.indexOf(':', at);
+    int end = colon + 1;
+    while (end < positionsJson.length()
+        && (Character.isDigit(positionsJson.charAt(end)) || positionsJson.charAt(end) == ' ')) {
+      end++;
+    }
+    try {
+      int n = Integer.parseInt(positionsJson.substring(colon + 1, end).trim());
+      if (n < 1 || n > MAX_SHARDS) {
+        throw new IllegalStateException("ring positions name " + n + " shards: not ours");
+      }
+      return n;
+    } catch (NumberFormatException e) {
+      throw new IllegalStateException("cannot read the shard count in " + positionsJson, e);
+    }
+  }
+
+  private static long limit(RingStateStoreProvider provider) {
+    Long learned = LEARNED.get(String.join(",", provider.config().seeds));
+    long configured = provider.config().maxCommitBytes;
+    return learned == null ? configured : Math.min(configured, learned);
+  }
+
+  private static long[] sizes(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows, int shards) {
+    long[] out = new long[shards];
+    while (rows.hasNext()) {
+      Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+      UnsafeRow v = e.getValue() == StateData.TOMBSTONE ? null : e.getValue();
+      out[shardOf(e.getKey(), shards)] += RowFraming.framedSize(e.getKey(), v);
+    }
+    return out;
+  }
+
+  private static long max(long[] xs) {
+    long m = 0;
+    for (long x : xs) {
+      m = Math.max(m, x);
+    }
+    return m;
+  }
+
+  /** Commit the store's version {@code newVersion} to every shard; see the class doc. */
+  static Result send(
+      RingStateStoreProvider provider, WriteStore store, long newVersion, boolean snapshot)
+      throws IOException {
+    int shards = store.data.shards;
+    for (int round = 0; ; round++) {
+      long limit = limit(provider);
+      long[] sizes = sizes(snapshot ? store.merged() : store.overlay.entrySet().iterator(), shards);
+      if (max(sizes) > limit) {
+        snapshot = true;
+        sizes = sizes(store.merged(), shards);
+        while (max(sizes) > limit) {
+          if (shards >= MAX_SHARDS) {
+            throw new IOException(
+                "a state row of " + max(sizes) + " bytes does not fit a commit part of " + limit
+                    + " bytes: raise " + RingConfig.PREFIX + "maxCommitBytes and the nodes' "
+                    + "--max-commit");
+          }
+          shards *= 2;
+          sizes = sizes(store.merged(), shards);
+        }
+        LOG.info("{} version {}: {} shards of at most {} bytes each (snapshot)",
+            provider.storePath(), newVersion, shards, limit);
+      }
+      Integer[] order = new Integer[shards];
+      for (int i = 0; i < shards; i++) {
+        order[i] = i;
+      }
+      long[] s = sizes;
+      java.util.Arrays.sort(order, 1, shards, (a, b) -> Long.compare(s[b], s[a]));
+      // biggest first (a 413 before anything is written), shard 0 (with the count) last
+      Integer[] sendOrder = new Integer[shards];
+      System.arraycopy(order, 1, sendOrder, 0, shards - 1);
+      sendOrder[shards - 1] = 0;
+      Result out = new Result();
+      out.snapshot = snapshot;
+      out.shards = shards;
+      boolean wrote = false;
+      try {
+        for (int shard : sendOrder) {
+          byte[] body = frame(store, snapshot, shard, shards, (int) Math.min(s[shard], limit));
+          provider.ring().commit(shardPath(provider.storePath(), shard), newVersion, store.epoch,
+              snapshot, positions(newVersion, shards), body);
+          wrote = true;
+          out.bytes += body.length;
+        }
+        return out;
+      } catch (RingHttp.RingError e) {
+        if (e.status != 413) {
+          throw e;
+        }
+        long lower = Math.max(1L << 10, max(sizes) / 2);
+        LEARNED.merge(String.join(",", provider.config().seeds), lower, Math::min);
+        if (wrote || round >= 20) {
+          throw e; // the task's retry splits by the lowered limit
+        }
+        LOG.warn("{}: the ring refused a {}-byte commit body (413); parts now at most {} bytes",
+            provider.storePath(), max(sizes), lower);
+      }
+    }
+  }
+
+  private static byte[] frame(WriteStore store, boolean snapshot, int shard, int shards, int size)
+      throws IOException {
+    ByteArrayOutputStream buf = new ByteArrayOutputStream(Math.max(1024, size));
+    DataOutputStream out = new DataOutputStream(buf);
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
+        snapshot ? store.merged() : store.overlay.entrySet().iterator();
+    while (rows.hasNext()) {
+      Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+      if (shardOf(e.getKey(), shards) == shard) {
+        UnsafeRow v = e.getValue() == StateData.TOMBSTONE ? null : e.getValue();
+        RowFraming.writeRow(out, e.getKey(), v);
+      }
+    }
+    out.flush();
+    return buf.toByteArray();
+  }
+}

@@ -1,0 +1,291 @@
+package statestore.spark;
+
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
+
+import scala.Option;
+
+/**
+ * Drives RingStateStoreProvider outside Spark's scheduler against real ring nodes, for the
+ * scenarios a local-mode query cannot stage (two attempts of one partition in one JVM, two
+ * executors, loadEmpty, a very large delta). Usage:
+ * {@code ProviderHarness SCENARIO CHECKPOINT_ROOT [key=value ...]}; the keys are the
+ * provider's confs without the {@code spark.statestore.} prefix plus scenario arguments.
+ * Prints one JSON object of observations; the pytest side asserts on them.
+ */
+public final class ProviderHarness {
+  static final StructType KEY = new StructType().add("k", DataTypes.IntegerType);
+  static final StructType VALUE =
+      new StructType().add("v", DataTypes.LongType).add("pad", DataTypes.StringType);
+  static final UnsafeProjection KEY_PROJ = UnsafeProjection.create(KEY);
+  static final UnsafeProjection VALUE_PROJ = UnsafeProjection.create(VALUE);
+
+  private final String root;
+  private final Map<String, String> args;
+  private final Map<String, Object> out = new LinkedHashMap<>();
+
+  private ProviderHarness(String root, Map<String, String> args) {
+    this.root = root;
+    this.args = args;
+  }
+
+  static UnsafeRow key(int k) {
+    return KEY_PROJ.apply(new GenericInternalRow(new Object[] {k})).copy();
+  }
+
+  static UnsafeRow value(long v, int padBytes) {
+    String pad = "x".repeat(padBytes);
+    return VALUE_PROJ.apply(new GenericInternalRow(new Object[] {v, UTF8String.fromString(pad)}))
+        .copy();
+  }
+
+  static Long valueOf(UnsafeRow row) {
+    return row == null ? null : row.getLong(0);
+  }
+
+  RingStateStoreProvider provider() {
+    Configuration conf = new Configuration(false);
+    for (Map.Entry<String, String> e : args.entrySet()) {
+      conf.set(RingConfig.PREFIX + e.getKey(), e.getValue());
+    }
+    SQLConf sql = new SQLConf();
+    sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false");
+    StateStoreConf storeConf =
+        new StateStoreConf(sql, scala.collection.immutable.Map$.MODULE$.empty());
+    RingStateStoreProvider p = new RingStateStoreProvider();
+    p.init(new StateStoreId(root, 0, 0, "default"), KEY, VALUE,
+        new NoPrefixKeyStateEncoderSpec(KEY), false, storeConf, conf, false, Option.empty());
+    return p;
+  }
+
+  static WriteStore write(RingStateStoreProvider p, long version, boolean loadEmpty) {
+    return (WriteStore) p.getStore(version, Option.empty(), false, loadEmpty);
+  }
+
+  static String attempt(Runnable r) {
+    try {
+      r.run();
+      return "ok";
+    } catch (RuntimeException e) {
+      return String.valueOf(e.getMessage());
+    }
+  }
+
+  /** Two attempts of one partition and a read store, in one JVM. */
+  void isolation() {
+    RingStateStoreProvider p = provider();
+    StateStore w = write(p, 0, false);
+    w.put(key(1), value(1, 4), null);
+    w.commit();
+    ReadStateStore r = p.getReadStore(1, Option.empty());
+    WriteStore a = write(p, 1, false);
+    WriteStore b = write(p, 1, false);
+    a.put(key(1), value(100, 4), null);
+    a.put(key(2), value(5, 4), null);
+    out.put("read_sees_a", valueOf(r.get(key(1), null)));
+    out.put("b_sees_a", valueOf(b.get(key(1), null)));
+    out.put("b_sees_a_new_key", b.get(key(2), null) != null);
+    out.put("epoch_a", a.epoch);
+    out.put("epoch_b", b.epoch);
+    b.put(key(1), value(2, 4), null);
+    out.put("b_commit", attempt(b::commit));
+    out.put("read_after_b_commit", valueOf(r.get(key(1), null)));
+    out.put("a_sees_own", valueOf(a.get(key(1), null)));
+    out.put("a_commit", attempt(a::commit));
+    r.release();
+    WriteStore next = write(p, 2, false);
+    out.put("next_v2", valueOf(next.get(key(1), null)));
+    out.put("next_v2_key2", valueOf(next.get(key(2), null)));
+    next.abort();
+    WriteStore fresh = write(provider(), 2, false);
+    out.put("ring_v2", valueOf(fresh.get(key(1), null)));
+    out.put("ring_v2_key2", valueOf(fresh.get(key(2), null)));
+    fresh.abort();
+  }
+
+  /** A version re-committed by another executor: the cache must not be trusted. */
+  void cache() {
+    RingStateStoreProvider p1 = provider();
+    StateStore w = write(p1, 0, false);
+    w.put(key(1), value(1, 4), null);
+    w.commit();
+    w = write(p1, 1, false);
+    w.put(key(1), value(2, 4), null);
+    w.commit();
+    RingStateStoreProvider p2 = provider();
+    w = write(p2, 1, false);
+    w.put(key(1), value(50, 4), null);
+    out.put("p2_commit", attempt(w::commit));
+    WriteStore again = write(p1, 2, false);
+    out.put("p1_v2", valueOf(again.get(key(1), null)));
+    out.put("p1_hit", again.metrics().customMetrics().get(RingMetrics.CACHE_HITS).get());
+    again.abort();
+  }
+
+  /** loadEmpty: nothing of the old version, and it stays gone after a restore. */
+  void empty() {
+    RingStateStoreProvider p = provider();
+    StateStore w = write(p, 0, false);
+    w.put(key(1), value(1, 4), null);
+    w.commit();
+    w = write(p, 1, false); // cached version 1
+    w.abort();
+    w = write(p, 1, true);
+    out.put("empty_sees_old", valueOf(w.get(key(1), null)));
+    out.put("empty_rows", countRows(w));
+    w.put(key(2), value(2, 4), null);
+    w.commit();
+    WriteStore c = write(p, 2, false);
+    out.put("cached_v2_old", valueOf(c.get(key(1), null)));
+    out.put("cached_v2_new", valueOf(c.get(key(2), null)));
+    c.abort();
+    WriteStore r = write(provider(), 2, false);
+    out.put("ring_v2_old", valueOf(r.get(key(1), null)));
+    out.put("ring_v2_new", valueOf(r.get(key(2), null)));
+    r.abort();
+  }
+
+  /** A query whose state was written before store names carried the query id. */
+  void legacy() throws java.io.IOException {
+    RingStateStoreProvider old = provider(); // no <checkpoint>/metadata yet: the path alone
+    for (int v = 0; v < 2; v++) {
+      StateStore w = write(old, v, false);
+      w.put(key(v + 1), value(v + 1, 4), null);
+      w.commit();
+    }
+    java.nio.file.Path metadata = java.nio.file.Paths.get(root).getParent().resolve("metadata");
+    java.nio.file.Files.writeString(metadata, "{\"id\":\"0d5c7bc4-5a4e-4c55-9f5e-3f0f2a8b7c11\"}");
+    RingStateStoreProvider upgraded = provider();
+    out.put("renamed", !upgraded.storePath().equals(old.storePath()));
+    WriteStore w = write(upgraded, 2, false);
+    out.put("upgraded_rows", countRows(w));
+    w.put(key(3), value(3, 4), null);
+    out.put("upgraded_commit", attempt(w::commit));
+    out.put("upgraded_snapshot", w.metrics().customMetrics().get(RingMetrics.SNAPSHOTS).get());
+    WriteStore r = write(provider(), 3, false);
+    out.put("ring_v3_rows", countRows(r));
+    r.abort();
+  }
+
+  static long countRows(StateStore s) {
+    long n = 0;
+    scala.collection.Iterator<UnsafeRowPair> it = s.iterator(null);
+    while (it.hasNext()) {
+      it.next();
+      n++;
+    }
+    return n;
+  }
+
+  /** Commit {@code versions} versions of {@code rows} fresh rows each, then restore. */
+  void bulk() {
+    int rows = Integer.parseInt(args.getOrDefault("rows", "1000"));
+    int pad = Integer.parseInt(args.getOrDefault("pad", "16"));
+    int versions = Integer.parseInt(args.getOrDefault("versions", "1"));
+    RingStateStoreProvider p = provider();
+    List<Object> commits = new ArrayList<>();
+    long started = System.nanoTime();
+    for (int v = 0; v < versions; v++) {
+      WriteStore w = write(p, v, false);
+      for (int i = 0; i < rows; i++) {
+        w.put(key(v * rows + i), value(v * rows + i, pad), null);
+      }
+      if (v > 0) {
+        w.remove(key(0), null);
+      }
+      String result = attempt(w::commit);
+      commits.add(result.equals("ok") ? "ok" : result);
+      out.put("shards", w.shardsCommitted);
+      if (!result.equals("ok")) {
+        break;
+      }
+    }
+    out.put("commits", commits);
+    out.put("commit_ms", (System.nanoTime() - started) / 1_000_000);
+    restore((long) versions);
+  }
+
+  /** Restore {@code version} in a fresh provider and count and sum its rows. */
+  void restore(long version) {
+    long started = System.nanoTime();
+    try {
+      WriteStore r = write(provider(), version, false);
+      long n = 0;
+      long sum = 0;
+      scala.collection.Iterator<UnsafeRowPair> it = r.iterator(null);
+      while (it.hasNext()) {
+        UnsafeRowPair pair = it.next();
+        n++;
+        sum += pair.value().getLong(0);
+      }
+      out.put("restored_rows", n);
+      out.put("restored_sum", sum);
+      r.abort();
+    } catch (RuntimeException e) {
+      out.put("restore_error", String.valueOf(e.getMessage()));
+    }
+    out.put("restore_ms", (System.nanoTime() - started) / 1_000_000);
+  }
+
+  public static void main(String[] argv) throws Exception {
+    Map<String, String> args = new LinkedHashMap<>();
+    for (int i = 2; i < argv.length; i++) {
+      int eq = argv[i].indexOf('=');
+      args.put(argv[i].substring(0, eq), argv[i].substring(eq + 1));
+    }
+    ProviderHarness h = new ProviderHarness(argv[1], args);
+    switch (argv[0]) {
+      case "isolation" -> h.isolation();
+      case "cache" -> h.cache();
+      case "empty" -> h.empty();
+      case "legacy" -> h.legacy();
+      case "bulk" -> h.bulk();
+      case "restore" -> h.restore(Long.parseLong(args.get("version")));
+      default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
+    }
+    StringBuilder sb = new StringBuilder("{");
+    for (Map.Entry<String, Object> e : h.out.entrySet()) {
+      if (sb.length() > 1) {
+        sb.append(", ");
+      }
+      sb.append('"').append(e.getKey()).append("\": ").append(json(e.getValue()));
+    }
+    System.out.println("RESULT " + sb.append('}'));
+    System.exit(0);
+  }
+
+  static String json(Object v) {
+    if (v == null) {
+      return "null";
+    }
+    if (v instanceof Number || v instanceof Boolean) {
+      return v.toString();
+    }
+    if (v instanceof List<?> list) {
+      List<String> parts = new ArrayList<>();
+      for (Object o : list) {
+        parts.add(json(o));
+      }
+      return "[" + String.join(", ", parts) + "]";
+    }
+    String s = v.toString().replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", " ");
+    return '"' + s + '"';
+  }
+}

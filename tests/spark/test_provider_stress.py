@@ -1,0 +1,204 @@
+"""The provider under stress (issue 13), driven outside Spark's scheduler.
+
+``java/statestore/spark/ProviderHarness.java`` opens stores of a real RingStateStoreProvider
+the way Spark's tasks do, against real ring nodes (LocalRing), to stage what a local-mode
+query cannot: two attempts of one partition in one JVM, a version re-committed by another
+executor, ``loadEmpty``, commits larger than the nodes' ``--max-commit``. Faulty members are
+proxies in front of real nodes (``faults.py``): stalled or cut restore bodies, a member that
+accepts and hangs, an outage of a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_connector import _build
+from statestore.cli.local import LocalRing
+
+from .faults import FaultPlan, FaultProxy, start_proxies
+
+HARNESS = Path(__file__).with_name("java")
+FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
+
+
+@pytest.fixture(scope="module")
+def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The harness compiled against pyspark's jars and the provider jar."""
+    home, _ = _build.pyspark_home()
+    jar = _build.jar_path()
+    out = tmp_path_factory.mktemp("harness")
+    cp = f"{jar}:{home / 'jars' / '*'}"
+    sources = [str(p) for p in HARNESS.rglob("*.java")]
+    javac = shutil.which("javac")
+    assert javac is not None
+    subprocess.run(
+        [javac, "--release", "17", "-nowarn", "-cp", cp, "-d", str(out), *sources],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return f"{out}:{cp}"
+
+
+def harness(
+    classpath: str, scenario: str, root: Path, timeout: float = 240, **conf: Any
+) -> dict[str, Any]:
+    cmd = ["java", "-Xmx1g", "-cp", classpath, "statestore.spark.ProviderHarness", scenario]
+    cmd += [str(root), *(f"{k}={v}" for k, v in conf.items())]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    tail = f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    assert lines, f"harness failed ({done.returncode}):\n{tail}"
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+@pytest.fixture
+def proxied(ring3: LocalRing) -> Iterator[tuple[list[FaultProxy], FaultPlan]]:
+    proxies, plan = start_proxies(ring3.seeds)
+    yield proxies, plan
+    plan.stop.set()
+    for p in proxies:
+        p.shutdown()
+        p.server_close()
+
+
+def test_attempts_and_read_stores_are_isolated_and_the_stale_attempt_is_fenced(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    seeds = ",".join(ring3.seeds)
+    r = harness(classpath, "isolation", tmp_path / "ckpt" / "state", seeds=seeds)
+    # neither the read store nor the other attempt sees attempt a's uncommitted rows
+    assert r["read_sees_a"] == 1
+    assert r["b_sees_a"] == 1
+    assert r["b_sees_a_new_key"] is False
+    assert r["a_sees_own"] == 100
+    # the later attempt has the higher epoch; once it committed, the older one is fenced
+    assert r["epoch_b"] > r["epoch_a"]
+    assert r["b_commit"] == "ok"
+    assert r["read_after_b_commit"] == 1  # a read store keeps its version
+    assert "fenced" in r["a_commit"]
+    assert (r["next_v2"], r["next_v2_key2"]) == (2, None)
+    assert (r["ring_v2"], r["ring_v2_key2"]) == (2, None)
+
+
+def test_cached_version_recommitted_elsewhere_is_not_trusted(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    r = harness(classpath, "cache", tmp_path / "ckpt" / "state", seeds=",".join(ring3.seeds))
+    assert r["p2_commit"] == "ok"
+    assert r["p1_v2"] == 50
+    assert r["p1_hit"] == 0
+
+
+def test_load_empty_starts_empty_and_old_rows_do_not_come_back(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    r = harness(classpath, "empty", tmp_path / "ckpt" / "state", seeds=",".join(ring3.seeds))
+    assert r["empty_sees_old"] is None and r["empty_rows"] == 0
+    assert (r["cached_v2_old"], r["cached_v2_new"]) == (None, 2)
+    assert (r["ring_v2_old"], r["ring_v2_new"]) == (None, 2)
+
+
+def test_state_under_the_path_only_name_is_found_after_upgrade(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    root = tmp_path / "ckpt" / "state"
+    root.mkdir(parents=True)
+    r = harness(classpath, "legacy", root, seeds=",".join(ring3.seeds))
+    assert r["renamed"] is True
+    assert r["upgraded_rows"] == 2
+    assert r["upgraded_commit"] == "ok" and r["upgraded_snapshot"] == 1
+    assert r["ring_v3_rows"] == 3
+
+
+def test_commit_larger_than_max_commit_is_split(tmp_path: Path, classpath: str) -> None:
+    ring = LocalRing(str(tmp_path / "ring"), 3, args=[*FAST, "--max-commit", "200000"]).start()
+    try:
+        rows, pad, versions = 6000, 100, 3  # ~0.8 MB of rows per version, 4x the limit
+        r = harness(
+            classpath,
+            "bulk",
+            tmp_path / "ckpt" / "state",
+            seeds=",".join(ring.seeds),
+            rows=rows,
+            pad=pad,
+            versions=versions,
+        )
+    finally:
+        ring.stop()
+    assert r["commits"] == ["ok"] * versions
+    assert r["shards"] > 1
+    n = rows * versions - 1  # key 0 (value 0) is removed in the second version
+    assert r["restored_rows"] == n
+    assert r["restored_sum"] == sum(range(rows * versions))
+
+
+@pytest.mark.parametrize("fault", ["stall", "cut"])
+def test_restore_body_stalled_or_cut_finishes_from_another_member(
+    tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str, fault: str
+) -> None:
+    proxies, plan = proxied
+    seeds = ",".join(p.address for p in proxies)
+    root = tmp_path / "ckpt" / "state"
+    conf = {"seeds": seeds, "readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
+    r = harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
+    assert r["restored_rows"] == 3000
+    plan.faults["state"] = [fault]
+    r = harness(classpath, "restore", root, version=1, timeout=120, **conf)
+    assert r.get("restore_error") is None, r
+    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
+    assert plan.seen["state"] >= 2  # the faulty attempt, then another member
+
+
+def test_restore_is_bounded_by_its_deadline(
+    tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
+) -> None:
+    proxies, plan = proxied
+    seeds = ",".join(p.address for p in proxies)
+    root = tmp_path / "ckpt" / "state"
+    conf = {"seeds": seeds, "readTimeoutMs": 60000, "restoreTimeoutMs": 4000}
+    harness(classpath, "bulk", root, rows=500, pad=20, **conf)
+    plan.faults["state"] = ["stall"] * 50  # every member stalls mid-body
+    r = harness(classpath, "restore", root, version=1, timeout=120, **conf)
+    assert "cannot load version 1" in r["restore_error"]
+
+
+def test_ring_outage_of_a_few_seconds_is_ridden_out(
+    tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
+) -> None:
+    proxies, plan = proxied
+    seeds = ",".join(p.address for p in proxies)
+    root = tmp_path / "ckpt" / "state"
+    plan.down_until = time.monotonic() + 4.0  # every member answers 503 for 4 s
+    r = harness(classpath, "bulk", root, rows=200, versions=3, seeds=seeds, retryBudgetMs=30000)
+    assert r["commits"] == ["ok", "ok", "ok"]
+    assert r["restored_rows"] == 3 * 200 - 1
+
+
+def test_member_that_accepts_and_hangs_costs_one_attempt_timeout(
+    tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
+) -> None:
+    proxies, plan = proxied
+    seeds = ",".join(p.address for p in proxies)
+    plan.faults["commit"] = ["hang"]
+    r = harness(
+        classpath,
+        "bulk",
+        tmp_path / "ckpt" / "state",
+        rows=100,
+        seeds=seeds,
+        requestTimeoutMs=2000,
+        retryBudgetMs=30000,
+    )
+    assert r["commits"] == ["ok"]
+    assert plan.seen["commit"] >= 2
+    assert r["restored_rows"] == 100
