@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from statestore.net.reads import (
     read_versions,
 )
 from statestore.net.restorer import Restorer
+from statestore.net.transport import Transport
 from statestore.net.writes import write_commit
 
 from ._core import CommitResult, RestoredState, build_commit, check_plan, check_store, parse_seeds
@@ -49,6 +51,10 @@ class AsyncRingClient:
         tree_fan_in: children per inner hop of a tree plan.
         cache_bytes: decoded chunks kept for point reads (chunks are immutable, so the
             cache is never stale).
+        transport: what carries the requests (default: HTTP with ``timeout``); the
+            simulator passes an in-memory one (net/memory.py). The client starts and closes
+            it either way.
+        clock: the restorer's clock (link measurements, the ingress cap).
     """
 
     def __init__(
@@ -63,6 +69,8 @@ class AsyncRingClient:
         ingress: float | None = None,
         tree_fan_in: int = 2,
         cache_bytes: int = 64 * 1024 * 1024,
+        transport: Transport | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.seeds = parse_seeds(seeds)
         if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
@@ -71,7 +79,7 @@ class AsyncRingClient:
         self.chunk_size = chunk_size
         self.key_groups = key_groups
         self.max_chunk = max_chunk
-        self._transport = HttpTransport(
+        self._transport: Transport = transport or HttpTransport(
             timeout=timeout,
             connections=max(64, concurrency * 4),
             rcvbuf=256 * 1024 if ingress else None,
@@ -84,6 +92,7 @@ class AsyncRingClient:
             tree_fan_in=tree_fan_in,
             ingress=ingress,
             max_raw=max_chunk,
+            clock=clock,
         )
 
     async def __aenter__(self) -> AsyncRingClient:

@@ -1,4 +1,4 @@
-"""The HTTP transport: every outbound call of the node and the client goes through here.
+"""The HTTP transport (net/transport.py's ``Transport`` over aiohttp and TCP).
 
 It carries bytes and maps failures onto the error tree at this one boundary: a refused or
 reset connection is NodeUnavailable, a deadline is RequestTimeout, and an error body
@@ -23,21 +23,10 @@ from statestore.core.errors import (
     StateStoreError,
     error_from_code,
 )
+from statestore.net.transport import Response
 from statestore.wire.headers import EPOCH_HEADER
 
-__all__ = ["HttpTransport", "Response", "Stream"]
-
-
-class Response:
-    __slots__ = ("body", "epoch", "status")
-
-    def __init__(self, status: int, body: bytes, epoch: int) -> None:
-        self.status = status
-        self.body = body
-        self.epoch = epoch
-
-    def json(self) -> Any:
-        return json.loads(self.body)
+__all__ = ["HttpStream", "HttpTransport", "Response"]
 
 
 class HttpTransport:
@@ -128,7 +117,7 @@ class HttpTransport:
 
     async def open_stream(
         self, address: str, path: str, body: bytes, *, timeout: float | None = None
-    ) -> Stream:
+    ) -> HttpStream:
         """POST ``body`` and return the streaming response once its headers arrived.
 
         The caller reads ``stream.reader`` and must ``close()`` the stream.
@@ -149,10 +138,10 @@ class HttpTransport:
             data = await resp.read()
             resp.close()
             raise _error_from(resp.status, data, address)
-        return Stream(resp, address)
+        return HttpStream(resp, address)
 
 
-class Stream:
+class HttpStream:
     """An open streaming response (a ``net.streams.ByteReader``); ``close()`` it when done."""
 
     def __init__(self, resp: aiohttp.ClientResponse, address: str) -> None:

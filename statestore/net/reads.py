@@ -35,7 +35,7 @@ from statestore.core.manifest import ChunkRef, Head, Manifest, resolve_chain
 from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
-from statestore.net.http import HttpTransport
+from statestore.net.transport import Transport
 from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
 
@@ -73,7 +73,7 @@ class RestoreStats:
 
 
 async def _ask_replicas(
-    transport: HttpTransport, view: RingView, store: StoreId, path: str
+    transport: Transport, view: RingView, store: StoreId, path: str
 ) -> tuple[list[bytes], list[BaseException]]:
     targets = view.store_replicas(store)
     results = await asyncio.gather(
@@ -107,7 +107,7 @@ def _merge_head(
     return best
 
 
-async def read_head(transport: HttpTransport, view: RingView, store: StoreId) -> Head:
+async def read_head(transport: Transport, view: RingView, store: StoreId) -> Head:
     """The store's latest head over a read quorum. Raises StoreNotFound if none has one."""
     bodies, errors = await _ask_replicas(transport, view, store, f"/v1/stores/{store.path}/head")
     heads = []
@@ -120,7 +120,7 @@ async def read_head(transport: HttpTransport, view: RingView, store: StoreId) ->
 
 
 async def _ask_many(
-    transport: HttpTransport,
+    transport: Transport,
     view: RingView,
     stores: Sequence[StoreId],
     path: str,
@@ -172,9 +172,7 @@ async def _ask_many(
     return per
 
 
-async def read_heads(
-    transport: HttpTransport, view: RingView, stores: Sequence[StoreId]
-) -> list[Head]:
+async def read_heads(transport: Transport, view: RingView, stores: Sequence[StoreId]) -> list[Head]:
     """:func:`read_head` of many stores, in one ``POST /v1/heads`` per node."""
     per = await _ask_many(
         transport,
@@ -205,7 +203,7 @@ def _json(body: bytes, what: str) -> Any:
         raise MalformedData(f"{what} is not JSON ({exc})") from exc
 
 
-async def read_versions(transport: HttpTransport, view: RingView, store: StoreId) -> list[int]:
+async def read_versions(transport: Transport, view: RingView, store: StoreId) -> list[int]:
     bodies, errors = await _ask_replicas(
         transport, view, store, f"/v1/stores/{store.path}/versions"
     )
@@ -243,7 +241,7 @@ def _merge_chain(
 
 
 async def read_chain(
-    transport: HttpTransport, view: RingView, store: StoreId, version: int
+    transport: Transport, view: RingView, store: StoreId, version: int
 ) -> list[Manifest]:
     """The manifests to apply for ``version``, merged over the store's replicas."""
     bodies, errors = await _ask_replicas(
@@ -253,7 +251,7 @@ async def read_chain(
 
 
 async def read_chains(
-    transport: HttpTransport, view: RingView, wanted: Sequence[tuple[StoreId, int]]
+    transport: Transport, view: RingView, wanted: Sequence[tuple[StoreId, int]]
 ) -> list[list[Manifest]]:
     """:func:`read_chain` of many (store, version) pairs, in one ``POST /v1/chains`` per
     node."""
@@ -283,7 +281,7 @@ def _unpack_list(body: bytes) -> list[Any]:
 
 
 async def fetch_chunk(
-    transport: HttpTransport,
+    transport: Transport,
     view: RingView,
     store: StoreId,
     version: int,
@@ -312,7 +310,7 @@ async def fetch_chunk(
 
 
 async def read_key(
-    transport: HttpTransport,
+    transport: Transport,
     view: RingView,
     store: StoreId,
     version: int,

@@ -40,9 +40,9 @@ from statestore.core.manifest import Manifest
 from statestore.core.plan import ChunkTask, CostModel, Plan, build, learn_fold_ratio
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
-from statestore.net.http import HttpTransport
 from statestore.net.reads import read_chain
 from statestore.net.streams import read_frames
+from statestore.net.transport import Transport
 from statestore.wire.frames import decode_folded, encode_hop
 
 __all__ = ["RecoveryResult", "Restorer", "chain_tasks"]
@@ -100,7 +100,7 @@ class Restorer:
 
     def __init__(
         self,
-        transport: HttpTransport,
+        transport: Transport,
         *,
         fan_in: int = 16,
         tree_fan_in: int = 2,

@@ -17,7 +17,7 @@ from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
 from statestore.core.quorum import check_write
 from statestore.core.view import RingView
-from statestore.net.http import HttpTransport
+from statestore.net.transport import Transport
 from statestore.wire.manifest import encode_manifest
 
 __all__ = ["WriteStats", "put_chunks", "put_manifest", "write_commit"]
@@ -31,7 +31,7 @@ class WriteStats:
 
 
 async def _put_everywhere(
-    transport: HttpTransport,
+    transport: Transport,
     addresses: list[str],
     path: str,
     body: bytes,
@@ -49,7 +49,7 @@ async def _put_everywhere(
 
 
 async def put_chunks(
-    transport: HttpTransport,
+    transport: Transport,
     view: RingView,
     store: StoreId,
     version: int,
@@ -77,7 +77,7 @@ async def put_chunks(
     await asyncio.gather(*(one(c) for c in chunks))
 
 
-async def put_manifest(transport: HttpTransport, view: RingView, m: Manifest) -> int:
+async def put_manifest(transport: Transport, view: RingView, m: Manifest) -> int:
     """Store the manifest on the store's replicas; returns the acks. Fencing errors win."""
     targets = view.store_replicas(m.store)
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
@@ -94,7 +94,7 @@ async def put_manifest(transport: HttpTransport, view: RingView, m: Manifest) ->
 
 
 async def write_commit(
-    transport: HttpTransport,
+    transport: Transport,
     view: RingView,
     manifest: Manifest,
     chunks: list[EncodedChunk],

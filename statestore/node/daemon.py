@@ -19,7 +19,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -29,7 +29,8 @@ from statestore.core.membership import Membership, Status
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
-from statestore.node.backends import open_backend
+from statestore.net.transport import Transport
+from statestore.node.backends import Backend, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
 from statestore.node.replica import NodeStore
@@ -75,15 +76,40 @@ def _load_identity(data_dir: str) -> tuple[str, int]:
 
 
 class Node:
-    def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    """One ring node.
+
+    Args:
+        config: its settings.
+        clock: the time every interval, TTL and failure-detector decision reads.
+        rng: the randomness of gossip (whom to talk to); seeded in a simulation.
+        transport: outbound calls (default: HTTP); the simulator passes an in-memory one.
+        backend: byte storage (default: ``config.storage``'s URL); the simulator passes one
+            that outlives the node, so a restarted node finds its data.
+        writer: where storage writes run, one at a time (default: one thread; the simulator
+            runs them inline so a run stays deterministic).
+    """
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        transport: Transport | None = None,
+        backend: Backend | None = None,
+        writer: Executor | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
+        self.rng = rng or random.Random()
         self._lock = _lock_data_dir(config.data_dir)
         self.id, self.incarnation = _load_identity(config.data_dir)
         url = config.storage or f"lmdb://{os.path.abspath(os.path.join(config.data_dir, 'db'))}"
-        self.store = NodeStore(open_backend(url))
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="statestore-writer")
-        self.transport = HttpTransport(timeout=10.0)
+        self.store = NodeStore(backend or open_backend(url))
+        self.writer = writer or ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="statestore-writer"
+        )
+        self.transport: Transport = transport or HttpTransport(timeout=10.0)
         self.address = f"{config.host}:{config.port}"
         self.membership: Membership | None = None
         self.discovery: Discovery | None = None
@@ -111,7 +137,7 @@ class Node:
             down_after=self.config.down_after,
         )
         await self.transport.start()
-        self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk)
+        self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk, clock=self.clock)
         if self.config.dht:
             self.discovery = Discovery(self.id, self.config.host, self.address)
             dport = port if self.config.dht_port is None else self.config.dht_port
@@ -196,9 +222,9 @@ class Node:
         live = [m.address for m in others if m.status is not Status.DOWN]
         down = [m.address for m in others if m.status is Status.DOWN]
         known = {m.address for m in others}
-        targets = random.sample(live, min(2, len(live)))
-        if down and random.random() < 0.3:
-            targets.append(random.choice(down))  # notice a node that came back
+        targets = self.rng.sample(live, min(2, len(live)))
+        if down and self.rng.random() < 0.3:
+            targets.append(self.rng.choice(down))  # notice a node that came back
         targets += [a for a in extra if a not in known and a != self.address]
         return targets
 
