@@ -17,13 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from statestore.core.errors import (
-    NodeUnavailable,
-    RequestTimeout,
-    StateStoreError,
-    error_from_code,
-)
-from statestore.net.transport import Response
+from statestore.core.errors import NodeUnavailable, RequestTimeout
+from statestore.net.transport import Response, error_from_answer
 from statestore.wire.headers import EPOCH_HEADER
 
 __all__ = ["HttpStream", "HttpTransport", "Response"]
@@ -112,7 +107,7 @@ class HttpTransport:
         if epoch > self.seen_epoch:
             self.seen_epoch = epoch
         if resp.status not in ok:
-            raise _error_from(resp.status, data, address)
+            raise error_from_answer(resp.status, data, address)
         return Response(resp.status, data, epoch)
 
     async def open_stream(
@@ -137,7 +132,7 @@ class HttpTransport:
         if resp.status != 200:
             data = await resp.read()
             resp.close()
-            raise _error_from(resp.status, data, address)
+            raise error_from_answer(resp.status, data, address)
         return HttpStream(resp, address)
 
 
@@ -156,14 +151,3 @@ class HttpStream:
 
     def close(self) -> None:
         self._resp.close()
-
-
-def _error_from(status: int, data: bytes, address: str) -> StateStoreError:
-    try:
-        err = json.loads(data)["error"]
-        return error_from_code(str(err["code"]), f"{err['message']} (from {address})")
-    except (ValueError, KeyError, TypeError):
-        text = data[:200].decode(errors="replace")
-        if status >= 500:
-            return NodeUnavailable(f"node {address} answered {status}: {text}")
-        return StateStoreError(f"node {address} answered {status}: {text}")

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-__all__ = ["Response", "Stream", "Transport"]
+from statestore.core.errors import NodeUnavailable, StateStoreError, error_from_code
+
+__all__ = ["Response", "Stream", "Transport", "error_from_answer"]
 
 
 class Response:
@@ -83,3 +85,16 @@ class Transport(Protocol):
         Raises from the error tree when the answer is not 200 (the body names the error).
         """
         ...
+
+
+def error_from_answer(status: int, data: bytes, address: str) -> StateStoreError:
+    """The error a non-OK answer stands for: the class the node named in its error body, or
+    NodeUnavailable for a 5xx without one."""
+    try:
+        err = json.loads(data)["error"]
+        return error_from_code(str(err["code"]), f"{err['message']} (from {address})")
+    except (ValueError, KeyError, TypeError):
+        text = data[:200].decode(errors="replace")
+        if status >= 500:
+            return NodeUnavailable(f"node {address} answered {status}: {text}")
+        return StateStoreError(f"node {address} answered {status}: {text}")

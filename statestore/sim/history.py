@@ -1,0 +1,233 @@
+"""The history of a simulated run, and the checker that judges it (DESIGN.md, sim/).
+
+Every client operation is recorded with the logical time it began and ended (a counter, so
+"A ended before B began" is exact): commit attempts with their version, epoch, delta digest and
+the state the writer expects at that version, and their outcome (``ack``, ``refused`` for a
+fencing or conflict refusal, ``failed`` when unavailable: unknown whether it took effect);
+head reads and restores with what they returned. :func:`check` then holds the run to four
+promises:
+
+``lost`` / ``wrong-bytes``
+    Every acknowledged commit restores byte for byte. A restore that began after the ack
+    must return exactly the acknowledged state; at the end of a run (everything healed and
+    repaired, so a quorum of every replica set is up) every acknowledged version within the
+    retention window must restore. An ack is *superseded*, and so exempt, once a writer with a
+    higher epoch acknowledged a version at or below it: that writer took over from an older
+    head and rewrote history from there, which is what fencing allows.
+``head-went-back``
+    A store's head never goes back: a read that began after an ack of (epoch, version)
+    returns a head at least as high (heads order by epoch, then version).
+``two-contents``
+    No (store, version) is acknowledged with two contents at one epoch, and a lower epoch's
+    content is never acknowledged after a higher epoch's was.
+``fenced-ack``
+    A fenced writer never gets an acknowledgement: a commit that began after a higher epoch's
+    commit to the same store was acknowledged must be refused (or fail).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["CommitOp", "History", "ReadOp", "Violation", "check", "digest"]
+
+
+def digest(puts: Mapping[bytes, bytes], deletes: list[bytes]) -> str:
+    """A short, order-free fingerprint of a delta (what a version's content is)."""
+    h = hashlib.blake2b(digest_size=8)
+    for k in sorted(puts):
+        h.update(b"p%d:%s%d:%s" % (len(k), k, len(puts[k]), puts[k]))
+    for k in sorted(deletes):
+        h.update(b"d%d:%s" % (len(k), k))
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CommitOp:
+    writer: str
+    store: str
+    version: int
+    epoch: int
+    delta: str
+    state: Mapping[bytes, bytes]
+    start: int
+    end: int
+    outcome: str  # "ack" | "refused" | "failed"
+    error: str = ""
+
+    def line(self) -> str:
+        tail = f" ({self.error})" if self.error else ""
+        return (
+            f"[{self.start}-{self.end}] commit {self.writer} {self.store} v{self.version} "
+            f"e{self.epoch} {self.delta} -> {self.outcome}{tail}"
+        )
+
+
+@dataclass(frozen=True)
+class ReadOp:
+    kind: str  # "head" | "restore"
+    store: str
+    version: int | None  # asked for; None: the latest
+    start: int
+    end: int
+    head: tuple[int, int] | None = None  # (epoch, version) returned
+    state: Mapping[bytes, bytes] | None = None
+    error: str = ""
+    final: bool = False  # at the end of the run, everything healed
+
+    def line(self) -> str:
+        asked = "latest" if self.version is None else f"v{self.version}"
+        got = self.error or (f"e{self.head[0]} v{self.head[1]}" if self.head else "")
+        if self.state is not None and not self.error:
+            got += f" {len(self.state)} keys"
+        final = " final" if self.final else ""
+        return f"[{self.start}-{self.end}] {self.kind}{final} {self.store} {asked} -> {got}"
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    store: str
+    version: int
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.store} v{self.version}: {self.detail}"
+
+
+@dataclass
+class History:
+    """The operations of one run, in the order they ended."""
+
+    commits: list[CommitOp] = field(default_factory=list)
+    reads: list[ReadOp] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    _clock: int = 0
+
+    def now(self) -> int:
+        """A new logical time (call it when an operation begins and when it ends)."""
+        self._clock += 1
+        return self._clock
+
+    def add_commit(self, op: CommitOp) -> None:
+        self.commits.append(op)
+        self.lines.append(op.line())
+
+    def add_read(self, op: ReadOp) -> None:
+        self.reads.append(op)
+        self.lines.append(op.line())
+
+    def acked(self) -> list[CommitOp]:
+        return [c for c in self.commits if c.outcome == "ack"]
+
+
+def _superseded(c: CommitOp, acks: list[CommitOp], before: int | None = None) -> bool:
+    """A higher epoch acknowledged a version at or below ``c`` (if ``before``: began before
+    that logical time)."""
+    return any(
+        d.store == c.store
+        and d.epoch > c.epoch
+        and d.version <= c.version
+        and (before is None or d.start < before)
+        for d in acks
+    )
+
+
+def check(history: History) -> list[Violation]:
+    """Every broken promise of the run, in a stable order (empty: the run was correct)."""
+    acks = history.acked()
+    out: list[Violation] = []
+    by_version: dict[tuple[str, int], list[CommitOp]] = defaultdict(list)
+    for c in acks:
+        by_version[(c.store, c.version)].append(c)
+
+    for (store, version), cs in sorted(by_version.items()):
+        for a in cs:
+            for b in cs:
+                if a.delta == b.delta or a.epoch > b.epoch:
+                    continue
+                if a.epoch == b.epoch and a.start < b.start:
+                    out.append(
+                        Violation(
+                            "two-contents",
+                            store,
+                            version,
+                            f"epoch {a.epoch} acknowledged both {a.delta} and {b.delta}",
+                        )
+                    )
+                elif a.epoch < b.epoch and a.end > b.end:
+                    out.append(
+                        Violation(
+                            "two-contents",
+                            store,
+                            version,
+                            f"epoch {a.epoch}'s {a.delta} was acknowledged after epoch "
+                            f"{b.epoch}'s {b.delta}",
+                        )
+                    )
+
+    for c in acks:
+        fencer = next(
+            (d for d in acks if d.store == c.store and d.epoch > c.epoch and d.end < c.start),
+            None,
+        )
+        if fencer is not None:
+            out.append(
+                Violation(
+                    "fenced-ack",
+                    c.store,
+                    c.version,
+                    f"writer {c.writer} (epoch {c.epoch}) was acknowledged after epoch "
+                    f"{fencer.epoch} committed v{fencer.version}",
+                )
+            )
+
+    for r in history.reads:
+        before = [c for c in acks if c.store == r.store and c.end < r.start]
+        if r.head is not None and r.version is None and before:
+            top = max(before, key=lambda c: (c.epoch, c.version))
+            if r.head < (top.epoch, top.version):
+                out.append(
+                    Violation(
+                        "head-went-back",
+                        r.store,
+                        r.head[1],
+                        f"{r.kind} at [{r.start}] saw e{r.head[0]} v{r.head[1]} after "
+                        f"e{top.epoch} v{top.version} was acknowledged",
+                    )
+                )
+        asked = r.version if r.version is not None else (r.head[1] if r.head else None)
+        if r.kind != "restore" or asked is None:
+            continue
+        known = [c for c in before if c.version == asked]
+        if not known:
+            continue
+        want = max(known, key=lambda k: k.epoch)
+        if _superseded(want, acks, before=r.end):
+            continue
+        if r.error:
+            if r.final:
+                out.append(Violation("lost", r.store, asked, f"final restore failed: {r.error}"))
+        elif r.state is not None and dict(r.state) != dict(want.state):
+            out.append(
+                Violation(
+                    "wrong-bytes",
+                    r.store,
+                    asked,
+                    f"restore at [{r.start}] differs from the state acknowledged at "
+                    f"[{want.end}] (epoch {want.epoch}): {_diff(want.state, r.state)}",
+                )
+            )
+    return out
+
+
+def _diff(want: Mapping[bytes, bytes], got: Mapping[bytes, bytes]) -> str:
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    changed = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+    return f"{len(missing)} keys missing, {len(extra)} extra, {len(changed)} changed" + (
+        f" (first: {(missing + extra + changed)[0]!r})" if missing or extra or changed else ""
+    )

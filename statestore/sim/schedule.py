@@ -1,0 +1,314 @@
+"""One random fault schedule over a simulated ring, from one seed.
+
+A schedule starts five real nodes (sim/cluster.py) on the in-memory network, gives every store
+a writer, and then for a random number of steps, a few simulated seconds apart, does one of:
+commit (the store's writer, or a fenced zombie that keeps going), take over a store with a
+higher epoch (restore the latest version, continue from it), restore or read a head, crash or
+restart a node (storage kept), block a directed link or isolate a node, heal, or change the
+rates of dropped, delayed, duplicated and cut messages. Client operations run concurrently with
+the next steps and with the nodes' own gossip, repair and compaction loops. At the end every
+link heals, every node restarts and the ring repairs itself; then each store's head and every
+acknowledged version in its retention window are restored, and sim/history.py judges the run.
+
+Everything random comes from ``random.Random(seed)`` and time is simulated (sim/clock.py), so
+a seed replays exactly: the same operations, faults, outcomes and findings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from client import AsyncRingClient
+from statestore.core.errors import StaleEpoch, StateStoreError, VersionConflict
+from statestore.core.ids import StoreId
+from statestore.net.memory import LinkFaults, MemoryNetwork
+from statestore.node.api import build_app
+from statestore.sim.clock import run_simulated
+from statestore.sim.cluster import SIM_CONFIG, AppFactory, Cluster
+from statestore.sim.history import CommitOp, History, ReadOp, Violation, check, digest
+
+__all__ = ["Outcome", "run_schedule"]
+
+NODES = 5
+STORES = tuple(StoreId("sim", 0, p, "s") for p in range(2))
+KEYS = [b"k%02d" % i for i in range(24)]
+ACTIONS = {
+    "commit": 8.0,
+    "zombie": 1.0,
+    "takeover": 1.0,
+    "restore": 2.0,
+    "head": 1.0,
+    "crash": 1.0,
+    "restart": 1.5,
+    "partition": 1.0,
+    "isolate": 0.5,
+    "heal": 1.0,
+    "faults": 1.0,
+}
+
+
+@dataclass
+class Outcome:
+    """What one schedule did and found."""
+
+    seed: int
+    violations: list[Violation]
+    log: list[str]
+    commits: int = 0
+    acks: int = 0
+    refused: int = 0
+    reads: int = 0
+    sim_seconds: float = 0.0
+
+
+@dataclass
+class _Writer:
+    name: str
+    store: StoreId
+    epoch: int
+    client: AsyncRingClient
+    version: int = 0
+    state: dict[bytes, bytes] = field(default_factory=dict)
+    busy: bool = False
+    fenced: bool = False
+
+
+class _Run:
+    def __init__(self, seed: int, app_factory: AppFactory, data_root: str) -> None:
+        self.rng = random.Random(seed)
+        self.network = MemoryNetwork(random.Random(self.rng.getrandbits(64)))
+        self.cluster = Cluster(
+            self.network,
+            NODES,
+            random.Random(self.rng.getrandbits(64)),
+            data_root,
+            app_factory=app_factory,
+        )
+        self.history = History()
+        self.clients: list[AsyncRingClient] = []
+        self.writers: dict[StoreId, list[_Writer]] = {s: [] for s in STORES}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.serial = 0
+
+    async def client(self, name: str) -> AsyncRingClient:
+        c = AsyncRingClient(
+            self.cluster.addresses,
+            chunk_size=256,
+            key_groups=8,
+            concurrency=4,
+            transport=self.network.transport(name, timeout=5.0),
+            clock=asyncio.get_running_loop().time,
+        )
+        await c.connect()
+        self.clients.append(c)
+        return c
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(asyncio.create_task(coro))
+
+    # -- client operations -----------------------------------------------------------
+    async def new_writer(self, store: StoreId) -> _Writer:
+        self.serial += 1
+        epoch = max((w.epoch for w in self.writers[store]), default=0) + 1
+        w = _Writer(f"w{self.serial}", store, epoch, await self.client(f"w{self.serial}"))
+        self.writers[store].append(w)
+        return w
+
+    async def commit(self, w: _Writer, puts: dict[bytes, bytes], deletes: list[bytes]) -> None:
+        version = w.version + 1
+        state = {k: v for k, v in w.state.items() if k not in deletes} | puts
+        delta = digest(puts, deletes)
+        try:
+            for _ in range(3):  # a failed commit is retried with the same content
+                start = self.history.now()
+                outcome, error = "ack", ""
+                try:
+                    await w.client.commit(
+                        w.store, version, puts, deletes, {"w": w.name}, epoch=w.epoch
+                    )
+                except (StaleEpoch, VersionConflict) as exc:
+                    outcome, error = "refused", type(exc).__name__
+                except StateStoreError as exc:
+                    outcome, error = "failed", type(exc).__name__
+                op = CommitOp(
+                    w.name, w.store.path, version, w.epoch, delta, state, start,
+                    self.history.now(), outcome, error,
+                )  # fmt: skip
+                self.history.add_commit(op)
+                if outcome == "ack":
+                    w.version, w.state = version, state
+                    return
+                if outcome == "refused":
+                    w.fenced = True
+                    return
+                await asyncio.sleep(1.0)
+        finally:
+            w.busy = False
+
+    async def restore(
+        self, c: AsyncRingClient, store: StoreId, version: int | None, *, final: bool = False
+    ) -> ReadOp:
+        start = self.history.now()
+        try:
+            st = await c.restore(store, version, plan="star" if final else "auto")
+            op = ReadOp(
+                "restore", store.path, version, start, self.history.now(),
+                (st.epoch, st.version), dict(st), final=final,
+            )  # fmt: skip
+        except StateStoreError as exc:
+            op = ReadOp(
+                "restore", store.path, version, start, self.history.now(),
+                error=type(exc).__name__, final=final,
+            )  # fmt: skip
+        self.history.add_read(op)
+        return op
+
+    async def head(self, c: AsyncRingClient, store: StoreId) -> None:
+        start = self.history.now()
+        try:
+            h = await c.latest(store)
+            op = ReadOp("head", store.path, None, start, self.history.now(), (h.epoch, h.version))
+        except StateStoreError as exc:
+            op = ReadOp(
+                "head", store.path, None, start, self.history.now(), error=type(exc).__name__
+            )
+        self.history.add_read(op)
+
+    async def takeover(self, store: StoreId) -> None:
+        w = await self.new_writer(store)
+        w.busy = True
+        try:
+            op = await self.restore(w.client, store, None)
+            if op.error and op.error != "StoreNotFound":
+                w.fenced = True  # could not take over; a later step tries again
+                return
+            if op.head is not None and op.state is not None:
+                w.version, w.state = op.head[1], dict(op.state)
+        finally:
+            w.busy = False
+
+    # -- the schedule ----------------------------------------------------------------
+    def _delta(self, w: _Writer) -> tuple[dict[bytes, bytes], list[bytes]]:
+        rng = self.rng
+        puts = {
+            rng.choice(KEYS): rng.randbytes(rng.randint(1, 300)) for _ in range(rng.randint(1, 6))
+        }
+        held = sorted(k for k in w.state if k not in puts)
+        deletes = rng.sample(held, min(len(held), rng.randint(0, 2)))
+        return puts, deletes
+
+    def _step(self, action: str) -> None:
+        rng, net, cluster = self.rng, self.network, self.cluster
+        store = rng.choice(STORES)
+        live = [w for w in self.writers[store] if not w.fenced and not w.busy]
+        if action == "commit" and live:
+            w = max(live, key=lambda w: w.epoch)
+            w.busy = True
+            self.spawn(self.commit(w, *self._delta(w)))
+        elif action == "zombie":
+            old = [w for w in self.writers[store][:-1] if not w.busy and not w.fenced]
+            if old:
+                w = rng.choice(old)
+                w.busy = True
+                self.spawn(self.commit(w, *self._delta(w)))
+        elif action == "takeover":
+            self.spawn(self.takeover(store))
+        elif action == "restore":
+            acked = sorted({c.version for c in self.history.acked() if c.store == store.path})
+            version = rng.choice([None, *acked[-6:]])
+            self.spawn(self._void(self.restore(rng.choice(self.clients), store, version)))
+        elif action == "head":
+            self.spawn(self.head(rng.choice(self.clients), store))
+        elif action == "crash" and len(cluster.down()) < 2:
+            self.spawn(cluster.crash(rng.choice(cluster.up())))
+        elif action == "restart" and cluster.down():
+            self.spawn(cluster.start(rng.choice(cluster.down())))
+        elif action == "partition":
+            ends = cluster.addresses + [f"w{i + 1}" for i in range(self.serial)]
+            src, dst = rng.sample(ends, 2)
+            net.note(f"block {src}->{dst}")
+            net.block(src, dst)
+        elif action == "isolate":
+            a = rng.choice(cluster.addresses)
+            net.note(f"isolate {a}")
+            for b in cluster.addresses:
+                if b != a:
+                    net.block(a, b)
+                    net.block(b, a)
+        elif action == "heal":
+            net.note("heal")
+            net.heal()
+        elif action == "faults":
+            if rng.random() < 0.3:
+                net.faults = LinkFaults()
+            else:
+                net.faults = LinkFaults(
+                    drop=rng.choice([0.0, 0.01, 0.05]),
+                    duplicate=rng.choice([0.0, 0.05, 0.2]),
+                    cut=rng.choice([0.0, 0.1, 0.3]),
+                    delay=rng.choice([0.0, 0.1, 0.5]),
+                    max_delay=rng.choice([0.05, 0.5, 2.0]),
+                )
+            net.note(f"faults {net.faults}")
+
+    @staticmethod
+    async def _void(coro: Coroutine[Any, Any, Any]) -> None:
+        await coro
+
+    async def main(self, steps: int) -> Outcome:
+        loop = asyncio.get_running_loop()
+        await self.cluster.start_all()
+        await asyncio.sleep(SIM_CONFIG.down_after)  # let gossip converge
+        checker = await self.client("checker")
+        for store in STORES:
+            await self.new_writer(store)
+        names, weights = list(ACTIONS), list(ACTIONS.values())
+        for _ in range(steps):
+            self._step(self.rng.choices(names, weights)[0])
+            await asyncio.sleep(self.rng.uniform(0.05, 3.0))
+        # the end: heal everything, let the ring repair, then check every acknowledged version
+        self.network.note("final: heal, restart all, repair")
+        self.network.heal()
+        self.network.faults = LinkFaults()
+        await asyncio.gather(*self.tasks)
+        for a in self.cluster.down():
+            await self.cluster.start(a)
+        await asyncio.sleep(4 * SIM_CONFIG.down_after)
+        for store in STORES:
+            top = await self.restore(checker, store, None, final=True)
+            head = top.head[1] if top.head else 0
+            acked = sorted({c.version for c in self.history.acked() if c.store == store.path})
+            for v in acked:
+                if v > head - SIM_CONFIG.retain_versions:
+                    await self.restore(checker, store, v, final=True)
+        for c in self.clients:
+            await c.close()
+        await self.cluster.stop_all()
+        commits = self.history.commits
+        return Outcome(
+            seed=0,
+            violations=check(self.history),
+            log=self.history.lines + self.network.log,
+            commits=len(commits),
+            acks=sum(1 for c in commits if c.outcome == "ack"),
+            refused=sum(1 for c in commits if c.outcome == "refused"),
+            reads=len(self.history.reads),
+            sim_seconds=loop.time(),
+        )
+
+
+def run_schedule(
+    seed: int, *, steps: int | None = None, app_factory: AppFactory = build_app
+) -> Outcome:
+    """Run the schedule of ``seed`` to the end and judge it (sim/history.py)."""
+    with tempfile.TemporaryDirectory(prefix="statestore-sim-") as root:
+        run = _Run(seed, app_factory, root)
+        n = steps if steps is not None else run.rng.randint(15, 40)
+        outcome = run_simulated(lambda: run.main(n))
+    outcome.seed = seed
+    return outcome

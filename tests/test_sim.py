@@ -1,0 +1,159 @@
+"""The simulator: seeded fault schedules over the real node code, and the history checker.
+
+No timing assertions: the schedules run on simulated time (statestore/sim/clock.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from statestore.core.errors import NodeUnavailable, RequestTimeout
+from statestore.net.memory import LinkFaults, MemoryNetwork
+from statestore.node.api import build_app
+from statestore.node.daemon import Node
+from statestore.sim.cli import derive, main
+from statestore.sim.clock import run_simulated
+from statestore.sim.history import CommitOp, History, ReadOp, check
+from statestore.sim.schedule import run_schedule
+
+S = "sim/0/0/s"
+
+
+def test_fifty_schedules_find_nothing() -> None:
+    found = []
+    for i in range(50):
+        outcome = run_schedule(derive(7, i))
+        assert outcome.commits > 0
+        found += [f"seed {outcome.seed}: {v}" for v in outcome.violations]
+    assert found == []
+
+
+def test_a_seed_replays_exactly() -> None:
+    seed = derive(3, 11)
+    first, second = run_schedule(seed), run_schedule(seed)
+    assert first.log == second.log
+    assert first.violations == second.violations
+    assert len(first.log) > 20
+
+
+def test_different_seeds_differ() -> None:
+    assert run_schedule(derive(3, 1)).log != run_schedule(derive(3, 2)).log
+
+
+def _liar(node: Node) -> web.Application:
+    """A node that acknowledges manifests without storing them."""
+
+    @web.middleware
+    async def ack_without_storing(request: web.Request, handler: object) -> web.StreamResponse:
+        if request.method == "PUT" and request.path.startswith("/v1/manifests/"):
+            await request.read()
+            return web.json_response({"stored": True}, status=201)
+        return await handler(request)  # type: ignore[operator, no-any-return]
+
+    app = build_app(node)
+    app.middlewares.insert(0, ack_without_storing)
+    return app
+
+
+def test_the_checker_catches_a_ring_that_acknowledges_without_storing() -> None:
+    outcome = run_schedule(derive(5, 0), app_factory=_liar)
+    assert outcome.acks > 0
+    assert {v.kind for v in outcome.violations} == {"lost"}
+
+
+def _commit(version: int, epoch: int, delta: str, start: int, end: int, **kw: object) -> CommitOp:
+    state = kw.pop("state", {b"k": delta.encode()})
+    return CommitOp("w", S, version, epoch, delta, state, start, end, "ack", **kw)  # type: ignore[arg-type]
+
+
+def _restore(version: int, start: int, **kw: object) -> ReadOp:
+    return ReadOp("restore", S, version, start, start + 1, **kw)  # type: ignore[arg-type]
+
+
+def _head(start: int, epoch: int, version: int) -> ReadOp:
+    return ReadOp("head", S, None, start, start + 1, (epoch, version))
+
+
+@pytest.mark.parametrize(
+    ("commits", "reads", "kinds"),
+    [
+        # a clean history: an ack, then a matching restore and head
+        (
+            [_commit(1, 1, "a", 1, 2)],
+            [_restore(1, 3, head=(1, 1), state={b"k": b"a"}), _head(5, 1, 1)],
+            set(),
+        ),
+        # the restore returns other bytes
+        ([_commit(1, 1, "a", 1, 2)], [_restore(1, 3, head=(1, 1), state={b"k": b"x"})], {"wrong-bytes"}),  # noqa: E501
+        # the final restore of an acknowledged version fails
+        ([_commit(1, 1, "a", 1, 2)], [_restore(1, 3, error="VersionNotFound", final=True)], {"lost"}),  # noqa: E501
+        # a head read after the ack of v2 sees v1
+        ([_commit(1, 1, "a", 1, 2), _commit(2, 1, "b", 3, 4)], [_head(5, 1, 1)], {"head-went-back"}),  # noqa: E501
+        # one epoch, one version, two contents
+        ([_commit(1, 1, "a", 1, 2), _commit(1, 1, "b", 3, 4)], [], {"two-contents"}),
+        # epoch 1 acknowledged after epoch 2 committed: fenced writer acked (and two contents)
+        ([_commit(1, 2, "b", 1, 2), _commit(1, 1, "a", 3, 4)], [], {"fenced-ack", "two-contents"}),
+        # a higher epoch rewriting v1 after taking over is fencing at work, not a violation
+        (
+            [_commit(1, 1, "a", 1, 2), _commit(1, 2, "b", 3, 4, state={b"k": b"b"})],
+            [_restore(1, 5, head=(2, 1), state={b"k": b"b"}, final=True)],
+            set(),
+        ),
+    ],
+)  # fmt: skip
+def test_the_checker_on_fabricated_histories(
+    commits: list[CommitOp], reads: list[ReadOp], kinds: set[str]
+) -> None:
+    h = History(commits=commits, reads=reads)
+    assert {v.kind for v in check(h)} == kinds
+
+
+def test_the_memory_network_refuses_drops_and_cuts() -> None:
+    import random
+
+    async def scenario() -> list[str]:
+        net = MemoryNetwork(random.Random(1))
+
+        async def small(request: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
+        async def big(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            for _ in range(100):
+                await resp.write(b"x" * 100)
+            await resp.write_eof()
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/small", small)
+        app.router.add_post("/big", big)
+        net.attach("n:1", app, 1 << 20)
+        t = net.transport("c", timeout=1.0)
+        seen = [str((await t.request("GET", "n:1", "/small")).json())]
+        stream = await t.open_stream("n:1", "/big", b"")
+        seen.append(str(len(await stream.readexactly(10_000))))
+        net.block("c", "n:1")
+        with pytest.raises(NodeUnavailable):
+            await t.request("GET", "n:1", "/small")
+        net.heal()
+        net.block("n:1", "c")  # the answer is lost: the caller times out
+        with pytest.raises(RequestTimeout):
+            await t.request("GET", "n:1", "/small")
+        net.heal()
+        net.faults = LinkFaults(cut=1.0)
+        stream = await t.open_stream("n:1", "/big", b"")
+        with pytest.raises((NodeUnavailable, asyncio.IncompleteReadError)):
+            await stream.readexactly(10_000)
+        seen.append(str(asyncio.get_running_loop().time() >= 1.0))
+        return seen
+
+    assert run_simulated(scenario) == ["{'ok': True}", "10000", "True"]
+
+
+def test_the_cli_reports_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--schedules", "3", "--seed", "2", "--no-progress"]) == 0
+    assert "3 schedules" in capsys.readouterr().out
