@@ -9,7 +9,9 @@
 
 Whatever a streamed plan did not deliver (a hop died, a chunk was corrupt, the stream went
 quiet for too long) is fetched afterwards from the other replicas, skipping the hops that
-failed: only the missing part is rerouted, nothing starts over. Rows are folded by chain
+failed: only the missing part is rerouted, nothing starts over. Which part that is, and from
+whom, is decided by :func:`statestore.core.reroute.reroute` over the events the streams
+delivered; this module records the events and performs the decision. Rows are folded by chain
 position, so a row that arrives twice (folded and again from a replica) is harmless.
 ``Restorer.run_many`` runs many plans at once and reads the star plans' chunks in one
 ``POST /v1/chunks`` stream per source before handing each store to ``run``.
@@ -38,6 +40,17 @@ from statestore.core.ids import StoreId
 from statestore.core.links import LinkTable
 from statestore.core.manifest import Manifest
 from statestore.core.plan import ChunkTask, CostModel, Plan, build, learn_fold_ratio
+from statestore.core.reroute import (
+    ChunkArrived,
+    Covered,
+    FoldedArrived,
+    HopFailed,
+    Refetch,
+    StreamCut,
+    StreamEnded,
+    StreamEvent,
+    reroute,
+)
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.reads import read_chain
@@ -88,10 +101,9 @@ class _Prefetched:
 
     started: float
     fold: ChainFold = field(default_factory=ChainFold)
-    done: set[str] = field(default_factory=set)
+    events: list[StreamEvent] = field(default_factory=list)
     bytes_in: int = 0
     bytes_by_node: dict[str, int] = field(default_factory=dict)
-    bad: set[str] = field(default_factory=set)
     failed: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -193,20 +205,20 @@ class Restorer:
             "hops": [],
             "failed_hops": list(pre.failed),
             "bytes_by_node": dict(pre.bytes_by_node),
-            "batched": len(pre.done),  # chunks a run_many stream delivered beforehand
+            # chunks a run_many stream delivered beforehand
+            "batched": sum(1 for e in pre.events if isinstance(e, ChunkArrived) and e.intact),
         }
-        done: set[str] = pre.done
-        bad: set[str] = set(pre.bad)
+        events = list(pre.events)
         if plan.kind != "star" and plan.root is not None:
-            await self._stream(store, chain[-1].key_groups, plan, fold, done, bad, stats, progress)
-        missing = [t for t in plan.tasks if t.key not in done]
+            await self._stream(store, chain[-1].key_groups, plan, fold, events, stats, progress)
+        missing = reroute(plan.tasks, plan.assignment, events).missing
         if plan.kind != "star":
             stats["rerouted"] = len(missing)
         if plan.kind == "tree" and not missing:
             ratio = learn_fold_ratio(plan.tasks, stats["bytes_in"])
             if ratio is not None:
                 self._fold_ratio[store] = ratio
-        await self._star(missing, plan.assignment, fold, bad, stats, progress, sem)
+        await self._star(plan.tasks, missing, fold, stats, progress, sem)
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(None, fold.result)
         stats["seconds"] = round(self.clock() - started, 4)
@@ -231,17 +243,15 @@ class Restorer:
         groups: int,
         plan: Plan,
         fold: ChainFold,
-        done: set[str],
-        bad: set[str],
+        events: list[StreamEvent],
         stats: dict[str, Any],
         progress: Callable[[int], None] | None,
     ) -> None:
+        """Run the streamed plan, folding what arrives and recording in ``events`` what the
+        stream delivered (core/reroute.py decides from them what is still missing)."""
         assert plan.root is not None
         loop = asyncio.get_running_loop()
         body = encode_hop(store, plan.root, plan.kind == "tree", groups=groups)
-        covers: set[str] = set()
-        complete: set[int] = set()  # key groups the root's folded frames delivered in full
-        clean = False
         # A stream that goes quiet for too long is abandoned and what it did not deliver is
         # fetched from other replicas. Quiet, not slow: a tree root sends nothing until its
         # subtree is folded, so the allowance scales with the predicted time.
@@ -265,43 +275,37 @@ class Restorer:
                         t = by_key.get(str(meta.get("k")))
                         if t is None:
                             continue
+                        source = plan.assignment.get(t.key, "")
                         pending.append(
-                            asyncio.ensure_future(self._decode_into(fold, t, data, done))
+                            asyncio.ensure_future(self._decode_into(fold, t, data, source, events))
                         )
                     elif kind == b"F":
                         rows = await loop.run_in_executor(None, decode_folded, data, self.max_raw)
                         fold.add_folded(rows)
                         g = meta.get("g")
                         if isinstance(g, list) and len(g) == 2:
-                            complete.update(range(int(g[0]), int(g[1]) + 1))
+                            events.append(FoldedArrived(int(g[0]), int(g[1])))
                     elif kind == b"D":
                         if "out" in meta:
                             hop = {k: meta.get(k) for k in ("hop", "depth", "own", "in", "out")}
                             stats["hops"].append(hop)
-                        covers.update(str(k) for k in meta.get("covers", []) if k in by_key)
+                        events.append(Covered(tuple(str(k) for k in meta.get("covers", []))))
                     elif kind == b"E":
                         stats["failed_hops"].append(
                             {"hop": meta.get("hop"), "error": meta.get("error")}
                         )
-                        bad.add(str(meta.get("hop")))
-                clean = True
+                        events.append(HopFailed(str(meta.get("hop"))))
+                events.append(StreamEnded())
                 # the root's link, as the whole stream showed it (not frame by frame)
                 self.links.observe(plan.root.address, stats["bytes_in"], self.clock() - opened)
         except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             stats["failed_hops"].append(
                 {"hop": plan.root.address, "error": f"{type(exc).__name__}: {exc}"}
             )
-            if not isinstance(exc, TimeoutError):
-                bad.add(plan.root.address)
+            events.append(StreamCut(plan.root.address, isinstance(exc, TimeoutError)))
         finally:
             if stream is not None:
                 stream.close()
-            # Folded rows count for a chunk only if the fold included it (covers) and either
-            # the stream ended cleanly or every key group the chunk spans arrived in full.
-            for key in covers:
-                t = by_key[key]
-                if clean or all(g in complete for g in range(t.lo, t.hi + 1)):
-                    done.add(key)
             results = await asyncio.gather(*pending, return_exceptions=True)
             for r in results:
                 if isinstance(r, BaseException) and not isinstance(r, CorruptChunk):
@@ -383,14 +387,13 @@ class Restorer:
                     if progress is not None:
                         progress(len(data))
                     pending.append(
-                        asyncio.ensure_future(self._decode_into(p.fold, t, data, p.done))
+                        asyncio.ensure_future(self._decode_into(p.fold, t, data, address, p.events))
                     )
             self.links.observe(address, nbytes, self.clock() - opened)
         except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
             for p in {id(p): p for p, _ in items}.values():
                 p.failed.append({"hop": address, "error": f"{type(exc).__name__}: {exc}"})
-                if not isinstance(exc, TimeoutError):
-                    p.bad.add(address)
+                p.events.append(StreamCut(address, isinstance(exc, TimeoutError)))
         finally:
             if stream is not None:
                 stream.close()
@@ -400,22 +403,26 @@ class Restorer:
                     raise r
 
     async def _decode_into(
-        self, fold: ChainFold, t: ChunkTask, data: bytes, done: set[str]
+        self, fold: ChainFold, t: ChunkTask, data: bytes, source: str, events: list[StreamEvent]
     ) -> None:
-        verify(data, t.checksum, t.key)
+        """Check, decode and fold one streamed chunk; record whether it arrived intact."""
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(
-            None, lambda: decode_chunk(data, max_raw=self.max_raw, what=t.key)
-        )
+        try:
+            verify(data, t.checksum, t.key)
+            rows = await loop.run_in_executor(
+                None, lambda: decode_chunk(data, max_raw=self.max_raw, what=t.key)
+            )
+        except CorruptChunk:
+            events.append(ChunkArrived(t.key, source, intact=False))
+            return
         fold.add_chunk(t.pos, rows, t.name.startswith("s"))
-        done.add(t.key)
+        events.append(ChunkArrived(t.key, source))
 
     async def _star(
         self,
         tasks: Sequence[ChunkTask],
-        assignment: Mapping[str, str],
+        missing: Sequence[Refetch],
         fold: ChainFold,
-        bad: set[str],
         stats: dict[str, Any],
         progress: Callable[[int], None] | None,
         sem: asyncio.Semaphore | None,
@@ -426,10 +433,10 @@ class Restorer:
         # to one source overlap, so one request's own rate would understate the source.
         spans: dict[str, list[float]] = {}
 
-        async def one(t: ChunkTask) -> None:
-            first = assignment.get(t.key)
-            order = [a for a in ([first] if first else []) + list(t.holders) if a not in bad]
-            order = list(dict.fromkeys(order)) + [a for a in t.holders if a in bad]
+        by_key = {t.key: t for t in tasks}
+
+        async def one(r: Refetch) -> None:
+            t = by_key[r.key]
 
             async def read(address: str) -> bytes:
                 async with sem:
@@ -444,7 +451,7 @@ class Restorer:
             def failed(_address: str, _exc: StateStoreError) -> None:
                 stats["failovers"] += 1
 
-            address, body = await first_holder(t.key, order, read, on_failover=failed)
+            address, body = await first_holder(t.key, r.order, read, on_failover=failed)
             stats["bytes_in"] += len(body)
             by = stats["bytes_by_node"]
             by[address] = by.get(address, 0) + len(body)
@@ -455,7 +462,7 @@ class Restorer:
             )
             fold.add_chunk(t.pos, rows, t.name.startswith("s"))
 
-        tasks_ = [asyncio.ensure_future(one(t)) for t in tasks]
+        tasks_ = [asyncio.ensure_future(one(r)) for r in missing]
         try:
             await asyncio.gather(*tasks_)
             for address, (first, last, nbytes) in spans.items():

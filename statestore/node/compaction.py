@@ -4,9 +4,11 @@ The first live replica of a store (its leader at this epoch) checks the chain of
 once it holds ``snapshot_every`` deltas above the last snapshot, the leader restores the head
 (star plan), writes it back as a snapshot of the same version and epoch, and so bounds what a
 reader must fetch. Retention keeps the last ``retain_versions`` versions (Spark's
-minBatchesToRetain is 100): the floor is the newest snapshot at or below the oldest kept
-version, so every kept version stays restorable; the floor is sent to every live node, which
-drops the manifests and chunks below it (DESIGN.md, Compaction).
+minBatchesToRetain is 100): the floor is the newest usable snapshot at or below the oldest
+kept version, so every kept version stays restorable; the floor is sent to every live node,
+which drops the manifests and chunks below it (DESIGN.md, Compaction). Which snapshots and
+which floor is decided by :func:`statestore.core.retention.plan_compaction`; this module
+restores, writes and sends.
 """
 
 from __future__ import annotations
@@ -15,23 +17,17 @@ import asyncio
 import logging
 
 from statestore.core.chunk import encode_chunks
-from statestore.core.errors import StaleEpoch, StateStoreError, VersionNotFound
+from statestore.core.errors import StaleEpoch, StateStoreError
 from statestore.core.ids import StoreId
-from statestore.core.manifest import ChunkRef, Manifest, resolve_chain
+from statestore.core.manifest import ChunkRef, Manifest
+from statestore.core.retention import plan_compaction
 from statestore.core.view import RingView
 from statestore.net.writes import write_commit
 from statestore.node.daemon import Node
 
-__all__ = ["compact_store", "compaction_loop", "retention_floor"]
+__all__ = ["compact_store", "compaction_loop"]
 
 log = logging.getLogger(__name__)
-
-
-def retention_floor(head: int, snapshots: list[int], retain: int) -> int:
-    """The lowest version to keep (0: keep all). Pure."""
-    oldest_kept = head - retain + 1
-    below = [s for s in snapshots if s <= oldest_kept]
-    return max(below) if below else 0
 
 
 async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | None:
@@ -57,36 +53,28 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
 
 
 async def compact_store(node: Node, view: RingView, store: StoreId) -> None:
+    """One compaction pass of ``store``: what :func:`plan_compaction` decides, performed."""
     head = node.store.head(store)
     if head is None:
         return
     deltas, snaps = node.store.manifests(store)
-    try:
-        chain = resolve_chain(store, head.version, deltas, snaps)
-    except VersionNotFound:
-        return  # this replica misses part of the chain; repair will bring it
-    if sum(1 for m in chain if m.kind == "delta") >= node.config.snapshot_every:
-        snap = await _snapshot(node, view, chain[-1])
-        if snap is None:
-            return
-        snaps[snap.version] = snap
-    oldest_kept = head.version - node.config.retain_versions + 1
-    floor = retention_floor(head.version, sorted(snaps), node.config.retain_versions)
-    if oldest_kept > max(floor, node.store.floor(store), 1) + node.config.snapshot_every:
-        # no snapshot close below the retention line (commits outran compaction): make one
-        try:
-            base = resolve_chain(store, oldest_kept, deltas, snaps)[-1]
-        except VersionNotFound:
-            return
-        snap = await _snapshot(node, view, base)
-        if snap is None:
-            return
-        floor = snap.version
-    if floor > node.store.floor(store):
+    todo = plan_compaction(
+        store,
+        head.version,
+        deltas,
+        snaps,
+        snapshot_every=node.config.snapshot_every,
+        retain=node.config.retain_versions,
+        floor=node.store.floor(store),
+    )
+    for top in todo.snapshots:
+        if await _snapshot(node, view, top) is None:
+            return  # fenced: a newer writer's commits decide
+    if todo.floor is not None:
         await asyncio.gather(
             *(
                 node.transport.request(
-                    "POST", a, f"/v1/stores/{store.path}/gc", json_body={"floor": floor}
+                    "POST", a, f"/v1/stores/{store.path}/gc", json_body={"floor": todo.floor}
                 )
                 for a in view.live_addresses()
             ),

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
 from statestore.core.ids import StoreId
-from statestore.core.repair import mine_to_push
+from statestore.core.repair import Holding, decide
 from statestore.core.view import RingView
 from statestore.node.daemon import Node
 
@@ -25,15 +25,11 @@ __all__ = ["repair_loop", "repair_pass"]
 
 log = logging.getLogger(__name__)
 BATCH = 1000
-Item = tuple[str, str]  # ("c", chunk key) | ("m", "store/version/kind")
+# An item is "c:<chunk key>" or "m:<store path>/<version>/<kind>" (core/repair.Holding).
 
 
-def _manifest_item(store: StoreId, version: int, kind: str) -> Item:
-    return ("m", f"{store.path}/{version}/{kind}")
-
-
-async def _push(node: Node, address: str, item: Item) -> bool:
-    kind, key = item
+async def _push(node: Node, address: str, item: str) -> bool:
+    kind, key = item[0], item[2:]
     try:
         if kind == "c":
             data = node.store.get_chunk(key)
@@ -71,29 +67,36 @@ async def repair_pass(
 
     ``planned``: the passes within a grace period after the epoch moved leave each copy to
     its designated source; the passes after it (while anything is pending) push from every
-    holder, so a designated source that failed is covered.
+    holder, so a designated source that failed is covered. What to push and what to drop is
+    :func:`statestore.core.repair.decide`; this asks, pushes and drops.
     """
     me = node.address
     live = set(view.live_addresses())
-    want: dict[str, list[Item]] = defaultdict(list)
-    owners: dict[Item, list[str]] = {}
+
+    def previous(key: str) -> tuple[str, ...]:
+        # only a planned pass consults them: spare the placement walk otherwise
+        return tuple(view.previous_replicas(key)) if planned else ()
+
+    holdings: list[Holding] = []
     for key in node.store.chunk_keys():
-        item: Item = ("c", key)
-        owners[item] = view.replicas_of(key)
+        owners = tuple(view.replicas_of(key))
+        holdings.append(Holding(f"c:{key}", key, owners, previous(key)))
     for store, version, kind in node.store.manifest_keys():
-        owners[_manifest_item(store, version, kind)] = view.store_replicas(store)
-    for item, targets in owners.items():
-        for t in targets:
+        owners = tuple(view.store_replicas(store))
+        item = f"m:{store.path}/{version}/{kind}"
+        holdings.append(Holding(item, store.path, owners, previous(store.path)))
+    want: dict[str, list[str]] = defaultdict(list)
+    for h in holdings:
+        for t in h.owners:
             if t != me:
-                want[t].append(item)
-    confirmed: dict[Item, int] = defaultdict(int)
-    skipped = 0
+                want[t].append(h.item)
+    answers: dict[tuple[str, str], bool] = {}
     for address, items in want.items():
         for i in range(0, len(items), BATCH):
             batch = items[i : i + BATCH]
             body = {
-                "chunks": [k for kind, k in batch if kind == "c"],
-                "manifests": [k.rsplit("/", 2) for kind, k in batch if kind == "m"],
+                "chunks": [it[2:] for it in batch if it[0] == "c"],
+                "manifests": [it[2:].rsplit("/", 2) for it in batch if it[0] == "m"],
             }
             try:
                 resp = await node.transport.request(
@@ -108,29 +111,32 @@ async def repair_pass(
                     await node.write(node.store.apply_floor, store, int(floor))
             flags = iter(answer["chunks"]), iter(answer["manifests"])
             for it in batch:
-                has = next(flags[0] if it[0] == "c" else flags[1])
-                key = it[1] if it[0] == "c" else it[1].rsplit("/", 2)[0]
-                if not has and planned and not mine_to_push(view, live, key, me):
-                    skipped += 1
-                    continue
-                if has or await _push(node, address, it):
-                    confirmed[it] += 1
-                    if not has:
-                        node.stats["repaired"] += 1
-    pending = 0
-    for item, targets in owners.items():
-        if me in targets or not targets:
-            continue
-        if confirmed[item] >= len(targets) and allow_handoff:
-            if item[0] == "c":
-                await node.write(node.store.delete_chunks, [item[1]])
-            else:
-                path, ver, kind = item[1].rsplit("/", 2)
-                await node.write(node.store.delete_manifest, StoreId.parse(path), int(ver), kind)
-            node.stats["handed_off"] += 1
+                answers[(address, it)] = bool(next(flags[0] if it[0] == "c" else flags[1]))
+    decision = decide(me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned)
+    failed: list[tuple[str, str]] = []
+    for push in decision.pushes:
+        if await _push(node, push.target, push.item):
+            node.stats["repaired"] += 1
         else:
-            pending += 1
-    return pending + skipped
+            failed.append((push.target, push.item))
+    if failed:
+        decision = decide(
+            me,
+            holdings,
+            live,
+            answers,
+            epoch_moved=not allow_handoff,
+            planned=planned,
+            failed=failed,
+        )
+    for item in decision.drops:
+        if item[0] == "c":
+            await node.write(node.store.delete_chunks, [item[2:]])
+        else:
+            path, ver, kind = item[2:].rsplit("/", 2)
+            await node.write(node.store.delete_manifest, StoreId.parse(path), int(ver), kind)
+        node.stats["handed_off"] += 1
+    return decision.outstanding
 
 
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:
