@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from statestore.core.cache import ChunkCache
 from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
-from statestore.core.errors import NodeUnavailable, StateStoreError, Unavailable
+from statestore.core.errors import NodeUnavailable, NotFound, StateStoreError, Unavailable
 from statestore.core.ids import StoreId, check_version
 from statestore.core.keygroups import chain_for_groups, check_groups, only_groups
 from statestore.core.manifest import Head
@@ -140,16 +140,29 @@ class AsyncRingClient:
         assert self._view is not None
         return self._view
 
-    async def _routed(self, op: Callable[[RingView], Awaitable[T]]) -> T:
-        """Run ``op`` on the current view; on an availability error refresh once and retry."""
+    async def _routed(self, op: Callable[[RingView], Awaitable[T]], *, read: bool = False) -> T:
+        """Run ``op`` on the current view; on an availability error refresh once and retry.
+
+        ``read``: a read whose answers came from a newer ring epoch than the view it used
+        (the view was stale, so its replicas may not be the store's replicas any more) is
+        run again on a fresh view, as is a NotFound from a stale view: quorum reads intersect
+        quorum writes only within one view (found by statestore-sim, docs/reliability.md).
+        """
         view = await self.view()
         try:
-            return await op(view)
+            result = await op(view)
         except Unavailable:
             fresh = await self.refresh()
             if fresh.epoch == view.epoch:
                 await asyncio.sleep(0.2)
             return await op(await self.view())
+        except NotFound:
+            if not read or self._transport.seen_epoch <= view.epoch:
+                raise
+            return await op(await self.refresh())
+        if read and self._transport.seen_epoch > view.epoch:
+            return await op(await self.refresh())
+        return result
 
     async def ring(self) -> RingView:
         return await self.refresh()
@@ -237,7 +250,7 @@ class AsyncRingClient:
                 state = only_groups(state, key_groups, top.key_groups)
             return RestoredState(state, want, top.epoch, dict(top.positions), p.kind, result.stats)
 
-        return await self._routed(op)
+        return await self._routed(op, read=True)
 
     async def explain(self, store: StoreId, version: int | None = None, plan: str = "auto") -> Plan:
         """The plan a restore would follow, without running it (``Plan.explain()`` prints it)."""
@@ -320,7 +333,7 @@ class AsyncRingClient:
                 out.append(RestoredState(state, v, top.epoch, dict(top.positions), p.kind, r.stats))
             return out
 
-        return await self._routed(op)
+        return await self._routed(op, read=True)
 
     async def _version_or_latest(self, store: StoreId, version: int | None) -> int:
         return version if version is not None else (await self.latest(store)).version
@@ -341,14 +354,16 @@ class AsyncRingClient:
                 self._transport, view, store, want, key, self._cache, max_raw=self.max_chunk
             )
 
-        return await self._routed(op)
+        return await self._routed(op, read=True)
 
     async def latest(self, store: StoreId) -> Head:
         """The store's head: latest version and the epoch that wrote it."""
         check_store(store)
-        return await self._routed(lambda view: read_head(self._transport, view, store))
+        return await self._routed(lambda view: read_head(self._transport, view, store), read=True)
 
     async def versions(self, store: StoreId) -> list[int]:
         """The versions still retained, oldest first."""
         check_store(store)
-        return await self._routed(lambda view: read_versions(self._transport, view, store))
+        return await self._routed(
+            lambda view: read_versions(self._transport, view, store), read=True
+        )

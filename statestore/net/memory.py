@@ -58,7 +58,8 @@ class MemoryNetwork:
         self.faults = LinkFaults()
         self.log: list[str] = []
         self._apps: dict[str, tuple[web.Application, int]] = {}
-        self._serving: dict[str, set[asyncio.Task[None]]] = {}
+        # in insertion order (a set of tasks would iterate in memory-address order)
+        self._serving: dict[str, dict[asyncio.Task[None], None]] = {}
         self._blocked: set[tuple[str, str]] = set()
 
     def note(self, what: str) -> None:
@@ -69,12 +70,12 @@ class MemoryNetwork:
         """Serve ``app`` at ``address`` (it is frozen here, as a server would)."""
         app.freeze()
         self._apps[address] = (app, client_max_size)
-        self._serving.setdefault(address, set())
+        self._serving.setdefault(address, {})
 
     async def detach(self, address: str) -> None:
         """The node at ``address`` is gone: cancel what it was serving, refuse new requests."""
         self._apps.pop(address, None)
-        tasks = self._serving.pop(address, set())
+        tasks = list(self._serving.pop(address, {}))
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -165,10 +166,10 @@ class MemoryNetwork:
             ),
             name=f"serve {src}->{dst} {method} {path}",
         )
-        serving.add(task)
+        serving[task] = None
 
         def done(t: asyncio.Task[None]) -> None:
-            serving.discard(t)
+            serving.pop(t, None)
             if t.cancelled():
                 answer.fail(NodeUnavailable(f"node {dst} went away mid-request"))
 

@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # the nodes log what they route around (warnings); the findings are what matters here
     logging.getLogger("statestore").setLevel(logging.CRITICAL)
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
 
     if args.replay is not None:
         outcome = run_schedule(args.replay)
