@@ -61,7 +61,7 @@ def _liar(node: Node) -> web.Application:
 def test_the_checker_catches_a_ring_that_acknowledges_without_storing() -> None:
     outcome = run_schedule(derive(5, 0), app_factory=_liar)
     assert outcome.acks > 0
-    assert {v.kind for v in outcome.violations} == {"lost"}
+    assert "lost" in {v.kind for v in outcome.violations}
 
 
 def _commit(version: int, epoch: int, delta: str, start: int, end: int, **kw: object) -> CommitOp:

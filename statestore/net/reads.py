@@ -88,7 +88,10 @@ async def _ask_replicas(
 
 
 def _need(view: RingView, store: StoreId, answered: int, errors: list[BaseException]) -> None:
-    need = min(read_quorum(view.replicas, view.write_quorum), len(view.store_replicas(store)))
+    # Capped by the ring's members, down ones included, not by the live replicas: a node cut
+    # off from the others sees itself as the whole ring, and its answer alone must not pass
+    # for a quorum (statestore-sim found it, docs/reliability.md).
+    need = min(read_quorum(view.replicas, view.write_quorum), len(view.members))
     if answered < need:
         raise QuorumNotReached(
             f"reading {store} needs {need} replica answer(s), got {answered}: "
