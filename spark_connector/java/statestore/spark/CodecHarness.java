@@ -23,7 +23,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *       {@code {error}} or {@code {chunks: [[name, lo, hi, data, checksum, raw_size, rows]],
  *       manifest: bin}}.
  *   <li>{@code decode IN OUT}: IN a list of commits, each {@code {chunks: [bin], manifest:
- *       bin}}; OUT per commit either {@code {error}} or {@code {rows: [[[key, value|nil]]] per
+ *       bin, max_raw: optional int}}; OUT per commit either {@code {error}} or {@code {rows: [[[key, value|nil]]] per
  *       chunk, manifest: re-encoded bin, chunk_refs: [[...]], store, version, kind, epoch,
  *       key_groups}}.
  * </ul>
@@ -110,13 +110,14 @@ public final class CodecHarness {
     List<?> datas = (List<?>) c.get("chunks");
     List<List<ChunkCodec.Row>> decoded = new ArrayList<>();
     ManifestCodec.Manifest m;
+    int maxRaw = c.get("max_raw") instanceof Long l ? (int) (long) l : ChunkCodec.MAX_CHUNK_RAW;
     try {
       m = ManifestCodec.decode((byte[]) c.get("manifest"));
       for (int i = 0; i < datas.size(); i++) {
         byte[] data = (byte[]) datas.get(i);
         ManifestCodec.ChunkRef ref = m.chunks().get(i);
         ChunkCodec.verify(data, ref.checksum(), ref.name());
-        decoded.add(ChunkCodec.decode(data, ChunkCodec.MAX_CHUNK_RAW, ref.name()));
+        decoded.add(ChunkCodec.decode(data, maxRaw, ref.name()));
       }
     } catch (RuntimeException e) {
       error(out, e);
