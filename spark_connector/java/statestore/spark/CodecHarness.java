@@ -26,6 +26,11 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *       bin, max_raw: optional int}}; OUT per commit either {@code {error}} or {@code {rows: [[[key, value|nil]]] per
  *       chunk, manifest: re-encoded bin, chunk_refs: [[...]], store, version, kind, epoch,
  *       key_groups}}.
+ *   <li>{@code place IN OUT}: IN a list of {@code {view: GET /v1/ring JSON, keys: [str]}}; OUT
+ *       per case {@code {replicas: [[id]], addresses: [[host:port]], preference: [[id]]}}.
+ *   <li>{@code write IN OUT}: IN a list of commits as for {@code encode} plus {@code seeds};
+ *       each is written to the ring with {@link RingWriter}; OUT per commit {@code {chunks,
+ *       bytes, replica_writes, manifest_acks}} or {@code {code, error}}.
  * </ul>
  */
 public final class CodecHarness {
@@ -57,6 +62,27 @@ public final class CodecHarness {
           decodeOne(out, (Map<?, ?>) o);
         }
         break;
+      case "place":
+        for (Object o : list) {
+          placeOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "write": {
+        Map<List<?>, RingWriter> writers = new java.util.HashMap<>();
+        for (Object o : list) {
+          Map<?, ?> c = (Map<?, ?>) o;
+          List<?> seeds = (List<?>) c.get("seeds");
+          RingWriter w = writers.computeIfAbsent(seeds, s -> {
+            List<String> addrs = new ArrayList<>();
+            for (Object a : s) {
+              addrs.add((String) a);
+            }
+            return new RingWriter(addrs);
+          });
+          writeOne(out, w, c);
+        }
+        break;
+      }
       default:
         System.err.println("unknown command " + args[0]);
         System.exit(2);
@@ -104,6 +130,62 @@ public final class CodecHarness {
           .unsigned(ch.checksum()).integer(ch.rawSize()).integer(ch.rows());
     }
     out.str("manifest").bin(ManifestCodec.encode(m));
+  }
+
+  private static void placeOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
+    RingWriter.View view = RingWriter.View.fromJson(new ObjectMapper().readTree((String) c.get("view")));
+    List<?> keys = (List<?>) c.get("keys");
+    out.mapHeader(3);
+    out.str("replicas").arrayHeader(keys.size());
+    for (Object k : keys) {
+      List<String> ids = view.placement().replicas((String) k, view.replicas);
+      out.arrayHeader(ids.size());
+      ids.forEach(out::str);
+    }
+    out.str("addresses").arrayHeader(keys.size());
+    for (Object k : keys) {
+      List<String> addrs = view.replicasOf((String) k);
+      out.arrayHeader(addrs.size());
+      addrs.forEach(out::str);
+    }
+    out.str("preference").arrayHeader(keys.size());
+    for (Object k : keys) {
+      List<String> ids = view.placement().preference((String) k);
+      out.arrayHeader(ids.size());
+      ids.forEach(out::str);
+    }
+  }
+
+  /** Encode a commit as {@code encode} does and write it to the ring with RingWriter. */
+  @SuppressWarnings("unchecked")
+  private static void writeOne(Msgpack.Writer out, RingWriter w, Map<?, ?> c) throws IOException {
+    Map<String, Object> h = new ObjectMapper().readValue((String) c.get("header"), LinkedHashMap.class);
+    List<byte[]> putKeys = new ArrayList<>();
+    List<byte[]> putValues = new ArrayList<>();
+    for (Object row : (List<?>) c.get("puts")) {
+      putKeys.add((byte[]) ((List<?>) row).get(0));
+      putValues.add((byte[]) ((List<?>) row).get(1));
+    }
+    List<byte[]> deletes = new ArrayList<>();
+    for (Object k : (List<?>) c.get("deletes")) {
+      deletes.add((byte[]) k);
+    }
+    boolean snapshot = (Boolean) h.get("snapshot");
+    int groups = ((Number) h.get("key_groups")).intValue();
+    try {
+      List<ChunkCodec.Chunk> chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
+          ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
+          ((Number) h.get("max_chunk")).intValue());
+      ManifestCodec.Manifest m = ManifestCodec.of((String) h.get("store"),
+          ((Number) h.get("version")).longValue(), snapshot, ((Number) h.get("epoch")).longValue(),
+          groups, chunks, (Map<String, Object>) h.get("positions"));
+      RingWriter.WriteStats st = w.write(m, chunks);
+      out.mapHeader(4).str("chunks").integer(st.chunks()).str("bytes").integer(st.bytes())
+          .str("replica_writes").integer(st.replicaWrites()).str("manifest_acks")
+          .integer(st.manifestAcks());
+    } catch (RingWriter.RingException e) {
+      out.mapHeader(2).str("code").str(e.code()).str("error").str(e.getMessage());
+    }
   }
 
   private static void decodeOne(Msgpack.Writer out, Map<?, ?> c) {
