@@ -1,0 +1,232 @@
+package statestore.spark;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+
+/**
+ * A command-line harness for the cross-language tests of the Java codec
+ * ({@code tests/test_java_codec.py}); not used by the provider. Input and output are msgpack
+ * files:
+ *
+ * <ul>
+ *   <li>{@code xxh3 IN OUT}: IN a list of bin; OUT the list of their XXH3-64 (uint64).
+ *   <li>{@code encode IN OUT}: IN a list of commits, each a map {@code header} (JSON: store,
+ *       version, epoch, snapshot, key_groups, chunk_size, max_chunk, positions), {@code puts}
+ *       (list of [key, value]), {@code deletes} (list of keys); OUT per commit either
+ *       {@code {error}} or {@code {chunks: [[name, lo, hi, data, checksum, raw_size, rows]],
+ *       manifest: bin}}.
+ *   <li>{@code decode IN OUT}: IN a list of commits, each {@code {chunks: [bin], manifest:
+ *       bin, max_raw: optional int}}; OUT per commit either {@code {error}} or {@code {rows: [[[key, value|nil]]] per
+ *       chunk, manifest: re-encoded bin, chunk_refs: [[...]], store, version, kind, epoch,
+ *       key_groups}}.
+ *   <li>{@code place IN OUT}: IN a list of {@code {view: GET /v1/ring JSON, keys: [str]}}; OUT
+ *       per case {@code {replicas: [[id]], addresses: [[host:port]], preference: [[id]]}}.
+ *   <li>{@code write IN OUT}: IN a list of commits as for {@code encode} plus {@code seeds};
+ *       each is written to the ring with {@link RingWriter}; OUT per commit {@code {chunks,
+ *       bytes, replica_writes, manifest_acks}} or {@code {code, error}}.
+ * </ul>
+ */
+public final class CodecHarness {
+  private CodecHarness() {}
+
+  public static void main(String[] args) throws IOException {
+    if (args.length != 3) {
+      System.err.println("usage: CodecHarness xxh3|encode|decode IN OUT");
+      System.exit(2);
+    }
+    byte[] in = Files.readAllBytes(Path.of(args[1]));
+    Object cases = new Msgpack.Reader(in, 0, in.length, false).value();
+    Msgpack.Writer out = new Msgpack.Writer(1 << 16);
+    List<?> list = (List<?>) cases;
+    out.arrayHeader(list.size());
+    switch (args[0]) {
+      case "xxh3":
+        for (Object o : list) {
+          out.unsigned(Xxh3.hash((byte[]) o));
+        }
+        break;
+      case "encode":
+        for (Object o : list) {
+          encodeOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "decode":
+        for (Object o : list) {
+          decodeOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "place":
+        for (Object o : list) {
+          placeOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "write": {
+        Map<List<?>, RingWriter> writers = new java.util.HashMap<>();
+        for (Object o : list) {
+          Map<?, ?> c = (Map<?, ?>) o;
+          List<?> seeds = (List<?>) c.get("seeds");
+          RingWriter w = writers.computeIfAbsent(seeds, s -> {
+            List<String> addrs = new ArrayList<>();
+            for (Object a : s) {
+              addrs.add((String) a);
+            }
+            return new RingWriter(addrs);
+          });
+          writeOne(out, w, c);
+        }
+        break;
+      }
+      default:
+        System.err.println("unknown command " + args[0]);
+        System.exit(2);
+    }
+    Files.write(Path.of(args[2]), out.toByteArray());
+  }
+
+  private static void error(Msgpack.Writer out, RuntimeException e) {
+    out.mapHeader(1).str("error").str(e.getClass().getSimpleName() + ": " + e.getMessage());
+  }
+
+  @SuppressWarnings("unchecked")
+  private static void encodeOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
+    Map<String, Object> h = new ObjectMapper().readValue((String) c.get("header"), LinkedHashMap.class);
+    List<byte[]> putKeys = new ArrayList<>();
+    List<byte[]> putValues = new ArrayList<>();
+    for (Object row : (List<?>) c.get("puts")) {
+      putKeys.add((byte[]) ((List<?>) row).get(0));
+      putValues.add((byte[]) ((List<?>) row).get(1));
+    }
+    List<byte[]> deletes = new ArrayList<>();
+    for (Object k : (List<?>) c.get("deletes")) {
+      deletes.add((byte[]) k);
+    }
+    boolean snapshot = (Boolean) h.get("snapshot");
+    int groups = ((Number) h.get("key_groups")).intValue();
+    List<ChunkCodec.Chunk> chunks;
+    ManifestCodec.Manifest m;
+    try {
+      if (snapshot && !deletes.isEmpty()) {
+        throw new ChunkCodec.InvalidRequestException("a snapshot holds the whole state: it takes no deletes");
+      }
+      chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
+          ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
+          ((Number) h.get("max_chunk")).intValue());
+      m = ManifestCodec.of((String) h.get("store"), ((Number) h.get("version")).longValue(), snapshot,
+          ((Number) h.get("epoch")).longValue(), groups, chunks, (Map<String, Object>) h.get("positions"));
+    } catch (IllegalArgumentException e) {
+      error(out, e);
+      return;
+    }
+    out.mapHeader(2).str("chunks").arrayHeader(chunks.size());
+    for (ChunkCodec.Chunk ch : chunks) {
+      out.arrayHeader(7).str(ch.name()).integer(ch.lo()).integer(ch.hi()).bin(ch.data())
+          .unsigned(ch.checksum()).integer(ch.rawSize()).integer(ch.rows());
+    }
+    out.str("manifest").bin(ManifestCodec.encode(m));
+  }
+
+  private static void placeOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
+    RingWriter.View view = RingWriter.View.fromJson(new ObjectMapper().readTree((String) c.get("view")));
+    List<?> keys = (List<?>) c.get("keys");
+    out.mapHeader(3);
+    out.str("replicas").arrayHeader(keys.size());
+    for (Object k : keys) {
+      List<String> ids = view.placement().replicas((String) k, view.replicas);
+      out.arrayHeader(ids.size());
+      ids.forEach(out::str);
+    }
+    out.str("addresses").arrayHeader(keys.size());
+    for (Object k : keys) {
+      List<String> addrs = view.replicasOf((String) k);
+      out.arrayHeader(addrs.size());
+      addrs.forEach(out::str);
+    }
+    out.str("preference").arrayHeader(keys.size());
+    for (Object k : keys) {
+      List<String> ids = view.placement().preference((String) k);
+      out.arrayHeader(ids.size());
+      ids.forEach(out::str);
+    }
+  }
+
+  /** Encode a commit as {@code encode} does and write it to the ring with RingWriter. */
+  @SuppressWarnings("unchecked")
+  private static void writeOne(Msgpack.Writer out, RingWriter w, Map<?, ?> c) throws IOException {
+    Map<String, Object> h = new ObjectMapper().readValue((String) c.get("header"), LinkedHashMap.class);
+    List<byte[]> putKeys = new ArrayList<>();
+    List<byte[]> putValues = new ArrayList<>();
+    for (Object row : (List<?>) c.get("puts")) {
+      putKeys.add((byte[]) ((List<?>) row).get(0));
+      putValues.add((byte[]) ((List<?>) row).get(1));
+    }
+    List<byte[]> deletes = new ArrayList<>();
+    for (Object k : (List<?>) c.get("deletes")) {
+      deletes.add((byte[]) k);
+    }
+    boolean snapshot = (Boolean) h.get("snapshot");
+    int groups = ((Number) h.get("key_groups")).intValue();
+    try {
+      List<ChunkCodec.Chunk> chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
+          ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
+          ((Number) h.get("max_chunk")).intValue());
+      ManifestCodec.Manifest m = ManifestCodec.of((String) h.get("store"),
+          ((Number) h.get("version")).longValue(), snapshot, ((Number) h.get("epoch")).longValue(),
+          groups, chunks, (Map<String, Object>) h.get("positions"));
+      RingWriter.WriteStats st = w.write(m, chunks);
+      out.mapHeader(4).str("chunks").integer(st.chunks()).str("bytes").integer(st.bytes())
+          .str("replica_writes").integer(st.replicaWrites()).str("manifest_acks")
+          .integer(st.manifestAcks());
+    } catch (RingWriter.RingException e) {
+      out.mapHeader(2).str("code").str(e.code()).str("error").str(e.getMessage());
+    }
+  }
+
+  private static void decodeOne(Msgpack.Writer out, Map<?, ?> c) {
+    List<?> datas = (List<?>) c.get("chunks");
+    List<List<ChunkCodec.Row>> decoded = new ArrayList<>();
+    ManifestCodec.Manifest m;
+    int maxRaw = c.get("max_raw") instanceof Long l ? (int) (long) l : ChunkCodec.MAX_CHUNK_RAW;
+    try {
+      m = ManifestCodec.decode((byte[]) c.get("manifest"));
+      for (int i = 0; i < datas.size(); i++) {
+        byte[] data = (byte[]) datas.get(i);
+        ManifestCodec.ChunkRef ref = m.chunks().get(i);
+        ChunkCodec.verify(data, ref.checksum(), ref.name());
+        decoded.add(ChunkCodec.decode(data, maxRaw, ref.name()));
+      }
+    } catch (RuntimeException e) {
+      error(out, e);
+      return;
+    }
+    out.mapHeader(8).str("rows").arrayHeader(decoded.size());
+    for (List<ChunkCodec.Row> rows : decoded) {
+      out.arrayHeader(rows.size());
+      for (ChunkCodec.Row r : rows) {
+        out.arrayHeader(2).bin(r.key());
+        if (r.value() == null) {
+          out.nil();
+        } else {
+          out.bin(r.value());
+        }
+      }
+    }
+    out.str("manifest").bin(ManifestCodec.encode(m));
+    out.str("chunk_refs").arrayHeader(m.chunks().size());
+    for (ManifestCodec.ChunkRef r : m.chunks()) {
+      out.arrayHeader(7).str(r.name()).integer(r.lo()).integer(r.hi()).integer(r.size())
+          .integer(r.rawSize()).integer(r.rows()).unsigned(r.checksum());
+    }
+    out.str("store").str(m.store());
+    out.str("version").integer(m.version());
+    out.str("kind").str(m.kind());
+    out.str("epoch").integer(m.epoch());
+    out.str("key_groups").integer(m.keyGroups());
+  }
+}

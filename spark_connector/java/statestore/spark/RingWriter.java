@@ -1,0 +1,402 @@
+package statestore.spark;
+
+import java.io.IOException;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.net.http.HttpTimeoutException;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.atomic.AtomicLong;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+
+/**
+ * Direct writes to the ring, as {@code statestore/net/writes.py} and the Python client's
+ * {@code commit} do them: each chunk goes to its own R replicas ({@code PUT
+ * /v1/chunks/{store}/{version}/{name}}, placement of {@link RingPlacement} over the live
+ * members of {@code GET /v1/ring}) and must be acknowledged by W of them; then the manifest
+ * goes to the store's R replicas ({@code PUT /v1/manifests/{store}/{version}/{kind}}): a
+ * {@code stale_epoch} or {@code version_conflict} from any replica fails the commit, otherwise
+ * W acknowledgements make it. Re-sending the same content at the same epoch is idempotent at
+ * the nodes. On an availability error the writer refreshes its view and retries once (after
+ * 200 ms if the ring epoch did not move), as the Python client does. Standalone: the provider
+ * does not use it yet.
+ */
+public final class RingWriter {
+  /** Errors of the ring, with the node's stable {@code code} ({@code stale_epoch}, ...). */
+  public static final class RingException extends RuntimeException {
+    private final String code;
+
+    public RingException(String code, String message) {
+      super(message);
+      this.code = code;
+    }
+
+    public String code() {
+      return code;
+    }
+
+    /** Availability, not semantics: retrying may help (Python's Unavailable). */
+    public boolean unavailable() {
+      return code.equals("node_unavailable") || code.equals("quorum_not_reached")
+          || code.equals("timeout");
+    }
+  }
+
+  /** One member of a ring view. */
+  public record MemberInfo(String id, String address, String status, String zone) {}
+
+  /** A ring view: the members, R, W and vnodes at one ring epoch (Python's RingView). */
+  public static final class View {
+    public final long epoch;
+    public final List<MemberInfo> members;
+    public final int replicas;
+    public final int writeQuorum;
+    public final int vnodes;
+    private final RingPlacement ring;
+    private final Map<String, String> address = new LinkedHashMap<>();
+
+    public View(long epoch, List<MemberInfo> members, int replicas, int writeQuorum, int vnodes) {
+      if (replicas < 1 || writeQuorum < 1 || writeQuorum > replicas) {
+        throw new IllegalArgumentException("replicas " + replicas + " / write quorum " + writeQuorum);
+      }
+      this.epoch = epoch;
+      this.members = List.copyOf(members);
+      this.replicas = replicas;
+      this.writeQuorum = writeQuorum;
+      this.vnodes = vnodes;
+      List<RingPlacement.Member> live = new ArrayList<>();
+      for (MemberInfo m : members) {
+        if (!m.status().equals("down")) {
+          live.add(new RingPlacement.Member(m.id(), m.zone()));
+        }
+        address.put(m.id(), m.address());
+      }
+      ring = new RingPlacement(live, vnodes);
+    }
+
+    public static View fromJson(JsonNode obj) {
+      List<MemberInfo> members = new ArrayList<>();
+      for (JsonNode m : obj.get("members")) {
+        String status = m.get("status").asText();
+        if (!status.equals("up") && !status.equals("suspect") && !status.equals("down")) {
+          throw new RingException("malformed_data", "ring view member status " + status);
+        }
+        members.add(new MemberInfo(m.get("id").asText(), m.get("address").asText(), status,
+            m.has("zone") ? m.get("zone").asText() : ""));
+      }
+      return new View(obj.get("epoch").asLong(), members, obj.get("replicas").asInt(),
+          obj.get("write_quorum").asInt(), obj.get("vnodes").asInt());
+    }
+
+    public RingPlacement placement() {
+      return ring;
+    }
+
+    /** Addresses of the R nodes that hold {@code key} at this epoch. */
+    public List<String> replicasOf(String key) {
+      List<String> out = new ArrayList<>();
+      for (String id : ring.replicas(key, replicas)) {
+        out.add(address.get(id));
+      }
+      return out;
+    }
+
+    public List<String> liveAddresses() {
+      List<String> out = new ArrayList<>();
+      for (RingPlacement.Member m : ring.members()) {
+        out.add(address.get(m.id()));
+      }
+      return out;
+    }
+  }
+
+  /** What one commit wrote. */
+  public record WriteStats(int chunks, long bytes, int replicaWrites, int manifestAcks) {}
+
+  private static final ObjectMapper JSON = new ObjectMapper();
+  private static final String EPOCH_HEADER = "X-Statestore-Epoch";
+
+  private final List<String> seeds;
+  private final HttpClient http;
+  private final Duration requestTimeout;
+  private final int concurrency;
+  private final AtomicLong seenEpoch = new AtomicLong();
+  private volatile View view;
+
+  public RingWriter(List<String> seeds, Duration connectTimeout, Duration requestTimeout, int concurrency) {
+    if (seeds.isEmpty()) {
+      throw new IllegalArgumentException("give at least one seed HOST:PORT");
+    }
+    this.seeds = List.copyOf(seeds);
+    this.requestTimeout = requestTimeout;
+    this.concurrency = Math.max(1, concurrency);
+    this.http = HttpClient.newBuilder()
+        .version(HttpClient.Version.HTTP_1_1)
+        .connectTimeout(connectTimeout)
+        .build();
+  }
+
+  public RingWriter(List<String> seeds) {
+    this(seeds, Duration.ofSeconds(5), Duration.ofSeconds(120), 8);
+  }
+
+  /** Fetch the ring view from any known node (live members first, then the seeds). */
+  public View refresh() {
+    Set<String> candidates = new LinkedHashSet<>();
+    View current = view;
+    if (current != null) {
+      candidates.addAll(current.liveAddresses());
+    }
+    candidates.addAll(seeds);
+    List<String> errors = new ArrayList<>();
+    for (String address : candidates) {
+      HttpResponse<byte[]> resp;
+      try {
+        resp = send(HttpRequest.newBuilder(uri(address, "/v1/ring")).timeout(Duration.ofSeconds(3))
+            .GET().build(), address).join();
+      } catch (CompletionException e) {
+        errors.add(String.valueOf(e.getCause().getMessage()));
+        continue;
+      }
+      if (resp.statusCode() != 200) {
+        errors.add(errorOf(resp, address).getMessage());
+        continue;
+      }
+      View fresh;
+      try {
+        fresh = View.fromJson(JSON.readTree(resp.body()));
+      } catch (IOException | RuntimeException e) {
+        throw new RingException("malformed_data", "ring view from " + address + " is malformed (" + e + ")");
+      }
+      synchronized (this) {
+        if (view == null || fresh.epoch >= view.epoch) {
+          view = fresh;
+        }
+        return view;
+      }
+    }
+    throw new RingException("node_unavailable", "no node of the ring answered ("
+        + String.join("; ", errors.subList(0, Math.min(3, errors.size())))
+        + "): start a node, or pass seeds of running ones");
+  }
+
+  /** The current view, refreshed when a node reported a newer ring epoch. */
+  public View view() {
+    View v = view;
+    if (v == null || seenEpoch.get() > v.epoch) {
+      return refresh();
+    }
+    return v;
+  }
+
+  /**
+   * Write one commit laid out by {@link ChunkCodec} and described by {@code manifest}: chunks
+   * at W, then the manifest at W. Throws RingException ({@code stale_epoch},
+   * {@code version_conflict}, {@code quorum_not_reached}, ...); nothing is acknowledged then.
+   */
+  public WriteStats write(ManifestCodec.Manifest manifest, List<ChunkCodec.Chunk> chunks) {
+    View v = view();
+    try {
+      return writeOn(v, manifest, chunks);
+    } catch (RingException e) {
+      if (!e.unavailable()) {
+        throw e;
+      }
+      View fresh = refresh();
+      if (fresh.epoch == v.epoch) {
+        try {
+          Thread.sleep(200);
+        } catch (InterruptedException ie) {
+          Thread.currentThread().interrupt();
+          throw e;
+        }
+      }
+      return writeOn(view(), manifest, chunks);
+    }
+  }
+
+  private WriteStats writeOn(View v, ManifestCodec.Manifest m, List<ChunkCodec.Chunk> chunks) {
+    int replicaWrites = putChunks(v, m.store(), m.version(), chunks);
+    long bytes = 0;
+    for (ChunkCodec.Chunk c : chunks) {
+      bytes += c.data().length;
+    }
+    int acks = putManifest(v, m);
+    return new WriteStats(chunks.size(), bytes, replicaWrites, acks);
+  }
+
+  /** The ring-wide key of one chunk: {@code store/version/name}. */
+  public static String chunkKey(String store, long version, String name) {
+    return store + "/" + version + "/" + name;
+  }
+
+  /** Store every chunk on its R replicas; throws quorum_not_reached below W for any chunk. */
+  public int putChunks(View v, String store, long version, List<ChunkCodec.Chunk> chunks) {
+    Semaphore sem = new Semaphore(concurrency);
+    List<CompletableFuture<Integer>> all = new ArrayList<>();
+    for (ChunkCodec.Chunk c : chunks) {
+      String key = chunkKey(store, version, c.name());
+      List<String> targets = v.replicasOf(key);
+      try {
+        sem.acquire();
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new RingException("timeout", "interrupted while writing chunks");
+      }
+      all.add(putEverywhere(targets, "/v1/chunks/" + key, c.data(), null)
+          .whenComplete((r, e) -> sem.release())
+          .thenApply(r -> {
+            checkWrite("chunk " + key, r.acks, v.writeQuorum, targets.size(), r.errors);
+            return r.acks;
+          }));
+    }
+    int total = 0;
+    RingException first = null;
+    for (CompletableFuture<Integer> f : all) {
+      try {
+        total += f.join();
+      } catch (CompletionException e) {
+        if (first == null) {
+          first = asRing(e.getCause());
+        }
+      }
+    }
+    if (first != null) {
+      throw first;
+    }
+    return total;
+  }
+
+  /** Store the manifest on the store's replicas; returns the acks. Fencing errors win. */
+  public int putManifest(View v, ManifestCodec.Manifest m) {
+    List<String> targets = v.replicasOf(m.store());
+    String path = "/v1/manifests/" + m.store() + "/" + m.version() + "/" + m.kind();
+    Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack").join();
+    for (RingException e : r.errors) {
+      if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")) {
+        throw e;
+      }
+    }
+    checkWrite("manifest of " + m.store() + " v" + m.version(), r.acks, v.writeQuorum, targets.size(),
+        r.errors);
+    return r.acks;
+  }
+
+  private static void checkWrite(String what, int acks, int w, int placed, List<RingException> errors) {
+    if (acks >= w) {
+      return;
+    }
+    Set<String> msgs = new TreeSet<>();
+    for (RingException e : errors) {
+      msgs.add(e.getMessage());
+    }
+    String why = msgs.isEmpty() ? "no replica answered" : String.join("; ", msgs);
+    if (placed < w) {
+      why = "the ring has only " + placed + " live node(s) for it; " + why;
+    }
+    throw new RingException("quorum_not_reached", what + " reached " + acks + " of the " + w
+        + " replicas it needs (W): " + why + ". Nothing was acknowledged; retry when the ring has"
+        + " enough live nodes");
+  }
+
+  private static final class Puts {
+    int acks;
+    final List<RingException> errors = new ArrayList<>();
+  }
+
+  private CompletableFuture<Puts> putEverywhere(
+      List<String> addresses, String path, byte[] body, String contentType) {
+    List<CompletableFuture<RingException>> each = new ArrayList<>();
+    for (String a : addresses) {
+      HttpRequest.Builder b = HttpRequest.newBuilder(uri(a, path)).timeout(requestTimeout)
+          .PUT(HttpRequest.BodyPublishers.ofByteArray(body));
+      if (contentType != null) {
+        b.header("Content-Type", contentType);
+      }
+      each.add(send(b.build(), a).handle((resp, err) -> {
+        if (err != null) {
+          return asRing(err instanceof CompletionException ? err.getCause() : err);
+        }
+        int s = resp.statusCode();
+        return s == 200 || s == 201 ? null : errorOf(resp, a);
+      }));
+    }
+    return CompletableFuture.allOf(each.toArray(new CompletableFuture<?>[0])).thenApply(x -> {
+      Puts out = new Puts();
+      for (CompletableFuture<RingException> f : each) {
+        RingException e = f.join();
+        if (e == null) {
+          out.acks++;
+        } else {
+          out.errors.add(e);
+        }
+      }
+      return out;
+    });
+  }
+
+  private CompletableFuture<HttpResponse<byte[]>> send(HttpRequest req, String address) {
+    return http.sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()).handle((resp, err) -> {
+      if (err != null) {
+        Throwable cause = err instanceof CompletionException ? err.getCause() : err;
+        if (cause instanceof HttpTimeoutException) {
+          throw new RingException("timeout", req.method() + " " + req.uri() + " took longer than "
+              + req.timeout().map(Duration::toString).orElse("its deadline")
+              + ": the node is slow or stuck");
+        }
+        throw new RingException("node_unavailable", "node " + address + " is unreachable ("
+            + cause.getClass().getSimpleName() + ": " + cause.getMessage()
+            + "); check that it runs, or let the ring route around it");
+      }
+      resp.headers().firstValue(EPOCH_HEADER).ifPresent(h -> {
+        try {
+          seenEpoch.accumulateAndGet(Long.parseLong(h.trim()), Math::max);
+        } catch (NumberFormatException ignored) {
+          // a garbled header is not a newer epoch
+        }
+      });
+      return resp;
+    });
+  }
+
+  private static RingException asRing(Throwable t) {
+    if (t instanceof RingException r) {
+      return r;
+    }
+    if (t instanceof RuntimeException r) {
+      throw r;
+    }
+    throw new IllegalStateException(t);
+  }
+
+  private static RingException errorOf(HttpResponse<byte[]> resp, String address) {
+    int status = resp.statusCode();
+    try {
+      JsonNode err = JSON.readTree(resp.body()).get("error");
+      return new RingException(err.get("code").asText(),
+          err.get("message").asText() + " (from " + address + ")");
+    } catch (IOException | RuntimeException e) {
+      String text = new String(resp.body(), 0, Math.min(200, resp.body().length), StandardCharsets.UTF_8);
+      return new RingException(status >= 500 ? "node_unavailable" : "error",
+          "node " + address + " answered " + status + ": " + text);
+    }
+  }
+
+  private static URI uri(String address, String path) {
+    return URI.create("http://" + address + path);
+  }
+}

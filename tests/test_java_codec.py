@@ -1,0 +1,560 @@
+"""The Java chunk codec (spark_connector/java: Xxh3, ChunkCodec, ManifestCodec) against the
+Python one, byte for byte: XXH3-64 on every input-length path, chunks (names, key-group
+ranges, compressed bytes) and manifests of random commits encoded by both, and Python's
+chunks and manifests decoded by Java. Java runs as ``CodecHarness`` (msgpack in, msgpack
+out) from the provider jar; the tests skip, saying why, without a JDK or pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import xxhash
+import zstandard
+
+from client import RingClient
+from statestore.cli.local import LocalRing
+from statestore.core.chunk import decode_chunk
+from statestore.core.commit import build_commit
+from statestore.core.errors import (
+    InvalidRequest,
+    PayloadTooLarge,
+    QuorumNotReached,
+    StaleEpoch,
+    VersionConflict,
+)
+from statestore.core.ids import StoreId
+from statestore.core.manifest import ChunkRef, Manifest
+from statestore.core.view import RingView
+from statestore.wire.manifest import decode_manifest, encode_manifest
+
+Harness = Callable[[str, list[Any]], list[Any]]
+
+
+def _java_tools() -> tuple[str, str] | str:
+    """(javac, java), or why they cannot be used."""
+    javac, java = shutil.which("javac"), shutil.which("java")
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        javac = javac or _exe(Path(home) / "bin" / "javac")
+        java = java or _exe(Path(home) / "bin" / "java")
+    if javac is None:
+        return "javac (JDK 17+) is not installed: the Java codec cannot be compiled"
+    if java is None:
+        return "java is not installed: the Java codec cannot be run"
+    return javac, java
+
+
+def _exe(p: Path) -> str | None:
+    return str(p) if os.access(p, os.X_OK) else None
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    tools = _java_tools()
+    if isinstance(tools, str):
+        pytest.skip(tools)
+    _, java = tools
+    try:
+        import spark_connector._build as build
+
+        home, _ = build.pyspark_home()
+        jar = build.jar_path()
+    except build.SparkConnectorError as exc:
+        pytest.skip(f"the provider jar cannot be built here: {exc}")
+    work = tmp_path_factory.mktemp("java-codec")
+    classpath = f"{jar}{os.pathsep}{home / 'jars' / '*'}"
+
+    def run(command: str, cases: list[Any]) -> list[Any]:
+        src, dst = work / f"{command}.in", work / f"{command}.out"
+        src.write_bytes(msgpack.packb(cases, use_bin_type=True))
+        done = subprocess.run(
+            [java, "-cp", classpath, "statestore.spark.CodecHarness", command, str(src), str(dst)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = msgpack.unpackb(dst.read_bytes(), raw=False)
+        assert isinstance(out, list) and len(out) == len(cases)
+        return out
+
+    yield run
+
+
+def _http_get(address: str, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as resp:
+        body: bytes = resp.read()
+        return body
+
+
+# --- XXH3-64 ---------------------------------------------------------------------------------
+
+
+def test_xxh3_every_length_path(harness: Harness) -> None:
+    rng = random.Random(12)
+    inputs = [rng.randbytes(n) for n in range(2049)]  # 0, 1-3, 4-8, 9-16, 17-128, 129-240, long
+    # long inputs: exactly one block (1024), stripe edges, many blocks, 10 KiB, 1 MiB
+    for n in (1023, 1024, 1025, 1088, 4096, 10 * 1024, 65536 + 1, 1 << 20, (1 << 20) + 13):
+        inputs.append(rng.randbytes(n))
+    # all-ones and all-zero bytes (sign extension in Java), ASCII keys as the provider has them
+    inputs += [b"\xff" * n for n in (1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 5000)]
+    inputs += [b"\x00" * n for n in (1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 5000)]
+    inputs += [f"q1/0/{i}/default/7/d{i}-00ff".encode() for i in range(50)]
+    got = harness("xxh3", inputs)
+    want = [xxhash.xxh3_64_intdigest(b) for b in inputs]
+    bad = [len(b) for b, g, w in zip(inputs, got, want, strict=True) if g != w]
+    assert not bad, f"XXH3-64 differs for input lengths {bad[:20]}"
+    assert got == want
+
+
+# --- commits ---------------------------------------------------------------------------------
+
+
+def _value(rng: random.Random, big: int) -> bytes:
+    pick = rng.random()
+    if big == 0:  # small rows only
+        return rng.randbytes(rng.randrange(0, 12))
+    if pick < 0.1:
+        return b""
+    if pick < 0.15:
+        return rng.randbytes(rng.randrange(big, 3 * big + 2))  # a row bigger than a chunk
+    if pick < 0.4:  # compressible: zstd's match finder must make the same choices
+        return (rng.randbytes(rng.randrange(1, 9)) * rng.randrange(1, 200))[: rng.randrange(300)]
+    if pick < 0.45:  # around the bin8 / bin16 boundaries
+        return rng.randbytes(rng.choice([255, 256, 65535, 65536]))
+    return rng.randbytes(rng.randrange(1, 80))
+
+
+def _commit(
+    rng: random.Random,
+    *,
+    puts: int,
+    deletes: int,
+    groups: int,
+    chunk_size: int,
+    snapshot: bool = False,
+    max_chunk: int = 256 * 1024 * 1024,
+    big: int | None = None,
+) -> dict[str, Any]:
+    """A random commit; ``big`` bounds the rows meant to be bigger than a chunk (0: none)."""
+    big = min(chunk_size, 20_000) if big is None else big
+    keys: set[bytes] = set()
+    while len(keys) < puts + deletes:
+        n = rng.choice([0, 1, 2, 4, 8, 12, 16, 20, 33, 130, 300])
+        keys.add(
+            rng.randbytes(n) if rng.random() < 0.7 else f"user-{rng.randrange(10**6)}".encode()
+        )
+    ordered = sorted(keys)
+    rng.shuffle(ordered)
+    put_rows = {k: _value(rng, big) for k in ordered[:puts]}
+    gone = ordered[puts:]
+    gone += rng.sample(gone, min(len(gone), 3))  # duplicated deletes are kept
+    header = {
+        "store": rng.choice(
+            ["q1/0/3/default", f"{'query-' * 8}x/{2**31 - 1}/17/left-keyToNumValues"]
+        ),
+        "version": rng.choice([1, 2, 127, 128, 65536, 2**33, 2**62]),
+        "epoch": rng.choice([0, 1, 255, 1_763_800_000_000, 2**63 - 1]),
+        "snapshot": snapshot,
+        "key_groups": groups,
+        "chunk_size": chunk_size,
+        "max_chunk": max_chunk,
+        "positions": rng.choice(
+            [
+                {},
+                {"src-0": 42},
+                {
+                    "kafka": {"topic": {"0": 12345678901, "1": -7}},
+                    "files": ["a.json", "b.json", None, True, False],
+                    "neg": [-1, -32, -33, -128, -129, -32768, -32769, -(2**31) - 1, -(2**63)],
+                    "pos": [127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1],
+                    "float": [0.5, -1.25, 1e300, 0.0],
+                    "text": "é✓ " * 20,
+                    "long": "x" * 300,
+                    "many": {f"k{i}": i for i in range(20)},
+                },
+            ]
+        ),
+    }
+    return {"header": header, "puts": put_rows, "deletes": gone if not snapshot else []}
+
+
+def _python_commit(c: dict[str, Any]) -> tuple[Manifest, list[Any]]:
+    h = c["header"]
+    return build_commit(
+        StoreId.parse(h["store"]),
+        h["version"],
+        c["puts"],
+        c["deletes"],
+        h["positions"],
+        h["epoch"],
+        h["snapshot"],
+        key_groups=h["key_groups"],
+        chunk_size=h["chunk_size"],
+        max_chunk=h["max_chunk"],
+    )
+
+
+def _to_java(c: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "header": json.dumps(c["header"]),
+        "puts": [[k, v] for k, v in c["puts"].items()],
+        "deletes": c["deletes"],
+    }
+
+
+def _commits() -> list[dict[str, Any]]:
+    rng = random.Random(1212)
+    out = [
+        _commit(rng, puts=0, deletes=0, groups=128, chunk_size=4 << 20),  # one empty chunk
+        _commit(rng, puts=0, deletes=0, groups=1, chunk_size=1, snapshot=True),
+        _commit(rng, puts=0, deletes=40, groups=128, chunk_size=200),  # deletes only
+        _commit(rng, puts=1, deletes=0, groups=65536, chunk_size=1),
+        _commit(rng, puts=40_000, deletes=0, groups=128, chunk_size=4 << 20, big=0),  # array32
+        _commit(rng, puts=40, deletes=0, groups=16, chunk_size=4 << 20, big=5 << 20),  # 5-15 MiB
+        _commit(rng, puts=3000, deletes=500, groups=128, chunk_size=64 * 1024),
+        _commit(rng, puts=2000, deletes=0, groups=4, chunk_size=64 * 1024, snapshot=True),
+    ]
+    for groups in (1, 2, 7, 128, 1000):
+        for chunk_size in (1, 64, 1000, 4096, 100_000):
+            out.append(
+                _commit(
+                    rng,
+                    puts=rng.randrange(0, 300),
+                    deletes=rng.randrange(0, 60),
+                    groups=groups,
+                    chunk_size=chunk_size,
+                    snapshot=rng.random() < 0.2,
+                )
+            )
+    return out
+
+
+@pytest.fixture(scope="module")
+def commits() -> list[dict[str, Any]]:
+    return _commits()
+
+
+def test_java_encodes_commits_as_python_does(
+    harness: Harness, commits: list[dict[str, Any]]
+) -> None:
+    got = harness("encode", [_to_java(c) for c in commits])
+    seen: set[str] = set()
+    for i, (c, java) in enumerate(zip(commits, got, strict=True)):
+        manifest, chunks = _python_commit(c)
+        assert "error" not in java, (i, java.get("error"))
+        want = [
+            [ch.name, ch.lo, ch.hi, ch.data, ch.checksum, ch.raw_size, ch.rows] for ch in chunks
+        ]
+        assert [x[0] for x in java["chunks"]] == [x[0] for x in want], f"commit {i}: names"
+        assert java["chunks"] == want, f"commit {i}: chunks differ"
+        assert java["manifest"] == encode_manifest(manifest), f"commit {i}: manifest bytes"
+        # and Python reads what Java wrote: the same manifest, the same rows
+        assert decode_manifest(java["manifest"]) == manifest
+        rows = [r for x in java["chunks"] for r in decode_chunk(x[3])]
+        assert {k: v for k, v in rows if v is not None} == c["puts"]
+        assert sorted(k for k, v in rows if v is None) == sorted(c["deletes"])
+        h = c["header"]
+        seen.update(
+            f
+            for f, hit in [
+                ("array16 chunk list", len(chunks) > 15),
+                ("array32 chunk", any(ch.rows > 8000 for ch in chunks)),
+                ("row over the target", any(ch.raw_size > h["chunk_size"] > 1000 for ch in chunks)),
+                ("group over chunks", any(a.hi == b.lo for a, b in pairwise(chunks))),
+                ("empty value", b"" in c["puts"].values()),
+                ("empty key", b"" in c["puts"] or b"" in c["deletes"]),
+                ("duplicate delete", len(set(c["deletes"])) < len(c["deletes"])),
+                ("snapshot", h["snapshot"] and len(chunks) > 1),
+                ("uint64 epoch", h["epoch"] >= 2**32),
+                ("positions", len(h["positions"]) > 1),
+            ]
+            if hit
+        )
+    assert len(seen) == 10, seen  # the cases cover what they are meant to
+
+
+def test_java_refuses_what_python_refuses(harness: Harness) -> None:
+    rng = random.Random(5)
+    both = _commit(rng, puts=10, deletes=0, groups=8, chunk_size=100)
+    both["deletes"] = [next(iter(both["puts"]))]
+    large = _commit(rng, puts=3, deletes=0, groups=8, chunk_size=100, max_chunk=1000)
+    large["puts"][b"big"] = b"v" * 991  # 3 + 991 + 10 > 1000
+    fits = _commit(rng, puts=3, deletes=0, groups=8, chunk_size=100, max_chunk=1000)
+    fits["puts"] = {b"big": b"v" * 987}  # exactly 1000: allowed
+    got = harness("encode", [_to_java(both), _to_java(large), _to_java(fits)])
+    with pytest.raises(InvalidRequest):
+        _python_commit(both)
+    assert got[0]["error"].startswith("InvalidRequestException: ")
+    assert "both put and deleted" in got[0]["error"]
+    with pytest.raises(PayloadTooLarge):
+        _python_commit(large)
+    assert got[1]["error"].startswith("PayloadTooLargeException: ")
+    _, chunks = _python_commit(fits)
+    assert got[2]["chunks"][0][3] == chunks[0].data
+
+
+# --- Java decodes Python ---------------------------------------------------------------------
+
+
+def test_java_decodes_python_commits(harness: Harness, commits: list[dict[str, Any]]) -> None:
+    cases, wants = [], []
+    for c in commits:
+        manifest, chunks = _python_commit(c)
+        cases.append({"chunks": [ch.data for ch in chunks], "manifest": encode_manifest(manifest)})
+        wants.append((manifest, chunks))
+    got = harness("decode", cases)
+    for i, (java, (manifest, chunks)) in enumerate(zip(got, wants, strict=True)):
+        assert "error" not in java, (i, java.get("error"))
+        want_rows = [[list(r) for r in decode_chunk(ch.data)] for ch in chunks]
+        assert java["rows"] == want_rows, f"commit {i}: rows"
+        assert java["manifest"] == encode_manifest(manifest), f"commit {i}: re-encoded manifest"
+        refs = [
+            [r.name, r.lo, r.hi, r.size, r.raw_size, r.rows, r.checksum] for r in manifest.chunks
+        ]
+        assert java["chunk_refs"] == refs
+        assert (java["store"], java["version"], java["kind"], java["epoch"]) == (
+            manifest.store.path,
+            manifest.version,
+            manifest.kind,
+            manifest.epoch,
+        )
+        assert java["key_groups"] == manifest.key_groups
+
+
+def _manifest_for(datas: list[bytes]) -> bytes:
+    sums = [xxhash.xxh3_64_intdigest(d) for d in datas]
+    refs = tuple(
+        ChunkRef(f"d{i}-{s:016x}", 0, 0, len(d), 0, 0, s)
+        for i, (d, s) in enumerate(zip(datas, sums, strict=True))
+    )
+    m = Manifest(StoreId("q", 0, 0), 1, "delta", 1, 1, refs, {})
+    return encode_manifest(m)
+
+
+def test_java_decode_checks_and_limits(harness: Harness) -> None:
+    rows = [b"k1", b"v1", b"k2", None, b"", b""]
+    raw = b"\x01" + msgpack.packb(rows, use_bin_type=True)
+    good = zstandard.ZstdCompressor(level=1).compress(raw)
+    unsized = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(raw)
+    flipped = bytearray(good)
+    flipped[-2] ^= 0x40
+    bad_format = zstandard.ZstdCompressor(level=1).compress(b"\x02" + raw[1:])
+    odd = zstandard.ZstdCompressor(level=1).compress(b"\x01" + msgpack.packb([b"k"]))
+    truncated = zstandard.ZstdCompressor(level=1).compress(raw[:-1])
+    bomb = zstandard.ZstdCompressor(level=1).compress(b"\x01" + b"\0" * 5000)
+    bomb_unsized = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(
+        b"\x01" + b"\0" * 5000
+    )
+    not_zstd = b"\x01hello, not a zstd frame"
+    cases: list[dict[str, Any]] = [
+        {"chunks": [good], "manifest": _manifest_for([good])},
+        {"chunks": [unsized], "manifest": _manifest_for([unsized])},
+        {"chunks": [bytes(flipped)], "manifest": _manifest_for([good])},
+        {"chunks": [bad_format], "manifest": _manifest_for([bad_format])},
+        {"chunks": [odd], "manifest": _manifest_for([odd])},
+        {"chunks": [truncated], "manifest": _manifest_for([truncated])},
+        {"chunks": [bomb], "manifest": _manifest_for([bomb]), "max_raw": 4096},
+        {"chunks": [bomb_unsized], "manifest": _manifest_for([bomb_unsized]), "max_raw": 4096},
+        {"chunks": [bomb_unsized], "manifest": _manifest_for([bomb_unsized]), "max_raw": 5001},
+        {"chunks": [not_zstd], "manifest": _manifest_for([not_zstd])},
+        {"chunks": [], "manifest": b"\x81\xa6schema\x02"},
+        {"chunks": [], "manifest": encode_manifest(decode_manifest(_manifest_for([])))[:-1]},
+    ]
+    got = harness("decode", cases)
+    want_rows = [[[b"k1", b"v1"], [b"k2", None], [b"", b""]]]
+    assert got[0]["rows"] == want_rows
+    assert got[1]["rows"] == want_rows  # no declared size: streamed
+    assert got[2]["error"].startswith("CorruptChunkException: ") and "checksum" in got[2]["error"]
+    assert "unknown format byte 0x02" in got[3]["error"]
+    assert "not a list of key/value pairs" in got[4]["error"]
+    assert got[5]["error"].startswith("CorruptChunkException: ") and "decode" in got[5]["error"]
+    assert got[6]["error"].startswith("DecompressionBombException: ") and "5001" in got[6]["error"]
+    assert got[7]["error"].startswith("DecompressionBombException: ")
+    assert "payload does not decode" in got[8]["error"]  # within the limit: not a bomb
+    assert got[9]["error"].startswith("CorruptChunkException: ")
+    assert got[10]["error"].startswith("MalformedException: ") and "schema 2" in got[10]["error"]
+    assert got[11]["error"].startswith("MalformedException: ")
+
+
+# --- placement -------------------------------------------------------------------------------
+
+
+def _random_view(rng: random.Random) -> dict[str, Any]:
+    n = rng.randrange(1, 9)
+    zones = rng.choice([[""], ["a", "b"], ["a", "b", "c"], ["", "z1"]])
+    replicas = rng.randrange(1, 5)
+    members = [
+        {
+            "id": rng.choice([f"{rng.getrandbits(64):016x}", f"node-{i}", f"n{i}-é"]),
+            "address": f"127.0.0.1:{7400 + i}",
+            "status": rng.choice(["up", "up", "up", "suspect", "down"]),
+            "zone": rng.choice(zones),
+        }
+        for i in range(n)
+    ]
+    return {
+        "epoch": rng.randrange(1, 1000),
+        "replicas": replicas,
+        "write_quorum": rng.randrange(1, replicas + 1),
+        "vnodes": rng.choice([1, 3, 16, 256]),
+        "members": members,
+    }
+
+
+def test_java_placement_is_pythons(harness: Harness) -> None:
+    rng = random.Random(44)
+    views = [_random_view(rng) for _ in range(60)]
+    keys = [f"q{i}/0/{i % 7}/default" for i in range(40)]
+    keys += [f"q1/0/3/default/{v}/d{i}-{rng.getrandbits(64):016x}" for i, v in enumerate(range(40))]
+    keys += ["", "é✓", "x" * 300]
+    got = harness("place", [{"view": json.dumps(v), "keys": keys} for v in views])
+    zoned = 0
+    for v, java in zip(views, got, strict=True):
+        view = RingView.from_json(v)
+        assert java["replicas"] == [view.ring.replicas(k, view.replicas) for k in keys], v
+        assert java["preference"] == [view.ring.preference(k) for k in keys], v
+        assert java["addresses"] == [view.replicas_of(k) for k in keys], v
+        zoned += view.ring._zoned
+    assert 10 < zoned < 50  # both kinds of ring were drawn
+
+
+# --- direct writes against a real ring -------------------------------------------------------
+
+
+def _state(c: dict[str, Any], before: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    after = {} if c["header"]["snapshot"] else dict(before)
+    after.update(c["puts"])
+    for k in c["deletes"]:
+        after.pop(k, None)
+    return after
+
+
+LAYOUT = {"key_groups": 16, "chunk_size": 2048}  # of the commits below, for Python's client
+
+
+def _ring_commit(
+    rng: random.Random,
+    store: str,
+    version: int,
+    epoch: int,
+    state: dict[bytes, bytes],
+    *,
+    snapshot: bool = False,
+) -> dict[str, Any]:
+    c = _commit(rng, puts=rng.randrange(1, 200), deletes=0, groups=16, chunk_size=2048)
+    assert LAYOUT == {"key_groups": 16, "chunk_size": 2048}
+    c["puts"] = {k: v for k, v in c["puts"].items() if len(v) < 30_000}  # under --max-body
+    if not snapshot:
+        c["deletes"] = rng.sample(sorted(state), min(len(state), rng.randrange(0, 20)))
+    c["header"].update(
+        store=store, version=version, epoch=epoch, snapshot=snapshot, positions={"v": version}
+    )
+    return c
+
+
+def _python_write(client: RingClient, c: dict[str, Any]) -> str:
+    """The Python client's outcome for the same commit: ok or the error's node code."""
+    h = c["header"]
+    try:
+        client.commit(
+            StoreId.parse(h["store"]),
+            h["version"],
+            c["puts"],
+            c["deletes"],
+            h["positions"],
+            h["epoch"],
+            snapshot=h["snapshot"],
+        )
+    except StaleEpoch:
+        return "stale_epoch"
+    except VersionConflict:
+        return "version_conflict"
+    except QuorumNotReached:
+        return "quorum_not_reached"
+    return "ok"
+
+
+def _java_write(harness: Harness, seeds: list[str], cs: list[dict[str, Any]]) -> list[str]:
+    got = harness("write", [{"seeds": seeds, **_to_java(c)} for c in cs])
+    return [str(r.get("code", "ok")) for r in got]
+
+
+@pytest.mark.slow
+def test_java_writes_python_restores(harness: Harness, ring3: LocalRing) -> None:
+    ring3.wait_ring(3)
+    rng = random.Random(9)
+    seeds = ring3.seeds
+    store = "javaw/0/1/default"
+    sid = StoreId.parse(store)
+    states: dict[int, dict[bytes, bytes]] = {0: {}}
+    java_commits = []
+    for v in range(1, 6):
+        c = _ring_commit(rng, store, v, 5, states[v - 1], snapshot=v == 4)
+        states[v] = _state(c, states[v - 1])
+        java_commits.append(c)
+    assert _java_write(harness, seeds, java_commits) == ["ok"] * 5
+    with RingClient(seeds, **LAYOUT) as client:
+        for v in range(1, 6):
+            st = client.restore(sid, v)
+            assert dict(st) == states[v], f"version {v}"
+            assert st.positions == {"v": v}
+        # what the nodes hold is byte for byte what Python would have written
+        for v, c in zip(range(1, 6), java_commits, strict=True):
+            manifest, chunks = _python_commit(c)
+            addr = client.ring().store_replicas(sid)[0]
+            body = _http_get(addr, f"/v1/manifests/{store}/{v}/{manifest.kind}")
+            assert body == encode_manifest(manifest)
+            for ch in chunks:
+                key = f"{store}/{v}/{ch.name}"
+                addr = client.ring().replicas_of(key)[0]
+                assert _http_get(addr, f"/v1/chunks/{key}") == ch.data
+        # Python then Java on top, and the same outcomes for the same cases
+        c6 = _ring_commit(rng, store, 6, 5, states[5])
+        assert _python_write(client, c6) == "ok"
+        states[6] = _state(c6, states[5])
+        c7 = _ring_commit(rng, store, 7, 6, states[6])
+        assert _java_write(harness, seeds, [c7]) == ["ok"]
+        states[7] = _state(c7, states[6])
+        assert dict(client.restore(sid, 7)) == states[7]
+
+        fenced = _ring_commit(rng, store, 8, 4, states[7])  # epoch below the head's 6
+        conflict = _ring_commit(rng, store, 7, 6, states[6])  # other content, same epoch
+        # c7 again: same content and epoch, idempotent; c6 again: its epoch 5 is now fenced
+        cases = [c7, c6, fenced, conflict]
+        want = ["ok", "stale_epoch", "stale_epoch", "version_conflict"]
+        assert [_python_write(client, c) for c in cases] == want
+        assert _java_write(harness, seeds, cases) == want
+        assert dict(client.restore(sid, 7)) == states[7]
+        assert client.latest(sid).version == 7
+
+
+@pytest.mark.slow
+def test_java_writes_at_w_of_r(harness: Harness, ring3: LocalRing) -> None:
+    ring3.wait_ring(3)
+    rng = random.Random(10)
+    store = "javaw/0/2/default"
+    c1 = _ring_commit(rng, store, 1, 1, {})
+    ring3.kill(0)  # R=3, W=2: two replicas are enough, whether or not the ring noticed yet
+    seeds = ring3.seeds
+    assert _java_write(harness, seeds, [c1]) == ["ok"]
+    with RingClient(seeds) as client:
+        assert dict(client.restore(StoreId.parse(store), 1)) == _state(c1, {})
+    ring3.kill(1)  # one node left: no chunk can reach W
+    c2 = _ring_commit(rng, store, 2, 1, _state(c1, {}))
+    assert _java_write(harness, ring3.seeds, [c2]) == ["quorum_not_reached"]
+    # (Python's client raises QuorumNotReached here too, but leaves the other chunks' request
+    # tasks unretrieved and their sockets open, which the suite's warnings-as-errors would pin
+    # on a later test; so it is not run here)
