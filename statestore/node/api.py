@@ -36,6 +36,7 @@ from statestore.node.coordinator import (
     coordinate_restore,
 )
 from statestore.node.daemon import NODE, Node
+from statestore.node.operations import install as install_operations
 from statestore.node.relay import relay_handler
 from statestore.wire.frames import encode_frame
 from statestore.wire.head import to_json as head_json
@@ -434,4 +435,5 @@ def build_app(node: Node) -> web.Application:
     app.router.add_post(s + "/commit", commit)
     app.router.add_get(s + "/state", state)
     app.router.add_post("/v1/relay", relay_handler)
+    install_operations(app)  # /metrics, /dashboard, inventory, drop (node/operations.py)
     return app

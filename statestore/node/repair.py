@@ -164,6 +164,7 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
                 pending = await repair_pass(
                     node, view, allow_handoff=not moved, planned=now - moved_at < grace
                 )
+                node.stats["repair_backlog"] = pending  # /metrics, /v1/activity
             except StateStoreError as exc:
                 log.warning("repair pass failed: %s", exc)
             last_epoch, last_pass = view.epoch, now

@@ -6,6 +6,7 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
        ``m:<store>/<version, 20 digits>/<kind>``  manifest (msgpack, wire/manifest.py)
        ``h:<store>``                         head, msgpack ``[epoch, version]`` (wire/head.py)
        ``f:<store>``                         retention floor: versions below it are gone
+       ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
 """
 
 from __future__ import annotations
@@ -164,3 +165,34 @@ class NodeStore:
         if not left:
             deletes.append(b"h:" + store.path.encode())
         self.backend.write({}, deletes)
+
+    # -- whole queries (drop) ------------------------------------------------------------
+    def query_keys(self, query: str) -> dict[str, list[bytes]]:
+        """Every key of ``query``'s stores, by kind: chunks, manifests, heads, floors. A store
+        path starts with its query and a ``/``, so a prefix scan finds exactly its keys."""
+        return {
+            kind: self.backend.scan_keys(f"{prefix}:{query}/".encode())
+            for kind, prefix in (
+                ("chunks", "c"),
+                ("manifests", "m"),
+                ("heads", "h"),
+                ("floors", "f"),
+            )
+        }
+
+    def purge_query(self, query: str, tombstone: bytes) -> dict[str, int]:
+        """Delete everything of ``query`` and record ``tombstone`` in one atomic write.
+        Returns how many keys of each kind went."""
+        keys = self.query_keys(query)
+        drop = [k for ks in keys.values() for k in ks]
+        self.backend.write({b"t:" + query.encode(): tombstone}, drop)
+        return {kind: len(ks) for kind, ks in keys.items()}
+
+    def tombstone(self, query: str) -> bytes | None:
+        return self.backend.get(b"t:" + query.encode())
+
+    def put_tombstone(self, query: str, tombstone: bytes) -> None:
+        self.backend.write({b"t:" + query.encode(): tombstone})
+
+    def tombstones(self) -> list[bytes]:
+        return [v for _, v in self.backend.scan(b"t:")]

@@ -18,6 +18,7 @@ from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
 from statestore.node.repair import repair_loop
+from statestore.node.tombstones import tombstone_loop
 
 __all__ = ["run_node", "serve", "start_node", "stop_node"]
 
@@ -37,7 +38,7 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
         await runner.cleanup()
         node.release()
         raise
-    await node.start(int(runner.addresses[0][1]), LOOPS)
+    await node.start(int(runner.addresses[0][1]), (*LOOPS, ("tombstones", tombstone_loop)))
     return node, runner
 
 

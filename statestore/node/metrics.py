@@ -1,0 +1,335 @@
+"""``GET /metrics``: the node's figures in Prometheus text format (``prometheus-client``).
+
+Each node has its own ``CollectorRegistry`` (several nodes share one process in tests and in
+the simulator, and the library's global registry would mix them). Two kinds of figures:
+
+- **events**, recorded as they happen by :func:`metrics_middleware`, the outermost middleware
+  of the API: request latencies per operation (commit, restore over ``/state`` and ``relay``,
+  chunk get/put, point reads), bytes in and out, and refusals (every 4xx answer, by status and
+  error code: the errors middleware in node/api.py has already turned exceptions into answers
+  by then) and failures (5xx);
+- **state**, read when scraped by :class:`NodeCollector`: chunks, manifests and stores held,
+  the repair backlog, the ring epoch, members per status, disk use of the data dir, tombstones,
+  operations in flight and background loop restarts.
+
+The metric names and their meaning are listed in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from statestore.core.view import STATUSES
+from statestore.node.activity import ACTIVITY, Operation
+from statestore.node.daemon import NODE, Node
+
+__all__ = ["METRICS", "NodeMetrics", "metrics_middleware", "register"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    float("inf"),
+)
+_S = "/v1/stores/{query}/{operator}/{partition}/{name}"
+# (method, route pattern) -> (operation, label): which histogram times which endpoint
+ROUTES: dict[tuple[str, str], tuple[str, str]] = {
+    ("POST", _S + "/commit"): ("commit", ""),
+    ("GET", _S + "/state"): ("restore", "state"),
+    ("POST", "/v1/relay"): ("restore", "relay"),
+    ("PUT", "/v1/chunks/{key}"): ("chunk", "put"),
+    ("GET", "/v1/chunks/{key}"): ("chunk", "get"),
+    ("POST", "/v1/chunks"): ("chunk", "batch"),
+    ("GET", _S + "/key"): ("point_read", ""),
+}
+# what /v1/activity lists as in flight (chunk traffic is too fine-grained to be worth it)
+IN_FLIGHT = {"commit", "restore", "point_read"}
+
+
+@dataclass
+class StorageFigures:
+    """What a scrape reads from storage and the data dir (off the event loop)."""
+
+    chunks: int = 0
+    manifests: int = 0
+    stores: int = 0
+    tombstones: int = 0
+    disk_used: int = 0
+    disk_free: int = 0
+    disk_total: int = 0
+    per_query: dict[str, int] = field(default_factory=dict)
+
+
+def _dir_usage(path: str) -> int:
+    """Bytes the files under ``path`` occupy on disk (allocated blocks: LMDB files are sparse)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue  # removed while we walked
+            total += getattr(st, "st_blocks", 0) * 512 or st.st_size
+    return total
+
+
+def read_storage(node: Node) -> StorageFigures:
+    """Count what the node holds and measure its data dir; runs in a worker thread (the
+    backends are safe to read from any thread)."""
+    backend = node.store.backend
+    f = StorageFigures()
+    f.chunks = len(backend.scan_keys(b"c:"))  # keys only: values would be copied out
+    f.manifests = len(backend.scan_keys(b"m:"))
+    f.stores = len(backend.scan_keys(b"h:"))
+    f.tombstones = len(backend.scan_keys(b"t:"))
+    f.disk_used = _dir_usage(node.config.data_dir)
+    try:
+        vfs = os.statvfs(node.config.data_dir)
+        f.disk_free = vfs.f_bavail * vfs.f_frsize
+        f.disk_total = vfs.f_blocks * vfs.f_frsize
+    except OSError:
+        pass
+    return f
+
+
+def loop_restarts(node: Node) -> dict[str, int]:
+    """Restarts per background loop, from the node's loop supervisor when it keeps count
+    (``Node.loop_restarts``, a mapping of loop name to restarts); empty otherwise."""
+    counts = getattr(node, "loop_restarts", None)
+    if not isinstance(counts, dict):
+        return {}
+    return {str(k): int(v) for k, v in counts.items()}
+
+
+class NodeCollector(Collector):
+    """The state figures, read at scrape time (storage figures from the last
+    :func:`read_storage`, taken by the handler just before)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+        self.storage = StorageFigures()
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._app[NODE]
+        f = self.storage
+        yield _gauge("statestore_chunks_held", "Chunks stored on this node", f.chunks)
+        yield _gauge("statestore_manifests_held", "Manifests stored on this node", f.manifests)
+        yield _gauge("statestore_stores_held", "Stores with a head on this node", f.stores)
+        yield _gauge("statestore_tombstones", "Dropped queries remembered here", f.tombstones)
+        yield _gauge(
+            "statestore_disk_used_bytes", "Bytes the data dir occupies on disk", f.disk_used
+        )
+        yield _gauge(
+            "statestore_disk_free_bytes", "Bytes free on the data dir's filesystem", f.disk_free
+        )
+        yield _gauge(
+            "statestore_disk_total_bytes", "Size of the data dir's filesystem", f.disk_total
+        )
+        yield _gauge(
+            "statestore_repair_backlog",
+            "Items held here that an owner still lacks (copies and hand-offs waiting)",
+            node.stats.get("repair_backlog", 0),
+        )
+        yield _gauge("statestore_ring_epoch", "The ring epoch this node has seen", node.epoch)
+        members = GaugeMetricFamily(
+            "statestore_members", "Ring members by failure-detector state", labels=["status"]
+        )
+        counts = dict.fromkeys(STATUSES, 0)
+        if node.membership is not None:
+            for m in node.view().members:
+                counts[m.status] = counts.get(m.status, 0) + 1
+        for status, n in counts.items():
+            members.add_metric([status], n)
+        yield members
+        events = CounterMetricFamily(
+            "statestore_node_events",
+            "Background work done: repaired (copies pushed), handed_off (copies dropped after "
+            "their owners confirmed), snapshots (folded by compaction), gc (items dropped "
+            "below retention)",
+            labels=["event"],
+        )
+        for name in ("repaired", "handed_off", "snapshots", "gc"):
+            events.add_metric([name], node.stats.get(name, 0))
+        yield events
+        restarts = CounterMetricFamily(
+            "statestore_loop_restarts",
+            "Background loop restarts after a failure, by loop",
+            labels=["loop"],
+        )
+        for name, n in sorted(loop_restarts(node).items()):
+            restarts.add_metric([name], n)
+        yield restarts
+        inflight = GaugeMetricFamily(
+            "statestore_in_flight", "Operations being served, by kind", labels=["kind"]
+        )
+        act = self._app[ACTIVITY]
+        for kind in sorted(IN_FLIGHT):
+            inflight.add_metric([kind], act.count(kind))
+        yield inflight
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+class NodeMetrics:
+    """One node's registry and its event metrics."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.commit_seconds = Histogram(
+            "statestore_commit_seconds",
+            "Coordinated commits (POST .../commit), from request to W acknowledgements",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.restore_seconds = Histogram(
+            "statestore_restore_seconds",
+            "Restores served: path=state (coordinator, whole stream) or relay (one hop)",
+            ["path"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.chunk_seconds = Histogram(
+            "statestore_chunk_seconds",
+            "Chunk requests served: op=get, put (fsynced) or batch (POST /v1/chunks stream)",
+            ["op"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.point_read_seconds = Histogram(
+            "statestore_point_read_seconds",
+            "Point reads served by the coordinator (GET .../key)",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.bytes = Counter(
+            "statestore_http_bytes",
+            "HTTP body bytes received (in) and sent (out) by this node's API",
+            ["direction"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "statestore_refusals",
+            "Requests refused (4xx), by status and error code",
+            ["status", "code"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "statestore_failures",
+            "Requests that failed on this node (5xx), by status and error code",
+            ["status", "code"],
+            registry=r,
+        )
+        self.collector = NodeCollector(app)
+        r.register(self.collector)
+
+    def observe(self, operation: str, label: str, seconds: float) -> None:
+        if operation == "commit":
+            self.commit_seconds.observe(seconds)
+        elif operation == "restore":
+            self.restore_seconds.labels(label).observe(seconds)
+        elif operation == "chunk":
+            self.chunk_seconds.labels(label).observe(seconds)
+        elif operation == "point_read":
+            self.point_read_seconds.observe(seconds)
+
+    def answered(self, resp: web.StreamResponse) -> None:
+        status = resp.status
+        if status < 400:
+            return
+        code = _error_code(resp)
+        (self.refusals if status < 500 else self.failures).labels(str(status), code).inc()
+
+
+METRICS = web.AppKey("metrics", NodeMetrics)
+
+
+def _error_code(resp: web.StreamResponse) -> str:
+    """The ``code`` of an error answer's JSON body (docs/api.md), or ``http_<status>``."""
+    body = resp.body if isinstance(resp, web.Response) else None
+    if isinstance(body, bytes):
+        try:
+            code = json.loads(body)["error"]["code"]
+            if isinstance(code, str) and code.isascii() and len(code) <= 64:
+                return code
+        except (ValueError, KeyError, TypeError):
+            pass
+    return f"http_{resp.status}"
+
+
+def _store_label(request: web.Request) -> str:
+    mi = request.match_info
+    if "query" in mi and "name" in mi:
+        return f"{mi['query']}/{mi.get('operator', '')}/{mi.get('partition', '')}/{mi['name']}"
+    return ""
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Times the operations of :data:`ROUTES`, counts body bytes, refusals and failures, and
+    lists long operations as in flight. Outermost, so it sees the answers the errors
+    middleware made of exceptions."""
+    app = request.app
+    metrics, node = app[METRICS], app[NODE]
+    route = request.match_info.route.resource
+    op = ROUTES.get((request.method, route.canonical)) if route is not None else None
+    started = node.clock()
+    token = None
+    if op is not None and op[0] in IN_FLIGHT:
+        kind = op[1] if op[0] == "restore" and op[1] == "relay" else op[0]
+        peer = request.remote or ""
+        token = app[ACTIVITY].begin(Operation(kind, _store_label(request), peer, started))
+    try:
+        resp = await handler(request)
+    finally:
+        if token is not None:
+            app[ACTIVITY].end(token)
+        metrics.bytes.labels("in").inc(request.content.total_bytes)
+    if op is not None:
+        metrics.observe(op[0], op[1], max(0.0, node.clock() - started))
+    # a streamed answer has been sent by now; a plain one is sent after we return
+    sent = resp.content_length if isinstance(resp, web.Response) else resp.body_length
+    metrics.bytes.labels("out").inc(sent or 0)
+    metrics.answered(resp)
+    return resp
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """``GET /metrics``: storage is counted in a worker thread, the rest read on the loop."""
+    metrics, node = request.app[METRICS], request.app[NODE]
+    metrics.collector.storage = await asyncio.to_thread(read_storage, node)
+    body = generate_latest(metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def register(app: web.Application) -> None:
+    """Give ``app`` its registry, the ``/metrics`` route and the middleware (outermost)."""
+    app[METRICS] = NodeMetrics(app)
+    app.middlewares.insert(0, metrics_middleware)
+    app.router.add_get("/metrics", metrics_handler)

@@ -1,0 +1,23 @@
+"""The operator's side of a node, added to the API by one call in ``build_app``: metrics
+(``/metrics``), what is in flight (``/v1/activity``), what the node holds
+(``/v1/inventory``), point reads (``.../key``), dropping queries (``/v1/queries/...``) and
+the dashboard (``/dashboard``). docs/operations.md describes them.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from statestore.node import activity, dashboard, inventory, lookup, metrics, tombstones
+
+__all__ = ["install"]
+
+
+def install(app: web.Application) -> None:
+    """Register the operator endpoints and middlewares on ``app`` (which holds its node)."""
+    activity.register(app)
+    metrics.register(app)  # its middleware goes first: it sees every answer as sent
+    inventory.register(app)
+    lookup.register(app)
+    tombstones.register(app)
+    dashboard.register(app)

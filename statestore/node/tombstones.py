@@ -1,0 +1,288 @@
+"""Dropping a finished query's state everywhere, and keeping it dropped.
+
+``POST /v1/queries/{query}/drop`` (admin) makes the node it reaches the drop's coordinator:
+
+1. **purge**: every member of the ring (down ones too, in case they answer) is sent
+   ``POST /v1/queries/{query}/purge {"id", "at", "phase": "purge"}``. Each records a tombstone
+   for the query, starts refusing writes to it (chunks, manifests, commits: ``Unavailable``,
+   "being dropped"), and deletes its chunks, manifests, heads and floors in one atomic write
+   on the writer thread (so a write queued before it is deleted too).
+2. **seal**: once every reachable member purged, each is sent ``"phase": "seal"`` and accepts
+   writes to the query again: a dropped query can be written anew from version 1.
+
+Refusing writes between the two phases is what keeps the repair loop from bringing the data
+back: a node that has not purged yet may be pushing a copy to one that has, and that push is
+refused. A member that could not be reached (down) still holds the query's data; it learns
+the tombstone from its peers (``GET /v1/tombstones``, :func:`tombstone_loop`) on its first
+exchange after it starts, and purges before its repair loop's first pass (which waits
+``--down-after``). A tombstone learned later than that (a member that was up but missed the
+purge) is only recorded and logged: the data it holds may already be a new incarnation of the
+query, so the operator runs the drop again (the drop command reports such members).
+
+Limits: a compaction that restored a store of the query before the drop and writes its
+snapshot after the seal brings that store back; drop finished queries, whose writers and
+compaction have stopped, or run the drop again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from statestore.core.errors import MalformedData, StateStoreError, Unavailable
+from statestore.core.ids import StoreId
+from statestore.node.daemon import NODE, Node
+
+__all__ = ["DROPPING", "Dropping", "register", "tombstone_loop"]
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+WRITE_AREAS = frozenset({"chunks", "manifests", "stores"})
+
+
+class Dropping:
+    """The queries this node refuses writes to (a drop between purge and seal)."""
+
+    def __init__(self, node: Node) -> None:
+        self.queries: set[str] = set()
+        for raw in node.store.tombstones():
+            t = _decode(raw)
+            if t is not None and t.get("state") == "purging":
+                self.queries.add(str(t["query"]))  # a drop that never sealed: still refused
+
+
+DROPPING = web.AppKey("dropping", Dropping)
+
+
+def _check_query(query: str) -> str:
+    StoreId(query, 0, 0, "x")  # InvalidStoreId names what is wrong with the query name
+    return query
+
+
+def _decode(raw: bytes) -> dict[str, Any] | None:
+    try:
+        t = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(t, dict) or not isinstance(t.get("query"), str):
+        return None
+    return t
+
+
+def _encode(t: dict[str, Any]) -> bytes:
+    return json.dumps(t, sort_keys=True).encode()
+
+
+def _authorize(request: web.Request, right: str, query: str | None) -> None:
+    """The hook of client rights: ``admin`` for drop. Client tokens (node/auth.py) are not in
+    this revision yet; until they are, any caller may drop."""
+
+
+def _require_node(request: web.Request) -> None:
+    """The hook of node identity: only ring nodes may purge once node signatures are in."""
+
+
+async def purge_local(node: Node, dropping: Dropping, query: str, t: dict[str, Any]) -> Any:
+    """Phase ``purge`` on this node: refuse writes, delete the query, keep the tombstone."""
+    dropping.queries.add(query)
+    t = {**t, "query": query, "state": "purging"}
+    return await node.write(node.store.purge_query, query, _encode(t))
+
+
+async def seal_local(node: Node, dropping: Dropping, query: str, t: dict[str, Any]) -> None:
+    """Phase ``seal``: the tombstone is final and the query may be written again."""
+    raw = node.store.tombstone(query)
+    old = _decode(raw) if raw is not None else None
+    if old is not None and old.get("id") == t.get("id"):
+        await node.write(node.store.put_tombstone, query, _encode({**old, "state": "sealed"}))
+    dropping.queries.discard(query)
+
+
+async def drop(request: web.Request) -> web.Response:
+    """``POST /v1/queries/{query}/drop``: purge then seal on every member; the answer says,
+    per member, what it deleted or why it could not be reached."""
+    node, dropping = request.app[NODE], request.app[DROPPING]
+    query = _check_query(request.match_info["query"])
+    _authorize(request, "admin", query)
+    t = {"id": uuid.uuid4().hex, "at": time.time(), "query": query}
+    view = node.view()
+    path = f"/v1/queries/{query}/purge"
+
+    async def phase(address: str, name: str) -> Any:
+        body = {"id": t["id"], "at": t["at"], "phase": name}
+        if address == node.address:
+            if name == "purge":
+                return await purge_local(node, dropping, query, t)
+            return await seal_local(node, dropping, query, t)
+        resp = await node.transport.request("POST", address, path, json_body=body, timeout=10.0)
+        return resp.json().get("purged")
+
+    members = [(m.address, m.status) for m in view.members]
+    if node.address not in {a for a, _ in members}:
+        members.append((node.address, "up"))
+    purged = await asyncio.gather(*(phase(a, "purge") for a, _ in members), return_exceptions=True)
+    reached = [
+        a for (a, _), r in zip(members, purged, strict=True) if not isinstance(r, BaseException)
+    ]
+    sealed = await asyncio.gather(*(phase(a, "seal") for a in reached), return_exceptions=True)
+    seal_errors = {
+        a: r for a, r in zip(reached, sealed, strict=True) if isinstance(r, BaseException)
+    }
+    nodes = []
+    for (address, status), r in zip(members, purged, strict=True):
+        row: dict[str, Any] = {"address": address, "status": status}
+        if isinstance(r, BaseException):
+            row["error"] = str(r) or type(r).__name__
+        else:
+            row["purged"] = r
+            if address in seal_errors:
+                row["error"] = f"purged but not sealed: {seal_errors[address]}"
+        nodes.append(row)
+    complete = all("error" not in row for row in nodes)
+    if not complete:
+        log.warning("drop of query %s did not reach every member: %s", query, nodes)
+    return web.json_response({"query": query, "id": t["id"], "complete": complete, "nodes": nodes})
+
+
+async def purge(request: web.Request) -> web.Response:
+    """``POST /v1/queries/{query}/purge`` (ring nodes): one phase of a drop on this node."""
+    node, dropping = request.app[NODE], request.app[DROPPING]
+    query = _check_query(request.match_info["query"])
+    _require_node(request)
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise MalformedData(f"purge: the body is not JSON ({exc})") from exc
+    if not (
+        isinstance(body, dict)
+        and isinstance(body.get("id"), str)
+        and 0 < len(body["id"]) <= 64
+        and isinstance(body.get("at"), int | float)
+        and body.get("phase") in ("purge", "seal")
+    ):
+        raise MalformedData('purge: the body must be {"id", "at", "phase": "purge"|"seal"}')
+    t = {"id": body["id"], "at": float(body["at"]), "query": query}
+    if body["phase"] == "purge":
+        return web.json_response({"purged": await purge_local(node, dropping, query, t)})
+    await seal_local(node, dropping, query, t)
+    return web.json_response({"sealed": True})
+
+
+async def query_holdings(request: web.Request) -> web.Response:
+    """``GET /v1/queries/{query}``: how many keys of the query this node holds, by kind, and
+    its tombstone (the drop tests check every node with it)."""
+    node = request.app[NODE]
+    query = _check_query(request.match_info["query"])
+    _authorize(request, "read", query)
+    keys = node.store.query_keys(query)
+    raw = node.store.tombstone(query)
+    return web.json_response(
+        {
+            "query": query,
+            "held": {kind: len(ks) for kind, ks in keys.items()},
+            "tombstone": _decode(raw) if raw is not None else None,
+            "refusing_writes": query in request.app[DROPPING].queries,
+        }
+    )
+
+
+async def list_tombstones(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    out = [t for t in map(_decode, node.store.tombstones()) if t is not None]
+    return web.json_response({"tombstones": out})
+
+
+@web.middleware
+async def dropping_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse writes to a query between a drop's purge and its seal."""
+    queries = request.app[DROPPING].queries
+    if queries and request.method in ("PUT", "POST"):
+        parts = request.path.split("/", 4)  # "", "v1", area, query, rest
+        if len(parts) >= 4 and parts[2] in WRITE_AREAS and parts[3] in queries:
+            raise Unavailable(
+                f"query {parts[3]} is being dropped; nothing of it is written until the drop "
+                "finishes: retry after `statestore drop` returned"
+            )
+    return await handler(request)
+
+
+def _learn(node: Node, t: Any, first: bool) -> tuple[str, bytes] | None:
+    """What to do with a peer's tombstone: (query, record) to purge or store, or None."""
+    if not isinstance(t, dict) or t.get("state") != "sealed":
+        return None
+    query, tid, at = t.get("query"), t.get("id"), t.get("at")
+    if not (isinstance(query, str) and isinstance(tid, str) and isinstance(at, int | float)):
+        return None
+    try:
+        _check_query(query)
+    except StateStoreError:
+        return None
+    raw = node.store.tombstone(query)
+    mine = _decode(raw) if raw is not None else None
+    if mine is not None and (mine.get("id") == tid or float(mine.get("at", 0)) >= at):
+        return None
+    state = "sealed" if first else "missed"
+    return query, _encode({"id": tid, "at": float(at), "query": query, "state": state})
+
+
+async def tombstone_loop(node: Node) -> None:
+    """Learn the tombstones of drops this node missed. On the first exchange after it starts
+    the node purges every query dropped meanwhile (what it holds of them predates the drop);
+    later ones are recorded as ``missed`` and logged: run the drop again."""
+    first = True
+    while True:
+        assert node.membership is not None
+        peers = {m.address for m in node.membership.members() if m.id != node.id}
+        peers.update(node.config.seeds)
+        peers.discard(node.address)
+        answers = await asyncio.gather(
+            *(
+                node.transport.request("GET", a, "/v1/tombstones", timeout=5.0)
+                for a in sorted(peers)
+            ),
+            return_exceptions=True,
+        )
+        heard = False
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                continue
+            heard = True
+            try:
+                tombs = answer.json().get("tombstones", [])
+            except (ValueError, AttributeError):
+                continue
+            for t in tombs if isinstance(tombs, list) else []:
+                learned = _learn(node, t, first)
+                if learned is None:
+                    continue
+                query, record = learned
+                if first:
+                    purged = await node.write(node.store.purge_query, query, record)
+                    log.warning("query %s was dropped while this node was away: %s", query, purged)
+                else:
+                    await node.write(node.store.put_tombstone, query, record)
+                    log.warning(
+                        "query %s was dropped without this node; what it holds of the query "
+                        "stays: run `statestore drop --query %s` again",
+                        query,
+                        query,
+                    )
+        if heard:
+            first = False
+        await asyncio.sleep(node.config.repair_interval)
+
+
+def register(app: web.Application) -> None:
+    app[DROPPING] = Dropping(app[NODE])
+    app.middlewares.append(dropping_middleware)
+    app.router.add_post("/v1/queries/{query}/drop", drop)
+    app.router.add_post("/v1/queries/{query}/purge", purge)
+    app.router.add_get("/v1/queries/{query}", query_holdings)
+    app.router.add_get("/v1/tombstones", list_tombstones)
