@@ -11,6 +11,7 @@ from statestore.core.commit import build_commit
 from statestore.core.errors import InvalidRequest
 from statestore.core.ids import StoreId
 from statestore.core.plan import PLANS, check_plan
+from statestore.core.stats import RestoreStats
 
 __all__ = ["PLANS", "CommitResult", "RestoredState", "build_commit", "check_plan", "parse_seeds"]
 
@@ -43,7 +44,7 @@ class RestoredState(Mapping[bytes, bytes]):
     epoch: int
     positions: dict[str, Any]
     plan: str
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: RestoreStats = field(default_factory=RestoreStats)
 
     def __getitem__(self, key: bytes) -> bytes:
         return self.data[key]

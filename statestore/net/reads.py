@@ -40,7 +40,7 @@ from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
 
 __all__ = [
-    "RestoreStats",
+    "ReadStats",
     "fetch_chunk",
     "read_chain",
     "read_chains",
@@ -55,21 +55,14 @@ BATCH_STORES = 500  # stores per POST /v1/heads or /v1/chains (a node takes up t
 
 
 @dataclass
-class RestoreStats:
+class ReadStats:
+    """What a point read fetched: chunks and bytes, per node, and holders skipped."""
+
     chunks: int = 0
     bytes: int = 0
     failovers: int = 0
     chain: int = 0
     by_node: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "chunks": self.chunks,
-            "bytes": self.bytes,
-            "failovers": self.failovers,
-            "chain": self.chain,
-            "bytes_by_node": dict(self.by_node),
-        }
 
 
 async def _ask_replicas(
@@ -289,7 +282,7 @@ async def fetch_chunk(
     store: StoreId,
     version: int,
     ref: ChunkRef,
-    stats: RestoreStats,
+    stats: ReadStats,
     *,
     skip: Callable[[str], bool] | None = None,
 ) -> bytes:
@@ -328,7 +321,7 @@ async def read_key(
     key, fetching only the chunks of the key's key group; decoded chunks are cached.
     """
     chain = await read_chain(transport, view, store, version)
-    stats = RestoreStats(chain=len(chain))
+    stats = ReadStats(chain=len(chain))
     loop = asyncio.get_running_loop()
     for m in reversed(chain):
         g = key_group(key, m.key_groups)

@@ -51,6 +51,7 @@ from statestore.core.reroute import (
     StreamEvent,
     reroute,
 )
+from statestore.core.stats import RestoreStats
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.reads import read_chain
@@ -69,7 +70,7 @@ class RecoveryResult:
     state: dict[bytes, bytes]
     chain: list[Manifest]
     plan: Plan
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: RestoreStats = field(default_factory=RestoreStats)
 
 
 def chain_tasks(view: RingView, store: StoreId, chain: Sequence[Manifest]) -> list[ChunkTask]:
@@ -193,39 +194,34 @@ class Restorer:
         pre = prefetched or _Prefetched(self.clock())
         started = pre.started
         fold = pre.fold
-        stats: dict[str, Any] = {
-            "plan": plan.kind,
-            "reason": plan.reason,
-            "predicted_seconds": round(plan.predicted, 4),
-            "sr3_rule": plan.sr3,
-            "chunks": len(plan.tasks),
-            "bytes_in": pre.bytes_in,
-            "rerouted": 0,
-            "failovers": 0,
-            "hops": [],
-            "failed_hops": list(pre.failed),
-            "bytes_by_node": dict(pre.bytes_by_node),
-            # chunks a run_many stream delivered beforehand
-            "batched": sum(1 for e in pre.events if isinstance(e, ChunkArrived) and e.intact),
-        }
+        stats = RestoreStats(
+            plan=plan.kind,
+            reason=plan.reason,
+            predicted_seconds=round(plan.predicted, 4),
+            sr3_rule=plan.sr3,
+            chunks=len(plan.tasks),
+            chain=len(chain),
+            bytes_in=pre.bytes_in,
+            failed_hops=list(pre.failed),
+            bytes_by_node=dict(pre.bytes_by_node),
+            batched=sum(1 for e in pre.events if isinstance(e, ChunkArrived) and e.intact),
+        )
         events = list(pre.events)
         if plan.kind != "star" and plan.root is not None:
             await self._stream(store, chain[-1].key_groups, plan, fold, events, stats, progress)
         missing = reroute(plan.tasks, plan.assignment, events).missing
         if plan.kind != "star":
-            stats["rerouted"] = len(missing)
+            stats.rerouted = len(missing)
         if plan.kind == "tree" and not missing:
-            ratio = learn_fold_ratio(plan.tasks, stats["bytes_in"])
+            ratio = learn_fold_ratio(plan.tasks, stats.bytes_in)
             if ratio is not None:
                 self._fold_ratio[store] = ratio
         await self._star(plan.tasks, missing, fold, stats, progress, sem)
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(None, fold.result)
-        stats["seconds"] = round(self.clock() - started, 4)
+        stats.seconds = round(self.clock() - started, 4)
         if prefetched is None:  # one of many at once is slowed by the others: not a sample
-            self._calibrate(plan, stats["seconds"], len(missing))
-        stats["chain"] = len(chain)
-        stats["bytes"] = stats["bytes_in"]
+            self._calibrate(plan, stats.seconds, len(missing))
         return RecoveryResult(state, chain, plan, stats)
 
     def _calibrate(self, plan: Plan, seconds: float, rerouted: int) -> None:
@@ -244,7 +240,7 @@ class Restorer:
         plan: Plan,
         fold: ChainFold,
         events: list[StreamEvent],
-        stats: dict[str, Any],
+        stats: RestoreStats,
         progress: Callable[[int], None] | None,
     ) -> None:
         """Run the streamed plan, folding what arrives and recording in ``events`` what the
@@ -268,7 +264,7 @@ class Restorer:
                 async for kind, meta, data, _raw in read_frames(stream, self.max_raw):
                     quiet.reschedule(loop.time() + idle)
                     await self._throttle(len(data))
-                    stats["bytes_in"] += len(data)
+                    stats.bytes_in += len(data)
                     if progress is not None and data:
                         progress(len(data))
                     if kind == b"C":
@@ -288,18 +284,18 @@ class Restorer:
                     elif kind == b"D":
                         if "out" in meta:
                             hop = {k: meta.get(k) for k in ("hop", "depth", "own", "in", "out")}
-                            stats["hops"].append(hop)
+                            stats.hops.append(hop)
                         events.append(Covered(tuple(str(k) for k in meta.get("covers", []))))
                     elif kind == b"E":
-                        stats["failed_hops"].append(
+                        stats.failed_hops.append(
                             {"hop": meta.get("hop"), "error": meta.get("error")}
                         )
                         events.append(HopFailed(str(meta.get("hop"))))
                 events.append(StreamEnded())
                 # the root's link, as the whole stream showed it (not frame by frame)
-                self.links.observe(plan.root.address, stats["bytes_in"], self.clock() - opened)
+                self.links.observe(plan.root.address, stats.bytes_in, self.clock() - opened)
         except (StateStoreError, asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
-            stats["failed_hops"].append(
+            stats.failed_hops.append(
                 {"hop": plan.root.address, "error": f"{type(exc).__name__}: {exc}"}
             )
             events.append(StreamCut(plan.root.address, isinstance(exc, TimeoutError)))
@@ -423,7 +419,7 @@ class Restorer:
         tasks: Sequence[ChunkTask],
         missing: Sequence[Refetch],
         fold: ChainFold,
-        stats: dict[str, Any],
+        stats: RestoreStats,
         progress: Callable[[int], None] | None,
         sem: asyncio.Semaphore | None,
     ) -> None:
@@ -449,11 +445,11 @@ class Restorer:
                 return resp.body
 
             def failed(_address: str, _exc: StateStoreError) -> None:
-                stats["failovers"] += 1
+                stats.failovers += 1
 
             address, body = await first_holder(t.key, r.order, read, on_failover=failed)
-            stats["bytes_in"] += len(body)
-            by = stats["bytes_by_node"]
+            stats.bytes_in += len(body)
+            by = stats.bytes_by_node
             by[address] = by.get(address, 0) + len(body)
             if progress is not None:
                 progress(len(body))
