@@ -1,4 +1,5 @@
-"""The ``statestore`` command: ``node``, ``local``, ``ring``, ``demo``.
+"""The ``statestore`` command: ``node``, ``local``, ``ring``, ``restore``, ``demo``, and the
+admin commands ``stores ls``, ``inspect`` and ``drop`` (cli/admin.py).
 
 Bad arguments end with a one-line message naming the problem and exit code 2, never a trace.
 """
@@ -113,6 +114,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rs.add_argument("--fan-in", type=_positive, default=16, help="chunks in flight (star)")
     rs.add_argument("--tree-fan-in", type=_positive, default=2, help="children per tree hop")
+
+    st = sub.add_parser("stores", help="stores on the ring (admin)")
+    st_sub = st.add_subparsers(dest="stores_command", required=True)
+    ls = st_sub.add_parser("ls", help="every store with its head and versions count")
+    ls.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    ls.add_argument("--query", default=None, help="only this query's stores")
+    ls.add_argument("--json", action="store_true")
+
+    ins = sub.add_parser(
+        "inspect", help="one store: versions, chain, sizes, replicas and their copies"
+    )
+    ins.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    ins.add_argument("--store", required=True, metavar="QUERY/OPERATOR/PARTITION/NAME")
+    ins.add_argument("--json", action="store_true")
+
+    dr = sub.add_parser("drop", help="remove every store of a finished query everywhere")
+    dr.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    dr.add_argument("--query", required=True)
+    dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     sj = sub.add_parser(
         "spark-jar", help="print the Spark provider jar's path (built on first use)"
@@ -292,6 +312,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _ring(args)
         if args.command == "restore":
             return _restore(args)
+        if args.command in ("stores", "inspect", "drop"):
+            from statestore.cli import admin
+
+            if args.command == "stores":
+                return admin.list_stores(args.seeds, args.query, args.json)
+            if args.command == "inspect":
+                return admin.inspect(args.seeds, args.store, args.json)
+            return admin.drop_query(args.seeds, args.query, args.yes)
         if args.command == "spark-jar":
             from spark_connector import main as spark_jar
 
