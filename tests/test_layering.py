@@ -94,10 +94,10 @@ def _imports(name: str, path: Path) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.add(mod)
-            for a in node.names:  # `from pkg import module` imports the module
-                if f"{mod}.{a.name}" in MODULES:
-                    out.add(f"{mod}.{a.name}")
+            # `from pkg import module` imports that module (a parent package is imported
+            # implicitly by any submodule import, which is not counted anywhere)
+            subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES]
+            out |= set(subs) if subs and len(subs) == len(node.names) else {mod, *subs}
     return out
 
 
