@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_KEY_GROUPS",
     "MAX_CHUNK_RAW",
+    "MAX_CHUNK_ROWS",
     "EncodedChunk",
     "Row",
     "checksum",
@@ -38,6 +39,9 @@ __all__ = [
 DEFAULT_KEY_GROUPS = 128
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 MAX_CHUNK_RAW = 256 * 1024 * 1024
+# Rows per chunk, on both sides: a 268-byte frame of msgpack nils would otherwise decode to
+# hundreds of millions of Python objects (issue 10); the encoder cuts chunks at this count.
+MAX_CHUNK_ROWS = 1 << 20
 _FORMAT = b"\x01"
 _ROW_OVERHEAD = 10
 
@@ -141,6 +145,7 @@ def encode_chunks(
         # the rows from ``start`` whose running size stays within the target (at least one)
         base = ends[start - 1] if start else 0
         stop = max(start + 1, bisect_right(ends, base + target_size, start))
+        stop = min(stop, start + MAX_CHUNK_ROWS)
         n = len(keys[start:stop])
         flat: list[bytes | None] = [None] * (2 * n)
         flat[0::2] = keys[start:stop]
@@ -155,11 +160,14 @@ def encode_chunks(
     return chunks
 
 
-def decode_chunk(data: bytes, *, max_raw: int = MAX_CHUNK_RAW, what: str = "") -> list[Row]:
+def decode_chunk(
+    data: bytes, *, max_raw: int = MAX_CHUNK_RAW, what: str = "", max_rows: int = MAX_CHUNK_ROWS
+) -> list[Row]:
     """Decompress and decode one chunk into its rows, in key-group order.
 
-    Raises DecompressionBomb if the frame would expand past ``max_raw`` and CorruptChunk if
-    it is not a chunk this version of statestore wrote.
+    Raises DecompressionBomb if the frame would expand past ``max_raw`` bytes or hold more
+    than ``max_rows`` rows, and CorruptChunk if it is not a chunk this version of statestore
+    wrote (a key that is not bytes, a value that is neither bytes nor nil).
     """
     try:
         declared = zstandard.frame_content_size(data)
@@ -193,10 +201,27 @@ def decode_chunk(data: bytes, *, max_raw: int = MAX_CHUNK_RAW, what: str = "") -
     if raw[:1] != _FORMAT:
         raise CorruptChunk(f"chunk {what} has unknown format byte {raw[:1]!r}")
     try:
-        flat = msgpack.unpackb(memoryview(raw)[1:], use_list=True, raw=True)
+        flat = msgpack.unpackb(
+            memoryview(raw)[1:],
+            use_list=True,
+            raw=True,
+            max_array_len=2 * max_rows,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except ValueError as exc:
+        if "exceeds max" in str(exc):
+            raise DecompressionBomb(
+                f"chunk {what} holds more than {max_rows} rows: refused as a bomb"
+            ) from exc
+        raise CorruptChunk(f"chunk {what} payload does not decode ({exc})") from exc
     except Exception as exc:
         raise CorruptChunk(f"chunk {what} payload does not decode ({exc})") from exc
     if not isinstance(flat, list) or len(flat) % 2:
         raise CorruptChunk(f"chunk {what} payload is not a list of key/value pairs")
-    it = iter(flat)
-    return list(zip(it, it, strict=True))
+    keys, values = flat[0::2], flat[1::2]
+    if not all(type(k) is bytes for k in keys) or not all(
+        v is None or type(v) is bytes for v in values
+    ):
+        raise CorruptChunk(f"chunk {what} has a key or value that is not bytes")
+    return list(zip(keys, values, strict=True))

@@ -10,7 +10,7 @@ from typing import Any
 
 from statestore.core.chunk import EncodedChunk, encode_chunks
 from statestore.core.errors import InvalidRequest, PayloadTooLarge
-from statestore.core.ids import StoreId, check_version
+from statestore.core.ids import StoreId, check_epoch, check_version
 from statestore.core.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
 
 __all__ = ["build_commit"]
@@ -33,8 +33,7 @@ def build_commit(
     if not isinstance(store, StoreId):
         raise InvalidRequest(f"store must be a StoreId, got {store!r}")
     check_version(version)
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise InvalidRequest(f"epoch must be a non-negative integer, got {epoch!r}")
+    check_epoch(epoch)
     pos = dict(positions or {})
     try:
         encoded = json.dumps(pos)

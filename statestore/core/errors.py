@@ -7,7 +7,11 @@
     │   ├── InvalidStoreId           a malformed query / operator / partition / name
     │   ├── InvalidAddress           not HOST:PORT (also a ValueError)
     │   ├── PayloadTooLarge          a body or chunk over the configured limit
-    │   └── MalformedData            wire data that does not decode
+    │   ├── MalformedData            wire data that does not decode
+    │   └── SlowRequest              a body that did not arrive in time (HTTP 408)
+    ├── AccessDenied                 refused for who is asking, not for what was asked
+    │   ├── Unauthenticated          no valid credential: token, node signature (HTTP 401)
+    │   └── Forbidden                a valid token outside its queries or rights (HTTP 403)
     ├── NotFound                     (HTTP 404)
     │   ├── StoreNotFound            no version of that store exists
     │   └── VersionNotFound          that version is unknown or past retention
@@ -18,7 +22,8 @@
     ├── Unavailable                  availability, not semantics: retrying may help
     │   ├── NodeUnavailable          a node did not answer
     │   ├── QuorumNotReached         fewer than W (or the read quorum) replicas answered
-    │   └── RequestTimeout           an operation ran past its deadline
+    │   ├── RequestTimeout           an operation ran past its deadline
+    │   └── InsufficientStorage      a replica's disk is (nearly) full: read-only (HTTP 507)
     └── SetupError                   this machine is not set up to do it (never sent on the wire)
         ├── DataDirInUse             another node process holds the data dir
         └── SparkConnectorError      no javac, an unsupported pyspark, no seed answering
@@ -31,9 +36,12 @@ stable ``code`` so that the node can send it and the client can raise the same c
 from __future__ import annotations
 
 __all__ = [
+    "AccessDenied",
     "CorruptChunk",
     "DataDirInUse",
     "DecompressionBomb",
+    "Forbidden",
+    "InsufficientStorage",
     "InvalidAddress",
     "InvalidRequest",
     "InvalidStoreId",
@@ -44,10 +52,12 @@ __all__ = [
     "QuorumNotReached",
     "RequestTimeout",
     "SetupError",
+    "SlowRequest",
     "SparkConnectorError",
     "StaleEpoch",
     "StateStoreError",
     "StoreNotFound",
+    "Unauthenticated",
     "Unavailable",
     "VersionConflict",
     "VersionNotFound",
@@ -82,6 +92,26 @@ class PayloadTooLarge(InvalidRequest):
 
 class MalformedData(InvalidRequest):
     code = "malformed_data"
+
+
+class SlowRequest(InvalidRequest):
+    code = "request_timeout"
+    status = 408
+
+
+class AccessDenied(StateStoreError):
+    code = "access_denied"
+    status = 403
+
+
+class Unauthenticated(AccessDenied):
+    code = "unauthenticated"
+    status = 401
+
+
+class Forbidden(AccessDenied):
+    code = "forbidden"
+    status = 403
 
 
 class NotFound(StateStoreError):
@@ -132,6 +162,11 @@ class QuorumNotReached(Unavailable):
 class RequestTimeout(Unavailable):
     code = "timeout"
     status = 504
+
+
+class InsufficientStorage(Unavailable):
+    code = "insufficient_storage"
+    status = 507
 
 
 class SetupError(StateStoreError):

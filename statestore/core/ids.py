@@ -13,17 +13,22 @@ from dataclasses import dataclass
 from statestore.core.errors import InvalidStoreId
 
 __all__ = [
+    "MAX_EPOCH",
     "MAX_NAME_LEN",
     "MAX_VERSION",
     "StoreId",
+    "check_epoch",
     "check_version",
     "chunk_key",
     "parse_chunk_key",
+    "parse_uint",
 ]
 
 MAX_NAME_LEN = 128
 MAX_PART = 2**31 - 1
 MAX_VERSION = 2**62
+MAX_EPOCH = 2**63 - 1  # what a Java long holds: the Spark provider reads epochs too
+_UINT = re.compile(r"^[0-9]{1,19}$")  # ASCII digits only: int("²") would be a 500
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 _CHUNK_NAME = re.compile(r"^[ds][0-9]{1,6}-[0-9a-f]{16}$")
 
@@ -65,6 +70,28 @@ def check_version(version: object, *, allow_zero: bool = False) -> int:
     return version
 
 
+def check_epoch(epoch: object) -> int:
+    """Return ``epoch`` if it is a valid writer epoch (0..MAX_EPOCH), else raise
+    InvalidRequest: an epoch past a Java long would lock every real writer out for good."""
+    from statestore.core.errors import InvalidRequest
+
+    if isinstance(epoch, bool) or not isinstance(epoch, int):
+        raise InvalidRequest(f"epoch must be an integer, got {epoch!r:.40}")
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise InvalidRequest(f"epoch {epoch} is out of range: use 0..{MAX_EPOCH}")
+    return epoch
+
+
+def parse_uint(text: str | None, what: str, limit: int) -> int:
+    """A non-negative integer written in 1..19 ASCII digits and at most ``limit``; raises
+    InvalidRequest naming ``what`` otherwise (unicode digits, signs, spaces included)."""
+    from statestore.core.errors import InvalidRequest
+
+    if text is None or not _UINT.match(text) or int(text) > limit:
+        raise InvalidRequest(f"{what} {text!r:.40} must be an integer in 0..{limit}")
+    return int(text)
+
+
 @dataclass(frozen=True, order=True)
 class StoreId:
     """One operator partition's state. Validated on construction."""
@@ -99,7 +126,7 @@ class StoreId:
                 f"store {path!r} is not QUERY/OPERATOR/PARTITION/NAME, e.g. q1/0/3/default"
             )
         query, operator, partition, name = parts
-        if not operator.isdigit() or not partition.isdigit():
+        if not _UINT.match(operator) or not _UINT.match(partition):
             raise InvalidStoreId(
                 f"store {path!r}: operator and partition must be non-negative integers"
             )
@@ -114,7 +141,7 @@ def chunk_key(store: StoreId, version: int, name: str) -> str:
 def parse_chunk_key(key: str) -> tuple[StoreId, int, str]:
     """Inverse of :func:`chunk_key`; raises InvalidStoreId for anything else."""
     parts = key.split("/")
-    if len(parts) != 6 or not parts[4].isdigit():
+    if len(parts) != 6 or not _UINT.match(parts[4]):
         raise InvalidStoreId(f"chunk key {key!r} is not STORE/VERSION/NAME")
     store = StoreId.parse("/".join(parts[:4]))
     check_name = parts[5]

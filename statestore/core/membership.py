@@ -16,10 +16,18 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from statestore.core.errors import MalformedData
+from statestore.core.address import parse_address
+from statestore.core.errors import InvalidAddress, MalformedData
 from statestore.core.placement import Member
 
-__all__ = ["MemberState", "Membership", "Status"]
+__all__ = ["MAX_EPOCH_STEP", "MAX_INCARNATION_STEP", "MemberState", "Membership", "Status"]
+
+MAX_RING_EPOCH = 2**53 - 1
+MAX_EPOCH_STEP = 2**32  # far more live-set changes than a ring sees between two gossips
+MAX_INCARNATION = 2**31 - 1
+MAX_INCARNATION_STEP = 1024  # restarts of one member between two gossips
+MAX_HEARTBEAT = 2**53 - 1
+_LOOPBACK = ("localhost", "0.0.0.0", "[::]", "[::1]", "[0:0:0:0:0:0:0:1]", "ip6-localhost")
 
 
 class Status(StrEnum):
@@ -55,10 +63,32 @@ def _parse_entry(obj: Any) -> tuple[str, str, str, int, int]:
     except (KeyError, TypeError) as exc:
         raise MalformedData(f"gossip entry {obj!r} is malformed") from exc
     if not all(isinstance(x, str) for x in (ident, addr, zone)) or not all(
-        isinstance(x, int) for x in (inc, hb)
+        type(x) is int for x in (inc, hb)
     ):
-        raise MalformedData(f"gossip entry {obj!r} has fields of the wrong type")
+        raise MalformedData(f"gossip entry {obj!r:.200} has fields of the wrong type")
+    if not (0 <= inc <= MAX_INCARNATION and 0 <= hb <= MAX_HEARTBEAT):
+        raise MalformedData(f"gossip entry {ident!r:.80}: incarnation or heartbeat out of range")
     return ident, addr, zone, inc, hb
+
+
+def is_self_alias(address: str, own: str, own_hosts: frozenset[str] = frozenset()) -> bool:
+    """Whether ``address`` names the node at ``own``: the same port on a loopback host, a
+    wildcard, or one of ``own_hosts`` (its host names and addresses, lower case)."""
+    try:
+        host, port = parse_address(address)
+        own_host, own_port = parse_address(own, bind=True)
+    except InvalidAddress:
+        return False
+    if port != own_port:
+        return False
+    host = host.lower()
+    return (
+        host == own_host.lower()
+        or host in own_hosts
+        or host in _LOOPBACK
+        or host.startswith("127.")
+        or host.startswith("[::ffff:127.")
+    )
 
 
 class Membership:
@@ -74,8 +104,12 @@ class Membership:
         *,
         suspect_after: float = 2.0,
         down_after: float = 5.0,
+        own_hosts: frozenset[str] = frozenset(),
     ) -> None:
         self.self_id = self_id
+        self.address = address
+        self.refused: list[str] = []  # why entries of the last merge were skipped
+        self.own_hosts = frozenset(h.lower() for h in own_hosts)
         self.suspect_after = suspect_after
         self.down_after = down_after
         self.epoch = 1
@@ -124,20 +158,72 @@ class Membership:
         return self._recompute()
 
     def merge(self, digest: Mapping[str, Any], now: float) -> bool:
-        """Merge a peer's table. True if the live set changed."""
-        entries: Iterable[Any] = digest.get("members", [])
-        remote_epoch = digest.get("epoch", 0)
-        if not isinstance(entries, list) or not isinstance(remote_epoch, int):
-            raise MalformedData("gossip digest must have an integer epoch and a members list")
+        """Merge a peer's table. True if the live set changed.
+
+        Raises MalformedData for a table that is malformed or whose epoch is out of bounds
+        (nothing merged). Entries that fail a sanity check are skipped and listed in
+        :attr:`refused` (the reason of each), the others merged.
+        """
+        self.refused = self.check(digest)
+        entries: Iterable[Any] = digest["members"]
         for obj in entries:
             ident, addr, zone, inc, hb = _parse_entry(obj)
             if ident == self.self_id:
+                me = self._members[ident]
+                if (inc, hb) > (me.incarnation, me.heartbeat) and inc < MAX_INCARNATION:
+                    # refute: a peer claims a newer life of ours than we lived
+                    self._members[ident] = replace(me, incarnation=inc + 1, last_advance=now)
+                continue
+            if self._refusal(ident, addr, inc) is not None:
                 continue
             cur = self._members.get(ident)
             if cur is None or (inc, hb) > (cur.incarnation, cur.heartbeat):
                 self._members[ident] = MemberState(ident, addr, zone, inc, hb, Status.UP, now)
-        self.epoch = max(self.epoch, remote_epoch)
+        self.epoch = max(self.epoch, int(digest.get("epoch", 0)))
         return self._recompute()
+
+    def check(self, digest: Mapping[str, Any]) -> list[str]:
+        """Validate a peer's table without merging it: raises MalformedData if it is unusable
+        as a whole, and returns why each entry that would be skipped is refused."""
+        if not isinstance(digest, Mapping):
+            raise MalformedData("gossip digest must be an object with epoch and members")
+        entries = digest.get("members", [])
+        remote_epoch = digest.get("epoch", 0)
+        if not isinstance(entries, list) or type(remote_epoch) is not int:
+            raise MalformedData("gossip digest must have an integer epoch and a members list")
+        if not 0 <= remote_epoch <= min(MAX_RING_EPOCH, self.epoch + MAX_EPOCH_STEP):
+            raise MalformedData(
+                f"gossip epoch {remote_epoch} is out of bounds (ours is {self.epoch}): "
+                "refused, it would move the ring epoch past what clients can hold"
+            )
+        out = []
+        for obj in entries:
+            ident, addr, _, inc, _ = _parse_entry(obj)
+            if ident != self.self_id:
+                why = self._refusal(ident, addr, inc)
+                if why is not None:
+                    out.append(why)
+        return out
+
+    def _refusal(self, ident: str, addr: str, inc: int) -> str | None:
+        try:
+            parse_address(addr)
+        except InvalidAddress:
+            return f"member {ident} has no usable HOST:PORT address ({addr!r:.80})"
+        if is_self_alias(addr, self.address, self.own_hosts):
+            return f"member {ident} at {addr} is an alias of this node ({self.address})"
+        cur = self._members.get(ident)
+        if cur is not None and inc > cur.incarnation + MAX_INCARNATION_STEP:
+            return (
+                f"member {ident} incarnation {inc} leaps past {cur.incarnation} + "
+                f"{MAX_INCARNATION_STEP}"
+            )
+        for m in self._members.values():
+            if m.id != ident and m.address == addr and m.status is not Status.DOWN:
+                return f"address {addr} belongs to live member {m.id}, not {ident}"
+        if cur is not None and cur.address != addr and inc <= cur.incarnation:
+            return f"member {ident} moves to {addr} without a new incarnation"
+        return None
 
     def _live_set(self) -> frozenset[tuple[str, str]]:
         return frozenset(

@@ -13,6 +13,7 @@ import asyncio
 import json
 import socket
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -24,13 +25,26 @@ from statestore.wire.headers import EPOCH_HEADER
 __all__ = ["HttpStream", "HttpTransport", "Response"]
 
 
+Auth = Callable[[str, str, bytes], dict[str, str]]
+
+
 class HttpTransport:
-    """A pooled aiohttp session with the error mapping. Owned by whoever creates it."""
+    """A pooled aiohttp session with the error mapping. Owned by whoever creates it.
+
+    ``auth(method, path, body)`` gives the credential headers of each request: a client's
+    bearer token, or a node's signature (core/identity).
+    """
 
     def __init__(
-        self, timeout: float = 10.0, connections: int = 64, rcvbuf: int | None = None
+        self,
+        timeout: float = 10.0,
+        connections: int = 64,
+        rcvbuf: int | None = None,
+        *,
+        auth: Auth | None = None,
     ) -> None:
         self.timeout = timeout
+        self._auth = auth
         self._connections = connections
         self._rcvbuf = rcvbuf
         self._session: aiohttp.ClientSession | None = None
@@ -81,6 +95,8 @@ class HttpTransport:
         if json_body is not None:
             body = json.dumps(json_body).encode()
             hdrs["Content-Type"] = "application/json"
+        if self._auth is not None:
+            hdrs.update(self._auth(method, path, body or b""))
         url = f"http://{address}{path}"
         data: Any = body
         if body is not None and len(body) > 1 << 20:
@@ -122,9 +138,10 @@ class HttpTransport:
         assert self._session is not None
         url = f"http://{address}{path}"
         limit = self.timeout if timeout is None else timeout
+        hdrs = self._auth("POST", path, body) if self._auth is not None else {}
         try:
             async with asyncio.timeout(limit):
-                resp = await self._session.post(url, data=body)
+                resp = await self._session.post(url, data=body, headers=hdrs)
         except TimeoutError as exc:
             raise RequestTimeout(f"POST {url} took longer than {limit:.1f}s to answer") from exc
         except (aiohttp.ClientError, OSError) as exc:

@@ -4,23 +4,39 @@ Each chunk goes to its own R replicas (its key has its own token, so a store's c
 over the whole ring); the manifest goes to the store's R replicas last, so a manifest that
 any node holds only ever names chunks that were already acknowledged at W (DESIGN.md, Write
 path). A fencing refusal from any replica fails the commit with StaleEpoch.
+
+An acknowledgement is a well-formed answer naming what was stored (wire/bodies ``ChunkAck``,
+``ManifestAck``), not any 2xx: a replica (or an impostor) answering an empty 200 counts as
+a failed write. Before any chunk goes out, the store's replicas are asked for its head: a
+writer already fenced by a newer epoch is refused there, so a fenced commit leaves no chunks
+behind (a writer fenced between this check and its manifest still can; repair does not
+collect such orphans yet).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from statestore.core.chunk import EncodedChunk
-from statestore.core.errors import StaleEpoch, StateStoreError, VersionConflict
+from statestore.core.errors import (
+    MalformedData,
+    NodeUnavailable,
+    StaleEpoch,
+    StateStoreError,
+    VersionConflict,
+)
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
 from statestore.core.quorum import check_write
 from statestore.core.view import RingView
-from statestore.net.transport import Transport
+from statestore.net.transport import Response, Transport
+from statestore.wire.bodies import ChunkAck, ManifestAck, decode_json
+from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import encode_manifest
 
-__all__ = ["WriteStats", "put_chunks", "put_manifest", "write_commit"]
+__all__ = ["WriteStats", "check_fence", "put_chunks", "put_manifest", "write_commit"]
 
 
 @dataclass
@@ -30,15 +46,48 @@ class WriteStats:
     replica_writes: int = 0
 
 
+Ack = Callable[[Response], bool]
+
+
+def _chunk_ack(key: str) -> Ack:
+    return lambda resp: decode_json(resp.body, ChunkAck, "chunk acknowledgement").stored == key
+
+
+def _manifest_ack(resp: Response) -> bool:
+    decode_json(resp.body, ManifestAck, "manifest acknowledgement")
+    return True
+
+
+async def _put_one(
+    transport: Transport,
+    address: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str] | None,
+    ack: Ack,
+) -> None:
+    resp = await transport.request("PUT", address, path, body=body, headers=headers)
+    try:
+        good = ack(resp)
+    except MalformedData:
+        good = False
+    if not good:
+        raise NodeUnavailable(
+            f"replica {address} answered PUT {path} with {resp.status} but no valid "
+            f"acknowledgement ({resp.body[:80]!r}): not counted as a copy"
+        )
+
+
 async def _put_everywhere(
     transport: Transport,
     addresses: list[str],
     path: str,
     body: bytes,
+    ack: Ack,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, list[BaseException]]:
     results = await asyncio.gather(
-        *(transport.request("PUT", a, path, body=body, headers=headers) for a in addresses),
+        *(_put_one(transport, a, path, body, headers, ack) for a in addresses),
         return_exceptions=True,
     )
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -66,7 +115,7 @@ async def put_chunks(
         targets = view.replicas_of(key)
         async with sem:
             acks, errors = await _put_everywhere(
-                transport, targets, f"/v1/chunks/{key}", chunk.data
+                transport, targets, f"/v1/chunks/{key}", chunk.data, _chunk_ack(key)
             )
         check_write(f"chunk {key}", acks, view.write_quorum, len(targets), errors)
         if stats is not None:
@@ -82,7 +131,12 @@ async def put_manifest(transport: Transport, view: RingView, m: Manifest) -> int
     targets = view.store_replicas(m.store)
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
     acks, errors = await _put_everywhere(
-        transport, targets, path, encode_manifest(m), {"Content-Type": "application/msgpack"}
+        transport,
+        targets,
+        path,
+        encode_manifest(m),
+        _manifest_ack,
+        {"Content-Type": "application/msgpack"},
     )
     for e in errors:
         if isinstance(e, StaleEpoch | VersionConflict):
@@ -91,6 +145,30 @@ async def put_manifest(transport: Transport, view: RingView, m: Manifest) -> int
         f"manifest of {m.store} v{m.version}", acks, view.write_quorum, len(targets), errors
     )
     return acks
+
+
+async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None:
+    """Raise StaleEpoch if any replica of ``m.store`` holds a head of a higher epoch than
+    ``m.epoch`` (replicas that do not answer, or answer garbage, are left to the manifest
+    write, which checks again)."""
+    path = f"/v1/stores/{m.store.path}/head"
+    results = await asyncio.gather(
+        *(transport.request("GET", a, path) for a in view.store_replicas(m.store)),
+        return_exceptions=True,
+    )
+    for r in results:
+        if isinstance(r, Response):
+            try:
+                head = head_from_json(r.json())
+            except (MalformedData, ValueError):
+                continue
+            if head.epoch > m.epoch:
+                raise StaleEpoch(
+                    f"store {m.store} is at epoch {head.epoch}; a writer with epoch {m.epoch} "
+                    "is fenced: a newer writer took over, so stop this one (nothing was written)"
+                )
+        elif not isinstance(r, StateStoreError):
+            raise r
 
 
 async def write_commit(
@@ -102,6 +180,7 @@ async def write_commit(
     concurrency: int = 8,
 ) -> WriteStats:
     stats = WriteStats()
+    await check_fence(transport, view, manifest)
     await put_chunks(
         transport,
         view,

@@ -21,12 +21,26 @@ from aiohttp import web
 from statestore.core.errors import (
     InvalidRequest,
     MalformedData,
+    NotFound,
     PayloadTooLarge,
+    SlowRequest,
     StateStoreError,
     StoreNotFound,
+    VersionNotFound,
 )
-from statestore.core.ids import StoreId, check_version, chunk_key, parse_chunk_key
+from statestore.core.identity import NODE_HEADER, SIGNATURE_HEADER
+from statestore.core.ids import (
+    MAX_EPOCH,
+    MAX_VERSION,
+    StoreId,
+    check_version,
+    chunk_key,
+    parse_chunk_key,
+    parse_uint,
+)
 from statestore.core.manifest import local_chain
+from statestore.net.reads import read_head
+from statestore.node.auth import OPEN_PATHS, PRINCIPAL, allow, principal
 from statestore.node.coordinator import (
     POSITIONS_HEADER,
     STATS_HEADER,
@@ -38,6 +52,16 @@ from statestore.node.coordinator import (
 from statestore.node.daemon import NODE, Node
 from statestore.node.operations import install as install_operations
 from statestore.node.relay import relay_handler
+from statestore.wire.bodies import (
+    ChainsRequest,
+    GcRequest,
+    GossipDigest,
+    HaveRequest,
+    KeysRequest,
+    StoresRequest,
+    decode_json,
+    decode_positions,
+)
 from statestore.wire.frames import encode_frame
 from statestore.wire.head import to_json as head_json
 from statestore.wire.headers import EPOCH_HEADER, FRAMES_CONTENT_TYPE
@@ -68,6 +92,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             f"request body is larger than this node's limit ({exc.text}); "
             "send smaller chunks or start the node with a larger --max-body",
         )
+    except (UnicodeError, RecursionError) as exc:  # undecodable input is the caller's fault
+        resp = _error(400, MalformedData.code, f"request does not decode ({exc})")
     except web.HTTPException as exc:
         if exc.status >= 400:
             resp = _error(
@@ -82,25 +108,39 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     return resp
 
 
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Authenticate every request but health (node/auth.py); handlers authorize."""
+    if request.path not in OPEN_PATHS:
+        node = request.app[NODE]
+        body = None
+        if SIGNATURE_HEADER in request.headers and not request.path.endswith("/commit"):
+            body = await _body(request)  # a node signature covers the body
+        request[PRINCIPAL] = node.access.authenticate(request, body)
+    return await handler(request)
+
+
+async def _body(request: web.Request) -> bytes:
+    """The request body, within ``--max-body`` and the node's body timeout."""
+    limit = request.app[NODE].config.body_timeout
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError as exc:
+        raise SlowRequest(
+            f"request body did not arrive within {limit:.0f}s: send it at once, or faster"
+        ) from exc
+
+
 def _store(request: web.Request) -> StoreId:
     mi = request.match_info
-    for part in ("operator", "partition"):
-        if not mi[part].isdigit():
-            raise InvalidRequest(f"store {part} {mi[part]!r} must be a non-negative integer")
-    return StoreId(mi["query"], int(mi["operator"]), int(mi["partition"]), mi["name"])
+    operator = parse_uint(mi["operator"], "store operator", 2**31 - 1)
+    partition = parse_uint(mi["partition"], "store partition", 2**31 - 1)
+    return StoreId(mi["query"], operator, partition, mi["name"])
 
 
 def _version(text: str | None) -> int:
-    if text is None or not text.isdigit() or len(text) > 19:
-        raise InvalidRequest(f"version {text!r} must be a positive integer")
-    return check_version(int(text))
-
-
-async def _json(request: web.Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError as exc:
-        raise MalformedData(f"request body is not JSON ({exc})") from exc
+    return check_version(parse_uint(text, "version", MAX_VERSION))
 
 
 # -- node and ring ----------------------------------------------------------------------
@@ -120,9 +160,15 @@ async def ring(request: web.Request) -> web.Response:
 
 
 async def gossip(request: web.Request) -> web.Response:
+    """Merge a peer's table; entries that fail the sanity checks (core/membership) are
+    skipped and named in a 400, the others merged."""
     node = request.app[NODE]
+    allow(request, "admin")
     assert node.membership is not None
-    node.membership.merge(await _json(request), node.clock())
+    digest = decode_json(await _body(request), GossipDigest, "gossip")
+    node.membership.merge(digest.to_dict(), node.clock())
+    if node.membership.refused:
+        raise InvalidRequest("gossip entries refused: " + "; ".join(node.membership.refused[:10]))
     return web.json_response(node.membership.digest())
 
 
@@ -130,7 +176,8 @@ async def gossip(request: web.Request) -> web.Response:
 async def put_chunk(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = request.match_info["key"]
-    data = await request.read()
+    allow(request, "write", parse_chunk_key(key)[0].query)
+    data = await _body(request)
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
     await node.write(node.store.put_chunk, key, data)
@@ -140,17 +187,15 @@ async def put_chunk(request: web.Request) -> web.Response:
 async def get_chunk(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = request.match_info["key"]
+    allow(request, "read", parse_chunk_key(key)[0].query)
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
     data = node.store.get_chunk(key)
     if data is None:
-        from statestore.core.errors import NotFound
-
         raise NotFound(f"chunk {key} is not on this node; try another replica")
     return web.Response(body=data, content_type="application/octet-stream")
 
 
-MAX_BATCH_KEYS = 10_000
 STATE_WRITE_BYTES = 1 << 20  # bytes of rows per write of a streamed state
 
 
@@ -159,17 +204,10 @@ async def read_chunks(request: web.Request) -> web.StreamResponse:
     restorer that wants everything one source holds for it (restore_many). A chunk that is
     missing here or fails its checksum is left out; the caller fetches it elsewhere."""
     node = request.app[NODE]
-    body = await _json(request)
-    keys = body.get("keys") if isinstance(body, dict) else None
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise MalformedData('chunk batch: the body must be {"keys": [chunk key, ...]}')
-    if len(keys) > MAX_BATCH_KEYS:
-        raise InvalidRequest(
-            f"chunk batch of {len(keys)} keys is over the limit of {MAX_BATCH_KEYS}; "
-            "split it into several requests"
-        )
-    for key in keys:
-        parse_chunk_key(key)  # names a malformed key before anything is sent
+    raw = await _body(request)
+    keys = decode_json(raw, KeysRequest, "chunk batch", '{"keys": [chunk key, ...]}').keys
+    for query in {parse_chunk_key(key)[0].query for key in keys}:  # names a malformed key
+        allow(request, "read", query)
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
     resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
@@ -187,25 +225,31 @@ async def read_chunks(request: web.Request) -> web.StreamResponse:
 
 
 async def have(request: web.Request) -> web.Response:
+    """Anti-entropy: which of these items this node holds. A node asking itself (through an
+    alias of its own address) is refused, so that repair never counts itself as a replica."""
     node = request.app[NODE]
-    body = await _json(request)
-    chunks = body.get("chunks", [])
-    manifests = body.get("manifests", [])
-    if not isinstance(chunks, list) or not isinstance(manifests, list):
-        raise MalformedData("have: chunks and manifests must be lists")
+    allow(request, "admin")
+    if request.headers.get(NODE_HEADER) == node.id:
+        raise InvalidRequest(
+            f"node {node.id} asked itself (at {request.host}) whether it holds its own items: "
+            "an alias of this node's address is in the ring view"
+        )
+    body = decode_json(await _body(request), HaveRequest, "have")
+    chunks, manifests = body.chunks, body.manifests
     out_m = []
     floors: dict[str, int] = {}
     for path, version, kind in manifests:
         store = StoreId.parse(path)
         floors[store.path] = node.store.floor(store)
-        out_m.append(node.store.raw_manifest(store, int(version), str(kind)) is not None)
+        out_m.append(node.store.raw_manifest(store, version, kind) is not None)
     for key in chunks:
-        store, _, _ = parse_chunk_key(str(key))
+        store, _, _ = parse_chunk_key(key)
         if store.path not in floors:
             floors[store.path] = node.store.floor(store)
     return web.json_response(
         {
-            "chunks": node.store.has_chunks([str(k) for k in chunks]),
+            "id": node.id,
+            "chunks": node.store.has_chunks(chunks),
             "manifests": out_m,
             "floors": {k: v for k, v in floors.items() if v},
         }
@@ -216,9 +260,10 @@ async def have(request: web.Request) -> web.Response:
 async def put_manifest(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
+    allow(request, "write", store.query)
     version = _version(request.match_info["version"])
     kind = request.match_info["kind"]
-    m = decode_manifest(await request.read())
+    m = decode_manifest(await _body(request))
     if (m.store, m.version, m.kind) != (store, version, kind):
         raise InvalidRequest(
             f"manifest is for {m.store} v{m.version} {m.kind}, but was sent to "
@@ -235,11 +280,10 @@ async def put_manifest(request: web.Request) -> web.Response:
 async def get_manifest(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
+    allow(request, "read", store.query)
     version = _version(request.match_info["version"])
     raw = node.store.raw_manifest(store, version, request.match_info["kind"])
     if raw is None:
-        from statestore.core.errors import VersionNotFound
-
         raise VersionNotFound(f"{store} version {version} has no manifest on this node")
     return web.Response(body=raw, content_type="application/msgpack")
 
@@ -247,6 +291,7 @@ async def get_manifest(request: web.Request) -> web.Response:
 async def head(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
+    allow(request, "read", store.query)
     h = node.store.head(store)
     if h is None:
         raise StoreNotFound(f"store {store} has no version on this node")
@@ -256,6 +301,7 @@ async def head(request: web.Request) -> web.Response:
 async def versions(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
+    allow(request, "read", store.query)
     if node.store.head(store) is None:
         raise StoreNotFound(f"store {store} has no version on this node")
     floor = node.store.floor(store)
@@ -266,6 +312,7 @@ async def versions(request: web.Request) -> web.Response:
 async def chain(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
+    allow(request, "read", store.query)
     version = _version(request.query.get("version"))
     if node.store.head(store) is None:
         raise StoreNotFound(f"store {store} has no version on this node")
@@ -275,20 +322,15 @@ async def chain(request: web.Request) -> web.Response:
     )
 
 
-MAX_BATCH_STORES = 1000
+HEADS_SHAPE = '{"stores": ["QUERY/OPERATOR/PARTITION/NAME", ...]}'
+CHAINS_SHAPE = (
+    '{"stores": [[QUERY/OPERATOR/PARTITION/NAME, version], ...]}, a version being a '
+    "positive integer"
+)
 
 
-async def _store_list(request: web.Request, what: str) -> list[Any]:
-    body = await _json(request)
-    stores = body.get("stores") if isinstance(body, dict) else None
-    if not isinstance(stores, list):
-        raise MalformedData(f'{what}: the body must be {{"stores": [...]}}')
-    if len(stores) > MAX_BATCH_STORES:
-        raise InvalidRequest(
-            f"{what} of {len(stores)} stores is over the limit of {MAX_BATCH_STORES}; "
-            "split it into several requests"
-        )
-    return stores
+async def _store_list(request: web.Request, what: str, type_: type[Any], shape: str) -> Any:
+    return decode_json(await _body(request), type_, what, shape)
 
 
 async def heads(request: web.Request) -> web.Response:
@@ -296,10 +338,14 @@ async def heads(request: web.Request) -> web.Response:
     holds no version of the store)."""
     node = request.app[NODE]
     out: list[dict[str, int] | None] = []
-    for path in await _store_list(request, "heads"):
-        if not isinstance(path, str):
-            raise MalformedData("heads: each store is a QUERY/OPERATOR/PARTITION/NAME string")
-        h = node.store.head(StoreId.parse(path))
+    stores = [
+        StoreId.parse(p)
+        for p in (await _store_list(request, "heads", StoresRequest, HEADS_SHAPE)).stores
+    ]
+    for query in {s.query for s in stores}:
+        allow(request, "read", query)
+    for store in stores:
+        h = node.store.head(store)
         out.append(None if h is None else head_json(h))
     return web.json_response({"heads": out})
 
@@ -309,10 +355,13 @@ async def chains(request: web.Request) -> web.Response:
     each as ``GET .../chain`` encodes it (nil where this node holds no version of the store)."""
     node = request.app[NODE]
     out: list[bytes | None] = []
-    for item in await _store_list(request, "chains"):
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
-            raise MalformedData("chains: each item is [QUERY/OPERATOR/PARTITION/NAME, version]")
-        store, version = StoreId.parse(item[0]), _version(str(item[1]))
+    items = [
+        (StoreId.parse(p), v)
+        for p, v in (await _store_list(request, "chains", ChainsRequest, CHAINS_SHAPE)).stores
+    ]
+    for query in {s.query for s, _ in items}:
+        allow(request, "read", query)
+    for store, version in items:
         if node.store.head(store) is None:
             out.append(None)
             continue
@@ -323,20 +372,38 @@ async def chains(request: web.Request) -> web.Response:
 
 
 async def gc(request: web.Request) -> web.Response:
+    """A retention floor (from the store's compactor): a version, never above the store's
+    head, and where this node holds the store's manifests a version it holds a snapshot of
+    (so that every version at or above it stays restorable)."""
     node = request.app[NODE]
     store = _store(request)
-    body = await _json(request)
-    floor = body.get("floor") if isinstance(body, dict) else None
-    if not isinstance(floor, int) or floor < 0:
-        raise MalformedData('gc: body must be {"floor": <version>}')
+    allow(request, "admin", store.query)
+    floor = decode_json(await _body(request), GcRequest, "gc").floor
+    current = node.store.floor(store)
+    if floor > current:
+        local = node.store.head(store)
+        head = local or await read_head(node.transport, node.view(), store)
+        if floor > head.version:
+            raise InvalidRequest(
+                f"gc floor {floor} is above the head of {store} (version {head.version}): "
+                "refused, it would erase the store"
+            )
+        if local is not None and node.store.raw_manifest(store, floor, "snapshot") is None:
+            raise InvalidRequest(
+                f"gc floor {floor} of {store} is not a snapshot this node holds: refused, the "
+                "versions above it would not be restorable (repair brings the floor later)"
+            )
     dropped = await node.write(node.store.apply_floor, store, floor)
     node.stats["gc"] += dropped
     return web.json_response({"dropped": dropped, "floor": node.store.floor(store)})
 
 
 async def list_stores(request: web.Request) -> web.Response:
+    """The stores this node holds manifests of (a token sees those of its queries)."""
     node = request.app[NODE]
-    return web.json_response({"stores": [s.path for s in node.store.stores()]})
+    grant = principal(request).grant
+    stores = [s for s in node.store.stores() if grant is None or grant.covers(s.query)]
+    return web.json_response({"stores": [s.path for s in stores]})
 
 
 # -- coordinator endpoints (the node writes and reads the ring for the caller) -----------
@@ -344,14 +411,21 @@ async def commit(request: web.Request) -> web.Response:
     """Commit framed rows as a version: the node chunks them and writes at W for the caller."""
     node = request.app[NODE]
     store = _store(request)
+    allow(request, "write", store.query)
     version = _version(request.query.get("version"))
-    epoch_text = request.query.get("epoch", "0")
-    if not epoch_text.isdigit():
-        raise InvalidRequest(f"epoch {epoch_text!r} must be a non-negative integer")
+    epoch = parse_uint(request.query.get("epoch", "0"), "epoch", MAX_EPOCH)
     snapshot = request.query.get("snapshot", "0") in ("1", "true")
-    positions = _positions(request.headers.get(POSITIONS_HEADER, "{}"))
+    positions = decode_positions(request.headers.get(POSITIONS_HEADER, "{}"), POSITIONS_HEADER)
     body = bytearray()
-    async for piece in request.content.iter_chunked(1 << 20):
+    limit = node.config.body_timeout
+    while True:
+        try:
+            async with asyncio.timeout(limit):
+                piece = await request.content.read(1 << 20)
+        except TimeoutError as exc:
+            raise SlowRequest(f"commit body stalled for {limit:.0f}s: send it faster") from exc
+        if not piece:
+            break
         body += piece
         if len(body) > node.config.max_commit:
             raise PayloadTooLarge(
@@ -360,7 +434,7 @@ async def commit(request: web.Request) -> web.Response:
             )
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
     result = await coordinate_commit(
-        node, store, version, int(epoch_text), puts, deletes, positions, snapshot
+        node, store, version, epoch, puts, deletes, positions, snapshot
     )
     return web.json_response(result, status=201)
 
@@ -369,6 +443,7 @@ async def state(request: web.Request) -> web.StreamResponse:
     """Restore a version and stream it as framed rows (puts only)."""
     node = request.app[NODE]
     store = _store(request)
+    allow(request, "read", store.query)
     text = request.query.get("version")
     plan = request.query.get("plan", "auto")
     data, top, stats = await coordinate_restore(
@@ -398,18 +473,10 @@ async def state(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _positions(text: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise MalformedData(f"{POSITIONS_HEADER} is not JSON ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise MalformedData(f"{POSITIONS_HEADER} must be a JSON object")
-    return obj
-
-
 def build_app(node: Node) -> web.Application:
-    app = web.Application(client_max_size=node.config.max_body, middlewares=[errors_middleware])
+    app = web.Application(
+        client_max_size=node.config.max_body, middlewares=[errors_middleware, auth_middleware]
+    )
     app[NODE] = node
     s = "/v1/stores/{query}/{operator}/{partition}/{name}"
     app.router.add_get("/v1/health", health)

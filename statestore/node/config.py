@@ -39,8 +39,20 @@ class NodeConfig:
     dht: bool = True
     inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read
     dht_port: int | None = None  # None: same number as the HTTP port (0 -> any)
+    # security (docs/security.md)
+    cluster_secret_file: str = ""  # same file on every node: internal requests are signed
+    auth_file: str = ""  # client bearer tokens, scoped to queries and rights
+    header_timeout: float = 15.0  # seconds a connection may take to send its request headers
+    body_timeout: float = 60.0  # seconds a request body may stall between two pieces
+    min_free_bytes: int = 64 * 1024 * 1024  # below this the node turns read-only
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
         if self.snapshot_every < 1 or self.retain_versions < 1:
             raise ValueError("snapshot_every and retain_versions must be at least 1")
+        if self.auth_file and self.seeds and not self.cluster_secret_file:
+            raise ValueError(
+                "--auth-file on a ring of several nodes needs --cluster-secret-file too (the "
+                "same file on every node): nodes must prove themselves to each other to write "
+                "and read replicas for a token holder"
+            )

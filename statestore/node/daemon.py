@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -30,10 +31,12 @@ from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
 from statestore.net.transport import Transport
+from statestore.node.auth import Access
 from statestore.node.backends import Backend, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
 from statestore.node.replica import NodeStore
+from statestore.wire.bodies import GossipDigest, decode_json
 
 __all__ = ["NODE", "DataDirInUse", "Loop", "Node", "NodeConfig"]
 
@@ -75,6 +78,23 @@ def _load_identity(data_dir: str) -> tuple[str, int]:
     return node_id, incarnation
 
 
+def _own_hosts(*hosts: str) -> frozenset[str]:
+    """Names and addresses this machine answers to: a gossip member at one of them on our
+    port is this node (core/membership refuses it). Resolves names once, at start."""
+    out = {h.lower() for h in hosts if h}
+    for name in (socket.gethostname(), socket.getfqdn(), *hosts):
+        if not name:
+            continue
+        out.add(name.lower())
+        try:
+            _, aliases, addrs = socket.gethostbyname_ex(name)
+        except OSError:
+            continue
+        out.update(a.lower() for a in aliases)
+        out.update(addrs)
+    return frozenset(out)
+
+
 class Node:
     """One ring node.
 
@@ -104,16 +124,27 @@ class Node:
         self.rng = rng or random.Random()
         self._lock = _lock_data_dir(config.data_dir)
         self.id, self.incarnation = _load_identity(config.data_dir)
+        try:
+            self.access = Access(
+                self.id, config.cluster_secret_file or None, config.auth_file or None
+            )
+        except BaseException:
+            os.close(self._lock)
+            raise
         url = config.storage or f"lmdb://{os.path.abspath(os.path.join(config.data_dir, 'db'))}"
         self.store = NodeStore(backend or open_backend(url))
         self.writer = writer or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="statestore-writer"
         )
-        self.transport: Transport = transport or HttpTransport(timeout=10.0)
+        self.transport: Transport = transport or HttpTransport(
+            timeout=10.0, auth=self.access.outbound
+        )
         self.address = f"{config.host}:{config.port}"
         self.membership: Membership | None = None
         self.discovery: Discovery | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # loop name -> (failures so far, the last error, clock time of the last failure)
+        self.loop_failures: dict[str, tuple[int, str, float]] = {}
         self._view: RingView | None = None
         self._directory: list[str] = []
         self.restorer: Restorer
@@ -135,6 +166,7 @@ class Node:
             self.clock(),
             suspect_after=self.config.suspect_after,
             down_after=self.config.down_after,
+            own_hosts=_own_hosts(host, self.config.host),
         )
         await self.transport.start()
         self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk, clock=self.clock)
@@ -145,22 +177,37 @@ class Node:
                 await self.discovery.listen(dport)
             except OSError:
                 await self.discovery.listen(0)
-        self._spawn(self._gossip_loop(), "gossip")
+        self._spawn(self._gossip_loop, "gossip")
         if self.discovery is not None:
-            self._spawn(self._discovery_loop(), "discovery")
+            self._spawn(self._discovery_loop, "discovery")
         for name, loop in loops:
-            self._spawn(loop(self), name)
+            self._spawn(functools.partial(loop, self), name)
 
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
-        async def guarded() -> None:
-            try:
-                await coro
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("background task %s died", name)
+    def _spawn(self, factory: Callable[[], Awaitable[None]], name: str) -> None:
+        """Run ``factory()`` as an owned task, supervised: when it raises, the failure is
+        logged and counted (``/v1/health`` reports it) and the loop starts again after a
+        backoff of 0.5 s doubling to 30 s; a loop that then runs a minute clean is healthy
+        again and its backoff starts over."""
 
-        self._tasks.append(asyncio.create_task(guarded(), name=f"statestore-{name}"))
+        async def supervised() -> None:
+            backoff = 0.5
+            while True:
+                started = self.clock()
+                try:
+                    await factory()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    n = self.loop_failures.get(name, (0, "", 0.0))[0] + 1
+                    self.loop_failures[name] = (n, f"{type(exc).__name__}: {exc}", self.clock())
+                    log.exception("background loop %s failed (%d times); restarting", name, n)
+                if self.clock() - started > 60.0:
+                    backoff = 0.5
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+        self._tasks.append(asyncio.create_task(supervised(), name=f"statestore-{name}"))
 
     async def stop(self) -> None:
         for task in reversed(self._tasks):
@@ -214,7 +261,10 @@ class Node:
         resp = await self.transport.request(
             "POST", address, "/v1/gossip", json_body=self.membership.digest(), timeout=2.0
         )
-        self.membership.merge(resp.json(), self.clock())
+        digest = decode_json(resp.body, GossipDigest, f"gossip answer of {address}")
+        self.membership.merge(digest.to_dict(), self.clock())
+        for why in self.membership.refused:
+            log.warning("gossip from %s: entry refused: %s", address, why)
 
     def _gossip_targets(self, extra: list[str]) -> list[str]:
         assert self.membership is not None
@@ -260,9 +310,27 @@ class Node:
             self._directory = [a for i, a in directory.items() if i != self.id]
             await asyncio.sleep(5.0)
 
+    def problems(self) -> list[str]:
+        """Why this node is degraded (empty: healthy): loops that failed within the last
+        five minutes, a tokens file that no longer parses, storage trouble."""
+        now = self.clock()
+        out = [
+            f"background loop {name} failed {n} time(s), last: {err}"
+            for name, (n, err, at) in sorted(self.loop_failures.items())
+            if now - at < 300.0
+        ]
+        out += self.access.problems()
+        out += self.storage_problems()
+        return out
+
+    def storage_problems(self) -> list[str]:
+        return []
+
     def health(self) -> dict[str, Any]:
+        problems = self.problems()
         return {
-            "status": "ok",
+            "status": "degraded" if problems else "ok",
+            "reasons": problems,
             "id": self.id,
             "address": self.address,
             "zone": self.config.zone,

@@ -26,11 +26,12 @@ from typing import Any
 from aiohttp import web
 
 from statestore.core.chunk import decode_chunk, key_group
-from statestore.core.errors import StateStoreError
+from statestore.core.errors import InvalidRequest, StateStoreError
 from statestore.core.fold import Positioned, merge_positioned
 from statestore.core.ids import StoreId
 from statestore.core.plan import ChunkTask, Hop
 from statestore.net.streams import read_frames
+from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
 from statestore.wire.frames import (
     decode_folded,
@@ -45,6 +46,9 @@ __all__ = ["relay_handler"]
 
 log = logging.getLogger(__name__)
 FOLD_FRAME_RAW = 4 * 1024 * 1024
+MAX_RELAY_DEPTH = 16  # hops below the restorer: a line plan over 16 nodes, a deep tree
+MAX_RELAY_FANOUT = 32  # children of one hop
+MAX_RELAY_HOPS = 256  # hops in one plan
 Frame = tuple[bytes, dict[str, Any], bytes, bytes]  # kind, meta, data, the frame's bytes
 
 
@@ -227,10 +231,41 @@ async def _tree(
     return resp
 
 
+def check_plan_hops(node: Node, hop: Hop, depth: int) -> None:
+    """Refuse a plan that would make this node call anything but live ring members, or fan
+    out past the bounds (each hop's children, the depth, the hops in all): otherwise
+    ``/v1/relay`` is a request forgery and amplification service (issue 10)."""
+    live = set(node.view().live_addresses())
+    count = 0
+    stack = [(hop, depth)]
+    while stack:
+        h, d = stack.pop()
+        count += 1
+        if d > MAX_RELAY_DEPTH or count > MAX_RELAY_HOPS or len(h.children) > MAX_RELAY_FANOUT:
+            raise InvalidRequest(
+                f"relay plan is too big: at most {MAX_RELAY_FANOUT} children per hop, depth "
+                f"{MAX_RELAY_DEPTH}, {MAX_RELAY_HOPS} hops"
+            )
+        for c in h.children:
+            if c.address not in live or c.address == node.address:
+                raise InvalidRequest(
+                    f"relay child {c.address!r:.80} is not a live ring member other than this "
+                    "node: a plan only names members of the ring view (GET /v1/ring)"
+                )
+            stack.append((c, d + 1))
+
+
 async def relay_handler(request: web.Request) -> web.StreamResponse:
     node = request.app[NODE]
-    body = await request.read()
+    limit = node.config.body_timeout
+    try:
+        async with asyncio.timeout(limit):
+            body = await request.read()
+    except TimeoutError as exc:
+        raise InvalidRequest(f"relay plan did not arrive within {limit:.0f}s") from exc
     store, hop, fold, depth, groups = decode_hop(body)
+    allow(request, "read", store.query)
+    check_plan_hops(node, hop, depth)
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
     if fold:

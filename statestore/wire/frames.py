@@ -24,8 +24,8 @@ from typing import Any
 import msgpack
 import zstandard
 
-from statestore.core.errors import DecompressionBomb, MalformedData
-from statestore.core.ids import StoreId, chunk_key
+from statestore.core.errors import DecompressionBomb, InvalidRequest, MalformedData
+from statestore.core.ids import StoreId, check_version, chunk_key
 from statestore.core.plan import ChunkTask, Hop
 
 __all__ = [
@@ -112,7 +112,9 @@ def _hop_from(store: StoreId, obj: Any, budget: list[int]) -> Hop:
     try:
         chunks = []
         for pos, version, name, digest, size, raw_size, rows in obj["c"]:
-            key = chunk_key(store, int(version), str(name))
+            if not all(type(i) is int for i in (pos, version, digest, size, raw_size, rows)):
+                raise ValueError("chunk task fields must be integers")
+            key = chunk_key(store, check_version(version), str(name))
             chunks.append(
                 ChunkTask(
                     key,
@@ -129,8 +131,8 @@ def _hop_from(store: StoreId, obj: Any, budget: list[int]) -> Hop:
         return Hop(
             str(obj["a"]), tuple(chunks), tuple(_hop_from(store, k, budget) for k in obj["k"])
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise MalformedData(f"relay plan hop is malformed ({exc!r})") from exc
+    except (KeyError, TypeError, ValueError, OverflowError, InvalidRequest) as exc:
+        raise MalformedData(f"relay plan hop is malformed ({exc!r:.200})") from exc
 
 
 def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int, int]:
@@ -140,10 +142,9 @@ def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int, int]:
     if obj.get("v") != 1:
         raise MalformedData(f"relay plan version {obj.get('v')!r} is not supported")
     store = StoreId.parse(str(obj.get("store")))
-    return (
-        store,
-        _hop_from(store, obj.get("hop"), [4096]),
-        bool(obj.get("fold")),
-        int(obj.get("depth", 0)),
-        int(obj.get("groups", 0)),
-    )
+    depth, groups = obj.get("depth", 0), obj.get("groups", 0)
+    if type(depth) is not int or type(groups) is not int:
+        raise MalformedData("relay plan depth and groups must be integers")
+    if not (0 <= depth <= 1024 and 0 <= groups <= 65536):
+        raise MalformedData(f"relay plan depth {depth} or groups {groups} is out of range")
+    return store, _hop_from(store, obj.get("hop"), [4096]), bool(obj.get("fold")), depth, groups

@@ -12,12 +12,10 @@ from typing import Any
 import msgpack
 
 from statestore.core.errors import MalformedData
-from statestore.core.ids import MAX_VERSION
+from statestore.core.ids import MAX_EPOCH, MAX_VERSION
 from statestore.core.manifest import Head
 
 __all__ = ["MAX_EPOCH", "decode_stored", "encode_stored", "from_json", "to_json"]
-
-MAX_EPOCH = 2**63 - 1  # what a Java long holds: the Spark provider reads epochs too
 
 
 def encode_stored(head: Head) -> bytes:

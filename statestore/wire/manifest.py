@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 
 from statestore.core.errors import MalformedData
-from statestore.core.ids import StoreId, check_version
+from statestore.core.ids import MAX_EPOCH, StoreId, check_version
 from statestore.core.manifest import ChunkRef, Manifest
 
 __all__ = ["SCHEMA", "decode_chain", "decode_manifest", "encode_chain", "encode_manifest"]
@@ -48,9 +48,9 @@ def _from_obj(obj: Any) -> Manifest:
             raise MalformedData(f"manifest kind {kind!r} is not delta or snapshot")
         epoch = obj["epoch"]
         groups = obj["key_groups"]
-        if not isinstance(epoch, int) or epoch < 0:
-            raise MalformedData(f"manifest epoch {epoch!r} is not a non-negative integer")
-        if not isinstance(groups, int) or not 1 <= groups <= 65536:
+        if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH:
+            raise MalformedData(f"manifest epoch {epoch!r:.40} is not in 0..{MAX_EPOCH}")
+        if type(groups) is not int or not 1 <= groups <= 65536:
             raise MalformedData(f"manifest key_groups {groups!r} is not in 1..65536")
         positions = obj.get("positions", {})
         if not isinstance(positions, dict):
@@ -58,8 +58,13 @@ def _from_obj(obj: Any) -> Manifest:
         chunks = []
         for c in obj["chunks"]:
             name, lo, hi, size, raw_size, rows, digest = c
-            if not (isinstance(name, str) and 0 <= lo <= hi < groups):
-                raise MalformedData(f"manifest chunk {c!r} is malformed")
+            ints = (lo, hi, size, raw_size, rows, digest)
+            if not (
+                isinstance(name, str)
+                and all(type(i) is int and 0 <= i < 2**64 for i in ints)
+                and lo <= hi < groups
+            ):
+                raise MalformedData(f"manifest chunk {c!r:.200} is malformed")
             chunks.append(ChunkRef(name, lo, hi, size, raw_size, rows, digest))
         return Manifest(
             StoreId.parse(obj["store"]),

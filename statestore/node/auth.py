@@ -1,0 +1,163 @@
+"""Who is asking: node signatures and client tokens at the HTTP boundary (docs/security.md).
+
+:func:`auth_middleware` authenticates every request but ``GET /v1/health``: a valid node
+signature (core/identity) makes the caller a *node*; otherwise, when the node has a tokens
+file, a valid bearer token makes it a *token* holder; otherwise it is *open* (no auth
+configured). Routes for ring nodes only (gossip, anti-entropy) refuse anything but a node
+when a cluster secret is set. Handlers then call :func:`allow` with the right and the query
+they touch: a node and an open caller pass, a token must cover them (core/access).
+
+The tokens file is re-read when its modification time or size changes; a file that no longer
+parses keeps the previous tokens and is reported in ``/v1/health``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from statestore.core.access import Grant, Grants, parse_tokens
+from statestore.core.errors import Unauthenticated
+from statestore.core.identity import SIGNATURE_HEADER, parse_secret, signed_headers, verify
+
+__all__ = ["Access", "Principal", "allow", "principal"]
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPEN_PATHS = frozenset({"/v1/health"})
+NODE_ONLY = frozenset({"/v1/gossip", "/v1/sync/have"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: str  # "node" | "token" | "open"
+    grant: Grant | None = None
+    node: str = ""
+
+
+OPEN = Principal("open")
+
+
+class TokenFile:
+    """A tokens file, re-read when it changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self.error = ""
+        self.grants = self._load(strict=True)
+
+    def _load(self, strict: bool) -> Grants:
+        st = os.stat(self.path)
+        with open(self.path, "rb") as f:
+            raw = f.read()
+        try:
+            grants = parse_tokens(raw)
+        except ValueError as exc:
+            if strict:
+                raise ValueError(f"--auth-file {self.path}: {exc}") from exc
+            self.error = f"--auth-file {self.path} does not parse ({exc}); old tokens kept"
+            log.error("%s", self.error)
+            self._stamp = (st.st_mtime_ns, st.st_size)
+            return self.grants
+        self._stamp = (st.st_mtime_ns, st.st_size)
+        self.error = ""
+        return grants
+
+    def current(self) -> Grants:
+        try:
+            st = os.stat(self.path)
+            if (st.st_mtime_ns, st.st_size) != self._stamp:
+                self.grants = self._load(strict=False)
+        except OSError as exc:
+            self.error = f"--auth-file {self.path} cannot be read ({exc}); old tokens kept"
+        return self.grants
+
+
+class Access:
+    """A node's credentials and checks.
+
+    Args:
+        node_id: this node's id (sent with its signatures).
+        secret_file: the ring's shared secret (``--cluster-secret-file``), or None: then
+            internal routes are open, and the node signs its calls to itself with a key of
+            its own (so a tokens file alone works on a one-node ring).
+        auth_file: the tokens file (``--auth-file``), or None: no client tokens.
+    """
+
+    def __init__(self, node_id: str, secret_file: str | None, auth_file: str | None) -> None:
+        self.node_id = node_id
+        self.secret: bytes | None = None
+        if secret_file:
+            with open(secret_file, "rb") as f:
+                self.secret = parse_secret(f.read(), f"--cluster-secret-file {secret_file}")
+        self._key = self.secret or secrets.token_bytes(32)
+        self.tokens = TokenFile(auth_file) if auth_file else None
+
+    @property
+    def identity_on(self) -> bool:
+        return self.secret is not None
+
+    def outbound(self, method: str, path: str, body: bytes) -> dict[str, str]:
+        """Headers that sign one outbound request of this node."""
+        return signed_headers(self._key, method, path, body, self.node_id, time.time())
+
+    def authenticate(self, request: web.Request, body: bytes | None) -> Principal:
+        """Who sent ``request``; ``body`` is its body when it may carry a node signature."""
+        if body is not None and SIGNATURE_HEADER in request.headers:
+            try:
+                node = verify(
+                    [self._key],
+                    request.method,
+                    request.raw_path,
+                    request.headers,
+                    body,
+                    time.time(),
+                )
+                return Principal("node", node=node)
+            except Unauthenticated:
+                if self.identity_on:
+                    raise
+                # no ring secret: another node's call, signed with its own key; judged as
+                # an unsigned request below
+
+        if self.identity_on and request.path in NODE_ONLY:
+            verify([], request.method, request.raw_path, request.headers, b"", time.time())
+        if self.tokens is None:
+            return OPEN
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if auth and scheme.lower() != "bearer":
+            raise Unauthenticated(
+                f"Authorization scheme {scheme!r:.20} is not supported: send "
+                "`Authorization: Bearer <token>`"
+            )
+        return Principal("token", grant=self.tokens.current().authenticate(token.strip()))
+
+    def problems(self) -> list[str]:
+        return [self.tokens.error] if self.tokens is not None and self.tokens.error else []
+
+
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+def principal(request: web.Request) -> Principal:
+    p: Principal = request.get(PRINCIPAL, OPEN)
+    return p
+
+
+def allow(request: web.Request, right: str, query: str | None = None) -> None:
+    """Raise Forbidden unless the caller may use ``right`` on ``query`` (None: any)."""
+    p = principal(request)
+    if p.grant is not None:
+        Grants.authorize(p.grant, right, query)
+
+
+def is_node(request: web.Request) -> bool:
+    return principal(request).kind == "node"

@@ -1,0 +1,152 @@
+"""The JSON bodies of the node API, typed once (msgspec) and bounded on decode.
+
+Every JSON body a node takes in, and every JSON acknowledgement a writer relies on, is decoded
+here into a frozen struct: a wrong type, a missing field, a number out of range, a list past
+its limit, bytes that are not UTF-8 or nesting past msgspec's depth guard is MalformedData
+(HTTP 400) naming the body, never a 500. The bounds are the protocol's: versions and epochs
+fit a Java ``long``, batches are as long as the node's batch limits allow. docs/api.md is the
+written form of these types.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from statestore.core.errors import InvalidRequest, MalformedData
+from statestore.core.ids import MAX_VERSION
+
+__all__ = [
+    "MAX_BATCH_KEYS",
+    "MAX_BATCH_STORES",
+    "MAX_GOSSIP_MEMBERS",
+    "MAX_HAVE_ITEMS",
+    "ChainsRequest",
+    "ChunkAck",
+    "GcRequest",
+    "GossipDigest",
+    "GossipMember",
+    "HaveRequest",
+    "KeysRequest",
+    "ManifestAck",
+    "StoresRequest",
+    "decode_json",
+    "decode_positions",
+]
+
+MAX_BATCH_KEYS = 10_000
+MAX_BATCH_STORES = 1000
+MAX_HAVE_ITEMS = 10_000  # a repair batch is 1,000: this bounds one request's work on the loop
+MAX_GOSSIP_MEMBERS = 4096
+MAX_POSITIONS_DEPTH = 32
+# Ring epochs move by one per change of the live set and incarnations by one per restart;
+# both stay far below 2**53 (what a JSON number holds exactly in every language).
+MAX_RING_EPOCH = 2**53 - 1
+MAX_INCARNATION = 2**31 - 1
+MAX_HEARTBEAT = 2**53 - 1
+
+T = TypeVar("T")
+Str = Annotated[str, Meta(max_length=1000)]
+Version = Annotated[int, Meta(ge=1, le=MAX_VERSION)]
+
+
+class GossipMember(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+    address: Annotated[str, Meta(min_length=3, max_length=300)]
+    incarnation: Annotated[int, Meta(ge=0, le=MAX_INCARNATION)]
+    heartbeat: Annotated[int, Meta(ge=0, le=MAX_HEARTBEAT)]
+    zone: Annotated[str, Meta(max_length=64)] = ""
+
+
+class GossipDigest(msgspec.Struct, frozen=True):
+    """``POST /v1/gossip`` body and answer."""
+
+    members: Annotated[list[GossipMember], Meta(max_length=MAX_GOSSIP_MEMBERS)]
+    epoch: Annotated[int, Meta(ge=0, le=MAX_RING_EPOCH)] = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+class HaveRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/sync/have``: which of these chunks and manifests does the node hold."""
+
+    chunks: Annotated[list[Str], Meta(max_length=MAX_HAVE_ITEMS)] = []
+    manifests: Annotated[list[tuple[Str, Version, Str]], Meta(max_length=MAX_HAVE_ITEMS)] = []
+
+
+class KeysRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/chunks``."""
+
+    keys: Annotated[list[Str], Meta(max_length=MAX_BATCH_KEYS)]
+
+
+class StoresRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/heads``."""
+
+    stores: Annotated[list[Str], Meta(max_length=MAX_BATCH_STORES)]
+
+
+class ChainsRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/chains``."""
+
+    stores: Annotated[list[tuple[Str, Version]], Meta(max_length=MAX_BATCH_STORES)]
+
+
+class GcRequest(msgspec.Struct, frozen=True):
+    """``POST .../gc``: a retention floor, a version (``true`` is not one)."""
+
+    floor: Version
+
+
+class ChunkAck(msgspec.Struct, frozen=True):
+    """A replica's answer to ``PUT /v1/chunks/{key}``: the key it stored."""
+
+    stored: Str
+
+
+class ManifestAck(msgspec.Struct, frozen=True):
+    """A replica's answer to ``PUT /v1/manifests/...``: created (true) or already there."""
+
+    stored: bool
+
+
+def decode_json(data: bytes, type_: type[T], what: str, shape: str = "") -> T:
+    """``data`` as ``type_``; MalformedData naming ``what``, the first problem and the
+    expected ``shape`` of the body."""
+    try:
+        return msgspec.json.decode(data, type=type_)
+    except msgspec.ValidationError as exc:
+        if "length <=" in str(exc):
+            raise InvalidRequest(
+                f"{what}: a list is over its limit ({exc}); split it into several requests"
+            ) from exc
+        hint = f"the body must be {shape}" if shape else "see docs/api.md for the body"
+        raise MalformedData(f"{what}: {exc}; {hint}") from exc
+    except (msgspec.DecodeError, RecursionError, ValueError) as exc:
+        raise MalformedData(f"{what}: the body is not JSON in UTF-8 ({exc})") from exc
+
+
+def _depth(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            return False
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+    return True
+
+
+def decode_positions(text: str | bytes, what: str) -> dict[str, Any]:
+    """A positions object (a JSON object nested at most 32 deep); MalformedData otherwise."""
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    obj = decode_json(data, dict[str, Any], what, "a JSON object")
+    if not _depth(obj, MAX_POSITIONS_DEPTH):
+        raise MalformedData(f"{what} is nested more than {MAX_POSITIONS_DEPTH} levels deep")
+    return obj
