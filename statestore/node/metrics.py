@@ -117,12 +117,18 @@ def read_storage(node: Node) -> StorageFigures:
 
 
 def loop_restarts(node: Node) -> dict[str, int]:
-    """Restarts per background loop, from the node's loop supervisor when it keeps count
-    (``Node.loop_restarts``, a mapping of loop name to restarts); empty otherwise."""
-    counts = getattr(node, "loop_restarts", None)
-    if not isinstance(counts, dict):
+    """Restarts per background loop, from the node's loop supervisor (``Node.loop_failures``:
+    loop name -> (failures, last error, when); each failure is followed by a restart). Empty
+    on a node without a supervisor."""
+    failures = getattr(node, "loop_failures", None)
+    if not isinstance(failures, dict):
         return {}
-    return {str(k): int(v) for k, v in counts.items()}
+    out: dict[str, int] = {}
+    for name, record in failures.items():
+        n = record[0] if isinstance(record, tuple) and record else record
+        if isinstance(n, int):
+            out[str(name)] = n
+    return out
 
 
 class NodeCollector(Collector):
