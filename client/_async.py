@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -10,7 +11,13 @@ from typing import Any, TypeVar
 
 from statestore.core.cache import ChunkCache
 from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
-from statestore.core.errors import NodeUnavailable, NotFound, StateStoreError, Unavailable
+from statestore.core.errors import (
+    AccessDenied,
+    NodeUnavailable,
+    NotFound,
+    StateStoreError,
+    Unavailable,
+)
 from statestore.core.ids import StoreId, check_version
 from statestore.core.keygroups import chain_for_groups, check_groups, only_groups
 from statestore.core.manifest import Head
@@ -55,6 +62,8 @@ class AsyncRingClient:
             simulator passes an in-memory one (net/memory.py). The client starts and closes
             it either way.
         clock: the restorer's clock (link measurements, the ingress cap).
+        token: the bearer token sent with every request to nodes started with
+            ``--auth-file`` (default: the ``STATESTORE_TOKEN`` environment variable).
     """
 
     def __init__(
@@ -71,8 +80,11 @@ class AsyncRingClient:
         cache_bytes: int = 64 * 1024 * 1024,
         transport: Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
+        token: str | None = None,
     ) -> None:
         self.seeds = parse_seeds(seeds)
+        token = token or os.environ.get("STATESTORE_TOKEN") or None
+        bearer = {"Authorization": f"Bearer {token}"} if token else {}
         if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
             raise ValueError("concurrency and chunk_size must be positive, key_groups 1..65536")
         self.concurrency = concurrency
@@ -83,6 +95,7 @@ class AsyncRingClient:
             timeout=timeout,
             connections=max(64, concurrency * 4),
             rcvbuf=256 * 1024 if ingress else None,
+            auth=(lambda method, path, body: bearer) if token else None,
         )
         self._view: RingView | None = None
         self._cache = ChunkCache(cache_bytes)
@@ -109,7 +122,11 @@ class AsyncRingClient:
 
     async def connect(self) -> None:
         await self._transport.start()
-        await self.refresh()
+        try:
+            await self.refresh()
+        except BaseException:
+            await self._transport.close()
+            raise
 
     async def close(self) -> None:
         await self._transport.close()
@@ -122,6 +139,8 @@ class AsyncRingClient:
         for address in dict.fromkeys(candidates):
             try:
                 resp = await self._transport.request("GET", address, "/v1/ring", timeout=3.0)
+            except AccessDenied:
+                raise  # the token: another node would say the same
             except StateStoreError as exc:
                 errors.append(str(exc))
                 continue

@@ -22,7 +22,12 @@ __all__ = ["LocalRing", "NodeProcess", "http_json"]
 
 
 def http_json(address: str, path: str, timeout: float = 2.0) -> object:
-    with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout) as resp:
+    """GET a node's JSON answer, with the bearer token of ``STATESTORE_TOKEN`` if set."""
+    req = urllib.request.Request(f"http://{address}{path}")
+    token = os.environ.get("STATESTORE_TOKEN")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
 

@@ -87,6 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="testing only: seconds of delay added to every chunk read",
     )
     n.add_argument("--no-dht", action="store_true", help="gossip through seeds only")
+    n.add_argument(
+        "--cluster-secret-file",
+        default="",
+        metavar="F",
+        help="node identity: the same secret file on every node; internal requests are "
+        "signed with it and unsigned ones refused (docs/security.md)",
+    )
+    n.add_argument(
+        "--auth-file",
+        default="",
+        metavar="F",
+        help='client tokens: JSON {"TOKEN": {"queries": ["q1", "etl-*"], "rights": '
+        '["read", "write", "admin"]}}, re-read when it changes (docs/security.md)',
+    )
     n.add_argument("--log-level", default="WARNING")
 
     loc = sub.add_parser("local", help="run N nodes on loopback until Ctrl-C")
@@ -177,6 +191,8 @@ def _node(args: argparse.Namespace) -> int:
             down_after=args.down_after,
             dht=not args.no_dht,
             inject_delay=args.inject_delay,
+            cluster_secret_file=args.cluster_secret_file,
+            auth_file=args.auth_file,
         )
     except ValueError as exc:
         print(f"statestore node: {exc}", file=sys.stderr)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from statestore.core.chunk import EncodedChunk
 from statestore.core.errors import (
+    AccessDenied,
+    InsufficientStorage,
     MalformedData,
     NodeUnavailable,
     StaleEpoch,
@@ -97,6 +99,20 @@ async def _put_everywhere(
     return len(results) - len(errors), errors
 
 
+def _full_disks(what: str, acks: int, quorum: int, errors: list[BaseException]) -> None:
+    """Below W because the caller's credential was refused, or because replicas' disks are
+    full: say so (401/403, 507), not "quorum not reached"."""
+    for e in errors:
+        if acks < quorum and isinstance(e, AccessDenied):
+            raise e
+    full = [e for e in errors if isinstance(e, InsufficientStorage)]
+    if acks < quorum and full:
+        raise InsufficientStorage(
+            f"{what}: {acks} of {quorum} replicas stored it; {len(full)} are read-only with a "
+            f"full disk ({full[0]}): free space on them or add nodes"
+        )
+
+
 async def put_chunks(
     transport: Transport,
     view: RingView,
@@ -117,6 +133,7 @@ async def put_chunks(
             acks, errors = await _put_everywhere(
                 transport, targets, f"/v1/chunks/{key}", chunk.data, _chunk_ack(key)
             )
+        _full_disks(f"chunk {key}", acks, view.write_quorum, errors)
         check_write(f"chunk {key}", acks, view.write_quorum, len(targets), errors)
         if stats is not None:
             stats.chunks += 1
@@ -141,9 +158,9 @@ async def put_manifest(transport: Transport, view: RingView, m: Manifest) -> int
     for e in errors:
         if isinstance(e, StaleEpoch | VersionConflict):
             raise e
-    check_write(
-        f"manifest of {m.store} v{m.version}", acks, view.write_quorum, len(targets), errors
-    )
+    what = f"manifest of {m.store} v{m.version}"
+    _full_disks(what, acks, view.write_quorum, errors)
+    check_write(what, acks, view.write_quorum, len(targets), errors)
     return acks
 
 

@@ -40,7 +40,7 @@ from statestore.core.ids import (
 )
 from statestore.core.manifest import local_chain
 from statestore.net.reads import read_head
-from statestore.node.auth import OPEN_PATHS, PRINCIPAL, allow, principal
+from statestore.node.auth import PRINCIPAL, allow, is_open, principal, route_policy
 from statestore.node.coordinator import (
     POSITIONS_HEADER,
     STATS_HEADER,
@@ -111,12 +111,15 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Authenticate every request but health (node/auth.py); handlers authorize."""
-    if request.path not in OPEN_PATHS:
+    if not is_open(request.path):
         node = request.app[NODE]
         body = None
         if SIGNATURE_HEADER in request.headers and not request.path.endswith("/commit"):
             body = await _body(request)  # a node signature covers the body
         request[PRINCIPAL] = node.access.authenticate(request, body)
+        policy = route_policy(request.path)
+        if policy is not None:
+            allow(request, *policy)
     return await handler(request)
 
 
@@ -177,6 +180,7 @@ async def put_chunk(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = request.match_info["key"]
     allow(request, "write", parse_chunk_key(key)[0].query)
+    node.check_writable()
     data = await _body(request)
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
@@ -261,6 +265,7 @@ async def put_manifest(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
     allow(request, "write", store.query)
+    node.check_writable()
     version = _version(request.match_info["version"])
     kind = request.match_info["kind"]
     m = decode_manifest(await _body(request))

@@ -4,7 +4,8 @@
 signature (core/identity) makes the caller a *node*; otherwise, when the node has a tokens
 file, a valid bearer token makes it a *token* holder; otherwise it is *open* (no auth
 configured). Routes for ring nodes only (gossip, anti-entropy) refuse anything but a node
-when a cluster secret is set. Handlers then call :func:`allow` with the right and the query
+when a cluster secret is set, and so do retention floors (gc) unless a tokens file lets an
+``admin`` token send them. Handlers then call :func:`allow` with the right and the query
 they touch: a node and an open caller pass, a token must cover them (core/access).
 
 The tokens file is re-read when its modification time or size changes; a file that no longer
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -30,8 +32,41 @@ __all__ = ["Access", "Principal", "allow", "principal"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPEN_PATHS = frozenset({"/v1/health"})
+# the dashboard's static files hold no data (its script sends the token for the JSON it reads)
+DASHBOARD = (
+    "/dashboard",
+    "/dashboard/index.html",
+    "/dashboard/dashboard.js",
+    "/dashboard/dashboard.css",
+)
+OPEN_PATHS = frozenset({"/v1/health", *DASHBOARD})
 NODE_ONLY = frozenset({"/v1/gossip", "/v1/sync/have"})
+# Routes whose handlers (node/operations and friends) do not authorize themselves: the right
+# each needs, and the query when the path names one (group ``q``).
+_POLICY: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^/v1/queries/(?P<q>[^/]+)/(drop|purge)$"), "admin"),
+    (re.compile(r"^/v1/queries/(?P<q>[^/]+)$"), "read"),
+    (re.compile(r"^/v1/tombstones$"), "admin"),
+    (re.compile(r"^/v1/inventory$"), "admin"),
+    (re.compile(r"^/v1/inventory/(?P<q>[^/]+)/"), "read"),
+    (re.compile(r"^/v1/stores/(?P<q>[^/]+)/[^/]+/[^/]+/[^/]+/key$"), "read"),
+    (re.compile(r"^/v1/activity$"), "read"),
+)
+
+
+def is_open(path: str) -> bool:
+    """Whether ``path`` is served without credentials (health, the dashboard's files)."""
+    return path in OPEN_PATHS
+
+
+def route_policy(path: str) -> tuple[str, str | None] | None:
+    """The right (and query) a route outside node/api.py needs, or None: its handler
+    authorizes, or any authenticated caller may use it (``/metrics``)."""
+    for pattern, right in _POLICY:
+        m = pattern.match(path)
+        if m is not None:
+            return right, m.groupdict().get("q")
+    return None
 
 
 @dataclass(frozen=True)
@@ -127,7 +162,10 @@ class Access:
                 # no ring secret: another node's call, signed with its own key; judged as
                 # an unsigned request below
 
-        if self.identity_on and request.path in NODE_ONLY:
+        internal = request.path in NODE_ONLY or (
+            request.path.endswith("/gc") and self.tokens is None  # else: an admin token
+        )
+        if self.identity_on and internal:
             verify([], request.method, request.raw_path, request.headers, b"", time.time())
         if self.tokens is None:
             return OPEN

@@ -10,12 +10,14 @@ single writer thread, which is what makes the fencing check atomic with the writ
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import functools
 import json
 import logging
 import os
 import random
+import shutil
 import socket
 import time
 import uuid
@@ -25,7 +27,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from statestore.core.errors import DataDirInUse, StateStoreError
+from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError
 from statestore.core.membership import Membership, Status
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
@@ -145,6 +147,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         # loop name -> (failures so far, the last error, clock time of the last failure)
         self.loop_failures: dict[str, tuple[int, str, float]] = {}
+        self.storage_errors: tuple[int, str, float] = (0, "", 0.0)
         self._view: RingView | None = None
         self._directory: list[str] = []
         self.restorer: Restorer
@@ -230,9 +233,42 @@ class Node:
         os.close(self._lock)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a storage write on the single writer thread."""
+        """Run a storage write on the single writer thread. A full disk (ENOSPC) is
+        InsufficientStorage, and is counted for ``/v1/health``."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.writer, fn, *args)
+        try:
+            return await loop.run_in_executor(self.writer, fn, *args)
+        except OSError as exc:
+            self.storage_errors = (self.storage_errors[0] + 1, str(exc), self.clock())
+            if exc.errno == errno.ENOSPC:
+                raise InsufficientStorage(
+                    f"node {self.id}'s disk is full ({exc}): it is read-only until space is "
+                    "freed; the ring writes to the other replicas"
+                ) from exc
+            raise
+
+    def disk_free(self) -> int | None:
+        """Bytes free on the data dir's file system (None: cannot tell)."""
+        try:
+            return shutil.disk_usage(self.config.data_dir).free
+        except OSError:
+            return None
+
+    def read_only_reason(self) -> str | None:
+        """Why this node takes no new data now (None: it does): its disk is nearly full."""
+        free = self.disk_free()
+        if free is not None and free < self.config.min_free_bytes:
+            return (
+                f"disk nearly full: {free} bytes free under {self.config.data_dir}, below the "
+                f"{self.config.min_free_bytes}-byte reserve; read-only until space returns"
+            )
+        return None
+
+    def check_writable(self) -> None:
+        """Raise InsufficientStorage (507) while the node is read-only."""
+        reason = self.read_only_reason()
+        if reason is not None:
+            raise InsufficientStorage(f"node {self.id}: {reason}")
 
     # -- ring view -----------------------------------------------------------------------
     @property
@@ -261,6 +297,11 @@ class Node:
         resp = await self.transport.request(
             "POST", address, "/v1/gossip", json_body=self.membership.digest(), timeout=2.0
         )
+        if self.access.identity_on:
+            # Push-only: the answer is not signed, so it is not believed. The peer pushes
+            # its own (signed) table in its rounds; an address from the DHT directory or a
+            # seed is only a place to push to until it pushes to us (docs/security.md).
+            return
         digest = decode_json(resp.body, GossipDigest, f"gossip answer of {address}")
         self.membership.merge(digest.to_dict(), self.clock())
         for why in self.membership.refused:
@@ -324,7 +365,14 @@ class Node:
         return out
 
     def storage_problems(self) -> list[str]:
-        return []
+        out = []
+        reason = self.read_only_reason()
+        if reason is not None:
+            out.append(reason)
+        n, err, at = self.storage_errors
+        if n and self.clock() - at < 300.0:
+            out.append(f"storage errors: {n}, last: {err}")
+        return out
 
     def health(self) -> dict[str, Any]:
         problems = self.problems()

@@ -1,0 +1,298 @@
+"""Node identity, client tokens, supervised loops and honest health, on real nodes on
+loopback port 0 (docs/security.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from client import AsyncRingClient, RingClient, StoreId
+from statestore.core.errors import Forbidden, Unauthenticated
+from statestore.core.identity import signed_headers
+from statestore.node.api import build_app
+from statestore.node.daemon import Node, NodeConfig
+from statestore.node.server import start_node, stop_node
+from statestore.wire.rows import encode_puts
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+SID = StoreId("q1", 0, 1, "default")
+ADMIN = "admin-token-0000000001"
+WRITER = "q1-writer-token-00001"
+READER = "etl-reader-token-0001"
+TOKENS = {
+    ADMIN: {"queries": ["*"], "rights": ["read", "write", "admin"]},
+    WRITER: {"queries": ["q1"], "rights": ["read", "write"]},
+    READER: {"queries": ["etl-*"], "rights": ["read"]},
+}
+
+
+async def call(
+    address: str, method: str, path: str, token: str | None = None, **kw: Any
+) -> tuple[int, dict[str, Any]]:
+    headers = dict(kw.pop("headers", {}))
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    async with aiohttp.ClientSession() as s:
+        async with s.request(method, f"http://{address}{path}", headers=headers, **kw) as r:
+            body = await r.read()
+            return r.status, json.loads(body) if body.startswith(b"{") else {}
+
+
+def config(tmp_path: Path, name: str, **kw: Any) -> NodeConfig:
+    base: dict[str, Any] = {
+        "port": 0,
+        "data_dir": str(tmp_path / name),
+        "storage": "memory://",
+        "dht": False,
+        "gossip_interval": 0.1,
+        "replicas": 2,
+        "write_quorum": 2,
+    }
+    base.update(kw)
+    return NodeConfig(**base)
+
+
+async def eventually(check: Callable[[], bool], what: str, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.05)
+
+
+# -- node identity ----------------------------------------------------------------------
+@pytest.fixture
+async def signed_ring(tmp_path: Path) -> AsyncIterator[list[Node]]:
+    secret = tmp_path / "cluster.secret"
+    secret.write_bytes(SECRET + b"\n")
+    a, ra = await start_node(config(tmp_path, "a", cluster_secret_file=str(secret)))
+    b, rb = await start_node(
+        config(tmp_path, "b", cluster_secret_file=str(secret), seeds=[a.address])
+    )
+    try:
+        await eventually(
+            lambda: len(a.view().live_addresses()) == 2 and len(b.view().live_addresses()) == 2,
+            "two nodes with the same secret form a ring",
+        )
+        yield [a, b]
+    finally:
+        await stop_node(b, rb)
+        await stop_node(a, ra)
+
+
+def gossip_body(ident: str, address: str) -> dict[str, Any]:
+    return {
+        "epoch": 1,
+        "members": [
+            {"id": ident, "address": address, "zone": "", "incarnation": 1, "heartbeat": 1}
+        ],
+    }
+
+
+async def test_internal_requests_need_a_node_signature(signed_ring: list[Node]) -> None:
+    a, _ = signed_ring
+    members = sorted(m.id for m in a.membership.members())  # type: ignore[union-attr]
+    body = json.dumps(gossip_body("evil", "10.1.2.3:7400")).encode()
+    path = "/v1/gossip"
+    cases: list[tuple[dict[str, str], str]] = [
+        ({}, "X-Statestore-Signature"),
+        (
+            signed_headers(
+                b"another secret of 32 bytes......", "POST", path, body, "x", time.time()
+            ),
+            "does not match",
+        ),
+        (signed_headers(SECRET, "POST", path, body, "x", time.time() - 3600), "stale"),
+        (signed_headers(SECRET, "POST", path, b"other body", "x", time.time()), "does not match"),
+        (signed_headers(SECRET, "POST", "/v1/sync/have", body, "x", time.time()), "does not match"),
+    ]
+    for headers, words in cases:
+        headers["Content-Type"] = "application/json"
+        status, answer = await call(a.address, "POST", path, data=body, headers=headers)
+        assert status == 401, answer
+        assert answer["error"]["code"] == "unauthenticated"
+        assert words in answer["error"]["message"], answer
+    for internal, payload in [
+        ("/v1/sync/have", {"chunks": []}),
+        ("/v1/stores/q1/0/1/default/gc", {"floor": 1}),
+    ]:
+        status, answer = await call(a.address, "POST", internal, json=payload)
+        assert (status, answer["error"]["code"]) == (401, "unauthenticated"), internal
+    assert sorted(m.id for m in a.membership.members()) == members  # type: ignore[union-attr]
+    # the same gossip, signed with the ring's secret, is taken
+    headers = signed_headers(SECRET, "POST", path, body, "x", time.time())
+    headers["Content-Type"] = "application/json"
+    status, _ = await call(a.address, "POST", "/v1/gossip", data=body, headers=headers)
+    assert status == 200
+    assert a.membership.get("evil") is not None  # type: ignore[union-attr]
+
+
+async def test_a_node_with_another_secret_is_never_believed(
+    signed_ring: list[Node], tmp_path: Path
+) -> None:
+    a, _ = signed_ring
+    other = tmp_path / "other.secret"
+    other.write_bytes(b"a completely different secret!!!")
+    c, rc = await start_node(
+        config(tmp_path, "c", cluster_secret_file=str(other), seeds=[a.address])
+    )
+    try:
+        # c pushes its table to a (refused) and a's answers are not believed by c: after
+        # c has gossiped many rounds, neither knows the other
+        await eventually(lambda: c.membership.members()[0].heartbeat > 20, "c gossips")  # type: ignore[union-attr]
+        assert a.membership.get(c.id) is None  # type: ignore[union-attr]
+        assert c.membership.get(a.id) is None  # type: ignore[union-attr]
+    finally:
+        await stop_node(c, rc)
+
+
+# -- client tokens ----------------------------------------------------------------------
+@pytest.fixture
+async def guarded(tmp_path: Path) -> AsyncIterator[Node]:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    node, runner = await start_node(
+        config(tmp_path, "g", replicas=1, write_quorum=1, auth_file=str(tokens))
+    )
+    yield node
+    await stop_node(node, runner)
+
+
+async def test_every_route_but_health_needs_a_token(guarded: Node) -> None:
+    app = build_app(guarded)
+    checked = 0
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource else {}
+        path = info.get("path") or info.get("formatter", "")
+        if not path or route.method == "HEAD":
+            continue
+        concrete = (
+            path.replace("{query}", "q1")
+            .replace("{operator}", "0")
+            .replace("{partition}", "1")
+            .replace("{name}", "default")
+            .replace("{version}", "1")
+            .replace("{kind}", "delta")
+            .replace("{key:.+}", "q1/0/1/default/1/d0-0000000000000000")
+        )
+        if path.startswith("/dashboard"):  # static files, no data (tests/test_dashboard.py)
+            continue
+        status, body = await call(guarded.address, route.method, concrete, data=b"{}")
+        if path == "/v1/health":
+            assert status == 200
+            continue
+        assert status == 401, (route.method, path, status, body)
+        assert body["error"]["code"] == "unauthenticated"
+        assert "token" in body["error"]["message"]
+        checked += 1
+    assert checked >= 15
+    status, body = await call(guarded.address, "GET", "/v1/ring", token="not-a-token")
+    assert status == 401 and "--auth-file" in body["error"]["message"]
+
+
+async def test_tokens_are_scoped_to_queries_and_rights(guarded: Node) -> None:
+    base = f"/v1/stores/{SID.path}"
+    rows = encode_puts([b"k"], [b"v"])
+    status, _ = await call(
+        guarded.address, "POST", f"{base}/commit?version=1&epoch=1", WRITER, data=rows
+    )
+    assert status == 201
+    cases = [
+        (READER, "GET", f"{base}/head", "does not cover query 'q1'"),
+        (READER, "POST", "/v1/stores/etl-1/0/1/default/commit?version=1&epoch=1", "'write'"),
+        (WRITER, "POST", f"{base}/gc", "'admin'"),
+        (WRITER, "GET", "/v1/stores/q2/0/1/default/head", "does not cover query 'q2'"),
+    ]
+    for token, method, path, words in cases:
+        status, body = await call(guarded.address, method, path, token, json={"floor": 1})
+        assert status == 403, (path, body)
+        assert body["error"]["code"] == "forbidden" and words in body["error"]["message"], body
+    status, body = await call(guarded.address, "GET", f"{base}/head", WRITER)
+    assert (status, body) == (200, {"version": 1, "epoch": 1})
+    status, body = await call(guarded.address, "GET", "/v1/stores", READER)
+    assert (status, body) == (200, {"stores": []})  # q1 is not the reader's to see
+
+
+async def test_sdk_sends_the_token_from_the_argument_or_the_environment(
+    guarded: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(Unauthenticated):
+        async with AsyncRingClient([guarded.address]) as ring:
+            pass
+    async with AsyncRingClient([guarded.address], token=READER) as ring:
+        with pytest.raises(Forbidden):
+            await ring.commit(SID, 1, {b"k": b"v"}, [], {}, epoch=1)
+    monkeypatch.setenv("STATESTORE_TOKEN", WRITER)
+    ring2 = await asyncio.to_thread(RingClient, [guarded.address])
+    try:
+        await asyncio.to_thread(ring2.commit, SID, 1, {b"k": b"v"}, [], {}, 1)
+        restored = await asyncio.to_thread(ring2.restore, SID, 1)
+        assert dict(restored) == {b"k": b"v"}
+    finally:
+        await asyncio.to_thread(ring2.close)
+
+
+async def test_the_tokens_file_is_reloaded_when_it_changes(guarded: Node, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    status, _ = await call(guarded.address, "GET", "/v1/ring", WRITER)
+    assert status == 200
+    fresh = "a-fresh-token-000000001"
+    tokens.write_text(json.dumps({fresh: {"queries": ["q1"], "rights": ["read"]}}))
+    os.utime(tokens, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    status, body = await call(guarded.address, "GET", "/v1/ring", WRITER)
+    assert status == 401, body
+    status, _ = await call(guarded.address, "GET", "/v1/ring", fresh)
+    assert status == 200
+    tokens.write_text("{broken")  # a bad edit keeps the last good tokens, health says so
+    os.utime(tokens, ns=(time.time_ns() + 2 * 10**9, time.time_ns() + 2 * 10**9))
+    status, _ = await call(guarded.address, "GET", "/v1/ring", fresh)
+    assert status == 200
+    status, health = await call(guarded.address, "GET", "/v1/health")
+    assert health["status"] == "degraded" and "auth-file" in " ".join(health["reasons"])
+
+
+# -- supervised loops and honest health -------------------------------------------------
+async def test_a_failing_loop_is_restarted_and_health_says_so(tmp_path: Path) -> None:
+    runs: list[int] = []
+
+    async def flaky(node: Node) -> None:
+        runs.append(1)
+        raise RuntimeError("injected failure")
+
+    node = Node(config(tmp_path, "f", replicas=1, write_quorum=1))
+    await node.start(0, [("flaky", flaky)])
+    try:
+        assert node.health()["status"] == "ok" or runs
+        await eventually(lambda: len(runs) >= 3, "the failed loop is started again")
+        health = node.health()
+        assert health["status"] == "degraded"
+        assert any("flaky" in r and "injected failure" in r for r in health["reasons"])
+    finally:
+        await node.stop()
+
+
+async def test_a_full_disk_makes_the_node_read_only_until_space_returns(solo: Node) -> None:
+    base = f"/v1/stores/{SID.path}"
+    rows = encode_puts([b"k"], [b"v"])
+    status, health = await call(solo.address, "GET", "/v1/health")
+    assert health["status"] == "ok"
+    solo.config.min_free_bytes = 2**62  # more than any disk has: "nearly full"
+    status, body = await call(solo.address, "POST", f"{base}/commit?version=1&epoch=1", data=rows)
+    assert (status, body["error"]["code"]) == (507, "insufficient_storage")
+    assert "read-only" in body["error"]["message"]
+    status, health = await call(solo.address, "GET", "/v1/health")
+    assert health["status"] == "degraded" and "disk nearly full" in " ".join(health["reasons"])
+    assert solo.store.stores() == []
+    solo.config.min_free_bytes = 0  # space returned
+    status, _ = await call(solo.address, "POST", f"{base}/commit?version=1&epoch=1", data=rows)
+    assert status == 201
+    status, health = await call(solo.address, "GET", "/v1/health")
+    assert health["status"] == "ok"
