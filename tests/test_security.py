@@ -296,3 +296,17 @@ async def test_a_full_disk_makes_the_node_read_only_until_space_returns(solo: No
     assert status == 201
     status, health = await call(solo.address, "GET", "/v1/health")
     assert health["status"] == "ok"
+
+
+def test_node_identity_is_on_in_the_compose_file() -> None:
+    import yaml
+
+    compose = yaml.safe_load(
+        (Path(__file__).parent.parent / "docker/docker-compose.yml").read_text()
+    )
+    for name in ("node1", "node2", "node3"):
+        svc = compose["services"][name]
+        cmd = svc["command"]
+        secret = cmd[cmd.index("--cluster-secret-file") + 1]
+        assert secret == "/run/secrets/cluster_secret" and svc["secrets"] == ["cluster_secret"]
+    assert compose["secrets"]["cluster_secret"]["file"] == "./cluster.secret"
