@@ -12,11 +12,15 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, http_json
+from statestore.wire.rows import encode_rows
 from tests.conftest import FAST
 
 DROP = [StoreId("q-drop", 0, p, "default") for p in range(2)] + [StoreId("q-drop", 1, 0, "agg")]
@@ -158,3 +162,76 @@ def test_a_node_down_during_the_drop_purges_when_it_returns(tmp_path: Path) -> N
                 assert dict(client.restore(sid)) == state
     finally:
         ring.stop()
+
+
+def test_drop_needs_the_admin_right(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATESTORE_TOKEN", "admin-token")  # LocalRing's own ring checks
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 64)
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(
+        json.dumps(
+            {
+                "writer-token": {"queries": ["q-drop"], "rights": ["read", "write"]},
+                "admin-token": {"queries": ["q-*"], "rights": ["read", "admin"]},
+            }
+        )
+    )
+    auth = ["--cluster-secret-file", str(secret), "--auth-file", str(tokens)]
+    ring = LocalRing(str(tmp_path / "ring"), 3, args=[*FAST, *auth]).start()
+    try:
+        commit_rows(ring.seeds[0], DROP[0], "writer-token")
+        seeds = ",".join(ring.seeds)
+        env = {"STATESTORE_TOKEN": "writer-token"}
+        refused = cli_env(env, "drop", "--seeds", seeds, "--query", "q-drop", "--yes")
+        assert refused.returncode == 1 and "admin" in refused.stderr
+        nobody = cli_env({}, "drop", "--seeds", seeds, "--query", "q-drop", "--yes")
+        assert nobody.returncode == 1 and "token" in nobody.stderr
+        held = request(ring.seeds[0], "GET", "/v1/queries/q-drop", "admin-token")
+        assert held["held"]["heads"] >= 1  # still there
+        done = cli_env(
+            {"STATESTORE_TOKEN": "admin-token"},
+            "drop",
+            "--seeds",
+            seeds,
+            "--query",
+            "q-drop",
+            "--yes",
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        listing = cli_env(
+            {"STATESTORE_TOKEN": "admin-token"}, "stores", "ls", "--seeds", seeds, "--json"
+        )
+        assert json.loads(listing.stdout)["stores"] == []
+    finally:
+        ring.stop()
+
+
+def request(address: str, method: str, path: str, token: str, body: bytes = b"") -> Any:
+    req = urllib.request.Request(
+        f"http://{address}{path}",
+        data=body or None,
+        method=method,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def commit_rows(address: str, sid: StoreId, token: str) -> None:
+    rows = b"".join(encode_rows([(b"k%d" % i, b"v" * 50) for i in range(20)]))
+    path = f"/v1/stores/{sid.path}/commit?version=1&epoch=1"
+    assert request(address, "POST", path, token, rows)["version"] == 1
+
+
+def cli_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("STATESTORE_TOKEN")}
+    return subprocess.run(
+        [sys.executable, "-m", "statestore", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**full, **env},
+    )

@@ -89,11 +89,15 @@ async def activity(request: web.Request) -> web.Response:
         return web.json_response(local_activity(app))
     node = app[NODE]
     view = node.view()
+    auth = request.headers.get("Authorization")  # peers judge the caller's token
+    forward = {"Authorization": auth} if auth else {}
 
     async def ask(address: str) -> Any:
         if address == node.address:
             return local_activity(app)
-        resp = await node.transport.request("GET", address, "/v1/activity", timeout=5.0)
+        resp = await node.transport.request(
+            "GET", address, "/v1/activity", headers=forward, timeout=5.0
+        )
         return resp.json()
 
     addresses = view.live_addresses()

@@ -18,6 +18,7 @@ from aiohttp import web
 from statestore.core.errors import StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.inventory import manifest_to_json, merge_listings, summaries_json
+from statestore.node.auth import principal
 from statestore.node.daemon import NODE, Node
 from statestore.wire.head import to_json as head_json
 
@@ -64,14 +65,16 @@ def local_detail(node: Node, store: StoreId) -> dict[str, Any]:
     }
 
 
-async def _ring_listing(node: Node, query: str | None) -> dict[str, Any]:
+async def _ring_listing(node: Node, query: str | None, auth: str | None) -> dict[str, Any]:
     view = node.view()
     path = "/v1/inventory" + (f"?query={query}" if query is not None else "")
 
     async def ask(address: str) -> Any:
         if address == node.address:
             return local_listing(node, query)
-        return (await node.transport.request("GET", address, path, timeout=5.0)).json()
+        headers = {"Authorization": auth} if auth else {}  # peers judge the caller's token
+        resp = await node.transport.request("GET", address, path, headers=headers, timeout=5.0)
+        return resp.json()
 
     addresses = view.live_addresses()
     answers = await asyncio.gather(*(ask(a) for a in addresses), return_exceptions=True)
@@ -97,8 +100,15 @@ async def inventory(request: web.Request) -> web.Response:
     if query is not None:
         StoreId(query, 0, 0, "x")  # validates the query name (InvalidStoreId names it)
     if request.query.get("scope", "node") == "ring":
-        return web.json_response(await _ring_listing(node, query))
-    return web.json_response(local_listing(node, query))
+        body = await _ring_listing(node, query, request.headers.get("Authorization"))
+    else:
+        body = local_listing(node, query)
+    grant = principal(request).grant  # a token sees the stores of its queries only
+    if grant is not None:
+        body["stores"] = [
+            s for s in body["stores"] if grant.covers(StoreId.parse(s["store"]).query)
+        ]
+    return web.json_response(body)
 
 
 async def store_inventory(request: web.Request) -> web.Response:

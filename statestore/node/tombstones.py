@@ -36,8 +36,9 @@ from typing import Any
 
 from aiohttp import web
 
-from statestore.core.errors import MalformedData, StateStoreError, Unavailable
+from statestore.core.errors import MalformedData, StateStoreError, Unauthenticated, Unavailable
 from statestore.core.ids import StoreId
+from statestore.node.auth import allow, is_node
 from statestore.node.daemon import NODE, Node
 
 __all__ = ["DROPPING", "Dropping", "register", "tombstone_loop"]
@@ -80,13 +81,17 @@ def _encode(t: dict[str, Any]) -> bytes:
     return json.dumps(t, sort_keys=True).encode()
 
 
-def _authorize(request: web.Request, right: str, query: str | None) -> None:
-    """The hook of client rights: ``admin`` for drop. Client tokens (node/auth.py) are not in
-    this revision yet; until they are, any caller may drop."""
-
-
-def _require_node(request: web.Request) -> None:
-    """The hook of node identity: only ring nodes may purge once node signatures are in."""
+def _require_node(request: web.Request, query: str) -> None:
+    """A purge comes from a ring node: signed when the ring has node identity; without it,
+    with the admin token the drop's caller gave (forwarded by the coordinating node)."""
+    if is_node(request):
+        return
+    if request.app[NODE].access.identity_on:
+        raise Unauthenticated(
+            f"purging query {query} is for ring nodes (signed requests): to drop a query, "
+            f"POST /v1/queries/{query}/drop with an admin token"
+        )
+    allow(request, "admin", query)
 
 
 async def purge_local(node: Node, dropping: Dropping, query: str, t: dict[str, Any]) -> Any:
@@ -110,8 +115,10 @@ async def drop(request: web.Request) -> web.Response:
     per member, what it deleted or why it could not be reached."""
     node, dropping = request.app[NODE], request.app[DROPPING]
     query = _check_query(request.match_info["query"])
-    _authorize(request, "admin", query)
     t = {"id": uuid.uuid4().hex, "at": time.time(), "query": query}
+    # without node identity, peers judge the purge by the caller's own (admin) token
+    auth = request.headers.get("Authorization")
+    forward = {"Authorization": auth} if auth else {}
     view = node.view()
     path = f"/v1/queries/{query}/purge"
 
@@ -121,7 +128,9 @@ async def drop(request: web.Request) -> web.Response:
             if name == "purge":
                 return await purge_local(node, dropping, query, t)
             return await seal_local(node, dropping, query, t)
-        resp = await node.transport.request("POST", address, path, json_body=body, timeout=10.0)
+        resp = await node.transport.request(
+            "POST", address, path, json_body=body, headers=forward, timeout=10.0
+        )
         return resp.json().get("purged")
 
     members = [(m.address, m.status) for m in view.members]
@@ -155,7 +164,7 @@ async def purge(request: web.Request) -> web.Response:
     """``POST /v1/queries/{query}/purge`` (ring nodes): one phase of a drop on this node."""
     node, dropping = request.app[NODE], request.app[DROPPING]
     query = _check_query(request.match_info["query"])
-    _require_node(request)
+    _require_node(request, query)
     try:
         body = await request.json()
     except ValueError as exc:
@@ -180,7 +189,6 @@ async def query_holdings(request: web.Request) -> web.Response:
     its tombstone (the drop tests check every node with it)."""
     node = request.app[NODE]
     query = _check_query(request.match_info["query"])
-    _authorize(request, "read", query)
     keys = node.store.query_keys(query)
     raw = node.store.tombstone(query)
     return web.json_response(
