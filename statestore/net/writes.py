@@ -143,10 +143,17 @@ async def put_chunks(
     await asyncio.gather(*(one(c) for c in chunks))
 
 
-async def put_manifest(transport: Transport, view: RingView, m: Manifest) -> int:
-    """Store the manifest on the store's replicas; returns the acks. Fencing errors win."""
+async def put_manifest(
+    transport: Transport, view: RingView, m: Manifest, retain: int | None = None
+) -> int:
+    """Store the manifest on the store's replicas; returns the acks. Fencing errors win.
+
+    ``retain`` asks the replicas to keep the store's last ``retain`` versions instead of
+    their ``--retain`` default (Spark's ``minBatchesToRetain``)."""
     targets = view.store_replicas(m.store)
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
+    if retain is not None:
+        path += f"?retain={retain}"
     acks, errors = await _put_everywhere(
         transport,
         targets,
@@ -195,6 +202,7 @@ async def write_commit(
     chunks: list[EncodedChunk],
     *,
     concurrency: int = 8,
+    retain: int | None = None,
 ) -> WriteStats:
     stats = WriteStats()
     await check_fence(transport, view, manifest)
@@ -207,5 +215,5 @@ async def write_commit(
         concurrency=concurrency,
         stats=stats,
     )
-    await put_manifest(transport, view, manifest)
+    await put_manifest(transport, view, manifest, retain)
     return stats

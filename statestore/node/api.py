@@ -278,8 +278,25 @@ async def put_manifest(request: web.Request) -> web.Response:
         raise InvalidRequest(f"{store} version {version} is below retention; commit a newer one")
     for ref in m.chunks:
         chunk_key(store, version, ref.name)  # validates chunk names
+    retain = _retain(request)
     created = await node.write(node.store.put_manifest, m)
+    if retain is not None:
+        await node.write(node.store.set_retain, store, retain)
     return web.json_response({"stored": created}, status=201 if created else 200)
+
+
+MAX_RETAIN = 1_000_000
+
+
+def _retain(request: web.Request) -> int | None:
+    """The optional ``retain`` query parameter: versions of the store to keep (1..10^6)."""
+    text = request.query.get("retain")
+    if text is None:
+        return None
+    retain = parse_uint(text, "retain", MAX_RETAIN)
+    if retain < 1:
+        raise InvalidRequest("retain must be at least 1 (versions of the store to keep)")
+    return retain
 
 
 async def get_manifest(request: web.Request) -> web.Response:
@@ -420,6 +437,7 @@ async def commit(request: web.Request) -> web.Response:
     version = _version(request.query.get("version"))
     epoch = parse_uint(request.query.get("epoch", "0"), "epoch", MAX_EPOCH)
     snapshot = request.query.get("snapshot", "0") in ("1", "true")
+    retain = _retain(request)
     positions = decode_positions(request.headers.get(POSITIONS_HEADER, "{}"), POSITIONS_HEADER)
     body = bytearray()
     limit = node.config.body_timeout
@@ -439,7 +457,7 @@ async def commit(request: web.Request) -> web.Response:
             )
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
     result = await coordinate_commit(
-        node, store, version, epoch, puts, deletes, positions, snapshot
+        node, store, version, epoch, puts, deletes, positions, snapshot, retain
     )
     return web.json_response(result, status=201)
 

@@ -64,7 +64,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> None:
         deltas,
         snaps,
         snapshot_every=node.config.snapshot_every,
-        retain=node.config.retain_versions,
+        retain=node.store.retain(store) or node.config.retain_versions,
         floor=node.store.floor(store),
     )
     for top in todo.snapshots:

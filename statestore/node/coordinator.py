@@ -45,6 +45,7 @@ async def coordinate_commit(
     deletes: list[bytes],
     positions: Mapping[str, Any],
     snapshot: bool,
+    retain: int | None = None,
 ) -> dict[str, Any]:
     manifest, chunks = await asyncio.to_thread(
         build_commit,
@@ -59,7 +60,7 @@ async def coordinate_commit(
         chunk_size=DEFAULT_CHUNK_SIZE,
         max_chunk=node.config.max_chunk,
     )
-    stats = await write_commit(node.transport, node.view(), manifest, chunks)
+    stats = await write_commit(node.transport, node.view(), manifest, chunks, retain=retain)
     return {
         "version": version,
         "epoch": epoch,

@@ -6,6 +6,7 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
        ``m:<store>/<version, 20 digits>/<kind>``  manifest (msgpack, wire/manifest.py)
        ``h:<store>``                         head, msgpack ``[epoch, version]`` (wire/head.py)
        ``f:<store>``                         retention floor: versions below it are gone
+       ``r:<store>``                         versions to retain, set by the writer (else --retain)
        ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
 """
 
@@ -133,6 +134,15 @@ class NodeStore:
         return self.backend.get(_mkey(store, version, kind))
 
     # -- retention -----------------------------------------------------------------------
+    def retain(self, store: StoreId) -> int | None:
+        """How many versions the store's writer asked to keep (None: the node's default)."""
+        raw = self.backend.get(b"r:" + store.path.encode())
+        return int(raw) if raw is not None else None
+
+    def set_retain(self, store: StoreId, versions: int) -> None:
+        if self.retain(store) != versions:
+            self.backend.write({b"r:" + store.path.encode(): str(versions).encode()}, [])
+
     def floor(self, store: StoreId) -> int:
         raw = self.backend.get(b"f:" + store.path.encode())
         return int(raw) if raw is not None else 0
@@ -177,6 +187,7 @@ class NodeStore:
                 ("manifests", "m"),
                 ("heads", "h"),
                 ("floors", "f"),
+                ("retention", "r"),
             )
         }
 
