@@ -245,7 +245,8 @@ async def have(request: web.Request) -> web.Response:
     for path, version, kind in manifests:
         store = StoreId.parse(path)
         floors[store.path] = node.store.floor(store)
-        out_m.append(node.store.raw_manifest(store, version, kind) is not None)
+        v = _version(version) if isinstance(version, str) else version
+        out_m.append(node.store.raw_manifest(store, v, kind) is not None)
     for key in chunks:
         store, _, _ = parse_chunk_key(key)
         if store.path not in floors:

@@ -75,7 +75,8 @@ class HaveRequest(msgspec.Struct, frozen=True):
     """``POST /v1/sync/have``: which of these chunks and manifests does the node hold."""
 
     chunks: Annotated[list[Str], Meta(max_length=MAX_HAVE_ITEMS)] = []
-    manifests: Annotated[list[tuple[Str, Version, Str]], Meta(max_length=MAX_HAVE_ITEMS)] = []
+    # a version as an integer, or in ASCII digits as repair's item names carry it
+    manifests: Annotated[list[tuple[Str, Version | Str, Str]], Meta(max_length=MAX_HAVE_ITEMS)] = []
 
 
 class KeysRequest(msgspec.Struct, frozen=True):
