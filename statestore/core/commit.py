@@ -36,7 +36,7 @@ def build_commit(
     check_epoch(epoch)
     pos = dict(positions or {})
     try:
-        encoded = json.dumps(pos)
+        encoded = json.dumps(pos, allow_nan=False)  # as wire/manifest decodes them
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"positions must be JSON-able ({exc})") from exc
     if len(encoded) > MAX_POSITIONS_BYTES:

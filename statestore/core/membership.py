@@ -165,7 +165,7 @@ class Membership:
         :attr:`refused` (the reason of each), the others merged.
         """
         self.refused = self.check(digest)
-        entries: Iterable[Any] = digest["members"]
+        entries: Iterable[Any] = digest.get("members", [])  # check() allows it missing
         for obj in entries:
             ident, addr, zone, inc, hb = _parse_entry(obj)
             if ident == self.self_id:

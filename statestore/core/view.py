@@ -17,6 +17,11 @@ from statestore.core.quorum import validate_rw
 __all__ = ["MemberInfo", "RingView"]
 
 STATUSES = ("up", "suspect", "down")
+# Bounds on a view read from the wire: a ring of vnodes x members tokens is built from it,
+# so a view claiming 2^31 vnodes would hang its reader (found by statestore-fuzz).
+MAX_VIEW_MEMBERS = 4096
+MAX_VIEW_VNODES = 4096
+MAX_VIEW_TOKENS = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -100,12 +105,23 @@ class RingView:
             )
             if any(m.status not in STATUSES for m in members):
                 raise ValueError(f"a member status is not one of {STATUSES}")
+            vnodes = int(obj["vnodes"])
+            if not (
+                len(members) <= MAX_VIEW_MEMBERS
+                and 1 <= vnodes <= MAX_VIEW_VNODES
+                and len(members) * vnodes <= MAX_VIEW_TOKENS
+            ):
+                raise ValueError(
+                    f"{len(members)} members x {vnodes} vnodes is past the bounds of a ring "
+                    f"({MAX_VIEW_MEMBERS} members, {MAX_VIEW_VNODES} vnodes, "
+                    f"{MAX_VIEW_TOKENS} tokens)"
+                )
             return cls(
                 int(obj["epoch"]),
                 members,
                 int(obj["replicas"]),
                 int(obj["write_quorum"]),
-                int(obj["vnodes"]),
+                vnodes,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise MalformedData(f"ring view is malformed ({exc!r})") from exc

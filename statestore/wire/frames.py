@@ -67,7 +67,12 @@ def encode_folded(rows: list[tuple[bytes, int, bytes | None]]) -> bytes:
 
 
 def decode_folded(data: bytes, max_raw: int) -> list[tuple[bytes, int, bytes | None]]:
-    size = zstandard.frame_content_size(data)
+    """Folded rows as (key, chain position, value or None). Raises DecompressionBomb past
+    ``max_raw`` and MalformedData for anything but a zstd frame of such triples."""
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:  # not a zstd frame at all (statestore-fuzz)
+        raise MalformedData(f"folded frame is not a zstd frame ({exc})") from exc
     if size < 0 or size > max_raw:
         raise DecompressionBomb(f"folded frame declares {size} bytes; the limit is {max_raw}")
     try:
@@ -76,8 +81,15 @@ def decode_folded(data: bytes, max_raw: int) -> list[tuple[bytes, int, bytes | N
         raise MalformedData(f"folded frame does not decode ({exc})") from exc
     if not isinstance(flat, list) or len(flat) % 3:
         raise MalformedData("folded frame is not a list of key, position, value triples")
-    it = iter(flat)
-    return list(zip(it, it, it, strict=True))
+    keys, positions, values = flat[0::3], flat[1::3], flat[2::3]
+    # what a fold relies on (statestore-fuzz): bytes keys, integer positions, bytes or nil
+    if not (
+        all(type(k) is bytes for k in keys)
+        and all(type(p) is int and 0 <= p < 2**32 for p in positions)
+        and all(v is None or type(v) is bytes for v in values)
+    ):
+        raise MalformedData("folded frame has a key, position or value of the wrong type")
+    return list(zip(keys, positions, values, strict=True))
 
 
 def _hop_obj(hop: Hop) -> dict[str, Any]:

@@ -7,14 +7,15 @@ byte for byte what schema 1 wrote.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
-from statestore.core.errors import MalformedData
-from statestore.core.ids import MAX_EPOCH, StoreId, check_version
-from statestore.core.manifest import ChunkRef, Manifest
+from statestore.core.errors import InvalidStoreId, MalformedData
+from statestore.core.ids import MAX_EPOCH, StoreId, check_version, chunk_key, parse_chunk_key
+from statestore.core.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
 
 __all__ = ["SCHEMA", "decode_chain", "decode_manifest", "encode_chain", "encode_manifest"]
 
@@ -55,6 +56,11 @@ def _from_obj(obj: Any) -> Manifest:
         positions = obj.get("positions", {})
         if not isinstance(positions, dict):
             raise MalformedData("manifest positions must be a map")
+        _check_positions(positions)
+        if not isinstance(obj["store"], str):
+            raise MalformedData(f"manifest store {obj['store']!r:.40} is not a store path")
+        store = StoreId.parse(obj["store"])
+        version = check_version(obj["version"])
         chunks = []
         for c in obj["chunks"]:
             name, lo, hi, size, raw_size, rows, digest = c
@@ -65,10 +71,14 @@ def _from_obj(obj: Any) -> Manifest:
                 and lo <= hi < groups
             ):
                 raise MalformedData(f"manifest chunk {c!r:.200} is malformed")
+            try:  # a name a chunk can have: put_manifest and readers turn it into a key
+                parse_chunk_key(chunk_key(store, version, name))
+            except InvalidStoreId as exc:
+                raise MalformedData(f"manifest chunk name {name!r:.80} is malformed") from exc
             chunks.append(ChunkRef(name, lo, hi, size, raw_size, rows, digest))
         return Manifest(
-            StoreId.parse(obj["store"]),
-            check_version(obj["version"]),
+            store,
+            version,
             kind,
             epoch,
             groups,
@@ -77,6 +87,20 @@ def _from_obj(obj: Any) -> Manifest:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedData(f"manifest is malformed ({exc!r})") from exc
+
+
+def _check_positions(positions: dict[Any, Any]) -> None:
+    """Positions are what the commit took (core/commit): a JSON object within the size limit
+    (a restore answers them in a header; statestore-fuzz found bytes and NaN accepted here,
+    and a 500 on the restore that followed)."""
+    try:
+        text = json.dumps(positions, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise MalformedData(f"manifest positions are not a JSON object ({exc})") from exc
+    if len(text) > MAX_POSITIONS_BYTES:
+        raise MalformedData(
+            f"manifest positions are {len(text)} bytes; the limit is {MAX_POSITIONS_BYTES}"
+        )
 
 
 def encode_manifest(m: Manifest) -> bytes:
