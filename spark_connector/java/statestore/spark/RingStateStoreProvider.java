@@ -18,6 +18,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProvider$;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.slf4j.Logger;
@@ -60,6 +61,10 @@ public final class RingStateStoreProvider implements StateStoreProvider {
   private String legacyPath;
   private int keyFields;
   private int valueFields;
+  private StructType keySchema;
+  private StructType valueSchema;
+  /** Whether a restored row was checked against the schemas ({@code formatValidation}). */
+  private volatile boolean validated;
   private DataType[] prefixTypes;
 
   // -- the in-memory versions -----------------------------------------------------------
@@ -130,6 +135,8 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     this.hadoopConf = hadoopConf;
     this.keyFields = keySchema.length();
     this.valueFields = valueSchema.length();
+    this.keySchema = keySchema;
+    this.valueSchema = valueSchema;
     if (prefixCols > 0) {
       this.prefixTypes = new DataType[prefixCols];
       for (int i = 0; i < prefixCols; i++) {
@@ -335,6 +342,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
             key.pointTo(k, k.length);
             UnsafeRow value = new UnsafeRow(valueFields);
             value.pointTo(v, v.length);
+            validate(key, value, version);
             data.put(key, value);
           };
         });
@@ -366,6 +374,34 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
         storePath, version, rows, bytes, data.shards, l.restoreMs);
     return data;
+  }
+
+  /**
+   * Spark's row format check, as HDFS-backed does it: when
+   * {@code spark.sql.streaming.stateStore.formatValidation.enabled} is on (the default), the
+   * first row this provider restores is checked against the operator's key schema (and the
+   * value schema when {@code formatValidationCheckValue}) with
+   * {@code UnsafeRowUtils.validateStructuralIntegrity}; a mismatch fails the load with
+   * Spark's own error as the cause.
+   */
+  private void validate(UnsafeRow key, UnsafeRow value, long version) {
+    if (validated || !storeConf.formatValidationEnabled()) {
+      return;
+    }
+    try {
+      StateStoreProvider$.MODULE$.validateStateRowFormat(
+          key, keySchema, value, valueSchema, stateStoreId, storeConf);
+    } catch (RuntimeException e) {
+      throw new IllegalStateException(
+          "RingStateStoreProvider: version " + version + " of " + storePath + " on the ring "
+              + "does not match the operator's state schema (key " + keySchema.simpleString()
+              + ", value " + valueSchema.simpleString() + "): " + e.getMessage()
+              + ". The state was written by a query with another schema; restart it from a new "
+              + "checkpoint, or set spark.sql.streaming.stateStore.formatValidation.enabled="
+              + "false if the rows are known to be compatible",
+          e);
+    }
+    validated = true;
   }
 
   /**

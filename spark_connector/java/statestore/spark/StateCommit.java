@@ -81,6 +81,11 @@ final class StateCommit {
     }
   }
 
+  /** Spark's {@code minBatchesToRetain}: sent with every commit as {@code retain=N}. */
+  static int retain(RingStateStoreProvider provider) {
+    return provider.storeConf() == null ? 0 : provider.storeConf().minVersionsToRetain();
+  }
+
   private static long limit(RingStateStoreProvider provider) {
     Long learned = LEARNED.get(String.join(",", provider.config().seeds));
     long configured = provider.config().maxCommitBytes;
@@ -147,7 +152,7 @@ final class StateCommit {
         for (int shard : sendOrder) {
           byte[] body = frame(store, snapshot, shard, shards, (int) Math.min(s[shard], limit));
           provider.ring().commit(shardPath(provider.storePath(), shard), newVersion, store.epoch,
-              snapshot, positions(newVersion, shards), body);
+              snapshot, positions(newVersion, shards), retain(provider), body);
           wrote = true;
           out.bytes += body.length;
         }
