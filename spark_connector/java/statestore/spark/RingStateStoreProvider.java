@@ -56,6 +56,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
   private Configuration hadoopConf;
   private RingConfig config;
   private RingHttp ring;
+  private RingDirect direct;
   private String storePath;
   /** The store's name before names carried the query id (null when they are the same). */
   private String legacyPath;
@@ -145,6 +146,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     }
     this.config = RingConfig.from(hadoopConf, storeConf);
     this.ring = RingHttp.shared(config);
+    this.direct = config.direct ? RingDirect.shared(config) : null;
     String queryId = StoreNaming.queryId(stateStoreId.checkpointRootLocation(), hadoopConf);
     this.storePath = StoreNaming.storePath(stateStoreId, queryId);
     String legacy = StoreNaming.storePath(stateStoreId, null);
@@ -321,6 +323,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     long started = System.nanoTime();
     long rows = 0;
     long bytes = 0;
+    long deadline = started + config.restoreTimeoutMs * 1_000_000L;
     try {
       int shards = 1;
       for (int shard = 0; shard < shards; shard++) {
@@ -328,7 +331,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
         int n = shards;
         int[] attempts = {0};
         String path = StateCommit.shardPath(source, shard);
-        RingHttp.Restored r = ring.restore(path, version, () -> {
+        RingHttp.RestoreTarget target = () -> {
           if (attempts[0]++ > 0) {
             // an attempt broke off: drop what it delivered of this shard
             if (n == 1) {
@@ -340,12 +343,19 @@ public final class RingStateStoreProvider implements StateStoreProvider {
           return (k, v) -> {
             UnsafeRow key = new UnsafeRow(keyFields);
             key.pointTo(k, k.length);
+            if (v == null) { // a delete of the direct path's chain
+              data.remove(key);
+              return;
+            }
             UnsafeRow value = new UnsafeRow(valueFields);
             value.pointTo(v, v.length);
             validate(key, value, version);
             data.put(key, value);
           };
-        });
+        };
+        RingHttp.Restored r = config.direct
+            ? direct.restore(path, version, deadline, target)
+            : ring.restore(path, version, target);
         if (r.version != version) {
           throw new IllegalStateException(
               "RingStateStoreProvider: asked the ring for version " + version + " of " + path
@@ -452,6 +462,10 @@ public final class RingStateStoreProvider implements StateStoreProvider {
 
   RingHttp ring() {
     return ring;
+  }
+
+  RingDirect direct() {
+    return direct;
   }
 
   StateStoreConf storeConf() {
