@@ -182,13 +182,15 @@ final class StateCommit {
 
   /**
    * One shard's commit on the direct path: its rows laid out in chunks in this JVM and
-   * written to the replicas ({@link RingDirect}); returns the compressed bytes written.
+   * written to the replicas ({@link RingDirect}); returns its rows' framed size (what the
+   * coordinator path would have sent, so {@code ringBytesCommitted} means the same on both).
    */
   private static long direct(RingStateStoreProvider provider, WriteStore store, long version,
       boolean snapshot, int shard, int shards, String path) throws IOException {
     List<byte[]> keys = new ArrayList<>();
     List<byte[]> values = new ArrayList<>();
     List<byte[]> deletes = new ArrayList<>();
+    long framed = 0;
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
         snapshot ? store.merged() : store.overlay.entrySet().iterator();
     while (rows.hasNext()) {
@@ -196,9 +198,11 @@ final class StateCommit {
       if (shardOf(e.getKey(), shards) == shard) {
         if (e.getValue() == StateData.TOMBSTONE) {
           deletes.add(e.getKey().getBytes());
+          framed += RowFraming.framedSize(e.getKey(), null);
         } else {
           keys.add(e.getKey().getBytes());
           values.add(e.getValue().getBytes());
+          framed += RowFraming.framedSize(e.getKey(), e.getValue());
         }
       }
     }
@@ -207,8 +211,9 @@ final class StateCommit {
     if (shards > 1) {
       positions.put("shards", (long) shards);
     }
-    return provider.direct().commit(path, version, store.epoch, snapshot, positions,
-        retain(provider), keys, values, deletes).bytes;
+    provider.direct().commit(path, version, store.epoch, snapshot, positions, retain(provider),
+        keys, values, deletes);
+    return framed;
   }
 
   private static byte[] frame(WriteStore store, boolean snapshot, int shard, int shards, int size)
