@@ -1,11 +1,18 @@
-"""Spark state providers compared: the ring, Spark's HDFS-backed provider, RocksDB.
+"""Spark state providers compared: the ring (direct and coordinator data paths), Spark's
+HDFS-backed provider, optionally RocksDB.
 
 A streaming count by key, ``local[2]``: 2,000,000 rows over 200,000 keys in 4 micro-batches
-(4 Parquet files, one per batch), 8 shuffle partitions, then 200. The three providers run
+(4 Parquet files, one per batch), 8 shuffle partitions, then 200. The providers run
 alternated in one JVM (after a warm-up round on a small input); then each is restarted in a
 new JVM that restores its state and runs one small batch. Ratios are against HDFS-backed.
+``ring`` is the provider's default data path (``spark.statestore.dataPath=direct``: the JVM
+writes and reads chunks itself), ``ring-coord`` the coordinator path (a node chunks and
+replicates framed rows). For the ring, the nodes' CPU seconds (``/proc/<pid>/stat``,
+user + system, all nodes) per MiB committed (``ringBytesCommitted``: framed row bytes, the
+same measure on both paths) are read around each throughput run.
 
     .venv/bin/python bench/spark_state.py [--rows 2000000] [--keys 200000] [--partitions 8,200]
+        [--providers ring,ring-coord,hdfs[,rocksdb]]
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ sys.path.insert(0, str(HERE))
 
 PROVIDERS = {
     "ring": "statestore.spark.RingStateStoreProvider",
+    "ring-coord": "statestore.spark.RingStateStoreProvider",
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
 }
@@ -63,8 +71,33 @@ def session(spec: dict[str, Any]) -> Any:
     return spark
 
 
-def run_query(spark: Any, provider: str, source: str, ckpt: str) -> float:
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (``/proc/<pid>/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / tick
+
+
+def committed_bytes(query: Any) -> int:
+    """``ringBytesCommitted`` summed over the query's progress reports."""
+    total = 0
+    for p in query.recentProgress:
+        obj = json.loads(p.json) if hasattr(p, "json") else p
+        for op in obj.get("stateOperators", []):
+            total += int(op.get("customMetrics", {}).get("ringBytesCommitted", 0))
+    return total
+
+
+def run_query(
+    spark: Any, provider: str, source: str, ckpt: str, stats: dict[str, float] | None = None
+) -> float:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
+    path = "coordinator" if provider == "ring-coord" else "direct"
+    spark.conf.set("spark.statestore.dataPath", path)
     df = spark.readStream.schema("key long, v long").option("maxFilesPerTrigger", 1).parquet(source)
     started = time.perf_counter()
     q = (
@@ -77,7 +110,10 @@ def run_query(spark: Any, provider: str, source: str, ckpt: str) -> float:
         .start()
     )
     q.awaitTermination()
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    if stats is not None:
+        stats["committed"] = committed_bytes(q)
+    return elapsed
 
 
 def worker(spec: dict[str, Any]) -> None:
@@ -89,7 +125,11 @@ def worker(spec: dict[str, Any]) -> None:
             run_query(spark, provider, str(base / "warm"), str(base / "ckpt-warm" / provider))
         for provider in spec["order"]:
             ckpt = base / f"ckpt-{spec['partitions']}" / provider
-            out[provider] = run_query(spark, provider, str(base / "input"), str(ckpt))
+            cpu0 = cpu_seconds(spec["pids"])
+            stats: dict[str, float] = {}
+            out[provider] = run_query(spark, provider, str(base / "input"), str(ckpt), stats)
+            out[f"{provider}:cpu"] = cpu_seconds(spec["pids"]) - cpu0
+            out[f"{provider}:committed"] = stats["committed"]
     else:
         provider = spec["provider"]
         ckpt = base / f"ckpt-{spec['partitions']}" / provider
@@ -121,6 +161,11 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--keys", type=int, default=200_000)
     p.add_argument("--partitions", default="8,200")
+    p.add_argument(
+        "--providers",
+        default="ring,ring-coord,hdfs",
+        help="comma-separated, from " + ",".join(PROVIDERS) + " (hdfs is always run)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args()
 
@@ -137,7 +182,19 @@ def main() -> None:
     try:
         with local_ring(3) as ring:
             seeds = ring.seeds
-            orders = [["ring", "hdfs", "rocksdb"], ["rocksdb", "hdfs", "ring"]]
+            chosen = [x for x in args.providers.split(",") if x]
+            unknown = [x for x in chosen if x not in PROVIDERS]
+            if unknown:
+                raise SystemExit(f"unknown provider(s) {unknown}: choose from {list(PROVIDERS)}")
+            if "hdfs" not in chosen:
+                chosen.append("hdfs")
+            orders = [chosen, chosen[::-1]]
+            pids = [p.proc.pid for p in ring.procs if p.proc is not None]
+            # the nodes' own background (gossip, repair, compaction) while nothing commits
+            idle0 = cpu_seconds(pids)
+            time.sleep(10)
+            idle_rate = (cpu_seconds(pids) - idle0) / 10
+            print(f"nodes idle: {idle_rate:.3f} CPU s per s (all nodes)", flush=True)
             parts = [int(x) for x in args.partitions.split(",")]
             for n, partitions in enumerate(parts):
                 shutil.rmtree(work / "input" / "part-4.parquet", ignore_errors=True)
@@ -148,6 +205,7 @@ def main() -> None:
                     "partitions": partitions,
                     "mode": "throughput",
                     "order": orders[n % 2],
+                    "pids": pids,
                 }
                 print(f"{partitions} partitions: throughput, order {spec['order']} ...", flush=True)
                 times, _ = call(spec, log)
@@ -159,11 +217,15 @@ def main() -> None:
                     spec_r = {**spec, "mode": "restart", "provider": provider}
                     q, wall = call(spec_r, log)
                     restart[provider] = (q[provider], wall)
-                for provider in ("ring", "hdfs", "rocksdb"):
+                for provider in chosen:
                     rate = args.rows / times[provider]
                     base_rate = args.rows / times["hdfs"]
                     rq, rw = restart[provider]
                     hq, hw = restart["hdfs"]
+                    mib = float(times.get(f"{provider}:committed", 0)) / (1 << 20)
+                    # net of the nodes' idle background over the run's duration
+                    cpu = float(times.get(f"{provider}:cpu", 0)) - idle_rate * times[provider]
+                    per_mib = f"{cpu / mib:.3f}" if provider.startswith("ring") and mib else "-"
                     results.append(
                         [
                             provider,
@@ -174,6 +236,8 @@ def main() -> None:
                             f"{rq / hq:.2f}x",
                             f"{rw:.1f}",
                             f"{rw / hw:.2f}x",
+                            per_mib,
+                            f"{mib:,.1f}" if mib else "-",
                         ]
                     )
     finally:
@@ -191,6 +255,8 @@ def main() -> None:
                 "vs HDFS",
                 "restart incl. JVM s",
                 "vs HDFS",
+                "node CPU s/MiB (net of idle)",
+                "MiB committed",
             ],
             results,
         )

@@ -1,9 +1,11 @@
 """A faulty network in front of real ring nodes: one HTTP proxy per node.
 
 Each proxy forwards requests to its node and rewrites ``GET /v1/ring`` so that clients learn
-the proxies' addresses instead of the nodes'. Faults are queued per kind of request
-(``commit``, ``state``, ``head``) in a plan shared by all proxies and consumed one per
-matching request, whichever proxy it reaches:
+the proxies' addresses instead of the nodes'. Faults are queued per kind of request in a plan
+shared by all proxies and consumed one per matching request, whichever proxy it reaches:
+``commit`` (a coordinator's ``POST .../commit``, or on the provider's direct path any
+``PUT`` of a chunk or manifest), ``state`` (a coordinator's ``GET .../state``, or on the direct
+path a chunk read), ``head``:
 
 - ``stall``: send the headers and half the body, then stop sending (the connection stays open)
 - ``cut``: send the headers and half the body, then close the connection
@@ -44,9 +46,9 @@ class FaultPlan:
 
 
 def _kind(method: str, path: str) -> str:
-    if method == "POST" and "/commit" in path:
+    if (method == "POST" and "/commit" in path) or method == "PUT":
         return "commit"
-    if "/state" in path:
+    if "/state" in path or (method == "GET" and path.startswith("/v1/chunks/")):
         return "state"
     if path.split("?")[0].endswith("/head"):
         return "head"
@@ -79,6 +81,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._forward("POST")
+
+    def do_PUT(self) -> None:
+        self._forward("PUT")
 
     def _reply(self, status: int, body: bytes, headers: list[tuple[str, str]]) -> None:
         self.send_response(status)

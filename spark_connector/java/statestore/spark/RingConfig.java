@@ -28,6 +28,8 @@ final class RingConfig {
   final long readTimeoutMs;
   final long restoreTimeoutMs;
   final long maxCommitBytes;
+  /** {@code direct} (the JVM writes and reads chunks, {@link RingDirect}) or {@code coordinator}. */
+  final boolean direct;
 
   private RingConfig(
       List<String> seeds,
@@ -39,7 +41,8 @@ final class RingConfig {
       long retryBudgetMs,
       long readTimeoutMs,
       long restoreTimeoutMs,
-      long maxCommitBytes) {
+      long maxCommitBytes,
+      boolean direct) {
     this.seeds = seeds;
     this.restorePlan = restorePlan;
     this.snapshotInterval = snapshotInterval;
@@ -50,6 +53,7 @@ final class RingConfig {
     this.readTimeoutMs = readTimeoutMs;
     this.restoreTimeoutMs = restoreTimeoutMs;
     this.maxCommitBytes = maxCommitBytes;
+    this.direct = direct;
   }
 
   static RingConfig from(Configuration hadoopConf, StateStoreConf storeConf) {
@@ -78,6 +82,11 @@ final class RingConfig {
       throw new IllegalArgumentException(
           "RingStateStoreProvider: " + PREFIX + "restorePlan '" + plan + "' is not a plan name");
     }
+    String path = get(hadoopConf, storeConf, "dataPath", "direct").trim().toLowerCase(Locale.ROOT);
+    if (!path.equals("direct") && !path.equals("coordinator")) {
+      throw new IllegalArgumentException(
+          "RingStateStoreProvider: " + PREFIX + "dataPath '" + path + "' is not direct or coordinator");
+    }
     return new RingConfig(
         List.copyOf(seeds),
         plan,
@@ -88,7 +97,8 @@ final class RingConfig {
         number(hadoopConf, storeConf, "retryBudgetMs", 60_000, 0, 24 * 3_600_000L),
         number(hadoopConf, storeConf, "readTimeoutMs", 30_000, 1, 24 * 3_600_000L),
         number(hadoopConf, storeConf, "restoreTimeoutMs", 300_000, 1, 24 * 3_600_000L),
-        number(hadoopConf, storeConf, "maxCommitBytes", 64L << 20, 1L << 10, 1L << 30));
+        number(hadoopConf, storeConf, "maxCommitBytes", 64L << 20, 1L << 10, 1L << 30),
+        path.equals("direct"));
   }
 
   private static long number(

@@ -217,13 +217,18 @@ final class RingHttp {
     }
   }
 
-  /** POST the framed rows as version {@code version}; returns the node's JSON answer. */
+  /**
+   * POST the framed rows as version {@code version}; returns the node's JSON answer.
+   * {@code retain} ({@code > 0}) asks the ring to keep that many versions of the store
+   * (Spark's {@code minBatchesToRetain}).
+   */
   JsonNode commit(
-      String storePath, long version, long epoch, boolean snapshot, String positions, byte[] body)
+      String storePath, long version, long epoch, boolean snapshot, String positions, int retain,
+      byte[] body)
       throws IOException {
     String query =
         "/v1/stores/" + storePath + "/commit?version=" + version + "&epoch=" + epoch
-            + (snapshot ? "&snapshot=1" : "");
+            + (snapshot ? "&snapshot=1" : "") + (retain > 0 ? "&retain=" + retain : "");
     return withRetries(
         "commit of " + storePath + " version " + version, storePath, config.retryBudgetMs,
         config.requestTimeoutMs, false, (address, timeoutMs) -> {

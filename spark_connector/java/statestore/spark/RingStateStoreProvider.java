@@ -18,6 +18,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProvider$;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.slf4j.Logger;
@@ -55,11 +56,16 @@ public final class RingStateStoreProvider implements StateStoreProvider {
   private Configuration hadoopConf;
   private RingConfig config;
   private RingHttp ring;
+  private RingDirect direct;
   private String storePath;
   /** The store's name before names carried the query id (null when they are the same). */
   private String legacyPath;
   private int keyFields;
   private int valueFields;
+  private StructType keySchema;
+  private StructType valueSchema;
+  /** Whether a restored row was checked against the schemas ({@code formatValidation}). */
+  private volatile boolean validated;
   private DataType[] prefixTypes;
 
   // -- the in-memory versions -----------------------------------------------------------
@@ -130,6 +136,8 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     this.hadoopConf = hadoopConf;
     this.keyFields = keySchema.length();
     this.valueFields = valueSchema.length();
+    this.keySchema = keySchema;
+    this.valueSchema = valueSchema;
     if (prefixCols > 0) {
       this.prefixTypes = new DataType[prefixCols];
       for (int i = 0; i < prefixCols; i++) {
@@ -138,6 +146,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     }
     this.config = RingConfig.from(hadoopConf, storeConf);
     this.ring = RingHttp.shared(config);
+    this.direct = config.direct ? RingDirect.shared(config) : null;
     String queryId = StoreNaming.queryId(stateStoreId.checkpointRootLocation(), hadoopConf);
     this.storePath = StoreNaming.storePath(stateStoreId, queryId);
     String legacy = StoreNaming.storePath(stateStoreId, null);
@@ -314,6 +323,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     long started = System.nanoTime();
     long rows = 0;
     long bytes = 0;
+    long deadline = started + config.restoreTimeoutMs * 1_000_000L;
     try {
       int shards = 1;
       for (int shard = 0; shard < shards; shard++) {
@@ -321,7 +331,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
         int n = shards;
         int[] attempts = {0};
         String path = StateCommit.shardPath(source, shard);
-        RingHttp.Restored r = ring.restore(path, version, () -> {
+        RingHttp.RestoreTarget target = () -> {
           if (attempts[0]++ > 0) {
             // an attempt broke off: drop what it delivered of this shard
             if (n == 1) {
@@ -333,11 +343,19 @@ public final class RingStateStoreProvider implements StateStoreProvider {
           return (k, v) -> {
             UnsafeRow key = new UnsafeRow(keyFields);
             key.pointTo(k, k.length);
+            if (v == null) { // a delete of the direct path's chain
+              data.remove(key);
+              return;
+            }
             UnsafeRow value = new UnsafeRow(valueFields);
             value.pointTo(v, v.length);
+            validate(key, value, version);
             data.put(key, value);
           };
-        });
+        };
+        RingHttp.Restored r = config.direct
+            ? direct.restore(path, version, deadline, target)
+            : ring.restore(path, version, target);
         if (r.version != version) {
           throw new IllegalStateException(
               "RingStateStoreProvider: asked the ring for version " + version + " of " + path
@@ -366,6 +384,34 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
         storePath, version, rows, bytes, data.shards, l.restoreMs);
     return data;
+  }
+
+  /**
+   * Spark's row format check, as HDFS-backed does it: when
+   * {@code spark.sql.streaming.stateStore.formatValidation.enabled} is on (the default), the
+   * first row this provider restores is checked against the operator's key schema (and the
+   * value schema when {@code formatValidationCheckValue}) with
+   * {@code UnsafeRowUtils.validateStructuralIntegrity}; a mismatch fails the load with
+   * Spark's own error as the cause.
+   */
+  private void validate(UnsafeRow key, UnsafeRow value, long version) {
+    if (validated || !storeConf.formatValidationEnabled()) {
+      return;
+    }
+    try {
+      StateStoreProvider$.MODULE$.validateStateRowFormat(
+          key, keySchema, value, valueSchema, stateStoreId, storeConf);
+    } catch (RuntimeException e) {
+      throw new IllegalStateException(
+          "RingStateStoreProvider: version " + version + " of " + storePath + " on the ring "
+              + "does not match the operator's state schema (key " + keySchema.simpleString()
+              + ", value " + valueSchema.simpleString() + "): " + e.getMessage()
+              + ". The state was written by a query with another schema; restart it from a new "
+              + "checkpoint, or set spark.sql.streaming.stateStore.formatValidation.enabled="
+              + "false if the rows are known to be compatible",
+          e);
+    }
+    validated = true;
   }
 
   /**
@@ -416,6 +462,10 @@ public final class RingStateStoreProvider implements StateStoreProvider {
 
   RingHttp ring() {
     return ring;
+  }
+
+  RingDirect direct() {
+    return direct;
   }
 
   StateStoreConf storeConf() {

@@ -32,8 +32,8 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * {@code stale_epoch} or {@code version_conflict} from any replica fails the commit, otherwise
  * W acknowledgements make it. Re-sending the same content at the same epoch is idempotent at
  * the nodes. On an availability error the writer refreshes its view and retries once (after
- * 200 ms if the ring epoch did not move), as the Python client does. Standalone: the provider
- * does not use it yet.
+ * 200 ms if the ring epoch did not move), as the Python client does. The provider's direct
+ * data path ({@link RingDirect}) writes through it, within its retry budget.
  */
 public final class RingWriter {
   /** Errors of the ring, with the node's stable {@code code} ({@code stale_epoch}, ...). */
@@ -111,6 +111,18 @@ public final class RingWriter {
       List<String> out = new ArrayList<>();
       for (String id : ring.replicas(key, replicas)) {
         out.add(address.get(id));
+      }
+      return out;
+    }
+
+    /** Replicas first, then every other live node in ring order (where it may have moved). */
+    public List<String> readOrder(String key) {
+      List<String> out = replicasOf(key);
+      for (String id : ring.preference(key)) {
+        String a = address.get(id);
+        if (!out.contains(a)) {
+          out.add(a);
+        }
       }
       return out;
     }
@@ -194,6 +206,16 @@ public final class RingWriter {
         + "): start a node, or pass seeds of running ones");
   }
 
+  /** The HTTP client the writer sends with (shared by the provider's direct reads). */
+  HttpClient http() {
+    return http;
+  }
+
+  /** Record a ring epoch a node reported (a newer one makes {@link #view} refresh). */
+  void sawEpoch(long epoch) {
+    seenEpoch.accumulateAndGet(epoch, Math::max);
+  }
+
   /** The current view, refreshed when a node reported a newer ring epoch. */
   public View view() {
     View v = view;
@@ -209,9 +231,17 @@ public final class RingWriter {
    * {@code version_conflict}, {@code quorum_not_reached}, ...); nothing is acknowledged then.
    */
   public WriteStats write(ManifestCodec.Manifest manifest, List<ChunkCodec.Chunk> chunks) {
+    return write(manifest, chunks, 0);
+  }
+
+  /**
+   * {@link #write(ManifestCodec.Manifest, List)}, asking the store's replicas to keep its last
+   * {@code retain} versions ({@code PUT /v1/manifests/...?retain=N}; 0 = the ring's default).
+   */
+  public WriteStats write(ManifestCodec.Manifest manifest, List<ChunkCodec.Chunk> chunks, int retain) {
     View v = view();
     try {
-      return writeOn(v, manifest, chunks);
+      return writeOn(v, manifest, chunks, retain);
     } catch (RingException e) {
       if (!e.unavailable()) {
         throw e;
@@ -225,17 +255,17 @@ public final class RingWriter {
           throw e;
         }
       }
-      return writeOn(view(), manifest, chunks);
+      return writeOn(view(), manifest, chunks, retain);
     }
   }
 
-  private WriteStats writeOn(View v, ManifestCodec.Manifest m, List<ChunkCodec.Chunk> chunks) {
+  private WriteStats writeOn(View v, ManifestCodec.Manifest m, List<ChunkCodec.Chunk> chunks, int retain) {
     int replicaWrites = putChunks(v, m.store(), m.version(), chunks);
     long bytes = 0;
     for (ChunkCodec.Chunk c : chunks) {
       bytes += c.data().length;
     }
-    int acks = putManifest(v, m);
+    int acks = putManifest(v, m, retain);
     return new WriteStats(chunks.size(), bytes, replicaWrites, acks);
   }
 
@@ -283,8 +313,14 @@ public final class RingWriter {
 
   /** Store the manifest on the store's replicas; returns the acks. Fencing errors win. */
   public int putManifest(View v, ManifestCodec.Manifest m) {
+    return putManifest(v, m, 0);
+  }
+
+  /** {@link #putManifest(View, ManifestCodec.Manifest)} with {@code ?retain=N} when N > 0. */
+  public int putManifest(View v, ManifestCodec.Manifest m, int retain) {
     List<String> targets = v.replicasOf(m.store());
-    String path = "/v1/manifests/" + m.store() + "/" + m.version() + "/" + m.kind();
+    String path = "/v1/manifests/" + m.store() + "/" + m.version() + "/" + m.kind()
+        + (retain > 0 ? "?retain=" + retain : "");
     Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack").join();
     for (RingException e : r.errors) {
       if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")) {

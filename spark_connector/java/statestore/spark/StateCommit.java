@@ -3,7 +3,10 @@ package statestore.spark;
 import java.io.ByteArrayOutputStream;
 import java.io.DataOutputStream;
 import java.io.IOException;
+import java.util.ArrayList;
 import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 
@@ -81,6 +84,11 @@ final class StateCommit {
     }
   }
 
+  /** Spark's {@code minBatchesToRetain}: sent with every commit as {@code retain=N}. */
+  static int retain(RingStateStoreProvider provider) {
+    return provider.storeConf() == null ? 0 : provider.storeConf().minVersionsToRetain();
+  }
+
   private static long limit(RingStateStoreProvider provider) {
     Long learned = LEARNED.get(String.join(",", provider.config().seeds));
     long configured = provider.config().maxCommitBytes;
@@ -145,11 +153,16 @@ final class StateCommit {
       boolean wrote = false;
       try {
         for (int shard : sendOrder) {
-          byte[] body = frame(store, snapshot, shard, shards, (int) Math.min(s[shard], limit));
-          provider.ring().commit(shardPath(provider.storePath(), shard), newVersion, store.epoch,
-              snapshot, positions(newVersion, shards), body);
+          String path = shardPath(provider.storePath(), shard);
+          if (provider.config().direct) {
+            out.bytes += direct(provider, store, newVersion, snapshot, shard, shards, path);
+          } else {
+            byte[] body = frame(store, snapshot, shard, shards, (int) Math.min(s[shard], limit));
+            provider.ring().commit(path, newVersion, store.epoch, snapshot,
+                positions(newVersion, shards), retain(provider), body);
+            out.bytes += body.length;
+          }
           wrote = true;
-          out.bytes += body.length;
         }
         return out;
       } catch (RingHttp.RingError e) {
@@ -165,6 +178,42 @@ final class StateCommit {
             provider.storePath(), max(sizes), lower);
       }
     }
+  }
+
+  /**
+   * One shard's commit on the direct path: its rows laid out in chunks in this JVM and
+   * written to the replicas ({@link RingDirect}); returns its rows' framed size (what the
+   * coordinator path would have sent, so {@code ringBytesCommitted} means the same on both).
+   */
+  private static long direct(RingStateStoreProvider provider, WriteStore store, long version,
+      boolean snapshot, int shard, int shards, String path) throws IOException {
+    List<byte[]> keys = new ArrayList<>();
+    List<byte[]> values = new ArrayList<>();
+    List<byte[]> deletes = new ArrayList<>();
+    long framed = 0;
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
+        snapshot ? store.merged() : store.overlay.entrySet().iterator();
+    while (rows.hasNext()) {
+      Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+      if (shardOf(e.getKey(), shards) == shard) {
+        if (e.getValue() == StateData.TOMBSTONE) {
+          deletes.add(e.getKey().getBytes());
+          framed += RowFraming.framedSize(e.getKey(), null);
+        } else {
+          keys.add(e.getKey().getBytes());
+          values.add(e.getValue().getBytes());
+          framed += RowFraming.framedSize(e.getKey(), e.getValue());
+        }
+      }
+    }
+    Map<String, Object> positions = new LinkedHashMap<>();
+    positions.put("spark_state_version", version);
+    if (shards > 1) {
+      positions.put("shards", (long) shards);
+    }
+    provider.direct().commit(path, version, store.epoch, snapshot, positions, retain(provider),
+        keys, values, deletes);
+    return framed;
   }
 
   private static byte[] frame(WriteStore store, boolean snapshot, int shard, int shards, int size)

@@ -1,0 +1,427 @@
+package statestore.spark;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.net.URI;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+
+/**
+ * The provider's direct data path ({@code spark.statestore.dataPath=direct}, the default): the
+ * JVM lays a commit out in chunks itself ({@link ChunkCodec}, byte for byte what a node's
+ * coordinator would make of the same rows) and writes them with {@link RingWriter} (each chunk
+ * to its R replicas, then the manifest to the store's replicas, W of R, fencing errors win),
+ * and restores by reading the store's chain from its replicas and fetching every chunk from
+ * its holders itself (star), decoding in the JVM. No node parses, chunks, compresses or
+ * decodes rows on the provider's behalf.
+ *
+ * <p>Commits retry availability failures (no quorum, unreachable or timed-out replicas) with
+ * the same budget and backoff as the coordinator path ({@code retryBudgetMs}, {@code
+ * maxAttempts}); a retry re-sends the same chunks and manifest at the same epoch, which the
+ * nodes take as a no-op where they already hold them. A restore has one deadline
+ * ({@code restoreTimeoutMs}, passed in by the provider for all of a version's shards): each
+ * chunk is read from its replicas then the other live nodes in ring order, failing over on an
+ * error, a timeout, a body silent for {@code readTimeoutMs} (the {@link Watchdog} cuts it) or a
+ * checksum mismatch, at most {@link #FETCH_THREADS} at once; a restore attempt that cannot
+ * finish (a chain without a read quorum, a chunk no holder could serve) starts again from
+ * empty after a backoff, until the deadline.
+ */
+final class RingDirect {
+  static final int FETCH_THREADS = 8;
+  private static final ObjectMapper JSON = new ObjectMapper();
+  private static final ConcurrentHashMap<String, RingDirect> SHARED = new ConcurrentHashMap<>();
+  private static final AtomicInteger THREADS = new AtomicInteger();
+
+  private final RingConfig config;
+  private final RingWriter writer;
+
+  private RingDirect(RingConfig config) {
+    this.config = config;
+    this.writer = new RingWriter(config.seeds, Duration.ofMillis(config.connectTimeoutMs),
+        Duration.ofMillis(config.requestTimeoutMs), FETCH_THREADS);
+  }
+
+  static RingDirect shared(RingConfig config) {
+    String key = String.join(",", config.seeds) + "|" + config.connectTimeoutMs + "|"
+        + config.requestTimeoutMs;
+    return SHARED.computeIfAbsent(key, k -> new RingDirect(config));
+  }
+
+  // -- commits ---------------------------------------------------------------------------
+
+  /** What one shard's commit wrote. */
+  static final class Written {
+    long bytes;
+    int chunks;
+  }
+
+  /**
+   * Commit version {@code version} of one ring store: puts ({@code keys}, {@code values}) and
+   * {@code deletes}, as a snapshot or a delta, with {@code retain} sent to the manifest's
+   * replicas (Spark's minBatchesToRetain; 0 = the ring's default).
+   */
+  Written commit(
+      String storePath, long version, long epoch, boolean snapshot, Map<String, Object> positions,
+      int retain, List<byte[]> keys, List<byte[]> values, List<byte[]> deletes)
+      throws IOException {
+    List<ChunkCodec.Chunk> chunks;
+    try {
+      chunks = ChunkCodec.encode(keys, values, deletes, ChunkCodec.DEFAULT_KEY_GROUPS,
+          ChunkCodec.DEFAULT_CHUNK_SIZE, snapshot ? 's' : 'd', ChunkCodec.MAX_CHUNK_RAW);
+    } catch (ChunkCodec.PayloadTooLargeException e) {
+      throw new RingHttp.RingError(413, "payload_too_large", e.getMessage());
+    } catch (ChunkCodec.InvalidRequestException e) {
+      throw new RingHttp.RingError(400, "invalid_request", e.getMessage());
+    }
+    ManifestCodec.Manifest manifest = ManifestCodec.of(storePath, version, snapshot, epoch,
+        ChunkCodec.DEFAULT_KEY_GROUPS, chunks, positions);
+    String what = "commit of " + storePath + " version " + version;
+    long deadline = System.nanoTime() + config.retryBudgetMs * 1_000_000L;
+    RuntimeException last = null;
+    for (int round = 0; ; round++) {
+      if (round > 0) {
+        long left = (deadline - System.nanoTime()) / 1_000_000L;
+        if (left <= 0 || round >= config.maxAttempts) {
+          throw new RingHttp.Unavailable(what + " failed for " + config.retryBudgetMs + " ms ("
+              + round + " rounds): " + last.getMessage() + "; the ring may be down or overloaded"
+              + " (raise " + RingConfig.PREFIX + "retryBudgetMs to wait longer)", last);
+        }
+        backoff(round, left);
+        try {
+          writer.refresh();
+        } catch (RingWriter.RingException e) {
+          last = e;
+          continue;
+        }
+      }
+      try {
+        RingWriter.WriteStats stats = writer.write(manifest, chunks, retain);
+        Written out = new Written();
+        out.bytes = stats.bytes();
+        out.chunks = stats.chunks();
+        return out;
+      } catch (RingWriter.RingException e) {
+        if (!e.unavailable()) {
+          throw new RingHttp.RingError(status(e.code()), e.code(), e.getMessage());
+        }
+        last = e;
+      }
+    }
+  }
+
+  private static int status(String code) {
+    switch (code) {
+      case "stale_epoch":
+      case "version_conflict":
+        return 409;
+      case "payload_too_large":
+        return 413;
+      case "not_found":
+      case "store_not_found":
+      case "version_not_found":
+        return 404;
+      default:
+        return code.startsWith("corrupt") || code.equals("decompression_bomb") ? 422 : 400;
+    }
+  }
+
+  private static void backoff(int round, long leftMs) throws IOException {
+    long cap = Math.min(5_000L, 100L << Math.min(round - 1, 6));
+    long ms = Math.min(leftMs, ThreadLocalRandom.current().nextLong(cap / 2, cap + 1));
+    try {
+      Thread.sleep(ms);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted while waiting to retry", e);
+    }
+  }
+
+  // -- restores --------------------------------------------------------------------------
+
+  /**
+   * Rebuild version {@code version} of one ring store into {@code target} (a fresh sink per
+   * attempt; a {@code null} value is a delete of the chain's earlier rows), by
+   * {@code deadline} ({@link System#nanoTime}).
+   */
+  RingHttp.Restored restore(String storePath, long version, long deadline,
+      RingHttp.RestoreTarget target) throws IOException {
+    String what = "restore of " + storePath + " version " + version;
+    IOException last = null;
+    for (int round = 0; ; round++) {
+      long left = (deadline - System.nanoTime()) / 1_000_000L;
+      if (round > 0) {
+        if (left <= 0 || round >= config.maxAttempts) {
+          throw new RingHttp.Unavailable(what + " did not finish within "
+              + config.restoreTimeoutMs + " ms (" + round + " attempts): "
+              + (last == null ? "deadline passed" : last.getMessage()), last);
+        }
+        backoff(round, left);
+        try {
+          writer.refresh();
+        } catch (RingWriter.RingException e) {
+          last = new IOException(e.getMessage(), e);
+          continue;
+        }
+      }
+      try {
+        return restoreOnce(writer.view(), storePath, version, deadline, target);
+      } catch (RingHttp.RingError e) {
+        if (!e.retryable()) {
+          throw e;
+        }
+        last = e;
+      } catch (RingWriter.RingException e) {
+        last = new IOException(e.getMessage(), e);
+      } catch (IOException e) {
+        last = e;
+      }
+    }
+  }
+
+  private RingHttp.Restored restoreOnce(RingWriter.View v, String storePath, long version,
+      long deadline, RingHttp.RestoreTarget target) throws IOException {
+    List<ManifestCodec.Manifest> chain = readChain(v, storePath, version, deadline);
+    RowFraming.RowSink sink = target.begin();
+    List<ManifestCodec.Manifest> owners = new ArrayList<>();
+    List<ManifestCodec.ChunkRef> refs = new ArrayList<>();
+    for (ManifestCodec.Manifest m : chain) {
+      for (ManifestCodec.ChunkRef c : m.chunks()) {
+        owners.add(m);
+        refs.add(c);
+      }
+    }
+    RingHttp.Restored out = new RingHttp.Restored();
+    ManifestCodec.Manifest top = chain.get(chain.size() - 1);
+    out.version = top.version();
+    out.writerEpoch = top.epoch();
+    out.positions = JSON.writeValueAsString(top.positions());
+    int threads = Math.max(1, Math.min(FETCH_THREADS, refs.size()));
+    ExecutorService pool = Executors.newFixedThreadPool(threads, r -> {
+      Thread t = new Thread(r, "statestore-fetch-" + THREADS.incrementAndGet());
+      t.setDaemon(true);
+      return t;
+    });
+    try {
+      // a window of fetches ahead of the one being applied, in chain order (a later
+      // version's rows must land after an earlier one's)
+      List<Future<List<ChunkCodec.Row>>> futures = new ArrayList<>(refs.size());
+      int window = 2 * threads;
+      for (int i = 0; i < refs.size(); i++) {
+        while (futures.size() < refs.size() && futures.size() <= i + window) {
+          int j = futures.size();
+          ManifestCodec.Manifest m = owners.get(j);
+          ManifestCodec.ChunkRef ref = refs.get(j);
+          futures.add(pool.submit(() -> {
+            String key = RingWriter.chunkKey(m.store(), m.version(), ref.name());
+            byte[] data = fetchChunk(v, key, ref.checksum(), deadline);
+            synchronized (out) {
+              out.bytes += data.length;
+            }
+            return ChunkCodec.decode(data, ChunkCodec.MAX_CHUNK_RAW, key);
+          }));
+        }
+        List<ChunkCodec.Row> rows = await(futures.get(i), deadline, storePath, version);
+        futures.set(i, null);
+        for (ChunkCodec.Row row : rows) {
+          sink.row(row.key(), row.value());
+          if (row.value() != null) {
+            out.rows++;
+          }
+        }
+      }
+    } finally {
+      pool.shutdownNow();
+    }
+    return out;
+  }
+
+  private static <T> T await(Future<T> f, long deadline, String storePath, long version)
+      throws IOException {
+    long left = deadline - System.nanoTime();
+    try {
+      return f.get(Math.max(1, left), TimeUnit.NANOSECONDS);
+    } catch (TimeoutException e) {
+      f.cancel(true);
+      throw new IOException("restore of " + storePath + " version " + version
+          + ": the restore deadline passed");
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted during a restore", e);
+    } catch (ExecutionException e) {
+      Throwable c = e.getCause();
+      if (c instanceof IOException io) {
+        throw io;
+      }
+      if (c instanceof ChunkCodec.CorruptChunkException cc) {
+        throw new IOException(cc.getMessage(), cc);
+      }
+      if (c instanceof RuntimeException r) {
+        throw r;
+      }
+      throw new IOException(c);
+    }
+  }
+
+  /** One chunk's verified bytes from the first holder that has them. */
+  private byte[] fetchChunk(RingWriter.View v, String key, long checksum, long deadline)
+      throws IOException {
+    List<String> errors = new ArrayList<>();
+    for (String address : v.readOrder(key)) {
+      long left = (deadline - System.nanoTime()) / 1_000_000L;
+      if (left <= 0) {
+        errors.add("the restore deadline passed");
+        break;
+      }
+      try {
+        HttpRequest req = HttpRequest.newBuilder(URI.create("http://" + address + "/v1/chunks/" + key))
+            .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
+        HttpResponse<InputStream> resp =
+            writer.http().send(req, HttpResponse.BodyHandlers.ofInputStream());
+        epochOf(resp);
+        try (InputStream body = resp.body();
+            Watchdog.Guard guard = Watchdog.watch(body, deadline, config.readTimeoutMs)) {
+          byte[] data;
+          try {
+            data = guard.stream().readAllBytes();
+          } catch (IOException e) {
+            guard.check();
+            throw e;
+          }
+          guard.check();
+          if (resp.statusCode() != 200) {
+            errors.add(address + " answered " + resp.statusCode() + " "
+                + new String(data, 0, Math.min(200, data.length), StandardCharsets.UTF_8));
+            continue;
+          }
+          ChunkCodec.verify(data, checksum, key);
+          return data;
+        }
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IOException("interrupted while reading chunk " + key, e);
+      } catch (IOException | ChunkCodec.CorruptChunkException | IllegalArgumentException e) {
+        errors.add(address + ": " + e.getMessage());
+      }
+    }
+    throw new IOException("chunk " + key + " could not be read from any live holder: "
+        + String.join("; ", errors.subList(0, Math.min(3, errors.size()))));
+  }
+
+  private void epochOf(HttpResponse<?> resp) {
+    resp.headers().firstValue("X-Statestore-Epoch").ifPresent(h -> {
+      try {
+        writer.sawEpoch(Long.parseLong(h.trim()));
+      } catch (NumberFormatException ignored) {
+        // a garbled header is not a newer epoch
+      }
+    });
+  }
+
+  /**
+   * The manifests to apply for {@code version}, oldest first, merged over the store's
+   * replicas as {@code net/reads.read_chain} does (per version and kind the highest epoch;
+   * a snapshot is used unless a delta of its version is newer). A replica that does not hold
+   * the store answers 404 and contributes nothing; a version missing from every answer is
+   * {@code version_not_found} when every replica answered, else a retryable failure.
+   */
+  List<ManifestCodec.Manifest> readChain(RingWriter.View v, String storePath, long version,
+      long deadline) throws IOException {
+    List<String> targets = v.replicasOf(storePath);
+    List<CompletableFuture<HttpResponse<byte[]>>> pending = new ArrayList<>();
+    long left = Math.max(1, (deadline - System.nanoTime()) / 1_000_000L);
+    for (String a : targets) {
+      HttpRequest req = HttpRequest.newBuilder(
+              URI.create("http://" + a + "/v1/stores/" + storePath + "/chain?version=" + version))
+          .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
+      pending.add(writer.http().sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
+    }
+    Map<Long, ManifestCodec.Manifest> deltas = new HashMap<>();
+    Map<Long, ManifestCodec.Manifest> snaps = new HashMap<>();
+    List<String> errors = new ArrayList<>();
+    int answered = 0;
+    for (int i = 0; i < pending.size(); i++) {
+      String a = targets.get(i);
+      HttpResponse<byte[]> resp;
+      try {
+        long wait = Math.max(1, deadline - System.nanoTime());
+        resp = pending.get(i).get(wait, TimeUnit.NANOSECONDS);
+      } catch (TimeoutException e) {
+        pending.get(i).cancel(true);
+        errors.add(a + ": no answer by the restore deadline");
+        continue;
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IOException("interrupted while reading the chain of " + storePath, e);
+      } catch (ExecutionException e) {
+        errors.add(a + ": " + e.getCause());
+        continue;
+      }
+      epochOf(resp);
+      if (resp.statusCode() == 404) {
+        answered++;
+        continue;
+      }
+      if (resp.statusCode() != 200) {
+        errors.add(a + " answered " + resp.statusCode() + " "
+            + new String(resp.body(), 0, Math.min(200, resp.body().length), StandardCharsets.UTF_8));
+        continue;
+      }
+      List<ManifestCodec.Manifest> got;
+      try {
+        got = ManifestCodec.decodeChain(resp.body());
+      } catch (ManifestCodec.MalformedException e) {
+        errors.add(a + ": " + e.getMessage());
+        continue;
+      }
+      answered++;
+      for (ManifestCodec.Manifest m : got) {
+        Map<Long, ManifestCodec.Manifest> table = m.kind().equals("delta") ? deltas : snaps;
+        ManifestCodec.Manifest cur = table.get(m.version());
+        if (cur == null || m.epoch() > cur.epoch()) {
+          table.put(m.version(), m);
+        }
+      }
+    }
+    List<ManifestCodec.Manifest> chain = new ArrayList<>();
+    for (long w = version; w >= 1; w--) {
+      ManifestCodec.Manifest snap = snaps.get(w);
+      ManifestCodec.Manifest delta = deltas.get(w);
+      if (snap != null && (delta == null || snap.epoch() >= delta.epoch())) {
+        chain.add(snap);
+        break;
+      }
+      if (delta == null) {
+        String why = w == version
+            ? "has no version " + version
+            : "version " + version + " needs version " + w + ", which is gone";
+        if (!errors.isEmpty() || answered == 0) {
+          throw new IOException("the chain of " + storePath + " " + why + " on the replicas that"
+              + " answered (" + String.join("; ", errors) + ")");
+        }
+        throw new RingHttp.RingError(404, "version_not_found", "store " + storePath + " " + why
+            + " (past retention or never committed)");
+      }
+      chain.add(delta);
+    }
+    java.util.Collections.reverse(chain);
+    return chain;
+  }
+}
