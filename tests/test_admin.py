@@ -63,7 +63,13 @@ def stores_on(address: str) -> list[str]:
 def assert_nothing_left(ring: LocalRing, query: str) -> None:
     for address in ring.seeds:
         held = holdings(address, query)
-        assert held["held"] == {"chunks": 0, "manifests": 0, "heads": 0, "floors": 0}, address
+        assert held["held"] == {
+            "chunks": 0,
+            "manifests": 0,
+            "heads": 0,
+            "floors": 0,
+            "retention": 0,
+        }, address
         assert held["tombstone"] is not None and held["tombstone"]["state"] == "sealed"
         assert not [s for s in stores_on(address) if s.startswith(query + "/")], address
 

@@ -64,16 +64,43 @@ def chunk_keys(ring: RingClient, sid: StoreId, versions: list[int]) -> list[str]
     return sorted(keys)
 
 
-def wait_copies(ring: LocalRing, keys: list[str], copies: int, timeout: float = 60) -> None:
-    """Wait until every chunk key has ``copies`` copies among the live nodes."""
+def manifest_keys(ring: RingClient, sid: StoreId, versions: list[int]) -> list[list[str]]:
+    """Every manifest the versions' chains are made of, as ``[store path, version, kind]``."""
+    from statestore.wire.manifest import decode_chain
+
+    view = ring.ring()
+    found: set[tuple[str, str, str]] = set()
+    for address in view.store_replicas(sid):
+        for v in versions:
+            with urllib.request.urlopen(
+                f"http://{address}/v1/stores/{sid.path}/chain?version={v}", timeout=5
+            ) as resp:
+                found |= {(sid.path, str(m.version), m.kind) for m in decode_chain(resp.read())}
+    return [list(m) for m in sorted(found)]
+
+
+def wait_copies(
+    ring: LocalRing,
+    keys: list[str],
+    copies: int,
+    timeout: float = 60,
+    manifests: list[list[str]] | None = None,
+) -> None:
+    """Wait until every chunk key (and manifest, if given) has ``copies`` copies among the
+    live nodes."""
     deadline = time.monotonic() + timeout
+    wanted = manifests or []
     while True:
         counts = dict.fromkeys(keys, 0)
+        held = [0] * len(wanted)
         for address in ring.seeds:
-            answer = post(address, "/v1/sync/have", {"chunks": keys, "manifests": []})
+            answer = post(address, "/v1/sync/have", {"chunks": keys, "manifests": wanted})
             for k, has in zip(keys, answer["chunks"], strict=True):  # type: ignore[index]
                 counts[k] += bool(has)
+            for i, has in enumerate(answer["manifests"]):  # type: ignore[arg-type]
+                held[i] += bool(has)
         short = [k for k, c in counts.items() if c < copies]
+        short += ["/".join(m) for m, c in zip(wanted, held, strict=True) if c < copies]
         if not short:
             return
         if time.monotonic() > deadline:
@@ -151,7 +178,8 @@ def test_restarted_node_rejoins_with_its_data_and_catches_up(tmp_path: Path) -> 
             assert ring.procs[2].id == old_id
             ring.wait_ring(3)
             keys = chunk_keys(client, sid, list(range(1, 8)))
-        wait_copies(ring, keys, 3)
+            manifests = manifest_keys(client, sid, list(range(1, 8)))
+        wait_copies(ring, keys, 3, manifests=manifests)
         # only the restarted node left: it must hold everything on its own
         ring.kill(0)
         ring.kill(1)
