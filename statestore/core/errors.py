@@ -17,6 +17,7 @@
     │   └── VersionNotFound          that version is unknown or past retention
     ├── StaleEpoch                   a writer fenced by a newer epoch (HTTP 409)
     ├── VersionConflict              same version and epoch, different content (HTTP 409)
+    ├── QueryDropping                a write while an admin's drop of the query runs (HTTP 409)
     ├── CorruptChunk                 checksum mismatch or undecodable chunk
     │   └── DecompressionBomb        a zstd frame that would decompress past the limit
     ├── Unavailable                  availability, not semantics: retrying may help
@@ -49,6 +50,7 @@ __all__ = [
     "NodeUnavailable",
     "NotFound",
     "PayloadTooLarge",
+    "QueryDropping",
     "QuorumNotReached",
     "RequestTimeout",
     "SetupError",
@@ -134,6 +136,13 @@ class StaleEpoch(StateStoreError):
 
 class VersionConflict(StateStoreError):
     code = "version_conflict"
+    status = 409
+
+
+class QueryDropping(StateStoreError):
+    """A write to a query while an admin's drop of it runs (between its purge and its seal)."""
+
+    code = "query_dropping"
     status = 409
 
 

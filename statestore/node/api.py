@@ -52,6 +52,7 @@ from statestore.node.coordinator import (
 from statestore.node.daemon import NODE, Node
 from statestore.node.operations import install as install_operations
 from statestore.node.relay import relay_handler
+from statestore.node.request import read_body
 from statestore.wire.bodies import (
     ChainsRequest,
     GcRequest,
@@ -115,24 +116,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         node = request.app[NODE]
         body = None
         if SIGNATURE_HEADER in request.headers and not request.path.endswith("/commit"):
-            body = await _body(request)  # a node signature covers the body
+            body = await read_body(request)  # a node signature covers the body
         request[PRINCIPAL] = node.access.authenticate(request, body)
         policy = route_policy(request.path)
         if policy is not None:
             allow(request, *policy)
     return await handler(request)
-
-
-async def _body(request: web.Request) -> bytes:
-    """The request body, within ``--max-body`` and the node's body timeout."""
-    limit = request.app[NODE].config.body_timeout
-    try:
-        async with asyncio.timeout(limit):
-            return await request.read()
-    except TimeoutError as exc:
-        raise SlowRequest(
-            f"request body did not arrive within {limit:.0f}s: send it at once, or faster"
-        ) from exc
 
 
 def _store(request: web.Request) -> StoreId:
@@ -168,7 +157,7 @@ async def gossip(request: web.Request) -> web.Response:
     node = request.app[NODE]
     allow(request, "admin")
     assert node.membership is not None
-    digest = decode_json(await _body(request), GossipDigest, "gossip")
+    digest = decode_json(await read_body(request), GossipDigest, "gossip")
     node.membership.merge(digest.to_dict(), node.clock())
     if node.membership.refused:
         raise InvalidRequest("gossip entries refused: " + "; ".join(node.membership.refused[:10]))
@@ -181,7 +170,7 @@ async def put_chunk(request: web.Request) -> web.Response:
     key = request.match_info["key"]
     allow(request, "write", parse_chunk_key(key)[0].query)
     node.check_writable()
-    data = await _body(request)
+    data = await read_body(request)
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
     await node.write(node.store.put_chunk, key, data)
@@ -208,7 +197,7 @@ async def read_chunks(request: web.Request) -> web.StreamResponse:
     restorer that wants everything one source holds for it (restore_many). A chunk that is
     missing here or fails its checksum is left out; the caller fetches it elsewhere."""
     node = request.app[NODE]
-    raw = await _body(request)
+    raw = await read_body(request)
     keys = decode_json(raw, KeysRequest, "chunk batch", '{"keys": [chunk key, ...]}').keys
     for query in {parse_chunk_key(key)[0].query for key in keys}:  # names a malformed key
         allow(request, "read", query)
@@ -238,7 +227,7 @@ async def have(request: web.Request) -> web.Response:
             f"node {node.id} asked itself (at {request.host}) whether it holds its own items: "
             "an alias of this node's address is in the ring view"
         )
-    body = decode_json(await _body(request), HaveRequest, "have")
+    body = decode_json(await read_body(request), HaveRequest, "have")
     chunks, manifests = body.chunks, body.manifests
     out_m = []
     floors: dict[str, int] = {}
@@ -269,7 +258,7 @@ async def put_manifest(request: web.Request) -> web.Response:
     node.check_writable()
     version = _version(request.match_info["version"])
     kind = request.match_info["kind"]
-    m = decode_manifest(await _body(request))
+    m = decode_manifest(await read_body(request))
     if (m.store, m.version, m.kind) != (store, version, kind):
         raise InvalidRequest(
             f"manifest is for {m.store} v{m.version} {m.kind}, but was sent to "
@@ -353,7 +342,7 @@ CHAINS_SHAPE = (
 
 
 async def _store_list(request: web.Request, what: str, type_: type[Any], shape: str) -> Any:
-    return decode_json(await _body(request), type_, what, shape)
+    return decode_json(await read_body(request), type_, what, shape)
 
 
 async def heads(request: web.Request) -> web.Response:
@@ -401,7 +390,7 @@ async def gc(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store(request)
     allow(request, "admin", store.query)
-    floor = decode_json(await _body(request), GcRequest, "gc").floor
+    floor = decode_json(await read_body(request), GcRequest, "gc").floor
     current = node.store.floor(store)
     if floor > current:
         local = node.store.head(store)

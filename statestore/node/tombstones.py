@@ -4,7 +4,7 @@
 
 1. **purge**: every member of the ring (down ones too, in case they answer) is sent
    ``POST /v1/queries/{query}/purge {"id", "at", "phase": "purge"}``. Each records a tombstone
-   for the query, starts refusing writes to it (chunks, manifests, commits: ``Unavailable``,
+   for the query, starts refusing writes to it (chunks, manifests, commits: ``QueryDropping``, 409,
    "being dropped"), and deletes its chunks, manifests, heads and floors in one atomic write
    on the writer thread (so a write queued before it is deleted too).
 2. **seal**: once every reachable member purged, each is sent ``"phase": "seal"`` and accepts
@@ -36,10 +36,12 @@ from typing import Any
 
 from aiohttp import web
 
-from statestore.core.errors import MalformedData, StateStoreError, Unauthenticated, Unavailable
+from statestore.core.errors import QueryDropping, StateStoreError, Unauthenticated
 from statestore.core.ids import StoreId
 from statestore.node.auth import allow, is_node
 from statestore.node.daemon import NODE, Node
+from statestore.node.request import read_body
+from statestore.wire.bodies import PurgeRequest, decode_json
 
 __all__ = ["DROPPING", "Dropping", "register", "tombstone_loop"]
 
@@ -165,20 +167,11 @@ async def purge(request: web.Request) -> web.Response:
     node, dropping = request.app[NODE], request.app[DROPPING]
     query = _check_query(request.match_info["query"])
     _require_node(request, query)
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise MalformedData(f"purge: the body is not JSON ({exc})") from exc
-    if not (
-        isinstance(body, dict)
-        and isinstance(body.get("id"), str)
-        and 0 < len(body["id"]) <= 64
-        and isinstance(body.get("at"), int | float)
-        and body.get("phase") in ("purge", "seal")
-    ):
-        raise MalformedData('purge: the body must be {"id", "at", "phase": "purge"|"seal"}')
-    t = {"id": body["id"], "at": float(body["at"]), "query": query}
-    if body["phase"] == "purge":
+    body = decode_json(
+        await read_body(request), PurgeRequest, "purge", '{"id", "at", "phase": "purge"|"seal"}'
+    )
+    t = {"id": body.id, "at": body.at, "query": query}
+    if body.phase == "purge":
         return web.json_response({"purged": await purge_local(node, dropping, query, t)})
     await seal_local(node, dropping, query, t)
     return web.json_response({"sealed": True})
@@ -214,7 +207,7 @@ async def dropping_middleware(request: web.Request, handler: Handler) -> web.Str
     if queries and request.method in ("PUT", "POST"):
         parts = request.path.split("/", 4)  # "", "v1", area, query, rest
         if len(parts) >= 4 and parts[2] in WRITE_AREAS and parts[3] in queries:
-            raise Unavailable(
+            raise QueryDropping(
                 f"query {parts[3]} is being dropped; nothing of it is written until the drop "
                 "finishes: retry after `statestore drop` returned"
             )

@@ -10,7 +10,7 @@ written form of these types.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -31,6 +31,7 @@ __all__ = [
     "HaveRequest",
     "KeysRequest",
     "ManifestAck",
+    "PurgeRequest",
     "StoresRequest",
     "decode_json",
     "decode_positions",
@@ -101,6 +102,14 @@ class GcRequest(msgspec.Struct, frozen=True):
     """``POST .../gc``: a retention floor, a version (``true`` is not one)."""
 
     floor: Version
+
+
+class PurgeRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/queries/{query}/purge`` (ring nodes): one phase of a drop."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=64)]
+    at: Annotated[float, Meta(ge=0)]
+    phase: Literal["purge", "seal"]
 
 
 class ChunkAck(msgspec.Struct, frozen=True):
