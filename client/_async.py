@@ -15,6 +15,7 @@ from statestore.core.errors import (
     AccessDenied,
     NodeUnavailable,
     NotFound,
+    RateLimited,
     StateStoreError,
     Unavailable,
 )
@@ -135,22 +136,25 @@ class AsyncRingClient:
     async def refresh(self) -> RingView:
         """Fetch the ring view from any known node (live members first, then the seeds)."""
         candidates = (self._view.live_addresses() if self._view else []) + self.seeds
-        errors: list[str] = []
+        errors: list[StateStoreError] = []
         for address in dict.fromkeys(candidates):
             try:
                 resp = await self._transport.request("GET", address, "/v1/ring", timeout=3.0)
             except AccessDenied:
                 raise  # the token: another node would say the same
             except StateStoreError as exc:
-                errors.append(str(exc))
+                errors.append(exc)
                 continue
             view = RingView.from_json(resp.json())
             if self._view is None or view.epoch >= self._view.epoch:
                 self._view = view
             return self._view
+        if errors and all(isinstance(e, RateLimited) for e in errors):
+            raise errors[0]  # every node answered, to say the token is over its rate
         raise NodeUnavailable(
-            "no node of the ring answered (" + "; ".join(errors[:3]) + "): start a node, "
-            "or pass seeds of running ones"
+            "no node of the ring answered ("
+            + "; ".join(map(str, errors[:3]))
+            + "): start a node, or pass seeds of running ones"
         )
 
     async def view(self) -> RingView:

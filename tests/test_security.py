@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from client import AsyncRingClient, RingClient, StoreId
-from statestore.core.errors import Forbidden, Unauthenticated
+from statestore.core.errors import Forbidden, RateLimited, Unauthenticated
 from statestore.core.identity import signed_headers
 from statestore.node.api import build_app
 from statestore.node.daemon import Node, NodeConfig
@@ -27,10 +27,14 @@ SID = StoreId("q1", 0, 1, "default")
 ADMIN = "admin-token-0000000001"
 WRITER = "q1-writer-token-00001"
 READER = "etl-reader-token-0001"
+LIMITED = "q1-limited-token-00001"
+SLOW_BYTES = "q1-slow-bytes-token-01"
 TOKENS = {
     ADMIN: {"queries": ["*"], "rights": ["read", "write", "admin"]},
     WRITER: {"queries": ["q1"], "rights": ["read", "write"]},
     READER: {"queries": ["etl-*"], "rights": ["read"]},
+    LIMITED: {"queries": ["q1"], "rights": ["read", "write"], "requests_per_second": 0.1},
+    SLOW_BYTES: {"queries": ["q1"], "rights": ["read", "write"], "bytes_per_second": 100},
 }
 
 
@@ -257,6 +261,43 @@ async def test_the_tokens_file_is_reloaded_when_it_changes(guarded: Node, tmp_pa
     assert status == 200
     status, health = await call(guarded.address, "GET", "/v1/health")
     assert health["status"] == "degraded" and "auth-file" in " ".join(health["reasons"])
+
+
+async def test_a_token_over_its_rate_is_refused_with_429_and_nothing_changes(
+    guarded: Node,
+) -> None:
+    base = f"/v1/stores/{SID.path}"
+    rows = encode_puts([b"k"], [b"v"])
+    # 0.1 requests/s with a 2 s burst: one request, then the bucket is empty for 10 s
+    status, _ = await call(guarded.address, "GET", "/v1/ring", LIMITED)
+    assert status == 200
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            f"http://{guarded.address}{base}/commit?version=1&epoch=1",
+            data=rows,
+            headers={"Authorization": f"Bearer {LIMITED}"},
+        ) as r:
+            body = json.loads(await r.read())
+            assert r.status == 429, body
+            assert int(r.headers["Retry-After"]) >= 1
+    assert body["error"]["code"] == "rate_limited"
+    assert "requests/s" in body["error"]["message"]
+    status, body = await call(guarded.address, "GET", f"{base}/head", ADMIN)
+    assert status == 404, body  # the refused commit left nothing
+    # other tokens keep their own rates
+    status, _ = await call(guarded.address, "GET", "/v1/ring", WRITER)
+    assert status == 200
+    # bytes: a body larger than the burst goes through once, then the token is in debt
+    big = encode_puts([b"k"], [b"v" * 5000])
+    status, _ = await call(
+        guarded.address, "POST", f"{base}/commit?version=1&epoch=1", SLOW_BYTES, data=big
+    )
+    assert status == 201
+    status, body = await call(guarded.address, "GET", f"{base}/head", SLOW_BYTES)
+    assert status == 429 and "bytes/s" in body["error"]["message"], body
+    with pytest.raises(RateLimited, match="over its rate"):  # the SDK: the node's error, typed
+        async with AsyncRingClient([guarded.address], token=LIMITED) as ring:
+            await ring.head(SID)
 
 
 # -- supervised loops and honest health -------------------------------------------------

@@ -5,6 +5,9 @@ names (exact, or a prefix ending in ``*``; ``*`` alone is every query) and right
 
     {"TOKEN": {"queries": ["q1", "etl-*"], "rights": ["read", "write"]}}
 
+A token may also carry rates, enforced per node (core/ratelimit): ``"requests_per_second"``
+and ``"bytes_per_second"`` (bodies in and answers out), positive numbers; absent: unlimited.
+
 ``read``: heads, versions, manifests, chunks, restores; ``write``: chunks, manifests,
 commits; ``admin``: retention floors (gc), drop and membership commands. Rights do not imply
 each other. :func:`parse_tokens` checks a file's content; :meth:`Grants.authorize` decides a
@@ -17,9 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from statestore.core.errors import Forbidden, Unauthenticated
+from statestore.core.ratelimit import Limits
 
 __all__ = ["RIGHTS", "Grant", "Grants", "parse_tokens"]
 
@@ -37,6 +41,9 @@ class Grant:
     name: str  # the token's first characters, for messages and logs
     queries: tuple[str, ...]
     rights: frozenset[str]
+    limits: Limits = field(default=Limits())
+    # the token's digest: its rate buckets are kept under it
+    key: bytes = field(default=b"", repr=False)
 
     def covers(self, query: str) -> bool:
         for p in self.queries:
@@ -97,5 +104,14 @@ def parse_tokens(raw: bytes) -> Grants:
             raise ValueError(f"token {token[:4]}…: queries must be a list of names or prefix*")
         if not (isinstance(rights, list) and all(r in RIGHTS for r in rights)):
             raise ValueError(f"token {token[:4]}…: rights must be a list of {list(RIGHTS)}")
-        out[_digest(token)] = Grant(token[:4], tuple(queries), frozenset(rights))
+        rates = {}
+        for name in ("requests_per_second", "bytes_per_second"):
+            rate = spec.get(name)
+            if rate is None:
+                continue
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+                raise ValueError(f"token {token[:4]}…: {name} must be a positive number")
+            rates[name] = float(rate)
+        key = _digest(token)
+        out[key] = Grant(token[:4], tuple(queries), frozenset(rights), Limits(**rates), key)
     return Grants(out)

@@ -23,6 +23,7 @@
     ├── Unavailable                  availability, not semantics: retrying may help
     │   ├── NodeUnavailable          a node did not answer
     │   ├── QuorumNotReached         fewer than W (or the read quorum) replicas answered
+    │   ├── RateLimited              a client token over its rate (HTTP 429, Retry-After)
     │   ├── RequestTimeout           an operation ran past its deadline
     │   └── InsufficientStorage      a replica's disk is (nearly) full: read-only (HTTP 507)
     └── SetupError                   this machine is not set up to do it (never sent on the wire)
@@ -52,6 +53,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueryDropping",
     "QuorumNotReached",
+    "RateLimited",
     "RequestTimeout",
     "SetupError",
     "SlowRequest",
@@ -166,6 +168,18 @@ class NodeUnavailable(Unavailable):
 
 class QuorumNotReached(Unavailable):
     code = "quorum_not_reached"
+
+
+class RateLimited(Unavailable):
+    """A client token over its request or byte rate (``--auth-file``); ``retry_after`` in
+    seconds is also sent as a Retry-After header."""
+
+    code = "rate_limited"
+    status = 429
+
+    def __init__(self, message: str = "", retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class RequestTimeout(Unavailable):

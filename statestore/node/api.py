@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable
 from itertools import accumulate
@@ -23,6 +24,7 @@ from statestore.core.errors import (
     MalformedData,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     SlowRequest,
     StateStoreError,
     StoreNotFound,
@@ -86,6 +88,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         resp = await handler(request)
     except StateStoreError as exc:
         resp = _error(exc.status, exc.code, str(exc))
+        if isinstance(exc, RateLimited):
+            resp.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     except web.HTTPRequestEntityTooLarge as exc:
         resp = _error(
             413,
@@ -117,10 +121,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         body = None
         if SIGNATURE_HEADER in request.headers and not request.path.endswith("/commit"):
             body = await read_body(request)  # a node signature covers the body
-        request[PRINCIPAL] = node.access.authenticate(request, body)
+        who = request[PRINCIPAL] = node.access.authenticate(request, body)
         policy = route_policy(request.path)
         if policy is not None:
             allow(request, *policy)
+        node.access.admit(who, request.content_length or 0)  # RateLimited over its rates
+        resp = await handler(request)
+        node.access.charge(who, resp.content_length or resp.body_length)
+        return resp
     return await handler(request)
 
 

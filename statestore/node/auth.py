@@ -27,6 +27,7 @@ from aiohttp import web
 from statestore.core.access import Grant, Grants, parse_tokens
 from statestore.core.errors import Unauthenticated
 from statestore.core.identity import SIGNATURE_HEADER, parse_secret, signed_headers, verify
+from statestore.core.ratelimit import Limiter
 
 __all__ = ["Access", "Principal", "allow", "principal"]
 
@@ -134,6 +135,7 @@ class Access:
                 self.secret = parse_secret(f.read(), f"--cluster-secret-file {secret_file}")
         self._key = self.secret or secrets.token_bytes(32)
         self.tokens = TokenFile(auth_file) if auth_file else None
+        self.limiter = Limiter()
 
     @property
     def identity_on(self) -> bool:
@@ -177,6 +179,16 @@ class Access:
                 "`Authorization: Bearer <token>`"
             )
         return Principal("token", grant=self.tokens.current().authenticate(token.strip()))
+
+    def admit(self, p: Principal, body_bytes: int) -> None:
+        """Take a request of ``p`` from its token's rates (RateLimited when over them)."""
+        if p.grant is not None and p.grant.limits.limited:
+            self.limiter.admit(p.grant.key, p.grant.limits, body_bytes, time.monotonic())
+
+    def charge(self, p: Principal, nbytes: int) -> None:
+        """Charge the bytes of an answer to ``p``'s token."""
+        if p.grant is not None and p.grant.limits.limited:
+            self.limiter.charge(p.grant.key, p.grant.limits, nbytes, time.monotonic())
 
     def problems(self) -> list[str]:
         return [self.tokens.error] if self.tokens is not None and self.tokens.error else []
