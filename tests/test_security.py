@@ -16,7 +16,7 @@ import pytest
 
 from client import AsyncRingClient, RingClient, StoreId
 from statestore.core.errors import Forbidden, RateLimited, Unauthenticated
-from statestore.core.identity import signed_headers
+from statestore.core.identity import NONCE_HEADER, ReplayGuard, signed_headers
 from statestore.node.api import build_app
 from statestore.node.daemon import Node, NodeConfig
 from statestore.node.server import start_node, stop_node
@@ -117,6 +117,14 @@ async def test_internal_requests_need_a_node_signature(signed_ring: list[Node]) 
         (signed_headers(SECRET, "POST", path, body, "x", time.time() - 3600), "stale"),
         (signed_headers(SECRET, "POST", path, b"other body", "x", time.time()), "does not match"),
         (signed_headers(SECRET, "POST", "/v1/sync/have", body, "x", time.time()), "does not match"),
+        (
+            {
+                k: v
+                for k, v in signed_headers(SECRET, "POST", path, body, "x", time.time()).items()
+                if k != NONCE_HEADER
+            },
+            NONCE_HEADER,
+        ),
     ]
     for headers, words in cases:
         headers["Content-Type"] = "application/json"
@@ -137,6 +145,21 @@ async def test_internal_requests_need_a_node_signature(signed_ring: list[Node]) 
     status, _ = await call(a.address, "POST", "/v1/gossip", data=body, headers=headers)
     assert status == 200
     assert a.membership.get("evil") is not None  # type: ignore[union-attr]
+    # ... once: the same signed request sent again (a replay) is refused
+    status, answer = await call(a.address, "POST", "/v1/gossip", data=body, headers=headers)
+    assert status == 401 and "replayed" in answer["error"]["message"], answer
+
+
+def test_a_nonce_is_refused_again_for_the_whole_skew_window() -> None:
+    guard = ReplayGuard()
+    guard.check("n1", 1000.0)
+    for later in (1000.0, 1059.0, 1119.0):
+        with pytest.raises(Unauthenticated, match="replayed"):
+            guard.check("n1", later)
+    guard.check("n2", 1125.0)  # the first generation ends: n1 is kept one more window
+    with pytest.raises(Unauthenticated, match="replayed"):
+        guard.check("n1", 1200.0)
+    guard.check("n1", 1250.0)  # two windows on: a timestamp that old is refused as stale
 
 
 async def test_a_node_with_another_secret_is_never_believed(

@@ -26,7 +26,13 @@ from aiohttp import web
 
 from statestore.core.access import Grant, Grants, parse_tokens
 from statestore.core.errors import Unauthenticated
-from statestore.core.identity import SIGNATURE_HEADER, parse_secret, signed_headers, verify
+from statestore.core.identity import (
+    SIGNATURE_HEADER,
+    ReplayGuard,
+    parse_secret,
+    signed_headers,
+    verify,
+)
 from statestore.core.ratelimit import Limiter
 
 __all__ = ["Access", "Principal", "allow", "principal"]
@@ -136,6 +142,7 @@ class Access:
         self._key = self.secret or secrets.token_bytes(32)
         self.tokens = TokenFile(auth_file) if auth_file else None
         self.limiter = Limiter()
+        self.replays = ReplayGuard()
 
     @property
     def identity_on(self) -> bool:
@@ -156,6 +163,7 @@ class Access:
                     request.headers,
                     body,
                     time.time(),
+                    self.replays,
                 )
                 return Principal("node", node=node)
             except Unauthenticated:
