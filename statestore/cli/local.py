@@ -40,6 +40,7 @@ class NodeProcess:
     address: str = ""
     id: str = ""
     log_path: str = ""
+    paused: bool = False
 
     def start(self, seeds: Sequence[str], timeout: float = 30.0) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -86,6 +87,9 @@ class NodeProcess:
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            if self.paused:  # a stopped process takes no signal but KILL until continued
+                self.proc.send_signal(signal.SIGCONT)
+                self.paused = False
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
@@ -121,11 +125,24 @@ class LocalRing:
 
     @property
     def seeds(self) -> list[str]:
-        return [p.address for p in self.procs if p.alive]
+        return [p.address for p in self.procs if p.alive and not p.paused]
 
     def kill(self, i: int) -> None:
         """``kill -9`` node ``i``."""
         self.procs[i].stop(signal.SIGKILL)
+
+    def pause(self, i: int) -> None:
+        """``kill -STOP`` node ``i``: alive, holding its sockets, answering nothing."""
+        proc = self.procs[i].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGSTOP)
+        self.procs[i].paused = True
+
+    def resume(self, i: int) -> None:
+        proc = self.procs[i].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGCONT)
+        self.procs[i].paused = False
 
     def restart(self, i: int) -> None:
         self.procs[i].start([s for s in self.seeds if s != self.procs[i].address][:1])

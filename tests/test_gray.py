@@ -1,0 +1,58 @@
+"""Gray failures on real node processes: a node paused with SIGSTOP is alive to the kernel
+(its sockets accept connections) and answers nothing. Requests route around it within their
+deadline, and a pause shorter than ``--down-after`` does not move the ring's epoch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from client import RingClient, StoreId
+from statestore.cli.local import LocalRing
+
+ARGS = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "6"]
+
+
+def test_a_paused_node_is_routed_around_and_a_short_pause_moves_no_epoch(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
+    try:
+        sid = StoreId("gray", 0, 1)
+        acked: dict[int, dict[bytes, bytes]] = {}
+        state: dict[bytes, bytes] = {}
+
+        def commit(client: RingClient, v: int) -> None:
+            puts = {f"k{v}-{i}".encode(): f"v{v}".encode() * 10 for i in range(40)}
+            client.commit(sid, v, puts, [], {"offset": v}, epoch=1)
+            state.update(puts)
+            acked[v] = dict(state)
+
+        with RingClient(ring.seeds, timeout=2.0) as client:
+            for v in (1, 2, 3):
+                commit(client, v)
+            ring.wait_ring(3)
+            epoch = ring.ring()["epoch"]
+
+            # a short pause, well under --down-after: nobody declares the node down
+            ring.pause(2)
+            time.sleep(1.5)
+            ring.resume(2)
+            time.sleep(1.0)  # a few gossip rounds after it came back
+            assert {ring.ring(a)["epoch"] for a in ring.seeds} == {epoch}
+
+            # a long pause: commits and restores go on against the two that answer, both
+            # while the node is only silent and after the ring declared it down
+            ring.pause(2)
+            for v in (4, 5, 6):
+                commit(client, v)
+                assert dict(client.restore(sid, v)) == acked[v]
+            ring.wait_ring(2)
+            for v in (7, 8):
+                commit(client, v)
+                assert dict(client.restore(sid, v)) == acked[v]
+
+            ring.resume(2)
+            ring.wait_ring(3)
+            for v, expected in acked.items():
+                assert dict(client.restore(sid, v)) == expected, v
+    finally:
+        ring.stop()
