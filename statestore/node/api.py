@@ -125,9 +125,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         policy = route_policy(request.path)
         if policy is not None:
             allow(request, *policy)
-        node.access.admit(who, request.content_length or 0)  # RateLimited over its rates
+        declared = request.content_length or 0
+        node.access.admit(who, declared)  # RateLimited over its rates
         resp = await handler(request)
-        node.access.charge(who, resp.content_length or resp.body_length)
+        # the answer, and what a body without a Content-Length (chunked) turned out to hold
+        extra = max(0, request.content.total_bytes - declared)
+        node.access.charge(who, (resp.content_length or resp.body_length) + extra)
         return resp
     return await handler(request)
 
