@@ -21,6 +21,7 @@
     │   └── DecompressionBomb        a zstd frame that would decompress past the limit
     ├── Unavailable                  availability, not semantics: retrying may help
     │   ├── NodeUnavailable          a node did not answer
+    │   │   └── TlsFailed            its TLS handshake or certificate did not verify
     │   ├── QuorumNotReached         fewer than W (or the read quorum) replicas answered
     │   ├── RequestTimeout           an operation ran past its deadline
     │   └── InsufficientStorage      a replica's disk is (nearly) full: read-only (HTTP 507)
@@ -57,6 +58,7 @@ __all__ = [
     "StaleEpoch",
     "StateStoreError",
     "StoreNotFound",
+    "TlsFailed",
     "Unauthenticated",
     "Unavailable",
     "VersionConflict",
@@ -153,6 +155,14 @@ class Unavailable(StateStoreError):
 
 class NodeUnavailable(Unavailable):
     code = "node_unavailable"
+
+
+class TlsFailed(NodeUnavailable):
+    """A node whose TLS could not be verified (wrong or missing CA, a certificate that does
+    not name its address) or that does not speak TLS. To a node this peer is unreachable,
+    like any other it cannot trust; a client raises it rather than "no node answered"."""
+
+    code = "tls_failed"
 
 
 class QuorumNotReached(Unavailable):
