@@ -75,8 +75,8 @@ def check_seeds(
             return ring.ring().to_json()
     except (StateStoreError, ValueError) as exc:
         raise SparkConnectorError(
-            f"the ring's seeds did not answer as they should ({exc}): start the ring "
-            "(statestore local), or fix the seeds, token or TLS CA"
+            f"no ring seed answered as it should ({exc}): start the ring (statestore local), "
+            "or fix the seeds, the token or the TLS CA"
         ) from exc
 
 

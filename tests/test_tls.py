@@ -40,12 +40,14 @@ TOKENS = {
 SID = StoreId("tls-q", 0, 1, "default")
 
 
-def secured_args(tmp_path: Path, tls: TlsFiles) -> list[str]:
+def secured_args(
+    tmp_path: Path, tls: TlsFiles, tokens: dict[str, dict[str, list[str]]] = TOKENS
+) -> list[str]:
     """Every security flag of ``statestore node``: TLS, client tokens, node identity."""
     secret = tmp_path / "cluster.secret"
     secret.write_bytes(os.urandom(32).hex().encode())
     auth = tmp_path / "tokens.json"
-    auth.write_text(json.dumps(TOKENS))
+    auth.write_text(json.dumps(tokens))
     return [
         *tls.node_args(),
         "--auth-file",
