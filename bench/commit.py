@@ -4,7 +4,11 @@ Baseline, in the same run and interleaved commit by commit: the same compressed 
 manifest written to local files and fsynced by this one process (once as pre-encoded bytes,
 once including the encoding, since a ring commit encodes too).
 
-    .venv/bin/python bench/commit.py [--commits 30] [--rows 10000]
+``--secure`` compares instead two rings started side by side: one with auth and TLS on (a
+client token, TLS with its own CA, node identity), one with them off; each commit goes to
+both, in alternating order, and the ratio is taken commit by commit (goal: on <= 1.1x off).
+
+    .venv/bin/python bench/commit.py [--commits 30] [--rows 10000] [--secure]
 """
 
 from __future__ import annotations
@@ -15,7 +19,17 @@ import random
 import tempfile
 import time
 
-from _common import MiB, local_ring, machine, median, pct, rows, table
+from _common import (
+    MiB,
+    client_options,
+    local_ring,
+    machine,
+    median,
+    paired_ratio,
+    pct,
+    rows,
+    table,
+)
 
 from client import RingClient, StoreId
 from client._core import build_commit
@@ -58,11 +72,60 @@ def write_fsync(directory: str, version: int, manifest: bytes, chunks: list) -> 
         os.close(dfd)
 
 
+NODE_ARGS = ["--snapshot-every", "100000"]  # no background compaction: the commit path alone
+
+
+def compare_security(sid: StoreId, deltas: list[dict[bytes, bytes]], warmup: int, raw: int) -> None:
+    """Each delta committed to a ring with auth and TLS off and to one with them on, in
+    alternating order; prints both and their ratio commit by commit."""
+    lat: dict[str, list[float]] = {"off": [], "on": []}
+    with (
+        local_ring(3, NODE_ARGS) as plain,
+        local_ring(3, NODE_ARGS, secure=True) as secured,
+        RingClient(plain.seeds) as off,
+        RingClient(secured.seeds, **client_options(secured)) as on,
+    ):
+        clients = {"off": off, "on": on}
+        for i, puts in enumerate(deltas):
+            v = i + 1
+            for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                t0 = time.perf_counter()
+                clients[name].commit(sid, v, puts, [], {"src": v}, epoch=1)
+                if i >= warmup:
+                    lat[name].append(time.perf_counter() - t0)
+    names = {
+        "off": "ring, auth and TLS off",
+        "on": "ring, token + TLS + node identity on",
+    }
+    body = []
+    for key in ("off", "on"):
+        xs = lat[key]
+        body.append(
+            [
+                names[key],
+                f"{raw * len(xs) / sum(xs) / MiB:.1f}",
+                f"{median(xs) * 1000:.1f}",
+                f"{pct(xs, 99) * 1000:.1f}",
+            ]
+        )
+    print(table(["path", "MiB/s (raw)", "p50 ms", "p99 ms"], body))
+    mid, lo, hi = paired_ratio(lat["on"], lat["off"])
+    verdict = "within" if mid <= 1.1 else "NOT within"
+    print(
+        f"\non / off, commit by commit: median {mid:.2f}x the time (25th-75th percentile "
+        f"{lo:.2f}x-{hi:.2f}x, {len(lat['on'])} pairs); total time "
+        f"{sum(lat['on']) / sum(lat['off']):.2f}x ({verdict} the 1.1x goal)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--commits", type=int, default=30)
     ap.add_argument("--rows", type=int, default=10_082, help="rows per delta (~104 B each: 1 MiB)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--secure", action="store_true", help="auth and TLS on vs off, instead of local files"
+    )
     a = ap.parse_args()
 
     rng = random.Random(1)
@@ -75,11 +138,13 @@ def main() -> None:
     print(machine())
     print(f"{a.commits} commits of {a.rows} rows: {raw / MiB:.2f} MiB raw, {wire / MiB:.2f} MiB")
     print("compressed per commit; ring: 3 node processes, R=3 W=2, LMDB with fsync\n")
+    if a.secure:
+        compare_security(sid, deltas, a.warmup, raw)
+        return
 
     lat: dict[str, list[float]] = {"ring": [], "local": [], "local+enc": []}
-    # no background compaction: this measures the commit path alone
     with (
-        local_ring(3, ["--snapshot-every", "100000"]) as ring,
+        local_ring(3, NODE_ARGS) as ring,
         tempfile.TemporaryDirectory(prefix="statestore-bench-files-") as files,
         RingClient(ring.seeds) as client,
     ):

@@ -25,16 +25,21 @@ __all__ = ["LocalRing", "NodeProcess", "http_json"]
 
 
 def http_json(
-    address: str, path: str, timeout: float = 2.0, *, tls_ca: str | None = None
+    address: str,
+    path: str,
+    timeout: float = 2.0,
+    *,
+    tls_ca: str | None = None,
+    token: str | None = None,
 ) -> object:
-    """GET a node's JSON answer, with the bearer token of ``STATESTORE_TOKEN`` if set, over
+    """GET a node's JSON answer, with ``token`` (default ``STATESTORE_TOKEN``) if set, over
     HTTPS verified against ``tls_ca`` (default ``STATESTORE_TLS_CA``) when one is given.
 
     Raises OSError (``urllib.error.URLError``) when the node cannot be reached or verified.
     """
     ca = tls_ca_file(tls_ca)
     req = urllib.request.Request(node_url(address, path, tls=ca is not None))
-    token = os.environ.get("STATESTORE_TOKEN")
+    token = token or os.environ.get("STATESTORE_TOKEN")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     context = client_context(ca) if ca else None
@@ -109,7 +114,8 @@ class NodeProcess:
 @dataclass
 class LocalRing:
     """N node processes on 127.0.0.1 (port 0 = let the OS choose); ``tls_ca`` verifies them
-    when ``args`` turn TLS on (``--tls-cert``, ``--tls-key``, ``--tls-ca``)."""
+    when ``args`` turn TLS on (``--tls-cert``, ``--tls-key``, ``--tls-ca``), and ``token``
+    (default ``STATESTORE_TOKEN``) is what its own reads send to nodes with ``--auth-file``."""
 
     base_dir: str
     nodes: int = 3
@@ -117,6 +123,7 @@ class LocalRing:
     args: list[str] = field(default_factory=list)
     procs: list[NodeProcess] = field(default_factory=list)
     tls_ca: str | None = None
+    token: str | None = None
 
     def start(self) -> LocalRing:
         for _ in range(self.nodes):
@@ -144,7 +151,7 @@ class LocalRing:
         self.procs[i].start([s for s in self.seeds if s != self.procs[i].address][:1])
 
     def ring(self, address: str | None = None) -> dict[str, Any]:
-        obj = http_json(address or self.seeds[0], "/v1/ring", tls_ca=self.tls_ca)
+        obj = http_json(address or self.seeds[0], "/v1/ring", tls_ca=self.tls_ca, token=self.token)
         assert isinstance(obj, dict)
         return obj
 
