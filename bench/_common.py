@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from client import RingClient
 from statestore.cli.local import LocalRing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +78,34 @@ def local_ring(
 def client_options(ring: LocalRing) -> dict[str, Any]:
     """The ``RingClient`` options that reach ``ring``: its token and CA, if it has them."""
     return {"token": ring.token, "tls_ca": ring.tls_ca} if ring.tls_ca else {}
+
+
+SECURITY = {"off": "ring, auth and TLS off", "on": "ring, token + TLS + node identity on"}
+
+
+@contextlib.contextmanager
+def security_pair(args: Sequence[str] = ()) -> Iterator[dict[str, RingClient]]:
+    """Two 3-node rings side by side, security ``off`` and ``on`` (``local_ring(secure=True)``),
+    and a client of each, by those names (labels in :data:`SECURITY`)."""
+    with (
+        local_ring(3, args) as plain,
+        local_ring(3, args, secure=True) as secured,
+        RingClient(plain.seeds) as off,
+        RingClient(secured.seeds, **client_options(secured)) as on,
+    ):
+        yield {"off": off, "on": on}
+
+
+def print_security_ratio(on: Sequence[float], off: Sequence[float], per: str) -> None:
+    """The on/off verdict: the median of the ratios ``per`` pair (e.g. "commit by commit"),
+    their spread, and whether the median is within the issue's 1.1x goal."""
+    mid, lo, hi = paired_ratio(on, off)
+    verdict = "within" if mid <= 1.1 else "NOT within"
+    print(
+        f"\non / off, {per}: median {mid:.2f}x the time (25th-75th percentile {lo:.2f}x-"
+        f"{hi:.2f}x, {len(on)} pairs); total time {sum(on) / sum(off):.2f}x "
+        f"({verdict} the 1.1x goal)"
+    )
 
 
 def pct(values: Sequence[float], p: float) -> float:

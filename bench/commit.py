@@ -20,14 +20,15 @@ import tempfile
 import time
 
 from _common import (
+    SECURITY,
     MiB,
-    client_options,
     local_ring,
     machine,
     median,
-    paired_ratio,
     pct,
+    print_security_ratio,
     rows,
+    security_pair,
     table,
 )
 
@@ -75,17 +76,27 @@ def write_fsync(directory: str, version: int, manifest: bytes, chunks: list) -> 
 NODE_ARGS = ["--snapshot-every", "100000"]  # no background compaction: the commit path alone
 
 
+def latency_table(lat: dict[str, list[float]], names: dict[str, str], raw: int) -> str:
+    """Throughput and p50/p99 latency of each path of ``lat``, labelled by ``names``."""
+    body = []
+    for key, label in names.items():
+        xs = lat[key]
+        body.append(
+            [
+                label,
+                f"{raw * len(xs) / sum(xs) / MiB:.1f}",
+                f"{median(xs) * 1000:.1f}",
+                f"{pct(xs, 99) * 1000:.1f}",
+            ]
+        )
+    return table(["path", "MiB/s (raw)", "p50 ms", "p99 ms"], body)
+
+
 def compare_security(sid: StoreId, deltas: list[dict[bytes, bytes]], warmup: int, raw: int) -> None:
     """Each delta committed to a ring with auth and TLS off and to one with them on, in
     alternating order; prints both and their ratio commit by commit."""
     lat: dict[str, list[float]] = {"off": [], "on": []}
-    with (
-        local_ring(3, NODE_ARGS) as plain,
-        local_ring(3, NODE_ARGS, secure=True) as secured,
-        RingClient(plain.seeds) as off,
-        RingClient(secured.seeds, **client_options(secured)) as on,
-    ):
-        clients = {"off": off, "on": on}
+    with security_pair(NODE_ARGS) as clients:
         for i, puts in enumerate(deltas):
             v = i + 1
             for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
@@ -93,29 +104,8 @@ def compare_security(sid: StoreId, deltas: list[dict[bytes, bytes]], warmup: int
                 clients[name].commit(sid, v, puts, [], {"src": v}, epoch=1)
                 if i >= warmup:
                     lat[name].append(time.perf_counter() - t0)
-    names = {
-        "off": "ring, auth and TLS off",
-        "on": "ring, token + TLS + node identity on",
-    }
-    body = []
-    for key in ("off", "on"):
-        xs = lat[key]
-        body.append(
-            [
-                names[key],
-                f"{raw * len(xs) / sum(xs) / MiB:.1f}",
-                f"{median(xs) * 1000:.1f}",
-                f"{pct(xs, 99) * 1000:.1f}",
-            ]
-        )
-    print(table(["path", "MiB/s (raw)", "p50 ms", "p99 ms"], body))
-    mid, lo, hi = paired_ratio(lat["on"], lat["off"])
-    verdict = "within" if mid <= 1.1 else "NOT within"
-    print(
-        f"\non / off, commit by commit: median {mid:.2f}x the time (25th-75th percentile "
-        f"{lo:.2f}x-{hi:.2f}x, {len(lat['on'])} pairs); total time "
-        f"{sum(lat['on']) / sum(lat['off']):.2f}x ({verdict} the 1.1x goal)"
-    )
+    print(latency_table(lat, SECURITY, raw))
+    print_security_ratio(lat["on"], lat["off"], "commit by commit")
 
 
 def main() -> None:
@@ -167,18 +157,7 @@ def main() -> None:
         "local+enc": "local: encode + write + fsync",
         "local": "local: write + fsync (pre-encoded)",
     }
-    body = []
-    for key in ("ring", "local+enc", "local"):
-        xs = lat[key]
-        body.append(
-            [
-                names[key],
-                f"{raw * len(xs) / sum(xs) / MiB:.1f}",
-                f"{median(xs) * 1000:.1f}",
-                f"{pct(xs, 99) * 1000:.1f}",
-            ]
-        )
-    print(table(["path", "MiB/s (raw)", "p50 ms", "p99 ms"], body))
+    print(latency_table(lat, names, raw))
     ring_t, enc_t, pre_t = (sum(lat[k]) for k in ("ring", "local+enc", "local"))
     print()
     print(f"ring / local encode+write+fsync: {ring_t / enc_t:.2f}x the time")

@@ -31,13 +31,14 @@ import tempfile
 import time
 
 from _common import (
+    SECURITY,
     MiB,
-    client_options,
     local_ring,
     machine,
     median,
-    paired_ratio,
+    print_security_ratio,
     rows,
+    security_pair,
     table,
 )
 
@@ -114,13 +115,7 @@ def compare_security(
     """The same commits on a ring with auth and TLS off and on one with them on; restores
     alternate between them round by round; prints both and their ratio round by round."""
     n = len(versions)
-    with (
-        local_ring(3, NODE_ARGS) as plain,
-        local_ring(3, NODE_ARGS, secure=True) as secured,
-        RingClient(plain.seeds) as off,
-        RingClient(secured.seeds, **client_options(secured)) as on,
-    ):
-        clients = {"off": off, "on": on}
+    with security_pair(NODE_ARGS) as clients:
         raw = 0
         for i, delta in enumerate(versions):
             puts, deletes = split(delta)
@@ -145,22 +140,19 @@ def compare_security(
                 print(f"round {r + 1} {name}: {times[name][-1]:.2f}s", flush=True)
     assert len(sizes) == 1, f"the rings disagree on the state: {sizes}"
     body = []
-    for name, label in (
-        ("off", f"ring, auth and TLS off (plan {plan})"),
-        ("on", f"ring, token + TLS + node identity on (plan {plan})"),
-    ):
+    for name, label in SECURITY.items():
         xs = times[name]
-        body.append([label, f"{median(xs):.2f}", f"{min(xs):.2f}", f"{raw / MiB / median(xs):.0f}"])
+        body.append(
+            [
+                f"{label} (plan {plan})",
+                f"{median(xs):.2f}",
+                f"{min(xs):.2f}",
+                f"{raw / MiB / median(xs):.0f}",
+            ]
+        )
     print()
     print(table(["path", "median s", "best s", "MiB/s raw"], body))
-    mid, lo, hi = paired_ratio(times["on"], times["off"])
-    of_medians = median(times["on"]) / median(times["off"])
-    verdict = "within" if mid <= 1.1 else "NOT within"
-    print(
-        f"\non / off, round by round: median {mid:.2f}x the time (25th-75th percentile "
-        f"{lo:.2f}x-{hi:.2f}x, {rounds} rounds); medians {of_medians:.2f}x "
-        f"({verdict} the 1.1x goal)"
-    )
+    print_security_ratio(times["on"], times["off"], "round by round")
 
 
 def main() -> None:
