@@ -135,9 +135,11 @@ def compare_security(
             for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 gc.collect()
                 t0 = time.perf_counter()
-                sizes.add(len(clients[name].restore(sid, n, plan=plan)))
+                st = clients[name].restore(sid, n, plan=plan)
                 times[name].append(time.perf_counter() - t0)
-                print(f"round {r + 1} {name}: {times[name][-1]:.2f}s", flush=True)
+                sizes.add(len(st))
+                print(f"round {r + 1} {name}: {times[name][-1]:.2f}s ({st.plan})", flush=True)
+                st = None  # type: ignore[assignment]
     assert len(sizes) == 1, f"the rings disagree on the state: {sizes}"
     body = []
     for name, label in SECURITY.items():

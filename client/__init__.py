@@ -12,8 +12,10 @@ Errors come from one tree (``StateStoreError`` and below), re-exported here.
 """
 
 from statestore.core.errors import (
+    AccessDenied,
     CorruptChunk,
     DecompressionBomb,
+    Forbidden,
     InvalidRequest,
     InvalidStoreId,
     MalformedData,
@@ -26,6 +28,7 @@ from statestore.core.errors import (
     StateStoreError,
     StoreNotFound,
     TlsFailed,
+    Unauthenticated,
     Unavailable,
     VersionConflict,
     VersionNotFound,
@@ -39,10 +42,12 @@ from ._core import CommitResult, RestoredState
 from ._sync import RingClient
 
 __all__ = [
+    "AccessDenied",
     "AsyncRingClient",
     "CommitResult",
     "CorruptChunk",
     "DecompressionBomb",
+    "Forbidden",
     "Head",
     "InvalidRequest",
     "InvalidStoreId",
@@ -60,6 +65,7 @@ __all__ = [
     "StoreId",
     "StoreNotFound",
     "TlsFailed",
+    "Unauthenticated",
     "Unavailable",
     "VersionConflict",
     "VersionNotFound",
