@@ -7,6 +7,7 @@ round, and reports ratios: the machine is shared, so absolute figures drift but 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import random
@@ -14,8 +15,13 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
+from client import RingClient
 from statestore.cli.local import LocalRing
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MiB = 1024 * 1024
 KEY_BYTES = 16
@@ -32,15 +38,74 @@ def rows(n: int, rng: random.Random, key_space: int = 10**9) -> dict[bytes, byte
 
 
 @contextlib.contextmanager
-def local_ring(nodes: int = 3, args: Sequence[str] = ()) -> Iterator[LocalRing]:
-    """``nodes`` node processes on loopback in a temporary directory, stopped on exit."""
+def local_ring(
+    nodes: int = 3, args: Sequence[str] = (), *, secure: bool = False
+) -> Iterator[LocalRing]:
+    """``nodes`` node processes on loopback in a temporary directory, stopped on exit.
+    ``secure`` turns on all of docs/security.md: TLS (a CA and a node certificate made here),
+    a client token (``read`` and ``write`` on every query) and node identity (a cluster
+    secret); :func:`client_options` gives what a client needs to reach such a ring."""
     with tempfile.TemporaryDirectory(prefix="statestore-bench-") as tmp:
-        ring = LocalRing(os.path.join(tmp, "ring"), nodes, args=list(args))
+        options: dict[str, Any] = {}
+        extra: list[str] = []
+        if secure:
+            sys.path.insert(0, str(ROOT))  # tests/certs.py: the tests' CA maker
+            from tests.certs import make_tls
+
+            tls = make_tls(Path(tmp) / "tls")
+            token = "bench-" + os.urandom(16).hex()
+            auth = Path(tmp) / "tokens.json"
+            auth.write_text(json.dumps({token: {"queries": ["*"], "rights": ["read", "write"]}}))
+            secret = Path(tmp) / "cluster.secret"
+            secret.write_text(os.urandom(32).hex())
+            extra = [*tls.node_args(), "--auth-file", str(auth)]
+            extra += ["--cluster-secret-file", str(secret)]
+            options = {"token": token, "tls_ca": str(tls.ca)}
+        ring = LocalRing(
+            os.path.join(tmp, "ring"),
+            nodes,
+            args=[*args, *extra],
+            tls_ca=options.get("tls_ca"),
+            token=options.get("token"),
+        )
         try:
             ring.start()
             yield ring
         finally:
             ring.stop()
+
+
+def client_options(ring: LocalRing) -> dict[str, Any]:
+    """The ``RingClient`` options that reach ``ring``: its token and CA, if it has them."""
+    return {"token": ring.token, "tls_ca": ring.tls_ca} if ring.tls_ca else {}
+
+
+SECURITY = {"off": "ring, auth and TLS off", "on": "ring, token + TLS + node identity on"}
+
+
+@contextlib.contextmanager
+def security_pair(args: Sequence[str] = ()) -> Iterator[dict[str, RingClient]]:
+    """Two 3-node rings side by side, security ``off`` and ``on`` (``local_ring(secure=True)``),
+    and a client of each, by those names (labels in :data:`SECURITY`)."""
+    with (
+        local_ring(3, args) as plain,
+        local_ring(3, args, secure=True) as secured,
+        RingClient(plain.seeds) as off,
+        RingClient(secured.seeds, **client_options(secured)) as on,
+    ):
+        yield {"off": off, "on": on}
+
+
+def print_security_ratio(on: Sequence[float], off: Sequence[float], per: str) -> None:
+    """The on/off verdict: the median of the ratios ``per`` pair (e.g. "commit by commit"),
+    their spread, and whether the median is within the issue's 1.1x goal."""
+    mid, lo, hi = paired_ratio(on, off)
+    verdict = "within" if mid <= 1.1 else "NOT within"
+    print(
+        f"\non / off, {per}: median {mid:.2f}x the time (25th-75th percentile {lo:.2f}x-"
+        f"{hi:.2f}x, {len(on)} pairs); total time {sum(on) / sum(off):.2f}x "
+        f"({verdict} the 1.1x goal)"
+    )
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -51,6 +116,13 @@ def pct(values: Sequence[float], p: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+def paired_ratio(on: Sequence[float], off: Sequence[float]) -> tuple[float, float, float]:
+    """Per-round ratios ``on[i] / off[i]`` of two paths measured in the same rounds: their
+    median, and the 25th and 75th percentiles (the spread)."""
+    ratios = [a / b for a, b in zip(on, off, strict=True)]
+    return median(ratios), pct(ratios, 25), pct(ratios, 75)
 
 
 def machine() -> str:

@@ -4,7 +4,11 @@ Baseline, in the same run and interleaved commit by commit: the same compressed 
 manifest written to local files and fsynced by this one process (once as pre-encoded bytes,
 once including the encoding, since a ring commit encodes too).
 
-    .venv/bin/python bench/commit.py [--commits 30] [--rows 10000]
+``--secure`` compares instead two rings started side by side: one with auth and TLS on (a
+client token, TLS with its own CA, node identity), one with them off; each commit goes to
+both, in alternating order, and the ratio is taken commit by commit (goal: on <= 1.1x off).
+
+    .venv/bin/python bench/commit.py [--commits 30] [--rows 10000] [--secure]
 """
 
 from __future__ import annotations
@@ -15,7 +19,18 @@ import random
 import tempfile
 import time
 
-from _common import MiB, local_ring, machine, median, pct, rows, table
+from _common import (
+    SECURITY,
+    MiB,
+    local_ring,
+    machine,
+    median,
+    pct,
+    print_security_ratio,
+    rows,
+    security_pair,
+    table,
+)
 
 from client import RingClient, StoreId
 from client._core import build_commit
@@ -58,11 +73,49 @@ def write_fsync(directory: str, version: int, manifest: bytes, chunks: list) -> 
         os.close(dfd)
 
 
+NODE_ARGS = ["--snapshot-every", "100000"]  # no background compaction: the commit path alone
+
+
+def latency_table(lat: dict[str, list[float]], names: dict[str, str], raw: int) -> str:
+    """Throughput and p50/p99 latency of each path of ``lat``, labelled by ``names``."""
+    body = []
+    for key, label in names.items():
+        xs = lat[key]
+        body.append(
+            [
+                label,
+                f"{raw * len(xs) / sum(xs) / MiB:.1f}",
+                f"{median(xs) * 1000:.1f}",
+                f"{pct(xs, 99) * 1000:.1f}",
+            ]
+        )
+    return table(["path", "MiB/s (raw)", "p50 ms", "p99 ms"], body)
+
+
+def compare_security(sid: StoreId, deltas: list[dict[bytes, bytes]], warmup: int, raw: int) -> None:
+    """Each delta committed to a ring with auth and TLS off and to one with them on, in
+    alternating order; prints both and their ratio commit by commit."""
+    lat: dict[str, list[float]] = {"off": [], "on": []}
+    with security_pair(NODE_ARGS) as clients:
+        for i, puts in enumerate(deltas):
+            v = i + 1
+            for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                t0 = time.perf_counter()
+                clients[name].commit(sid, v, puts, [], {"src": v}, epoch=1)
+                if i >= warmup:
+                    lat[name].append(time.perf_counter() - t0)
+    print(latency_table(lat, SECURITY, raw))
+    print_security_ratio(lat["on"], lat["off"], "commit by commit")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--commits", type=int, default=30)
     ap.add_argument("--rows", type=int, default=10_082, help="rows per delta (~104 B each: 1 MiB)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--secure", action="store_true", help="auth and TLS on vs off, instead of local files"
+    )
     a = ap.parse_args()
 
     rng = random.Random(1)
@@ -75,11 +128,13 @@ def main() -> None:
     print(machine())
     print(f"{a.commits} commits of {a.rows} rows: {raw / MiB:.2f} MiB raw, {wire / MiB:.2f} MiB")
     print("compressed per commit; ring: 3 node processes, R=3 W=2, LMDB with fsync\n")
+    if a.secure:
+        compare_security(sid, deltas, a.warmup, raw)
+        return
 
     lat: dict[str, list[float]] = {"ring": [], "local": [], "local+enc": []}
-    # no background compaction: this measures the commit path alone
     with (
-        local_ring(3, ["--snapshot-every", "100000"]) as ring,
+        local_ring(3, NODE_ARGS) as ring,
         tempfile.TemporaryDirectory(prefix="statestore-bench-files-") as files,
         RingClient(ring.seeds) as client,
     ):
@@ -102,18 +157,7 @@ def main() -> None:
         "local+enc": "local: encode + write + fsync",
         "local": "local: write + fsync (pre-encoded)",
     }
-    body = []
-    for key in ("ring", "local+enc", "local"):
-        xs = lat[key]
-        body.append(
-            [
-                names[key],
-                f"{raw * len(xs) / sum(xs) / MiB:.1f}",
-                f"{median(xs) * 1000:.1f}",
-                f"{pct(xs, 99) * 1000:.1f}",
-            ]
-        )
-    print(table(["path", "MiB/s (raw)", "p50 ms", "p99 ms"], body))
+    print(latency_table(lat, names, raw))
     ring_t, enc_t, pre_t = (sum(lat[k]) for k in ("ring", "local+enc", "local"))
     print()
     print(f"ring / local encode+write+fsync: {ring_t / enc_t:.2f}x the time")

@@ -6,6 +6,11 @@ this one process. Target: the ring within 1.5x of the local time.
 
     .venv/bin/python bench/restore.py [--mib 256] [--deltas 20] [--rounds 3] [--plan auto]
 
+``--secure`` compares instead two rings started side by side: one with auth and TLS on (a
+client token, TLS with its own CA, node identity), one with them off, holding the same
+commits; restores alternate between them round by round, and the ratio is taken round by
+round (goal: on <= 1.1x off).
+
 ``--profile`` adds one ring restore under cProfile and prints the top functions: it sees the
 client's event loop (run on the main thread there), not the decode worker threads; for those,
 run the script under ``py-spy record --format raw`` (docs/benchmarks.md).
@@ -25,7 +30,17 @@ import resource
 import tempfile
 import time
 
-from _common import MiB, local_ring, machine, median, rows, table
+from _common import (
+    SECURITY,
+    MiB,
+    local_ring,
+    machine,
+    median,
+    print_security_ratio,
+    rows,
+    security_pair,
+    table,
+)
 
 from client import AsyncRingClient, RingClient, StoreId
 from client._core import build_commit
@@ -91,6 +106,57 @@ def profile_ring(seeds: list[str], sid: StoreId, version: int, plan: str) -> str
     return out.getvalue()
 
 
+NODE_ARGS = ["--snapshot-every", "100000"]  # the chain as committed: no compaction
+
+
+def compare_security(
+    versions: list[dict[bytes, bytes | None]], rounds: int, plan: str, sid: StoreId
+) -> None:
+    """The same commits on a ring with auth and TLS off and on one with them on; restores
+    alternate between them round by round; prints both and their ratio round by round."""
+    n = len(versions)
+    with security_pair(NODE_ARGS) as clients:
+        raw = 0
+        for i, delta in enumerate(versions):
+            puts, deletes = split(delta)
+            for client in clients.values():
+                res = client.commit(
+                    sid, i + 1, puts, deletes, {"src": i + 1}, epoch=1, snapshot=i == 0
+                )
+            raw += res.raw_bytes
+        versions.clear()
+        gc.collect()
+        print(f"committed {n} versions ({raw / MiB:.0f} MiB raw) to both rings\n", flush=True)
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        sizes = set()
+        for client in clients.values():  # warm: connections, TLS sessions, link figures
+            sizes.add(len(client.restore(sid, n, plan=plan)))
+        for r in range(rounds):
+            for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                gc.collect()
+                t0 = time.perf_counter()
+                st = clients[name].restore(sid, n, plan=plan)
+                times[name].append(time.perf_counter() - t0)
+                sizes.add(len(st))
+                print(f"round {r + 1} {name}: {times[name][-1]:.2f}s ({st.plan})", flush=True)
+                st = None  # type: ignore[assignment]
+    assert len(sizes) == 1, f"the rings disagree on the state: {sizes}"
+    body = []
+    for name, label in SECURITY.items():
+        xs = times[name]
+        body.append(
+            [
+                f"{label} (plan {plan})",
+                f"{median(xs):.2f}",
+                f"{min(xs):.2f}",
+                f"{raw / MiB / median(xs):.0f}",
+            ]
+        )
+    print()
+    print(table(["path", "median s", "best s", "MiB/s raw"], body))
+    print_security_ratio(times["on"], times["off"], "round by round")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=256, help="raw size of the store's chain")
@@ -99,6 +165,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--plan", default="auto", help="star, line, tree or auto (the default)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--secure", action="store_true", help="auth and TLS on vs off, instead of local files"
+    )
     a = ap.parse_args()
     print(machine())
 
@@ -107,9 +176,11 @@ def main() -> None:
     sid = StoreId("bench", 0, 0, "restore")
     n = len(versions)
     print(f"generated {n} versions in {time.perf_counter() - t:.1f}s", flush=True)
-    # the ring keeps the chain as committed: no background compaction into a newer snapshot
+    if a.secure:
+        compare_security(versions, a.rounds, a.plan, sid)
+        return
     with (
-        local_ring(3, ["--snapshot-every", "100000"]) as ring,
+        local_ring(3, NODE_ARGS) as ring,
         tempfile.TemporaryDirectory(prefix="statestore-bench-files-") as files,
         RingClient(ring.seeds) as client,
     ):

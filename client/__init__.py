@@ -12,8 +12,10 @@ Errors come from one tree (``StateStoreError`` and below), re-exported here.
 """
 
 from statestore.core.errors import (
+    AccessDenied,
     CorruptChunk,
     DecompressionBomb,
+    Forbidden,
     InvalidRequest,
     InvalidStoreId,
     MalformedData,
@@ -25,6 +27,8 @@ from statestore.core.errors import (
     StaleEpoch,
     StateStoreError,
     StoreNotFound,
+    TlsFailed,
+    Unauthenticated,
     Unavailable,
     VersionConflict,
     VersionNotFound,
@@ -38,10 +42,12 @@ from ._core import CommitResult, RestoredState
 from ._sync import RingClient
 
 __all__ = [
+    "AccessDenied",
     "AsyncRingClient",
     "CommitResult",
     "CorruptChunk",
     "DecompressionBomb",
+    "Forbidden",
     "Head",
     "InvalidRequest",
     "InvalidStoreId",
@@ -58,6 +64,8 @@ __all__ = [
     "StateStoreError",
     "StoreId",
     "StoreNotFound",
+    "TlsFailed",
+    "Unauthenticated",
     "Unavailable",
     "VersionConflict",
     "VersionNotFound",

@@ -17,6 +17,7 @@ from statestore.core.errors import (
     NotFound,
     RateLimited,
     StateStoreError,
+    TlsFailed,
     Unavailable,
 )
 from statestore.core.ids import StoreId, check_version
@@ -34,6 +35,7 @@ from statestore.net.reads import (
     read_versions,
 )
 from statestore.net.restorer import Restorer
+from statestore.net.tls import client_context, tls_ca_file
 from statestore.net.transport import Transport
 from statestore.net.writes import write_commit
 
@@ -65,6 +67,12 @@ class AsyncRingClient:
         clock: the restorer's clock (link measurements, the ingress cap).
         token: the bearer token sent with every request to nodes started with
             ``--auth-file`` (default: the ``STATESTORE_TOKEN`` environment variable).
+        tls_ca: a PEM file of the CA that signed the nodes' certificates, for a ring started
+            with ``--tls-cert`` (default: the file named by ``STATESTORE_TLS_CA``); every
+            request is then HTTPS, each node verified against it. Unset: plain HTTP.
+
+    Raises:
+        ValueError: a bad option, or a ``tls_ca`` file that cannot be read.
     """
 
     def __init__(
@@ -82,8 +90,10 @@ class AsyncRingClient:
         transport: Transport | None = None,
         clock: Callable[[], float] = time.monotonic,
         token: str | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.seeds = parse_seeds(seeds)
+        ca = tls_ca_file(tls_ca)
         token = token or os.environ.get("STATESTORE_TOKEN") or None
         bearer = {"Authorization": f"Bearer {token}"} if token else {}
         if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
@@ -97,6 +107,7 @@ class AsyncRingClient:
             connections=max(64, concurrency * 4),
             rcvbuf=256 * 1024 if ingress else None,
             auth=(lambda method, path, body: bearer) if token else None,
+            tls=client_context(ca) if ca and transport is None else None,
         )
         self._view: RingView | None = None
         self._cache = ChunkCache(cache_bytes)
@@ -149,6 +160,9 @@ class AsyncRingClient:
             if self._view is None or view.epoch >= self._view.epoch:
                 self._view = view
             return self._view
+        tls = next((e for e in errors if isinstance(e, TlsFailed)), None)
+        if tls is not None:  # not "no node answered": the CA (or its absence) is the problem
+            raise TlsFailed(f"no node of the ring could be verified: {tls}")
         if errors and all(isinstance(e, RateLimited) for e in errors):
             raise errors[0]  # every node answered, to say the token is over its rate
         raise NodeUnavailable(

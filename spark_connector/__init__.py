@@ -12,19 +12,23 @@ also a plain Spark conf key (``spark.statestore.*``) for spark-submit users::
     spark-submit --jars "$(statestore spark-jar)" \\
       --conf spark.sql.streaming.stateStore.providerClass=statestore.spark.RingStateStoreProvider \\
       --conf spark.statestore.seeds=10.0.0.1:7400,10.0.0.2:7400 job.py
+
+On a ring with client tokens and TLS (docs/security.md), ``configure(..., token=...,
+tls_ca=...)`` sets ``spark.statestore.token`` (or ``tokenFile``) and ``spark.statestore.tlsCa``;
+left out, they come from ``STATESTORE_TOKEN`` (or ``STATESTORE_TOKEN_FILE``) and
+``STATESTORE_TLS_CA``. Files named there must exist on the driver and on every executor.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from client import RingClient
 from statestore.core.address import parse_address
-from statestore.core.errors import InvalidAddress
+from statestore.core.errors import InvalidAddress, StateStoreError
 
 from ._build import PROVIDER_CLASS, SUPPORTED, SparkConnectorError, jar_path
 
@@ -55,24 +59,25 @@ def _check_address(seed: str) -> str:
     return f"{host}:{port}"
 
 
-def check_seeds(seeds: Sequence[str], timeout: float = 3.0) -> dict[str, object]:
-    """Ask the seeds for the ring view; the first answer is returned. Raises
-    SparkConnectorError naming every seed and what went wrong when none answers."""
-    errors = []
-    for seed in seeds:
-        try:
-            with urllib.request.urlopen(f"http://{seed}/v1/ring", timeout=timeout) as resp:
-                view = json.loads(resp.read())
-            if isinstance(view, dict) and "members" in view:
-                return view
-            errors.append(f"{seed}: not a statestore node")
-        except (OSError, ValueError) as exc:
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            errors.append(f"{seed}: {reason}")
-    raise SparkConnectorError(
-        "no ring seed answered (" + "; ".join(errors) + "): start the ring "
-        "(statestore local) or fix the seeds"
-    )
+def check_seeds(
+    seeds: Sequence[str],
+    timeout: float = 3.0,
+    *,
+    token: str | None = None,
+    tls_ca: str | None = None,
+) -> dict[str, Any]:
+    """Ask the seeds for the ring view (through the SDK, with ``token`` and ``tls_ca`` as
+    ``RingClient`` takes them); the first answer is returned as JSON. Raises
+    SparkConnectorError naming what went wrong (no seed answering, a refused token, a node
+    TLS could not verify)."""
+    try:
+        with RingClient(list(seeds), timeout=timeout, token=token, tls_ca=tls_ca) as ring:
+            return ring.ring().to_json()
+    except (StateStoreError, ValueError) as exc:
+        raise SparkConnectorError(
+            f"no ring seed answered as it should ({exc}): start the ring (statestore local), "
+            "or fix the seeds, the token or the TLS CA"
+        ) from exc
 
 
 def ring_conf(
@@ -87,8 +92,14 @@ def ring_conf(
     read_timeout_ms: int | None = None,
     restore_timeout_ms: int | None = None,
     max_commit_bytes: int | None = None,
+    token: str | None = None,
+    token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> dict[str, str]:
-    """The ``spark.statestore.*`` keys for these options (unset ones keep their defaults)."""
+    """The ``spark.statestore.*`` keys for these options (unset ones keep their defaults).
+
+    ``token`` (or ``token_file``, a file holding it) is sent as a bearer token; ``tls_ca``, a
+    PEM CA file, turns HTTPS on. Files are made absolute: executors read them by path."""
     clean = [_check_address(s) for s in seeds]
     if not clean:
         raise SparkConnectorError("configure() needs at least one ring seed (HOST:PORT)")
@@ -113,6 +124,17 @@ def ring_conf(
         if not restore_plan.isalpha():
             raise SparkConnectorError(f"restore_plan {restore_plan!r} is not a plan name")
         conf[CONF_PREFIX + "restorePlan"] = restore_plan
+    if token and token_file:
+        raise SparkConnectorError("give token or token_file, not both")
+    if token is not None:
+        if not token or not all(0x20 < ord(c) < 0x7F for c in token):
+            raise SparkConnectorError("token must be non-empty printable ASCII without spaces")
+        conf[CONF_PREFIX + "token"] = token
+    for key, path in (("tokenFile", token_file), ("tlsCa", tls_ca)):
+        if path:
+            if not os.path.isfile(path):
+                raise SparkConnectorError(f"{key} {path} is not a file")
+            conf[CONF_PREFIX + key] = os.path.abspath(path)
     return conf
 
 
@@ -129,6 +151,9 @@ def configure(
     read_timeout_ms: int | None = None,
     restore_timeout_ms: int | None = None,
     max_commit_bytes: int | None = None,
+    token: str | None = None,
+    token_file: str | None = None,
+    tls_ca: str | None = None,
     check: bool = True,
 ) -> SparkSession.Builder:
     """Point ``builder``'s streaming state at the ring and return it.
@@ -140,9 +165,16 @@ def configure(
     attempts of a commit or head read), ``maxAttempts`` (rounds over the ring's members
     within that budget), ``readTimeoutMs`` (a stalled restore body), ``restoreTimeoutMs``
     (a whole restore) and ``maxCommitBytes`` (the largest commit body); docs/spark.md says
-    what each bounds. With ``check`` the seeds must answer now: a clear
-    SparkConnectorError instead of a failed query later.
+    what each bounds. On a secured ring, ``token`` (else ``$STATESTORE_TOKEN``) or
+    ``token_file`` (else ``$STATESTORE_TOKEN_FILE``) sets ``token`` or ``tokenFile``, and
+    ``tls_ca`` (else ``$STATESTORE_TLS_CA``) sets ``tlsCa``. With ``check`` the seeds must
+    answer now, with that token and CA: a clear SparkConnectorError instead of a failed query
+    later.
     """
+    if token is None and token_file is None:
+        token = os.environ.get("STATESTORE_TOKEN", "").strip() or None
+        token_file = None if token else os.environ.get("STATESTORE_TOKEN_FILE") or None
+    tls_ca = tls_ca or os.environ.get("STATESTORE_TLS_CA") or None
     conf = ring_conf(
         seeds,
         restore_plan=restore_plan,
@@ -154,9 +186,15 @@ def configure(
         read_timeout_ms=read_timeout_ms,
         restore_timeout_ms=restore_timeout_ms,
         max_commit_bytes=max_commit_bytes,
+        token=token,
+        token_file=token_file,
+        tls_ca=tls_ca,
     )
     if check:
-        check_seeds(conf[CONF_PREFIX + "seeds"].split(","))
+        if token_file:
+            with open(token_file) as f:
+                token = f.read().strip()
+        check_seeds(conf[CONF_PREFIX + "seeds"].split(","), token=token, tls_ca=tls_ca)
     jar = jar_path()
     options: dict[str, object] = getattr(builder, "_options", {})
     jars = [j for j in str(options.get("spark.jars") or "").split(",") if j and j != jar]

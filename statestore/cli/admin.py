@@ -6,7 +6,8 @@ holds (``GET /v1/inventory``), and merges the answers with the same rules as the
 purges the query on every member and records a tombstone (node/tombstones.py).
 
 A bearer token, when the ring has client tokens, comes from ``STATESTORE_TOKEN`` or the file
-named by ``STATESTORE_TOKEN_FILE``; ``drop`` needs the ``admin`` right on the query.
+named by ``STATESTORE_TOKEN_FILE``; ``drop`` needs the ``admin`` right on the query. On a ring
+that serves TLS, nodes are verified against ``--tls-ca`` or ``STATESTORE_TLS_CA``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from statestore.core.ids import StoreId
 from statestore.core.inventory import inspect_store, merge_listings, summaries_json
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
+from statestore.net.tls import client_context, tls_ca_file
 
 __all__ = ["drop_query", "inspect", "list_stores", "token_headers"]
 
@@ -40,9 +42,10 @@ def token_headers() -> dict[str, str]:
 class Admin:
     """One HTTP transport and the ring's view, for one command."""
 
-    def __init__(self, seeds: Sequence[str]) -> None:
+    def __init__(self, seeds: Sequence[str], tls_ca: str | None = None) -> None:
         self.seeds = list(seeds)
-        self.transport = HttpTransport(timeout=10.0)
+        ca = tls_ca_file(tls_ca)
+        self.transport = HttpTransport(timeout=10.0, tls=client_context(ca) if ca else None)
         self.headers = token_headers()
 
     async def get(self, address: str, path: str) -> Any:
@@ -85,8 +88,10 @@ def _warn(failed: list[str]) -> None:
         print(f"warning: no answer from {f}; the listing may miss what it holds", file=sys.stderr)
 
 
-async def _list(seeds: Sequence[str], query: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    admin = Admin(seeds)
+async def _list(
+    seeds: Sequence[str], query: str | None, tls_ca: str | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    admin = Admin(seeds, tls_ca)
     try:
         _, view = await admin.view()
         path = "/v1/inventory" + (f"?query={query}" if query else "")
@@ -96,11 +101,13 @@ async def _list(seeds: Sequence[str], query: str | None) -> tuple[list[dict[str,
         await admin.close()
 
 
-def list_stores(seeds: Sequence[str], query: str | None, as_json: bool) -> int:
+def list_stores(
+    seeds: Sequence[str], query: str | None, as_json: bool, *, tls_ca: str | None = None
+) -> int:
     """``statestore stores ls``: every store on the ring, its head and how many versions."""
     if query is not None:
         StoreId(query, 0, 0, "x")  # a bad query name fails here, named
-    stores, failed = asyncio.run(_list(seeds, query))
+    stores, failed = asyncio.run(_list(seeds, query, tls_ca))
     _warn(failed)
     if as_json:
         print(json.dumps({"stores": stores, "unanswered": failed}, indent=2))
@@ -125,8 +132,8 @@ def list_stores(seeds: Sequence[str], query: str | None, as_json: bool) -> int:
     return 0
 
 
-async def _inspect(seeds: Sequence[str], store: StoreId) -> dict[str, Any]:
-    admin = Admin(seeds)
+async def _inspect(seeds: Sequence[str], store: StoreId, tls_ca: str | None) -> dict[str, Any]:
+    admin = Admin(seeds, tls_ca)
     try:
         _, view = await admin.view()
         details, failed = await admin.ask_live(view, f"/v1/inventory/{store.path}")
@@ -139,10 +146,12 @@ async def _inspect(seeds: Sequence[str], store: StoreId) -> dict[str, Any]:
         await admin.close()
 
 
-def inspect(seeds: Sequence[str], store_path: str, as_json: bool) -> int:
+def inspect(
+    seeds: Sequence[str], store_path: str, as_json: bool, *, tls_ca: str | None = None
+) -> int:
     """``statestore inspect``: one store's versions, head chain, sizes and replicas."""
     store = StoreId.parse(store_path)
-    report = asyncio.run(_inspect(seeds, store))
+    report = asyncio.run(_inspect(seeds, store, tls_ca))
     _warn(report["unanswered"])
     if as_json:
         print(json.dumps(report, indent=2))
@@ -191,8 +200,8 @@ def inspect(seeds: Sequence[str], store_path: str, as_json: bool) -> int:
     return 0 if all(r["complete"] for r in report["replicas"]) else 1
 
 
-async def _drop(seeds: Sequence[str], query: str) -> dict[str, Any]:
-    admin = Admin(seeds)
+async def _drop(seeds: Sequence[str], query: str, tls_ca: str | None) -> dict[str, Any]:
+    admin = Admin(seeds, tls_ca)
     try:
         seed, _ = await admin.view()
         resp = await admin.transport.request(
@@ -204,7 +213,7 @@ async def _drop(seeds: Sequence[str], query: str) -> dict[str, Any]:
         await admin.close()
 
 
-def drop_query(seeds: Sequence[str], query: str, yes: bool) -> int:
+def drop_query(seeds: Sequence[str], query: str, yes: bool, *, tls_ca: str | None = None) -> int:
     """``statestore drop``: remove every store of ``query`` from every node, after asking."""
     StoreId(query, 0, 0, "x")  # a bad query name fails here, named
     if not yes:
@@ -215,13 +224,13 @@ def drop_query(seeds: Sequence[str], query: str, yes: bool) -> int:
                 file=sys.stderr,
             )
             return 2
-        stores, _ = asyncio.run(_list(seeds, query))
+        stores, _ = asyncio.run(_list(seeds, query, tls_ca))
         print(f"query {query} has {len(stores)} store(s) on the ring; dropping deletes them all")
         answer = input(f"type the query name ({query}) to drop it: ").strip()
         if answer != query:
             print("not dropped", file=sys.stderr)
             return 1
-    result = asyncio.run(_drop(seeds, query))
+    result = asyncio.run(_drop(seeds, query, tls_ca))
     for row in result["nodes"]:
         if "error" in row:
             print(f"  {row['address']} ({row['status']}): {row['error']}")

@@ -18,16 +18,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from statestore.core.address import node_url
+from statestore.net.tls import client_context, tls_ca_file
+
 __all__ = ["LocalRing", "NodeProcess", "http_json"]
 
 
-def http_json(address: str, path: str, timeout: float = 2.0) -> object:
-    """GET a node's JSON answer, with the bearer token of ``STATESTORE_TOKEN`` if set."""
-    req = urllib.request.Request(f"http://{address}{path}")
-    token = os.environ.get("STATESTORE_TOKEN")
+def http_json(
+    address: str,
+    path: str,
+    timeout: float = 2.0,
+    *,
+    tls_ca: str | None = None,
+    token: str | None = None,
+) -> object:
+    """GET a node's JSON answer, with ``token`` (default ``STATESTORE_TOKEN``) if set, over
+    HTTPS verified against ``tls_ca`` (default ``STATESTORE_TLS_CA``) when one is given.
+
+    Raises OSError (``urllib.error.URLError``) when the node cannot be reached or verified.
+    """
+    ca = tls_ca_file(tls_ca)
+    req = urllib.request.Request(node_url(address, path, tls=ca is not None))
+    token = token or os.environ.get("STATESTORE_TOKEN")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    context = client_context(ca) if ca else None
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
         return json.loads(resp.read())
 
 
@@ -101,13 +117,17 @@ class NodeProcess:
 
 @dataclass
 class LocalRing:
-    """N node processes on 127.0.0.1 (port 0 = let the OS choose)."""
+    """N node processes on 127.0.0.1 (port 0 = let the OS choose); ``tls_ca`` verifies them
+    when ``args`` turn TLS on (``--tls-cert``, ``--tls-key``, ``--tls-ca``), and ``token``
+    (default ``STATESTORE_TOKEN``) is what its own reads send to nodes with ``--auth-file``."""
 
     base_dir: str
     nodes: int = 3
     base_port: int = 0
     args: list[str] = field(default_factory=list)
     procs: list[NodeProcess] = field(default_factory=list)
+    tls_ca: str | None = None
+    token: str | None = None
 
     def start(self) -> LocalRing:
         for _ in range(self.nodes):
@@ -148,7 +168,7 @@ class LocalRing:
         self.procs[i].start([s for s in self.seeds if s != self.procs[i].address][:1])
 
     def ring(self, address: str | None = None) -> dict[str, Any]:
-        obj = http_json(address or self.seeds[0], "/v1/ring")
+        obj = http_json(address or self.seeds[0], "/v1/ring", tls_ca=self.tls_ca, token=self.token)
         assert isinstance(obj, dict)
         return obj
 

@@ -45,6 +45,15 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _client_tls(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="F",
+        help="PEM CA of a ring that serves TLS (default: $STATESTORE_TLS_CA; none = plain HTTP)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statestore", description="DHT-backed state store")
     sub = p.add_subparsers(dest="command", required=True)
@@ -101,6 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
         help='client tokens: JSON {"TOKEN": {"queries": ["q1", "etl-*"], "rights": '
         '["read", "write", "admin"]}}, re-read when it changes (docs/security.md)',
     )
+    n.add_argument(
+        "--tls-cert",
+        default="",
+        metavar="F",
+        help="serve HTTPS only with this PEM certificate (it must name the advertised host)",
+    )
+    n.add_argument("--tls-key", default="", metavar="F", help="the certificate's private key")
+    n.add_argument(
+        "--tls-ca",
+        default="",
+        metavar="F",
+        help="PEM CA the nodes this one calls are verified against (default: the system's)",
+    )
     n.add_argument("--log-level", default="WARNING")
 
     loc = sub.add_parser("local", help="run N nodes on loopback until Ctrl-C")
@@ -111,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("ring", help="show the ring's members and epoch")
     r.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
     r.add_argument("--json", action="store_true")
+    _client_tls(r)
 
     rs = sub.add_parser("restore", help="restore a store version along a recovery plan")
     rs.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
@@ -128,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rs.add_argument("--fan-in", type=_positive, default=16, help="chunks in flight (star)")
     rs.add_argument("--tree-fan-in", type=_positive, default=2, help="children per tree hop")
+    _client_tls(rs)
 
     st = sub.add_parser("stores", help="stores on the ring (admin)")
     st_sub = st.add_subparsers(dest="stores_command", required=True)
@@ -135,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
     ls.add_argument("--query", default=None, help="only this query's stores")
     ls.add_argument("--json", action="store_true")
+    _client_tls(ls)
 
     ins = sub.add_parser(
         "inspect", help="one store: versions, chain, sizes, replicas and their copies"
@@ -142,11 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
     ins.add_argument("--store", required=True, metavar="QUERY/OPERATOR/PARTITION/NAME")
     ins.add_argument("--json", action="store_true")
+    _client_tls(ins)
 
     dr = sub.add_parser("drop", help="remove every store of a finished query everywhere")
     dr.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
     dr.add_argument("--query", required=True)
     dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _client_tls(dr)
 
     sj = sub.add_parser(
         "spark-jar", help="print the Spark provider jar's path (built on first use)"
@@ -193,6 +220,9 @@ def _node(args: argparse.Namespace) -> int:
             inject_delay=args.inject_delay,
             cluster_secret_file=args.cluster_secret_file,
             auth_file=args.auth_file,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_ca=args.tls_ca,
         )
     except ValueError as exc:
         print(f"statestore node: {exc}", file=sys.stderr)
@@ -229,7 +259,7 @@ def _ring(args: argparse.Namespace) -> int:
     errors = []
     for seed in args.seeds:
         try:
-            view = http_json(seed, "/v1/ring", timeout=3.0)
+            view = http_json(seed, "/v1/ring", timeout=3.0, tls_ca=args.tls_ca)
             break
         except OSError as exc:
             errors.append(f"{seed}: {exc}")
@@ -268,7 +298,11 @@ def _restore(args: argparse.Namespace) -> int:
     store = StoreId.parse(args.store)
     ingress = args.ingress * 1e6 if args.ingress else None
     with RingClient(
-        args.seeds, concurrency=args.fan_in, tree_fan_in=args.tree_fan_in, ingress=ingress
+        args.seeds,
+        concurrency=args.fan_in,
+        tree_fan_in=args.tree_fan_in,
+        ingress=ingress,
+        tls_ca=args.tls_ca,
     ) as ring:
         plan = ring.explain(store, args.version, args.plan)
         if args.explain:
@@ -332,10 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from statestore.cli import admin
 
             if args.command == "stores":
-                return admin.list_stores(args.seeds, args.query, args.json)
+                return admin.list_stores(args.seeds, args.query, args.json, tls_ca=args.tls_ca)
             if args.command == "inspect":
-                return admin.inspect(args.seeds, args.store, args.json)
-            return admin.drop_query(args.seeds, args.query, args.yes)
+                return admin.inspect(args.seeds, args.store, args.json, tls_ca=args.tls_ca)
+            return admin.drop_query(args.seeds, args.query, args.yes, tls_ca=args.tls_ca)
         if args.command == "spark-jar":
             from spark_connector import main as spark_jar
 
@@ -345,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             data_dir = args.data_dir or tempfile.mkdtemp(prefix="statestore-demo-")
             return run_demo(data_dir, args.base_port, spark=not args.no_spark)
-    except StateStoreError as exc:
+    except (StateStoreError, ValueError) as exc:  # ValueError: e.g. a CA file it cannot use
         print(f"statestore {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -3,6 +3,10 @@ the Spark helper.
 
 A host is a name or an IPv4 address, or an IPv6 address in brackets (``[::1]:7400``); a port
 is 1-65535 in ASCII digits (``0`` only where the caller binds, e.g. ``--listen``).
+
+Addresses carry no scheme: seeds, ring views and gossip say ``HOST:PORT``. Whether a ring
+speaks HTTPS is a property of the whole ring, known to whoever holds its CA (``--tls-ca``,
+``tls_ca=``), and :func:`node_url` is the one place that turns an address into a URL.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Iterable
 
 from statestore.core.errors import InvalidAddress
 
-__all__ = ["parse_address", "parse_seeds"]
+__all__ = ["node_url", "parse_address", "parse_seeds"]
 
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})$")
 
@@ -44,3 +48,9 @@ def parse_seeds(seeds: Iterable[str] | str) -> list[str]:
     if not out:
         raise InvalidAddress("give at least one seed HOST:PORT of a running node")
     return out
+
+
+def node_url(address: str, path: str, *, tls: bool) -> str:
+    """The URL of ``path`` (starting with ``/``) on the node at ``address`` (``HOST:PORT``):
+    ``https`` on a ring that serves TLS, ``http`` otherwise."""
+    return f"{'https' if tls else 'http'}://{address}{path}"

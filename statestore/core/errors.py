@@ -22,6 +22,7 @@
     │   └── DecompressionBomb        a zstd frame that would decompress past the limit
     ├── Unavailable                  availability, not semantics: retrying may help
     │   ├── NodeUnavailable          a node did not answer
+    │   │   └── TlsFailed            its TLS handshake or certificate did not verify
     │   ├── QuorumNotReached         fewer than W (or the read quorum) replicas answered
     │   ├── RateLimited              a client token over its rate (HTTP 429, Retry-After)
     │   ├── RequestTimeout           an operation ran past its deadline
@@ -61,6 +62,7 @@ __all__ = [
     "StaleEpoch",
     "StateStoreError",
     "StoreNotFound",
+    "TlsFailed",
     "Unauthenticated",
     "Unavailable",
     "VersionConflict",
@@ -164,6 +166,14 @@ class Unavailable(StateStoreError):
 
 class NodeUnavailable(Unavailable):
     code = "node_unavailable"
+
+
+class TlsFailed(NodeUnavailable):
+    """A node whose TLS could not be verified (wrong or missing CA, a certificate that does
+    not name its address) or that does not speak TLS. To a node this peer is unreachable,
+    like any other it cannot trust; a client raises it rather than "no node answered"."""
+
+    code = "tls_failed"
 
 
 class QuorumNotReached(Unavailable):

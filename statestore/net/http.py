@@ -1,7 +1,8 @@
 """The HTTP transport (net/transport.py's ``Transport`` over aiohttp and TCP).
 
 It carries bytes and maps failures onto the error tree at this one boundary: a refused or
-reset connection is NodeUnavailable, a deadline is RequestTimeout, and an error body
+reset connection is NodeUnavailable, a TLS handshake that fails is TlsFailed (net/tls.py),
+a deadline is RequestTimeout, and an error body
 ``{"error": {"code", "message"}}`` becomes the same class the node raised. Responses that depend
 on placement carry the ring epoch in ``X-Statestore-Epoch``; the transport remembers the
 highest it has seen so that a client can notice its view is stale.
@@ -12,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
+from statestore.core.address import node_url
 from statestore.core.errors import NodeUnavailable, RequestTimeout
+from statestore.net.tls import TLS_CA_ENV, tls_failure
 from statestore.net.transport import Response, error_from_answer
 from statestore.wire.headers import EPOCH_HEADER
 
@@ -32,7 +36,8 @@ class HttpTransport:
     """A pooled aiohttp session with the error mapping. Owned by whoever creates it.
 
     ``auth(method, path, body)`` gives the credential headers of each request: a client's
-    bearer token, or a node's signature (core/identity).
+    bearer token, or a node's signature (core/identity). With ``tls`` (net/tls.client_context)
+    every call is HTTPS, verified by that context; without it, plain HTTP.
     """
 
     def __init__(
@@ -42,9 +47,11 @@ class HttpTransport:
         rcvbuf: int | None = None,
         *,
         auth: Auth | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.timeout = timeout
         self._auth = auth
+        self._tls = tls
         self._connections = connections
         self._rcvbuf = rcvbuf
         self._session: aiohttp.ClientSession | None = None
@@ -57,6 +64,7 @@ class HttpTransport:
                     limit=self._connections,
                     limit_per_host=32,
                     socket_factory=self._socket if self._rcvbuf else None,
+                    ssl=self._tls if self._tls is not None else True,
                 ),
                 timeout=aiohttp.ClientTimeout(total=None),
                 auto_decompress=False,
@@ -97,7 +105,7 @@ class HttpTransport:
             hdrs["Content-Type"] = "application/json"
         if self._auth is not None:
             hdrs.update(self._auth(method, path, body or b""))
-        url = f"http://{address}{path}"
+        url = node_url(address, path, tls=self._tls is not None)
         data: Any = body
         if body is not None and len(body) > 1 << 20:
             # aiohttp warns that a large bytes body "might lock the event loop"; sending one
@@ -116,10 +124,7 @@ class HttpTransport:
                 f"{method} {url} took longer than {limit:.1f}s: the node is slow or stuck"
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise NodeUnavailable(
-                f"node {address} is unreachable ({type(exc).__name__}: {exc}); "
-                "check that it runs, or let the ring route around it"
-            ) from exc
+            raise self._unreachable(address, exc) from exc
         if epoch > self.seen_epoch:
             self.seen_epoch = epoch
         if resp.status not in ok:
@@ -136,7 +141,7 @@ class HttpTransport:
         if self._session is None:
             await self.start()
         assert self._session is not None
-        url = f"http://{address}{path}"
+        url = node_url(address, path, tls=self._tls is not None)
         limit = self.timeout if timeout is None else timeout
         hdrs = self._auth("POST", path, body) if self._auth is not None else {}
         try:
@@ -145,12 +150,27 @@ class HttpTransport:
         except TimeoutError as exc:
             raise RequestTimeout(f"POST {url} took longer than {limit:.1f}s to answer") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise NodeUnavailable(f"node {address} is unreachable ({exc})") from exc
+            raise self._unreachable(address, exc) from exc
         if resp.status != 200:
             data = await resp.read()
             resp.close()
             raise error_from_answer(resp.status, data, address)
         return HttpStream(resp, address)
+
+    def _unreachable(self, address: str, exc: BaseException) -> NodeUnavailable:
+        """The error tree's name for a call that got no answer from ``address``."""
+        if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
+            return tls_failure(address, exc)
+        hint = "check that it runs, or let the ring route around it"
+        if self._tls is None and isinstance(exc, aiohttp.ServerDisconnectedError):
+            # what a node serving HTTPS does to a plain HTTP request: it hangs up
+            hint = (
+                f"if the ring serves TLS, give its CA file as tls_ca= or {TLS_CA_ENV}; "
+                "else check that the node runs"
+            )
+        return NodeUnavailable(
+            f"node {address} is unreachable ({type(exc).__name__}: {exc}); {hint}"
+        )
 
 
 class HttpStream:

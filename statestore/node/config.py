@@ -42,6 +42,9 @@ class NodeConfig:
     # security (docs/security.md)
     cluster_secret_file: str = ""  # same file on every node: internal requests are signed
     auth_file: str = ""  # client bearer tokens, scoped to queries and rights
+    tls_cert: str = ""  # PEM certificate: serve HTTPS only (with tls_key)
+    tls_key: str = ""  # its private key
+    tls_ca: str = ""  # PEM CA the nodes we call are verified against ("" = the system's CAs)
     header_timeout: float = 15.0  # seconds a connection may take to send its request headers
     body_timeout: float = 60.0  # seconds a request body may stall between two pieces
     min_free_bytes: int = 64 * 1024 * 1024  # below this the node turns read-only
@@ -50,6 +53,13 @@ class NodeConfig:
         validate_rw(self.replicas, self.write_quorum)
         if self.snapshot_every < 1 or self.retain_versions < 1:
             raise ValueError("snapshot_every and retain_versions must be at least 1")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together: give both, or neither")
+        if self.tls_ca and not self.tls_cert:
+            raise ValueError(
+                "--tls-ca needs --tls-cert and --tls-key: a ring speaks TLS on every node or "
+                "on none (the CA verifies the nodes this one calls)"
+            )
         if self.auth_file and self.seeds and not self.cluster_secret_file:
             raise ValueError(
                 "--auth-file on a ring of several nodes needs --cluster-secret-file too (the "

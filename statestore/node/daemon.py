@@ -32,6 +32,7 @@ from statestore.core.membership import Membership, Status
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
+from statestore.net.tls import client_context
 from statestore.net.transport import Transport
 from statestore.node.auth import Access
 from statestore.node.backends import Backend, open_backend
@@ -124,6 +125,8 @@ class Node:
         self.config = config
         self.clock = clock
         self.rng = rng or random.Random()
+        # before the lock: a CA file it cannot use is a ValueError with nothing to release
+        tls = client_context(config.tls_ca or None) if config.tls_cert else None
         self._lock = _lock_data_dir(config.data_dir)
         self.id, self.incarnation = _load_identity(config.data_dir)
         try:
@@ -139,7 +142,9 @@ class Node:
             max_workers=1, thread_name_prefix="statestore-writer"
         )
         self.transport: Transport = transport or HttpTransport(
-            timeout=10.0, auth=self.access.outbound
+            timeout=10.0,
+            auth=self.access.outbound,
+            tls=tls,
         )
         self.address = f"{config.host}:{config.port}"
         self.membership: Membership | None = None

@@ -15,6 +15,7 @@ import sys
 from aiohttp import web
 
 from statestore.core.errors import DataDirInUse
+from statestore.net.tls import server_context
 from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
@@ -28,7 +29,9 @@ LOOPS: tuple[tuple[str, Loop], ...] = (("repair", repair_loop), ("compaction", c
 
 
 async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
-    """Bind the API and start the node; stop with :func:`stop_node`."""
+    """Bind the API (HTTPS with ``config.tls_cert``) and start the node; stop with
+    :func:`stop_node`. Raises ValueError for a secret, tokens or TLS file it cannot use."""
+    tls = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
     node = Node(config)
     # keepalive_timeout doubles as the header read timeout: aiohttp arms it when a connection
     # opens and closes a connection still waiting for a whole request line and headers when
@@ -40,7 +43,7 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
         keepalive_timeout=config.header_timeout,
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, ssl_context=tls)
     try:
         await site.start()
     except OSError:
@@ -61,7 +64,8 @@ async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
     # The first line on stdout is the contract for scripts and tests that start nodes on port 0.
     print(
         f"statestore node {node.id} listening on {node.address} "
-        f"(dht udp {node.discovery.port if node.discovery else 'off'})",
+        f"(dht udp {node.discovery.port if node.discovery else 'off'}"
+        f"{', https' if config.tls_cert else ''})",
         flush=True,
     )
     try:
@@ -96,7 +100,7 @@ def run_node(config: NodeConfig) -> int:
 
     try:
         asyncio.run(main())
-    except (DataDirInUse, ValueError) as exc:  # ValueError: a secret or tokens file
+    except (DataDirInUse, ValueError) as exc:  # ValueError: a secret, tokens or TLS file
         print(f"statestore node: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -12,6 +12,7 @@ providers. Spec keys:
 - ``die``: ``{"op", "provider", "batch"}``: SIGKILL this driver inside that batch, after the
   state commit and before the batch is marked done
 - ``partitions``: shuffle partitions (default 2)
+- ``conf``: extra Spark conf keys (e.g. ``spark.statestore.dataPath``)
 - ``read_state``: operator ids whose state the state data source
   (``spark.read.format("statestore")``) reads after each query, written as sorted JSON rows
   to ``<base>/out/<provider>/<op>/state-<id>.json``
@@ -119,6 +120,8 @@ def run(spec: dict[str, Any]) -> None:
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
         .config("spark.driver.memory", "1g")
     )
+    for key, value in spec.get("conf", {}).items():
+        builder = builder.config(key, value)
     spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     kill = spec.get("kill") or {}

@@ -30,6 +30,8 @@ final class RingConfig {
   final long maxCommitBytes;
   /** {@code direct} (the JVM writes and reads chunks, {@link RingDirect}) or {@code coordinator}. */
   final boolean direct;
+  /** The token and TLS of every request ({@code token}, {@code tokenFile}, {@code tlsCa}). */
+  final RingAccess access;
 
   private RingConfig(
       List<String> seeds,
@@ -42,7 +44,8 @@ final class RingConfig {
       long readTimeoutMs,
       long restoreTimeoutMs,
       long maxCommitBytes,
-      boolean direct) {
+      boolean direct,
+      RingAccess access) {
     this.seeds = seeds;
     this.restorePlan = restorePlan;
     this.snapshotInterval = snapshotInterval;
@@ -54,6 +57,7 @@ final class RingConfig {
     this.restoreTimeoutMs = restoreTimeoutMs;
     this.maxCommitBytes = maxCommitBytes;
     this.direct = direct;
+    this.access = access;
   }
 
   static RingConfig from(Configuration hadoopConf, StateStoreConf storeConf) {
@@ -98,7 +102,11 @@ final class RingConfig {
         number(hadoopConf, storeConf, "readTimeoutMs", 30_000, 1, 24 * 3_600_000L),
         number(hadoopConf, storeConf, "restoreTimeoutMs", 300_000, 1, 24 * 3_600_000L),
         number(hadoopConf, storeConf, "maxCommitBytes", 64L << 20, 1L << 10, 1L << 30),
-        path.equals("direct"));
+        path.equals("direct"),
+        RingAccess.of(
+            get(hadoopConf, storeConf, "token", ""),
+            get(hadoopConf, storeConf, "tokenFile", ""),
+            get(hadoopConf, storeConf, "tlsCa", "")));
   }
 
   private static long number(

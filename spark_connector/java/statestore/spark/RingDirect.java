@@ -2,7 +2,6 @@ package statestore.spark;
 
 import java.io.IOException;
 import java.io.InputStream;
-import java.net.URI;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
@@ -56,12 +55,12 @@ final class RingDirect {
   private RingDirect(RingConfig config) {
     this.config = config;
     this.writer = new RingWriter(config.seeds, Duration.ofMillis(config.connectTimeoutMs),
-        Duration.ofMillis(config.requestTimeoutMs), FETCH_THREADS);
+        Duration.ofMillis(config.requestTimeoutMs), FETCH_THREADS, config.access);
   }
 
   static RingDirect shared(RingConfig config) {
     String key = String.join(",", config.seeds) + "|" + config.connectTimeoutMs + "|"
-        + config.requestTimeoutMs;
+        + config.requestTimeoutMs + "|" + config.access.key();
     return SHARED.computeIfAbsent(key, k -> new RingDirect(config));
   }
 
@@ -291,7 +290,7 @@ final class RingDirect {
         break;
       }
       try {
-        HttpRequest req = HttpRequest.newBuilder(URI.create("http://" + address + "/v1/chunks/" + key))
+        HttpRequest req = config.access.request(address, "/v1/chunks/" + key)
             .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
         HttpResponse<InputStream> resp =
             writer.http().send(req, HttpResponse.BodyHandlers.ofInputStream());
@@ -348,8 +347,8 @@ final class RingDirect {
     List<CompletableFuture<HttpResponse<byte[]>>> pending = new ArrayList<>();
     long left = Math.max(1, (deadline - System.nanoTime()) / 1_000_000L);
     for (String a : targets) {
-      HttpRequest req = HttpRequest.newBuilder(
-              URI.create("http://" + a + "/v1/stores/" + storePath + "/chain?version=" + version))
+      HttpRequest req = config.access.request(
+              a, "/v1/stores/" + storePath + "/chain?version=" + version)
           .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
       pending.add(writer.http().sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
     }

@@ -3,7 +3,6 @@ package statestore.spark;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
-import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
@@ -41,7 +40,7 @@ final class RingHttp {
     }
 
     boolean retryable() {
-      return status >= 500;
+      return status >= 500 || status == 429; // 429: the token is over its rate for now
     }
   }
 
@@ -61,7 +60,7 @@ final class RingHttp {
   private RingHttp(RingConfig config) {
     this.config = config;
     this.client =
-        HttpClient.newBuilder()
+        config.access.configure(HttpClient.newBuilder())
             .version(HttpClient.Version.HTTP_1_1)
             .connectTimeout(Duration.ofMillis(config.connectTimeoutMs))
             .build();
@@ -72,7 +71,7 @@ final class RingHttp {
     String key =
         String.join(",", config.seeds) + "|" + config.connectTimeoutMs + "|" + config.requestTimeoutMs
             + "|" + config.maxAttempts + "|" + config.retryBudgetMs + "|" + config.readTimeoutMs
-            + "|" + config.restoreTimeoutMs + "|" + config.restorePlan;
+            + "|" + config.restoreTimeoutMs + "|" + config.restorePlan + "|" + config.access.key();
     return SHARED.computeIfAbsent(key, k -> new RingHttp(config));
   }
 
@@ -93,7 +92,7 @@ final class RingHttp {
       }
       try {
         HttpRequest req =
-            HttpRequest.newBuilder(URI.create("http://" + address + "/v1/ring"))
+            config.access.request(address, "/v1/ring")
                 .timeout(Duration.ofMillis(Math.min(left, Math.min(config.requestTimeoutMs, 10_000))))
                 .GET()
                 .build();
@@ -233,7 +232,7 @@ final class RingHttp {
         "commit of " + storePath + " version " + version, storePath, config.retryBudgetMs,
         config.requestTimeoutMs, false, (address, timeoutMs) -> {
           HttpRequest req =
-              HttpRequest.newBuilder(URI.create("http://" + address + query))
+              config.access.request(address, query)
                   .timeout(Duration.ofMillis(timeoutMs))
                   .header("Content-Type", "application/octet-stream")
                   .header("X-Statestore-Positions", positions)
@@ -267,7 +266,7 @@ final class RingHttp {
         what, storePath, config.restoreTimeoutMs, config.requestTimeoutMs, true,
         (address, timeoutMs) -> {
           HttpRequest req =
-              HttpRequest.newBuilder(URI.create("http://" + address + query))
+              config.access.request(address, query)
                   .timeout(Duration.ofMillis(timeoutMs))
                   .GET()
                   .build();
@@ -329,8 +328,7 @@ final class RingHttp {
           List<CompletableFuture<HttpResponse<byte[]>>> pending = new ArrayList<>();
           for (String address : all) {
             HttpRequest req =
-                HttpRequest.newBuilder(
-                        URI.create("http://" + address + "/v1/stores/" + storePath + "/head"))
+                config.access.request(address, "/v1/stores/" + storePath + "/head")
                     .timeout(Duration.ofMillis(timeoutMs))
                     .GET()
                     .build();

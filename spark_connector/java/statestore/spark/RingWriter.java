@@ -1,7 +1,6 @@
 package statestore.spark;
 
 import java.io.IOException;
-import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
@@ -52,7 +51,7 @@ public final class RingWriter {
     /** Availability, not semantics: retrying may help (Python's Unavailable). */
     public boolean unavailable() {
       return code.equals("node_unavailable") || code.equals("quorum_not_reached")
-          || code.equals("timeout");
+          || code.equals("timeout") || code.equals("rate_limited");
     }
   }
 
@@ -143,6 +142,7 @@ public final class RingWriter {
   private static final String EPOCH_HEADER = "X-Statestore-Epoch";
 
   private final List<String> seeds;
+  private final RingAccess access;
   private final HttpClient http;
   private final Duration requestTimeout;
   private final int concurrency;
@@ -150,13 +150,19 @@ public final class RingWriter {
   private volatile View view;
 
   public RingWriter(List<String> seeds, Duration connectTimeout, Duration requestTimeout, int concurrency) {
+    this(seeds, connectTimeout, requestTimeout, concurrency, RingAccess.NONE);
+  }
+
+  RingWriter(List<String> seeds, Duration connectTimeout, Duration requestTimeout, int concurrency,
+      RingAccess access) {
     if (seeds.isEmpty()) {
       throw new IllegalArgumentException("give at least one seed HOST:PORT");
     }
     this.seeds = List.copyOf(seeds);
+    this.access = access;
     this.requestTimeout = requestTimeout;
     this.concurrency = Math.max(1, concurrency);
-    this.http = HttpClient.newBuilder()
+    this.http = access.configure(HttpClient.newBuilder())
         .version(HttpClient.Version.HTTP_1_1)
         .connectTimeout(connectTimeout)
         .build();
@@ -178,7 +184,7 @@ public final class RingWriter {
     for (String address : candidates) {
       HttpResponse<byte[]> resp;
       try {
-        resp = send(HttpRequest.newBuilder(uri(address, "/v1/ring")).timeout(Duration.ofSeconds(3))
+        resp = send(access.request(address, "/v1/ring").timeout(Duration.ofSeconds(3))
             .GET().build(), address).join();
       } catch (CompletionException e) {
         errors.add(String.valueOf(e.getCause().getMessage()));
@@ -358,7 +364,7 @@ public final class RingWriter {
       List<String> addresses, String path, byte[] body, String contentType) {
     List<CompletableFuture<RingException>> each = new ArrayList<>();
     for (String a : addresses) {
-      HttpRequest.Builder b = HttpRequest.newBuilder(uri(a, path)).timeout(requestTimeout)
+      HttpRequest.Builder b = access.request(a, path).timeout(requestTimeout)
           .PUT(HttpRequest.BodyPublishers.ofByteArray(body));
       if (contentType != null) {
         b.header("Content-Type", contentType);
@@ -430,9 +436,5 @@ public final class RingWriter {
       return new RingException(status >= 500 ? "node_unavailable" : "error",
           "node " + address + " answered " + status + ": " + text);
     }
-  }
-
-  private static URI uri(String address, String path) {
-    return URI.create("http://" + address + path);
   }
 }
