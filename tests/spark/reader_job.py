@@ -8,10 +8,12 @@ row as sorted JSON, the list sorted; a change feed's rows also as ``"ordered"``,
 Spark gave them) or ``{"error": {"conditions", "root", "message"}}``.
 
 Spec keys: ``base``, ``seeds``, ``providers``, ``operators``, ``partitions``, ``confs`` (extra
-session confs), ``reads``: a list of ``{"name", "op", "format", "options"}`` where an option
-value ``"$snapshot_batch"`` / ``"$snapshot_partition"`` stands for a batch and partition at
-which the HDFS-backed provider wrote a snapshot file of that operator (the job waits for its
-maintenance to write one), and ``"$no_snapshot_batch"`` for a batch at which it wrote none.
+session confs), ``variants``: more runs, name -> ``{"provider", "confs", "operators"}`` (a
+provider under other session confs, its reads only of those operators), ``reads``: a list
+of ``{"name", "op", "format", "options"}`` where an option value ``"$snapshot_batch"`` /
+``"$snapshot_partition"`` stands for a batch and partition at which the HDFS-backed provider
+wrote a snapshot file of that operator (the job waits for its maintenance to write one), and
+``"$no_snapshot_batch"`` for a batch at which it wrote none.
 The batch and partition chosen go to ``<base>/out/snapshots.json``.
 """
 
@@ -31,20 +33,30 @@ sys.path.insert(0, str(ROOT))
 from tests.spark.jobs import OPERATORS, PROVIDERS, build  # noqa: E402
 
 
-def run_queries(spark: Any, base: Path, providers: list[str], operators: list[str]) -> None:
-    for provider in providers:
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
+def run_queries(spark: Any, base: Path, spec: dict[str, Any]) -> list[str]:
+    """Run the spec's queries, each provider's into ``<base>/ckpt/<provider>/<op>``; returns
+    the providers' names."""
+    runs = [(p, PROVIDERS[p], {}, spec["operators"]) for p in spec["providers"]]
+    for name, extra in spec.get("variants", {}).items():
+        runs.append((name, PROVIDERS[extra["provider"]], extra["confs"], extra["operators"]))
+    for name, cls, confs, operators in runs:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", cls)
+        for k, v in confs.items():
+            spark.conf.set(k, v)
         for op in operators:
             query = (
                 build(spark, op, base)
                 .writeStream.outputMode(OPERATORS[op])
-                .option("checkpointLocation", str(base / "ckpt" / provider / op))
+                .option("checkpointLocation", str(base / "ckpt" / name / op))
                 .format("noop")
                 .trigger(availableNow=True)
                 .start()
             )
             query.awaitTermination()
-            print(f"{provider}/{op}: batch {(query.lastProgress or {}).get('batchId')}", flush=True)
+            print(f"{name}/{op}: batch {(query.lastProgress or {}).get('batchId')}", flush=True)
+        for k in confs:
+            spark.conf.unset(k)
+    return [name for name, *_ in runs]
 
 
 SNAPSHOT = re.compile(r"^(\d+)\.snapshot$")
@@ -132,7 +144,7 @@ def run(spec: dict[str, Any]) -> None:
         builder = builder.config(k, v)
     spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    run_queries(spark, base, spec["providers"], spec["operators"])
+    providers = run_queries(spark, base, spec)
 
     choices: dict[str, dict[str, int]] = {}
     for read in spec["reads"]:
@@ -142,9 +154,11 @@ def run(spec: dict[str, Any]) -> None:
     (base / "out").mkdir(parents=True, exist_ok=True)
     (base / "out" / "snapshots.json").write_text(json.dumps(choices))
 
-    for provider in spec["providers"]:
+    for provider in providers:
         results: dict[str, Any] = {}
         for read in spec["reads"]:
+            if not (base / "ckpt" / provider / read["op"]).is_dir():
+                continue
             options = {
                 k: str(choices[read["op"]][v]) if str(v).startswith("$") else str(v)
                 for k, v in read.get("options", {}).items()
