@@ -274,7 +274,11 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     }
   }
 
-  /** {@link #replayReadStateFromSnapshot} as a store to update (never read-only). */
+  /**
+   * {@link #replayReadStateFromSnapshot} as a store to update (never read-only). Its commit
+   * is a snapshot over as many shards as the ring's {@code endVersion} has, so the new version
+   * is the replayed state plus the store's changes, whatever the ring's chain below holds.
+   */
   @Override
   public StateStore replayStateFromSnapshot(long snapshotVersion, long endVersion,
       boolean readOnly, Option<String> snapshotId, Option<String> endId) {
@@ -289,8 +293,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       RingHttp.Head head = head();
       Loaded l = new Loaded();
       l.data = replay(snapshotVersion, endVersion);
+      l.data.shards = Math.max(l.data.shards, shardsAt(endVersion));
       l.data.hold(task);
-      return new WriteStore(this, endVersion, l, false, nextEpoch(head, l.data.epoch), task);
+      return new WriteStore(this, endVersion, l, true, nextEpoch(head, l.data.epoch), task);
     }
   }
 
@@ -372,6 +377,20 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     } catch (IOException e) {
       throw new IllegalStateException("RingStateStoreProvider: cannot read the changes of "
           + "version " + version + " of " + storePath + " from the ring: " + e.getMessage(), e);
+    }
+  }
+
+  /** How many shards the ring's {@code version} of this store is spread over. */
+  private int shardsAt(long version) {
+    RingDirect reader = direct != null ? direct : RingDirect.shared(config);
+    long deadline = System.nanoTime() + config.restoreTimeoutMs * 1_000_000L;
+    try {
+      RingDirect.VersionManifests m = reader.versionManifests(storePath, version, deadline);
+      ManifestCodec.Manifest top = m.hasDelta() ? m.delta() : m.snapshot();
+      return top == null ? 1 : VersionChanges.shardsOf(top.positions());
+    } catch (IOException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot read version " + version
+          + " of " + storePath + " from the ring: " + e.getMessage(), e);
     }
   }
 
