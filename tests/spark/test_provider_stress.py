@@ -166,6 +166,35 @@ def test_commit_larger_than_max_commit_is_split(tmp_path: Path, classpath: str, 
     assert r["restored_sum"] == sum(range(rows * versions))
 
 
+def test_change_feed_and_replay_read_each_versions_own_changes(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    # maxCommitBytes small enough that version 4 (3,000 rows of ~130 bytes) is re-split
+    r = harness(
+        classpath,
+        "changes",
+        tmp_path / "ckpt" / "state",
+        seeds=",".join(ring3.seeds),
+        maxCommitBytes=200000,
+        rows=3000,
+    )
+    assert r["batch0"] == sorted(f"{i}={i}" for i in range(10))
+    # one change per key: the last put; nothing for key 10 (added and removed), nor key 99
+    assert r["batch1"] == ["0=100", "1=1002", "2 deleted"]
+    # version 3 was sent whole (loadEmpty): the difference from version 2
+    assert r["batch2"] == sorted(["20=20", *(f"{k} deleted" for k in (0, 1, 3, 4, 6, 7, 8, 9))])
+    assert r["shards_v4"] > 1 and r["shards_v5"] == r["shards_v4"]
+    assert r["batch3"] == 3000
+    assert r["batch4"] == sorted(["1000=7", "1001 deleted", "5=55"])
+    assert r["rows_v5"] == 3000 - 1 + 2
+    assert all(r[f"replay_from_{s}_equal"] for s in range(1, 6)), r
+    assert r["replay_1_2"] == sorted(["0=100", "1=1002", *(f"{i}={i}" for i in range(3, 10))])
+    assert r["replay_commit"] == "ok" and r["v6_has_replayed_put"] is True
+    assert r["rows_v6"] == r["rows_v5"] + 1
+    assert "replayReadStateFromSnapshot" in r["read_only_replay"]
+    assert "version 9" in r["missing_version"] and "not on the ring" in r["missing_version"]
+
+
 @pytest.mark.parametrize("fault", ["stall", "cut"])
 def test_restore_body_stalled_or_cut_finishes_from_another_member(
     tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str, fault: str

@@ -162,7 +162,21 @@ final class RingDirect {
    */
   RingHttp.Restored restore(String storePath, long version, long deadline,
       RingHttp.RestoreTarget target) throws IOException {
-    String what = "restore of " + storePath + " version " + version;
+    return retrying("restore of " + storePath + " version " + version, deadline,
+        v -> restoreOnce(v, storePath, version, deadline, target));
+  }
+
+  /** One attempt of a read against a view of the ring. */
+  interface Attempt<T> {
+    T run(RingWriter.View v) throws IOException;
+  }
+
+  /**
+   * Run {@code attempt} until it succeeds, a non-retryable ring answer (a 4xx) ends it, or
+   * {@code deadline} ({@link System#nanoTime}) or {@code maxAttempts} rounds pass; between
+   * rounds a backoff and a refresh of the ring view.
+   */
+  <T> T retrying(String what, long deadline, Attempt<T> attempt) throws IOException {
     IOException last = null;
     for (int round = 0; ; round++) {
       long left = (deadline - System.nanoTime()) / 1_000_000L;
@@ -181,7 +195,7 @@ final class RingDirect {
         }
       }
       try {
-        return restoreOnce(writer.view(), storePath, version, deadline, target);
+        return attempt.run(writer.view());
       } catch (RingHttp.RingError e) {
         if (!e.retryable()) {
           throw e;
@@ -193,6 +207,60 @@ final class RingDirect {
         last = e;
       }
     }
+  }
+
+  // -- one version's own manifests (the change feed) --------------------------------------
+
+  /**
+   * The manifests one version of a store has on the ring, merged over the store's replicas
+   * (per kind the highest epoch; {@code null} where no replica holds one).
+   */
+  record VersionManifests(ManifestCodec.Manifest delta, ManifestCodec.Manifest snapshot) {
+    /**
+     * The version's own changes are its delta unless a snapshot of a newer epoch replaced it
+     * (a re-commit as a snapshot); a compaction's snapshot has the delta's epoch.
+     */
+    boolean hasDelta() {
+      return delta != null && (snapshot == null || delta.epoch() >= snapshot.epoch());
+    }
+
+    boolean isEmpty() {
+      return delta == null && snapshot == null;
+    }
+  }
+
+  /** {@link VersionManifests} of {@code version} of {@code storePath}, with retries. */
+  VersionManifests versionManifests(String storePath, long version, long deadline)
+      throws IOException {
+    return retrying("reading the manifests of " + storePath + " version " + version, deadline,
+        v -> {
+          Gathered g = gather(v, storePath, version, deadline);
+          VersionManifests out =
+              new VersionManifests(g.deltas.get(version), g.snaps.get(version));
+          if (out.isEmpty() && (!g.errors.isEmpty() || g.answered == 0)) {
+            throw new IOException("no replica of " + storePath + " that answered holds version "
+                + version + " (" + String.join("; ", g.errors) + ")");
+          }
+          return out;
+        });
+  }
+
+  /** Every row of one manifest's chunks, in chunk order (a {@code null} value: a delete). */
+  List<ChunkCodec.Row> rowsOf(ManifestCodec.Manifest m, long deadline) throws IOException {
+    return retrying("reading the chunks of " + m.store() + " version " + m.version(), deadline,
+        v -> {
+          List<ChunkCodec.Row> out = new ArrayList<>();
+          for (ManifestCodec.ChunkRef ref : m.chunks()) {
+            String key = RingWriter.chunkKey(m.store(), m.version(), ref.name());
+            byte[] data = fetchChunk(v, key, ref.checksum(), deadline);
+            try {
+              out.addAll(ChunkCodec.decode(data, ChunkCodec.MAX_CHUNK_RAW, key));
+            } catch (ChunkCodec.CorruptChunkException e) {
+              throw new IOException(e.getMessage(), e);
+            }
+          }
+          return out;
+        });
   }
 
   private RingHttp.Restored restoreOnce(RingWriter.View v, String storePath, long version,
@@ -334,15 +402,22 @@ final class RingDirect {
     });
   }
 
+  /** What the store's replicas answered for {@code GET .../chain?version=N}. */
+  static final class Gathered {
+    final Map<Long, ManifestCodec.Manifest> deltas = new HashMap<>();
+    final Map<Long, ManifestCodec.Manifest> snaps = new HashMap<>();
+    final List<String> errors = new ArrayList<>();
+    int answered;
+  }
+
   /**
-   * The manifests to apply for {@code version}, oldest first, merged over the store's
-   * replicas as {@code net/reads.read_chain} does (per version and kind the highest epoch;
-   * a snapshot is used unless a delta of its version is newer). A replica that does not hold
-   * the store answers 404 and contributes nothing; a version missing from every answer is
-   * {@code version_not_found} when every replica answered, else a retryable failure.
+   * Ask every replica of {@code storePath} for the chain of {@code version} and merge the
+   * answers: per version and kind the highest epoch. A replica that does not hold the store
+   * answers 404 and counts as answered with nothing.
    */
-  List<ManifestCodec.Manifest> readChain(RingWriter.View v, String storePath, long version,
-      long deadline) throws IOException {
+  private Gathered gather(RingWriter.View v, String storePath, long version, long deadline)
+      throws IOException {
+    Gathered g = new Gathered();
     List<String> targets = v.replicasOf(storePath);
     List<CompletableFuture<HttpResponse<byte[]>>> pending = new ArrayList<>();
     long left = Math.max(1, (deadline - System.nanoTime()) / 1_000_000L);
@@ -352,10 +427,6 @@ final class RingDirect {
           .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
       pending.add(writer.http().sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
     }
-    Map<Long, ManifestCodec.Manifest> deltas = new HashMap<>();
-    Map<Long, ManifestCodec.Manifest> snaps = new HashMap<>();
-    List<String> errors = new ArrayList<>();
-    int answered = 0;
     for (int i = 0; i < pending.size(); i++) {
       String a = targets.get(i);
       HttpResponse<byte[]> resp;
@@ -364,22 +435,22 @@ final class RingDirect {
         resp = pending.get(i).get(wait, TimeUnit.NANOSECONDS);
       } catch (TimeoutException e) {
         pending.get(i).cancel(true);
-        errors.add(a + ": no answer by the restore deadline");
+        g.errors.add(a + ": no answer by the restore deadline");
         continue;
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
         throw new IOException("interrupted while reading the chain of " + storePath, e);
       } catch (ExecutionException e) {
-        errors.add(a + ": " + e.getCause());
+        g.errors.add(a + ": " + e.getCause());
         continue;
       }
       epochOf(resp);
       if (resp.statusCode() == 404) {
-        answered++;
+        g.answered++;
         continue;
       }
       if (resp.statusCode() != 200) {
-        errors.add(a + " answered " + resp.statusCode() + " "
+        g.errors.add(a + " answered " + resp.statusCode() + " "
             + new String(resp.body(), 0, Math.min(200, resp.body().length), StandardCharsets.UTF_8));
         continue;
       }
@@ -387,18 +458,35 @@ final class RingDirect {
       try {
         got = ManifestCodec.decodeChain(resp.body());
       } catch (ManifestCodec.MalformedException e) {
-        errors.add(a + ": " + e.getMessage());
+        g.errors.add(a + ": " + e.getMessage());
         continue;
       }
-      answered++;
+      g.answered++;
       for (ManifestCodec.Manifest m : got) {
-        Map<Long, ManifestCodec.Manifest> table = m.kind().equals("delta") ? deltas : snaps;
+        Map<Long, ManifestCodec.Manifest> table = m.kind().equals("delta") ? g.deltas : g.snaps;
         ManifestCodec.Manifest cur = table.get(m.version());
         if (cur == null || m.epoch() > cur.epoch()) {
           table.put(m.version(), m);
         }
       }
     }
+    return g;
+  }
+
+  /**
+   * The manifests to apply for {@code version}, oldest first, merged over the store's
+   * replicas as {@code net/reads.read_chain} does (per version and kind the highest epoch;
+   * a snapshot is used unless a delta of its version is newer). A replica that does not hold
+   * the store answers 404 and contributes nothing; a version missing from every answer is
+   * {@code version_not_found} when every replica answered, else a retryable failure.
+   */
+  List<ManifestCodec.Manifest> readChain(RingWriter.View v, String storePath, long version,
+      long deadline) throws IOException {
+    Gathered g = gather(v, storePath, version, deadline);
+    Map<Long, ManifestCodec.Manifest> deltas = g.deltas;
+    Map<Long, ManifestCodec.Manifest> snaps = g.snaps;
+    List<String> errors = g.errors;
+    int answered = g.answered;
     List<ManifestCodec.Manifest> chain = new ArrayList<>();
     for (long w = version; w >= 1; w--) {
       ManifestCodec.Manifest snap = snaps.get(w);

@@ -1,6 +1,7 @@
 package statestore.spark;
 
 import java.io.IOException;
+import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
@@ -12,6 +13,7 @@ import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
+import org.apache.spark.sql.execution.streaming.state.RecordType$;
 import org.apache.spark.sql.execution.streaming.state.StateSchemaProvider;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
@@ -19,12 +21,16 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider$;
+import org.apache.spark.sql.execution.streaming.state.SupportsFineGrainedReplay;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.NextIterator;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
+import scala.Enumeration;
 import scala.Option;
+import scala.Tuple4;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
@@ -39,8 +45,13 @@ import scala.jdk.javaapi.CollectionConverters;
  * state is written under the checkpoint's partition folders, only a marker file per store
  * ({@link StoreNaming#markPartition}) so Spark's state data source finds every partition.
  * Maintenance (snapshots, retention) is done by the ring.
+ *
+ * <p>As {@link SupportsFineGrainedReplay} it gives Spark's state reader each version's own
+ * changes ({@code readChangeFeed}) and a version replayed change by change from an earlier
+ * one ({@code snapshotStartBatchId}), both read from the ring's per-version deltas
+ * ({@link VersionChanges}).
  */
-public final class RingStateStoreProvider implements StateStoreProvider {
+public final class RingStateStoreProvider implements StateStoreProvider, SupportsFineGrainedReplay {
   private static final Logger LOG = LoggerFactory.getLogger(RingStateStoreProvider.class);
   /** The last epoch this JVM handed out, per ring store. */
   private static final ConcurrentHashMap<String, Long> LAST_EPOCH = new ConcurrentHashMap<>();
@@ -73,6 +84,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
 
   public RingStateStoreProvider() {
     StateStoreProvider.$init$(this);
+    SupportsFineGrainedReplay.$init$(this);
   }
 
   @Override
@@ -238,6 +250,156 @@ public final class RingStateStoreProvider implements StateStoreProvider {
       ReadStateStore readStore, long version, Option<String> uniqueId, boolean forceSnapshot) {
     readStore.release();
     return getStore(version, uniqueId, forceSnapshot, false);
+  }
+
+  // -- fine-grained replay: Spark's state reader ---------------------------------------
+
+  /**
+   * Version {@code endVersion} as {@code snapshotVersion} replayed with the changes of every
+   * version after it, for Spark's state reader ({@code snapshotStartBatchId}). Where
+   * HDFS-backed needs a snapshot file at {@code snapshotVersion}, the ring rebuilds that
+   * version from whatever its chain holds (its own snapshot there, or the nearest earlier one
+   * and the deltas above it); the changes after it are each version's own delta.
+   */
+  @Override
+  public ReadStateStore replayReadStateFromSnapshot(
+      long snapshotVersion, long endVersion, Option<String> snapshotId, Option<String> endId) {
+    checkVersion(snapshotVersion, snapshotId);
+    checkVersion(endVersion, endId);
+    long task = taskId();
+    synchronized (this) {
+      StateData data = replay(snapshotVersion, endVersion);
+      data.hold(task);
+      return new ReadStore(this, endVersion, data, task);
+    }
+  }
+
+  /**
+   * {@link #replayReadStateFromSnapshot} as a store to update (never read-only). Its commit
+   * is a snapshot over as many shards as the ring's {@code endVersion} has, so the new version
+   * is the replayed state plus the store's changes, whatever the ring's chain below holds.
+   */
+  @Override
+  public StateStore replayStateFromSnapshot(long snapshotVersion, long endVersion,
+      boolean readOnly, Option<String> snapshotId, Option<String> endId) {
+    if (readOnly) {
+      throw new IllegalArgumentException("RingStateStoreProvider.replayStateFromSnapshot gives a "
+          + "store to update: use replayReadStateFromSnapshot for a read-only one");
+    }
+    checkVersion(snapshotVersion, snapshotId);
+    checkVersion(endVersion, endId);
+    long task = taskId();
+    synchronized (this) {
+      RingHttp.Head head = head();
+      Loaded l = new Loaded();
+      l.data = replay(snapshotVersion, endVersion);
+      l.data.shards = Math.max(l.data.shards, shardsAt(endVersion));
+      l.data.hold(task);
+      return new WriteStore(this, endVersion, l, true, nextEpoch(head, l.data.epoch), task);
+    }
+  }
+
+  private StateData replay(long snapshotVersion, long endVersion) {
+    if (snapshotVersion < 1 || endVersion < snapshotVersion) {
+      throw new IllegalArgumentException("RingStateStoreProvider: cannot replay version "
+          + endVersion + " from version " + snapshotVersion + ": the start must be at least 1 "
+          + "and at most the end");
+    }
+    StateData data = whole(snapshotVersion);
+    for (long v = snapshotVersion + 1; v <= endVersion; v++) {
+      VersionChanges.apply(data, changes(v));
+    }
+    data.version = endVersion;
+    return data;
+  }
+
+  /**
+   * Each change of versions {@code startVersion} to {@code endVersion} as Spark's state
+   * reader wants it ({@code readChangeFeed}): (PUT_RECORD or DELETE_RECORD, key, value or
+   * null, batch id = version - 1), version by version, each version's rows in the order of
+   * its delta (by key group and key).
+   */
+  @Override
+  public NextIterator<Tuple4<Enumeration.Value, UnsafeRow, UnsafeRow, Object>>
+      getStateStoreChangeDataReader(long startVersion, long endVersion,
+          Option<String> colFamilyName, Option<String> endId) {
+    checkVersion(startVersion, endId);
+    if (colFamilyName != null && colFamilyName.isDefined()) {
+      defaultFamilyOnly(colFamilyName.get());
+    }
+    return new NextIterator<>() {
+      private long next = startVersion;
+      private long batch;
+      private java.util.Iterator<VersionChanges.Change> rows = java.util.Collections.emptyIterator();
+
+      @Override
+      public Tuple4<Enumeration.Value, UnsafeRow, UnsafeRow, Object> getNext() {
+        while (!rows.hasNext()) {
+          if (next > endVersion) {
+            finished_$eq(true);
+            return null;
+          }
+          rows = changes(next).iterator();
+          batch = next - 1;
+          next++;
+        }
+        VersionChanges.Change c = rows.next();
+        Enumeration.Value type = c.value() == null
+            ? RecordType$.MODULE$.DELETE_RECORD() : RecordType$.MODULE$.PUT_RECORD();
+        return new Tuple4<>(type, c.key(), c.value(), batch);
+      }
+
+      @Override
+      public void close() {
+        rows = java.util.Collections.emptyIterator();
+      }
+    };
+  }
+
+  private static void defaultFamilyOnly(String name) {
+    if (!StoreBase.DEFAULT_CF.equals(name)) {
+      throw new UnsupportedOperationException("RingStateStoreProvider has one column family "
+          + "('default'), not '" + name + "'");
+    }
+  }
+
+  /** The changes version {@code version} made, from the ring. */
+  private List<VersionChanges.Change> changes(long version) {
+    long deadline = System.nanoTime() + config.restoreTimeoutMs * 1_000_000L;
+    RingDirect reader = direct != null ? direct : RingDirect.shared(config);
+    String source = storePath;
+    try {
+      if (legacyPath != null && ring.head(storePath) == null) {
+        source = legacySource(version, null);
+      }
+      return VersionChanges.read(reader, source, version, keyFields, valueFields, deadline,
+          this::whole);
+    } catch (IOException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot read the changes of "
+          + "version " + version + " of " + storePath + " from the ring: " + e.getMessage(), e);
+    }
+  }
+
+  /** How many shards the ring's {@code version} of this store is spread over. */
+  private int shardsAt(long version) {
+    RingDirect reader = direct != null ? direct : RingDirect.shared(config);
+    long deadline = System.nanoTime() + config.restoreTimeoutMs * 1_000_000L;
+    try {
+      RingDirect.VersionManifests m = reader.versionManifests(storePath, version, deadline);
+      ManifestCodec.Manifest top = m.hasDelta() ? m.delta() : m.snapshot();
+      return top == null ? 1 : VersionChanges.shardsOf(top.positions());
+    } catch (IOException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot read version " + version
+          + " of " + storePath + " from the ring: " + e.getMessage(), e);
+    }
+  }
+
+  /** The whole state of {@code version}, restored from the ring (not cached). */
+  private StateData whole(long version) {
+    if (version == 0) {
+      return new StateData(prefixTypes);
+    }
+    return restore(version, new Loaded(), legacySource(version, head()));
   }
 
   private void checkVersion(long version, Option<String> uniqueId) {

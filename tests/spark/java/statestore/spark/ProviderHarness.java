@@ -280,6 +280,97 @@ public final class ProviderHarness {
     out.put("restore_ms", (System.nanoTime() - started) / 1_000_000);
   }
 
+  /** Every row of a store as "key=value", sorted. */
+  static List<String> rows(scala.collection.Iterator<UnsafeRowPair> it) {
+    List<String> out = new ArrayList<>();
+    while (it.hasNext()) {
+      UnsafeRowPair pair = it.next();
+      out.add(pair.key().getInt(0) + "=" + pair.value().getLong(0));
+    }
+    java.util.Collections.sort(out);
+    return out;
+  }
+
+  /**
+   * Spark's fine-grained replay on the provider: the change feed of versions holding a
+   * changed key, a key put twice, a removed key, a key added and removed in one version and
+   * a removal of an absent key; a version sent whole ({@code loadEmpty}); a version re-split
+   * into shards and a delta over them; the replay from each version to the last, as a read
+   * store and as a store to update.
+   */
+  void changes() {
+    int bulk = Integer.parseInt(args.getOrDefault("rows", "3000"));
+    RingStateStoreProvider p = provider();
+    WriteStore w = write(p, 0, false);
+    for (int i = 0; i < 10; i++) {
+      w.put(key(i), value(i, 4), null);
+    }
+    w.commit();
+    w = write(p, 1, false);
+    w.put(key(0), value(100, 4), null);
+    w.put(key(1), value(1001, 4), null);
+    w.put(key(1), value(1002, 4), null);
+    w.remove(key(2), null);
+    w.put(key(10), value(10, 4), null);
+    w.remove(key(10), null);
+    w.remove(key(99), null);
+    w.commit();
+    w = write(p, 2, true); // loadEmpty: version 3 goes whole
+    w.put(key(5), value(5, 4), null);
+    w.put(key(20), value(20, 4), null);
+    w.commit();
+    w = write(p, 3, false); // grows past maxCommitBytes: re-split, sent whole
+    for (int i = 0; i < bulk; i++) {
+      w.put(key(1000 + i), value(1000 + i, 100), null);
+    }
+    w.commit();
+    out.put("shards_v4", w.shardsCommitted);
+    w = write(p, 4, false); // a delta over every shard
+    w.put(key(1000), value(7, 100), null);
+    w.remove(key(1001), null);
+    w.put(key(5), value(55, 4), null);
+    w.commit();
+    out.put("shards_v5", w.shardsCommitted);
+
+    RingStateStoreProvider reader = provider();
+    scala.collection.Iterator<scala.Tuple4<scala.Enumeration.Value, UnsafeRow, UnsafeRow, Object>>
+        it = reader.getStateStoreChangeDataReader(1, 5, Option.empty(), Option.empty());
+    Map<Long, List<String>> byBatch = new LinkedHashMap<>();
+    while (it.hasNext()) {
+      scala.Tuple4<scala.Enumeration.Value, UnsafeRow, UnsafeRow, Object> c = it.next();
+      boolean put = c._1() == org.apache.spark.sql.execution.streaming.state.RecordType$.MODULE$
+          .PUT_RECORD();
+      String row = c._2().getInt(0) + (put ? "=" + c._3().getLong(0) : " deleted");
+      byBatch.computeIfAbsent((Long) c._4(), b -> new ArrayList<>()).add(row);
+    }
+    for (Map.Entry<Long, List<String>> e : byBatch.entrySet()) {
+      java.util.Collections.sort(e.getValue());
+      boolean big = e.getValue().size() > 20;
+      out.put("batch" + e.getKey(), big ? (Object) e.getValue().size() : e.getValue());
+    }
+    List<String> v5 = rows(reader.getReadStore(5, Option.empty()).iterator(null));
+    out.put("rows_v5", v5.size());
+    for (long start = 1; start <= 5; start++) {
+      ReadStateStore r = provider().replayReadStateFromSnapshot(start, 5, Option.empty(),
+          Option.empty());
+      out.put("replay_from_" + start + "_equal", rows(r.iterator(null)).equals(v5));
+    }
+    ReadStateStore r2 = provider().replayReadStateFromSnapshot(1, 2, Option.empty(),
+        Option.empty());
+    out.put("replay_1_2", rows(r2.iterator(null)));
+    StateStore u = provider().replayStateFromSnapshot(2, 5, false, Option.empty(),
+        Option.empty());
+    u.put(key(7), value(77, 4), null);
+    out.put("replay_commit", attempt(u::commit));
+    List<String> v6 = rows(provider().getReadStore(6, Option.empty()).iterator(null));
+    out.put("rows_v6", v6.size());
+    out.put("v6_has_replayed_put", v6.contains("7=77") && v6.containsAll(v5));
+    out.put("read_only_replay", attempt(() -> provider().replayStateFromSnapshot(2, 5, true,
+        Option.empty(), Option.empty())));
+    out.put("missing_version", attempt(() -> provider().getStateStoreChangeDataReader(9, 9,
+        Option.empty(), Option.empty()).hasNext()));
+  }
+
   public static void main(String[] argv) throws Exception {
     Map<String, String> args = new LinkedHashMap<>();
     for (int i = 2; i < argv.length; i++) {
@@ -294,6 +385,7 @@ public final class ProviderHarness {
       case "legacy" -> h.legacy();
       case "bulk" -> h.bulk();
       case "schema" -> h.schema();
+      case "changes" -> h.changes();
       case "restore" -> h.restore(Long.parseLong(args.get("version")));
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
