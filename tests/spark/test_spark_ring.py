@@ -180,30 +180,6 @@ def test_driver_killed_mid_batch_resumes_identically(tmp_path: Path, ring3: Loca
 
 
 @pytest.mark.timeout(1200)
-def test_state_reader_sees_every_partition_like_hdfs(tmp_path: Path, ring3: LocalRing) -> None:
-    write_inputs(tmp_path, 1)
-    spec = {
-        "seeds": ring3.seeds,
-        "providers": ["ring", "hdfs"],
-        "operators": ["dedup_count"],
-        "partitions": 4,
-        "read_state": [0, 1],
-    }
-    done = run_job(tmp_path, spec, "reader")
-    assert done.returncode == 0, log_tail(tmp_path, "reader")
-    for op_id in (0, 1):
-        ring_rows = json.loads(
-            (tmp_path / "out/ring/dedup_count" / f"state-{op_id}.json").read_text()
-        )
-        hdfs_rows = json.loads(
-            (tmp_path / "out/hdfs/dedup_count" / f"state-{op_id}.json").read_text()
-        )
-        assert ring_rows == hdfs_rows, op_id
-        partitions = {json.loads(r)["partition_id"] for r in ring_rows}
-        assert len(partitions) > 1, partitions
-
-
-@pytest.mark.timeout(1200)
 def test_checkpoint_deleted_and_restarted_at_same_path_starts_fresh(tmp_path: Path) -> None:
     # retention of 3 versions: after 8 batches the old run's floor is well past version 1
     args = [*FAST, "--retain", "3", "--snapshot-every", "2"]
