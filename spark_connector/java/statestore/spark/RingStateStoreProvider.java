@@ -253,7 +253,10 @@ public final class RingStateStoreProvider implements StateStoreProvider {
 
   private RingHttp.Head head() {
     try {
-      return ring.head(storePath);
+      long t0 = System.nanoTime();
+      RingHttp.Head h = ring.head(storePath);
+      Trace.log("head %s %.1fms", storePath, (System.nanoTime() - t0) / 1e6);
+      return h;
     } catch (IOException e) {
       throw new IllegalStateException(
           "RingStateStoreProvider: cannot read the head of " + storePath + " from the ring: "
