@@ -384,6 +384,7 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     data.pendingRestoredRows = rows;
     data.pendingMiss = true;
     data.legacy = !source.equals(storePath);
+    Trace.log("restore %s v%d rows=%d bytes=%d %dms", storePath, version, rows, bytes, l.restoreMs);
     LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
         storePath, version, rows, bytes, data.shards, l.restoreMs);
     return data;
