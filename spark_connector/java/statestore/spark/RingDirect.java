@@ -118,9 +118,11 @@ final class RingDirect {
         long t1 = System.nanoTime();
         long c1 = Trace.cpu();
         RingWriter.WriteStats stats = writer.write(manifest, chunks, retain);
-        Trace.log("direct-commit %s v%d rows=%d chunks=%d bytes=%d encode=%.1fms(cpu %.1f) write=%.1fms(cpu %.1f)",
-            storePath, version, keys.size() + deletes.size(), stats.chunks(), stats.bytes(),
-            (t1 - t0) / 1e6, (c1 - c0) / 1e6, (System.nanoTime() - t1) / 1e6, (Trace.cpu() - c1) / 1e6);
+        if (Trace.ON) {
+          Trace.log("direct-commit %s v%d rows=%d chunks=%d bytes=%d encode=%.1fms(cpu %.1f) write=%.1fms(cpu %.1f)",
+              storePath, version, keys.size() + deletes.size(), stats.chunks(), stats.bytes(),
+              (t1 - t0) / 1e6, (c1 - c0) / 1e6, (System.nanoTime() - t1) / 1e6, (Trace.cpu() - c1) / 1e6);
+        }
         Written out = new Written();
         out.bytes = stats.bytes();
         out.chunks = stats.chunks();

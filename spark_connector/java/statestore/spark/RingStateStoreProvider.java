@@ -255,7 +255,9 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     try {
       long t0 = System.nanoTime();
       RingHttp.Head h = ring.head(storePath);
-      Trace.log("head %s %.1fms", storePath, (System.nanoTime() - t0) / 1e6);
+      if (Trace.ON) {
+        Trace.log("head %s %.1fms", storePath, (System.nanoTime() - t0) / 1e6);
+      }
       return h;
     } catch (IOException e) {
       throw new IllegalStateException(
@@ -384,7 +386,9 @@ public final class RingStateStoreProvider implements StateStoreProvider {
     data.pendingRestoredRows = rows;
     data.pendingMiss = true;
     data.legacy = !source.equals(storePath);
-    Trace.log("restore %s v%d rows=%d bytes=%d %dms", storePath, version, rows, bytes, l.restoreMs);
+    if (Trace.ON) {
+      Trace.log("restore %s v%d rows=%d bytes=%d %dms", storePath, version, rows, bytes, l.restoreMs);
+    }
     LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
         storePath, version, rows, bytes, data.shards, l.restoreMs);
     return data;

@@ -268,8 +268,10 @@ public final class RingWriter {
       bytes += c.data().length;
     }
     int acks = putManifest(v, m, retain);
-    Trace.log("write %s v%d chunks=%.1fms manifest=%.1fms", m.store(), m.version(), (t1 - t0) / 1e6,
-        (System.nanoTime() - t1) / 1e6);
+    if (Trace.ON) {
+      Trace.log("write %s v%d chunks=%.1fms manifest=%.1fms", m.store(), m.version(), (t1 - t0) / 1e6,
+          (System.nanoTime() - t1) / 1e6);
+    }
     return new WriteStats(chunks.size(), bytes, replicaWrites, acks);
   }
 

@@ -278,8 +278,10 @@ final class WriteStore extends StoreBase implements StateStore {
     state = COMMITTED;
     long t1 = System.nanoTime();
     committedData = provider.committed(this, newVersion);
-    Trace.log("commit %s v%d overlay=%d send=%dms apply=%.1fms", storePath, newVersion,
-        overlay.size(), commitMs, (System.nanoTime() - t1) / 1e6);
+    if (Trace.ON) {
+      Trace.log("commit %s v%d overlay=%d send=%dms apply=%.1fms", storePath, newVersion,
+          overlay.size(), commitMs, (System.nanoTime() - t1) / 1e6);
+    }
     if (provider.storeConf().commitValidationEnabled()) {
       StateStore.reportCommitToCoordinator(newVersion, id(), provider.hadoopConf());
     }
