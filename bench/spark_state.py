@@ -3,8 +3,12 @@ HDFS-backed provider, optionally RocksDB.
 
 A streaming count by key, ``local[2]``: 2,000,000 rows over 200,000 keys in 4 micro-batches
 (4 Parquet files, one per batch), 8 shuffle partitions, then 200. The providers run
-alternated in one JVM (after a warm-up round on a small input); then each is restarted in a
-new JVM that restores its state and runs one small batch. Ratios are against HDFS-backed.
+alternated in one JVM, after a warm-up round of one batch of the same size per provider (a
+smaller warm-up left the JIT compiling Spark's and the provider's hot paths during the first
+measured run, whoever ran first: up to 5x slower than the same provider later in the same
+JVM); with ``--rounds N`` each provider runs N times, the order reversed every round, and
+its median time is reported. Then each is restarted in a new JVM that restores its state
+and runs one small batch. Ratios are against HDFS-backed.
 ``ring`` is the provider's default data path (``spark.statestore.dataPath=direct``: the JVM
 writes and reads chunks itself), ``ring-coord`` the coordinator path (a node chunks and
 replicates framed rows). For the ring, the nodes' CPU seconds (``/proc/<pid>/stat``,
@@ -12,7 +16,7 @@ user + system, all nodes) per MiB committed (``ringBytesCommitted``: framed row 
 same measure on both paths) are read around each throughput run.
 
     .venv/bin/python bench/spark_state.py [--rows 2000000] [--keys 200000] [--partitions 8,200]
-        [--providers ring,ring-coord,hdfs[,rocksdb]]
+        [--providers ring,ring-coord,hdfs[,rocksdb]] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -123,16 +127,25 @@ def worker(spec: dict[str, Any]) -> None:
     if spec["mode"] == "throughput":
         for provider in spec["order"]:  # warm-up round: class loading, codegen, JIT
             run_query(spark, provider, str(base / "warm"), str(base / "ckpt-warm" / provider))
-        for provider in spec["order"]:
-            ckpt = base / f"ckpt-{spec['partitions']}" / provider
-            cpu0 = cpu_seconds(spec["pids"])
-            stats: dict[str, float] = {}
-            out[provider] = run_query(spark, provider, str(base / "input"), str(ckpt), stats)
-            out[f"{provider}:cpu"] = cpu_seconds(spec["pids"]) - cpu0
-            out[f"{provider}:committed"] = stats["committed"]
+        runs: dict[str, list[tuple[float, float, float]]] = {p: [] for p in spec["order"]}
+        for r in range(spec.get("rounds", 1)):
+            order = spec["order"] if r % 2 == 0 else spec["order"][::-1]
+            for provider in order:
+                ckpt = base / f"ckpt-{spec['partitions']}-{r}" / provider
+                cpu0 = cpu_seconds(spec["pids"])
+                stats: dict[str, float] = {}
+                t = run_query(spark, provider, str(base / "input"), str(ckpt), stats)
+                runs[provider].append((t, cpu_seconds(spec["pids"]) - cpu0, stats["committed"]))
+                print(f"  {provider}: {t:.1f} s", file=sys.stderr, flush=True)
+        for provider, got in runs.items():
+            t, cpu, committed = sorted(got)[(len(got) - 1) // 2]  # the median run (lower)
+            out[provider] = t
+            out[f"{provider}:cpu"] = cpu
+            out[f"{provider}:committed"] = committed
+            out[f"{provider}:all"] = [g[0] for g in got]
     else:
         provider = spec["provider"]
-        ckpt = base / f"ckpt-{spec['partitions']}" / provider
+        ckpt = base / f"ckpt-{spec['partitions']}-0" / provider
         out[provider] = run_query(spark, provider, str(base / "input"), str(ckpt))
     spark.stop()
     print("RESULT " + json.dumps(out), flush=True)
@@ -166,6 +179,9 @@ def main() -> None:
         default="ring,ring-coord,hdfs",
         help="comma-separated, from " + ",".join(PROVIDERS) + " (hdfs is always run)",
     )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="throughput runs per provider (median reported)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args()
 
@@ -177,7 +193,7 @@ def main() -> None:
     batch = args.rows // 4
     for i in range(4):
         write_parquet(work / "input" / f"part-{i}.parquet", batch, args.keys, i)
-    write_parquet(work / "warm" / "part-0.parquet", 20_000, 2_000, 99)
+    write_parquet(work / "warm" / "part-0.parquet", batch, args.keys, 99)
     results = []
     try:
         with local_ring(3) as ring:
@@ -206,9 +222,16 @@ def main() -> None:
                     "mode": "throughput",
                     "order": orders[n % 2],
                     "pids": pids,
+                    "rounds": args.rounds,
                 }
                 print(f"{partitions} partitions: throughput, order {spec['order']} ...", flush=True)
                 times, _ = call(spec, log)
+                print(
+                    f"{partitions} partitions: runs (s) "
+                    + ", ".join(f"{p} {times[p + ':all']}" for p in chosen)
+                    + f"; load average {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
                 # one small new batch for every provider's restart
                 write_parquet(work / "input" / "part-4.parquet", 1_000, args.keys, 4)
                 restart: dict[str, tuple[float, float]] = {}

@@ -286,6 +286,35 @@ def test_java_encodes_commits_as_python_does(
     assert len(seen) == 10, seen  # the cases cover what they are meant to
 
 
+def test_java_sorts_keys_as_python_does(harness: Harness) -> None:
+    """Keys the Java sort compares by 8 bytes past a common prefix, then in full: Spark's
+    UnsafeRow keys (an all-zero null bitset first), keys that are prefixes of others
+    followed by zero bytes (equal once zero-padded), long shared prefixes, few groups."""
+    rng = random.Random(33)
+    spark = {
+        bytes(8) + rng.randrange(1 << 20).to_bytes(8, "little"): bytes(16) for _ in range(3000)
+    }
+    padded = [b"a" + bytes(n) for n in range(12)] + [b"a" + bytes(n) + b"\x01" for n in range(12)]
+    shared = [b"p" * 40 + rng.randbytes(rng.choice([0, 1, 7, 8, 9, 20])) for _ in range(500)]
+    cases = []
+    for groups in (1, 3, 128):
+        for keys in (list(spark), padded, shared, [*padded, *shared, b""]):
+            c = _commit(rng, puts=0, deletes=0, groups=groups, chunk_size=4 << 20)
+            uniq = list(dict.fromkeys(keys))
+            rng.shuffle(uniq)
+            c["puts"] = {k: rng.randbytes(rng.randrange(0, 30)) for k in uniq[: len(uniq) // 2]}
+            c["deletes"] = uniq[len(uniq) // 2 :] * 2  # duplicated deletes, kept
+            cases.append(c)
+    got = harness("encode", [_to_java(c) for c in cases])
+    for i, (c, java) in enumerate(zip(cases, got, strict=True)):
+        _, chunks = _python_commit(c)
+        assert "error" not in java, (i, java.get("error"))
+        want = [
+            [ch.name, ch.lo, ch.hi, ch.data, ch.checksum, ch.raw_size, ch.rows] for ch in chunks
+        ]
+        assert java["chunks"] == want, f"case {i}: chunks differ"
+
+
 def test_java_refuses_what_python_refuses(harness: Harness) -> None:
     rng = random.Random(5)
     both = _commit(rng, puts=10, deletes=0, groups=8, chunk_size=100)

@@ -2,12 +2,9 @@ package statestore.spark;
 
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
-import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.HashSet;
 import java.util.List;
-import java.util.Set;
 
 import com.github.luben.zstd.Zstd;
 import com.github.luben.zstd.ZstdCompressCtx;
@@ -134,7 +131,6 @@ public final class ChunkCodec {
     int total = nPuts + deletes.size();
     byte[][] keys = new byte[total][];
     byte[][] values = new byte[total][];
-    Set<ByteBuffer> seen = new HashSet<>(Math.max(16, nPuts * 2));
     for (int i = 0; i < nPuts; i++) {
       byte[] k = putKeys.get(i);
       byte[] v = putValues.get(i);
@@ -145,9 +141,6 @@ public final class ChunkCodec {
         throw new PayloadTooLargeException(String.format(
             "row of %d bytes is over the %d-byte chunk limit", (long) k.length + v.length, maxRaw));
       }
-      if (!seen.add(ByteBuffer.wrap(k))) {
-        throw new InvalidRequestException("key " + preview(k) + " is put twice in one commit");
-      }
       keys[i] = k;
       values[i] = v;
     }
@@ -156,74 +149,269 @@ public final class ChunkCodec {
       if (k == null) {
         throw new InvalidRequestException("a deleted key is null");
       }
-      if (nPuts > 0 && seen.contains(ByteBuffer.wrap(k))) {
-        throw new InvalidRequestException("key " + preview(k)
-            + " is both put and deleted in one commit: keep one of the two");
-      }
       keys[nPuts + j] = k;
     }
-    // order: key group, then key as unsigned bytes (deleted duplicates are equal: any order)
+    // order: key group (a counting sort), then key as unsigned bytes within each group
     int[] group = new int[total];
-    Integer[] order = new Integer[total];
+    int[] starts = new int[groups + 1];
     for (int i = 0; i < total; i++) {
-      group[i] = Xxh3.keyGroup(keys[i], groups);
-      order[i] = i;
+      int g = Xxh3.keyGroup(keys[i], groups);
+      group[i] = g;
+      starts[g + 1]++;
     }
-    Arrays.sort(order, (a, b) -> {
-      int c = Integer.compare(group[a], group[b]);
-      return c != 0 ? c : Arrays.compareUnsigned(keys[a], keys[b]);
-    });
+    for (int g = 0; g < groups; g++) {
+      starts[g + 1] += starts[g];
+    }
+    int[] order = new int[total];
+    int[] fill = Arrays.copyOf(starts, groups);
+    for (int i = 0; i < total; i++) {
+      order[fill[group[i]]++] = i;
+    }
+    KeySort sorter = new KeySort(keys, total);
+    for (int g = 0; g < groups; g++) {
+      sorter.sort(order, starts[g], starts[g + 1]);
+    }
+    // equal keys are now adjacent: a key put twice, or put and deleted, is refused (deleted
+    // duplicates are kept, as Python keeps them)
+    for (int i = 1; i < total; i++) {
+      int a = order[i - 1];
+      int b = order[i];
+      if (group[a] == group[b] && Arrays.equals(keys[a], keys[b])) {
+        boolean putA = values[a] != null;
+        boolean putB = values[b] != null;
+        if (putA && putB) {
+          throw new InvalidRequestException("key " + preview(keys[a]) + " is put twice in one commit");
+        }
+        if (putA || putB) {
+          throw new InvalidRequestException("key " + preview(keys[a])
+              + " is both put and deleted in one commit: keep one of the two");
+        }
+      }
+    }
 
     List<Chunk> chunks = new ArrayList<>();
-    Msgpack.Writer raw = new Msgpack.Writer(Math.min(targetSize, 1 << 20) + 64);
-    try (ZstdCompressCtx cctx = new ZstdCompressCtx()) {
-      cctx.setLevel(ZSTD_LEVEL);
+    ZstdCompressCtx cctx = takeCtx();
+    try {
+      byte[] raw = null;
+      byte[] dst = null;
       int start = 0;
       while (start < total || chunks.isEmpty()) {
-        // the rows from start whose running size stays within the target (at least one)
+        // the rows from start whose running size stays within the target (at least one, at
+        // most MAX_CHUNK_ROWS); the raw size is counted as it goes
         int stop = start;
         long used = 0;
-        while (stop < total) {
+        long rawSize = 1;
+        while (stop < total && stop - start < MAX_CHUNK_ROWS) {
           int r = order[stop];
-          long row = (long) ROW_OVERHEAD + keys[r].length + (values[r] == null ? 0 : values[r].length);
+          int klen = keys[r].length;
+          int vlen = values[r] == null ? 0 : values[r].length;
+          long row = (long) ROW_OVERHEAD + klen + vlen;
           if (stop > start && used + row > targetSize) {
             break;
           }
           used += row;
+          rawSize += binSize(klen) + (values[r] == null ? 1 : binSize(vlen));
           stop++;
           if (used > targetSize) {
             break; // a first row bigger than the target is a chunk of its own
           }
         }
         int n = stop - start;
-        raw.reset();
-        raw.raw(FORMAT);
-        raw.arrayHeader(2L * n);
+        rawSize += arrayHeaderSize(2L * n);
+        if (rawSize > Integer.MAX_VALUE - 8) {
+          throw new PayloadTooLargeException("chunk of " + rawSize + " bytes is over 2 GiB");
+        }
+        int size = (int) rawSize;
+        if (raw == null || raw.length < size) {
+          raw = new byte[Math.max(size, raw == null ? 0 : raw.length + raw.length / 2)];
+        }
+        int at = 0;
+        raw[at++] = (byte) FORMAT;
+        at = putArrayHeader(raw, at, 2L * n);
         for (int i = start; i < stop; i++) {
           int r = order[i];
-          raw.bin(keys[r]);
+          at = putBin(raw, at, keys[r]);
           if (values[r] == null) {
-            raw.nil();
+            raw[at++] = (byte) 0xc0;
           } else {
-            raw.bin(values[r]);
+            at = putBin(raw, at, values[r]);
           }
+        }
+        if (at != size) {
+          throw new IllegalStateException("chunk layout: wrote " + at + " of " + size + " bytes");
         }
         int lo = n > 0 ? group[order[start]] : 0;
         int hi = n > 0 ? group[order[stop - 1]] : groups - 1;
-        byte[] data = compress(cctx, raw.buffer(), raw.size());
+        int bound = (int) Math.min(Integer.MAX_VALUE - 8L, Zstd.compressBound(size));
+        if (dst == null || dst.length < bound) {
+          dst = new byte[bound];
+        }
+        int len = cctx.compressByteArray(dst, 0, dst.length, raw, 0, size);
+        byte[] data = Arrays.copyOf(dst, len);
         long digest = checksum(data);
-        String name = String.format("%c%d-%016x", kind, chunks.size(), digest);
-        chunks.add(new Chunk(name, lo, hi, data, digest, raw.size(), n));
+        String name = kind + Integer.toString(chunks.size()) + "-" + hex16(digest);
+        chunks.add(new Chunk(name, lo, hi, data, digest, size, n));
         start = stop;
       }
+    } finally {
+      giveCtx(cctx);
     }
     return chunks;
   }
 
-  private static byte[] compress(ZstdCompressCtx cctx, byte[] src, int len) {
-    byte[] dst = new byte[(int) Zstd.compressBound(len)];
-    int n = cctx.compressByteArray(dst, 0, dst.length, src, 0, len);
-    return Arrays.copyOf(dst, n);
+  /** Rows per chunk at most (Python's MAX_CHUNK_ROWS). */
+  public static final int MAX_CHUNK_ROWS = 1 << 20;
+
+  /** Compression contexts kept for reuse (one per thread encoding at once, at most). */
+  private static final java.util.concurrent.ConcurrentLinkedDeque<ZstdCompressCtx> CTXS =
+      new java.util.concurrent.ConcurrentLinkedDeque<>();
+
+  private static ZstdCompressCtx takeCtx() {
+    ZstdCompressCtx c = CTXS.pollFirst();
+    if (c == null) {
+      c = new ZstdCompressCtx();
+      c.setLevel(ZSTD_LEVEL);
+    }
+    return c;
+  }
+
+  private static void giveCtx(ZstdCompressCtx c) {
+    if (CTXS.size() < 64) {
+      CTXS.addFirst(c);
+    } else {
+      c.close();
+    }
+  }
+
+  private static final byte[] HEX = "0123456789abcdef".getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+
+  private static String hex16(long v) {
+    byte[] out = new byte[16];
+    for (int i = 15; i >= 0; i--) {
+      out[i] = HEX[(int) (v & 0xf)];
+      v >>>= 4;
+    }
+    return new String(out, java.nio.charset.StandardCharsets.US_ASCII);
+  }
+
+  private static int binSize(int n) {
+    return n + (n <= 0xff ? 2 : n <= 0xffff ? 3 : 5);
+  }
+
+  private static int arrayHeaderSize(long n) {
+    return n <= 15 ? 1 : n <= 0xffff ? 3 : 5;
+  }
+
+  private static int putArrayHeader(byte[] b, int at, long n) {
+    if (n <= 15) {
+      b[at++] = (byte) (0x90 | (int) n);
+    } else if (n <= 0xffff) {
+      b[at++] = (byte) 0xdc;
+      b[at++] = (byte) (n >>> 8);
+      b[at++] = (byte) n;
+    } else {
+      b[at++] = (byte) 0xdd;
+      b[at++] = (byte) (n >>> 24);
+      b[at++] = (byte) (n >>> 16);
+      b[at++] = (byte) (n >>> 8);
+      b[at++] = (byte) n;
+    }
+    return at;
+  }
+
+  private static int putBin(byte[] b, int at, byte[] v) {
+    int n = v.length;
+    if (n <= 0xff) {
+      b[at++] = (byte) 0xc4;
+      b[at++] = (byte) n;
+    } else if (n <= 0xffff) {
+      b[at++] = (byte) 0xc5;
+      b[at++] = (byte) (n >>> 8);
+      b[at++] = (byte) n;
+    } else {
+      b[at++] = (byte) 0xc6;
+      b[at++] = (byte) (n >>> 24);
+      b[at++] = (byte) (n >>> 16);
+      b[at++] = (byte) (n >>> 8);
+      b[at++] = (byte) n;
+    }
+    System.arraycopy(v, 0, b, at, n);
+    return at + n;
+  }
+
+  /**
+   * Sorts ranges of row indices by key as unsigned bytes, without boxing or a comparator:
+   * each key of a range is read as the 8 bytes past the range's common prefix (big-endian,
+   * zero-padded), whose high bits and the row's place in the range make one long; a
+   * primitive sort of those longs orders the keys wherever their high bits differ, and the
+   * runs that tie on them are then sorted by comparing the keys in full.
+   */
+  static final class KeySort {
+    private final byte[][] keys;
+    private long[] packed = new long[16];
+    private int[] local = new int[16];
+
+    KeySort(byte[][] keys, int total) {
+      this.keys = keys;
+    }
+
+    void sort(int[] idx, int from, int to) {
+      int n = to - from;
+      if (n < 2) {
+        return;
+      }
+      byte[] first = keys[idx[from]];
+      int common = first.length;
+      for (int i = from + 1; i < to && common > 0; i++) {
+        byte[] k = keys[idx[i]];
+        int m = Arrays.mismatch(first, 0, common, k, 0, Math.min(common, k.length));
+        if (m >= 0) {
+          common = m;
+        } else if (k.length < common) {
+          common = k.length;
+        }
+      }
+      if (packed.length < n) {
+        packed = new long[Math.max(n, packed.length * 2)];
+        local = new int[packed.length];
+      }
+      int bits = 32 - Integer.numberOfLeadingZeros(n - 1);
+      long low = (1L << bits) - 1;
+      for (int i = 0; i < n; i++) {
+        byte[] k = keys[idx[from + i]];
+        long w = 0;
+        int end = Math.min(k.length, common + 8);
+        for (int j = common; j < end; j++) {
+          w |= (long) (k[j] & 0xff) << (8 * (7 - (j - common)));
+        }
+        // unsigned order of the word's high bits as signed order: flip the sign bit
+        packed[i] = ((w & ~low) ^ Long.MIN_VALUE) | i;
+        local[i] = idx[from + i];
+      }
+      Arrays.sort(packed, 0, n);
+      for (int i = 0; i < n; i++) {
+        idx[from + i] = local[(int) (packed[i] & low)];
+      }
+      // runs tied on the high bits: in full (insertion sort; ties are rare and short)
+      int run = 0;
+      for (int i = 1; i <= n; i++) {
+        if (i < n && (packed[i] & ~low) == (packed[run] & ~low)) {
+          continue;
+        }
+        if (i - run > 1) {
+          for (int x = from + run + 1; x < from + i; x++) {
+            int v = idx[x];
+            int y = x - 1;
+            while (y >= from + run && Arrays.compareUnsigned(keys[idx[y]], keys[v]) > 0) {
+              idx[y + 1] = idx[y];
+              y--;
+            }
+            idx[y + 1] = v;
+          }
+        }
+        run = i;
+      }
+    }
   }
 
   private static String preview(byte[] key) {

@@ -31,12 +31,22 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *   <li>{@code write IN OUT}: IN a list of commits as for {@code encode} plus {@code seeds};
  *       each is written to the ring with {@link RingWriter}; OUT per commit {@code {chunks,
  *       bytes, replica_writes, manifest_acks}} or {@code {code, error}}.
+ *   <li>{@code bench IN}: IN is {@code [keys, values]} (two lists of bin, one commit's puts);
+ *       then commands on stdin, one per line, each answered by one line on stdout, for
+ *       {@code bench/jvm_codec.py}: {@code encode N} encodes the commit N times and answers
+ *       {@code <thread CPU ns> <wall ns> <raw bytes per encode> <chunks>}; {@code decode N}
+ *       decodes its chunks N times and answers {@code <thread CPU ns> <wall ns> <rows>};
+ *       {@code quit} ends.
  * </ul>
  */
 public final class CodecHarness {
   private CodecHarness() {}
 
   public static void main(String[] args) throws IOException {
+    if (args.length == 2 && args[0].equals("bench")) {
+      bench(Files.readAllBytes(Path.of(args[1])));
+      return;
+    }
     if (args.length != 3) {
       System.err.println("usage: CodecHarness xxh3|encode|decode IN OUT");
       System.exit(2);
@@ -88,6 +98,50 @@ public final class CodecHarness {
         System.exit(2);
     }
     Files.write(Path.of(args[2]), out.toByteArray());
+  }
+
+  private static void bench(byte[] in) throws IOException {
+    List<?> both = (List<?>) new Msgpack.Reader(in, 0, in.length, false).value();
+    List<byte[]> keys = new ArrayList<>();
+    List<byte[]> values = new ArrayList<>();
+    for (Object k : (List<?>) both.get(0)) {
+      keys.add((byte[]) k);
+    }
+    for (Object v : (List<?>) both.get(1)) {
+      values.add((byte[]) v);
+    }
+    List<byte[]> none = List.of();
+    java.lang.management.ThreadMXBean mx = java.lang.management.ManagementFactory.getThreadMXBean();
+    java.io.BufferedReader stdin = new java.io.BufferedReader(
+        new java.io.InputStreamReader(System.in, java.nio.charset.StandardCharsets.UTF_8));
+    List<ChunkCodec.Chunk> chunks = ChunkCodec.encode(keys, values, none);
+    String line;
+    while ((line = stdin.readLine()) != null) {
+      String[] cmd = line.trim().split(" ");
+      if (cmd[0].equals("quit")) {
+        break;
+      }
+      int n = Integer.parseInt(cmd[1]);
+      long cpu0 = mx.getCurrentThreadCpuTime();
+      long wall0 = System.nanoTime();
+      long sink = 0;
+      for (int i = 0; i < n; i++) {
+        if (cmd[0].equals("encode")) {
+          chunks = ChunkCodec.encode(keys, values, none);
+          for (ChunkCodec.Chunk c : chunks) {
+            sink += c.rawSize();
+          }
+        } else {
+          for (ChunkCodec.Chunk c : chunks) {
+            sink += ChunkCodec.decode(c.data()).size();
+          }
+        }
+      }
+      long cpu = mx.getCurrentThreadCpuTime() - cpu0;
+      long wall = System.nanoTime() - wall0;
+      System.out.println(cpu + " " + wall + " " + sink / Math.max(1, n) + " " + chunks.size());
+      System.out.flush();
+    }
   }
 
   private static void error(Msgpack.Writer out, RuntimeException e) {

@@ -81,6 +81,8 @@ final class RingDirect {
       String storePath, long version, long epoch, boolean snapshot, Map<String, Object> positions,
       int retain, List<byte[]> keys, List<byte[]> values, List<byte[]> deletes)
       throws IOException {
+    long t0 = System.nanoTime();
+    long c0 = Trace.cpu();
     List<ChunkCodec.Chunk> chunks;
     try {
       chunks = ChunkCodec.encode(keys, values, deletes, ChunkCodec.DEFAULT_KEY_GROUPS,
@@ -112,7 +114,14 @@ final class RingDirect {
         }
       }
       try {
+        long t1 = System.nanoTime();
+        long c1 = Trace.cpu();
         RingWriter.WriteStats stats = writer.write(manifest, chunks, retain);
+        if (Trace.ON) {
+          Trace.log("direct-commit %s v%d rows=%d chunks=%d bytes=%d encode=%.1fms(cpu %.1f) write=%.1fms(cpu %.1f)",
+              storePath, version, keys.size() + deletes.size(), stats.chunks(), stats.bytes(),
+              (t1 - t0) / 1e6, (c1 - c0) / 1e6, (System.nanoTime() - t1) / 1e6, (Trace.cpu() - c1) / 1e6);
+        }
         Written out = new Written();
         out.bytes = stats.bytes();
         out.chunks = stats.chunks();

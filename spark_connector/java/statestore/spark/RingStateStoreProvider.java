@@ -415,7 +415,12 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
 
   private RingHttp.Head head() {
     try {
-      return ring.head(storePath);
+      long t0 = System.nanoTime();
+      RingHttp.Head h = ring.head(storePath);
+      if (Trace.ON) {
+        Trace.log("head %s %.1fms", storePath, (System.nanoTime() - t0) / 1e6);
+      }
+      return h;
     } catch (IOException e) {
       throw new IllegalStateException(
           "RingStateStoreProvider: cannot read the head of " + storePath + " from the ring: "
@@ -543,6 +548,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     data.pendingRestoredRows = rows;
     data.pendingMiss = true;
     data.legacy = !source.equals(storePath);
+    if (Trace.ON) {
+      Trace.log("restore %s v%d rows=%d bytes=%d %dms", storePath, version, rows, bytes, l.restoreMs);
+    }
     LOG.info("restored {} version {} from the ring: {} rows, {} bytes, {} shards in {} ms",
         storePath, version, rows, bytes, data.shards, l.restoreMs);
     return data;

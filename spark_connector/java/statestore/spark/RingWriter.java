@@ -266,12 +266,18 @@ public final class RingWriter {
   }
 
   private WriteStats writeOn(View v, ManifestCodec.Manifest m, List<ChunkCodec.Chunk> chunks, int retain) {
+    long t0 = System.nanoTime();
     int replicaWrites = putChunks(v, m.store(), m.version(), chunks);
+    long t1 = System.nanoTime();
     long bytes = 0;
     for (ChunkCodec.Chunk c : chunks) {
       bytes += c.data().length;
     }
     int acks = putManifest(v, m, retain);
+    if (Trace.ON) {
+      Trace.log("write %s v%d chunks=%.1fms manifest=%.1fms", m.store(), m.version(), (t1 - t0) / 1e6,
+          (System.nanoTime() - t1) / 1e6);
+    }
     return new WriteStats(chunks.size(), bytes, replicaWrites, acks);
   }
 

@@ -276,7 +276,12 @@ final class WriteStore extends StoreBase implements StateStore {
     }
     commitMs = (System.nanoTime() - started) / 1_000_000;
     state = COMMITTED;
+    long t1 = System.nanoTime();
     committedData = provider.committed(this, newVersion);
+    if (Trace.ON) {
+      Trace.log("commit %s v%d overlay=%d send=%dms apply=%.1fms", storePath, newVersion,
+          overlay.size(), commitMs, (System.nanoTime() - t1) / 1e6);
+    }
     if (provider.storeConf().commitValidationEnabled()) {
       StateStore.reportCommitToCoordinator(newVersion, id(), provider.hadoopConf());
     }
