@@ -102,7 +102,10 @@ def test_local_chain_stops_at_snapshot_or_gap() -> None:
     deltas = {v: manifest(v) for v in (1, 2, 4, 5)}
     snaps = {2: manifest(2, "snapshot")}
     assert [m.version for m in local_chain(deltas, snaps, 5)] == [5, 4]
+    # the manifests above the version asked come too: the reader finds the head's lineage
     assert [(m.version, m.kind) for m in local_chain(deltas, snaps, 2)] == [
+        (4, "delta"),
+        (5, "delta"),
         (2, "snapshot"),
         (2, "delta"),
     ]

@@ -1,10 +1,10 @@
 """Reading store metadata and single keys: heads, versions, chains, point reads.
 
 A chain read asks the store's replicas for the manifests of a version, merges what they
-return (per version the highest epoch wins) and resolves it (a snapshot plus the deltas above
-it). Whole-state restores build on it in recovery.py; a point read walks the chain newest
-first and fetches only the chunks of its key's key group, failing over to the next holder on
-error, timeout or checksum mismatch.
+return (every epoch of a version is kept) and resolves it along the head's lineage (a snapshot
+plus the deltas above it, core/manifest.py). Whole-state restores build on it in recovery.py;
+a point read walks the chain newest first and fetches only the chunks of its key's key group,
+failing over to the next holder on error, timeout or checksum mismatch.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from statestore.core.errors import (
     Unavailable,
 )
 from statestore.core.ids import StoreId, chunk_key
-from statestore.core.manifest import ChunkRef, Head, Manifest, resolve_chain
+from statestore.core.manifest import ChunkRef, Head, Manifest, candidates, resolve_chain
 from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
@@ -225,14 +225,9 @@ def _merge_chain(
         raise NodeUnavailable(
             f"no replica of {store} answered: " + "; ".join(str(e) for e in errors)
         )
-    deltas: dict[int, Manifest] = {}
-    snaps: dict[int, Manifest] = {}
-    for body in bodies:
-        for m in decode_chain(body):
-            table = deltas if m.kind == "delta" else snaps
-            cur = table.get(m.version)
-            if cur is None or m.epoch > cur.epoch:
-                table[m.version] = m
+    # every replica's manifests, one per (version, kind, epoch): the chain follows the head's
+    # lineage through them (core/manifest.py), not the highest epoch of each version
+    deltas, snaps = candidates(m for body in bodies for m in decode_chain(body))
     return resolve_chain(store, version, deltas, snaps)
 
 

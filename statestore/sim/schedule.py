@@ -75,6 +75,7 @@ class _Writer:
     client: AsyncRingClient
     version: int = 0
     state: dict[bytes, bytes] = field(default_factory=dict)
+    base_epoch: int | None = None  # the epoch of ``version`` as restored or committed
     busy: bool = False
     fenced: bool = False
 
@@ -129,21 +130,23 @@ class _Run:
             for _ in range(3):  # a failed commit is retried with the same content
                 start = self.history.now()
                 outcome, error = "ack", ""
+                base = w.base_epoch if version > 1 else None
                 try:
                     await w.client.commit(
-                        w.store, version, puts, deletes, {"w": w.name}, epoch=w.epoch
-                    )
+                        w.store, version, puts, deletes, {"w": w.name}, epoch=w.epoch,
+                        base_epoch=base,
+                    )  # fmt: skip
                 except (StaleEpoch, VersionConflict) as exc:
                     outcome, error = "refused", type(exc).__name__
                 except StateStoreError as exc:
                     outcome, error = "failed", type(exc).__name__
                 op = CommitOp(
                     w.name, w.store.path, version, w.epoch, delta, state, start,
-                    self.history.now(), outcome, error,
+                    self.history.now(), outcome, error, base,
                 )  # fmt: skip
                 self.history.add_commit(op)
                 if outcome == "ack":
-                    w.version, w.state = version, state
+                    w.version, w.state, w.base_epoch = version, state, w.epoch
                     return
                 if outcome == "refused":
                     w.fenced = True
@@ -190,7 +193,7 @@ class _Run:
                 w.fenced = True  # could not take over; a later step tries again
                 return
             if op.head is not None and op.state is not None:
-                w.version, w.state = op.head[1], dict(op.state)
+                w.version, w.state, w.base_epoch = op.head[1], dict(op.state), op.head[0]
         finally:
             w.busy = False
 

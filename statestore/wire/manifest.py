@@ -2,7 +2,9 @@
 on decode (a manifest that does not decode is MalformedData, never a crash).
 
 The encoding is part of the on-disk format (nodes store the encoded manifest): it must stay
-byte for byte what schema 1 wrote.
+byte for byte what schema 1 wrote. ``base_epoch`` (core/manifest.py, "Lineage") came later, as
+an optional last key written only when set: a manifest without one encodes exactly as before,
+and readers that predate it (older nodes and clients, the Java ``ManifestCodec``) ignore it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ SCHEMA = 1
 
 
 def _to_obj(m: Manifest) -> dict[str, Any]:
-    return {
+    obj = {
         "schema": SCHEMA,
         "store": m.store.path,
         "version": m.version,
@@ -33,6 +35,9 @@ def _to_obj(m: Manifest) -> dict[str, Any]:
         "chunks": [[c.name, c.lo, c.hi, c.size, c.raw_size, c.rows, c.checksum] for c in m.chunks],
         "positions": dict(m.positions),
     }
+    if m.base_epoch is not None:
+        obj["base_epoch"] = m.base_epoch
+    return obj
 
 
 def _from_obj(obj: Any) -> Manifest:
@@ -53,6 +58,11 @@ def _from_obj(obj: Any) -> Manifest:
             raise MalformedData(f"manifest epoch {epoch!r:.40} is not in 0..{MAX_EPOCH}")
         if type(groups) is not int or not 1 <= groups <= 65536:
             raise MalformedData(f"manifest key_groups {groups!r} is not in 1..65536")
+        base_epoch = obj.get("base_epoch")
+        if base_epoch is not None and (
+            type(base_epoch) is not int or not 0 <= base_epoch <= MAX_EPOCH
+        ):
+            raise MalformedData(f"manifest base_epoch {base_epoch!r:.40} is not in 0..{MAX_EPOCH}")
         positions = obj.get("positions", {})
         if not isinstance(positions, dict):
             raise MalformedData("manifest positions must be a map")
@@ -84,6 +94,7 @@ def _from_obj(obj: Any) -> Manifest:
             groups,
             tuple(chunks),
             positions,
+            base_epoch,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedData(f"manifest is malformed ({exc!r})") from exc
