@@ -216,8 +216,18 @@ async def read_versions(transport: Transport, view: RingView, store: StoreId) ->
 
 
 def _merge_chain(
-    store: StoreId, version: int, bodies: list[bytes], errors: list[BaseException]
+    view: RingView,
+    store: StoreId,
+    version: int,
+    bodies: list[bytes],
+    errors: list[BaseException],
 ) -> list[Manifest]:
+    # a read quorum, as for heads: one replica's answer is not the store's chain (an isolated
+    # node's view names it the only replica, and it answered StoreNotFound for a store with
+    # acknowledged versions: statestore-sim seed 263719285619475, docs/reliability.md), and
+    # the lineage needs the epochs a write quorum acknowledged
+    not_found = [e for e in errors if isinstance(e, NotFound)]
+    _need(view, store, len(bodies) + len(not_found), errors)
     if not bodies:
         sem = first_semantic(errors)
         if sem is not None:
@@ -238,7 +248,7 @@ async def read_chain(
     bodies, errors = await _ask_replicas(
         transport, view, store, f"/v1/stores/{store.path}/chain?version={version}"
     )
-    return _merge_chain(store, version, bodies, errors)
+    return _merge_chain(view, store, version, bodies, errors)
 
 
 async def read_chains(
@@ -256,7 +266,7 @@ async def read_chains(
         _unpack_list,
     )
     return [
-        _merge_chain(store, version, answers, errors)
+        _merge_chain(view, store, version, answers, errors)
         for (store, version), (answers, errors) in zip(wanted, per, strict=True)
     ]
 
