@@ -451,6 +451,8 @@ async def commit(request: web.Request) -> web.Response:
     allow(request, "write", store.query)
     version = _version(request.query.get("version"))
     epoch = parse_uint(request.query.get("epoch", "0"), "epoch", MAX_EPOCH)
+    text = request.query.get("base_epoch")  # the restored version - 1's (core/manifest.py)
+    base_epoch = parse_uint(text, "base_epoch", MAX_EPOCH) if text is not None else None
     snapshot = request.query.get("snapshot", "0") in ("1", "true")
     retain = _retain(request)
     positions = decode_positions(request.headers.get(POSITIONS_HEADER, "{}"), POSITIONS_HEADER)
@@ -472,7 +474,7 @@ async def commit(request: web.Request) -> web.Response:
             )
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
     result = await coordinate_commit(
-        node, store, version, epoch, puts, deletes, positions, snapshot, retain
+        node, store, version, epoch, puts, deletes, positions, snapshot, retain, base_epoch
     )
     return web.json_response(result, status=201)
 
