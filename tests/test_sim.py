@@ -135,7 +135,10 @@ def test_the_checker_follows_lineage(
     "seed",
     [
         252360137555522,  # wrong-bytes: a refused v2 (epoch 3) shadowed the acknowledged one
+        238242064682876,  # wrong-bytes: epoch 3's v5 built on v4 of epoch 1, not epoch 2's
+        163285530910507,  # lost: the retention window is the highest version's, not the head's
         263719285619475,  # head-went-back: an isolated node's view, one chain answer believed
+        228670791545873,  # the same, found again on the code before the fix
     ],
 )
 def test_found_seeds_replay_clean(seed: int) -> None:
