@@ -85,6 +85,27 @@ def test_manifest_round_trip_and_validation() -> None:
         decode_manifest(b"\xc1garbage")
 
 
+def test_base_epoch_is_an_optional_last_key() -> None:
+    """A manifest without base_epoch encodes as schema 1 always did (the on-disk format); one
+    with it adds the key last, and decoding checks it."""
+    m = manifest(5)
+    assert list(msgpack.unpackb(encode_manifest(m))) == [
+        "schema", "store", "version", "kind", "epoch", "key_groups", "chunks", "positions",
+    ]  # fmt: skip
+    lined = Manifest(m.store, 5, "delta", 3, m.key_groups, m.chunks, m.positions, 2)
+    data = encode_manifest(lined)
+    assert list(msgpack.unpackb(data))[-1] == "base_epoch"
+    # the same bytes after the map header (one key more), then the key
+    same = Manifest(m.store, 5, "delta", 3, m.key_groups, m.chunks, m.positions)
+    assert data[1:] == encode_manifest(same)[1:] + b"\xaabase_epoch\x02"
+    assert decode_manifest(data) == lined
+    assert decode_chain(encode_chain([m, lined])) == [m, lined]
+    for bad in (-1, "2", 2**63, 1.5):
+        obj = dict(msgpack.unpackb(data), base_epoch=bad)
+        with pytest.raises(MalformedData, match="base_epoch"):
+            decode_manifest(msgpack.packb(obj))
+
+
 def test_resolve_chain_table() -> None:
     deltas = {v: manifest(v) for v in range(1, 8)}
     snaps = {4: manifest(4, "snapshot")}
