@@ -29,6 +29,7 @@ from statestore.core.errors import (
     StateStoreError,
     StoreNotFound,
     Unavailable,
+    VersionNotFound,
 )
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest, candidates, resolve_chain
@@ -222,13 +223,15 @@ def _merge_chain(
     bodies: list[bytes],
     errors: list[BaseException],
 ) -> list[Manifest]:
-    # a read quorum, as for heads: one replica's answer is not the store's chain (an isolated
-    # node's view names it the only replica, and it answered StoreNotFound for a store with
-    # acknowledged versions: statestore-sim seed 263719285619475, docs/reliability.md), and
-    # the lineage needs the epochs a write quorum acknowledged
+    # "Not found" takes a read quorum, as for heads: an isolated node's view names it the
+    # store's only replica, and its StoreNotFound ended a restore of a store with acknowledged
+    # versions (statestore-sim seed 263719285619475, docs/reliability.md); a version missing
+    # from fewer answers may be on the replicas that were silent. A chain that resolves is
+    # used as it comes (a restore from the last replica standing, tests/test_ring.py).
     not_found = [e for e in errors if isinstance(e, NotFound)]
-    _need(view, store, len(bodies) + len(not_found), errors)
+    answered = len(bodies) + len(not_found)
     if not bodies:
+        _need(view, store, answered, errors)
         sem = first_semantic(errors)
         if sem is not None:
             raise sem
@@ -238,7 +241,11 @@ def _merge_chain(
     # every replica's manifests, one per (version, kind, epoch): the chain follows the head's
     # lineage through them (core/manifest.py), not the highest epoch of each version
     deltas, snaps = candidates(m for body in bodies for m in decode_chain(body))
-    return resolve_chain(store, version, deltas, snaps)
+    try:
+        return resolve_chain(store, version, deltas, snaps)
+    except VersionNotFound:
+        _need(view, store, answered, errors)
+        raise
 
 
 async def read_chain(
