@@ -25,7 +25,7 @@ from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
-from statestore.wire.manifest import decode_manifest, encode_manifest
+from statestore.wire.manifest import decode_manifest, encode_manifest, manifest_epoch
 
 __all__ = ["NodeStore"]
 
@@ -189,7 +189,7 @@ class NodeStore:
         out = []
         for k, raw in self.backend.scan(b"m:"):
             path, version, kind = k[2:].decode().rsplit("/", 2)
-            out.append((StoreId.parse(path), int(version), kind, decode_manifest(raw).epoch))
+            out.append((StoreId.parse(path), int(version), kind, manifest_epoch(raw)))
         for k in self.backend.scan_keys(b"o:"):
             path, version, kind, epoch = k[2:].decode().rsplit("/", 3)
             out.append((StoreId.parse(path), int(version), kind, int(epoch)))
@@ -201,7 +201,7 @@ class NodeStore:
         """The stored bytes of a manifest: the highest epoch of ``version`` and ``kind``, or
         the one of ``epoch``."""
         raw = self.backend.get(_mkey(store, version, kind))
-        if epoch is None or raw is None or decode_manifest(raw).epoch == epoch:
+        if epoch is None or raw is None or manifest_epoch(raw) == epoch:
             return raw
         return self.backend.get(_okey(store, version, kind, epoch))
 
@@ -250,7 +250,7 @@ class NodeStore:
         main = _mkey(store, version, kind)
         raw = self.backend.get(main)
         puts: dict[bytes, bytes] = {}
-        if raw is not None and (epoch is None or decode_manifest(raw).epoch == epoch):
+        if raw is not None and (epoch is None or manifest_epoch(raw) == epoch):
             side = self.backend.scan_keys(f"o:{store.path}/{version:020d}/{kind}/".encode())
             if side:
                 top = max(side)  # the epoch is zero-padded: the highest sorts last

@@ -19,7 +19,14 @@ from statestore.core.errors import InvalidStoreId, MalformedData
 from statestore.core.ids import MAX_EPOCH, StoreId, check_version, chunk_key, parse_chunk_key
 from statestore.core.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
 
-__all__ = ["SCHEMA", "decode_chain", "decode_manifest", "encode_chain", "encode_manifest"]
+__all__ = [
+    "SCHEMA",
+    "decode_chain",
+    "decode_manifest",
+    "encode_chain",
+    "encode_manifest",
+    "manifest_epoch",
+]
 
 SCHEMA = 1
 
@@ -140,3 +147,21 @@ def decode_chain(data: bytes) -> list[Manifest]:
     if not isinstance(objs, list):
         raise MalformedData("chain is not a list of manifests")
     return [_from_obj(o) for o in objs]
+
+
+def manifest_epoch(data: bytes) -> int:
+    """The epoch of an encoded manifest, read without decoding its chunks (the key comes
+    before them): repair names every manifest a node holds by its epoch on each pass."""
+    try:
+        u = msgpack.Unpacker(raw=False)
+        u.feed(data)
+        for _ in range(u.read_map_header()):
+            if u.unpack() == "epoch":
+                epoch = u.unpack()
+                if type(epoch) is int and 0 <= epoch <= MAX_EPOCH:
+                    return epoch
+                break
+            u.skip()
+    except Exception as exc:
+        raise MalformedData(f"manifest is not valid msgpack ({exc})") from exc
+    return decode_manifest(data).epoch  # no usable epoch key: the full check says why
