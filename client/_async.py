@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -110,6 +111,9 @@ class AsyncRingClient:
             tls=client_context(ca) if ca and transport is None else None,
         )
         self._view: RingView | None = None
+        # per store, the (version, epoch) this client last restored or committed: the base a
+        # commit of the next version names when the caller does not (core/manifest.py)
+        self._bases: dict[StoreId, tuple[int, int]] = {}
         self._cache = ChunkCache(cache_bytes)
         self._restorer = Restorer(
             self._transport,
@@ -215,32 +219,49 @@ class AsyncRingClient:
         epoch: int = 0,
         *,
         snapshot: bool = False,
+        base_epoch: int | None = None,
     ) -> CommitResult:
         """Commit ``version`` of ``store``: a delta on top of ``version - 1``, or a snapshot.
+
+        ``base_epoch`` is the epoch of the ``version - 1`` this commit builds on (the
+        ``epoch`` of the :class:`RestoredState` it started from, or the epoch of the previous
+        commit). Restores of this version follow it to that exact base, even where another
+        writer's refused or superseded commit left a manifest of ``version - 1`` at another
+        epoch (docs/client.md, "Lineage"). When not given, the client uses what it last
+        restored or committed of the store if that was ``version - 1``; otherwise the commit
+        names no base and its chain takes the highest epoch of ``version - 1``.
 
         Returns once W replicas hold every chunk and the manifest durably. Re-committing the
         same content is a no-op; raises StaleEpoch if a writer with a higher epoch took over,
         VersionConflict for other content at the same epoch, QuorumNotReached if fewer than W
         replicas answered (then nothing was acknowledged).
         """
+        if base_epoch is None:
+            known = self._bases.get(store)
+            if known is not None and known[0] == version - 1 and known[1] <= epoch:
+                base_epoch = known[1]
         manifest, chunks = await asyncio.to_thread(
-            build_commit,
-            store,
-            version,
-            puts,
-            deletes,
-            positions,
-            epoch,
-            snapshot,
-            key_groups=self.key_groups,
-            chunk_size=self.chunk_size,
-            max_chunk=self.max_chunk,
+            partial(
+                build_commit,
+                store,
+                version,
+                puts,
+                deletes,
+                positions,
+                epoch,
+                snapshot,
+                key_groups=self.key_groups,
+                chunk_size=self.chunk_size,
+                max_chunk=self.max_chunk,
+                base_epoch=base_epoch,
+            )
         )
 
         async def op(view: RingView) -> CommitResult:
             await write_commit(
                 self._transport, view, manifest, chunks, concurrency=self.concurrency
             )
+            self._bases[store] = (version, epoch)
             return CommitResult(
                 store,
                 version,
@@ -285,6 +306,7 @@ class AsyncRingClient:
             state = result.state
             if key_groups is not None:
                 state = only_groups(state, key_groups, top.key_groups)
+            self._bases[store] = (want, top.epoch)
             return RestoredState(state, want, top.epoch, dict(top.positions), p.kind, result.stats)
 
         return await self._routed(op, read=True)
@@ -363,10 +385,11 @@ class AsyncRingClient:
                 view, [(sid, chain, p) for sid, _, chain, p in plans], progress=progress, sem=sem
             )
             out = []
-            for (_, v, _chain, p), r, top in zip(plans, results, tops, strict=True):
+            for (sid, v, _chain, p), r, top in zip(plans, results, tops, strict=True):
                 state = r.state
                 if key_groups is not None:
                     state = only_groups(state, key_groups, top.key_groups)
+                self._bases[sid] = (v, top.epoch)
                 out.append(RestoredState(state, v, top.epoch, dict(top.positions), p.kind, r.stats))
             return out
 

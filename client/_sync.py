@@ -79,9 +79,22 @@ class RingClient:
         epoch: int = 0,
         *,
         snapshot: bool = False,
+        base_epoch: int | None = None,
     ) -> CommitResult:
+        """:meth:`AsyncRingClient.commit` (``base_epoch``: the epoch of the restored
+        ``version - 1`` this commit builds on; by default what this client last restored or
+        committed of the store, if that was ``version - 1``)."""
         return self._call(
-            self._async.commit(store, version, puts, deletes, positions, epoch, snapshot=snapshot)
+            self._async.commit(
+                store,
+                version,
+                puts,
+                deletes,
+                positions,
+                epoch,
+                snapshot=snapshot,
+                base_epoch=base_epoch,
+            )
         )
 
     def restore(

@@ -15,7 +15,15 @@ from statestore.core.errors import (
     VersionNotFound,
 )
 from statestore.core.ids import StoreId, chunk_key, parse_chunk_key
-from statestore.core.manifest import ChunkRef, Head, Manifest, local_chain, resolve_chain
+from statestore.core.manifest import (
+    ChunkRef,
+    Head,
+    Manifest,
+    candidates,
+    lineage,
+    local_chain,
+    resolve_chain,
+)
 from statestore.core.quorum import check_write, merge_heads, read_quorum
 from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
 from statestore.wire.rows import decode_rows, encode_rows
@@ -77,6 +85,27 @@ def test_manifest_round_trip_and_validation() -> None:
         decode_manifest(b"\xc1garbage")
 
 
+def test_base_epoch_is_an_optional_last_key() -> None:
+    """A manifest without base_epoch encodes as schema 1 always did (the on-disk format); one
+    with it adds the key last, and decoding checks it."""
+    m = manifest(5)
+    assert list(msgpack.unpackb(encode_manifest(m))) == [
+        "schema", "store", "version", "kind", "epoch", "key_groups", "chunks", "positions",
+    ]  # fmt: skip
+    lined = Manifest(m.store, 5, "delta", 3, m.key_groups, m.chunks, m.positions, 2)
+    data = encode_manifest(lined)
+    assert list(msgpack.unpackb(data))[-1] == "base_epoch"
+    # the same bytes after the map header (one key more), then the key
+    same = Manifest(m.store, 5, "delta", 3, m.key_groups, m.chunks, m.positions)
+    assert data[1:] == encode_manifest(same)[1:] + b"\xaabase_epoch\x02"
+    assert decode_manifest(data) == lined
+    assert decode_chain(encode_chain([m, lined])) == [m, lined]
+    for bad in (-1, "2", 2**63, 1.5):
+        obj = dict(msgpack.unpackb(data), base_epoch=bad)
+        with pytest.raises(MalformedData, match="base_epoch"):
+            decode_manifest(msgpack.packb(obj))
+
+
 def test_resolve_chain_table() -> None:
     deltas = {v: manifest(v) for v in range(1, 8)}
     snaps = {4: manifest(4, "snapshot")}
@@ -102,7 +131,10 @@ def test_local_chain_stops_at_snapshot_or_gap() -> None:
     deltas = {v: manifest(v) for v in (1, 2, 4, 5)}
     snaps = {2: manifest(2, "snapshot")}
     assert [m.version for m in local_chain(deltas, snaps, 5)] == [5, 4]
+    # the manifests above the version asked come too: the reader finds the head's lineage
     assert [(m.version, m.kind) for m in local_chain(deltas, snaps, 2)] == [
+        (4, "delta"),
+        (5, "delta"),
         (2, "snapshot"),
         (2, "delta"),
     ]
@@ -147,3 +179,112 @@ def test_a_head_has_one_stored_form_and_one_wire_form() -> None:
     for bad in ([7, 3], {"version": True, "epoch": 1}, {"version": 1, "epoch": 2**64}, None):
         with pytest.raises(MalformedData):
             wire_head.from_json(bad)
+
+
+def lm(version: int, epoch: int, base: int | None = None, kind: str = "delta") -> Manifest:
+    """A manifest of ``version`` written at ``epoch`` on top of ``base`` (its content digest
+    says which, so two epochs of one version differ)."""
+    m = manifest(version, kind, epoch, digest=version * 100 + epoch)
+    return Manifest(m.store, m.version, m.kind, m.epoch, m.key_groups, m.chunks, m.positions, base)
+
+
+# (case, manifests every replica answered together, version asked, chain as (version, epoch,
+# kind), or the VersionNotFound message expected). docs/reliability.md, "Lineage".
+LINEAGE_CASES = [
+    (
+        "the simulator's bug: w3's refused v1 (e2) must not shadow w2's under w4's v2",
+        [lm(1, 1), lm(1, 2), lm(2, 3, base=1)],
+        2,
+        [(1, 1, "delta"), (2, 3, "delta")],
+    ),
+    (
+        "restoring the shadowed version itself returns the head's lineage (w2's)",
+        [lm(1, 1), lm(1, 2), lm(2, 3, base=1)],
+        1,
+        [(1, 1, "delta")],
+    ),
+    (
+        "without base_epoch (older writers, the Java direct path): the highest epoch, as before",
+        [lm(1, 1), lm(1, 2), lm(2, 3)],
+        2,
+        [(1, 2, "delta"), (2, 3, "delta")],
+    ),
+    (
+        "seed 252360137555522: a refused v2 at e3 between the acked v2 (e1) and v3 (e4)",
+        [lm(1, 1), lm(2, 1, 1), lm(2, 3, 1), lm(3, 4, 1), lm(4, 4, 4), lm(5, 4, 4)],
+        2,
+        [(1, 1, "delta"), (2, 1, "delta")],
+    ),
+    (
+        "the head's chain through it",
+        [lm(1, 1), lm(2, 1, 1), lm(2, 3, 1), lm(3, 4, 1), lm(4, 4, 4), lm(5, 4, 4)],
+        5,
+        [(1, 1, "delta"), (2, 1, "delta"), (3, 4, "delta"), (4, 4, "delta"), (5, 4, "delta")],
+    ),
+    (
+        "a writer that took over from a refused commit's manifest builds on it: so does its chain",
+        [lm(1, 1), lm(2, 1, 1), lm(2, 2, 1), lm(3, 3, 2)],
+        3,
+        [(1, 1, "delta"), (2, 2, "delta"), (3, 3, "delta")],
+    ),
+    (
+        "a snapshot of the lineage's epoch ends the chain; the dead branch's delta is skipped",
+        [lm(1, 1), lm(2, 1, 1), lm(3, 1, 1), lm(3, 1, 1, "snapshot"), lm(3, 2, 1), lm(4, 3, 1)],
+        4,
+        [(3, 1, "snapshot"), (4, 3, "delta")],
+    ),
+    (
+        "a snapshot of another epoch is not the base",
+        [lm(1, 1), lm(2, 1, 1), lm(2, 2, 1, "snapshot"), lm(3, 3, 1)],
+        3,
+        [(1, 1, "delta"), (2, 1, "delta"), (3, 3, "delta")],
+    ),
+    (
+        "a version above the head's (a fenced writer's) follows its own bases",
+        [lm(1, 1), lm(2, 1, 1), lm(3, 1, 1), lm(2, 2, 1)],
+        3,
+        [(1, 1, "delta"), (2, 1, "delta"), (3, 1, "delta")],
+    ),
+    (
+        "the exact base is missing: an error, never another epoch's state",
+        [lm(1, 1), lm(2, 3, base=2)],
+        2,
+        "needs version 1 as written at epoch 2",
+    ),
+    (
+        "the base version is gone altogether",
+        [lm(2, 1, 1)],
+        2,
+        "needs version 1, which is gone",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "manifests,version,expected",
+    [c[1:] for c in LINEAGE_CASES],
+    ids=[c[0] for c in LINEAGE_CASES],
+)
+def test_resolve_chain_follows_the_lineage(
+    manifests: list[Manifest], version: int, expected: list[tuple[int, int, str]] | str
+) -> None:
+    deltas, snaps = candidates(manifests)
+    if isinstance(expected, str):
+        with pytest.raises(VersionNotFound, match=expected):
+            resolve_chain(SID, version, deltas, snaps)
+        return
+    chain = resolve_chain(SID, version, deltas, snaps)
+    assert [(m.version, m.epoch, m.kind) for m in chain] == expected
+    # one replica holding all of it and one holding a part, each answering local_chain:
+    # merged, they resolve the same
+    for split in range(len(manifests) + 1):
+        parts = [candidates(manifests), candidates(manifests[:split])]
+        answered = [m for d, s in parts for m in local_chain(d, s, version)]
+        merged = resolve_chain(SID, version, *candidates(answered))
+        assert [(m.version, m.epoch, m.kind) for m in merged] == expected
+
+
+def test_lineage_walks_down_from_the_head() -> None:
+    deltas, snaps = candidates([lm(1, 1), lm(1, 2), lm(2, 3, 1), lm(3, 3, 3)])
+    assert lineage(deltas, snaps) == {3: 3, 2: 3, 1: 1}
+    assert lineage({}, {}) == {}

@@ -52,8 +52,10 @@ Output: ``push <target> <item>``, ``skip <target> <item>`` (left to its designat
     retain <retain>
     floor <the floor already applied>
     head <version>
-    delta <v>[-<v2>] e<epoch>         deltas held (a range, all at that epoch)
-    snapshot <v>[-<v2>] e<epoch>      snapshots held
+    delta <v>[-<v2>] e<epoch> [base=e<b>]   deltas held (a range, all at that epoch; a
+                                      version may be held at several epochs); ``base``: the
+                                      epoch of the version below each was built on
+    snapshot <v>[-<v2>] e<epoch> [base=e<b>]   snapshots held
 
 Output: ``snapshot <version> e<epoch> (from <kind>)`` per snapshot to write, in order, then
 ``floor <n>`` or ``floor unchanged``.
@@ -304,22 +306,23 @@ def render_repair(lines: list[str]) -> list[str]:
 # -------------------------------------------------------------------------------- retention
 
 
-def _manifest(version: int, kind: str, epoch: int) -> Manifest:
-    return Manifest(SID, version, kind, epoch, 1, ())
+def _manifest(version: int, kind: str, epoch: int, base: int | None = None) -> Manifest:
+    return Manifest(SID, version, kind, epoch, 1, (), {}, base)
 
 
 def render_retention(lines: list[str]) -> list[str]:
     conf: dict[str, int] = {}
-    deltas: dict[int, Manifest] = {}
-    snaps: dict[int, Manifest] = {}
+    deltas: dict[int, list[Manifest]] = {}
+    snaps: dict[int, list[Manifest]] = {}
     for line in lines:
         op, *args = line.split()
         if op in ("every", "retain", "floor", "head"):
             conf[op] = int(args[0])
         elif op in ("delta", "snapshot"):
             into = deltas if op == "delta" else snaps
+            base = _epoch(args[2].removeprefix("base=")) if len(args) > 2 else None
             for v in _range(args[0]):
-                into[v] = _manifest(v, op, _epoch(args[1]))
+                into.setdefault(v, []).append(_manifest(v, op, _epoch(args[1]), base))
         else:
             raise ValueError(f"unknown retention input {line!r}")
     todo = plan_compaction(

@@ -7,6 +7,7 @@ out) from the provider jar; the tests skip, saying why, without a JDK or pyspark
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -361,6 +362,21 @@ def test_java_decodes_python_commits(harness: Harness, commits: list[dict[str, A
             manifest.epoch,
         )
         assert java["key_groups"] == manifest.key_groups
+
+
+def test_java_reads_a_manifest_with_a_base_epoch(
+    harness: Harness, commits: list[dict[str, Any]]
+) -> None:
+    """base_epoch is an optional last key (docs/design.md, "Lineage"): the Java codec, which
+    predates it, decodes such a manifest and drops the key (its provider writes none)."""
+    manifest, chunks = _python_commit(commits[0])
+    lined = dataclasses.replace(manifest, version=2, base_epoch=manifest.epoch)
+    got = harness(
+        "decode", [{"chunks": [ch.data for ch in chunks], "manifest": encode_manifest(lined)}]
+    )
+    assert "error" not in got[0], got[0].get("error")
+    assert got[0]["manifest"] == encode_manifest(dataclasses.replace(lined, base_epoch=None))
+    assert got[0]["version"] == 2
 
 
 def _manifest_for(datas: list[bytes]) -> bytes:

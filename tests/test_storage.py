@@ -75,6 +75,40 @@ def test_chunks_are_verified_on_write_and_read(store: NodeStore) -> None:
         store.get_chunk(key)
 
 
+def test_a_replaced_manifest_is_kept(store: NodeStore) -> None:
+    """A higher epoch replaces a version's manifest but never destroys the lower one: a later
+    version may be built on it (core/manifest.py, "Lineage"); retention drops both."""
+    store.put_manifest(commit(1, 1, b"acked"))
+    store.put_manifest(commit(1, 2, b"refused elsewhere"))
+    assert store.get_manifest(SID, 1, "delta").epoch == 2  # type: ignore[union-attr]
+    assert store.get_manifest(SID, 1, "delta", 1) == commit(1, 1, b"acked")
+    deltas, _ = store.manifests(SID)
+    assert [m.epoch for m in deltas[1]] == [2, 1]
+    assert sorted(e for *_, e in store.manifest_items()) == [1, 2]
+    assert store.versions(SID) == [1]
+    assert len(store.query_keys("q")["manifests"]) == 2
+    store.put_manifest(commit(2, 2))
+    assert store.apply_floor(SID, 2) == 2
+    assert store.manifest_items() == [(SID, 2, "delta", 2)]
+
+
+def test_repair_copies_every_epoch(store: NodeStore) -> None:
+    """A repair copy is not fenced: a lower epoch lands beside the higher one, a higher one
+    takes the main key; deleting a hand-off's copy keeps the others."""
+    store.put_manifest(commit(1, 3, b"c"))
+    assert store.copy_manifest(commit(1, 1, b"a")) is True
+    assert store.copy_manifest(commit(1, 1, b"a")) is False
+    assert store.copy_manifest(commit(1, 4, b"d")) is True
+    assert store.head(SID) == Head(1, 4)
+    deltas, _ = store.manifests(SID)
+    assert [m.epoch for m in deltas[1]] == [4, 3, 1]
+    store.delete_manifest(SID, 1, "delta", 4)  # the main one: the next epoch takes its key
+    assert store.get_manifest(SID, 1, "delta").epoch == 3  # type: ignore[union-attr]
+    store.delete_manifest(SID, 1, "delta", 1)
+    store.delete_manifest(SID, 1, "delta", 3)
+    assert store.manifest_items() == [] and store.head(SID) is None
+
+
 def test_floor_drops_old_versions(store: NodeStore) -> None:
     for v in range(1, 6):
         m = commit(v, 1, str(v).encode())

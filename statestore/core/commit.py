@@ -28,12 +28,21 @@ def build_commit(
     key_groups: int,
     chunk_size: int,
     max_chunk: int,
+    base_epoch: int | None = None,
 ) -> tuple[Manifest, list[EncodedChunk]]:
-    """Check the arguments and lay the commit out in chunks. CPU only."""
+    """Check the arguments and lay the commit out in chunks. CPU only.
+
+    ``base_epoch``: the epoch of version - 1 as the writer restored (or committed) it; the
+    chain of this version follows it (core/manifest.py, "Lineage"). None: not said (version 1
+    has no base, so it is never recorded there)."""
     if not isinstance(store, StoreId):
         raise InvalidRequest(f"store must be a StoreId, got {store!r}")
     check_version(version)
     check_epoch(epoch)
+    if base_epoch is not None:
+        check_epoch(base_epoch)  # above the writer's own epoch: the replicas fence it
+        if version == 1:
+            base_epoch = None  # version 1 applies to the empty state
     pos = dict(positions or {})
     try:
         encoded = json.dumps(pos, allow_nan=False)  # as wire/manifest decodes them
@@ -65,5 +74,6 @@ def build_commit(
         key_groups,
         tuple(ChunkRef.of(c) for c in chunks),
         json.loads(encoded),
+        base_epoch,
     )
     return manifest, chunks

@@ -16,7 +16,7 @@ from typing import Any
 
 from statestore.core.errors import MalformedData, StoreNotFound, VersionNotFound
 from statestore.core.ids import StoreId, chunk_key
-from statestore.core.manifest import ChunkRef, Head, Manifest, resolve_chain
+from statestore.core.manifest import ChunkRef, Head, Manifest, candidates, resolve_chain
 from statestore.core.quorum import merge_heads
 from statestore.core.view import RingView
 
@@ -61,7 +61,7 @@ def manifest_to_json(m: Manifest) -> dict[str, Any]:
             for c in m.chunks
         ],
         "positions": dict(m.positions),
-    }
+    } | ({} if m.base_epoch is None else {"base_epoch": m.base_epoch})
 
 
 def manifest_from_json(store: StoreId, obj: Any) -> Manifest:
@@ -87,6 +87,7 @@ def manifest_from_json(store: StoreId, obj: Any) -> Manifest:
             int(obj["key_groups"]),
             chunks,
             dict(obj.get("positions") or {}),
+            None if obj.get("base_epoch") is None else int(obj["base_epoch"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise MalformedData(f"inventory of {store}: a manifest is malformed ({exc})") from exc
@@ -138,19 +139,15 @@ def merge_listings(listings: Mapping[str, Any], query: str | None = None) -> lis
 
 def _merged_manifests(
     store: StoreId, details: Mapping[str, Any]
-) -> tuple[dict[int, Manifest], dict[int, Manifest]]:
-    deltas: dict[int, Manifest] = {}
-    snaps: dict[int, Manifest] = {}
-    for detail in details.values():
-        if detail is None:
-            continue
-        for obj in detail.get("manifests", []):
-            m = manifest_from_json(store, obj)
-            into = deltas if m.kind == "delta" else snaps
-            old = into.get(m.version)
-            if old is None or m.epoch > old.epoch:  # a newer writer's re-commit wins
-                into[m.version] = m
-    return deltas, snaps
+) -> tuple[dict[int, list[Manifest]], dict[int, list[Manifest]]]:
+    """Every manifest some node holds, one per (version, kind, epoch) (core/manifest.py,
+    "Lineage": a version may be held at several epochs)."""
+    return candidates(
+        manifest_from_json(store, obj)
+        for detail in details.values()
+        if detail is not None
+        for obj in detail.get("manifests", [])
+    )
 
 
 def _held(detail: Any) -> tuple[set[tuple[int, str]], set[str]]:
@@ -194,7 +191,7 @@ def inspect_store(
     want: dict[str, tuple[set[tuple[int, str]], set[str]]] = {
         a: (set(), set()) for a in view.live_addresses()
     }
-    all_manifests = [*deltas.values(), *snaps.values()]
+    all_manifests = [m for t in (deltas, snaps) for ms in t.values() for m in ms]
     for m in all_manifests:
         for a in manifest_owners:
             want[a][0].add((m.version, m.kind))
@@ -229,7 +226,7 @@ def inspect_store(
         "epoch": view.epoch,
         "head": None if head is None else {"version": head.version, "epoch": head.epoch},
         "floor": floor,
-        "versions": [_version_row(deltas.get(v), snaps.get(v), v) for v in versions],
+        "versions": [_version_row(deltas.get(v, []), snaps.get(v, []), v) for v in versions],
         "chain": [{"version": m.version, "kind": m.kind, "bytes": m.bytes} for m in chain],
         "chain_error": chain_error,
         "chain_bytes": sum(m.bytes for m in chain),
@@ -238,12 +235,15 @@ def inspect_store(
     }
 
 
-def _version_row(delta: Manifest | None, snap: Manifest | None, version: int) -> dict[str, Any]:
-    kinds = [m for m in (delta, snap) if m is not None]
+def _version_row(deltas: list[Manifest], snaps: list[Manifest], version: int) -> dict[str, Any]:
+    """A version's row: the highest epoch of each kind (the ones a higher epoch replaced,
+    kept for the lineage, are listed in ``epochs``)."""
+    kinds = [max(ms, key=lambda m: m.epoch) for ms in (deltas, snaps) if ms]
     return {
         "version": version,
         "kinds": [m.kind for m in kinds],
         "epoch": max(m.epoch for m in kinds),
+        "epochs": sorted({m.epoch for m in (*deltas, *snaps)}),
         "chunks": sum(len(m.chunks) for m in kinds),
         "bytes": sum(m.bytes for m in kinds),
         "raw_bytes": sum(c.raw_size for m in kinds for c in m.chunks),

@@ -2,14 +2,34 @@
 
 A manifest names a store version's chunks (name, key-group range, sizes, checksum), its kind
 (``delta`` on top of ``base`` = version - 1, or a full ``snapshot``), the writer epoch that
-fences zombie writers, and the source positions the commit covers (its msgpack form is in
-wire/manifest.py). Chains (a snapshot plus the deltas above it) are
-resolved here too, over plain dictionaries, so the node and the tests share one rule.
+fences zombie writers, the source positions the commit covers, and the epoch of the base the
+writer built on (its msgpack form is in wire/manifest.py). Chains (a snapshot plus the deltas
+above it) are resolved here too, over plain dictionaries, so the node and the tests share one
+rule.
+
+**Lineage.** One version can be written at several epochs: a writer refused by most replicas
+after its manifest reached one (StaleEpoch), or a writer that took over from an older head and
+rewrote history from there. Replicas keep every epoch's manifest (node/replica.py), and a
+manifest names the epoch of the version it was built on (``base_epoch``), so a chain follows
+the writer's real base instead of whichever epoch is highest at each version
+(docs/reliability.md, "A refused higher-epoch delta can shadow the acknowledged one"):
+
+- the *head* is the manifest of the highest (epoch, version); its *lineage* is the head, then
+  the manifest of version - 1 at its ``base_epoch``, and so on down;
+- a version on the head's lineage resolves to the lineage's manifest of it (a version also
+  written at another epoch by a writer whose branch the head does not descend from is a dead
+  branch: restoring it returns what the head built on); a version off the lineage (above the
+  head's version, or past where the lineage can be followed) to its highest epoch;
+- below the version asked, each delta's ``base_epoch`` names the manifest of version - 1 to
+  take (that exact epoch: a base that no replica answered with is VersionNotFound, never a
+  guess); a manifest without one (written before base_epoch existed, or by a writer that did
+  not say, as the Java provider's direct path) falls back to the highest epoch there;
+- at one version and epoch a snapshot is preferred to the delta (same state, no chain below).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +38,15 @@ from statestore.core.errors import VersionNotFound
 from statestore.core.ids import StoreId
 
 __all__ = [
+    "Candidates",
     "ChunkRef",
     "Head",
     "Manifest",
+    "candidates",
     "chain_bytes",
+    "lineage",
     "local_chain",
+    "manifests_at",
     "resolve_chain",
 ]
 
@@ -75,6 +99,8 @@ class Manifest:
     key_groups: int
     chunks: tuple[ChunkRef, ...]
     positions: Mapping[str, Any] = field(default_factory=dict)
+    # the epoch of version - 1 as the writer restored it (None: not said; see "Lineage" above)
+    base_epoch: int | None = None
 
     @property
     def base(self) -> int:
@@ -96,60 +122,171 @@ def chain_bytes(chain: Sequence[Manifest]) -> int:
     return sum(m.bytes for m in chain)
 
 
+# Manifests by version: one per version (a replica's table before lineage, a test's table) or
+# every manifest held of it (one per kind and epoch).
+Candidates = Mapping[int, Manifest | Sequence[Manifest]]
+
+
+def manifests_at(table: Candidates, version: int) -> Sequence[Manifest]:
+    """The manifests ``table`` holds of ``version`` (none, one, or one per epoch)."""
+    got = table.get(version)
+    if got is None:
+        return ()
+    return (got,) if isinstance(got, Manifest) else got
+
+
+def candidates(
+    manifests: Iterable[Manifest],
+) -> tuple[dict[int, list[Manifest]], dict[int, list[Manifest]]]:
+    """Deltas and snapshots by version, one per (version, kind, epoch) (the first seen wins:
+    replicas agree on a manifest's content at one epoch, the replica rules see to it)."""
+    deltas: dict[int, list[Manifest]] = {}
+    snaps: dict[int, list[Manifest]] = {}
+    seen: set[tuple[int, str, int]] = set()
+    for m in manifests:
+        if (m.version, m.kind, m.epoch) in seen:
+            continue
+        seen.add((m.version, m.kind, m.epoch))
+        (deltas if m.kind == "delta" else snaps).setdefault(m.version, []).append(m)
+    return deltas, snaps
+
+
+def _pick(
+    deltas: Candidates, snapshots: Candidates, version: int, epoch: int | None
+) -> Manifest | None:
+    """The manifest of ``version`` at ``epoch`` (None: the highest epoch held), a snapshot
+    before the delta of the same epoch; None when there is none."""
+    snaps, ds = manifests_at(snapshots, version), manifests_at(deltas, version)
+    if epoch is None:
+        if not snaps and not ds:
+            return None
+        epoch = max(m.epoch for m in (*snaps, *ds))
+    for m in snaps:
+        if m.epoch == epoch:
+            return m
+    for m in ds:
+        if m.epoch == epoch:
+            return m
+    return None
+
+
+def _base_of(deltas: Candidates, m: Manifest) -> int | None:
+    """The base epoch of ``m``; a snapshot written without one (by compaction before
+    base_epoch existed) takes its delta's, which has the same version and epoch."""
+    if m.base_epoch is not None or m.kind == "delta":
+        return m.base_epoch
+    for d in manifests_at(deltas, m.version):
+        if d.epoch == m.epoch:
+            return d.base_epoch
+    return None
+
+
+def lineage(deltas: Candidates, snapshots: Candidates) -> dict[int, int]:
+    """The head's line of descent, version -> epoch: the head (the manifest of the highest
+    (epoch, version)), then each manifest's base, down to the first version whose base is not
+    held (a gap, the retention floor, or version 1)."""
+    every = [m for t in (deltas, snapshots) for v in t for m in manifests_at(t, v)]
+    if not every:
+        return {}
+    top = max(every, key=lambda m: (m.epoch, m.version))
+    out: dict[int, int] = {}
+    v, epoch = top.version, top.epoch
+    m = _pick(deltas, snapshots, v, epoch)
+    while m is not None:
+        out[v] = m.epoch
+        v -= 1
+        m = _pick(deltas, snapshots, v, _base_of(deltas, m)) if v >= 1 else None
+    return out
+
+
 def resolve_chain(
     store: StoreId,
     version: int,
-    deltas: Mapping[int, Manifest],
-    snapshots: Mapping[int, Manifest],
+    deltas: Candidates,
+    snapshots: Candidates,
 ) -> list[Manifest]:
     """The manifests to apply, oldest first, to rebuild ``version``.
 
-    Walks down from ``version``: a snapshot of a version is used when its epoch is at least
-    that of the delta of the same version (a newer writer's re-commit makes an older snapshot
-    stale); otherwise the delta is taken and the walk goes on to ``version - 1``, until a
-    snapshot or version 1's delta (which applies to the empty state). Raises VersionNotFound
-    naming the first missing version.
+    ``deltas`` and ``snapshots`` map a version to its manifest, or to every manifest held of it
+    (one per epoch). The manifest of ``version`` is the head's lineage's (see "Lineage" in the
+    module docstring), else its highest epoch; then the walk goes down: a snapshot at the
+    wanted epoch ends it; otherwise the delta is taken and the walk goes on to its base, the
+    manifest of ``version - 1`` at the delta's ``base_epoch`` (the highest epoch when it names
+    none), until a snapshot or version 1's delta (which applies to the empty state). Without
+    base epochs and with one manifest per version this is the rule before lineage: a snapshot
+    of a version is used when its epoch is at least that of the delta of the same version (a
+    newer writer's re-commit makes an older snapshot stale).
+
+    Raises VersionNotFound naming the first missing version (or version and epoch).
     """
     chain: list[Manifest] = []
     v = version
+    epoch = lineage(deltas, snapshots).get(version)
     while v >= 1:
-        snap = snapshots.get(v)
-        delta = deltas.get(v)
-        if snap is not None and (delta is None or snap.epoch >= delta.epoch):
-            chain.append(snap)
-            break
-        if delta is None:
+        m = _pick(deltas, snapshots, v, epoch)
+        if m is None:
             if v == version:
                 raise VersionNotFound(
                     f"store {store} has no version {version}: list versions with "
                     "versions() and restore one of them"
                 )
+            if epoch is not None and (manifests_at(deltas, v) or manifests_at(snapshots, v)):
+                raise VersionNotFound(
+                    f"store {store} version {version} needs version {v} as written at epoch "
+                    f"{epoch}, which no replica that answered holds: retry once the ring has "
+                    "repaired, or restore a newer version"
+                )
             raise VersionNotFound(
                 f"store {store} version {version} needs version {v}, which is gone "
                 "(past retention or never committed): restore a newer version"
             )
-        chain.append(delta)
+        chain.append(m)
+        if m.kind == "snapshot":
+            break
+        epoch = m.base_epoch
         v -= 1
     chain.reverse()
     return chain
 
 
-def local_chain(
-    deltas: Mapping[int, Manifest], snapshots: Mapping[int, Manifest], version: int
-) -> list[Manifest]:
-    """What one replica can contribute to the chain of ``version``: every manifest it holds
-    from ``version`` down to the first usable snapshot or the first gap. The reader merges
-    the answers of several replicas and resolves the chain with :func:`resolve_chain`."""
+def local_chain(deltas: Candidates, snapshots: Candidates, version: int) -> list[Manifest]:
+    """What one replica can contribute to the chain of ``version``, for the reader to merge
+    with the other replicas' answers and resolve with :func:`resolve_chain`:
+
+    - every manifest it holds above ``version`` (the reader needs their epochs and bases to
+      find the head's lineage through ``version``);
+    - from ``version`` down, every manifest of each version, for as long as some line of
+      descent through ``version`` may still need a lower one: each epoch followed at a version
+      ends at its snapshot or goes on to its delta's base (every epoch when this replica does
+      not hold the manifest that would say which); it stops at the first gap.
+    """
     out: list[Manifest] = []
+    for t in (deltas, snapshots):
+        for v in sorted(t):
+            if v > version:
+                out.extend(manifests_at(t, v))
+    follow: set[int | None] | None = None  # None: every epoch; None in the set: the highest
     v = version
-    while v >= 1:
-        snap = snapshots.get(v)
-        delta = deltas.get(v)
-        if snap is not None:
-            out.append(snap)
-        if delta is not None:
-            out.append(delta)
-        if (snap is not None and (delta is None or snap.epoch >= delta.epoch)) or delta is None:
+    while v >= 1 and follow != set():
+        ds, snaps = manifests_at(deltas, v), manifests_at(snapshots, v)
+        if not ds and not snaps:
             break
+        out.extend(snaps)
+        out.extend(ds)
+        epochs = {m.epoch for m in (*ds, *snaps)}
+        if follow is None:
+            wanted: set[int | None] = set(epochs)
+        else:
+            wanted = {e for e in follow if e is None or e in epochs}
+            if any(e is not None and e not in epochs for e in follow):
+                wanted = set(epochs)  # another replica holds it: its base is anyone's guess
+        nxt: set[int | None] | None = set()
+        for e in wanted:
+            m = _pick(deltas, snapshots, v, e)
+            if m is None or m.kind == "snapshot":
+                continue
+            assert nxt is not None
+            nxt.add(m.base_epoch)
+        follow = nxt
         v -= 1
     return out

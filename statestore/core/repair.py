@@ -59,7 +59,7 @@ def _mine(key: str, previous: Sequence[str], live: Collection[str], me: str) -> 
 class Holding:
     """One item this node holds and where the ring puts it.
 
-    ``item`` names it (``c:<chunk key>`` or ``m:<store>/<version>/<kind>``); ``key`` is what
+    ``item`` names it (``c:<chunk key>`` or ``m:<store>/<version>/<kind>/<epoch>``); ``key`` is what
     placement hashes (the chunk key, or the store path for a manifest); ``owners`` are its
     replicas at the current epoch, ``previous`` its replicas on the ring that still counted
     the down nodes.

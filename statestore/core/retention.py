@@ -9,40 +9,47 @@ When commits outran compaction and no snapshot lies close below the retention li
 written at the oldest kept version and becomes the floor. ``node/compaction.py`` writes the
 snapshots and sends the floor.
 
-A snapshot is usable for its version only when its epoch is at least that of the delta of the
-same version (:func:`statestore.core.manifest.resolve_chain`): a newer writer that re-committed
-the version made the older snapshot stale, and a floor on a stale snapshot would drop the
-versions the re-committed delta still needs.
+A snapshot is usable for its version only when it is the state the head's lineage has there
+(:func:`statestore.core.manifest.lineage`): a snapshot of another epoch is the state of a dead
+branch or a stale one (a newer writer re-committed the version), and a floor on it would drop
+the versions the head's chain still needs. Where the lineage cannot be followed (manifests
+without base epochs) the rule is the one before lineage: a snapshot is usable when its epoch is
+at least that of the delta of the same version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from statestore.core.errors import VersionNotFound
 from statestore.core.ids import StoreId
-from statestore.core.manifest import Manifest, resolve_chain
+from statestore.core.manifest import Candidates, Manifest, lineage, manifests_at, resolve_chain
 
 __all__ = ["Compaction", "plan_compaction", "retention_floor"]
 
 
 def retention_floor(
     head: int,
-    snapshots: Mapping[int, Manifest],
+    snapshots: Candidates,
     retain: int,
-    deltas: Mapping[int, Manifest] | None = None,
+    deltas: Candidates | None = None,
 ) -> int:
     """The lowest version to keep (0: keep all): the newest snapshot at or below the oldest
-    kept version (``head - retain + 1``) that is usable, i.e. not older in epoch than the
-    delta of its version in ``deltas``."""
+    kept version (``head - retain + 1``) that is usable: the head's lineage's state of its
+    version (or, off the lineage, not older in epoch than the delta of its version)."""
     oldest_kept = head - retain + 1
     deltas = deltas or {}
-    below = [
-        v
-        for v, s in snapshots.items()
-        if v <= oldest_kept and (v not in deltas or s.epoch >= deltas[v].epoch)
-    ]
+    line = lineage(deltas, snapshots)
+
+    def usable(v: int) -> bool:
+        snaps = manifests_at(snapshots, v)
+        if v in line:
+            return any(s.epoch == line[v] for s in snaps)
+        top = max((d.epoch for d in manifests_at(deltas, v)), default=-1)
+        return any(s.epoch >= top for s in snaps)
+
+    below = [v for v in snapshots if v <= oldest_kept and usable(v)]
     return max(below) if below else 0
 
 
@@ -63,8 +70,8 @@ class Compaction:
 def plan_compaction(
     store: StoreId,
     head: int,
-    deltas: Mapping[int, Manifest],
-    snapshots: Mapping[int, Manifest],
+    deltas: Candidates,
+    snapshots: Candidates,
     *,
     snapshot_every: int,
     retain: int,
@@ -75,8 +82,8 @@ def plan_compaction(
     Args:
         store: the store.
         head: its head version on this replica.
-        deltas: the delta manifests this replica holds, by version.
-        snapshots: the snapshot manifests it holds, by version.
+        deltas: the delta manifests this replica holds, by version (one, or every epoch's).
+        snapshots: the snapshot manifests it holds, by version (likewise).
         snapshot_every: the deltas a chain may hold above its snapshot.
         retain: how many versions to keep restorable (the last ``retain``).
         floor: the floor already applied here.
@@ -89,11 +96,11 @@ def plan_compaction(
     except VersionNotFound:
         return Compaction((), None)
     todo: list[Manifest] = []
-    snaps = dict(snapshots)
+    snaps: dict[int, Sequence[Manifest]] = {v: manifests_at(snapshots, v) for v in snapshots}
     if sum(1 for m in chain if m.kind == "delta") >= snapshot_every:
         top = chain[-1]
         todo.append(top)
-        snaps[top.version] = _as_snapshot(top)
+        snaps[top.version] = [*snaps.get(top.version, ()), _as_snapshot(top)]
     oldest_kept = head - retain + 1
     new_floor = retention_floor(head, snaps, retain, deltas)
     if oldest_kept > max(new_floor, floor, 1) + snapshot_every:
@@ -108,4 +115,6 @@ def plan_compaction(
 
 
 def _as_snapshot(m: Manifest) -> Manifest:
-    return Manifest(m.store, m.version, "snapshot", m.epoch, m.key_groups, (), m.positions)
+    return Manifest(
+        m.store, m.version, "snapshot", m.epoch, m.key_groups, (), m.positions, m.base_epoch
+    )

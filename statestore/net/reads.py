@@ -1,10 +1,10 @@
 """Reading store metadata and single keys: heads, versions, chains, point reads.
 
 A chain read asks the store's replicas for the manifests of a version, merges what they
-return (per version the highest epoch wins) and resolves it (a snapshot plus the deltas above
-it). Whole-state restores build on it in recovery.py; a point read walks the chain newest
-first and fetches only the chunks of its key's key group, failing over to the next holder on
-error, timeout or checksum mismatch.
+return (every epoch of a version is kept) and resolves it along the head's lineage (a snapshot
+plus the deltas above it, core/manifest.py). Whole-state restores build on it in recovery.py;
+a point read walks the chain newest first and fetches only the chunks of its key's key group,
+failing over to the next holder on error, timeout or checksum mismatch.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from statestore.core.errors import (
     StateStoreError,
     StoreNotFound,
     Unavailable,
+    VersionNotFound,
 )
 from statestore.core.ids import StoreId, chunk_key
-from statestore.core.manifest import ChunkRef, Head, Manifest, resolve_chain
+from statestore.core.manifest import ChunkRef, Head, Manifest, candidates, resolve_chain
 from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
@@ -216,24 +217,35 @@ async def read_versions(transport: Transport, view: RingView, store: StoreId) ->
 
 
 def _merge_chain(
-    store: StoreId, version: int, bodies: list[bytes], errors: list[BaseException]
+    view: RingView,
+    store: StoreId,
+    version: int,
+    bodies: list[bytes],
+    errors: list[BaseException],
 ) -> list[Manifest]:
+    # "Not found" takes a read quorum, as for heads: an isolated node's view names it the
+    # store's only replica, and its StoreNotFound ended a restore of a store with acknowledged
+    # versions (statestore-sim seed 263719285619475, docs/reliability.md); a version missing
+    # from fewer answers may be on the replicas that were silent. A chain that resolves is
+    # used as it comes (a restore from the last replica standing, tests/test_ring.py).
+    not_found = [e for e in errors if isinstance(e, NotFound)]
+    answered = len(bodies) + len(not_found)
     if not bodies:
+        _need(view, store, answered, errors)
         sem = first_semantic(errors)
         if sem is not None:
             raise sem
         raise NodeUnavailable(
             f"no replica of {store} answered: " + "; ".join(str(e) for e in errors)
         )
-    deltas: dict[int, Manifest] = {}
-    snaps: dict[int, Manifest] = {}
-    for body in bodies:
-        for m in decode_chain(body):
-            table = deltas if m.kind == "delta" else snaps
-            cur = table.get(m.version)
-            if cur is None or m.epoch > cur.epoch:
-                table[m.version] = m
-    return resolve_chain(store, version, deltas, snaps)
+    # every replica's manifests, one per (version, kind, epoch): the chain follows the head's
+    # lineage through them (core/manifest.py), not the highest epoch of each version
+    deltas, snaps = candidates(m for body in bodies for m in decode_chain(body))
+    try:
+        return resolve_chain(store, version, deltas, snaps)
+    except VersionNotFound:
+        _need(view, store, answered, errors)
+        raise
 
 
 async def read_chain(
@@ -243,7 +255,7 @@ async def read_chain(
     bodies, errors = await _ask_replicas(
         transport, view, store, f"/v1/stores/{store.path}/chain?version={version}"
     )
-    return _merge_chain(store, version, bodies, errors)
+    return _merge_chain(view, store, version, bodies, errors)
 
 
 async def read_chains(
@@ -261,7 +273,7 @@ async def read_chains(
         _unpack_list,
     )
     return [
-        _merge_chain(store, version, answers, errors)
+        _merge_chain(view, store, version, answers, errors)
         for (store, version), (answers, errors) in zip(wanted, per, strict=True)
     ]
 

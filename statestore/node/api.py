@@ -247,6 +247,11 @@ async def have(request: web.Request) -> web.Response:
         floors[store.path] = node.store.floor(store)
         v = _version(version) if isinstance(version, str) else version
         out_m.append(node.store.raw_manifest(store, v, kind) is not None)
+    out_e = []
+    for path, v, kind, epoch in body.epochs:
+        store = StoreId.parse(path)
+        floors[store.path] = node.store.floor(store)
+        out_e.append(node.store.raw_manifest(store, v, kind, epoch) is not None)
     for key in chunks:
         store, _, _ = parse_chunk_key(key)
         if store.path not in floors:
@@ -256,6 +261,7 @@ async def have(request: web.Request) -> web.Response:
             "id": node.id,
             "chunks": node.store.has_chunks(chunks),
             "manifests": out_m,
+            "epochs": out_e,
             "floors": {k: v for k, v in floors.items() if v},
         }
     )
@@ -280,6 +286,12 @@ async def put_manifest(request: web.Request) -> web.Response:
     for ref in m.chunks:
         chunk_key(store, version, ref.name)  # validates chunk names
     retain = _retain(request)
+    if request.query.get("copy") == "1":
+        # repair's copy of a manifest another replica holds, at whatever epoch: not a
+        # writer's commit, so not fenced (node/replica.py copy_manifest); ring nodes only
+        allow(request, "admin", store.query)
+        created = await node.write(node.store.copy_manifest, m)
+        return web.json_response({"stored": created}, status=201 if created else 200)
     created = await node.write(node.store.put_manifest, m)
     if retain is not None:
         await node.write(node.store.set_retain, store, retain)
@@ -305,7 +317,9 @@ async def get_manifest(request: web.Request) -> web.Response:
     store = _store(request)
     allow(request, "read", store.query)
     version = _version(request.match_info["version"])
-    raw = node.store.raw_manifest(store, version, request.match_info["kind"])
+    text = request.query.get("epoch")
+    epoch = parse_uint(text, "epoch", MAX_EPOCH) if text is not None else None
+    raw = node.store.raw_manifest(store, version, request.match_info["kind"], epoch)
     if raw is None:
         raise VersionNotFound(f"{store} version {version} has no manifest on this node")
     return web.Response(body=raw, content_type="application/msgpack")
@@ -437,6 +451,8 @@ async def commit(request: web.Request) -> web.Response:
     allow(request, "write", store.query)
     version = _version(request.query.get("version"))
     epoch = parse_uint(request.query.get("epoch", "0"), "epoch", MAX_EPOCH)
+    text = request.query.get("base_epoch")  # the restored version - 1's (core/manifest.py)
+    base_epoch = parse_uint(text, "base_epoch", MAX_EPOCH) if text is not None else None
     snapshot = request.query.get("snapshot", "0") in ("1", "true")
     retain = _retain(request)
     positions = decode_positions(request.headers.get(POSITIONS_HEADER, "{}"), POSITIONS_HEADER)
@@ -458,7 +474,7 @@ async def commit(request: web.Request) -> web.Response:
             )
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
     result = await coordinate_commit(
-        node, store, version, epoch, puts, deletes, positions, snapshot, retain
+        node, store, version, epoch, puts, deletes, positions, snapshot, retain, base_epoch
     )
     return web.json_response(result, status=201)
 

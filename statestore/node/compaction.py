@@ -34,6 +34,9 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
     """Write version ``top.version`` back as a snapshot; None if a newer writer fenced us."""
     chain, plan = await node.restorer.plan(view, top.store, top.version, "star")
     state = (await node.restorer.run(view, top.store, chain, plan)).state
+    # the snapshot is of the chain the ring resolved (its epoch and base say whose state it
+    # is: core/manifest.py, "Lineage"), which this replica's own manifests may not all show
+    top = chain[-1]
     chunks = await asyncio.to_thread(encode_chunks, state, [], groups=top.key_groups, kind="s")
     snap = Manifest(
         top.store,
@@ -43,6 +46,7 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
         top.key_groups,
         tuple(ChunkRef.of(c) for c in chunks),
         top.positions,
+        top.base_epoch,
     )
     try:
         await write_commit(node.transport, view, snap, chunks)

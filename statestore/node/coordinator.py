@@ -46,6 +46,7 @@ async def coordinate_commit(
     positions: Mapping[str, Any],
     snapshot: bool,
     retain: int | None = None,
+    base_epoch: int | None = None,
 ) -> dict[str, Any]:
     manifest, chunks = await asyncio.to_thread(
         build_commit,
@@ -59,6 +60,7 @@ async def coordinate_commit(
         key_groups=DEFAULT_KEY_GROUPS,
         chunk_size=DEFAULT_CHUNK_SIZE,
         max_chunk=node.config.max_chunk,
+        base_epoch=base_epoch,
     )
     stats = await write_commit(node.transport, node.view(), manifest, chunks, retain=retain)
     return {

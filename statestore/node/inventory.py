@@ -50,8 +50,8 @@ def local_detail(node: Node, store: StoreId) -> dict[str, Any]:
     """One store's manifests (JSON form) and the chunk keys of it held on this node."""
     head = node.store.head(store)
     deltas, snaps = node.store.manifests(store)
-    manifests = [manifest_to_json(m) for m in (*deltas.values(), *snaps.values())]
-    manifests.sort(key=lambda m: (m["version"], m["kind"]))
+    manifests = [manifest_to_json(m) for t in (deltas, snaps) for ms in t.values() for m in ms]
+    manifests.sort(key=lambda m: (m["version"], m["kind"], -m["epoch"]))
     prefix = f"c:{store.path}/".encode()
     chunks = [k[2:].decode() for k in node.store.backend.scan_keys(prefix)]
     return {

@@ -25,7 +25,9 @@ __all__ = ["repair_loop", "repair_pass"]
 
 log = logging.getLogger(__name__)
 BATCH = 1000
-# An item is "c:<chunk key>" or "m:<store path>/<version>/<kind>" (core/repair.Holding).
+# An item is "c:<chunk key>" or "m:<store path>/<version>/<kind>/<epoch>" (core/repair.Holding):
+# every epoch of a version a replica keeps is an item of its own, so a manifest that a higher
+# epoch replaced here is copied to the owners that lack it too (core/manifest.py, "Lineage").
 
 
 async def _push(node: Node, address: str, item: str) -> bool:
@@ -37,20 +39,20 @@ async def _push(node: Node, address: str, item: str) -> bool:
                 return False
             await node.transport.request("PUT", address, f"/v1/chunks/{key}", body=data)
         else:
-            path, version, mkind = key.rsplit("/", 2)
-            raw = node.store.raw_manifest(StoreId.parse(path), int(version), mkind)
+            path, version, mkind, epoch = key.rsplit("/", 3)
+            raw = node.store.raw_manifest(StoreId.parse(path), int(version), mkind, int(epoch))
             if raw is None:
                 return False
-            try:
+            try:  # a copy, kept at any epoch (a node that predates copies fences it)
                 await node.transport.request(
                     "PUT",
                     address,
-                    f"/v1/manifests/{key}",
+                    f"/v1/manifests/{path}/{version}/{mkind}?copy=1",
                     body=raw,
                     headers={"Content-Type": "application/msgpack"},
                 )
             except (StaleEpoch, VersionConflict):
-                pass  # the target holds a newer manifest: ours is obsolete, which is fine
+                pass  # an older target holds a newer manifest and refused ours: fine there
     except CorruptChunk:
         node.store.delete_chunks([key])  # our copy rotted: drop it, a replica will push back
         return False
@@ -81,9 +83,9 @@ async def repair_pass(
     for key in node.store.chunk_keys():
         owners = tuple(view.replicas_of(key))
         holdings.append(Holding(f"c:{key}", key, owners, previous(key)))
-    for store, version, kind in node.store.manifest_keys():
+    for store, version, kind, epoch in node.store.manifest_items():
         owners = tuple(view.store_replicas(store))
-        item = f"m:{store.path}/{version}/{kind}"
+        item = f"m:{store.path}/{version}/{kind}/{epoch}"
         holdings.append(Holding(item, store.path, owners, previous(store.path)))
     want: dict[str, list[str]] = defaultdict(list)
     for h in holdings:
@@ -94,9 +96,12 @@ async def repair_pass(
     for address, items in want.items():
         for i in range(0, len(items), BATCH):
             batch = items[i : i + BATCH]
+            exact = [it[2:].rsplit("/", 3) for it in batch if it[0] == "m"]
             body = {
                 "chunks": [it[2:] for it in batch if it[0] == "c"],
-                "manifests": [it[2:].rsplit("/", 2) for it in batch if it[0] == "m"],
+                # by version and kind for nodes that predate epochs, and by epoch too
+                "manifests": [[p, v, k] for p, v, k, _ in exact],
+                "epochs": [[p, int(v), k, int(e)] for p, v, k, e in exact],
             }
             try:
                 resp = await node.transport.request(
@@ -109,7 +114,7 @@ async def repair_pass(
                 store = StoreId.parse(path)
                 if int(floor) > node.store.floor(store):  # a GC we missed while down
                     await node.write(node.store.apply_floor, store, int(floor))
-            flags = iter(answer["chunks"]), iter(answer["manifests"])
+            flags = iter(answer["chunks"]), iter(answer.get("epochs", answer["manifests"]))
             for it in batch:
                 answers[(address, it)] = bool(next(flags[0] if it[0] == "c" else flags[1]))
     decision = decide(me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned)
@@ -133,8 +138,10 @@ async def repair_pass(
         if item[0] == "c":
             await node.write(node.store.delete_chunks, [item[2:]])
         else:
-            path, ver, kind = item[2:].rsplit("/", 2)
-            await node.write(node.store.delete_manifest, StoreId.parse(path), int(ver), kind)
+            path, ver, kind, held = item[2:].rsplit("/", 3)
+            await node.write(
+                node.store.delete_manifest, StoreId.parse(path), int(ver), kind, int(held)
+            )
         node.stats["handed_off"] += 1
     return decision.outstanding
 

@@ -3,7 +3,12 @@ byte backend (node/backends.py), with the replica rules: fencing by epoch, idemp
 re-commits, checksums verified on read.
 
 Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, re-verified on read)
-       ``m:<store>/<version, 20 digits>/<kind>``  manifest (msgpack, wire/manifest.py)
+       ``m:<store>/<version, 20 digits>/<kind>``  manifest (msgpack, wire/manifest.py): the
+                                             highest epoch held of that version and kind
+       ``o:<store>/<version>/<kind>/<epoch, 20 digits>``  a manifest of a lower epoch that a
+                                             higher one replaced: kept, never destroyed, until
+                                             retention drops the version (core/manifest.py,
+                                             "Lineage": a later version may be built on it)
        ``h:<store>``                         head, msgpack ``[epoch, version]`` (wire/head.py)
        ``f:<store>``                         retention floor: versions below it are gone
        ``r:<store>``                         versions to retain, set by the writer (else --retain)
@@ -20,13 +25,22 @@ from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
-from statestore.wire.manifest import decode_manifest, encode_manifest
+from statestore.wire.manifest import decode_manifest, encode_manifest, manifest_epoch
 
 __all__ = ["NodeStore"]
 
 
 def _mkey(store: StoreId, version: int, kind: str) -> bytes:
     return f"m:{store.path}/{version:020d}/{kind}".encode()
+
+
+def _okey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
+    return f"o:{store.path}/{version:020d}/{kind}/{epoch:020d}".encode()
+
+
+def _version_of(key: bytes) -> int:
+    """The version in an ``m:`` or ``o:`` key (the store path holds exactly three slashes)."""
+    return int(key.decode().split("/")[4])
 
 
 class NodeStore:
@@ -66,6 +80,10 @@ class NodeStore:
     def put_manifest(self, m: Manifest) -> bool:
         """Store ``m`` unless fenced. Returns False when it was already there (idempotent).
 
+        A manifest of the same version and kind at a lower epoch is not destroyed: it moves to
+        a side key (``o:``) and stays part of the store's manifests, since a later version may
+        have been built on it (core/manifest.py, "Lineage").
+
         Raises StaleEpoch if the store's head has a higher epoch, or a manifest of the same
         version has one; VersionConflict if the same version and epoch carry other content.
         """
@@ -91,21 +109,57 @@ class NodeStore:
                     f"epoch {m.epoch}: commit a new version, or take a higher epoch to replace it"
                 )
         puts = {_mkey(m.store, m.version, m.kind): encode_manifest(m)}
+        if raw_old is not None:
+            puts[_okey(m.store, m.version, m.kind, old.epoch)] = raw_old
         if head is None or (m.epoch, m.version) > head.key():
             puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
         self.backend.write(puts)
         return True
 
-    def get_manifest(self, store: StoreId, version: int, kind: str) -> Manifest | None:
-        raw = self.backend.get(_mkey(store, version, kind))
+    def copy_manifest(self, m: Manifest) -> bool:
+        """Keep a copy of ``m`` that another replica holds (repair), whatever its epoch: not a
+        writer's commit, so not fenced. The highest epoch of a version and kind is the main
+        key, the others side keys. Returns False when this epoch was already held."""
+        if self.get_manifest(m.store, m.version, m.kind, m.epoch) is not None:
+            return False
+        raw_main = self.backend.get(_mkey(m.store, m.version, m.kind))
+        main = decode_manifest(raw_main) if raw_main is not None else None
+        raw = encode_manifest(m)
+        puts: dict[bytes, bytes] = {}
+        if main is None or main.epoch < m.epoch:
+            puts[_mkey(m.store, m.version, m.kind)] = raw
+            if main is not None and raw_main is not None:
+                puts[_okey(m.store, m.version, m.kind, main.epoch)] = raw_main
+        else:
+            puts[_okey(m.store, m.version, m.kind, m.epoch)] = raw
+        head = self.head(m.store)
+        if head is None or (m.epoch, m.version) > head.key():
+            puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
+        self.backend.write(puts)
+        return True
+
+    def get_manifest(
+        self, store: StoreId, version: int, kind: str, epoch: int | None = None
+    ) -> Manifest | None:
+        """The manifest of ``version`` and ``kind``: the highest epoch held, or the one of
+        ``epoch`` (main or side key)."""
+        raw = self.raw_manifest(store, version, kind, epoch)
         return decode_manifest(raw) if raw is not None else None
 
-    def manifests(self, store: StoreId) -> tuple[dict[int, Manifest], dict[int, Manifest]]:
-        deltas: dict[int, Manifest] = {}
-        snaps: dict[int, Manifest] = {}
-        for _, raw in self.backend.scan(f"m:{store.path}/".encode()):
-            m = decode_manifest(raw)
-            (deltas if m.kind == "delta" else snaps)[m.version] = m
+    def manifests(
+        self, store: StoreId
+    ) -> tuple[dict[int, list[Manifest]], dict[int, list[Manifest]]]:
+        """Every manifest held of ``store``, deltas and snapshots by version: each version's
+        highest epoch first, then the ones it replaced (side keys), highest first."""
+        deltas: dict[int, list[Manifest]] = {}
+        snaps: dict[int, list[Manifest]] = {}
+        for prefix in ("m", "o"):
+            for _, raw in self.backend.scan(f"{prefix}:{store.path}/".encode()):
+                m = decode_manifest(raw)
+                (deltas if m.kind == "delta" else snaps).setdefault(m.version, []).append(m)
+        for table in (deltas, snaps):
+            for ms in table.values():
+                ms[1:] = sorted(ms[1:], key=lambda m: -m.epoch)
         return deltas, snaps
 
     def versions(self, store: StoreId) -> list[int]:
@@ -130,8 +184,26 @@ class NodeStore:
             out.append((StoreId.parse(path), int(version), kind))
         return out
 
-    def raw_manifest(self, store: StoreId, version: int, kind: str) -> bytes | None:
-        return self.backend.get(_mkey(store, version, kind))
+    def manifest_items(self) -> list[tuple[StoreId, int, str, int]]:
+        """(store, version, kind, epoch) of every manifest held, replaced ones included."""
+        out = []
+        for k, raw in self.backend.scan(b"m:"):
+            path, version, kind = k[2:].decode().rsplit("/", 2)
+            out.append((StoreId.parse(path), int(version), kind, manifest_epoch(raw)))
+        for k in self.backend.scan_keys(b"o:"):
+            path, version, kind, epoch = k[2:].decode().rsplit("/", 3)
+            out.append((StoreId.parse(path), int(version), kind, int(epoch)))
+        return out
+
+    def raw_manifest(
+        self, store: StoreId, version: int, kind: str, epoch: int | None = None
+    ) -> bytes | None:
+        """The stored bytes of a manifest: the highest epoch of ``version`` and ``kind``, or
+        the one of ``epoch``."""
+        raw = self.backend.get(_mkey(store, version, kind))
+        if epoch is None or raw is None or manifest_epoch(raw) == epoch:
+            return raw
+        return self.backend.get(_okey(store, version, kind, epoch))
 
     # -- retention -----------------------------------------------------------------------
     def retain(self, store: StoreId) -> int | None:
@@ -152,9 +224,10 @@ class NodeStore:
         if floor <= self.floor(store):
             floor = self.floor(store)
         drop: list[bytes] = []
-        for k in self.backend.scan_keys(f"m:{store.path}/".encode()):
-            if int(k.decode().rsplit("/", 2)[1]) < floor:
-                drop.append(k)
+        for prefix in ("m", "o"):
+            for k in self.backend.scan_keys(f"{prefix}:{store.path}/".encode()):
+                if _version_of(k) < floor:
+                    drop.append(k)
         for k in self.backend.scan_keys(f"c:{store.path}/".encode()):
             if int(k.decode().rsplit("/", 2)[1]) < floor:
                 drop.append(k)
@@ -168,19 +241,42 @@ class NodeStore:
             self.delete_chunks([key])
             raise
 
-    def delete_manifest(self, store: StoreId, version: int, kind: str) -> None:
-        """Drop one manifest (handed off to its owners); the head goes with the last one."""
-        deletes = [_mkey(store, version, kind)]
-        left = [k for k in self.backend.scan_keys(f"m:{store.path}/".encode()) if k != deletes[0]]
+    def delete_manifest(
+        self, store: StoreId, version: int, kind: str, epoch: int | None = None
+    ) -> None:
+        """Drop one manifest (handed off to its owners): the highest epoch of ``version`` and
+        ``kind``, or the one of ``epoch``; a replaced one takes the main key when the main one
+        goes. The head goes with the last manifest."""
+        main = _mkey(store, version, kind)
+        raw = self.backend.get(main)
+        puts: dict[bytes, bytes] = {}
+        if raw is not None and (epoch is None or manifest_epoch(raw) == epoch):
+            side = self.backend.scan_keys(f"o:{store.path}/{version:020d}/{kind}/".encode())
+            if side:
+                top = max(side)  # the epoch is zero-padded: the highest sorts last
+                puts[main] = self.backend.get(top) or b""
+                deletes = [top]
+            else:
+                deletes = [main]
+        elif epoch is not None:
+            deletes = [_okey(store, version, kind, epoch)]
+        else:
+            return
+        left = [
+            k
+            for prefix in ("m", "o")
+            for k in self.backend.scan_keys(f"{prefix}:{store.path}/".encode())
+            if k not in deletes
+        ]
         if not left:
             deletes.append(b"h:" + store.path.encode())
-        self.backend.write({}, deletes)
+        self.backend.write(puts, deletes)
 
     # -- whole queries (drop) ------------------------------------------------------------
     def query_keys(self, query: str) -> dict[str, list[bytes]]:
-        """Every key of ``query``'s stores, by kind: chunks, manifests, heads, floors,
-        retention. A store path starts with its query and a ``/``, so a prefix scan finds
-        exactly its keys."""
+        """Every key of ``query``'s stores, by kind: chunks, manifests (replaced ones too),
+        heads, floors, retention. A store path starts with its query and a ``/``, so a prefix
+        scan finds exactly its keys."""
         return {
             kind: self.backend.scan_keys(f"{prefix}:{query}/".encode())
             for kind, prefix in (
@@ -190,6 +286,11 @@ class NodeStore:
                 ("floors", "f"),
                 ("retention", "r"),
             )
+        } | {  # with the manifests that a higher epoch replaced
+            "manifests": [
+                *self.backend.scan_keys(f"m:{query}/".encode()),
+                *self.backend.scan_keys(f"o:{query}/".encode()),
+            ]
         }
 
     def purge_query(self, query: str, tombstone: bytes) -> dict[str, int]:

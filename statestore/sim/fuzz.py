@@ -34,7 +34,7 @@ import zstandard
 from statestore.core.address import parse_address
 from statestore.core.chunk import decode_chunk, encode_chunks
 from statestore.core.errors import StateStoreError
-from statestore.core.ids import StoreId, chunk_key, parse_chunk_key, parse_uint
+from statestore.core.ids import MAX_EPOCH, StoreId, chunk_key, parse_chunk_key, parse_uint
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.membership import Membership
 from statestore.core.plan import ChunkTask, Hop
@@ -85,6 +85,7 @@ def _manifest(rng: random.Random) -> Manifest:
         groups,
         tuple(ChunkRef.of(c) for c in chunks),
         positions,
+        rng.choice((None, rng.randrange(0, 5))),
     )
 
 
@@ -153,6 +154,10 @@ def _check_manifest(m: Manifest) -> None:
     json.dumps(dict(m.positions), allow_nan=False)  # answered as a JSON header by restores
     for c in m.chunks:
         parse_chunk_key(chunk_key(m.store, m.version, c.name))  # a key chunks can have
+
+
+def _check_epoch(epoch: int) -> None:
+    assert type(epoch) is int and 0 <= epoch <= MAX_EPOCH, epoch
 
 
 def _check_folded(triples: list[tuple[Any, Any, Any]]) -> None:
@@ -321,6 +326,12 @@ TARGETS: dict[str, Target] = {
         encode=_pack,
         decode=manifest.decode_manifest,
         check=_check_manifest,
+    ),
+    "manifest-epoch": Target(
+        valid=lambda rng: manifest._to_obj(_manifest(rng)),
+        encode=_pack,
+        decode=manifest.manifest_epoch,
+        check=_check_epoch,
     ),
     "chain": Target(
         valid=lambda rng: [manifest._to_obj(_manifest(rng)) for _ in range(rng.randrange(0, 4))],

@@ -12,8 +12,13 @@ promises:
     must return exactly the acknowledged state; at the end of a run (everything healed and
     repaired, so a quorum of every replica set is up) every acknowledged version within the
     retention window must restore. An ack is *superseded*, and so exempt, once a writer with a
-    higher epoch acknowledged a version at or below it: that writer took over from an older
-    head and rewrote history from there, which is what fencing allows.
+    higher epoch acknowledged a version whose lineage does not hold it: a version at or below
+    it (that writer took over from an older head and rewrote history from there, which is
+    what fencing allows), or a later version built on another epoch's commit of its version
+    (a writer that took over from a refused commit's manifest). A commit's lineage is the
+    commit, then the commit of version - 1 at its base epoch (what the writer restored or
+    last committed), and so on down; restoring a version returns the state on the head's
+    lineage (core/manifest.py, "Lineage"), so the two rules agree.
 ``head-went-back``
     A store's head never goes back: a read that began after an ack of (epoch, version)
     returns a head at least as high (heads order by epoch, then version); StoreNotFound
@@ -60,12 +65,14 @@ class CommitOp:
     end: int
     outcome: str  # "ack" | "refused" | "failed"
     error: str = ""
+    base_epoch: int | None = None  # the epoch of version - 1 the writer built on (None: v1)
 
     def line(self) -> str:
         tail = f" ({self.error})" if self.error else ""
         return (
             f"[{self.start}-{self.end}] commit {self.writer} {self.store} v{self.version} "
-            f"e{self.epoch} {self.delta} -> {self.outcome}{tail}"
+            f"e{self.epoch}{'' if self.base_epoch is None else f'/b{self.base_epoch}'} "
+            f"{self.delta} -> {self.outcome}{tail}"
         )
 
 
@@ -127,21 +134,40 @@ class History:
         return [c for c in self.commits if c.outcome == "ack"]
 
 
-def _superseded(c: CommitOp, acks: list[CommitOp], before: int | None = None) -> bool:
-    """A higher epoch acknowledged a version at or below ``c`` (if ``before``: began before
-    that logical time)."""
-    return any(
-        d.store == c.store
-        and d.epoch > c.epoch
-        and d.version <= c.version
-        and (before is None or d.start < before)
-        for d in acks
-    )
+def _lineage(c: CommitOp, attempts: Mapping[tuple[str, int, int], CommitOp]) -> dict[int, int]:
+    """version -> epoch along ``c``'s line of descent, as far as the history says."""
+    out = {c.version: c.epoch}
+    cur: CommitOp | None = c
+    while cur is not None and cur.base_epoch is not None and cur.version > 1:
+        out[cur.version - 1] = cur.base_epoch
+        cur = attempts.get((cur.store, cur.version - 1, cur.base_epoch))
+    return out
+
+
+def _superseded(
+    c: CommitOp,
+    acks: list[CommitOp],
+    attempts: Mapping[tuple[str, int, int], CommitOp],
+    before: int | None = None,
+) -> bool:
+    """A higher epoch acknowledged a version whose lineage does not hold ``c``: a version at
+    or below ``c``, or a later one built on another epoch's ``c.version`` (if ``before``:
+    began before that logical time)."""
+    for d in acks:
+        if d.store != c.store or d.epoch <= c.epoch or (before is not None and d.start >= before):
+            continue
+        if d.version <= c.version:
+            return True
+        line = _lineage(d, attempts)
+        if c.version in line and line[c.version] != c.epoch:
+            return True
+    return False
 
 
 def check(history: History) -> list[Violation]:
     """Every broken promise of the run, in a stable order (empty: the run was correct)."""
     acks = history.acked()
+    attempts = {(c.store, c.version, c.epoch): c for c in history.commits}
     out: list[Violation] = []
     by_version: dict[tuple[str, int], list[CommitOp]] = defaultdict(list)
     for c in acks:
@@ -200,7 +226,7 @@ def check(history: History) -> list[Violation]:
         if not known:
             continue
         want = max(known, key=lambda k: k.epoch)
-        if _superseded(want, acks, before=r.end):
+        if _superseded(want, acks, attempts, before=r.end):
             continue
         if r.error:
             if r.final:

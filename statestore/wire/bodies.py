@@ -16,7 +16,7 @@ import msgspec
 from msgspec import Meta
 
 from statestore.core.errors import InvalidRequest, MalformedData
-from statestore.core.ids import MAX_VERSION
+from statestore.core.ids import MAX_EPOCH, MAX_VERSION
 
 __all__ = [
     "MAX_BATCH_KEYS",
@@ -51,6 +51,7 @@ MAX_HEARTBEAT = 2**53 - 1
 T = TypeVar("T")
 Str = Annotated[str, Meta(max_length=1000)]
 Version = Annotated[int, Meta(ge=1, le=MAX_VERSION)]
+Epoch = Annotated[int, Meta(ge=0, le=MAX_EPOCH)]
 
 
 class GossipMember(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -78,6 +79,9 @@ class HaveRequest(msgspec.Struct, frozen=True):
     chunks: Annotated[list[Str], Meta(max_length=MAX_HAVE_ITEMS)] = []
     # a version as an integer, or in ASCII digits as repair's item names carry it
     manifests: Annotated[list[tuple[Str, Version | Str, Str]], Meta(max_length=MAX_HAVE_ITEMS)] = []
+    # (store, version, kind, epoch): held at that very epoch, replaced by a higher one or not
+    # (core/manifest.py, "Lineage"); nodes that predate it ignore the field and answer none
+    epochs: Annotated[list[tuple[Str, Version, Str, Epoch]], Meta(max_length=MAX_HAVE_ITEMS)] = []
 
 
 class KeysRequest(msgspec.Struct, frozen=True):

@@ -2,7 +2,9 @@
 on decode (a manifest that does not decode is MalformedData, never a crash).
 
 The encoding is part of the on-disk format (nodes store the encoded manifest): it must stay
-byte for byte what schema 1 wrote.
+byte for byte what schema 1 wrote. ``base_epoch`` (core/manifest.py, "Lineage") came later, as
+an optional last key written only when set: a manifest without one encodes exactly as before,
+and readers that predate it (older nodes and clients, the Java ``ManifestCodec``) ignore it.
 """
 
 from __future__ import annotations
@@ -17,13 +19,20 @@ from statestore.core.errors import InvalidStoreId, MalformedData
 from statestore.core.ids import MAX_EPOCH, StoreId, check_version, chunk_key, parse_chunk_key
 from statestore.core.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
 
-__all__ = ["SCHEMA", "decode_chain", "decode_manifest", "encode_chain", "encode_manifest"]
+__all__ = [
+    "SCHEMA",
+    "decode_chain",
+    "decode_manifest",
+    "encode_chain",
+    "encode_manifest",
+    "manifest_epoch",
+]
 
 SCHEMA = 1
 
 
 def _to_obj(m: Manifest) -> dict[str, Any]:
-    return {
+    obj = {
         "schema": SCHEMA,
         "store": m.store.path,
         "version": m.version,
@@ -33,6 +42,9 @@ def _to_obj(m: Manifest) -> dict[str, Any]:
         "chunks": [[c.name, c.lo, c.hi, c.size, c.raw_size, c.rows, c.checksum] for c in m.chunks],
         "positions": dict(m.positions),
     }
+    if m.base_epoch is not None:
+        obj["base_epoch"] = m.base_epoch
+    return obj
 
 
 def _from_obj(obj: Any) -> Manifest:
@@ -53,6 +65,11 @@ def _from_obj(obj: Any) -> Manifest:
             raise MalformedData(f"manifest epoch {epoch!r:.40} is not in 0..{MAX_EPOCH}")
         if type(groups) is not int or not 1 <= groups <= 65536:
             raise MalformedData(f"manifest key_groups {groups!r} is not in 1..65536")
+        base_epoch = obj.get("base_epoch")
+        if base_epoch is not None and (
+            type(base_epoch) is not int or not 0 <= base_epoch <= MAX_EPOCH
+        ):
+            raise MalformedData(f"manifest base_epoch {base_epoch!r:.40} is not in 0..{MAX_EPOCH}")
         positions = obj.get("positions", {})
         if not isinstance(positions, dict):
             raise MalformedData("manifest positions must be a map")
@@ -84,6 +101,7 @@ def _from_obj(obj: Any) -> Manifest:
             groups,
             tuple(chunks),
             positions,
+            base_epoch,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise MalformedData(f"manifest is malformed ({exc!r})") from exc
@@ -129,3 +147,21 @@ def decode_chain(data: bytes) -> list[Manifest]:
     if not isinstance(objs, list):
         raise MalformedData("chain is not a list of manifests")
     return [_from_obj(o) for o in objs]
+
+
+def manifest_epoch(data: bytes) -> int:
+    """The epoch of an encoded manifest, read without decoding its chunks (the key comes
+    before them): repair names every manifest a node holds by its epoch on each pass."""
+    try:
+        u = msgpack.Unpacker(raw=False)
+        u.feed(data)
+        for _ in range(u.read_map_header()):
+            if u.unpack() == "epoch":
+                epoch = u.unpack()
+                if type(epoch) is int and 0 <= epoch <= MAX_EPOCH:
+                    return epoch
+                break
+            u.skip()
+    except Exception as exc:
+        raise MalformedData(f"manifest is not valid msgpack ({exc})") from exc
+    return decode_manifest(data).epoch  # no usable epoch key: the full check says why
