@@ -45,11 +45,16 @@ class NodeConfig:
     header_timeout: float = 15.0  # seconds a connection may take to send its request headers
     body_timeout: float = 60.0  # seconds a request body may stall between two pieces
     min_free_bytes: int = 64 * 1024 * 1024  # below this the node turns read-only
+    # elastic ring (docs/operations.md, Join and decommission)
+    join: bool = False  # enter as joining: stream what we will own, then switch to normal
+    stream_mbps: float = 50.0  # MB/s a hand-over (join or leave) may move, per node
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
         if self.snapshot_every < 1 or self.retain_versions < 1:
             raise ValueError("snapshot_every and retain_versions must be at least 1")
+        if not self.stream_mbps > 0:
+            raise ValueError("--stream-mbps must be a positive number of MB/s")
         if self.auth_file and self.seeds and not self.cluster_secret_file:
             raise ValueError(
                 "--auth-file on a ring of several nodes needs --cluster-secret-file too (the "

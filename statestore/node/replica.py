@@ -178,8 +178,9 @@ class NodeStore:
 
     # -- whole queries (drop) ------------------------------------------------------------
     def query_keys(self, query: str) -> dict[str, list[bytes]]:
-        """Every key of ``query``'s stores, by kind: chunks, manifests, heads, floors, retention. A store
-        path starts with its query and a ``/``, so a prefix scan finds exactly its keys."""
+        """Every key of ``query``'s stores, by kind: chunks, manifests, heads, floors,
+        retention. A store path starts with its query and a ``/``, so a prefix scan finds
+        exactly its keys."""
         return {
             kind: self.backend.scan_keys(f"{prefix}:{query}/".encode())
             for kind, prefix in (
