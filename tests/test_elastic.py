@@ -148,6 +148,30 @@ def check_restores(
         assert dict(client.restore(sid, versions)) == state
 
 
+def under_load(
+    ring: LocalRing, client: RingClient, stores: list[StoreId], seed: int, seeds: list[str]
+) -> tuple[dict[StoreId, Ref], Writer, Copies]:
+    """Load six versions of each store, then start the writer (through ``seeds``) and the
+    copy counter (over every chunk and manifest of the loaded versions)."""
+    states = load(client, stores, 6, seed=seed)
+    keys, manifests = sample(client, stores, 6)
+    writer = Writer(seeds, states, 7)
+    copies = Copies(ring, keys, manifests)
+    writer.start()
+    copies.start()
+    time.sleep(1.0)
+    return states, writer, copies
+
+
+def stop_load(writer: Writer, copies: Copies) -> None:
+    """Stop both; no commit failed, no sampled item was seen below R copies."""
+    writer.stop()
+    copies.stop()
+    assert not writer.failures, writer.failures[:5]
+    assert copies.rounds > 3
+    assert not copies.below(R), copies.below(R)[:5]
+
+
 def wait_state(node: NodeProcess, state: str, timeout: float = 60.0) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     answer: object = None
@@ -178,13 +202,8 @@ def test_a_node_joins_a_loaded_ring_under_a_writer(tmp_path: Path) -> None:
     stores = [StoreId("join", 0, p) for p in range(3)]
     try:
         with RingClient(ring.seeds, chunk_size=4096) as client:
-            states = load(client, stores, 6, seed=1)
-            keys, manifests = sample(client, stores, 6)
-            writer = Writer(ring.seeds, states, 7)
-            copies = Copies(ring, keys, manifests)
-            writer.start()
-            copies.start()
-            time.sleep(1.0)
+            states, writer, copies = under_load(ring, client, stores, 1, ring.seeds)
+            keys, manifests = copies.keys, copies.manifests
             newcomer = ring.add_node(["--join", "--stream-mbps", "2"])
             seen = http_json(newcomer.address, "/v1/handover")
             assert seen["state"] in ("joining", "normal")  # type: ignore[index]
@@ -218,11 +237,7 @@ def test_a_node_joins_a_loaded_ring_under_a_writer(tmp_path: Path) -> None:
             held = post(newcomer.address, "/v1/sync/have", {"chunks": mine, "manifests": owned})
             assert mine and all(held["chunks"]) and all(held["manifests"])  # type: ignore[index]
             time.sleep(1.5)  # commits after the switch, on the new ring
-            writer.stop()
-            copies.stop()
-            assert not writer.failures, writer.failures[:5]
-            assert copies.rounds > 3
-            assert not copies.below(R), copies.below(R)[:5]
+            stop_load(writer, copies)
             ring.wait_ring(4)
             check_restores(client, writer, states, 6)
             # after the switch the old owners drop what the newcomer now owns
@@ -236,13 +251,7 @@ def test_decommission_one_of_four_under_a_writer(tmp_path: Path) -> None:
     stores = [StoreId("leave", 0, p) for p in range(3)]
     try:
         with RingClient(ring.seeds, chunk_size=4096) as client:
-            states = load(client, stores, 6, seed=2)
-            keys, manifests = sample(client, stores, 6)
-            writer = Writer(ring.seeds[:2], states, 7)
-            copies = Copies(ring, keys, manifests)
-            writer.start()
-            copies.start()
-            time.sleep(1.0)
+            states, writer, copies = under_load(ring, client, stores, 2, ring.seeds[:2])
             leaving = ring.procs[3]
             cmd = [sys.executable, "-m", "statestore", "decommission", "--seeds", ring.seeds[0]]
             done = subprocess.run(
@@ -254,8 +263,7 @@ def test_decommission_one_of_four_under_a_writer(tmp_path: Path) -> None:
             assert done.returncode == 0, done.stderr
             assert "left the ring" in done.stderr
             time.sleep(1.0)
-            writer.stop()
-            copies.stop()
+            stop_load(writer, copies)
             # the node has left: its own copies no longer count
             remaining = [p.address for p in ring.procs[:3]]
             counts = copies.count(remaining)
@@ -263,8 +271,6 @@ def test_decommission_one_of_four_under_a_writer(tmp_path: Path) -> None:
             short = {i: n for i, n in counts.items() if n < R}
             assert not short, list(short.items())[:5]
             leaving.stop()
-            assert not writer.failures, writer.failures[:5]
-            assert not copies.below(R), copies.below(R)[:5]
             ring.wait_ring(3)
             view = ring.ring(ring.seeds[0])
             assert {m["id"]: m["state"] for m in view["members"]}[leaving.id] == "left"
