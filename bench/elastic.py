@@ -76,6 +76,27 @@ def wait_move(address: str, state: str, timeout: float) -> dict[str, object]:
     raise TimeoutError(f"{address} did not become {state}")
 
 
+def settle(addresses: list[str], stores: list[StoreId], r: int, timeout: float = 300) -> float:
+    """Wait until the loaded stores' chunks are held exactly ``r`` times on the ring (old owners
+    dropped what a join handed over); returns the seconds it took."""
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        held: dict[str, int] = {}
+        for a in addresses:
+            for sid in stores:
+                try:
+                    detail = http_json(a, f"/v1/inventory/{sid.path}")
+                except OSError:
+                    continue
+                assert isinstance(detail, dict)
+                for key in detail.get("chunks", []):
+                    held[key] = held.get(key, 0) + 1
+        if held and set(held.values()) == {r}:
+            break
+        time.sleep(1.0)
+    return time.monotonic() - t
+
+
 def leave(address: str) -> None:
     req = urllib.request.Request(f"http://{address}/v1/handover/leave", data=b"{}", method="POST")
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -108,7 +129,8 @@ def main() -> int:
         newcomer = ring.add_node(["--join", *budget])
         joined = wait_move(newcomer.address, "normal", 1800)
         t1 = time.monotonic()
-        time.sleep(2.0)
+        stores = [StoreId("load", 0, i) for i in range(16)]
+        settled = settle(ring.seeds, stores, r)
         t2 = time.monotonic()
         leaving = ring.procs[1]
         leave(leaving.address)
@@ -161,7 +183,8 @@ def main() -> int:
     print(
         f"foreground: {len(fg.commits)} commits, {len(fg.restores)} restores, "
         f"{len(fg.failures)} failures {fg.failures[:3]}; commit p50 before "
-        f"{median(before_c) * 1e3:.0f} ms"
+        f"{median(before_c) * 1e3:.0f} ms; after the join the old owners were down to R "
+        f"copies {settled:.1f} s later"
     )
     return 1 if fg.failures else 0
 

@@ -77,6 +77,16 @@ async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
         await asyncio.sleep(wait)
 
 
+async def _pause(node: Node, move: MoveStatus, result: RoundResult) -> None:
+    """Between rounds: none after a round that copied everything it tried (the next one
+    verifies at once); a repair interval when something failed, did not answer, or does not
+    route by the new state yet (gossip and failure detection need the time)."""
+    if move.handover.phase is Phase.STREAMING and (
+        result.failed or result.unanswered or result.unseen
+    ):
+        await asyncio.sleep(node.config.repair_interval)
+
+
 def _peers(node: Node) -> list[tuple[str, str]]:
     """``(id, address)`` of every live member but us that has not left."""
     view = node.view()
@@ -243,8 +253,7 @@ async def join_loop(node: Node) -> None:
         result = await join_round(node, move)
         move.handover = move.handover.after_round(result)
         log.info("join round %d: %s", move.handover.rounds, result)
-        if move.handover.phase is Phase.STREAMING:
-            await asyncio.sleep(node.config.repair_interval)
+        await _pause(node, move, result)
     if node.membership.state is NodeState.JOINING:
         node.set_state(NodeState.NORMAL)
     move.handover = move.handover.switch()
@@ -339,8 +348,7 @@ async def leave(node: Node) -> None:
         result = await leave_round(node, move, NodeState.LEAVING)
         move.handover = move.handover.after_round(result)
         log.info("leave round %d: %s", move.handover.rounds, result)
-        if move.handover.phase is Phase.STREAMING:
-            await asyncio.sleep(node.config.repair_interval)
+        await _pause(node, move, result)
     node.set_state(NodeState.LEFT)
     # A writer whose view was older than our ``left`` may still have written here alone:
     # sweep until a round finds nothing to push and every member routes without us.
