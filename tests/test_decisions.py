@@ -35,9 +35,10 @@ plan order.
     live <addresses>
     epoch moved|steady                whether the epoch moved since the last pass
     planned                           (optional) within the grace period after a move
-    hold <item> owners=<a,b> [previous=<a,b,c>]
+    hold <item> owners=<a,b> [previous=<a,b,c>] [pending=<d>]
                                       an item held here: c:<chunk key> or
-                                      m:<store>/<version>/<kind>; owners now, replicas before
+                                      m:<store>/<version>/<kind>; owners now, replicas before,
+                                      pending owners (a node joining or leaving)
     answer <target> has|lacks <item> ... | *
                                       what a target said (* = every item it owns); an owner
                                       with no answer line did not answer
@@ -59,6 +60,26 @@ Output: ``push <target> <item>``, ``skip <target> <item>`` (left to its designat
 
 Output: ``snapshot <version> e<epoch> (from <kind>)`` per snapshot to write, in order, then
 ``floor <n>`` or ``floor unchanged``.
+
+**handover** (core/handover.py and core/quorum.check_write_sets: a move's machine, what to
+pull and push, the write rule while nodes move). Input::
+
+    kind join|leave                   start a move
+    round listed=<n> missing=<n> [failed= unanswered= unseen= bytes=]
+                                      one round's result, fed to the machine
+    switch                            the new state is gossiped
+    fail <reason>                     the move is given up
+    list <source> <item> ...          what a source listed for a joining node
+    held <item> ...                   what the joining node holds already
+    me <node>                         the leaving node
+    targets <item> <a,b,c>            an item's future owners
+    answer <target> has|lacks <item> ... | *
+    write current=<a,b> future=<a,c> acked=<a,c> w=<W>
+
+Output: per machine event ``round <n>: <phase> copied=<n> bytes=<n>``, ``switched``,
+``failed: <reason>`` or ``refused: <why>``; then ``pull <item> from <sources in order>``,
+``push <target> <item>`` and ``unanswered <n>``; per write ``write ok`` or
+``write refused: <what reached how many>``.
 """
 
 from __future__ import annotations
@@ -73,10 +94,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statestore.core.errors import VersionNotFound
+from statestore.core.errors import QuorumNotReached, VersionNotFound
+from statestore.core.handover import Handover, RoundResult, pull_plan, push_plan
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest, resolve_chain
 from statestore.core.plan import ChunkTask
+from statestore.core.quorum import check_write_sets
 from statestore.core.repair import Holding, decide, pick_source
 from statestore.core.reroute import (
     ChunkArrived,
@@ -276,8 +299,9 @@ def render_repair(lines: list[str]) -> list[str]:
         elif op == "hold":
             owners = tuple(a for a in kv.get("owners", "").split(",") if a)
             previous = tuple(a for a in kv.get("previous", "").split(",") if a)
+            pending = tuple(a for a in kv.get("pending", "").split(",") if a)
             item = args[0]
-            holdings.append(Holding(item, _placement_key(item), owners, previous))
+            holdings.append(Holding(item, _placement_key(item), owners, previous, pending))
         elif op == "answer":
             target, verb, *items = args
             if verb not in ("has", "lacks"):
@@ -339,12 +363,91 @@ def render_retention(lines: list[str]) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------------- handover
+
+
+def _names(text: str) -> list[str]:
+    return [a for a in text.split(",") if a]
+
+
+def render_handover(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    machine: Handover | None = None
+    listings: dict[str, list[str]] = {}
+    held: set[str] = set()
+    me = ""
+    targets: dict[str, list[str]] = {}
+    raw_answers: list[tuple[str, bool, list[str]]] = []
+    for line in lines:
+        op, *rest = line.split()
+        args, kv = _kv(rest)
+        if op == "kind":
+            machine = Handover(args[0])
+        elif op in ("round", "switch", "fail"):
+            if machine is None:
+                raise ValueError(f"{line!r} before 'kind'")
+            try:
+                if op == "round":
+                    machine = machine.after_round(RoundResult(**{k: int(v) for k, v in kv.items()}))
+                    out.append(
+                        f"round {machine.rounds}: {machine.phase} copied={machine.copied} "
+                        f"bytes={machine.bytes}"
+                    )
+                elif op == "switch":
+                    machine = machine.switch()
+                    out.append(str(machine.phase))
+                else:
+                    machine = machine.fail(" ".join(rest))
+                    out.append(f"{machine.phase}: {machine.reason}")
+            except ValueError as exc:
+                out.append(f"refused: {exc}")
+        elif op == "list":
+            listings[args[0]] = args[1:]
+        elif op == "held":
+            held |= set(args)
+        elif op == "me":
+            me = args[0]
+        elif op == "targets":
+            targets[args[0]] = _names(args[1]) if len(args) > 1 else []
+        elif op == "answer":
+            target, verb, *items = args
+            raw_answers.append((target, verb == "has", items))
+        elif op == "write":
+            try:
+                check_write_sets(
+                    "write",
+                    set(_names(kv["acked"])),
+                    _names(kv["current"]),
+                    _names(kv["future"]),
+                    int(kv["w"]),
+                    [],
+                )
+                out.append("write ok")
+            except QuorumNotReached as exc:
+                out.append("write refused: " + str(exc).split(" (W)")[0])
+        else:
+            raise ValueError(f"unknown handover input {line!r}")
+    if listings:
+        out += [f"pull {p.item} from {','.join(p.sources)}" for p in pull_plan(listings, held)]
+    if targets:
+        answers: dict[tuple[str, str], bool] = {}
+        for target, has, items in raw_answers:
+            asked = [i for i, ts in targets.items() if target in ts]
+            for item in asked if items == ["*"] else items:
+                answers[(target, item)] = has
+        pushes, unanswered = push_plan(me, targets, answers)
+        out += [f"push {p.target} {p.item}" for p in pushes]
+        out.append(f"unanswered {unanswered}")
+    return out
+
+
 # ------------------------------------------------------------------------------------ tests
 
 RENDER: dict[str, Callable[[list[str]], list[str]]] = {
     "reroute": render_reroute,
     "repair": render_repair,
     "retention": render_retention,
+    "handover": render_handover,
 }
 FILES = sorted((kind, p) for kind in RENDER for p in (TESTDATA / kind).glob("*.txt") if p.is_file())
 
@@ -452,7 +555,8 @@ def test_retention_floor_ignores_a_stale_snapshot() -> None:
 def test_repair_drops_only_what_every_owner_confirmed(
     data: st.DataObject, n_items: int, moved: bool, planned: bool
 ) -> None:
-    """Oracle: an item goes only if this node does not own it, the epoch held, and every
+    """Oracle: an item goes only if this node does not own it (nor will: a pending owner
+    keeps its copy), the epoch held, and every
     owner said it holds the item or took a push that did not fail; a push goes only to an
     owner that said it lacks the item."""
     me = "n1"
@@ -462,8 +566,9 @@ def test_repair_drops_only_what_every_owner_confirmed(
     for i in range(n_items):
         owners = tuple(data.draw(st.lists(st.sampled_from(NODES), max_size=3, unique=True)))
         previous = tuple(data.draw(st.lists(st.sampled_from(NODES), max_size=3, unique=True)))
+        pending = tuple(data.draw(st.lists(st.sampled_from(NODES), max_size=1)))
         item = f"c:s/1/k{i}"
-        holdings.append(Holding(item, item[2:], owners, previous))
+        holdings.append(Holding(item, item[2:], owners, previous, pending))
         for o in owners:
             said = data.draw(st.sampled_from([True, False, None]))
             if said is not None:
@@ -486,9 +591,10 @@ def test_repair_drops_only_what_every_owner_confirmed(
             or ((o, h.item) in pushed and (o, h.item) not in failed)
             for o in h.owners
         )
-        should_drop = bool(h.owners) and me not in h.owners and not moved and confirmed
+        held_for_others = bool(h.owners) and me not in h.owners and me not in h.pending
+        should_drop = held_for_others and not moved and confirmed
         assert (h.item in d.drops) == should_drop
-        assert (h.item in d.pending) == (bool(h.owners) and me not in h.owners and not should_drop)
+        assert (h.item in d.pending) == (held_for_others and not should_drop)
         for o in h.owners:
             if answers.get((o, h.item)) is False and o != me:
                 # lacking copies are pushed, unless a planned pass leaves them to the source

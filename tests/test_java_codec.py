@@ -447,6 +447,9 @@ def _random_view(rng: random.Random) -> dict[str, Any]:
             "address": f"127.0.0.1:{7400 + i}",
             "status": rng.choice(["up", "up", "up", "suspect", "down"]),
             "zone": rng.choice(zones),
+            # ring states: Java places on the current owners (normal and leaving), as
+            # Python's read ring does
+            "state": rng.choice(["normal", "normal", "normal", "joining", "leaving", "left"]),
         }
         for i in range(n)
     ]

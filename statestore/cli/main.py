@@ -1,5 +1,6 @@
-"""The ``statestore`` command: ``node``, ``local``, ``ring``, ``restore``, ``demo``, and the
-admin commands ``stores ls``, ``inspect`` and ``drop`` (cli/admin.py).
+"""The ``statestore`` command: ``node``, ``local``, ``ring``, ``restore``, ``demo``, the
+admin commands ``stores ls``, ``inspect`` and ``drop`` (cli/admin.py), and ``decommission``
+(cli/elastic.py).
 
 Bad arguments end with a one-line message naming the problem and exit code 2, never a trace.
 """
@@ -52,6 +53,16 @@ def _client_tls(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help="PEM CA of a ring that serves TLS (default: $STATESTORE_TLS_CA; none = plain HTTP)",
     )
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="PEM CA the nodes this one calls are verified against (default: the system's)",
     )
+    n.add_argument(
+        "--join",
+        action="store_true",
+        help="join a running ring with hand-over: take tokens as pending, stream what this "
+        "node will own, then serve reads (docs/operations.md)",
+    )
+    n.add_argument(
+        "--stream-mbps",
+        type=_positive_float,
+        default=50.0,
+        metavar="MB/S",
+        help="budget of a join or decommission hand-over on this node (default 50)",
+    )
     n.add_argument("--log-level", default="WARNING")
 
     loc = sub.add_parser("local", help="run N nodes on loopback until Ctrl-C")
@@ -134,6 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
     r.add_argument("--json", action="store_true")
     _client_tls(r)
+
+    dc = sub.add_parser(
+        "decommission",
+        help="hand a node's copies to their next owners, then take it out of the ring",
+    )
+    dc.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    dc.add_argument("--node", required=True, metavar="ID", help="node id (or its address)")
+    dc.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=3600.0,
+        help="seconds to wait (the node keeps going after)",
+    )
+    _client_tls(dc)
 
     rs = sub.add_parser("restore", help="restore a store version along a recovery plan")
     rs.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
@@ -223,6 +261,8 @@ def _node(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
+            join=args.join,
+            stream_mbps=args.stream_mbps,
         )
     except ValueError as exc:
         print(f"statestore node: {exc}", file=sys.stderr)
@@ -267,6 +307,12 @@ def _ring(args: argparse.Namespace) -> int:
         print("statestore ring: no seed answered (" + "; ".join(errors) + ")", file=sys.stderr)
         return 1
     assert isinstance(view, dict)
+    from statestore.cli.elastic import describe_move, member_moves
+
+    moves = member_moves(view, tls_ca=args.tls_ca)
+    for m in view["members"]:
+        if m["id"] in moves:
+            m["move"] = moves[m["id"]]
     if args.json:
         print(json.dumps(view, indent=2))
         return 0
@@ -276,11 +322,20 @@ def _ring(args: argparse.Namespace) -> int:
     table = Table(
         title=f"ring epoch {view['epoch']}  R={view['replicas']} W={view['write_quorum']}"
     )
-    for col in ("id", "address", "status", "zone", "share"):
+    for col in ("id", "address", "status", "state", "zone", "share", "move"):
         table.add_column(col)
     for m in view["members"]:
         share = f"{100 * m.get('share', 0):.1f}%"
-        table.add_row(m["id"], m["address"], m["status"], m.get("zone") or "-", share)
+        move = describe_move(m["move"]) if m.get("move") else "-"
+        table.add_row(
+            m["id"],
+            m["address"],
+            m["status"],
+            m.get("state", "normal"),
+            m.get("zone") or "-",
+            share,
+            move,
+        )
     Console().print(table)
     return 0
 
@@ -362,6 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _ring(args)
         if args.command == "restore":
             return _restore(args)
+        if args.command == "decommission":
+            from statestore.cli.elastic import decommission
+
+            return decommission(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca)
         if args.command in ("stores", "inspect", "drop"):
             from statestore.cli import admin
 

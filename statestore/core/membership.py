@@ -7,6 +7,10 @@ heartbeat has not advanced for ``suspect_after`` seconds of *local* time is susp
 ``down_after`` it is down. The ring is built from members that are not down; whenever that set
 changes the epoch goes up, and epochs merge by maximum, so every node converges on the same
 epoch and anything placement-dependent can be tagged with it. Time is passed in.
+
+Each entry also carries the member's ring state (``core/handover.NodeState``: joining, normal,
+leaving, left), written only by the member itself (:meth:`Membership.set_state` bumps its
+heartbeat so the change spreads); a state change moves the epoch like a change of the live set.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from statestore.core.address import parse_address
 from statestore.core.errors import InvalidAddress, MalformedData
+from statestore.core.handover import READ_STATES, NodeState
 from statestore.core.placement import Member
 
 __all__ = ["MAX_EPOCH_STEP", "MAX_INCARNATION_STEP", "MemberState", "Membership", "Status"]
@@ -45,6 +50,7 @@ class MemberState:
     heartbeat: int
     status: Status = Status.UP
     last_advance: float = 0.0
+    state: NodeState = NodeState.NORMAL
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -53,22 +59,30 @@ class MemberState:
             "zone": self.zone,
             "incarnation": self.incarnation,
             "heartbeat": self.heartbeat,
+            "state": self.state.value,
         }
 
 
-def _parse_entry(obj: Any) -> tuple[str, str, str, int, int]:
+def _parse_entry(obj: Any) -> tuple[str, str, str, int, int, NodeState]:
     try:
         ident, addr, zone = obj["id"], obj["address"], obj.get("zone", "")
         inc, hb = obj["incarnation"], obj["heartbeat"]
-    except (KeyError, TypeError) as exc:
-        raise MalformedData(f"gossip entry {obj!r} is malformed") from exc
-    if not all(isinstance(x, str) for x in (ident, addr, zone)) or not all(
+        state = obj.get("state", "normal")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise MalformedData(f"gossip entry {obj!r:.200} is malformed") from exc
+    if not all(isinstance(x, str) for x in (ident, addr, zone, state)) or not all(
         type(x) is int for x in (inc, hb)
     ):
         raise MalformedData(f"gossip entry {obj!r:.200} has fields of the wrong type")
     if not (0 <= inc <= MAX_INCARNATION and 0 <= hb <= MAX_HEARTBEAT):
         raise MalformedData(f"gossip entry {ident!r:.80}: incarnation or heartbeat out of range")
-    return ident, addr, zone, inc, hb
+    try:
+        ring_state = NodeState(state)
+    except ValueError as exc:
+        raise MalformedData(
+            f"gossip entry {ident!r:.80}: unknown ring state {state!r:.40}"
+        ) from exc
+    return ident, addr, zone, inc, hb, ring_state
 
 
 def is_self_alias(address: str, own: str, own_hosts: frozenset[str] = frozenset()) -> bool:
@@ -105,6 +119,7 @@ class Membership:
         suspect_after: float = 2.0,
         down_after: float = 5.0,
         own_hosts: frozenset[str] = frozenset(),
+        state: NodeState = NodeState.NORMAL,
     ) -> None:
         self.self_id = self_id
         self.address = address
@@ -114,7 +129,7 @@ class Membership:
         self.down_after = down_after
         self.epoch = 1
         self._members: dict[str, MemberState] = {
-            self_id: MemberState(self_id, address, zone, incarnation, 0, Status.UP, now)
+            self_id: MemberState(self_id, address, zone, incarnation, 0, Status.UP, now, state)
         }
         self._live = self._live_set()
 
@@ -129,7 +144,13 @@ class Membership:
         return [m for m in self.members() if m.status is not Status.DOWN]
 
     def placement_members(self) -> list[Member]:
-        return [Member(m.id, m.zone) for m in self.live()]
+        """The current owners: live members that are ``normal`` or ``leaving``."""
+        return [Member(m.id, m.zone) for m in self.live() if m.state in READ_STATES]
+
+    @property
+    def state(self) -> NodeState:
+        """This node's own ring state."""
+        return self._members[self.self_id].state
 
     def addresses(self) -> dict[str, str]:
         return {m.id: m.address for m in self._members.values()}
@@ -157,6 +178,15 @@ class Membership:
                 self._members[ident] = replace(m, status=status)
         return self._recompute()
 
+    def set_state(self, state: NodeState, now: float) -> bool:
+        """Change this node's own ring state; its heartbeat moves so the entry wins every
+        merge. True if the live set (which counts states) changed."""
+        me = self._members[self.self_id]
+        self._members[self.self_id] = replace(
+            me, state=state, heartbeat=me.heartbeat + 1, last_advance=now
+        )
+        return self._recompute()
+
     def merge(self, digest: Mapping[str, Any], now: float) -> bool:
         """Merge a peer's table. True if the live set changed.
 
@@ -167,7 +197,7 @@ class Membership:
         self.refused = self.check(digest)
         entries: Iterable[Any] = digest.get("members", [])  # check() allows it missing
         for obj in entries:
-            ident, addr, zone, inc, hb = _parse_entry(obj)
+            ident, addr, zone, inc, hb, state = _parse_entry(obj)
             if ident == self.self_id:
                 me = self._members[ident]
                 if (inc, hb) > (me.incarnation, me.heartbeat) and inc < MAX_INCARNATION:
@@ -178,7 +208,9 @@ class Membership:
                 continue
             cur = self._members.get(ident)
             if cur is None or (inc, hb) > (cur.incarnation, cur.heartbeat):
-                self._members[ident] = MemberState(ident, addr, zone, inc, hb, Status.UP, now)
+                self._members[ident] = MemberState(
+                    ident, addr, zone, inc, hb, Status.UP, now, state
+                )
         self.epoch = max(self.epoch, int(digest.get("epoch", 0)))
         return self._recompute()
 
@@ -198,7 +230,7 @@ class Membership:
             )
         out = []
         for obj in entries:
-            ident, addr, _, inc, _ = _parse_entry(obj)
+            ident, addr, _, inc, _, _ = _parse_entry(obj)
             if ident != self.self_id:
                 why = self._refusal(ident, addr, inc)
                 if why is not None:
@@ -225,9 +257,11 @@ class Membership:
             return f"member {ident} moves to {addr} without a new incarnation"
         return None
 
-    def _live_set(self) -> frozenset[tuple[str, str]]:
+    def _live_set(self) -> frozenset[tuple[str, str, str]]:
         return frozenset(
-            (m.id, m.address) for m in self._members.values() if m.status is not Status.DOWN
+            (m.id, m.address, m.state.value)
+            for m in self._members.values()
+            if m.status is not Status.DOWN
         )
 
     def _recompute(self) -> bool:

@@ -7,12 +7,12 @@ latest commit (R=3, W=2: two answers). Heads merge by maximum ``(epoch, version)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from statestore.core.errors import QuorumNotReached, StateStoreError
 from statestore.core.manifest import Head
 
-__all__ = ["check_write", "merge_heads", "read_quorum", "validate_rw"]
+__all__ = ["check_write", "check_write_sets", "merge_heads", "read_quorum", "validate_rw"]
 
 
 def validate_rw(replicas: int, write_quorum: int) -> None:
@@ -43,6 +43,30 @@ def check_write(
         f"{what} reached {acks} of the {write_quorum} replicas it needs (W): {why}. "
         "Nothing was acknowledged; retry when the ring has enough live nodes"
     )
+
+
+def check_write_sets(
+    what: str,
+    acked: Collection[str],
+    current: Sequence[str],
+    future: Sequence[str],
+    write_quorum: int,
+    errors: Sequence[BaseException],
+) -> None:
+    """Raise QuorumNotReached unless W of the current owners *and* W of the future owners
+    acknowledged (``acked``: the addresses that did). While a node joins or leaves, a write
+    goes to both sets (core/handover.py): W among the current owners keeps it readable by
+    the quorum reads of today's ring, W among the future ones keeps it readable after the
+    switch. With nobody moving the two sets are one and this is :func:`check_write`."""
+    check_write(what, sum(1 for a in current if a in acked), write_quorum, len(current), errors)
+    if list(future) != list(current):
+        check_write(
+            f"{what} (on its owners after the move)",
+            sum(1 for a in future if a in acked),
+            write_quorum,
+            len(future),
+            errors,
+        )
 
 
 def merge_heads(heads: Iterable[Head | None]) -> Head | None:

@@ -9,7 +9,9 @@ with their current and previous replicas, the live set, what each replica report
 whether the epoch moved since the last pass, and which pushes failed. It answers the pushes to
 make and the local copies that may be dropped: a copy this node no longer owns goes only once
 every current owner confirmed it (held it, or took our push), and never in a pass where the
-epoch moved, so a half-formed view never costs a copy. ``node/repair.py`` asks the replicas,
+epoch moved, so a half-formed view never costs a copy. A copy a node will own once a join or
+leave finishes (a pending owner) is never dropped: a joining node keeps what it streamed, and
+an old owner drops only after the switch (core/handover.py). ``node/repair.py`` asks the replicas,
 performs the pushes and the drops.
 """
 
@@ -62,13 +64,15 @@ class Holding:
     ``item`` names it (``c:<chunk key>`` or ``m:<store>/<version>/<kind>/<epoch>``); ``key`` is what
     placement hashes (the chunk key, or the store path for a manifest); ``owners`` are its
     replicas at the current epoch, ``previous`` its replicas on the ring that still counted
-    the down nodes.
+    the down nodes; ``pending`` its pending owners while nodes join or leave (future owners
+    that do not own it yet, core/handover.py): a pending owner keeps its copy.
     """
 
     item: str
     key: str
     owners: tuple[str, ...]
     previous: tuple[str, ...]
+    pending: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ def decide(
                 if (target, h.item) in failed_:
                     continue
             confirmed += 1
-        if me in h.owners or not h.owners:
+        if me in h.owners or me in h.pending or not h.owners:
             continue
         if confirmed >= len(h.owners) and not epoch_moved:
             drops.append(h.item)

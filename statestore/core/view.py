@@ -2,6 +2,11 @@
 
 This is what ``GET /v1/ring`` returns and what the client routes with: the same placement
 code runs in the node and the client, so both agree on who holds what at a given epoch.
+
+While nodes join or leave (``core/handover.py``) a view holds two rings: the *read* ring of
+the live ``normal`` and ``leaving`` members, which owns every item now (reads, restores,
+repair, compaction), and the *future* ring of the live ``normal`` and ``joining`` members.
+Writes go to both (:meth:`RingView.write_replicas_of`). With nobody moving they are one ring.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statestore.core.errors import MalformedData
+from statestore.core.handover import FUTURE_STATES, READ_STATES, NodeState
 from statestore.core.ids import StoreId
 from statestore.core.placement import DEFAULT_VNODES, Member, Ring
 from statestore.core.quorum import validate_rw
@@ -17,6 +23,7 @@ from statestore.core.quorum import validate_rw
 __all__ = ["MemberInfo", "RingView"]
 
 STATUSES = ("up", "suspect", "down")
+STATES = tuple(s.value for s in NodeState)
 # Bounds on a view read from the wire: a ring of vnodes x members tokens is built from it,
 # so a view claiming 2^31 vnodes would hang its reader (found by statestore-fuzz).
 MAX_VIEW_MEMBERS = 4096
@@ -26,15 +33,23 @@ MAX_VIEW_TOKENS = 1 << 21
 
 @dataclass(frozen=True)
 class MemberInfo:
-    """One member as a ring view shows it: who, where, its failure-detector state, its zone."""
+    """One member as a ring view shows it: who, where, its failure-detector state, its zone,
+    its ring state (joining, normal, leaving, left)."""
 
     id: str
     address: str
     status: str = "up"  # "up" | "suspect" | "down"
     zone: str = ""
+    state: str = "normal"
 
     def to_json(self) -> dict[str, str]:
-        return {"id": self.id, "address": self.address, "status": self.status, "zone": self.zone}
+        return {
+            "id": self.id,
+            "address": self.address,
+            "status": self.status,
+            "zone": self.zone,
+            "state": self.state,
+        }
 
 
 @dataclass(frozen=True)
@@ -47,8 +62,13 @@ class RingView:
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
-        live = [m for m in self.members if m.status != "down"]
-        object.__setattr__(self, "_ring", Ring((Member(m.id, m.zone) for m in live), self.vnodes))
+        live = [m for m in self.members if m.status != "down" and m.state != NodeState.LEFT]
+        now = {Member(m.id, m.zone) for m in live if m.state in READ_STATES}
+        later = {Member(m.id, m.zone) for m in live if m.state in FUTURE_STATES}
+        ring = Ring(now, self.vnodes)
+        object.__setattr__(self, "_ring", ring)
+        object.__setattr__(self, "_future", ring if later == now else Ring(later, self.vnodes))
+        object.__setattr__(self, "_live", tuple(sorted(m.id for m in live)))
         object.__setattr__(self, "_addr", {m.id: m.address for m in self.members})
 
     @property
@@ -56,16 +76,45 @@ class RingView:
         ring: Ring = self.__dict__["_ring"]
         return ring
 
+    @property
+    def future(self) -> Ring:
+        """The ring once every move finishes (the read ring when nobody moves)."""
+        ring: Ring = self.__dict__["_future"]
+        return ring
+
+    @property
+    def moving(self) -> bool:
+        """Whether a member is joining or leaving (the two rings differ)."""
+        return self.future is not self.ring
+
     def address(self, node_id: str) -> str:
         addr: str = self.__dict__["_addr"][node_id]
         return addr
 
     def live_addresses(self) -> list[str]:
-        return [self.address(m.id) for m in self.ring.members]
+        """Every member that is not down and has not left, joining ones included."""
+        return [self.address(i) for i in self.__dict__["_live"]]
 
     def replicas_of(self, key: str) -> list[str]:
-        """Addresses of the R nodes that hold ``key`` at this epoch."""
+        """Addresses of the R nodes that hold ``key`` at this epoch (its current owners)."""
         return [self.address(n) for n in self.ring.replicas(key, self.replicas)]
+
+    def future_replicas_of(self, key: str) -> list[str]:
+        """Addresses of ``key``'s owners once every move finishes."""
+        if not self.moving:
+            return self.replicas_of(key)
+        return [self.address(n) for n in self.future.replicas(key, self.replicas)]
+
+    def write_replicas_of(self, key: str) -> list[str]:
+        """Where a write of ``key`` goes: its current owners, then its pending owners (future
+        owners that do not own it yet)."""
+        now = self.replicas_of(key)
+        if not self.moving:
+            return now
+        return now + [a for a in self.future_replicas_of(key) if a not in now]
+
+    def store_write_replicas(self, store: StoreId) -> list[str]:
+        return self.write_replicas_of(store.path)
 
     def read_order(self, key: str) -> list[str]:
         """Replicas first, then every other live node in ring order (where it may have moved)."""
@@ -77,7 +126,7 @@ class RingView:
         """Addresses of ``key``'s replicas on the ring that still counted the down nodes:
         where the item lived before they were declared down."""
         ring: Ring = self.__dict__.get("_all_ring") or Ring(
-            (Member(m.id, m.zone) for m in self.members), self.vnodes
+            (Member(m.id, m.zone) for m in self.members if m.state in READ_STATES), self.vnodes
         )
         self.__dict__["_all_ring"] = ring
         return [self.address(n) for n in ring.replicas(key, self.replicas)]
@@ -99,12 +148,18 @@ class RingView:
         try:
             members = tuple(
                 MemberInfo(
-                    str(m["id"]), str(m["address"]), str(m["status"]), str(m.get("zone", ""))
+                    str(m["id"]),
+                    str(m["address"]),
+                    str(m["status"]),
+                    str(m.get("zone", "")),
+                    str(m.get("state", "normal")),
                 )
                 for m in obj["members"]
             )
             if any(m.status not in STATUSES for m in members):
                 raise ValueError(f"a member status is not one of {STATUSES}")
+            if any(m.state not in STATES for m in members):
+                raise ValueError(f"a member state is not one of {STATES}")
             vnodes = int(obj["vnodes"])
             if not (
                 len(members) <= MAX_VIEW_MEMBERS

@@ -31,7 +31,7 @@ from statestore.core.errors import (
 )
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
-from statestore.core.quorum import check_write
+from statestore.core.quorum import check_write_sets
 from statestore.core.view import RingView
 from statestore.net.transport import Response, Transport
 from statestore.wire.bodies import ChunkAck, ManifestAck, decode_json
@@ -87,7 +87,8 @@ async def _put_everywhere(
     body: bytes,
     ack: Ack,
     headers: dict[str, str] | None = None,
-) -> tuple[int, list[BaseException]]:
+) -> tuple[set[str], list[BaseException]]:
+    """PUT to every address; returns the addresses that acknowledged, and the errors."""
     results = await asyncio.gather(
         *(_put_one(transport, a, path, body, headers, ack) for a in addresses),
         return_exceptions=True,
@@ -96,7 +97,23 @@ async def _put_everywhere(
     for e in errors:
         if not isinstance(e, StateStoreError):
             raise e
-    return len(results) - len(errors), errors
+    acked = {a for a, r in zip(addresses, results, strict=True) if not isinstance(r, BaseException)}
+    return acked, errors
+
+
+def _check(
+    what: str,
+    acked: set[str],
+    current: list[str],
+    future: list[str],
+    w: int,
+    errors: list[BaseException],
+) -> None:
+    """Refusals of the caller's credential and full disks first, then W of the current
+    owners and W of the future ones (core/quorum.check_write_sets)."""
+    acks = min(sum(1 for a in current if a in acked), sum(1 for a in future if a in acked))
+    _full_disks(what, acks, w, errors)
+    check_write_sets(what, acked, current, future, w, errors)
 
 
 def _full_disks(what: str, acks: int, quorum: int, errors: list[BaseException]) -> None:
@@ -123,22 +140,23 @@ async def put_chunks(
     concurrency: int = 8,
     stats: WriteStats | None = None,
 ) -> None:
-    """Store every chunk on its R replicas; raises QuorumNotReached below W for any chunk."""
+    """Store every chunk on its R replicas (and its pending owners while nodes join or
+    leave); raises QuorumNotReached below W for any chunk."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one(chunk: EncodedChunk) -> None:
         key = chunk_key(store, version, chunk.name)
-        targets = view.replicas_of(key)
+        targets = view.write_replicas_of(key)
         async with sem:
-            acks, errors = await _put_everywhere(
+            acked, errors = await _put_everywhere(
                 transport, targets, f"/v1/chunks/{key}", chunk.data, _chunk_ack(key)
             )
-        _full_disks(f"chunk {key}", acks, view.write_quorum, errors)
-        check_write(f"chunk {key}", acks, view.write_quorum, len(targets), errors)
+        current, future = view.replicas_of(key), view.future_replicas_of(key)
+        _check(f"chunk {key}", acked, current, future, view.write_quorum, errors)
         if stats is not None:
             stats.chunks += 1
             stats.bytes += len(chunk.data)
-            stats.replica_writes += acks
+            stats.replica_writes += len(acked)
 
     await asyncio.gather(*(one(c) for c in chunks))
 
@@ -150,11 +168,11 @@ async def put_manifest(
 
     ``retain`` asks the replicas to keep the store's last ``retain`` versions instead of
     their ``--retain`` default (Spark's ``minBatchesToRetain``)."""
-    targets = view.store_replicas(m.store)
+    targets = view.store_write_replicas(m.store)
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
     if retain is not None:
         path += f"?retain={retain}"
-    acks, errors = await _put_everywhere(
+    acked, errors = await _put_everywhere(
         transport,
         targets,
         path,
@@ -166,9 +184,11 @@ async def put_manifest(
         if isinstance(e, StaleEpoch | VersionConflict):
             raise e
     what = f"manifest of {m.store} v{m.version}"
-    _full_disks(what, acks, view.write_quorum, errors)
-    check_write(what, acks, view.write_quorum, len(targets), errors)
-    return acks
+    key = m.store.path
+    _check(
+        what, acked, view.replicas_of(key), view.future_replicas_of(key), view.write_quorum, errors
+    )
+    return len(acked)
 
 
 async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None:
@@ -177,7 +197,7 @@ async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None
     write, which checks again)."""
     path = f"/v1/stores/{m.store.path}/head"
     results = await asyncio.gather(
-        *(transport.request("GET", a, path) for a in view.store_replicas(m.store)),
+        *(transport.request("GET", a, path) for a in view.store_write_replicas(m.store)),
         return_exceptions=True,
     )
     for r in results:

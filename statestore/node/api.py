@@ -159,6 +159,8 @@ async def ring(request: web.Request) -> web.Response:
     for m in body["members"]:
         m["share"] = round(shares.get(m["id"], 0.0), 4)
     body["self"] = node.id
+    if node.move is not None:
+        body["move"] = node.move.to_json(node.clock())
     return web.json_response(body)
 
 

@@ -48,6 +48,9 @@ class NodeConfig:
     header_timeout: float = 15.0  # seconds a connection may take to send its request headers
     body_timeout: float = 60.0  # seconds a request body may stall between two pieces
     min_free_bytes: int = 64 * 1024 * 1024  # below this the node turns read-only
+    # elastic ring (docs/operations.md, Join and decommission)
+    join: bool = False  # enter as joining: stream what we will own, then switch to normal
+    stream_mbps: float = 50.0  # MB/s a hand-over (join or leave) may move, per node
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
@@ -60,6 +63,8 @@ class NodeConfig:
                 "--tls-ca needs --tls-cert and --tls-key: a ring speaks TLS on every node or "
                 "on none (the CA verifies the nodes this one calls)"
             )
+        if not self.stream_mbps > 0:
+            raise ValueError("--stream-mbps must be a positive number of MB/s")
         if self.auth_file and self.seeds and not self.cluster_secret_file:
             raise ValueError(
                 "--auth-file on a ring of several nodes needs --cluster-secret-file too (the "

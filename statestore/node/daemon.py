@@ -23,11 +23,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError
+from statestore.core.handover import Handover, NodeState
 from statestore.core.membership import Membership, Status
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
@@ -41,7 +43,7 @@ from statestore.node.discovery import Discovery
 from statestore.node.replica import NodeStore
 from statestore.wire.bodies import GossipDigest, decode_json
 
-__all__ = ["NODE", "DataDirInUse", "Loop", "Node", "NodeConfig"]
+__all__ = ["NODE", "DataDirInUse", "Loop", "MoveStatus", "Node", "NodeConfig"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,6 +81,67 @@ def _load_identity(data_dir: str) -> tuple[str, int]:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return node_id, incarnation
+
+
+RING_STATE_FILE = "ring-state.json"
+
+
+def _load_ring_state(data_dir: str, join: bool) -> NodeState:
+    """The ring state to start in: ``joining`` with ``--join`` unless a join already
+    finished here, else ``normal``. A decommissioned node (``left`` kept in the data dir)
+    refuses to start without ``--join``: it would take back ranges others now own."""
+    path = os.path.join(data_dir, RING_STATE_FILE)
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = str(json.load(f).get("state", ""))
+    if kept == NodeState.LEFT and not join:
+        raise ValueError(
+            f"the node in {data_dir} was decommissioned (it left the ring): start it with "
+            "--join to add it again, or give it an empty --data-dir"
+        )
+    if join and kept != NodeState.NORMAL:
+        return NodeState.JOINING
+    return NodeState.NORMAL
+
+
+def _save_ring_state(data_dir: str, state: NodeState) -> None:
+    path = os.path.join(data_dir, RING_STATE_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"state": state.value}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class MoveStatus:
+    """This node's join or leave as operators see it (``GET /v1/handover``, ``statestore
+    ring``): the core's machine plus the current round's progress."""
+
+    handover: Handover
+    started: float
+    round_total: int = 0
+    round_done: int = 0
+    bytes: int = 0
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        h = self.handover
+        took = max(now - self.started, 1e-9)
+        return {
+            "kind": h.kind,
+            "phase": h.phase.value,
+            "rounds": h.rounds,
+            "round_total": self.round_total,
+            "round_done": self.round_done,
+            "copied": h.copied,
+            "bytes": self.bytes,
+            "seconds": round(took, 3),
+            "rate_mbps": round(self.bytes / took / 1e6, 3),
+            "reason": h.reason,
+            "last_round": None if h.last is None else vars(h.last),
+        }
 
 
 def _own_hosts(*hosts: str) -> frozenset[str]:
@@ -133,6 +196,7 @@ class Node:
             self.access = Access(
                 self.id, config.cluster_secret_file or None, config.auth_file or None
             )
+            self.initial_state = _load_ring_state(config.data_dir, config.join)
         except BaseException:
             os.close(self._lock)
             raise
@@ -157,6 +221,7 @@ class Node:
         self._directory: list[str] = []
         self.restorer: Restorer
         self.stats: dict[str, int] = {"repaired": 0, "handed_off": 0, "snapshots": 0, "gc": 0}
+        self.move: MoveStatus | None = None  # a join or leave under way or finished
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, port: int, loops: Sequence[tuple[str, Loop]] = ()) -> None:
@@ -175,6 +240,7 @@ class Node:
             suspect_after=self.config.suspect_after,
             down_after=self.config.down_after,
             own_hosts=_own_hosts(host, self.config.host),
+            state=self.initial_state,
         )
         await self.transport.start()
         self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk, clock=self.clock)
@@ -190,6 +256,19 @@ class Node:
             self._spawn(self._discovery_loop, "discovery")
         for name, loop in loops:
             self._spawn(functools.partial(loop, self), name)
+
+    def spawn(self, factory: Callable[[], Awaitable[None]], name: str) -> None:
+        """Run ``factory()`` as an owned, supervised task (stopped with the node)."""
+        self._spawn(factory, name)
+
+    def set_state(self, state: NodeState) -> None:
+        """Take a new ring state and gossip it; ``normal`` and ``left`` are kept in the data
+        dir, so a restart neither joins again nor takes back what it handed over."""
+        assert self.membership is not None
+        if state in (NodeState.NORMAL, NodeState.LEFT):
+            _save_ring_state(self.config.data_dir, state)
+        self.membership.set_state(state, self.clock())
+        log.info("node %s is now %s (ring epoch %d)", self.id, state, self.membership.epoch)
 
     def _spawn(self, factory: Callable[[], Awaitable[None]], name: str) -> None:
         """Run ``factory()`` as an owned task, supervised: when it raises, the failure is
@@ -284,7 +363,7 @@ class Node:
         assert self.membership is not None
         if self._view is None or self._view.epoch != self.membership.epoch:
             members = tuple(
-                MemberInfo(m.id, m.address, m.status.value, m.zone)
+                MemberInfo(m.id, m.address, m.status.value, m.zone, m.state.value)
                 for m in self.membership.members()
             )
             self._view = RingView(
@@ -389,6 +468,7 @@ class Node:
             "zone": self.config.zone,
             "incarnation": self.incarnation,
             "epoch": self.epoch,
+            "state": self.membership.state.value if self.membership is not None else "normal",
             "dht_port": self.discovery.port if self.discovery is not None else None,
             "dht_directory": len(self._directory),
             "stats": dict(self.stats),

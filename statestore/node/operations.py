@@ -1,14 +1,23 @@
 """The operator's side of a node, added to the API by one call in ``build_app``: metrics
 (``/metrics``), what is in flight (``/v1/activity``), what the node holds
 (``/v1/inventory``), point reads (``.../key``), dropping queries (``/v1/queries/...``) and
-the dashboard (``/dashboard``). docs/operations.md describes them.
+the dashboard (``/dashboard``), joins and decommissions (``/v1/handover``). docs/operations.md
+describes them.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from statestore.node import activity, dashboard, inventory, lookup, metrics, tombstones
+from statestore.node import (
+    activity,
+    dashboard,
+    handover,
+    inventory,
+    lookup,
+    metrics,
+    tombstones,
+)
 
 __all__ = ["install"]
 
@@ -21,3 +30,4 @@ def install(app: web.Application) -> None:
     lookup.register(app)
     tombstones.register(app)
     dashboard.register(app)
+    handover.register(app)

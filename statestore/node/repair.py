@@ -21,7 +21,7 @@ from statestore.core.repair import Holding, decide
 from statestore.core.view import RingView
 from statestore.node.daemon import Node
 
-__all__ = ["repair_loop", "repair_pass"]
+__all__ = ["ask_have", "push_item", "repair_loop", "repair_pass"]
 
 log = logging.getLogger(__name__)
 BATCH = 1000
@@ -30,19 +30,22 @@ BATCH = 1000
 # epoch replaced here is copied to the owners that lack it too (core/manifest.py, "Lineage").
 
 
-async def _push(node: Node, address: str, item: str) -> bool:
+async def push_item(node: Node, address: str, item: str) -> int | None:
+    """Copy one item we hold to ``address``; returns the bytes sent, None if it did not land
+    (or we lack it)."""
     kind, key = item[0], item[2:]
     try:
         if kind == "c":
             data = node.store.get_chunk(key)
             if data is None:
-                return False
+                return None
             await node.transport.request("PUT", address, f"/v1/chunks/{key}", body=data)
+            return len(data)
         else:
             path, version, mkind, epoch = key.rsplit("/", 3)
             raw = node.store.raw_manifest(StoreId.parse(path), int(version), mkind, int(epoch))
             if raw is None:
-                return False
+                return None
             try:  # a copy, kept at any epoch (a node that predates copies fences it)
                 await node.transport.request(
                     "PUT",
@@ -53,45 +56,19 @@ async def _push(node: Node, address: str, item: str) -> bool:
                 )
             except (StaleEpoch, VersionConflict):
                 pass  # an older target holds a newer manifest and refused ours: fine there
+            return len(raw)
     except CorruptChunk:
         node.store.delete_chunks([key])  # our copy rotted: drop it, a replica will push back
-        return False
+        return None
     except StateStoreError as exc:
-        log.debug("repair push of %s to %s failed: %s", key, address, exc)
-        return False
-    return True
+        log.debug("push of %s to %s failed: %s", key, address, exc)
+        return None
 
 
-async def repair_pass(
-    node: Node, view: RingView, *, allow_handoff: bool, planned: bool = False
-) -> int:
-    """One pass; returns how many items still wait to be handed off (or to be copied).
-
-    ``planned``: the passes within a grace period after the epoch moved leave each copy to
-    its designated source; the passes after it (while anything is pending) push from every
-    holder, so a designated source that failed is covered. What to push and what to drop is
-    :func:`statestore.core.repair.decide`; this asks, pushes and drops.
-    """
-    me = node.address
-    live = set(view.live_addresses())
-
-    def previous(key: str) -> tuple[str, ...]:
-        # only a planned pass consults them: spare the placement walk otherwise
-        return tuple(view.previous_replicas(key)) if planned else ()
-
-    holdings: list[Holding] = []
-    for key in node.store.chunk_keys():
-        owners = tuple(view.replicas_of(key))
-        holdings.append(Holding(f"c:{key}", key, owners, previous(key)))
-    for store, version, kind, epoch in node.store.manifest_items():
-        owners = tuple(view.store_replicas(store))
-        item = f"m:{store.path}/{version}/{kind}/{epoch}"
-        holdings.append(Holding(item, store.path, owners, previous(store.path)))
-    want: dict[str, list[str]] = defaultdict(list)
-    for h in holdings:
-        for t in h.owners:
-            if t != me:
-                want[t].append(h.item)
+async def ask_have(node: Node, want: dict[str, list[str]]) -> dict[tuple[str, str], bool]:
+    """Ask each target (batched ``/v1/sync/have``) whether it holds the items listed for it;
+    returns ``(target, item) -> holds it`` for every answered question (a target or batch
+    that failed is simply absent). Floors in the answers are applied here: a GC we missed."""
     answers: dict[tuple[str, str], bool] = {}
     for address, items in want.items():
         for i in range(0, len(items), BATCH):
@@ -117,10 +94,52 @@ async def repair_pass(
             flags = iter(answer["chunks"]), iter(answer.get("epochs", answer["manifests"]))
             for it in batch:
                 answers[(address, it)] = bool(next(flags[0] if it[0] == "c" else flags[1]))
+    return answers
+
+
+async def repair_pass(
+    node: Node, view: RingView, *, allow_handoff: bool, planned: bool = False
+) -> int:
+    """One pass; returns how many items still wait to be handed off (or to be copied).
+
+    ``planned``: the passes within a grace period after the epoch moved leave each copy to
+    its designated source; the passes after it (while anything is pending) push from every
+    holder, so a designated source that failed is covered. What to push and what to drop is
+    :func:`statestore.core.repair.decide`; this asks, pushes and drops.
+    """
+    me = node.address
+    live = set(view.live_addresses())
+
+    def previous(key: str) -> tuple[str, ...]:
+        # only a planned pass consults them: spare the placement walk otherwise
+        return tuple(view.previous_replicas(key)) if planned else ()
+
+    def pending(key: str, owners: tuple[str, ...]) -> tuple[str, ...]:
+        # pending owners keep their copies; pushes to them are the hand-over's, not ours
+        if not view.moving:
+            return ()
+        return tuple(a for a in view.future_replicas_of(key) if a not in owners)
+
+    holdings: list[Holding] = []
+    for key in node.store.chunk_keys():
+        owners = tuple(view.replicas_of(key))
+        holdings.append(Holding(f"c:{key}", key, owners, previous(key), pending(key, owners)))
+    for store, version, kind, epoch in node.store.manifest_items():
+        owners = tuple(view.store_replicas(store))
+        item = f"m:{store.path}/{version}/{kind}/{epoch}"
+        holdings.append(
+            Holding(item, store.path, owners, previous(store.path), pending(store.path, owners))
+        )
+    want: dict[str, list[str]] = defaultdict(list)
+    for h in holdings:
+        for t in h.owners:
+            if t != me:
+                want[t].append(h.item)
+    answers = await ask_have(node, want)
     decision = decide(me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned)
     failed: list[tuple[str, str]] = []
     for push in decision.pushes:
-        if await _push(node, push.target, push.item):
+        if await push_item(node, push.target, push.item) is not None:
             node.stats["repaired"] += 1
         else:
             failed.append((push.target, push.item))

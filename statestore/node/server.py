@@ -19,13 +19,18 @@ from statestore.net.tls import server_context
 from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
+from statestore.node.handover import join_loop
 from statestore.node.repair import repair_loop
 from statestore.node.tombstones import tombstone_loop
 
 __all__ = ["run_node", "serve", "start_node", "stop_node"]
 
 log = logging.getLogger(__name__)
-LOOPS: tuple[tuple[str, Loop], ...] = (("repair", repair_loop), ("compaction", compaction_loop))
+LOOPS: tuple[tuple[str, Loop], ...] = (
+    ("repair", repair_loop),
+    ("compaction", compaction_loop),
+    ("join", join_loop),
+)
 
 
 async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:

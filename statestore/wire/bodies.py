@@ -28,6 +28,7 @@ __all__ = [
     "GcRequest",
     "GossipDigest",
     "GossipMember",
+    "HandoverItemsRequest",
     "HaveRequest",
     "KeysRequest",
     "ManifestAck",
@@ -60,6 +61,7 @@ class GossipMember(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     incarnation: Annotated[int, Meta(ge=0, le=MAX_INCARNATION)]
     heartbeat: Annotated[int, Meta(ge=0, le=MAX_HEARTBEAT)]
     zone: Annotated[str, Meta(max_length=64)] = ""
+    state: Annotated[str, Meta(pattern=r"^(joining|normal|leaving|left)$")] = "normal"
 
 
 class GossipDigest(msgspec.Struct, frozen=True):
@@ -114,6 +116,17 @@ class PurgeRequest(msgspec.Struct, frozen=True):
     id: Annotated[str, Meta(min_length=1, max_length=64)]
     at: Annotated[float, Meta(ge=0)]
     phase: Literal["purge", "seal"]
+
+
+class HandoverItemsRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/handover/items``: a page (after the item ``after``, at most ``limit``) of
+    what the answering node holds that the joining node ``node`` (in ``zone``) will own;
+    ``limit`` 0 asks only which ring state the answering node sees for ``node``."""
+
+    node: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+    zone: Annotated[str, Meta(max_length=64)] = ""
+    after: Str = ""
+    limit: Annotated[int, Meta(ge=0, le=MAX_HAVE_ITEMS)] = 0
 
 
 class ChunkAck(msgspec.Struct, frozen=True):

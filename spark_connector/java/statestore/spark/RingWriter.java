@@ -94,6 +94,14 @@ public final class RingWriter {
         if (!status.equals("up") && !status.equals("suspect") && !status.equals("down")) {
           throw new RingException("malformed_data", "ring view member status " + status);
         }
+        // Ring states (Python core/handover.py): a joining member owns nothing yet and a left
+        // one nothing any more. This writer places on the current owners only, as a client
+        // with a slightly older view would; the nodes' repair brings the joining node what it
+        // misses before any old owner drops its copy.
+        String state = m.has("state") ? m.get("state").asText() : "normal";
+        if (state.equals("joining") || state.equals("left")) {
+          status = "down";
+        }
         members.add(new MemberInfo(m.get("id").asText(), m.get("address").asText(), status,
             m.has("zone") ? m.get("zone").asText() : ""));
       }

@@ -1,0 +1,193 @@
+"""Elastic ring benchmark: a node joins a loaded 3-node ring, then one node is decommissioned,
+under a steady foreground load of commits and restores (docs/benchmarks.md, issue 8).
+
+Reported, measured in the same run:
+- foreground p99 commit and restore latency during each move / before it;
+- bytes moved / the ideal share (a join: 1/N of the ring's copies; a leave: the copies the
+  node held, which is also R/N of the data);
+- time of the move / the same bytes at the ``--stream-mbps`` budget.
+
+Usage: ``python bench/elastic.py --mib 64 --stream-mbps 20`` (the issue asks for >= 1 GiB; a
+shared 2-core machine runs a smaller load, and the figures say which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+import urllib.request
+
+from _common import MiB, local_ring, machine, median, pct, rows, table
+
+from client import RingClient, StoreId
+from statestore.cli.local import http_json
+
+FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
+
+
+class Foreground(threading.Thread):
+    """Commits a small delta and restores a small store in a loop; keeps every latency with
+    the time it ended."""
+
+    def __init__(self, seeds: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.seeds = seeds
+        self.commits: list[tuple[float, float]] = []
+        self.restores: list[tuple[float, float]] = []
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        rng = random.Random(5)
+        sid = StoreId("fg", 0, 0)
+        with RingClient(self.seeds) as client:
+            v = 1
+            while not self.halt.is_set():
+                batch = rows(200, rng, key_space=20_000)
+                t = time.perf_counter()
+                try:
+                    client.commit(sid, v, batch, [], {"v": v}, epoch=1)
+                    self.commits.append((time.monotonic(), time.perf_counter() - t))
+                    v += 1
+                    t = time.perf_counter()
+                    client.restore(sid)
+                    self.restores.append((time.monotonic(), time.perf_counter() - t))
+                except Exception as exc:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.05)
+
+
+def window(samples: list[tuple[float, float]], start: float, end: float) -> list[float]:
+    return [s for at, s in samples if start <= at < end]
+
+
+def wait_move(address: str, state: str, timeout: float) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = http_json(address, "/v1/handover")
+        assert isinstance(answer, dict)
+        if answer["state"] == state and answer["move"] and answer["move"]["phase"] == "switched":
+            return answer
+        time.sleep(0.2)
+    raise TimeoutError(f"{address} did not become {state}")
+
+
+def settle(addresses: list[str], stores: list[StoreId], r: int, timeout: float = 300) -> float:
+    """Wait until the loaded stores' chunks are held exactly ``r`` times on the ring (old owners
+    dropped what a join handed over); returns the seconds it took."""
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        held: dict[str, int] = {}
+        for a in addresses:
+            for sid in stores:
+                try:
+                    detail = http_json(a, f"/v1/inventory/{sid.path}")
+                except OSError:
+                    continue
+                assert isinstance(detail, dict)
+                for key in detail.get("chunks", []):
+                    held[key] = held.get(key, 0) + 1
+        if held and set(held.values()) == {r}:
+            break
+        time.sleep(1.0)
+    return time.monotonic() - t
+
+
+def leave(address: str) -> None:
+    req = urllib.request.Request(f"http://{address}/v1/handover/leave", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        json.loads(resp.read())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mib", type=int, default=64, help="raw MiB of state loaded before")
+    ap.add_argument("--stream-mbps", type=float, default=20.0)
+    ap.add_argument("--baseline", type=float, default=8.0, help="seconds measured before")
+    args = ap.parse_args()
+    budget = ["--stream-mbps", str(args.stream_mbps)]
+    print(machine())
+    with local_ring(3, [*FAST, "--snapshot-every", "100000", *budget]) as ring:
+        rng = random.Random(1)
+        data = 0
+        with RingClient(ring.seeds) as client:
+            n = 0
+            while data < args.mib * MiB * 0.48:  # ~0.48 compressed bytes per raw byte
+                res = client.commit(StoreId("load", 0, n % 16), n // 16 + 1, rows(10_000, rng))
+                data += res.bytes
+                n += 1
+            r = client.ring().replicas
+        print(f"loaded {n} commits: {data / MiB:.1f} MiB of chunks, {r} copies each")
+        fg = Foreground(ring.seeds[:3])
+        fg.start()
+        time.sleep(args.baseline)
+        t0 = time.monotonic()
+        newcomer = ring.add_node(["--join", *budget])
+        joined = wait_move(newcomer.address, "normal", 1800)
+        t1 = time.monotonic()
+        stores = [StoreId("load", 0, i) for i in range(16)]
+        settled = settle(ring.seeds, stores, r)
+        t2 = time.monotonic()
+        leaving = ring.procs[1]
+        leave(leaving.address)
+        left = wait_move(leaving.address, "left", 1800)
+        t3 = time.monotonic()
+        fg.halt.set()
+        fg.join(60)
+    join_move, leave_move = joined["move"], left["move"]
+    assert isinstance(join_move, dict) and isinstance(leave_move, dict)
+    before_c, before_r = (
+        window(fg.commits, t0 - args.baseline, t0),
+        window(fg.restores, t0 - args.baseline, t0),
+    )
+    out = []
+    for name, move, (a, b), ideal in (
+        ("join (3 -> 4)", join_move, (t0, t1), r * data / 4),
+        ("decommission (4 -> 3)", leave_move, (t2, t3), r * data / 4),
+    ):
+        during_c, during_r = window(fg.commits, a, b), window(fg.restores, a, b)
+        moved = float(move["bytes"])
+        out.append(
+            [
+                name,
+                f"{moved / MiB:.1f}",
+                f"{moved / ideal:.2f}",
+                f"{b - a:.1f}",
+                f"{(b - a) / max(moved / (args.stream_mbps * 1e6), 1e-9):.2f}",
+                f"{pct(during_c, 99) * 1e3:.0f} / {pct(before_c, 99) * 1e3:.0f}"
+                f" = {pct(during_c, 99) / pct(before_c, 99):.2f}x",
+                f"{pct(during_r, 99) * 1e3:.0f} / {pct(before_r, 99) * 1e3:.0f}"
+                f" = {pct(during_r, 99) / pct(before_r, 99):.2f}x",
+                str(move["rounds"]),
+            ]
+        )
+    print(
+        table(
+            [
+                "move",
+                "MiB moved",
+                "moved / ideal",
+                "seconds",
+                "time / bytes at budget",
+                "commit p99 ms during / before",
+                "restore p99 ms during / before",
+                "rounds",
+            ],
+            out,
+        )
+    )
+    print(
+        f"foreground: {len(fg.commits)} commits, {len(fg.restores)} restores, "
+        f"{len(fg.failures)} failures {fg.failures[:3]}; commit p50 before "
+        f"{median(before_c) * 1e3:.0f} ms; after the join the old owners were down to R "
+        f"copies {settled:.1f} s later"
+    )
+    return 1 if fg.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

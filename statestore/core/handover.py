@@ -1,0 +1,215 @@
+"""Hand-over of ranges when a node joins or leaves (pure): member states, plans, the machine.
+
+A member is in one of four ring states, carried in gossip with its heartbeat (each node is the
+only author of its own entry, so its state spreads like its heartbeat):
+
+- ``joining``: it takes its tokens as *pending*: writes already go to it, reads do not; it
+  pulls what it will own from the current holders (:func:`pull_plan`).
+- ``normal``: it owns its ranges.
+- ``leaving``: it still owns (and serves) its ranges while it pushes each item to the nodes
+  that will own it once it is gone (:func:`push_plan`).
+- ``left``: it owns nothing; its entry stays in the table so that it is not taken back.
+
+Two rings follow from the states (``core/view.py`` builds them): the *read* ring of the live
+``normal`` and ``leaving`` members (the current owners) and the *future* ring of the live
+``normal`` and ``joining`` members. An item's write replicas are its current owners plus its
+pending owners (future owners that do not own it yet), as Cassandra's pending ranges; a write
+counts only with W acknowledgements among the current owners *and* W among the future ones
+(``core/quorum.check_write_sets``), so it is readable before the switch and after it.
+
+A move goes through :class:`Handover`'s phases: ``streaming`` (rounds of copying) until one
+round finds nothing missing, every source answered and every source already routes by the
+mover's new state; then ``verified``; the shell gossips the new state (``normal`` for a join,
+``left`` for a leave) and the move is ``switched``. Old owners drop what they no longer own
+only afterwards, through repair, which keeps a copy until every owner confirmed it
+(``core/repair.decide``). DESIGN.md, Elasticity; the incremental migration paper's hand-over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+import xxhash
+
+__all__ = [
+    "FUTURE_STATES",
+    "READ_STATES",
+    "Handover",
+    "NodeState",
+    "Phase",
+    "Pull",
+    "Push",
+    "RoundResult",
+    "pull_plan",
+    "push_plan",
+]
+
+
+class NodeState(StrEnum):
+    """A member's place in the ring's life (module docstring)."""
+
+    JOINING = "joining"
+    NORMAL = "normal"
+    LEAVING = "leaving"
+    LEFT = "left"
+
+
+READ_STATES = frozenset({NodeState.NORMAL, NodeState.LEAVING})  # current owners
+FUTURE_STATES = frozenset({NodeState.NORMAL, NodeState.JOINING})  # owners once moves finish
+
+
+class Phase(StrEnum):
+    STREAMING = "streaming"
+    VERIFIED = "verified"
+    SWITCHED = "switched"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round of a move found and did.
+
+    ``missing``: items the new owners lacked at the start of the round (all were tried);
+    ``failed``: of those, copies that did not land; ``unanswered``: sources (join) or targets
+    (leave) that did not answer; ``unseen``: live members that do not yet route by the mover's
+    new state (so a write could still miss the new owner); ``bytes``: bytes copied.
+    """
+
+    listed: int
+    missing: int
+    failed: int = 0
+    unanswered: int = 0
+    unseen: int = 0
+    bytes: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.failed or self.unanswered or self.unseen)
+
+
+@dataclass(frozen=True)
+class Handover:
+    """One node's move (``kind`` join or leave) as a state machine: rounds in, phase out.
+
+    Nothing here waits: the shell runs a round, feeds its :class:`RoundResult` to
+    :meth:`after_round`, and when the phase is ``verified`` gossips the new state and calls
+    :meth:`switch`. ``rounds`` counts rounds; ``copied`` and ``bytes`` add up what moved;
+    ``last`` is the latest round's result.
+    """
+
+    kind: str
+    phase: Phase = Phase.STREAMING
+    rounds: int = 0
+    copied: int = 0
+    bytes: int = 0
+    reason: str = ""
+    last: RoundResult | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("join", "leave"):
+            raise ValueError(f"a hand-over is a join or a leave, not {self.kind!r}")
+
+    def after_round(self, r: RoundResult) -> Handover:
+        """The machine after a round. A clean round verifies the copy; any other keeps it
+        streaming (a source or target that died costs another round, not the move)."""
+        if self.phase is not Phase.STREAMING:
+            raise ValueError(f"a {self.phase} hand-over runs no more rounds")
+        nxt = replace(
+            self,
+            rounds=self.rounds + 1,
+            copied=self.copied + r.missing - r.failed,
+            bytes=self.bytes + r.bytes,
+            last=r,
+        )
+        if r.clean:
+            return replace(nxt, phase=Phase.VERIFIED)
+        return nxt
+
+    def switch(self) -> Handover:
+        """Ownership switched (the new state is gossiped): the move is done."""
+        if self.phase is not Phase.VERIFIED:
+            raise ValueError(f"only a verified hand-over switches, not a {self.phase} one")
+        return replace(self, phase=Phase.SWITCHED)
+
+    def fail(self, reason: str) -> Handover:
+        """Give up (the operator's deadline passed, or the ring cannot take the move)."""
+        return replace(self, phase=Phase.FAILED, reason=reason)
+
+
+# -- what to copy -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Fetch ``item`` (``c:<chunk key>`` or ``m:<store>/<version>/<kind>/<epoch>``) from the first
+    of ``sources`` that has it."""
+
+    item: str
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Push:
+    """Copy ``item`` to ``target``, which said it lacks it."""
+
+    target: str
+    item: str
+
+
+def _rank(item: str, holder: str) -> int:
+    return xxhash.xxh64_intdigest(f"{item}|{holder}".encode())
+
+
+def pull_plan(listings: Mapping[str, Sequence[str]], held: Collection[str]) -> list[Pull]:
+    """What a joining node fetches in one round.
+
+    Args:
+        listings: per source, the items it holds that the joining node will own.
+        held: the items the joining node already holds.
+
+    Returns every listed item not held, once, in item order, with every source that listed
+    it, ordered by rendezvous hashing of (item, source): every item has one first source and
+    the work spreads evenly over the holders (as ``core/repair.pick_source``); the others are
+    the failover order.
+    """
+    holders: dict[str, list[str]] = {}
+    for source, items in listings.items():
+        for item in items:
+            if item not in held:
+                holders.setdefault(item, []).append(source)
+    return [
+        Pull(item, tuple(sorted(srcs, key=lambda s: (-_rank(item, s), s))))
+        for item, srcs in sorted(holders.items())
+    ]
+
+
+def push_plan(
+    me: str,
+    targets: Mapping[str, Sequence[str]],
+    answers: Mapping[tuple[str, str], bool],
+) -> tuple[list[Push], int]:
+    """What a leaving node pushes in one round.
+
+    Args:
+        me: the leaving node.
+        targets: per item it holds, the item's future owners (the ring without it).
+        answers: ``(target, item) -> holds it`` for every question a target answered.
+
+    Returns the pushes (item order, then target order) and how many (target, item) questions
+    went unanswered: those can be neither pushed nor counted as copies, so the round is not
+    clean.
+    """
+    pushes: list[Push] = []
+    unanswered = 0
+    for item in sorted(targets):
+        for t in targets[item]:
+            if t == me:
+                continue
+            has = answers.get((t, item))
+            if has is None:
+                unanswered += 1
+            elif not has:
+                pushes.append(Push(t, item))
+    return pushes, unanswered

@@ -1,0 +1,399 @@
+"""Join and leave hand-overs on a node: the shell around ``core/handover.py``.
+
+**Join** (``statestore node --join``): the node gossips ``joining``, so writes already reach
+it while reads still go to the current owners. In rounds, it asks every live member which of
+the items it holds the joining node will own (``POST /v1/handover/items``, paged), fetches
+what it lacks (each item from the source rendezvous hashing names, failing over to the others
+that listed it) under the ``--stream-mbps`` budget, and checks. The first round in which
+every source answered, nothing was missing and every source already routes writes to it
+verifies the copy; the node then gossips ``normal``. Old owners drop what they no longer own
+through repair, which keeps a copy until every new owner confirmed it.
+
+**Leave** (``statestore decommission``, ``POST /v1/handover/leave``): the node gossips
+``leaving`` and keeps serving; in rounds it asks the item's owners on the ring without it
+which of its items they lack (``/v1/sync/have``) and pushes those, under the same budget.
+After a clean round it gossips ``left``, then sweeps once more (a write that raced the
+switch on a stale view may have reached only it) and reports the move done.
+
+A source or target that dies mid-round costs another round, not the move; a joining node
+that dies is declared down and drops out of both rings (writes go to the old owners alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any
+
+from aiohttp import web
+
+from statestore.core.bucket import TokenBucket
+from statestore.core.errors import (
+    CorruptChunk,
+    InvalidRequest,
+    StateStoreError,
+)
+from statestore.core.handover import (
+    FUTURE_STATES,
+    Handover,
+    NodeState,
+    Phase,
+    RoundResult,
+    pull_plan,
+    push_plan,
+)
+from statestore.core.ids import StoreId
+from statestore.core.placement import Member, Ring
+from statestore.node.auth import allow
+from statestore.node.daemon import NODE, MoveStatus, Node
+from statestore.node.repair import ask_have, push_item
+from statestore.wire.bodies import HandoverItemsRequest, decode_json
+from statestore.wire.manifest import decode_manifest
+
+__all__ = ["join_loop", "register", "start_leave"]
+
+log = logging.getLogger(__name__)
+PAGE = 5000  # items per listing page
+IN_FLIGHT = 4  # items copied at once
+FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
+
+
+def _settle(node: Node) -> float:
+    """How long to let gossip spread a new state before a round counts on it."""
+    return 4 * node.config.gossip_interval
+
+
+def _bucket(node: Node) -> TokenBucket:
+    rate = node.config.stream_mbps * 1e6
+    return TokenBucket(rate, max(rate / 4, 1 << 20), node.clock())
+
+
+async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
+    wait = bucket.reserve(n, node.clock())
+    if wait > 0:
+        await asyncio.sleep(wait)
+
+
+async def _pause(node: Node, move: MoveStatus, result: RoundResult) -> None:
+    """Between rounds: none after a round that copied everything it tried (the next one
+    verifies at once); a repair interval when something failed, did not answer, or does not
+    route by the new state yet (gossip and failure detection need the time)."""
+    if move.handover.phase is Phase.STREAMING and (
+        result.failed or result.unanswered or result.unseen
+    ):
+        await asyncio.sleep(node.config.repair_interval)
+
+
+def _peers(node: Node) -> list[tuple[str, str]]:
+    """``(id, address)`` of every live member but us that has not left."""
+    view = node.view()
+    return [
+        (m.id, m.address)
+        for m in view.members
+        if m.id != node.id and m.status != "down" and m.state != NodeState.LEFT
+    ]
+
+
+# -- the source's side: what a joining node will own ---------------------------------------
+
+
+def items_for(node: Node, target: str, zone: str) -> list[str]:
+    """The items this node holds that ``target`` will own: placed on the future ring (live
+    ``normal`` and ``joining`` members) with ``target`` in it even before gossip told us it
+    joins, so a listing is never short because our view lags."""
+    view = node.view()
+    members = {
+        Member(m.id, m.zone)
+        for m in view.members
+        if m.status != "down" and m.state in FUTURE_STATES and m.id != target
+    }
+    ring = Ring(members | {Member(target, zone)}, view.vnodes)
+    r = view.replicas
+    out = [f"c:{k}" for k in node.store.chunk_keys() if target in ring.replicas(k, r)]
+    owns: dict[StoreId, bool] = {}
+    for store, version, kind, epoch in node.store.manifest_items():
+        if store not in owns:
+            owns[store] = target in ring.replicas(store.path, r)
+        if owns[store]:
+            out.append(f"m:{store.path}/{version}/{kind}/{epoch}")
+    out.sort()
+    return out
+
+
+async def handover_items(request: web.Request) -> web.Response:
+    """``POST /v1/handover/items``: a page of the items this node holds that a joining node
+    will own, and the ring state this node sees for it (``limit`` 0: the state only)."""
+    node = request.app[NODE]
+    allow(request, "admin")
+    body = decode_json(await request.read(), HandoverItemsRequest, "handover items")
+    assert node.membership is not None
+    seen = node.membership.get(body.node)
+    state = None if seen is None or seen.status.value == "down" else seen.state.value
+    if body.limit == 0:
+        return web.json_response({"state": state, "items": [], "next": None})
+    items = await asyncio.to_thread(items_for, node, body.node, body.zone)
+    if body.after:
+        items = [i for i in items if i > body.after]
+    page = items[: body.limit]
+    more = len(items) > body.limit
+    return web.json_response(
+        {"state": state, "items": page, "next": page[-1] if more and page else None}
+    )
+
+
+# -- join ------------------------------------------------------------------------------
+
+
+async def _listing(node: Node, address: str) -> tuple[list[str], str | None]:
+    items: list[str] = []
+    after = ""
+    while True:
+        resp = await node.transport.request(
+            "POST",
+            address,
+            "/v1/handover/items",
+            json_body={"node": node.id, "zone": node.config.zone, "after": after, "limit": PAGE},
+        )
+        answer = resp.json()
+        items += [str(i) for i in answer["items"]]
+        state = answer.get("state")
+        if not answer.get("next"):
+            return items, None if state is None else str(state)
+        after = str(answer["next"])
+
+
+def _held(node: Node, items: set[str]) -> set[str]:
+    chunks = sorted(i for i in items if i[0] == "c")
+    flags = node.store.has_chunks([c[2:] for c in chunks])
+    out = {i for i, has in zip(chunks, flags, strict=True) if has}
+    for i in items:
+        if i[0] == "m":
+            path, version, kind, epoch = i[2:].rsplit("/", 3)
+            store = StoreId.parse(path)
+            if node.store.raw_manifest(store, int(version), kind, int(epoch)) is not None:
+                out.add(i)
+    return out
+
+
+async def _fetch(node: Node, source: str, item: str) -> int:
+    """Copy ``item`` from ``source`` into our store; returns its bytes. Raises
+    StateStoreError (CorruptChunk when the bytes fail their checksum) when it did not land."""
+    key = item[2:]
+    if item[0] == "c":
+        resp = await node.transport.request("GET", source, f"/v1/chunks/{key}")
+        await node.write(node.store.put_chunk, key, resp.body)
+        return len(resp.body)
+    path, epoch = key.rsplit("/", 1)
+    resp = await node.transport.request("GET", source, f"/v1/manifests/{path}?epoch={epoch}")
+    m = decode_manifest(resp.body)
+    if f"{m.store.path}/{m.version}/{m.kind}/{m.epoch}" != key:
+        raise CorruptChunk(f"{source} answered manifest {key} with another one")
+    if m.version >= node.store.floor(m.store):
+        # every epoch held is kept, replaced ones as side keys (core/manifest.py, "Lineage")
+        await node.write(node.store.copy_manifest, m)
+    return len(resp.body)
+
+
+async def join_round(node: Node, move: MoveStatus) -> RoundResult:
+    """List, fetch what is missing, and say how it went."""
+    listings: dict[str, list[str]] = {}
+    unanswered = unseen = 0
+    for _, address in _peers(node):
+        try:
+            items, state = await _listing(node, address)
+        except (StateStoreError, KeyError, TypeError, ValueError) as exc:
+            log.info("join: %s did not list what we will own: %s", address, exc)
+            unanswered += 1
+            continue
+        listings[address] = items
+        if state != NodeState.JOINING:
+            unseen += 1
+    listed = {i for items in listings.values() for i in items}
+    pulls = pull_plan(listings, _held(node, listed))
+    move.round_total, move.round_done = len(pulls), 0
+    bucket = _bucket(node)
+    sem = asyncio.Semaphore(IN_FLIGHT)
+    moved = [0]
+    failed = [0]
+
+    async def one(item: str, sources: tuple[str, ...]) -> None:
+        async with sem:
+            for source in sources:
+                try:
+                    n = await _fetch(node, source, item)
+                except StateStoreError as exc:
+                    log.debug("join: %s from %s failed: %s", item, source, exc)
+                    continue
+                moved[0] += n
+                move.bytes += n
+                move.round_done += 1
+                await _throttle(node, bucket, n)
+                return
+            failed[0] += 1
+
+    await asyncio.gather(*(one(p.item, p.sources) for p in pulls))
+    return RoundResult(len(listed), len(pulls), failed[0], unanswered, unseen, moved[0])
+
+
+async def join_loop(node: Node) -> None:
+    """Run this node's join to the end, if it started as ``joining`` (a node loop)."""
+    assert node.membership is not None
+    if node.membership.state is not NodeState.JOINING:
+        return
+    if node.move is None:
+        node.move = MoveStatus(Handover("join"), node.clock())
+    move = node.move
+    if move.handover.phase is Phase.SWITCHED:
+        return
+    await asyncio.sleep(_settle(node))
+    while move.handover.phase is Phase.STREAMING:
+        result = await join_round(node, move)
+        move.handover = move.handover.after_round(result)
+        log.info("join round %d: %s", move.handover.rounds, result)
+        await _pause(node, move, result)
+    if node.membership.state is NodeState.JOINING:
+        node.set_state(NodeState.NORMAL)
+    move.handover = move.handover.switch()
+
+
+# -- leave -----------------------------------------------------------------------------
+
+
+async def leave_round(node: Node, move: MoveStatus, expect: NodeState) -> RoundResult:
+    """Push every item we hold to the owners it has on the ring without us that lack it."""
+    view = node.view()
+    me = node.address
+    targets: dict[str, list[str]] = {}
+    for key in node.store.chunk_keys():
+        targets[f"c:{key}"] = [a for a in view.future_replicas_of(key) if a != me]
+    for store, version, kind, epoch in node.store.manifest_items():
+        owners = [a for a in view.future_replicas_of(store.path) if a != me]
+        targets[f"m:{store.path}/{version}/{kind}/{epoch}"] = owners
+    want: dict[str, list[str]] = defaultdict(list)
+    for item, owners in targets.items():
+        for t in owners:
+            want[t].append(item)
+    answers = await ask_have(node, want)
+    pushes, unanswered = push_plan(me, targets, answers)
+    unseen = 0
+    for _, address in _peers(node):
+        try:
+            resp = await node.transport.request(
+                "POST",
+                address,
+                "/v1/handover/items",
+                json_body={"node": node.id, "limit": 0},
+                timeout=3.0,
+            )
+            if resp.json().get("state") != expect:
+                unseen += 1
+        except (StateStoreError, ValueError, AttributeError):
+            unseen += 1
+    move.round_total, move.round_done = len(pushes), 0
+    bucket = _bucket(node)
+    sem = asyncio.Semaphore(IN_FLIGHT)
+    moved = [0]
+    failed = [0]
+
+    async def one(target: str, item: str) -> None:
+        async with sem:
+            n = await push_item(node, target, item)
+            if n is None:
+                failed[0] += 1
+                return
+            moved[0] += n
+            move.bytes += n
+            move.round_done += 1
+            await _throttle(node, bucket, n)
+
+    await asyncio.gather(*(one(p.target, p.item) for p in pushes))
+    return RoundResult(len(targets), len(pushes), failed[0], unanswered, unseen, moved[0])
+
+
+def leave_problem(node: Node) -> str | None:
+    """Why this node may not leave now (None: it may)."""
+    assert node.membership is not None
+    state = node.membership.state
+    if state is NodeState.LEFT:
+        return None  # done already: the caller sees the finished move
+    if state is NodeState.JOINING:
+        return "it is still joining: wait for its join to finish, then decommission it"
+    view = node.view()
+    others = [
+        m
+        for m in view.members
+        if m.id != node.id and m.status == "up" and m.state == NodeState.NORMAL
+    ]
+    if len(others) < view.replicas:
+        return (
+            f"the ring would keep {len(others)} normal live node(s), fewer than R="
+            f"{view.replicas} copies need: add a node first (statestore node --join)"
+        )
+    return None
+
+
+async def leave(node: Node) -> None:
+    """Run this node's leave to the end (started by :func:`start_leave`)."""
+    assert node.move is not None
+    move = node.move
+    if move.handover.phase is Phase.SWITCHED:
+        return
+    if node.membership is not None and node.membership.state is not NodeState.LEFT:
+        node.set_state(NodeState.LEAVING)
+    await asyncio.sleep(_settle(node))
+    while move.handover.phase is Phase.STREAMING:
+        result = await leave_round(node, move, NodeState.LEAVING)
+        move.handover = move.handover.after_round(result)
+        log.info("leave round %d: %s", move.handover.rounds, result)
+        await _pause(node, move, result)
+    node.set_state(NodeState.LEFT)
+    # A writer whose view was older than our ``left`` may still have written here alone:
+    # sweep until a round finds nothing to push and every member routes without us.
+    for _ in range(FINAL_SWEEPS):
+        await asyncio.sleep(_settle(node))
+        if (await leave_round(node, move, NodeState.LEFT)).clean:
+            break
+    move.handover = move.handover.switch()
+
+
+def start_leave(node: Node) -> MoveStatus:
+    """Begin (or keep going with) this node's decommission; raises InvalidRequest when it
+    may not leave now, saying why."""
+    if node.move is not None and node.move.handover.kind == "leave":
+        return node.move  # already under way, or done: asking again is harmless
+    why = leave_problem(node)
+    if why is not None:
+        raise InvalidRequest(f"node {node.id} cannot leave: {why}")
+    node.move = MoveStatus(Handover("leave"), node.clock())
+    node.spawn(lambda: leave(node), "leave")
+    return node.move
+
+
+async def leave_handler(request: web.Request) -> web.Response:
+    """``POST /v1/handover/leave``: decommission this node (202; progress at
+    ``GET /v1/handover``)."""
+    node = request.app[NODE]
+    allow(request, "admin")
+    move = start_leave(node)
+    return web.json_response(move.to_json(node.clock()), status=202)
+
+
+def move_json(node: Node) -> dict[str, Any]:
+    """This node's ring state and its move (null when it never moved)."""
+    state = node.membership.state.value if node.membership is not None else "normal"
+    move = None if node.move is None else node.move.to_json(node.clock())
+    return {"id": node.id, "address": node.address, "state": state, "move": move}
+
+
+async def progress(request: web.Request) -> web.Response:
+    """``GET /v1/handover``: this node's ring state and the progress of its move."""
+    node = request.app[NODE]
+    allow(request, "read")
+    return web.json_response(move_json(node))
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/v1/handover/items", handover_items)
+    app.router.add_post("/v1/handover/leave", leave_handler)
+    app.router.add_get("/v1/handover", progress)

@@ -1,0 +1,118 @@
+"""Member states in membership and ring views (pure): read, future and write replicas.
+
+The hand-over machine, the pull and push plans and the write rule are tested from data files
+(tests/testdata/handover/, read by test_decisions.py); this file checks the states where they
+live: gossip entries and ring views, with properties against a brute-force oracle (build the
+ring of exactly the members that should own, and ask it).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statestore.core.errors import MalformedData
+from statestore.core.handover import NodeState
+from statestore.core.membership import Membership
+from statestore.core.placement import Member, Ring
+from statestore.core.view import MemberInfo, RingView
+
+
+def _member(n: int) -> Membership:
+    return Membership(f"n{n}", f"10.0.0.{n}:7400", "", 1, 0.0)
+
+
+def test_a_state_change_spreads_by_gossip_and_moves_the_epoch() -> None:
+    a, b = _member(1), _member(2)
+    b.merge(a.digest(), 0.0)
+    a.merge(b.digest(), 0.0)
+    epoch = b.epoch
+    assert b.get("n1").state is NodeState.NORMAL  # type: ignore[union-attr]
+    assert a.set_state(NodeState.LEAVING, 0.1)
+    assert a.state is NodeState.LEAVING
+    assert b.merge(a.digest(), 0.2)  # the live set counts states
+    assert b.get("n1").state is NodeState.LEAVING  # type: ignore[union-attr]
+    assert b.epoch > epoch
+    assert [m.id for m in b.placement_members()] == ["n1", "n2"]  # leaving still owns
+    a.set_state(NodeState.LEFT, 0.3)
+    b.merge(a.digest(), 0.4)
+    assert [m.id for m in b.placement_members()] == ["n2"]
+
+
+def test_an_entry_without_a_state_is_normal_and_an_unknown_state_is_refused() -> None:
+    a = _member(1)
+    entry = {"id": "n2", "address": "10.0.0.2:7400", "incarnation": 1, "heartbeat": 3}
+    a.merge({"epoch": 1, "members": [entry]}, 0.0)
+    assert a.get("n2").state is NodeState.NORMAL  # type: ignore[union-attr]
+    with pytest.raises(MalformedData, match="unknown ring state"):
+        a.merge({"epoch": 1, "members": [{**entry, "heartbeat": 4, "state": "gone"}]}, 0.0)
+
+
+def _view(states: dict[str, str], down: frozenset[str] = frozenset(), vnodes: int = 16) -> RingView:
+    members = tuple(
+        MemberInfo(n, f"{n}:1", "down" if n in down else "up", "", s) for n, s in states.items()
+    )
+    return RingView(3, members, 3, 2, vnodes)
+
+
+def test_a_joining_node_takes_writes_not_reads() -> None:
+    view = _view({"a": "normal", "b": "normal", "c": "normal", "d": "joining"})
+    assert view.moving
+    assert "d:1" in view.live_addresses()
+    keys = [f"k{i}" for i in range(200)]
+    pending = [k for k in keys if "d:1" in view.future_replicas_of(k)]
+    assert pending  # d will own part of the ring
+    for k in keys:
+        assert "d:1" not in view.replicas_of(k)
+        assert view.write_replicas_of(k)[:3] == view.replicas_of(k)
+        assert ("d:1" in view.write_replicas_of(k)) == (k in pending)
+
+
+def test_left_members_own_nothing_and_views_keep_states_on_the_wire() -> None:
+    view = _view({"a": "normal", "b": "normal", "c": "normal", "d": "left"})
+    assert not view.moving and "d:1" not in view.live_addresses()
+    assert all("d:1" not in view.previous_replicas(f"k{i}") for i in range(50))
+    again = RingView.from_json(view.to_json())
+    assert [m.state for m in again.members] == ["normal", "normal", "normal", "left"]
+    old = view.to_json()
+    for m in old["members"]:
+        del m["state"]  # a view from a node that predates states
+    assert {m.state for m in RingView.from_json(old).members} == {"normal"}
+    bad = view.to_json()
+    bad["members"][0]["state"] = "gone"
+    with pytest.raises(MalformedData, match="state"):
+        RingView.from_json(bad)
+
+
+NAMES = ["n1", "n2", "n3", "n4", "n5", "n6"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    states=st.dictionaries(
+        st.sampled_from(NAMES),
+        st.sampled_from(["normal", "normal", "joining", "leaving", "left"]),
+        min_size=1,
+    ),
+    down=st.sets(st.sampled_from(NAMES), max_size=2),
+    keys=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=10),
+)
+def test_read_future_and_write_replicas_against_an_oracle(
+    states: dict[str, str], down: set[str], keys: list[str]
+) -> None:
+    """Oracle: the ring of the live normal and leaving members answers reads; the ring of the
+    live normal and joining members answers the future; a write goes to the union, current
+    owners first."""
+    view = _view(states, frozenset(down))
+    live = {n: s for n, s in states.items() if n not in down}
+    now = Ring((Member(n) for n, s in live.items() if s in ("normal", "leaving")), 16)
+    later = Ring((Member(n) for n, s in live.items() if s in ("normal", "joining")), 16)
+    for k in keys:
+        current = [f"{n}:1" for n in now.replicas(k, 3)]
+        future = [f"{n}:1" for n in later.replicas(k, 3)]
+        assert view.replicas_of(k) == current
+        assert view.future_replicas_of(k) == future
+        assert view.write_replicas_of(k) == current + [a for a in future if a not in current]
+    moving = any(s in ("joining", "leaving") for s in live.values())
+    assert view.moving == (moving and set(now.members) != set(later.members))
