@@ -51,12 +51,13 @@ from statestore.node.repair import ask_have, push_item
 from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
 
-__all__ = ["join_loop", "register", "start_leave"]
+__all__ = ["drain", "join_loop", "register", "start_leave"]
 
 log = logging.getLogger(__name__)
 PAGE = 5000  # items per listing page
 IN_FLIGHT = 4  # items copied at once
 FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
+DRAIN_START_GRACE = 10.0  # seconds a drain retries a leave the ring does not allow yet
 
 
 def _settle(node: Node) -> float:
@@ -65,8 +66,10 @@ def _settle(node: Node) -> float:
 
 
 def _bucket(node: Node) -> TokenBucket:
+    """The ``--stream-mbps`` budget, with a burst of a quarter second (a burst floor would
+    let a small hand-over run unthrottled at a low budget)."""
     rate = node.config.stream_mbps * 1e6
-    return TokenBucket(rate, max(rate / 4, 1 << 20), node.clock())
+    return TokenBucket(rate, rate / 4, node.clock())
 
 
 async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
@@ -368,6 +371,48 @@ def start_leave(node: Node) -> MoveStatus:
     node.move = MoveStatus(Handover("leave"), node.clock())
     node.spawn(lambda: leave(node), "leave")
     return node.move
+
+
+async def drain(node: Node, timeout: float, abort: asyncio.Event) -> str | None:
+    """``--drain-on-stop``: decommission this node before it stops (the same leave as
+    ``POST /v1/handover/leave``), waiting at most ``timeout`` seconds, or until ``abort`` is
+    set (a second signal). Returns None once the node has left, else why it did not: the
+    node then stops anyway, its copies one short until repair re-replicates them."""
+    assert node.membership is not None
+    if node.membership.state is NodeState.LEFT:
+        return None
+    deadline = node.clock() + timeout
+    grace = node.clock() + min(DRAIN_START_GRACE, timeout)
+    while True:  # a peer briefly suspect may make the leave wait: retry a few seconds
+        try:
+            move = start_leave(node)
+            break
+        except InvalidRequest as exc:
+            why = str(exc)
+        if node.clock() >= grace or abort.is_set():
+            return f"{why}; stopping without a drain (repair will re-replicate its copies)"
+        log.warning("drain: %s; trying again until %.0f s have passed", why, DRAIN_START_GRACE)
+        await _wait(abort, 1.0)
+    log.warning("drain: node %s hands its copies over before it stops", node.id)
+    while move.handover.phase is not Phase.SWITCHED:
+        left = deadline - node.clock()
+        if abort.is_set():
+            return "the drain was abandoned (a second signal) before the node left the ring"
+        if left <= 0:
+            return (
+                f"the drain did not finish within --drain-timeout {timeout:g} s "
+                f"({move.handover.rounds} round(s), {move.handover.copied} copied)"
+            )
+        await _wait(abort, min(left, 0.2))
+    return None
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``event`` is set."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        pass
 
 
 async def leave_handler(request: web.Request) -> web.Response:

@@ -1,0 +1,145 @@
+"""A node drained on SIGTERM (``--drain-on-stop``) and a dead node replaced (``--replace ID``),
+with real node processes: the checks a user would make, as in tests/test_elastic.py."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from client import RingClient, StoreId
+from statestore.cli.local import LocalRing, NodeProcess, http_json
+from tests.test_elastic import (
+    ARGS,
+    Copies,
+    R,
+    check_restores,
+    load,
+    sample,
+    stop_load,
+    under_load,
+)
+
+
+def wait_exit(node: NodeProcess, timeout: float) -> int:
+    assert node.proc is not None
+    try:
+        code = node.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        node.proc.kill()
+        node.proc.wait()
+        raise AssertionError(f"node {node.id} did not exit within {timeout} s") from None
+    node.proc = None
+    return code
+
+
+def log_of(node: NodeProcess) -> str:
+    with open(node.log_path, "rb") as f:
+        return f.read().decode(errors="replace")
+
+
+def wait_log(node: NodeProcess, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log_of(node):
+        assert time.monotonic() < deadline, f"{text!r} never logged by {node.id}"
+        time.sleep(0.1)
+
+
+def short_copies(ring: LocalRing, client: RingClient, stores: list[StoreId], top: int) -> dict:
+    """Items of versions 1..top with fewer than R copies on the live nodes."""
+    keys, manifests = sample(client, stores, top)
+    counts = Copies(ring, keys, manifests).count(ring.seeds)
+    assert counts is not None
+    return {i: n for i, n in counts.items() if n < R}
+
+
+def test_sigterm_drains_a_node_before_it_exits(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
+    drained = ring.add_node(["--drain-on-stop", "--stream-mbps", "1"])
+    ring.wait_ring(4)
+    stores = [StoreId("drain", 0, p) for p in range(3)]
+    try:
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            others = [p.address for p in ring.procs[:3]]
+            states, writer, copies = under_load(ring, client, stores, 4, others)
+            assert drained.proc is not None
+            drained.proc.send_signal(signal.SIGTERM)
+            assert wait_exit(drained, 120) == 0, log_of(drained)[-2000:]
+            with open(Path(drained.data_dir) / "node.out") as f:
+                out = f.read()
+            assert "drained: it left the ring" in out, out
+            time.sleep(1.0)  # commits on the ring without it
+            stop_load(writer, copies)  # never below R copies, while it drained and after
+            # what it held is on R of the remaining nodes the moment it is gone
+            counts = copies.count(others)
+            assert counts is not None
+            assert not {i: n for i, n in counts.items() if n < R}
+            ring.wait_ring(3)
+            view = ring.ring(others[0])
+            assert {m["id"]: m["state"] for m in view["members"]}[drained.id] == "left"
+            check_restores(client, writer, states, 6)
+            # every version the writer committed settles at R copies too
+            top = min(writer.next.values()) - 1
+            deadline = time.monotonic() + 30
+            while short := short_copies(ring, client, stores, top):
+                assert time.monotonic() < deadline, list(short.items())[:5]
+                time.sleep(0.5)
+            # it refuses to start again as a member: it left
+            again = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "statestore",
+                    "node",
+                    "--data-dir",
+                    drained.data_dir,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--seeds",
+                    others[0],
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert again.returncode == 2 and "decommissioned" in again.stderr
+    finally:
+        ring.stop()
+
+
+def test_drain_refused_or_abandoned_exits_non_zero(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 2, args=ARGS).start()
+    small = ring.add_node(["--drain-on-stop", "--drain-timeout", "2"])
+    ring.wait_ring(3)
+    try:
+        # R=3 on 3 nodes: leaving would keep 2 normal nodes
+        assert small.proc is not None
+        small.proc.send_signal(signal.SIGTERM)
+        assert wait_exit(small, 60) == 1
+        log = log_of(small)
+        assert "cannot leave" in log and "fewer than R=3" in log, log[-2000:]
+        assert "stops without a finished drain" in log
+        ring.restart(2)  # it never left: it starts again as a member
+        ring.wait_ring(3)
+        slow = ring.add_node(["--drain-on-stop", "--stream-mbps", "0.005"])
+        ring.wait_ring(4)
+        stores = [StoreId("abandon", 0, p) for p in range(2)]
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            load(client, stores, 4, seed=5)
+        assert slow.proc is not None
+        slow.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 40
+        while True:  # mid-drain: it has pushed something and is not done
+            move = http_json(slow.address, "/v1/handover")["move"]  # type: ignore[index]
+            if move and move["kind"] == "leave" and move["round_done"] > 0:
+                break
+            assert time.monotonic() < deadline, move
+            time.sleep(0.1)
+        assert move["phase"] == "streaming"
+        slow.proc.send_signal(signal.SIGTERM)  # the second signal stops it at once
+        assert wait_exit(slow, 40) == 1
+        assert "drain was abandoned" in log_of(slow)
+    finally:
+        ring.stop()
