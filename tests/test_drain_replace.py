@@ -11,16 +11,21 @@ from pathlib import Path
 
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, NodeProcess, http_json
+from statestore.core.view import RingView
 from tests.test_elastic import (
     ARGS,
     Copies,
     R,
+    Writer,
     check_restores,
     load,
     sample,
     stop_load,
     under_load,
+    wait_exact,
+    wait_state,
 )
+from tests.test_ring import post
 
 
 def wait_exit(node: NodeProcess, timeout: float) -> int:
@@ -141,5 +146,59 @@ def test_drain_refused_or_abandoned_exits_non_zero(tmp_path: Path) -> None:
         slow.proc.send_signal(signal.SIGTERM)  # the second signal stops it at once
         assert wait_exit(slow, 40) == 1
         assert "drain was abandoned" in log_of(slow)
+    finally:
+        ring.stop()
+
+
+def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 4, args=ARGS).start()
+    stores = [StoreId("replace", 0, p) for p in range(3)]
+    try:
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            states = load(client, stores, 6, seed=6)
+            keys, manifests = sample(client, stores, 6)
+            before = RingView.from_json(ring.ring())
+            dead = ring.procs[3]
+            dead_id, dead_address = dead.id, dead.address
+            share = [k for k in keys if dead_address in before.replicas_of(k)]
+            ring.kill(3)
+            ring.wait_ring(3)
+            cmd = [sys.executable, "-m", "statestore", "node", "--listen", "127.0.0.1:0"]
+            cmd += [*ARGS, "--seeds", ring.seeds[0]]
+            for i, (target, says) in enumerate(
+                [
+                    (ring.procs[0].id, f"node {ring.procs[0].id} is up"),
+                    ("no-such-node", "no member of the ring knows a node no-such-node"),
+                ]
+            ):
+                data_dir = tmp_path / f"refused-{i}"
+                refused = subprocess.run(
+                    [*cmd, "--data-dir", str(data_dir), "--replace", target],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+                assert not (data_dir / "node.json").exists()  # it took no identity
+            writer = Writer(ring.seeds, states, 7)
+            writer.start()
+            new = ring.add_node(["--replace", dead_id, "--stream-mbps", "1"])
+            assert new.id == dead_id and new.address != dead_address
+            done = wait_state(new, "normal", timeout=90)
+            move = done["move"]
+            assert isinstance(move, dict) and move["phase"] == "switched" and move["copied"] > 0
+            # the same id, so the same tokens: it owns exactly what the dead node owned
+            after = RingView.from_json(ring.ring(new.address))
+            assert [k for k in keys if new.address in after.replicas_of(k)] == share
+            owned = [m for m in manifests if new.address in after.replicas_of(m[0])]
+            held = post(new.address, "/v1/sync/have", {"chunks": share, "manifests": owned})
+            assert share and all(held["chunks"]) and all(held["manifests"])  # type: ignore[index]
+            time.sleep(1.0)  # commits on the ring with it
+            writer.stop()
+            assert not writer.failures, writer.failures[:5]
+            ring.wait_ring(4)
+            check_restores(client, writer, states, 6)
+            # the copies repair made while it was dead are dropped: exactly R again
+            wait_exact(Copies(ring, keys, manifests), ring.seeds, R)
     finally:
         ring.stop()

@@ -43,7 +43,15 @@ from statestore.node.discovery import Discovery
 from statestore.node.replica import NodeStore
 from statestore.wire.bodies import GossipDigest, decode_json
 
-__all__ = ["NODE", "DataDirInUse", "Loop", "MoveStatus", "Node", "NodeConfig"]
+__all__ = [
+    "NODE",
+    "DataDirInUse",
+    "Loop",
+    "MoveStatus",
+    "Node",
+    "NodeConfig",
+    "stored_identity",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,14 +72,27 @@ def _lock_data_dir(data_dir: str) -> int:
     return fd
 
 
-def _load_identity(data_dir: str) -> tuple[str, int]:
-    """The node id kept in the data dir, and a new incarnation (one more than last start)."""
+def stored_identity(data_dir: str) -> str | None:
+    """The node id kept in ``data_dir`` (None: a new node)."""
+    path = os.path.join(data_dir, "node.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        ident = json.load(f).get("id")
+    return str(ident) if ident else None
+
+
+def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple[str, int]:
+    """The node id kept in the data dir, and a new incarnation (one more than last start).
+    ``adopt`` (``--replace``): a new data dir takes that id, at least at that incarnation."""
     os.makedirs(data_dir, exist_ok=True)
     path = os.path.join(data_dir, "node.json")
     ident: dict[str, Any] = {}
     if os.path.exists(path):
         with open(path) as f:
             ident = json.load(f)
+    elif adopt is not None:
+        ident = {"id": adopt[0], "incarnation": adopt[1] - 1}
     node_id = str(ident.get("id") or uuid.uuid4().hex[:16])
     incarnation = int(ident.get("incarnation", 0)) + 1
     tmp = path + ".tmp"
@@ -173,6 +194,8 @@ class Node:
             that outlives the node, so a restarted node finds its data.
         writer: where storage writes run, one at a time (default: one thread; the simulator
             runs them inline so a run stays deterministic).
+        adopt: ``(id, incarnation)`` a new data dir takes (``--replace``, checked by
+            node/handover.check_replace): the node enters as ``joining`` with that id.
     """
 
     def __init__(
@@ -184,6 +207,7 @@ class Node:
         transport: Transport | None = None,
         backend: Backend | None = None,
         writer: Executor | None = None,
+        adopt: tuple[str, int] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -191,12 +215,14 @@ class Node:
         # before the lock: a CA file it cannot use is a ValueError with nothing to release
         tls = client_context(config.tls_ca or None) if config.tls_cert else None
         self._lock = _lock_data_dir(config.data_dir)
-        self.id, self.incarnation = _load_identity(config.data_dir)
+        self.id, self.incarnation = _load_identity(config.data_dir, adopt)
         try:
             self.access = Access(
                 self.id, config.cluster_secret_file or None, config.auth_file or None
             )
-            self.initial_state = _load_ring_state(config.data_dir, config.join)
+            # a replacement streams the dead node's share before it serves: a join
+            join = config.join or bool(config.replace)
+            self.initial_state = _load_ring_state(config.data_dir, join)
         except BaseException:
             os.close(self._lock)
             raise

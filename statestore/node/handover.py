@@ -40,18 +40,23 @@ from statestore.core.handover import (
     NodeState,
     Phase,
     RoundResult,
+    Sighting,
     pull_plan,
     push_plan,
+    replace_plan,
 )
 from statestore.core.ids import StoreId
 from statestore.core.placement import Member, Ring
-from statestore.node.auth import allow
-from statestore.node.daemon import NODE, MoveStatus, Node
+from statestore.net.http import HttpTransport
+from statestore.net.tls import client_context
+from statestore.node.auth import Access, allow
+from statestore.node.config import NodeConfig
+from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity
 from statestore.node.repair import ask_have, push_item
 from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
 
-__all__ = ["drain", "join_loop", "register", "start_leave"]
+__all__ = ["check_replace", "drain", "join_loop", "register", "start_leave"]
 
 log = logging.getLogger(__name__)
 PAGE = 5000  # items per listing page
@@ -126,7 +131,8 @@ def items_for(node: Node, target: str, zone: str) -> list[str]:
 
 async def handover_items(request: web.Request) -> web.Response:
     """``POST /v1/handover/items``: a page of the items this node holds that a joining node
-    will own, and the ring state this node sees for it (``limit`` 0: the state only)."""
+    will own, and the ring state this node sees for it (``limit`` 0: the state only, and how
+    this node sees that member: ``member`` status, state, incarnation, zone, or null)."""
     node = request.app[NODE]
     allow(request, "admin")
     body = decode_json(await request.read(), HandoverItemsRequest, "handover items")
@@ -134,7 +140,17 @@ async def handover_items(request: web.Request) -> web.Response:
     seen = node.membership.get(body.node)
     state = None if seen is None or seen.status.value == "down" else seen.state.value
     if body.limit == 0:
-        return web.json_response({"state": state, "items": [], "next": None})
+        member = (
+            None
+            if seen is None
+            else {
+                "status": seen.status.value,
+                "state": seen.state.value,
+                "incarnation": seen.incarnation,
+                "zone": seen.zone,
+            }
+        )
+        return web.json_response({"state": state, "member": member, "items": [], "next": None})
     items = await asyncio.to_thread(items_for, node, body.node, body.zone)
     if body.after:
         items = [i for i in items if i > body.after]
@@ -258,6 +274,72 @@ async def join_loop(node: Node) -> None:
     if node.membership.state is NodeState.JOINING:
         node.set_state(NodeState.NORMAL)
     move.handover = move.handover.switch()
+
+
+# -- replace a dead node ------------------------------------------------------------------
+
+
+async def _sighting(transport: HttpTransport, address: str, target: str) -> Sighting | None:
+    resp = await transport.request(
+        "POST",
+        address,
+        "/v1/handover/items",
+        json_body={"node": target, "limit": 0},
+        timeout=5.0,
+    )
+    m = resp.json().get("member")
+    if m is None:
+        return None
+    return Sighting(str(m["status"]), str(m["state"]), int(m["incarnation"]), str(m["zone"]))
+
+
+async def check_replace(config: NodeConfig) -> int | None:
+    """``statestore node --replace ID``: the incarnation to take ID's place at, or None when
+    the data dir already holds ID (a replacement restarted: it resumes like ``--join``).
+
+    Asks the seeds and the members they know how they see ID (``POST /v1/handover/items``,
+    ``limit`` 0) and decides with ``core/handover.replace_plan``; raises ValueError saying why
+    not (ID alive, unknown, owning nothing, another zone, nobody answered), or when the data
+    dir holds another node."""
+    target = config.replace
+    held = stored_identity(config.data_dir)
+    if held == target:
+        return None
+    if held is not None:
+        raise ValueError(
+            f"--replace {target}: the data dir {config.data_dir} holds node {held}; a "
+            "replacement starts with an empty --data-dir"
+        )
+    tls = client_context(config.tls_ca or None) if config.tls_cert else None
+    access = Access(target, config.cluster_secret_file or None, config.auth_file or None)
+    transport = HttpTransport(timeout=5.0, auth=access.outbound, tls=tls)
+    await transport.start()
+    try:
+        addresses = list(config.seeds)
+        for seed in config.seeds:  # every member a seed knows, so no single view decides
+            try:
+                ring = (await transport.request("GET", seed, "/v1/ring", timeout=5.0)).json()
+                addresses += [
+                    str(m["address"])
+                    for m in ring["members"]
+                    if m["id"] != target and m["status"] != "down"
+                ]
+                break
+            except (StateStoreError, KeyError, TypeError, ValueError) as exc:
+                log.warning("replace: seed %s gave no ring view: %s", seed, exc)
+        sightings: dict[str, Sighting | None] = {}
+        for address in dict.fromkeys(addresses):
+            try:
+                sightings[address] = await _sighting(transport, address, target)
+            except (StateStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.warning("replace: %s did not say how it sees %s: %s", address, target, exc)
+    finally:
+        await transport.close()
+    why, incarnation = replace_plan(target, config.zone, sightings, len(set(addresses)))
+    if why is not None:
+        raise ValueError(f"cannot replace node {target}: {why}")
+    log.warning("replacing dead node %s at incarnation %d", target, incarnation)
+    return incarnation
 
 
 # -- leave -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from statestore.net.tls import server_context
 from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
-from statestore.node.handover import drain, join_loop
+from statestore.node.handover import check_replace, drain, join_loop
 from statestore.node.repair import repair_loop
 from statestore.node.tombstones import tombstone_loop
 
@@ -37,9 +37,14 @@ LOOPS: tuple[tuple[str, Loop], ...] = (
 
 async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
     """Bind the API (HTTPS with ``config.tls_cert``) and start the node; stop with
-    :func:`stop_node`. Raises ValueError for a secret, tokens or TLS file it cannot use."""
+    :func:`stop_node`. Raises ValueError for a secret, tokens or TLS file it cannot use, or
+    a ``--replace`` the ring refuses."""
     tls = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
-    node = Node(config)
+    adopt = None
+    if config.replace:  # raises ValueError when the node may not be replaced
+        incarnation = await check_replace(config)
+        adopt = None if incarnation is None else (config.replace, incarnation)
+    node = Node(config, adopt=adopt)
     # keepalive_timeout doubles as the header read timeout: aiohttp arms it when a connection
     # opens and closes a connection still waiting for a whole request line and headers when
     # it fires (300 half-open connections would otherwise hold 300 file descriptors).
