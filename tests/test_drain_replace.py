@@ -9,8 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, NodeProcess, http_json
+from statestore.cli.main import main
 from statestore.core.view import RingView
 from tests.test_elastic import (
     ARGS,
@@ -202,3 +205,27 @@ def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> N
             wait_exact(Copies(ring, keys, manifests), ring.seeds, R)
     finally:
         ring.stop()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--drain-timeout", "0"], "'0' is not a positive number"),
+        (["--drain-timeout", "soon"], "'soon' is not a positive number"),
+        (["--replace", "../etc", "--seeds", "127.0.0.1:1"], "is no node id"),
+        (["--replace", "x" * 65, "--seeds", "127.0.0.1:1"], "is no node id"),
+        (["--replace", "3f2a9c0d1e2b4f6a"], "--replace needs --seeds"),
+    ],
+)
+def test_drain_and_replace_flags_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], words: str
+) -> None:
+    data_dir = tmp_path / "n"
+    try:
+        code = main(["node", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *flags])
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err, err
+    assert not data_dir.exists()  # refused before it took an identity
