@@ -185,8 +185,19 @@ def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> N
                 assert not (data_dir / "node.json").exists()  # it took no identity
             writer = Writer(ring.seeds, states, 7)
             writer.start()
-            new = ring.add_node(["--replace", dead_id, "--stream-mbps", "1"])
+            new = ring.add_node(["--replace", dead_id, "--stream-mbps", "0.1"])
             assert new.id == dead_id and new.address != dead_address
+            # while it streams it is a pending owner: the ring reads its share elsewhere
+            deadline = time.monotonic() + 30
+            while True:
+                seen = RingView.from_json(ring.ring(ring.seeds[0]))
+                if {m.id: m.state for m in seen.members}.get(dead_id) == "joining":
+                    break
+                assert time.monotonic() < deadline, seen.members
+                time.sleep(0.1)
+            assert http_json(new.address, "/v1/handover")["state"] == "joining"  # type: ignore[index]
+            assert not [k for k in share if new.address in seen.replicas_of(k)]
+            assert all(new.address in seen.future_replicas_of(k) for k in share)
             done = wait_state(new, "normal", timeout=90)
             move = done["move"]
             assert isinstance(move, dict) and move["phase"] == "switched" and move["copied"] > 0
