@@ -9,12 +9,16 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, NodeProcess, http_json
 from statestore.cli.main import main
 from statestore.core.view import RingView
+from statestore.node.config import NodeConfig
+from statestore.node.daemon import Node, stored_identity
+from statestore.node.handover import check_replace
 from tests.test_elastic import (
     ARGS,
     Copies,
@@ -240,3 +244,47 @@ def test_drain_and_replace_flags_are_checked(
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err, err
     assert not data_dir.exists()  # refused before it took an identity
+
+
+async def test_how_a_member_is_seen_and_replace_refusals_in_process(
+    solo: Node, tmp_path: Path
+) -> None:
+    async with aiohttp.ClientSession() as http:
+
+        async def items(body: object) -> tuple[int, dict[str, object]]:
+            url = f"http://{solo.address}/v1/handover/items"
+            async with http.post(url, json=body) as resp:
+                return resp.status, await resp.json()
+
+        status, seen = await items({"node": solo.id, "limit": 0})
+        assert status == 200 and seen["member"] == {
+            "status": "up",
+            "state": "normal",
+            "incarnation": solo.incarnation,
+            "zone": "",
+        }
+        status, seen = await items({"node": "nobody", "limit": 0})
+        assert status == 200 and seen["member"] is None and seen["state"] is None
+        for bad in ({"node": "../x", "limit": 0}, {"limit": 0}, {"node": "a", "limit": -1}, []):
+            status, seen = await items(bad)
+            assert status == 400, (bad, seen)
+
+    def config(data_dir: str, target: str) -> NodeConfig:
+        return NodeConfig(
+            port=0,
+            data_dir=data_dir,
+            seeds=[solo.address],
+            dht=False,
+            storage="memory://",
+            replace=target,
+        )
+
+    for target, says in ((solo.id, "is up as"), ("nobody", "no member of the ring knows")):
+        fresh = config(str(tmp_path / "r"), target)
+        with pytest.raises(ValueError, match=says):
+            await check_replace(fresh)
+        assert stored_identity(fresh.data_dir) is None
+    with pytest.raises(ValueError, match=f"holds node {solo.id}"):
+        await check_replace(config(solo.config.data_dir, "nobody"))
+    # a replacement restarted (its data dir holds the id): it resumes, nothing is asked
+    assert await check_replace(config(solo.config.data_dir, solo.id)) is None
