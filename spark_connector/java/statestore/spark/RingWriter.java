@@ -311,6 +311,11 @@ public final class RingWriter {
       all.add(putEverywhere(targets, "/v1/chunks/" + key, c.data(), null, chunkAck(key))
           .whenComplete((r, e) -> sem.release())
           .thenApply(r -> {
+            for (RingException e : r.errors) {
+              if (e.code().equals("quota_exceeded")) {
+                throw e; // the query is over its quota on a replica: final, not an outage
+              }
+            }
             checkWrite("chunk " + key, r.acks, v.writeQuorum, targets.size(), r.errors);
             return r.acks;
           }));
@@ -345,7 +350,8 @@ public final class RingWriter {
     Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack",
         RingWriter::manifestAck).join();
     for (RingException e : r.errors) {
-      if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")) {
+      if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")
+          || e.code().equals("quota_exceeded")) {
         throw e;
       }
     }
