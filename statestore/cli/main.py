@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         '["read", "write", "admin"]}}, re-read when it changes (docs/security.md)',
     )
     n.add_argument(
+        "--quota-file",
+        default="",
+        metavar="F",
+        help='per-query storage quotas: JSON {"q1": {"max_bytes": N}, "etl-*": {...}}, the '
+        "bytes each query may hold on this node, re-read when it changes (docs/security.md)",
+    )
+    n.add_argument(
         "--tls-cert",
         default="",
         metavar="F",
@@ -278,6 +285,7 @@ def _node(args: argparse.Namespace) -> int:
             inject_delay=args.inject_delay,
             cluster_secret_file=args.cluster_secret_file,
             auth_file=args.auth_file,
+            quota_file=args.quota_file,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,

@@ -42,6 +42,7 @@ class NodeConfig:
     # security (docs/security.md)
     cluster_secret_file: str = ""  # same file on every node: internal requests are signed
     auth_file: str = ""  # client bearer tokens, scoped to queries and rights
+    quota_file: str = ""  # per-query storage quotas (bytes held on this node), reloaded
     tls_cert: str = ""  # PEM certificate: serve HTTPS only (with tls_key)
     tls_key: str = ""  # its private key
     tls_ca: str = ""  # PEM CA the nodes we call are verified against ("" = the system's CAs)

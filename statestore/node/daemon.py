@@ -31,6 +31,7 @@ from aiohttp import web
 from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError
 from statestore.core.handover import Handover, NodeState
 from statestore.core.membership import Membership, Status
+from statestore.core.quota import Quotas, parse_quotas
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
@@ -41,6 +42,7 @@ from statestore.node.backends import Backend, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
 from statestore.node.replica import NodeStore
+from statestore.node.watched import WatchedFile
 from statestore.wire.bodies import GossipDigest, decode_json
 
 __all__ = [
@@ -220,6 +222,11 @@ class Node:
             self.access = Access(
                 self.id, config.cluster_secret_file or None, config.auth_file or None
             )
+            self.quotas: WatchedFile[Quotas] | None = (
+                WatchedFile(config.quota_file, parse_quotas, "--quota-file", "quotas")
+                if config.quota_file
+                else None
+            )
             # a replacement streams the dead node's share before it serves: a join
             join = config.join or bool(config.replace)
             self.initial_state = _load_ring_state(config.data_dir, join)
@@ -374,6 +381,15 @@ class Node:
             )
         return None
 
+    def quota_limit(self, query: str) -> int | None:
+        """The bytes ``query`` may hold on this node (None: no quota), from ``--quota-file``
+        re-read if it changed."""
+        return self.quotas.current().limit(query) if self.quotas is not None else None
+
+    def quotas_on(self) -> bool:
+        """Whether this node enforces any quota (writers then ask for room first)."""
+        return self.quotas is not None and bool(self.quotas.current())
+
     def check_writable(self) -> None:
         """Raise InsufficientStorage (507) while the node is read-only."""
         reason = self.read_only_reason()
@@ -387,7 +403,12 @@ class Node:
 
     def view(self) -> RingView:
         assert self.membership is not None
-        if self._view is None or self._view.epoch != self.membership.epoch:
+        quotas = self.quotas_on()
+        if (
+            self._view is None
+            or self._view.epoch != self.membership.epoch
+            or self._view.quotas != quotas
+        ):
             members = tuple(
                 MemberInfo(m.id, m.address, m.status.value, m.zone, m.state.value)
                 for m in self.membership.members()
@@ -398,6 +419,7 @@ class Node:
                 self.config.replicas,
                 self.config.write_quorum,
                 self.config.vnodes,
+                quotas,
             )
         return self._view
 
@@ -471,6 +493,8 @@ class Node:
             if now - at < 300.0
         ]
         out += self.access.problems()
+        if self.quotas is not None and self.quotas.error:
+            out.append(self.quotas.error)
         out += self.storage_problems()
         return out
 
