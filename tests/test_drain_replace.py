@@ -218,6 +218,22 @@ def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> N
             check_restores(client, writer, states, 6)
             # the copies repair made while it was dead are dropped: exactly R again
             wait_exact(Copies(ring, keys, manifests), ring.seeds, R)
+            # the dead node's old data dir started again by mistake: it learns it was
+            # replaced and stands aside (no fight over the id), the ring keeps the new one
+            seeds = ring.seeds
+            dead.start(seeds[:1])
+            deadline = time.monotonic() + 30
+            while True:
+                health = http_json(dead.address, "/v1/health")
+                reasons = " ".join(health["reasons"])  # type: ignore[index]
+                if f"replaced by the node at {new.address}" in reasons:
+                    break
+                assert time.monotonic() < deadline, health
+                time.sleep(0.2)
+            for address in seeds:
+                view = ring.ring(address)
+                assert {m["id"]: m["address"] for m in view["members"]}[dead_id] == new.address
+            assert http_json(new.address, "/v1/health")["status"] == "ok"  # type: ignore[index]
     finally:
         ring.stop()
 

@@ -163,3 +163,23 @@ def test_a_replacement_at_a_higher_incarnation_takes_the_dead_entry_everywhere()
     # the dead node's old entry, gossiped again by a slow peer, no longer wins
     a.merge({"epoch": 1, "members": [{**dead, "heartbeat": 950}]}, 10.2)
     assert a.get("n9").address == "10.0.0.10:7400"  # type: ignore[union-attr]
+
+
+def test_a_replaced_node_does_not_refute_its_replacement() -> None:
+    old = Membership("n9", "10.0.0.9:7400", "", 4, 0.0)
+    peer = _member(1)
+    peer.merge(old.digest(), 0.0)
+    # the replacement, at another address and a higher incarnation, takes n9 on the peer
+    new = Membership("n9", "10.0.0.10:7400", "", 5, 0.0, state=NodeState.JOINING)
+    peer.merge(new.digest(), 0.1)
+    assert peer.get("n9").address == "10.0.0.10:7400"  # type: ignore[union-attr]
+    # the old process hears of it: it does not take a newer incarnation to win the id back
+    old.merge(peer.digest(), 0.2)
+    assert old.superseded == ("10.0.0.10:7400", 5)
+    assert old.get("n9").incarnation == 4  # type: ignore[union-attr]
+    peer.merge(old.digest(), 0.3)
+    assert peer.get("n9").address == "10.0.0.10:7400"  # type: ignore[union-attr]
+    # a newer life of ours at our own address is refuted as before (a restart's leftovers)
+    same = Membership("n8", "10.0.0.8:7400", "", 2, 0.0)
+    same.merge({"epoch": 1, "members": [{**same.digest()["members"][0], "incarnation": 3}]}, 0.1)
+    assert same.superseded is None and same.get("n8").incarnation == 4  # type: ignore[union-attr]

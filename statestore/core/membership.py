@@ -124,6 +124,9 @@ class Membership:
         self.self_id = self_id
         self.address = address
         self.refused: list[str] = []  # why entries of the last merge were skipped
+        # (address, incarnation) of a newer life of our id at another address: a
+        # replacement (``statestore node --replace``) took our place; we do not refute it
+        self.superseded: tuple[str, int] | None = None
         self.own_hosts = frozenset(h.lower() for h in own_hosts)
         self.suspect_after = suspect_after
         self.down_after = down_after
@@ -200,6 +203,12 @@ class Membership:
             ident, addr, zone, inc, hb, state = _parse_entry(obj)
             if ident == self.self_id:
                 me = self._members[ident]
+                if (inc, hb) > (me.incarnation, me.heartbeat) and addr != me.address:
+                    # another process lives our id elsewhere, newer: we were replaced.
+                    # Refuting would make the two fight over the id (and its tokens).
+                    if self.superseded is None or inc > self.superseded[1]:
+                        self.superseded = (addr, inc)
+                    continue
                 if (inc, hb) > (me.incarnation, me.heartbeat) and inc < MAX_INCARNATION:
                     # refute: a peer claims a newer life of ours than we lived
                     self._members[ident] = replace(me, incarnation=inc + 1, last_advance=now)

@@ -255,6 +255,7 @@ class Node:
         self.restorer: Restorer
         self.stats: dict[str, int] = {"repaired": 0, "handed_off": 0, "snapshots": 0, "gc": 0}
         self.move: MoveStatus | None = None  # a join or leave under way or finished
+        self._superseded_logged = False
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, port: int, loops: Sequence[tuple[str, Loop]] = ()) -> None:
@@ -438,6 +439,23 @@ class Node:
         self.membership.merge(digest.to_dict(), self.clock())
         for why in self.membership.refused:
             log.warning("gossip from %s: entry refused: %s", address, why)
+        self._check_superseded()
+
+    def _check_superseded(self) -> None:
+        """Stop gossiping once another process took our id (``--replace``): the ring then
+        knows only it, and this one must be stopped and its data dir wiped."""
+        assert self.membership is not None
+        if self.membership.superseded is not None and not self._superseded_logged:
+            self._superseded_logged = True
+            addr, inc = self.membership.superseded
+            log.error(
+                "node %s was replaced by the node at %s (incarnation %d, statestore node "
+                "--replace): this process no longer takes part in the ring; stop it and do "
+                "not start its data dir again",
+                self.id,
+                addr,
+                inc,
+            )
 
     def _gossip_targets(self, extra: list[str]) -> list[str]:
         assert self.membership is not None
@@ -453,7 +471,7 @@ class Node:
 
     async def _gossip_loop(self) -> None:
         assert self.membership is not None
-        while True:
+        while self.membership.superseded is None:
             if self.membership.tick(self.clock()):
                 log.info(
                     "ring epoch %d: %d live", self.membership.epoch, len(self.membership.live())
@@ -466,6 +484,7 @@ class Node:
                 if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
                     log.warning("gossip with %s failed: %r", a, r)
             await asyncio.sleep(self.config.gossip_interval)
+        self._check_superseded()  # replaced (--replace): no more heartbeats from us
 
     async def _discovery_loop(self) -> None:
         assert self.discovery is not None
@@ -493,6 +512,9 @@ class Node:
             if now - at < 300.0
         ]
         out += self.access.problems()
+        if self.membership is not None and self.membership.superseded is not None:
+            addr, _ = self.membership.superseded
+            out.append(f"replaced by the node at {addr} (--replace): stop this process")
         if self.quotas is not None and self.quotas.error:
             out.append(self.quotas.error)
         out += self.storage_problems()
