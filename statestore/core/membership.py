@@ -11,6 +11,10 @@ epoch and anything placement-dependent can be tagged with it. Time is passed in.
 Each entry also carries the member's ring state (``core/handover.NodeState``: joining, normal,
 leaving, left), written only by the member itself (:meth:`Membership.set_state` bumps its
 heartbeat so the change spreads); a state change moves the epoch like a change of the live set.
+
+A newer life of our own id is refuted (we take a higher incarnation) when it names our address,
+and is *not* when it names another one: that is a replacement (``statestore node --replace``)
+that took our id, and :attr:`Membership.superseded` says so; the node then stands aside.
 """
 
 from __future__ import annotations
