@@ -3,6 +3,7 @@ with real node processes: the checks a user would make, as in tests/test_elastic
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -15,7 +16,9 @@ import pytest
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, NodeProcess, http_json
 from statestore.cli.main import main
+from statestore.core.handover import NodeState
 from statestore.core.view import RingView
+from statestore.node.backends import MemoryBackend
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Node, stored_identity
 from statestore.node.handover import check_replace
@@ -304,3 +307,52 @@ async def test_how_a_member_is_seen_and_replace_refusals_in_process(
         await check_replace(config(solo.config.data_dir, "nobody"))
     # a replacement restarted (its data dir holds the id): it resumes, nothing is asked
     assert await check_replace(config(solo.config.data_dir, solo.id)) is None
+
+
+async def test_a_replaced_node_serves_nothing_but_health_and_stops_its_loops(solo: Node) -> None:
+    assert solo.membership is not None
+    # gossip carrying our id at another address, at a higher incarnation: a --replace took it
+    solo.membership.merge(
+        {
+            "epoch": solo.membership.epoch,
+            "members": [
+                {
+                    "id": solo.id,
+                    "address": "127.0.0.1:9",
+                    "incarnation": solo.incarnation + 1,
+                    "heartbeat": 10**6,
+                }
+            ],
+        },
+        solo.clock(),
+    )
+    solo._check_superseded()
+    assert solo.membership.superseded is not None
+    async with aiohttp.ClientSession() as http:
+        base = f"http://{solo.address}"
+        key = "q1/0/0/default/1/d0-0011223344556677"
+        async with http.put(f"{base}/v1/chunks/{key}", data=b"x") as resp:
+            assert resp.status == 503, await resp.text()
+            assert "replaced" in (await resp.json())["error"]["message"]
+        for path in ("/v1/ring", "/v1/stores", "/v1/stores/q1/0/0/default/head"):
+            async with http.get(base + path) as resp:
+                assert resp.status == 503, path
+        async with http.get(f"{base}/v1/health") as resp:
+            health = await resp.json()
+            assert resp.status == 200 and health["status"] == "degraded"
+    assert solo.store.chunk_keys() == []  # the refused write left nothing
+    await asyncio.sleep(0)  # let the cancellations land
+    assert all(t.done() for t in solo._tasks), [t for t in solo._tasks if not t.done()]
+
+
+def test_a_join_cut_short_resumes_as_a_join_whatever_the_flags(tmp_path: Path) -> None:
+    def start(join: bool) -> Node:
+        config = NodeConfig(port=0, data_dir=str(tmp_path / "n"), dht=False, join=join)
+        return Node(config, backend=MemoryBackend())
+
+    node = start(join=True)  # a join starts ... and the process dies before it finished
+    assert node.initial_state is NodeState.JOINING
+    node.release()
+    node = start(join=False)  # restarted without --join: still a join, not an owner
+    assert node.initial_state is NodeState.JOINING
+    node.release()

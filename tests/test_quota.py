@@ -386,3 +386,57 @@ def test_a_malformed_quota_file_stops_the_node(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert f"--quota-file {bad}" in done.stderr and "max_bytes" in done.stderr
+
+
+async def test_room_counts_only_the_chunks_the_node_lacks(tmp_path: Path) -> None:
+    """A retried commit (its chunks landed, its manifest did not) is not charged twice by the
+    room check: what the node holds already counts nothing, as its writes would not."""
+    import aiohttp
+
+    from statestore.node.config import NodeConfig
+    from statestore.node.server import start_node, stop_node
+
+    qfile = tmp_path / "quotas.json"
+    qfile.write_text(json.dumps({"qa": {"max_bytes": 9000}}))
+    config = NodeConfig(
+        port=0,
+        data_dir=str(tmp_path / "n"),
+        storage="memory://",
+        replicas=1,
+        write_quorum=1,
+        dht=False,
+        quota_file=str(qfile),
+    )
+    node, runner = await start_node(config)
+    try:
+        a = StoreId("qa", 0, 0, "default")
+        (c1,) = encode_chunks({b"k1": os.urandom(5000)}, [])
+        (c2,) = encode_chunks({b"k2": os.urandom(5000)}, [])
+        k1, k2 = chunk_key(a, 1, c1.name), chunk_key(a, 1, c2.name)
+        url = f"http://{node.address}/v1/queries/qa/room"
+        async with aiohttp.ClientSession() as http:
+
+            async def room(body: object) -> tuple[int, Any]:
+                async with http.post(url, json=body) as resp:
+                    return resp.status, await resp.json()
+
+            assert (await room({"chunks": [[k1, len(c1.data)]], "bytes": 300}))[0] == 200
+            async with http.put(f"http://{node.address}/v1/chunks/{k1}", data=c1.data) as r:
+                assert r.status == 201
+            # k1 held: a retry asks for it again and only the manifest counts
+            status, answer = await room({"chunks": [[k1, len(c1.data)]], "bytes": 300})
+            assert status == 200 and answer["bytes"] == 300, answer
+            # the old question (bytes only) charges it again and is refused
+            async with http.get(f"{url}?bytes={len(c1.data) + 300}") as resp:
+                assert resp.status == 507
+            # a chunk it lacks still counts
+            status, answer = await room({"chunks": [[k2, len(c2.data)]], "bytes": 300})
+            assert (status, answer["error"]["code"]) == (507, "quota_exceeded"), answer
+            # hostile bodies: another query's chunk, a negative size, not an object
+            other = chunk_key(StoreId("qb", 0, 0, "default"), 1, c2.name)
+            for bad in ({"chunks": [[other, 1]]}, {"chunks": [[k2, -1]]}, [], {"bytes": "x"}):
+                status, answer = await room(bad)
+                assert status == 400, (bad, answer)
+        assert node.store.query_bytes("qa") == len(c1.data)  # the questions stored nothing
+    finally:
+        await stop_node(node, runner)

@@ -42,7 +42,7 @@ from statestore.core.manifest import Manifest
 from statestore.core.quorum import check_write_sets
 from statestore.core.view import RingView
 from statestore.net.transport import Response, Transport
-from statestore.wire.bodies import ChunkAck, ManifestAck, decode_json
+from statestore.wire.bodies import MAX_HAVE_ITEMS, ChunkAck, ManifestAck, decode_json
 from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import encode_manifest
 
@@ -249,23 +249,28 @@ async def check_room(
     """Raise QuotaExceeded if a node this commit writes to has no room for what it would get
     (its chunks and the manifest) under the query's quota. Nodes that do not answer are left
     to the writes themselves, which check again."""
-    want: dict[str, int] = {}
+    sends: dict[str, list[tuple[str, int]]] = {}
     for chunk in chunks:
-        for address in view.write_replicas_of(
-            chunk_key(manifest.store, manifest.version, chunk.name)
-        ):
-            want[address] = want.get(address, 0) + len(chunk.data)
+        key = chunk_key(manifest.store, manifest.version, chunk.name)
+        for address in view.write_replicas_of(key):
+            sends.setdefault(address, []).append((key, len(chunk.data)))
     size = len(encode_manifest(manifest))
-    for address in view.store_write_replicas(manifest.store):
-        want[address] = want.get(address, 0) + size
+    extra = dict.fromkeys(view.store_write_replicas(manifest.store), size)
     query = manifest.store.query
-    results = await asyncio.gather(
-        *(
-            transport.request("GET", a, f"/v1/queries/{query}/room?bytes={n}")
-            for a, n in want.items()
-        ),
-        return_exceptions=True,
-    )
+    # the chunks each node would get (those it holds already, a retry's, count nothing there)
+    # and the manifest; batches bounded as the node bounds them
+    asks = []
+    for address in sends.keys() | extra.keys():
+        items = sends.get(address, [])
+        for i in range(0, max(len(items), 1), MAX_HAVE_ITEMS):
+            body = {
+                "chunks": items[i : i + MAX_HAVE_ITEMS],
+                "bytes": extra.get(address, 0) if i == 0 else 0,
+            }
+            asks.append(
+                transport.request("POST", address, f"/v1/queries/{query}/room", json_body=body)
+            )
+    results = await asyncio.gather(*asks, return_exceptions=True)
     for r in results:
         if isinstance(r, QuotaExceeded | AccessDenied):
             raise r

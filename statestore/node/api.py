@@ -22,6 +22,7 @@ from aiohttp import web
 from statestore.core.errors import (
     InvalidRequest,
     MalformedData,
+    NodeUnavailable,
     NotFound,
     PayloadTooLarge,
     RateLimited,
@@ -116,9 +117,16 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Authenticate every request but health (node/auth.py); handlers authorize."""
+    """Authenticate every request but health (node/auth.py); handlers authorize. A node that
+    another process replaced (``--replace``) serves nothing but health and metrics."""
     if not is_open(request.path):
         node = request.app[NODE]
+        replaced = node.membership.superseded if node.membership is not None else None
+        if replaced is not None and request.path != "/metrics":
+            raise NodeUnavailable(
+                f"node {node.id} was replaced by the node at {replaced[0]} (statestore node "
+                "--replace): this process serves nothing; stop it"
+            )
         body = None
         if SIGNATURE_HEADER in request.headers and not request.path.endswith("/commit"):
             body = await read_body(request)  # a node signature covers the body

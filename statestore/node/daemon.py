@@ -111,8 +111,10 @@ RING_STATE_FILE = "ring-state.json"
 
 def _load_ring_state(data_dir: str, join: bool) -> NodeState:
     """The ring state to start in: ``joining`` with ``--join`` unless a join already
-    finished here, else ``normal``. A decommissioned node (``left`` kept in the data dir)
-    refuses to start without ``--join``: it would take back ranges others now own."""
+    finished here, or when a join started here did not finish (whatever the flags: a partial
+    copy must not serve reads or count in quorums), else ``normal``. A decommissioned node
+    (``left`` kept in the data dir) refuses to start without ``--join``: it would take back
+    ranges others now own."""
     path = os.path.join(data_dir, RING_STATE_FILE)
     kept = ""
     if os.path.exists(path):
@@ -123,7 +125,7 @@ def _load_ring_state(data_dir: str, join: bool) -> NodeState:
             f"the node in {data_dir} was decommissioned (it left the ring): start it with "
             "--join to add it again, or give it an empty --data-dir"
         )
-    if join and kept != NodeState.NORMAL:
+    if kept == NodeState.JOINING or (join and kept != NodeState.NORMAL):
         return NodeState.JOINING
     return NodeState.NORMAL
 
@@ -230,6 +232,8 @@ class Node:
             # a replacement streams the dead node's share before it serves: a join
             join = config.join or bool(config.replace)
             self.initial_state = _load_ring_state(config.data_dir, join)
+            if self.initial_state is NodeState.JOINING:
+                _save_ring_state(config.data_dir, NodeState.JOINING)  # until it finishes
         except BaseException:
             os.close(self._lock)
             raise
@@ -442,11 +446,18 @@ class Node:
         self._check_superseded()
 
     def _check_superseded(self) -> None:
-        """Stop gossiping once another process took our id (``--replace``): the ring then
-        knows only it, and this one must be stopped and its data dir wiped."""
+        """Stand aside once another process took our id (``--replace``): the ring then
+        knows only it, and this one must be stopped and its data dir wiped. Every background
+        loop stops (gossip, repair, compaction, discovery, ...: they would act on a frozen
+        view), and the API answers only health and metrics (node/api.py: a client that
+        reached us would otherwise be given a view routing the id's share here)."""
         assert self.membership is not None
         if self.membership.superseded is not None and not self._superseded_logged:
             self._superseded_logged = True
+            me = asyncio.current_task()
+            for task in self._tasks:
+                if task is not me:
+                    task.cancel()
             addr, inc = self.membership.superseded
             log.error(
                 "node %s was replaced by the node at %s (incarnation %d, statestore node "

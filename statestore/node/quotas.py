@@ -11,20 +11,28 @@ charged, and serves the room check writers ask before they send a commit's first
   a leave's pushes; a join's pulls are written locally), so a quota never lowers the
   replication of acknowledged data; and a compactor's snapshot (``?compaction=1``), which is
   what lets retention free the versions below it. Both need a node (or an ``admin`` token).
-- ``GET /v1/queries/{query}/room?bytes=N`` (``write``): ``{"query", "usage", "limit",
-  "bytes"}`` when N more bytes fit, else ``507 quota_exceeded``. A writer asks each node it is
-  about to write to (net/writes.check_room) when the ring view says quotas are on, so a commit
-  over quota is refused before anything is stored.
+- ``POST /v1/queries/{query}/room`` (``write``, body wire/bodies.RoomRequest: the chunks it
+  would send here and the manifest's bytes): ``{"query", "usage", "limit", "bytes"}`` when
+  what this node does not hold yet fits, else ``507 quota_exceeded``. A writer asks each node
+  it is about to write to (net/writes.check_room) when the ring view says quotas are on, so
+  a commit over quota is refused before anything is stored; chunks a node already holds (a
+  retried commit's) count nothing, as their writes would not. ``GET .../room?bytes=N`` asks
+  the same for N bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
+from statestore.core.errors import InvalidRequest
 from statestore.core.ids import StoreId, parse_uint
 from statestore.core.quota import MAX_QUOTA_BYTES, check
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
+from statestore.node.request import read_body
+from statestore.wire.bodies import RoomRequest, decode_json
 
 __all__ = ["charged_limit", "quota_json", "register"]
 
@@ -53,5 +61,22 @@ async def room(request: web.Request) -> web.Response:
     return web.json_response({"query": query, "usage": usage, "limit": limit, "bytes": want})
 
 
+async def room_for(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    query = request.match_info["query"]
+    StoreId(query, 0, 0, "x")  # InvalidStoreId names what is wrong with the name
+    body = decode_json(await read_body(request), RoomRequest, "room request")
+    keys = [key for key, _ in body.chunks]
+    for key in keys:
+        if not key.startswith(query + "/"):
+            raise InvalidRequest(f"chunk {key[:200]!r} is not of query {query}")
+    held = await asyncio.to_thread(node.store.has_chunks, keys)
+    want = body.bytes + sum(n for (_, n), has in zip(body.chunks, held, strict=True) if not has)
+    usage, limit = node.store.query_bytes(query), node.quota_limit(query)
+    check(query, usage, want, limit)
+    return web.json_response({"query": query, "usage": usage, "limit": limit, "bytes": want})
+
+
 def register(app: web.Application) -> None:
     app.router.add_get("/v1/queries/{query}/room", room)
+    app.router.add_post("/v1/queries/{query}/room", room_for)

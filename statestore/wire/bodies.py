@@ -33,6 +33,7 @@ __all__ = [
     "KeysRequest",
     "ManifestAck",
     "PurgeRequest",
+    "RoomRequest",
     "StoresRequest",
     "decode_json",
     "decode_positions",
@@ -116,6 +117,18 @@ class PurgeRequest(msgspec.Struct, frozen=True):
     id: Annotated[str, Meta(min_length=1, max_length=64)]
     at: Annotated[float, Meta(ge=0)]
     phase: Literal["purge", "seal"]
+
+
+class RoomRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/queries/{query}/room``: will a commit's writes to this node fit its query's
+    quota? ``chunks``: the ``[key, bytes]`` of each chunk it would send here (those already
+    held count nothing: a retried commit is not charged twice); ``bytes``: the rest (the
+    manifest)."""
+
+    chunks: Annotated[
+        list[tuple[Str, Annotated[int, Meta(ge=0, le=1 << 40)]]], Meta(max_length=MAX_HAVE_ITEMS)
+    ] = []
+    bytes: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
 
 
 class HandoverItemsRequest(msgspec.Struct, frozen=True):
