@@ -139,9 +139,10 @@ async def put_chunks(
     *,
     concurrency: int = 8,
     stats: WriteStats | None = None,
+    acks: int | None = None,
 ) -> None:
     """Store every chunk on its R replicas (and its pending owners while nodes join or
-    leave); raises QuorumNotReached below W for any chunk."""
+    leave); raises QuorumNotReached below W (or ``acks``) for any chunk."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one(chunk: EncodedChunk) -> None:
@@ -152,7 +153,8 @@ async def put_chunks(
                 transport, targets, f"/v1/chunks/{key}", chunk.data, _chunk_ack(key)
             )
         current, future = view.replicas_of(key), view.future_replicas_of(key)
-        _check(f"chunk {key}", acked, current, future, view.write_quorum, errors)
+        w = view.write_quorum if acks is None else acks
+        _check(f"chunk {key}", acked, current, future, w, errors)
         if stats is not None:
             stats.chunks += 1
             stats.bytes += len(chunk.data)
@@ -162,7 +164,11 @@ async def put_chunks(
 
 
 async def put_manifest(
-    transport: Transport, view: RingView, m: Manifest, retain: int | None = None
+    transport: Transport,
+    view: RingView,
+    m: Manifest,
+    retain: int | None = None,
+    acks: int | None = None,
 ) -> int:
     """Store the manifest on the store's replicas; returns the acks. Fencing errors win.
 
@@ -185,9 +191,8 @@ async def put_manifest(
             raise e
     what = f"manifest of {m.store} v{m.version}"
     key = m.store.path
-    _check(
-        what, acked, view.replicas_of(key), view.future_replicas_of(key), view.write_quorum, errors
-    )
+    w = view.write_quorum if acks is None else acks
+    _check(what, acked, view.replicas_of(key), view.future_replicas_of(key), w, errors)
     return len(acked)
 
 
@@ -223,7 +228,11 @@ async def write_commit(
     *,
     concurrency: int = 8,
     retain: int | None = None,
+    acks: int | None = None,
 ) -> WriteStats:
+    """Chunks, then the manifest, each acknowledged by W replicas (``acks`` instead: a
+    per-request consistency, core/quorum.write_acks). Every replica is written to whatever
+    ``acks`` says; it only decides how many acknowledgements make the commit succeed."""
     stats = WriteStats()
     await check_fence(transport, view, manifest)
     await put_chunks(
@@ -234,6 +243,7 @@ async def write_commit(
         chunks,
         concurrency=concurrency,
         stats=stats,
+        acks=acks,
     )
-    await put_manifest(transport, view, manifest, retain)
+    await put_manifest(transport, view, manifest, retain, acks)
     return stats
