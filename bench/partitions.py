@@ -30,8 +30,10 @@ from tests.partition.netns import unavailable_reason
 def _summary(outcomes: list[ScheduleOutcome], seconds: float) -> str:
     found = sum(len(o.violations) for o in outcomes)
     bad = sum(1 for o in outcomes if o.violations)
+    trouble = sum(1 for o in outcomes if o.trouble)
     return (
-        f"{len(outcomes)} schedules: {sum(o.commits for o in outcomes)} commit attempts "
+        f"{len(outcomes)} schedules ({trouble} with trouble: ring unsettled or past deadline): "
+        f"{sum(o.commits for o in outcomes)} commit attempts "
         f"({sum(o.acks for o in outcomes)} acknowledged, {sum(o.refused for o in outcomes)} "
         f"fenced), {sum(o.reads for o in outcomes)} reads, {sum(o.faults for o in outcomes)} "
         f"faults; {found} violation(s) in {bad} schedule(s); {seconds:.0f} s "
@@ -70,6 +72,11 @@ def main() -> int:
                     print("\n".join(o.log))
                 for v in o.violations:
                     print(f"FOUND schedule {i} seed {seed}: {v}", flush=True)
+                if o.trouble:
+                    print(f"TROUBLE schedule {i} seed {seed}: {o.trouble[:3000]}", flush=True)
+                    ring.stop()  # a fresh ring for the next schedule
+                    ring = PartitionRing(f"{root}/ring{i}", args.nodes)
+                    ring.start()
                 print(
                     f"schedule {i} seed {seed}: {o.commits} commits ({o.acks} acked, "
                     f"{o.refused} fenced), {o.reads} reads, {o.faults} faults, "

@@ -76,6 +76,7 @@ ACTIONS = {
 }
 CLIENT_TIMEOUT = 2.0
 FINAL_DEADLINE = 40.0
+SCHEDULE_DEADLINE = 150.0
 
 
 class PartitionRing:
@@ -178,6 +179,9 @@ class ScheduleOutcome:
     reads: int = 0
     faults: int = 0
     seconds: float = 0.0
+    # not a checker violation: the schedule ran past its deadline, or the ring did not settle
+    # (every node seeing every member up at one epoch) after the final heal
+    trouble: str = ""
 
 
 @dataclass
@@ -474,10 +478,15 @@ def run_schedule(
     started = time.monotonic()
     sched = _Schedule(ring, seed, label or f"s{seed}", stores)
     n = steps if steps is not None else sched.rng.randint(10, 18)
+    trouble = ""
     try:
-        asyncio.run(sched.main(n))
-    finally:
+        asyncio.run(asyncio.wait_for(sched.main(n), SCHEDULE_DEADLINE))
+    except TimeoutError as exc:
+        trouble = str(exc) or f"schedule ran past its {SCHEDULE_DEADLINE:.0f} s deadline"
+    try:
         ring.heal_all()  # whatever happened, leave the ring whole for the next schedule
+    except TimeoutError as exc:
+        trouble = trouble or str(exc)
     commits = sched.history.commits
     lines = sorted(sched.history.lines + sched.log, key=_start)
     return ScheduleOutcome(
@@ -490,6 +499,7 @@ def run_schedule(
         reads=len(sched.history.reads),
         faults=sched.faults,
         seconds=time.monotonic() - started,
+        trouble=trouble,
     )
 
 
