@@ -149,7 +149,7 @@ class PartitionRing:
             self.resume(i)
             self.restart(i)
         try:
-            self.local.wait_ring(self.net.n, timeout=60.0)
+            self.local.wait_ring(self.net.n, timeout=25.0)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}; views: {self.views()}") from None
 
