@@ -54,9 +54,9 @@ NODE_ARGS = [
     "--gossip-interval",
     "0.2",
     "--suspect-after",
-    "1",
+    "1.5",
     "--down-after",
-    "2.5",
+    "3.5",
     "--log-level",
     os.environ.get("STATESTORE_PARTITION_LOG", "ERROR"),
 ]
@@ -75,7 +75,7 @@ ACTIONS = {
     "heal": 1.2,
 }
 CLIENT_TIMEOUT = 2.0
-FINAL_DEADLINE = 40.0
+FINAL_DEADLINE = 30.0
 SCHEDULE_DEADLINE = 150.0
 
 
@@ -148,10 +148,28 @@ class PartitionRing:
         for i in range(self.net.n):
             self.resume(i)
             self.restart(i)
-        try:
-            self.local.wait_ring(self.net.n, timeout=25.0)
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; views: {self.views()}") from None
+        self.wait_settled()
+
+    def wait_settled(self, timeout: float = 25.0) -> None:
+        """Every node sees every member alive (``up`` or ``suspect``: not ``down``) at one
+        ring epoch, so every replica set is the full ring's again. Not "every member up at
+        once": after some partitions a node's heartbeats reach a peer only every ~2 s for a
+        while, and it flaps between up and suspect there without being declared down
+        (docs/reliability.md, "Partitions")."""
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                views = [self.local.ring(a) for a in self.addresses]
+                alive = [sum(1 for m in v["members"] if m["status"] != "down") for v in views]
+                epochs = {v["epoch"] for v in views}
+                last = (alive, epochs)
+                if all(a == self.net.n for a in alive) and len(epochs) == 1:
+                    return
+            except (OSError, ValueError) as exc:
+                last = exc
+            time.sleep(0.2)
+        raise TimeoutError(f"ring did not settle: {last}; views: {self.views()}")
 
     def views(self) -> dict[str, object]:
         """Each node's view of the members (address -> status, incarnation), for reports."""
@@ -425,7 +443,7 @@ class _Schedule:
         names, weights = list(ACTIONS), list(ACTIONS.values())
         for _ in range(steps):
             self.step(self.rng.choices(names, weights)[0])
-            await asyncio.sleep(self.rng.uniform(0.1, 0.7))
+            await asyncio.sleep(self.rng.uniform(0.1, 0.6))
         await asyncio.gather(*self.tasks)
         self.note("final: heal, resume, restart, wait for the ring")
         await asyncio.to_thread(self.ring.heal_all)
@@ -477,7 +495,7 @@ def run_schedule(
     """Run the schedule of ``seed`` on ``ring`` (healed at the end) and judge it."""
     started = time.monotonic()
     sched = _Schedule(ring, seed, label or f"s{seed}", stores)
-    n = steps if steps is not None else sched.rng.randint(10, 18)
+    n = steps if steps is not None else sched.rng.randint(8, 14)
     trouble = ""
     try:
         asyncio.run(asyncio.wait_for(sched.main(n), SCHEDULE_DEADLINE))
