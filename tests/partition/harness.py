@@ -74,8 +74,8 @@ ACTIONS = {
     "kill": 0.7,
     "heal": 1.2,
 }
-CLIENT_TIMEOUT = 2.0
-FINAL_DEADLINE = 30.0
+CLIENT_TIMEOUT = 1.0
+FINAL_DEADLINE = 15.0
 SCHEDULE_DEADLINE = 150.0
 
 
@@ -261,7 +261,7 @@ class _Schedule:
         state = {k: v for k, v in w.state.items() if k not in deletes} | puts
         delta = digest(puts, deletes)
         try:
-            for _ in range(3):  # a failed commit is retried with the same content
+            for _ in range(2):  # a failed commit is retried with the same content
                 start = self.history.now()
                 outcome, error = "ack", ""
                 base = w.base_epoch if version > 1 else None
@@ -285,7 +285,7 @@ class _Schedule:
                 if outcome == "refused":
                     w.fenced = True
                     return
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.3)
         finally:
             w.busy = False
 
@@ -495,7 +495,7 @@ def run_schedule(
     """Run the schedule of ``seed`` on ``ring`` (healed at the end) and judge it."""
     started = time.monotonic()
     sched = _Schedule(ring, seed, label or f"s{seed}", stores)
-    n = steps if steps is not None else sched.rng.randint(8, 14)
+    n = steps if steps is not None else sched.rng.randint(6, 10)
     trouble = ""
     try:
         asyncio.run(asyncio.wait_for(sched.main(n), SCHEDULE_DEADLINE))
