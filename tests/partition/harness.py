@@ -229,6 +229,7 @@ class _Schedule:
         self.paused: int | None = None
         self.killed: int | None = None
         self.process_lock = asyncio.Lock()  # one pause, resume, kill or restart at a time
+        self.net_lock = asyncio.Lock()  # one change of the cuts at a time
         self.log: list[str] = []
 
     def note(self, line: str) -> None:
@@ -341,8 +342,8 @@ class _Schedule:
         return puts, deletes
 
     # -- the nemesis ---------------------------------------------------------------------
-    async def topology(self, action: str) -> None:
-        """Replace the current cut by a new random one of the kind ``action``."""
+    def topology(self, action: str) -> tuple[set[tuple[str, str]], str]:
+        """A new random cut of the kind ``action`` (drawn now, in schedule order)."""
         rng, ips, client = self.rng, self.ring.net.ips, self.ring.net.client_ip
         nodes = list(range(len(ips)))
         rng.shuffle(nodes)
@@ -373,38 +374,41 @@ class _Schedule:
                 cut |= {(client, ips[j]) for j in b}
             what = f"bridge {hub} between {sorted(b)} and {sorted(c)}, clients see {side}"
         self.faults += 1
-        self.note(what)
-        await asyncio.to_thread(self.ring.net.apply, cut)
+        return cut, what
 
-    async def process_fault(self, action: str) -> None:
-        async with self.process_lock:
-            await self._process_fault(action)
+    async def change_net(self, cut: set[tuple[str, str]], what: str) -> None:
+        """Replace the current cut (one change at a time, in the order drawn)."""
+        async with self.net_lock:
+            self.note(what)
+            await asyncio.to_thread(self.ring.net.apply, cut)
 
-    async def _process_fault(self, action: str) -> None:
-        rng, ring = self.rng, self.ring
-        n = ring.net.n
+    def process_fault(self, action: str) -> tuple[str, int] | None:
+        """Draw a pause, resume, kill -9 or restart now (one process out at a time)."""
+        n = self.ring.net.n
         if action == "pause":
             if self.paused is not None:
                 i, self.paused = self.paused, None
-                self.note(f"resume {i}")
-                await asyncio.to_thread(ring.resume, i)
-            elif self.killed is None:
-                i = rng.randrange(n)
-                self.paused = i
+                return "resume", i
+            if self.killed is None:
+                self.paused = self.rng.randrange(n)
                 self.faults += 1
-                self.note(f"pause {i}")
-                await asyncio.to_thread(ring.pause, i)
+                return "pause", self.paused
         elif action == "kill":
             if self.killed is not None:
                 i, self.killed = self.killed, None
-                self.note(f"restart {i}")
-                await asyncio.to_thread(ring.restart, i)
-            elif self.paused is None:
-                i = rng.randrange(n)
-                self.killed = i
+                return "restart", i
+            if self.paused is None:
+                self.killed = self.rng.randrange(n)
                 self.faults += 1
-                self.note(f"kill -9 {i}")
-                await asyncio.to_thread(ring.kill, i)
+                return "kill -9", self.killed
+        return None
+
+    async def do_process(self, what: str, i: int) -> None:
+        ring = self.ring
+        do = {"resume": ring.resume, "pause": ring.pause, "restart": ring.restart}
+        async with self.process_lock:
+            self.note(f"{what} {i}")
+            await asyncio.to_thread(do.get(what, ring.kill), i)
 
     def step(self, action: str) -> None:
         rng = self.rng
@@ -429,12 +433,13 @@ class _Schedule:
         elif action == "head":
             self.spawn(self.head(rng.choice(self.clients), store))
         elif action in ("split", "isolate", "bridge"):
-            self.spawn(self.topology(action))
+            self.spawn(self.change_net(*self.topology(action)))
         elif action in ("pause", "kill"):
-            self.spawn(self.process_fault(action))
+            fault = self.process_fault(action)
+            if fault is not None:
+                self.spawn(self.do_process(*fault))
         elif action == "heal":
-            self.note("heal the network")
-            self.spawn(asyncio.to_thread(self.ring.net.heal))
+            self.spawn(self.change_net(set(), "heal the network"))
 
     async def main(self, steps: int) -> None:
         checker = await self.client()
