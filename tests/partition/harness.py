@@ -82,7 +82,13 @@ SCHEDULE_DEADLINE = 150.0
 class PartitionRing:
     """``n`` node processes in namespaces; the clients are on the bridge (``client_ip``)."""
 
-    def __init__(self, base_dir: str, n: int = 5, tag: int | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: str,
+        n: int = 5,
+        tag: int | None = None,
+        args: list[str] | None = None,
+    ) -> None:
         self.net = Netns(n, tag)
         self.base_dir = base_dir
         root = str(Path(statestore.__file__).resolve().parent.parent)
@@ -94,7 +100,7 @@ class PartitionRing:
                 NodeProcess(
                     os.path.join(base_dir, f"node-{i}"),
                     PORT,
-                    list(NODE_ARGS),
+                    list(NODE_ARGS if args is None else args),
                     host=self.net.ips[i],
                     prefix=self.net.prefix(i),
                     env=env,

@@ -16,9 +16,9 @@ import pytest
 from client import AsyncRingClient, StoreId
 from statestore.core.errors import Unavailable
 from statestore.sim.cli import derive
-from statestore.sim.history import CommitOp, History, check
+from statestore.sim.history import CommitOp, History, ReadOp, check
 
-from .harness import PartitionRing, run_schedule
+from .harness import NODE_ARGS, PartitionRing, run_schedule
 from .netns import unavailable_reason
 
 pytestmark = pytest.mark.slow
@@ -93,8 +93,57 @@ def test_the_checker_catches_a_planted_violation() -> None:
     good = {b"k": b"v1"}
     h.add_commit(CommitOp("w2", "q/0/0/s", 1, 2, "d1", good, 1, 2, "ack"))
     h.add_commit(CommitOp("w1", "q/0/0/s", 2, 1, "d2", {b"k": b"z"}, 3, 4, "ack", "", 2))
-    from statestore.sim.history import ReadOp
-
     h.add_read(ReadOp("restore", "q/0/0/s", 1, 5, 6, (2, 1), {b"k": b"other"}, final=True))
     kinds = {v.kind for v in check(h)}
     assert {"fenced-ack", "wrong-bytes"} <= kinds
+
+
+@needs_netns
+def test_the_checker_catches_a_real_fenced_ack_of_a_one_commit(tmp_path: Path) -> None:
+    """A violation produced by the real ring, not fabricated: ``consistency="one"`` gives up
+    fencing across a partition (docs/client.md), and the checker says so. Writer 2 (epoch 2)
+    commits v2 at quorum while node 0 is cut off; then the clients see only node 0, and the
+    fenced writer 1 (epoch 1) commits v2 at ``one`` there: node 0 never heard of epoch 2, so
+    it acknowledges. The same commit at ``quorum`` is refused (QuorumNotReached)."""
+    slow = [a for a in NODE_ARGS]
+    slow[slow.index("--down-after") + 1] = "60"  # nobody is declared down: views stay put
+    ring = PartitionRing(str(tmp_path), 3, args=slow)
+    ring.start()
+    try:
+        ips, client = ring.net.ips, ring.net.client_ip
+        sid = StoreId("fence", 0, 0)
+        h = History()
+
+        async def commit(c: AsyncRingClient, name: str, v: int, e: int, **kw: str) -> None:
+            puts = {b"k": f"{name}-{v}".encode()}
+            start = h.now()
+            try:
+                await c.commit(sid, v, puts, epoch=e, base_epoch=1 if v > 1 else None, **kw)
+                outcome, error = "ack", ""
+            except Exception as exc:  # recorded, as the harness does
+                outcome, error = "failed", type(exc).__name__
+            h.add_commit(
+                CommitOp(name, sid.path, v, e, name, puts, start, h.now(), outcome, error, None)
+            )
+
+        async def go() -> None:
+            async with (
+                AsyncRingClient(ring.addresses, timeout=1.0) as w1,
+                AsyncRingClient(ring.addresses, timeout=1.0) as w2,
+            ):
+                await commit(w1, "w1", 1, 1)
+                ring.net.apply([(ips[0], ips[1]), (ips[0], ips[2]), (client, ips[0])])
+                await commit(w2, "w2", 2, 2)
+                ring.net.apply(
+                    [(ips[0], ips[1]), (ips[0], ips[2]), (client, ips[1]), (client, ips[2])]
+                )
+                await commit(w1, "w1q", 2, 1)  # quorum: refused for want of replicas
+                await commit(w1, "w1", 2, 1, consistency="one")
+
+        asyncio.run(go())
+        outcomes = [(c.writer, c.outcome) for c in h.commits]
+        assert outcomes == [("w1", "ack"), ("w2", "ack"), ("w1q", "failed"), ("w1", "ack")], h.lines
+        found = check(h)
+        assert [v.kind for v in found] == ["fenced-ack"], found
+    finally:
+        ring.stop()
