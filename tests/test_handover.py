@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statestore.core.errors import MalformedData
-from statestore.core.handover import NodeState
+from statestore.core.handover import NodeState, Sighting, replace_plan
 from statestore.core.membership import Membership
 from statestore.core.placement import Member, Ring
 from statestore.core.view import MemberInfo, RingView
@@ -116,3 +116,70 @@ def test_read_future_and_write_replicas_against_an_oracle(
         assert view.write_replicas_of(k) == current + [a for a in future if a not in current]
     moving = any(s in ("joining", "leaving") for s in live.values())
     assert view.moving == (moving and set(now.members) != set(later.members))
+
+
+def _seen(status: str = "down", state: str = "normal", inc: int = 3, zone: str = "") -> Sighting:
+    return Sighting(status, state, inc, zone)
+
+
+@pytest.mark.parametrize(
+    ("sightings", "zone", "why", "incarnation"),
+    [
+        ({"a": _seen(inc=3), "b": _seen(inc=5)}, "", None, 6),
+        ({"a": _seen(state="leaving"), "b": None}, "", None, 4),  # b never met it
+        ({"a": _seen(zone="z1")}, "z1", None, 4),
+        ({}, "", "none of the 2 member(s) asked answered", 0),
+        ({"a": None, "b": None}, "", "no member of the ring knows a node n9", 0),
+        ({"a": _seen(), "b": _seen(status="suspect")}, "", "n9 is suspect as b sees it", 0),
+        ({"a": _seen(status="up")}, "", "n9 is up as a sees it", 0),
+        ({"a": _seen(state="left")}, "", "was left when it died: it owned nothing", 0),
+        ({"a": _seen(state="joining")}, "", "was joining when it died", 0),
+        ({"a": _seen(zone="z1")}, "z2", "was in zone 'z1', this node is in 'z2'", 0),
+    ],
+)
+def test_replace_plan_takes_only_a_dead_owner_at_a_higher_incarnation(
+    sightings: dict[str, Sighting | None], zone: str, why: str | None, incarnation: int
+) -> None:
+    got, inc = replace_plan("n9", zone, sightings, 2)
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and why in got
+    assert inc == incarnation
+
+
+def test_a_replacement_at_a_higher_incarnation_takes_the_dead_entry_everywhere() -> None:
+    a = _member(1)
+    dead = {"id": "n9", "address": "10.0.0.9:7400", "incarnation": 4, "heartbeat": 900}
+    a.merge({"epoch": 1, "members": [dead]}, 0.0)
+    a.tick(10.0)  # declared down
+    assert a.get("n9").status.value == "down"  # type: ignore[union-attr]
+    _, inc = replace_plan("n9", "", {"a": _seen(inc=4)}, 1)
+    new = {**dead, "address": "10.0.0.10:7400", "incarnation": inc, "heartbeat": 0}
+    a.merge({"epoch": 1, "members": [{**new, "state": "joining"}]}, 10.1)
+    seen = a.get("n9")
+    assert seen is not None and seen.address == "10.0.0.10:7400"
+    assert seen.status.value == "up" and seen.state is NodeState.JOINING
+    # the dead node's old entry, gossiped again by a slow peer, no longer wins
+    a.merge({"epoch": 1, "members": [{**dead, "heartbeat": 950}]}, 10.2)
+    assert a.get("n9").address == "10.0.0.10:7400"  # type: ignore[union-attr]
+
+
+def test_a_replaced_node_does_not_refute_its_replacement() -> None:
+    old = Membership("n9", "10.0.0.9:7400", "", 4, 0.0)
+    peer = _member(1)
+    peer.merge(old.digest(), 0.0)
+    # the replacement, at another address and a higher incarnation, takes n9 on the peer
+    new = Membership("n9", "10.0.0.10:7400", "", 5, 0.0, state=NodeState.JOINING)
+    peer.merge(new.digest(), 0.1)
+    assert peer.get("n9").address == "10.0.0.10:7400"  # type: ignore[union-attr]
+    # the old process hears of it: it does not take a newer incarnation to win the id back
+    old.merge(peer.digest(), 0.2)
+    assert old.superseded == ("10.0.0.10:7400", 5)
+    assert old.get("n9").incarnation == 4  # type: ignore[union-attr]
+    peer.merge(old.digest(), 0.3)
+    assert peer.get("n9").address == "10.0.0.10:7400"  # type: ignore[union-attr]
+    # a newer life of ours at our own address is refuted as before (a restart's leftovers)
+    same = Membership("n8", "10.0.0.8:7400", "", 2, 0.0)
+    same.merge({"epoch": 1, "members": [{**same.digest()["members"][0], "incarnation": 3}]}, 0.1)
+    assert same.superseded is None and same.get("n8").incarnation == 4  # type: ignore[union-attr]

@@ -8,11 +8,13 @@ out) from the provider jar; the tests skip, saying why, without a JDK or pyspark
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
 import os
 import random
 import shutil
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from itertools import pairwise
@@ -606,3 +608,48 @@ def test_java_writes_at_w_of_r(harness: Harness, ring3: LocalRing) -> None:
     # (Python's client raises QuorumNotReached here too, but leaves the other chunks' request
     # tasks unretrieved and their sockets open, which the suite's warnings-as-errors would pin
     # on a later test; so it is not run here)
+
+
+class _Liar(http.server.BaseHTTPRequestHandler):
+    """A 'member' that serves a ring view naming itself and its twin, and answers every write
+    with an empty 200: the Java writer must not count that as a copy."""
+
+    ring: bytes = b""
+
+    def do_GET(self) -> None:
+        self._answer(self.ring if self.path == "/v1/ring" else b"")
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer(b"")
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_java_writer_does_not_count_an_empty_200_as_a_copy(harness: Harness) -> None:
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Liar) for _ in range(2)]
+    addresses = [f"127.0.0.1:{s.server_address[1]}" for s in servers]
+    members = [
+        {"id": f"liar{i}", "address": a, "status": "up", "zone": ""}
+        for i, a in enumerate(addresses)
+    ]
+    _Liar.ring = json.dumps(
+        {"epoch": 1, "replicas": 2, "write_quorum": 2, "vnodes": 16, "members": members}
+    ).encode()
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    try:
+        c = _ring_commit(random.Random(11), "javaw/0/3/default", 1, 1, {})
+        assert _java_write(harness, addresses, [c]) == ["quorum_not_reached"]
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

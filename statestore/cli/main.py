@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         '["read", "write", "admin"]}}, re-read when it changes (docs/security.md)',
     )
     n.add_argument(
+        "--quota-file",
+        default="",
+        metavar="F",
+        help='per-query storage quotas: JSON {"q1": {"max_bytes": N}, "etl-*": {...}}, the '
+        "bytes each query may hold on this node, re-read when it changes (docs/security.md)",
+    )
+    n.add_argument(
         "--tls-cert",
         default="",
         metavar="F",
@@ -146,6 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=50.0,
         metavar="MB/S",
         help="budget of a join or decommission hand-over on this node (default 50)",
+    )
+    n.add_argument(
+        "--drain-on-stop",
+        action="store_true",
+        help="on SIGTERM, decommission this node (hand every copy to its next owners) "
+        "before exiting; a second SIGTERM or SIGINT stops at once (docs/operations.md)",
+    )
+    n.add_argument(
+        "--drain-timeout",
+        type=_positive_float,
+        default=600.0,
+        metavar="S",
+        help="seconds a --drain-on-stop drain may take before the node exits non-zero",
+    )
+    n.add_argument(
+        "--replace",
+        default="",
+        metavar="ID",
+        help="take over the tokens of the dead node ID: stream what it owned from the "
+        "surviving replicas, then serve (needs an empty --data-dir; docs/operations.md)",
     )
     n.add_argument("--log-level", default="WARNING")
 
@@ -272,11 +299,15 @@ def _node(args: argparse.Namespace) -> int:
             inject_delay=args.inject_delay,
             cluster_secret_file=args.cluster_secret_file,
             auth_file=args.auth_file,
+            quota_file=args.quota_file,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
             join=args.join,
             stream_mbps=args.stream_mbps,
+            drain_on_stop=args.drain_on_stop,
+            drain_timeout=args.drain_timeout,
+            replace=args.replace,
         )
     except ValueError as exc:
         print(f"statestore node: {exc}", file=sys.stderr)

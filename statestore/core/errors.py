@@ -18,6 +18,7 @@
     ├── StaleEpoch                   a writer fenced by a newer epoch (HTTP 409)
     ├── VersionConflict              same version and epoch, different content (HTTP 409)
     ├── QueryDropping                a write while an admin's drop of the query runs (HTTP 409)
+    ├── QuotaExceeded                a write that would take a query past its quota (HTTP 507)
     ├── CorruptChunk                 checksum mismatch or undecodable chunk
     │   └── DecompressionBomb        a zstd frame that would decompress past the limit
     ├── Unavailable                  availability, not semantics: retrying may help
@@ -57,6 +58,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueryDropping",
     "QuorumNotReached",
+    "QuotaExceeded",
     "RateLimited",
     "RequestTimeout",
     "SetupError",
@@ -152,6 +154,16 @@ class QueryDropping(StateStoreError):
 
     code = "query_dropping"
     status = 409
+
+
+class QuotaExceeded(StateStoreError):
+    """A write that would take a query's bytes on a node past the quota the operator set for
+    it (``--quota-file``, core/quota.py). Final, not an Unavailable: retrying does not help
+    until the query's old versions are collected, the query is dropped, or the quota raised.
+    507 as WebDAV quotas (RFC 4331) answer; the code tells it from a full disk."""
+
+    code = "quota_exceeded"
+    status = 507
 
 
 class CorruptChunk(StateStoreError):

@@ -42,8 +42,10 @@ __all__ = [
     "Pull",
     "Push",
     "RoundResult",
+    "Sighting",
     "pull_plan",
     "push_plan",
+    "replace_plan",
 ]
 
 
@@ -213,3 +215,66 @@ def push_plan(
             elif not has:
                 pushes.append(Push(t, item))
     return pushes, unanswered
+
+
+# -- replacing a dead node ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """How one member of the ring sees the node to be replaced: its failure-detector
+    ``status`` (up, suspect, down), ring ``state``, ``incarnation`` and ``zone``."""
+
+    status: str
+    state: str
+    incarnation: int
+    zone: str = ""
+
+
+def replace_plan(
+    target: str, zone: str, sightings: Mapping[str, Sighting | None], asked: int
+) -> tuple[str | None, int]:
+    """Whether a new node may take over dead node ``target``'s id (so its tokens: placement
+    hashes the id), and the incarnation it then takes.
+
+    Args:
+        target: the dead node's id (``statestore node --replace ID``).
+        zone: the replacement's zone (placement is zone-aware: it must be the dead node's).
+        sightings: per member that answered, how it sees ``target`` (None: unknown to it).
+        asked: how many members were asked.
+
+    Returns ``(why not, incarnation)``: the reason it may not (None: it may), and one more
+    than the highest incarnation any member saw, so the replacement's gossip entry wins over
+    the dead node's everywhere. Refused: no member answered; nobody knows ``target``; any
+    member sees it up or suspect (it may be alive, or not yet declared down); it owned
+    nothing (it was joining or had left: add a node with ``--join`` instead); another zone.
+    """
+    if not sightings:
+        return f"none of the {asked} member(s) asked answered: cannot tell if {target} is dead", 0
+    seen = {m: s for m, s in sightings.items() if s is not None}
+    if not seen:
+        return (
+            f"no member of the ring knows a node {target} ({len(sightings)} answered): "
+            "give the id `statestore ring` shows for the dead node"
+        ), 0
+    for member, s in sorted(seen.items()):
+        if s.status != "down":
+            return (
+                f"node {target} is {s.status} as {member} sees it: only a dead node is "
+                "replaced (wait until the ring declares it down, or stop it first; to take "
+                "a live node out use statestore decommission)"
+            ), 0
+    states = {s.state for s in seen.values()}
+    if not states <= {NodeState.NORMAL, NodeState.LEAVING}:
+        return (
+            f"node {target} was {'/'.join(sorted(states))} when it died: it owned nothing "
+            "to take over; add a node with --join instead"
+        ), 0
+    zones = {s.zone for s in seen.values()}
+    if zones != {zone}:
+        return (
+            f"node {target} was in zone {'/'.join(sorted(repr(z) for z in zones))}, this "
+            f"node is in {zone!r}: give it the dead node's --zone (placement follows id "
+            "and zone)"
+        ), 0
+    return None, max(s.incarnation for s in seen.values()) + 1

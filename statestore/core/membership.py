@@ -11,6 +11,10 @@ epoch and anything placement-dependent can be tagged with it. Time is passed in.
 Each entry also carries the member's ring state (``core/handover.NodeState``: joining, normal,
 leaving, left), written only by the member itself (:meth:`Membership.set_state` bumps its
 heartbeat so the change spreads); a state change moves the epoch like a change of the live set.
+
+A newer life of our own id is refuted (we take a higher incarnation) when it names our address,
+and is *not* when it names another one: that is a replacement (``statestore node --replace``)
+that took our id, and :attr:`Membership.superseded` says so; the node then stands aside.
 """
 
 from __future__ import annotations
@@ -124,6 +128,9 @@ class Membership:
         self.self_id = self_id
         self.address = address
         self.refused: list[str] = []  # why entries of the last merge were skipped
+        # (address, incarnation) of a newer life of our id at another address: a
+        # replacement (``statestore node --replace``) took our place; we do not refute it
+        self.superseded: tuple[str, int] | None = None
         self.own_hosts = frozenset(h.lower() for h in own_hosts)
         self.suspect_after = suspect_after
         self.down_after = down_after
@@ -200,6 +207,12 @@ class Membership:
             ident, addr, zone, inc, hb, state = _parse_entry(obj)
             if ident == self.self_id:
                 me = self._members[ident]
+                if (inc, hb) > (me.incarnation, me.heartbeat) and addr != me.address:
+                    # another process lives our id elsewhere, newer: we were replaced.
+                    # Refuting would make the two fight over the id (and its tokens).
+                    if self.superseded is None or inc > self.superseded[1]:
+                        self.superseded = (addr, inc)
+                    continue
                 if (inc, hb) > (me.incarnation, me.heartbeat) and inc < MAX_INCARNATION:
                     # refute: a peer claims a newer life of ours than we lived
                     self._members[ident] = replace(me, incarnation=inc + 1, last_advance=now)

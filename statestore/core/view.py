@@ -59,6 +59,8 @@ class RingView:
     replicas: int = 3
     write_quorum: int = 2
     vnodes: int = DEFAULT_VNODES
+    # some node enforces per-query quotas (--quota-file): writers ask for room first
+    quotas: bool = False
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
@@ -141,6 +143,7 @@ class RingView:
             "write_quorum": self.write_quorum,
             "vnodes": self.vnodes,
             "members": [m.to_json() for m in self.members],
+            "quotas": self.quotas,
         }
 
     @classmethod
@@ -177,6 +180,7 @@ class RingView:
                 int(obj["replicas"]),
                 int(obj["write_quorum"]),
                 vnodes,
+                obj.get("quotas") is True,
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise MalformedData(f"ring view is malformed ({exc!r})") from exc

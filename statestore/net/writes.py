@@ -11,6 +11,13 @@ a failed write. Before any chunk goes out, the store's replicas are asked for it
 writer already fenced by a newer epoch is refused there, so a fenced commit leaves no chunks
 behind (a writer fenced between this check and its manifest still can; repair does not
 collect such orphans yet).
+
+Quotas (node/quotas.py): when the ring view says some node enforces per-query quotas, the
+writer asks every node it is about to write to whether the bytes it will send there fit
+(``GET /v1/queries/{q}/room``), and a refusal fails the commit with QuotaExceeded before any
+chunk is sent. A replica's own refusal of a chunk or manifest (a write that raced the check)
+fails the commit too, as fencing does. A compactor's snapshot is sent with ``compaction=1``,
+never charged: it is what lets retention free old versions.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from statestore.core.errors import (
     InsufficientStorage,
     MalformedData,
     NodeUnavailable,
+    QuotaExceeded,
     StaleEpoch,
     StateStoreError,
     VersionConflict,
@@ -38,7 +46,14 @@ from statestore.wire.bodies import ChunkAck, ManifestAck, decode_json
 from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import encode_manifest
 
-__all__ = ["WriteStats", "check_fence", "put_chunks", "put_manifest", "write_commit"]
+__all__ = [
+    "WriteStats",
+    "check_fence",
+    "check_room",
+    "put_chunks",
+    "put_manifest",
+    "write_commit",
+]
 
 
 @dataclass
@@ -140,18 +155,24 @@ async def put_chunks(
     concurrency: int = 8,
     stats: WriteStats | None = None,
     acks: int | None = None,
+    compaction: bool = False,
 ) -> None:
     """Store every chunk on its R replicas (and its pending owners while nodes join or
-    leave); raises QuorumNotReached below W (or ``acks``) for any chunk."""
+    leave); raises QuorumNotReached below W (or ``acks``) for any chunk, QuotaExceeded if a
+    replica refused one over its query's quota."""
     sem = asyncio.Semaphore(concurrency)
+    suffix = "?compaction=1" if compaction else ""
 
     async def one(chunk: EncodedChunk) -> None:
         key = chunk_key(store, version, chunk.name)
         targets = view.write_replicas_of(key)
         async with sem:
             acked, errors = await _put_everywhere(
-                transport, targets, f"/v1/chunks/{key}", chunk.data, _chunk_ack(key)
+                transport, targets, f"/v1/chunks/{key}{suffix}", chunk.data, _chunk_ack(key)
             )
+        for e in errors:
+            if isinstance(e, QuotaExceeded):
+                raise e
         current, future = view.replicas_of(key), view.future_replicas_of(key)
         w = view.write_quorum if acks is None else acks
         _check(f"chunk {key}", acked, current, future, w, errors)
@@ -169,6 +190,7 @@ async def put_manifest(
     m: Manifest,
     retain: int | None = None,
     acks: int | None = None,
+    compaction: bool = False,
 ) -> int:
     """Store the manifest on the store's replicas; returns the acks. Fencing errors win.
 
@@ -176,8 +198,11 @@ async def put_manifest(
     their ``--retain`` default (Spark's ``minBatchesToRetain``)."""
     targets = view.store_write_replicas(m.store)
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
-    if retain is not None:
-        path += f"?retain={retain}"
+    params = ([f"retain={retain}"] if retain is not None else []) + (
+        ["compaction=1"] if compaction else []
+    )
+    if params:
+        path += "?" + "&".join(params)
     acked, errors = await _put_everywhere(
         transport,
         targets,
@@ -187,7 +212,7 @@ async def put_manifest(
         {"Content-Type": "application/msgpack"},
     )
     for e in errors:
-        if isinstance(e, StaleEpoch | VersionConflict):
+        if isinstance(e, StaleEpoch | VersionConflict | QuotaExceeded):
             raise e
     what = f"manifest of {m.store} v{m.version}"
     key = m.store.path
@@ -220,6 +245,36 @@ async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None
             raise r
 
 
+async def check_room(
+    transport: Transport, view: RingView, manifest: Manifest, chunks: list[EncodedChunk]
+) -> None:
+    """Raise QuotaExceeded if a node this commit writes to has no room for what it would get
+    (its chunks and the manifest) under the query's quota. Nodes that do not answer are left
+    to the writes themselves, which check again."""
+    want: dict[str, int] = {}
+    for chunk in chunks:
+        for address in view.write_replicas_of(
+            chunk_key(manifest.store, manifest.version, chunk.name)
+        ):
+            want[address] = want.get(address, 0) + len(chunk.data)
+    size = len(encode_manifest(manifest))
+    for address in view.store_write_replicas(manifest.store):
+        want[address] = want.get(address, 0) + size
+    query = manifest.store.query
+    results = await asyncio.gather(
+        *(
+            transport.request("GET", a, f"/v1/queries/{query}/room?bytes={n}")
+            for a, n in want.items()
+        ),
+        return_exceptions=True,
+    )
+    for r in results:
+        if isinstance(r, QuotaExceeded | AccessDenied):
+            raise r
+        if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
+            raise r
+
+
 async def write_commit(
     transport: Transport,
     view: RingView,
@@ -229,12 +284,17 @@ async def write_commit(
     concurrency: int = 8,
     retain: int | None = None,
     acks: int | None = None,
+    compaction: bool = False,
 ) -> WriteStats:
-    """Chunks, then the manifest, each acknowledged by W replicas (``acks`` instead: a
-    per-request consistency, core/quorum.write_acks). Every replica is written to whatever
-    ``acks`` says; it only decides how many acknowledgements make the commit succeed."""
+    """Write one commit: fencing check, room check (quotas on), chunks, manifest, each
+    acknowledged by W replicas (``acks`` instead: a per-request consistency,
+    core/quorum.write_acks; every replica is written to whatever ``acks`` says, it only
+    decides how many acknowledgements make the commit succeed). ``compaction``: a
+    compactor's snapshot (node/compaction.py), never charged to a quota."""
     stats = WriteStats()
     await check_fence(transport, view, manifest)
+    if view.quotas and not compaction:
+        await check_room(transport, view, manifest, chunks)
     await put_chunks(
         transport,
         view,
@@ -244,6 +304,7 @@ async def write_commit(
         concurrency=concurrency,
         stats=stats,
         acks=acks,
+        compaction=compaction,
     )
-    await put_manifest(transport, view, manifest, retain, acks)
+    await put_manifest(transport, view, manifest, retain, acks, compaction)
     return stats

@@ -57,6 +57,7 @@ from statestore.node.coordinator import (
 )
 from statestore.node.daemon import NODE, Node
 from statestore.node.operations import install as install_operations
+from statestore.node.quotas import charged_limit
 from statestore.node.relay import relay_handler
 from statestore.node.request import read_body
 from statestore.wire.bodies import (
@@ -191,7 +192,8 @@ async def put_chunk(request: web.Request) -> web.Response:
     data = await read_body(request)
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
-    await node.write(node.store.put_chunk, key, data)
+    limit = charged_limit(request, parse_chunk_key(key)[0].query)
+    await node.write(node.store.put_chunk, key, data, limit)
     return web.json_response({"stored": key}, status=201)
 
 
@@ -299,7 +301,7 @@ async def put_manifest(request: web.Request) -> web.Response:
         allow(request, "admin", store.query)
         created = await node.write(node.store.copy_manifest, m)
         return web.json_response({"stored": created}, status=201 if created else 200)
-    created = await node.write(node.store.put_manifest, m)
+    created = await node.write(node.store.put_manifest, m, charged_limit(request, store.query))
     if retain is not None:
         await node.write(node.store.set_retain, store, retain)
     return web.json_response({"stored": created}, status=201 if created else 200)

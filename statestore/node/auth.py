@@ -15,7 +15,6 @@ parses keeps the previous tokens and is reported in ``/v1/health``.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import time
@@ -34,6 +33,7 @@ from statestore.core.identity import (
     verify,
 )
 from statestore.core.ratelimit import Limiter
+from statestore.node.watched import WatchedFile
 
 __all__ = ["Access", "Principal", "allow", "principal"]
 
@@ -53,6 +53,7 @@ NODE_ONLY = frozenset({"/v1/gossip", "/v1/sync/have"})
 _POLICY: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^/v1/queries/(?P<q>[^/]+)/(drop|purge)$"), "admin"),
     (re.compile(r"^/v1/queries/(?P<q>[^/]+)$"), "read"),
+    (re.compile(r"^/v1/queries/(?P<q>[^/]+)/room$"), "write"),
     (re.compile(r"^/v1/tombstones$"), "admin"),
     (re.compile(r"^/v1/inventory$"), "admin"),
     (re.compile(r"^/v1/inventory/(?P<q>[^/]+)/"), "read"),
@@ -86,40 +87,15 @@ class Principal:
 OPEN = Principal("open")
 
 
-class TokenFile:
-    """A tokens file, re-read when it changes."""
+class TokenFile(WatchedFile[Grants]):
+    """A tokens file, re-read when it changes (node/watched.py)."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self.error = ""
-        self.grants = self._load(strict=True)
+        super().__init__(path, parse_tokens, "--auth-file", "tokens")
 
-    def _load(self, strict: bool) -> Grants:
-        st = os.stat(self.path)
-        with open(self.path, "rb") as f:
-            raw = f.read()
-        try:
-            grants = parse_tokens(raw)
-        except ValueError as exc:
-            if strict:
-                raise ValueError(f"--auth-file {self.path}: {exc}") from exc
-            self.error = f"--auth-file {self.path} does not parse ({exc}); old tokens kept"
-            log.error("%s", self.error)
-            self._stamp = (st.st_mtime_ns, st.st_size)
-            return self.grants
-        self._stamp = (st.st_mtime_ns, st.st_size)
-        self.error = ""
-        return grants
-
-    def current(self) -> Grants:
-        try:
-            st = os.stat(self.path)
-            if (st.st_mtime_ns, st.st_size) != self._stamp:
-                self.grants = self._load(strict=False)
-        except OSError as exc:
-            self.error = f"--auth-file {self.path} cannot be read ({exc}); old tokens kept"
-        return self.grants
+    @property
+    def grants(self) -> Grants:
+        return self.value
 
 
 class Access:

@@ -35,6 +35,18 @@ class Backend(ABC):
     @abstractmethod
     def scan_keys(self, prefix: bytes) -> list[bytes]: ...
 
+    def sizes(self, keys: Sequence[bytes]) -> dict[bytes, int | None]:
+        """The size of each key's value (None: absent), without keeping the values."""
+        out: dict[bytes, int | None] = {}
+        for k in keys:
+            v = self.get(k)
+            out[k] = None if v is None else len(v)
+        return out
+
+    def scan_sizes(self, prefix: bytes) -> list[tuple[bytes, int]]:
+        """(key, size of its value) of every key starting with ``prefix``."""
+        return [(k, len(v)) for k, v in self.scan(prefix)]
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
@@ -104,6 +116,26 @@ class LmdbBackend(Backend):
                     if not k.startswith(prefix):
                         break
                     out.append(bytes(k))
+        return out
+
+    def sizes(self, keys: Sequence[bytes]) -> dict[bytes, int | None]:
+        out: dict[bytes, int | None] = {}
+        with self._env.begin(buffers=True) as txn:  # views into the map: nothing copied
+            for k in keys:
+                v = txn.get(k)
+                out[k] = None if v is None else len(v)
+        return out
+
+    def scan_sizes(self, prefix: bytes) -> list[tuple[bytes, int]]:
+        out = []
+        with self._env.begin(buffers=True) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    key = bytes(k)
+                    if not key.startswith(prefix):
+                        break
+                    out.append((key, len(v)))
         return out
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
         top.base_epoch,
     )
     try:
-        await write_commit(node.transport, view, snap, chunks)
+        await write_commit(node.transport, view, snap, chunks, compaction=True)
     except StaleEpoch:
         return None  # a newer writer took over meanwhile; its commits decide
     node.stats["snapshots"] += 1

@@ -42,6 +42,7 @@ class NodeConfig:
     # security (docs/security.md)
     cluster_secret_file: str = ""  # same file on every node: internal requests are signed
     auth_file: str = ""  # client bearer tokens, scoped to queries and rights
+    quota_file: str = ""  # per-query storage quotas (bytes held on this node), reloaded
     tls_cert: str = ""  # PEM certificate: serve HTTPS only (with tls_key)
     tls_key: str = ""  # its private key
     tls_ca: str = ""  # PEM CA the nodes we call are verified against ("" = the system's CAs)
@@ -51,6 +52,9 @@ class NodeConfig:
     # elastic ring (docs/operations.md, Join and decommission)
     join: bool = False  # enter as joining: stream what we will own, then switch to normal
     stream_mbps: float = 50.0  # MB/s a hand-over (join or leave) may move, per node
+    drain_on_stop: bool = False  # SIGTERM decommissions the node before it exits
+    drain_timeout: float = 600.0  # seconds such a drain may take before the node gives up
+    replace: str = ""  # the id of a dead node whose tokens this (new) node takes over
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
@@ -65,6 +69,20 @@ class NodeConfig:
             )
         if not self.stream_mbps > 0:
             raise ValueError("--stream-mbps must be a positive number of MB/s")
+        if not self.drain_timeout > 0:
+            raise ValueError("--drain-timeout must be a positive number of seconds")
+        if self.replace:
+            if len(self.replace) > 64 or not all(
+                c.isascii() and (c.isalnum() or c in "._-") for c in self.replace
+            ):
+                raise ValueError(
+                    f"--replace {self.replace!r:.80} is no node id (letters, digits and ._-, "
+                    "at most 64): give the id `statestore ring` shows for the dead node"
+                )
+            if not self.seeds:
+                raise ValueError(
+                    "--replace needs --seeds: the ring is asked whether the node is dead"
+                )
         if self.auth_file and self.seeds and not self.cluster_secret_file:
             raise ValueError(
                 "--auth-file on a ring of several nodes needs --cluster-secret-file too (the "

@@ -31,6 +31,7 @@ from aiohttp import web
 from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError
 from statestore.core.handover import Handover, NodeState
 from statestore.core.membership import Membership, Status
+from statestore.core.quota import Quotas, parse_quotas
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
@@ -41,9 +42,18 @@ from statestore.node.backends import Backend, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
 from statestore.node.replica import NodeStore
+from statestore.node.watched import WatchedFile
 from statestore.wire.bodies import GossipDigest, decode_json
 
-__all__ = ["NODE", "DataDirInUse", "Loop", "MoveStatus", "Node", "NodeConfig"]
+__all__ = [
+    "NODE",
+    "DataDirInUse",
+    "Loop",
+    "MoveStatus",
+    "Node",
+    "NodeConfig",
+    "stored_identity",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,14 +74,27 @@ def _lock_data_dir(data_dir: str) -> int:
     return fd
 
 
-def _load_identity(data_dir: str) -> tuple[str, int]:
-    """The node id kept in the data dir, and a new incarnation (one more than last start)."""
+def stored_identity(data_dir: str) -> str | None:
+    """The node id kept in ``data_dir`` (None: a new node)."""
+    path = os.path.join(data_dir, "node.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        ident = json.load(f).get("id")
+    return str(ident) if ident else None
+
+
+def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple[str, int]:
+    """The node id kept in the data dir, and a new incarnation (one more than last start).
+    ``adopt`` (``--replace``): a new data dir takes that id, at least at that incarnation."""
     os.makedirs(data_dir, exist_ok=True)
     path = os.path.join(data_dir, "node.json")
     ident: dict[str, Any] = {}
     if os.path.exists(path):
         with open(path) as f:
             ident = json.load(f)
+    elif adopt is not None:
+        ident = {"id": adopt[0], "incarnation": adopt[1] - 1}
     node_id = str(ident.get("id") or uuid.uuid4().hex[:16])
     incarnation = int(ident.get("incarnation", 0)) + 1
     tmp = path + ".tmp"
@@ -173,6 +196,8 @@ class Node:
             that outlives the node, so a restarted node finds its data.
         writer: where storage writes run, one at a time (default: one thread; the simulator
             runs them inline so a run stays deterministic).
+        adopt: ``(id, incarnation)`` a new data dir takes (``--replace``, checked by
+            node/handover.check_replace): the node enters as ``joining`` with that id.
     """
 
     def __init__(
@@ -184,6 +209,7 @@ class Node:
         transport: Transport | None = None,
         backend: Backend | None = None,
         writer: Executor | None = None,
+        adopt: tuple[str, int] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -191,12 +217,19 @@ class Node:
         # before the lock: a CA file it cannot use is a ValueError with nothing to release
         tls = client_context(config.tls_ca or None) if config.tls_cert else None
         self._lock = _lock_data_dir(config.data_dir)
-        self.id, self.incarnation = _load_identity(config.data_dir)
+        self.id, self.incarnation = _load_identity(config.data_dir, adopt)
         try:
             self.access = Access(
                 self.id, config.cluster_secret_file or None, config.auth_file or None
             )
-            self.initial_state = _load_ring_state(config.data_dir, config.join)
+            self.quotas: WatchedFile[Quotas] | None = (
+                WatchedFile(config.quota_file, parse_quotas, "--quota-file", "quotas")
+                if config.quota_file
+                else None
+            )
+            # a replacement streams the dead node's share before it serves: a join
+            join = config.join or bool(config.replace)
+            self.initial_state = _load_ring_state(config.data_dir, join)
         except BaseException:
             os.close(self._lock)
             raise
@@ -222,6 +255,7 @@ class Node:
         self.restorer: Restorer
         self.stats: dict[str, int] = {"repaired": 0, "handed_off": 0, "snapshots": 0, "gc": 0}
         self.move: MoveStatus | None = None  # a join or leave under way or finished
+        self._superseded_logged = False
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, port: int, loops: Sequence[tuple[str, Loop]] = ()) -> None:
@@ -348,6 +382,15 @@ class Node:
             )
         return None
 
+    def quota_limit(self, query: str) -> int | None:
+        """The bytes ``query`` may hold on this node (None: no quota), from ``--quota-file``
+        re-read if it changed."""
+        return self.quotas.current().limit(query) if self.quotas is not None else None
+
+    def quotas_on(self) -> bool:
+        """Whether this node enforces any quota (writers then ask for room first)."""
+        return self.quotas is not None and bool(self.quotas.current())
+
     def check_writable(self) -> None:
         """Raise InsufficientStorage (507) while the node is read-only."""
         reason = self.read_only_reason()
@@ -361,7 +404,12 @@ class Node:
 
     def view(self) -> RingView:
         assert self.membership is not None
-        if self._view is None or self._view.epoch != self.membership.epoch:
+        quotas = self.quotas_on()
+        if (
+            self._view is None
+            or self._view.epoch != self.membership.epoch
+            or self._view.quotas != quotas
+        ):
             members = tuple(
                 MemberInfo(m.id, m.address, m.status.value, m.zone, m.state.value)
                 for m in self.membership.members()
@@ -372,6 +420,7 @@ class Node:
                 self.config.replicas,
                 self.config.write_quorum,
                 self.config.vnodes,
+                quotas,
             )
         return self._view
 
@@ -390,6 +439,23 @@ class Node:
         self.membership.merge(digest.to_dict(), self.clock())
         for why in self.membership.refused:
             log.warning("gossip from %s: entry refused: %s", address, why)
+        self._check_superseded()
+
+    def _check_superseded(self) -> None:
+        """Stop gossiping once another process took our id (``--replace``): the ring then
+        knows only it, and this one must be stopped and its data dir wiped."""
+        assert self.membership is not None
+        if self.membership.superseded is not None and not self._superseded_logged:
+            self._superseded_logged = True
+            addr, inc = self.membership.superseded
+            log.error(
+                "node %s was replaced by the node at %s (incarnation %d, statestore node "
+                "--replace): this process no longer takes part in the ring; stop it and do "
+                "not start its data dir again",
+                self.id,
+                addr,
+                inc,
+            )
 
     def _gossip_targets(self, extra: list[str]) -> list[str]:
         assert self.membership is not None
@@ -405,7 +471,7 @@ class Node:
 
     async def _gossip_loop(self) -> None:
         assert self.membership is not None
-        while True:
+        while self.membership.superseded is None:
             if self.membership.tick(self.clock()):
                 log.info(
                     "ring epoch %d: %d live", self.membership.epoch, len(self.membership.live())
@@ -418,6 +484,7 @@ class Node:
                 if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
                     log.warning("gossip with %s failed: %r", a, r)
             await asyncio.sleep(self.config.gossip_interval)
+        self._check_superseded()  # replaced (--replace): no more heartbeats from us
 
     async def _discovery_loop(self) -> None:
         assert self.discovery is not None
@@ -445,6 +512,11 @@ class Node:
             if now - at < 300.0
         ]
         out += self.access.problems()
+        if self.membership is not None and self.membership.superseded is not None:
+            addr, _ = self.membership.superseded
+            out.append(f"replaced by the node at {addr} (--replace): stop this process")
+        if self.quotas is not None and self.quotas.error:
+            out.append(self.quotas.error)
         out += self.storage_problems()
         return out
 

@@ -40,23 +40,29 @@ from statestore.core.handover import (
     NodeState,
     Phase,
     RoundResult,
+    Sighting,
     pull_plan,
     push_plan,
+    replace_plan,
 )
 from statestore.core.ids import StoreId
 from statestore.core.placement import Member, Ring
-from statestore.node.auth import allow
-from statestore.node.daemon import NODE, MoveStatus, Node
+from statestore.net.http import HttpTransport
+from statestore.net.tls import client_context
+from statestore.node.auth import Access, allow
+from statestore.node.config import NodeConfig
+from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity
 from statestore.node.repair import ask_have, push_item
 from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
 
-__all__ = ["join_loop", "register", "start_leave"]
+__all__ = ["check_replace", "drain", "join_loop", "register", "start_leave"]
 
 log = logging.getLogger(__name__)
 PAGE = 5000  # items per listing page
 IN_FLIGHT = 4  # items copied at once
 FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
+DRAIN_START_GRACE = 10.0  # seconds a drain retries a leave the ring does not allow yet
 
 
 def _settle(node: Node) -> float:
@@ -65,8 +71,10 @@ def _settle(node: Node) -> float:
 
 
 def _bucket(node: Node) -> TokenBucket:
+    """The ``--stream-mbps`` budget, with a burst of a quarter second (a burst floor would
+    let a small hand-over run unthrottled at a low budget)."""
     rate = node.config.stream_mbps * 1e6
-    return TokenBucket(rate, max(rate / 4, 1 << 20), node.clock())
+    return TokenBucket(rate, rate / 4, node.clock())
 
 
 async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
@@ -123,7 +131,8 @@ def items_for(node: Node, target: str, zone: str) -> list[str]:
 
 async def handover_items(request: web.Request) -> web.Response:
     """``POST /v1/handover/items``: a page of the items this node holds that a joining node
-    will own, and the ring state this node sees for it (``limit`` 0: the state only)."""
+    will own, and the ring state this node sees for it (``limit`` 0: the state only, and how
+    this node sees that member: ``member`` status, state, incarnation, zone, or null)."""
     node = request.app[NODE]
     allow(request, "admin")
     body = decode_json(await request.read(), HandoverItemsRequest, "handover items")
@@ -131,7 +140,17 @@ async def handover_items(request: web.Request) -> web.Response:
     seen = node.membership.get(body.node)
     state = None if seen is None or seen.status.value == "down" else seen.state.value
     if body.limit == 0:
-        return web.json_response({"state": state, "items": [], "next": None})
+        member = (
+            None
+            if seen is None
+            else {
+                "status": seen.status.value,
+                "state": seen.state.value,
+                "incarnation": seen.incarnation,
+                "zone": seen.zone,
+            }
+        )
+        return web.json_response({"state": state, "member": member, "items": [], "next": None})
     items = await asyncio.to_thread(items_for, node, body.node, body.zone)
     if body.after:
         items = [i for i in items if i > body.after]
@@ -257,6 +276,72 @@ async def join_loop(node: Node) -> None:
     move.handover = move.handover.switch()
 
 
+# -- replace a dead node ------------------------------------------------------------------
+
+
+async def _sighting(transport: HttpTransport, address: str, target: str) -> Sighting | None:
+    resp = await transport.request(
+        "POST",
+        address,
+        "/v1/handover/items",
+        json_body={"node": target, "limit": 0},
+        timeout=5.0,
+    )
+    m = resp.json().get("member")
+    if m is None:
+        return None
+    return Sighting(str(m["status"]), str(m["state"]), int(m["incarnation"]), str(m["zone"]))
+
+
+async def check_replace(config: NodeConfig) -> int | None:
+    """``statestore node --replace ID``: the incarnation to take ID's place at, or None when
+    the data dir already holds ID (a replacement restarted: it resumes like ``--join``).
+
+    Asks the seeds and the members they know how they see ID (``POST /v1/handover/items``,
+    ``limit`` 0) and decides with ``core/handover.replace_plan``; raises ValueError saying why
+    not (ID alive, unknown, owning nothing, another zone, nobody answered), or when the data
+    dir holds another node."""
+    target = config.replace
+    held = stored_identity(config.data_dir)
+    if held == target:
+        return None
+    if held is not None:
+        raise ValueError(
+            f"--replace {target}: the data dir {config.data_dir} holds node {held}; a "
+            "replacement starts with an empty --data-dir"
+        )
+    tls = client_context(config.tls_ca or None) if config.tls_cert else None
+    access = Access(target, config.cluster_secret_file or None, config.auth_file or None)
+    transport = HttpTransport(timeout=5.0, auth=access.outbound, tls=tls)
+    await transport.start()
+    try:
+        addresses = list(config.seeds)
+        for seed in config.seeds:  # every member a seed knows, so no single view decides
+            try:
+                ring = (await transport.request("GET", seed, "/v1/ring", timeout=5.0)).json()
+                addresses += [
+                    str(m["address"])
+                    for m in ring["members"]
+                    if m["id"] != target and m["status"] != "down"
+                ]
+                break
+            except (StateStoreError, KeyError, TypeError, ValueError) as exc:
+                log.warning("replace: seed %s gave no ring view: %s", seed, exc)
+        sightings: dict[str, Sighting | None] = {}
+        for address in dict.fromkeys(addresses):
+            try:
+                sightings[address] = await _sighting(transport, address, target)
+            except (StateStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.warning("replace: %s did not say how it sees %s: %s", address, target, exc)
+    finally:
+        await transport.close()
+    why, incarnation = replace_plan(target, config.zone, sightings, len(set(addresses)))
+    if why is not None:
+        raise ValueError(f"cannot replace node {target}: {why}")
+    log.warning("replacing dead node %s at incarnation %d", target, incarnation)
+    return incarnation
+
+
 # -- leave -----------------------------------------------------------------------------
 
 
@@ -368,6 +453,48 @@ def start_leave(node: Node) -> MoveStatus:
     node.move = MoveStatus(Handover("leave"), node.clock())
     node.spawn(lambda: leave(node), "leave")
     return node.move
+
+
+async def drain(node: Node, timeout: float, abort: asyncio.Event) -> str | None:
+    """``--drain-on-stop``: decommission this node before it stops (the same leave as
+    ``POST /v1/handover/leave``), waiting at most ``timeout`` seconds, or until ``abort`` is
+    set (a second signal). Returns None once the node has left, else why it did not: the
+    node then stops anyway, its copies one short until repair re-replicates them."""
+    assert node.membership is not None
+    if node.membership.state is NodeState.LEFT:
+        return None
+    deadline = node.clock() + timeout
+    grace = node.clock() + min(DRAIN_START_GRACE, timeout)
+    while True:  # a peer briefly suspect may make the leave wait: retry a few seconds
+        try:
+            move = start_leave(node)
+            break
+        except InvalidRequest as exc:
+            why = str(exc)
+        if node.clock() >= grace or abort.is_set():
+            return f"{why}; stopping without a drain (repair will re-replicate its copies)"
+        log.warning("drain: %s; trying again until %.0f s have passed", why, DRAIN_START_GRACE)
+        await _wait(abort, 1.0)
+    log.warning("drain: node %s hands its copies over before it stops", node.id)
+    while move.handover.phase is not Phase.SWITCHED:
+        left = deadline - node.clock()
+        if abort.is_set():
+            return "the drain was abandoned (a second signal) before the node left the ring"
+        if left <= 0:
+            return (
+                f"the drain did not finish within --drain-timeout {timeout:g} s "
+                f"({move.handover.rounds} round(s), {move.handover.copied} copied)"
+            )
+        await _wait(abort, min(left, 0.2))
+    return None
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``event`` is set."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        pass
 
 
 async def leave_handler(request: web.Request) -> web.Response:

@@ -196,6 +196,29 @@ class NodeCollector(Collector):
         for kind in sorted(IN_FLIGHT):
             inflight.add_metric([kind], act.count(kind))
         yield inflight
+        yield from query_usage(node)
+
+
+def query_usage(node: Node) -> Iterator[Metric]:
+    """Bytes each query holds on this node (its counters, no scan) and, for the queries with
+    a quota (``--quota-file``), that quota."""
+    held = GaugeMetricFamily(
+        "statestore_query_bytes",
+        "Bytes of chunks and manifests (retained versions included) held here, by query",
+        labels=["query"],
+    )
+    quota = GaugeMetricFamily(
+        "statestore_query_quota_bytes",
+        "The quota of each query holding data here (--quota-file), by query",
+        labels=["query"],
+    )
+    for query, n in sorted(node.store.usage.snapshot().items()):
+        held.add_metric([query], n)
+        limit = node.quota_limit(query)
+        if limit is not None:
+            quota.add_metric([query], limit)
+    yield held
+    yield quota
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

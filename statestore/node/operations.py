@@ -16,6 +16,7 @@ from statestore.node import (
     inventory,
     lookup,
     metrics,
+    quotas,
     tombstones,
 )
 
@@ -31,3 +32,4 @@ def install(app: web.Application) -> None:
     tombstones.register(app)
     dashboard.register(app)
     handover.register(app)
+    quotas.register(app)

@@ -13,16 +13,24 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
        ``f:<store>``                         retention floor: versions below it are gone
        ``r:<store>``                         versions to retain, set by the writer (else --retain)
        ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
+
+Every write goes through :meth:`NodeStore._write`, which keeps the bytes each query holds
+(chunks and manifests, replaced epochs included: core/quota.py) up to date and, for a
+writer's chunk or manifest, refuses one that would take its query past a quota
+(QuotaExceeded, nothing written). The counters are rebuilt from a scan of value sizes when
+the store opens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 
 from statestore.core.chunk import verify
 from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
+from statestore.core.quota import COUNTED_PREFIXES, Usage, charges, check, query_of_key
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
 from statestore.wire.manifest import decode_manifest, encode_manifest, manifest_epoch
@@ -52,12 +60,41 @@ class NodeStore:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        self._lock = threading.Lock()
+        self.usage = Usage.from_sizes(
+            item for prefix in COUNTED_PREFIXES for item in backend.scan_sizes(prefix)
+        )
+
+    def _write(
+        self,
+        puts: Mapping[bytes, bytes],
+        deletes: Sequence[bytes] = (),
+        limit: int | None = None,
+    ) -> None:
+        """Apply one atomic write and count its bytes per query. With ``limit`` (the quota
+        of the query written to), a write that adds bytes past it raises QuotaExceeded and
+        writes nothing."""
+        touched = [k for k in {*puts, *deletes} if query_of_key(k) is not None]
+        with self._lock:
+            old = self.backend.sizes(touched) if touched else {}
+            deltas = charges(old, {k: len(puts[k]) for k in touched if k in puts}, deletes)
+            if limit is not None:
+                for query, delta in deltas.items():
+                    check(query, self.usage.of(query), delta, limit)
+            self.backend.write(puts, deletes)
+            self.usage.apply(deltas)
+
+    def query_bytes(self, query: str) -> int:
+        """Bytes of chunks and manifests this node holds for ``query``."""
+        return self.usage.of(query)
 
     # -- chunks --------------------------------------------------------------------------
-    def put_chunk(self, key: str, data: bytes) -> None:
+    def put_chunk(self, key: str, data: bytes, limit: int | None = None) -> None:
+        """Store a verified chunk; ``limit``: its query's quota (None: not charged, as for
+        repair's copies)."""
         _, _, name = parse_chunk_key(key)
         verify(data, int(name.split("-", 1)[1], 16), key)
-        self.backend.write({b"c:" + key.encode(): data})
+        self._write({b"c:" + key.encode(): data}, limit=limit)
 
     def get_chunk(self, key: str) -> bytes | None:
         """The chunk's bytes, re-verified; raises CorruptChunk if they rotted on disk."""
@@ -74,11 +111,12 @@ class NodeStore:
         return [k[2:].decode() for k in self.backend.scan_keys(b"c:")]
 
     def delete_chunks(self, keys: Sequence[str]) -> None:
-        self.backend.write({}, [b"c:" + k.encode() for k in keys])
+        self._write({}, [b"c:" + k.encode() for k in keys])
 
     # -- manifests -----------------------------------------------------------------------
-    def put_manifest(self, m: Manifest) -> bool:
-        """Store ``m`` unless fenced. Returns False when it was already there (idempotent).
+    def put_manifest(self, m: Manifest, limit: int | None = None) -> bool:
+        """Store ``m`` unless fenced (and within ``limit``, its query's quota, if given).
+        Returns False when it was already there (idempotent).
 
         A manifest of the same version and kind at a lower epoch is not destroyed: it moves to
         a side key (``o:``) and stays part of the store's manifests, since a later version may
@@ -113,7 +151,7 @@ class NodeStore:
             puts[_okey(m.store, m.version, m.kind, old.epoch)] = raw_old
         if head is None or (m.epoch, m.version) > head.key():
             puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
-        self.backend.write(puts)
+        self._write(puts, limit=limit)
         return True
 
     def copy_manifest(self, m: Manifest) -> bool:
@@ -135,7 +173,7 @@ class NodeStore:
         head = self.head(m.store)
         if head is None or (m.epoch, m.version) > head.key():
             puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
-        self.backend.write(puts)
+        self._write(puts)
         return True
 
     def get_manifest(
@@ -213,7 +251,7 @@ class NodeStore:
 
     def set_retain(self, store: StoreId, versions: int) -> None:
         if self.retain(store) != versions:
-            self.backend.write({b"r:" + store.path.encode(): str(versions).encode()}, [])
+            self._write({b"r:" + store.path.encode(): str(versions).encode()}, [])
 
     def floor(self, store: StoreId) -> int:
         raw = self.backend.get(b"f:" + store.path.encode())
@@ -231,7 +269,7 @@ class NodeStore:
         for k in self.backend.scan_keys(f"c:{store.path}/".encode()):
             if int(k.decode().rsplit("/", 2)[1]) < floor:
                 drop.append(k)
-        self.backend.write({b"f:" + store.path.encode(): str(floor).encode()}, drop)
+        self._write({b"f:" + store.path.encode(): str(floor).encode()}, drop)
         return len(drop)
 
     def check_not_corrupt(self, key: str) -> None:
@@ -270,7 +308,7 @@ class NodeStore:
         ]
         if not left:
             deletes.append(b"h:" + store.path.encode())
-        self.backend.write(puts, deletes)
+        self._write(puts, deletes)
 
     # -- whole queries (drop) ------------------------------------------------------------
     def query_keys(self, query: str) -> dict[str, list[bytes]]:
@@ -298,14 +336,14 @@ class NodeStore:
         Returns how many keys of each kind went."""
         keys = self.query_keys(query)
         drop = [k for ks in keys.values() for k in ks]
-        self.backend.write({b"t:" + query.encode(): tombstone}, drop)
+        self._write({b"t:" + query.encode(): tombstone}, drop)
         return {kind: len(ks) for kind, ks in keys.items()}
 
     def tombstone(self, query: str) -> bytes | None:
         return self.backend.get(b"t:" + query.encode())
 
     def put_tombstone(self, query: str, tombstone: bytes) -> None:
-        self.backend.write({b"t:" + query.encode(): tombstone})
+        self._write({b"t:" + query.encode(): tombstone})
 
     def tombstones(self) -> list[bytes]:
         return [v for _, v in self.backend.scan(b"t:")]

@@ -2,6 +2,8 @@
 
 Graceful means: stop accepting connections, let in-flight requests (a chunk being fsynced, a
 manifest being written) finish, then cancel and await the background loops and close storage.
+With ``--drain-on-stop`` the first SIGTERM (or SIGINT) first decommissions the node
+(node/handover.py ``drain``) while it keeps serving; a second one abandons the drain.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from statestore.net.tls import server_context
 from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
-from statestore.node.handover import join_loop
+from statestore.node.handover import check_replace, drain, join_loop
 from statestore.node.repair import repair_loop
 from statestore.node.tombstones import tombstone_loop
 
@@ -35,9 +37,14 @@ LOOPS: tuple[tuple[str, Loop], ...] = (
 
 async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
     """Bind the API (HTTPS with ``config.tls_cert``) and start the node; stop with
-    :func:`stop_node`. Raises ValueError for a secret, tokens or TLS file it cannot use."""
+    :func:`stop_node`. Raises ValueError for a secret, tokens or TLS file it cannot use, or
+    a ``--replace`` the ring refuses."""
     tls = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
-    node = Node(config)
+    adopt = None
+    if config.replace:  # raises ValueError when the node may not be replaced
+        incarnation = await check_replace(config)
+        adopt = None if incarnation is None else (config.replace, incarnation)
+    node = Node(config, adopt=adopt)
     # keepalive_timeout doubles as the header read timeout: aiohttp arms it when a connection
     # opens and closes a connection still waiting for a whole request line and headers when
     # it fires (300 half-open connections would otherwise hold 300 file descriptors).
@@ -64,8 +71,12 @@ async def stop_node(node: Node, runner: web.AppRunner) -> None:
     await node.stop()
 
 
-async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
+async def serve(config: NodeConfig, stop: asyncio.Event, now: asyncio.Event | None = None) -> int:
+    """Run a node until ``stop`` is set; with ``config.drain_on_stop`` it then drains
+    (decommissions) before stopping, unless ``now`` is set meanwhile. Returns the exit code:
+    0, or 1 when a drain was asked for and did not finish."""
     node, runner = await start_node(config)
+    code = 0
     # The first line on stdout is the contract for scripts and tests that start nodes on port 0.
     print(
         f"statestore node {node.id} listening on {node.address} "
@@ -75,10 +86,19 @@ async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
     )
     try:
         await stop.wait()
+        if config.drain_on_stop:
+            print(f"statestore node {node.id} draining before it stops", flush=True)
+            why = await drain(node, config.drain_timeout, now or asyncio.Event())
+            if why is None:
+                print(f"statestore node {node.id} drained: it left the ring", flush=True)
+            else:
+                log.error("node %s stops without a finished drain: %s", node.id, why)
+                code = 1
     finally:
         log.info("node %s stopping", node.id)
         await stop_node(node, runner)
         print(f"statestore node {node.id} stopped", flush=True)
+    return code
 
 
 def _raise_open_file_limit() -> None:
@@ -96,15 +116,22 @@ def _raise_open_file_limit() -> None:
 def run_node(config: NodeConfig) -> int:
     _raise_open_file_limit()
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
+        now = asyncio.Event()  # a second signal: stop at once (abandon a drain)
+
+        def on_signal() -> None:
+            if stop.is_set():
+                now.set()
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
+            loop.add_signal_handler(sig, on_signal)
+        return await serve(config, stop, now)
 
     try:
-        asyncio.run(main())
+        return asyncio.run(main())
     except (DataDirInUse, ValueError) as exc:  # ValueError: a secret, tokens or TLS file
         print(f"statestore node: {exc}", file=sys.stderr)
         return 2
@@ -122,4 +149,3 @@ def run_node(config: NodeConfig) -> int:
                 file=sys.stderr,
             )
         return 2
-    return 0

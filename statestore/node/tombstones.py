@@ -40,6 +40,7 @@ from statestore.core.errors import QueryDropping, StateStoreError, Unauthenticat
 from statestore.core.ids import StoreId
 from statestore.node.auth import allow, is_node
 from statestore.node.daemon import NODE, Node
+from statestore.node.quotas import quota_json
 from statestore.node.request import read_body
 from statestore.wire.bodies import PurgeRequest, decode_json
 
@@ -190,6 +191,8 @@ async def query_holdings(request: web.Request) -> web.Response:
             "held": {kind: len(ks) for kind, ks in keys.items()},
             "tombstone": _decode(raw) if raw is not None else None,
             "refusing_writes": query in request.app[DROPPING].queries,
+            # bytes of chunks and manifests held here, and the quota (node/quotas.py)
+            "quota": quota_json(node, query),
         }
     )
 

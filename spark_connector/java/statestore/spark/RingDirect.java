@@ -142,6 +142,8 @@ final class RingDirect {
         return 409;
       case "payload_too_large":
         return 413;
+      case "quota_exceeded":
+        return 507; // not retryable (RingHttp.RingError.retryable): the message names the quota
       case "not_found":
       case "store_not_found":
       case "version_not_found":

@@ -40,6 +40,9 @@ final class RingHttp {
     }
 
     boolean retryable() {
+      if ("quota_exceeded".equals(code)) {
+        return false; // 507: the query is over its quota; retrying stores nothing more
+      }
       return status >= 500 || status == 429; // 429: the token is over its rate for now
     }
   }

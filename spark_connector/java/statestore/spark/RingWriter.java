@@ -18,6 +18,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Predicate;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
@@ -307,9 +308,14 @@ public final class RingWriter {
         Thread.currentThread().interrupt();
         throw new RingException("timeout", "interrupted while writing chunks");
       }
-      all.add(putEverywhere(targets, "/v1/chunks/" + key, c.data(), null)
+      all.add(putEverywhere(targets, "/v1/chunks/" + key, c.data(), null, chunkAck(key))
           .whenComplete((r, e) -> sem.release())
           .thenApply(r -> {
+            for (RingException e : r.errors) {
+              if (e.code().equals("quota_exceeded")) {
+                throw e; // the query is over its quota on a replica: final, not an outage
+              }
+            }
             checkWrite("chunk " + key, r.acks, v.writeQuorum, targets.size(), r.errors);
             return r.acks;
           }));
@@ -341,9 +347,11 @@ public final class RingWriter {
     List<String> targets = v.replicasOf(m.store());
     String path = "/v1/manifests/" + m.store() + "/" + m.version() + "/" + m.kind()
         + (retain > 0 ? "?retain=" + retain : "");
-    Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack").join();
+    Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack",
+        RingWriter::manifestAck).join();
     for (RingException e : r.errors) {
-      if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")) {
+      if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")
+          || e.code().equals("quota_exceeded")) {
         throw e;
       }
     }
@@ -374,8 +382,35 @@ public final class RingWriter {
     final List<RingException> errors = new ArrayList<>();
   }
 
+  /**
+   * A chunk's acknowledgement is {@code {"stored": KEY}} naming the chunk written, not any 2xx:
+   * a member (or an impostor) answering an empty or foreign 200 is no copy (as the Python
+   * client's net/writes.py).
+   */
+  private static Predicate<byte[]> chunkAck(String key) {
+    return body -> {
+      JsonNode stored = ackField(body);
+      return stored != null && stored.isTextual() && stored.asText().equals(key);
+    };
+  }
+
+  /** A manifest's acknowledgement is {@code {"stored": true|false}} (false: already held). */
+  private static boolean manifestAck(byte[] body) {
+    JsonNode stored = ackField(body);
+    return stored != null && stored.isBoolean();
+  }
+
+  private static JsonNode ackField(byte[] body) {
+    try {
+      JsonNode answer = JSON.readTree(body);
+      return answer != null && answer.isObject() ? answer.get("stored") : null;
+    } catch (IOException | RuntimeException e) {
+      return null;
+    }
+  }
+
   private CompletableFuture<Puts> putEverywhere(
-      List<String> addresses, String path, byte[] body, String contentType) {
+      List<String> addresses, String path, byte[] body, String contentType, Predicate<byte[]> ack) {
     List<CompletableFuture<RingException>> each = new ArrayList<>();
     for (String a : addresses) {
       HttpRequest.Builder b = access.request(a, path).timeout(requestTimeout)
@@ -388,7 +423,12 @@ public final class RingWriter {
           return asRing(err instanceof CompletionException ? err.getCause() : err);
         }
         int s = resp.statusCode();
-        return s == 200 || s == 201 ? null : errorOf(resp, a);
+        if (s != 200 && s != 201) {
+          return errorOf(resp, a);
+        }
+        return ack.test(resp.body()) ? null : new RingException("malformed_data",
+            "node " + a + " answered " + s + " without a well-formed acknowledgement of " + path
+            + ": not counted as a copy");
       }));
     }
     return CompletableFuture.allOf(each.toArray(new CompletableFuture<?>[0])).thenApply(x -> {

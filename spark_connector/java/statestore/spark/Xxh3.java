@@ -191,12 +191,21 @@ public final class Xxh3 {
     return avalanche(acc);
   }
 
+  /**
+   * One stripe: lane i takes lane i^1's input and its own keyed product. Written pairwise so
+   * that each lane is read and written once: the loop as the reference writes it
+   * ({@code acc[i ^ 1] += v; acc[i] += ...}) came out of JDK 17's C2 with a wrong sum now and
+   * then (chunk names differing from Python's, never under C1 or with this method not
+   * compiled; tests/test_java_codec.py::test_java_encodes_commits_as_python_does caught it in about 1 run of 5).
+   */
   private static void accumulate512(long[] acc, byte[] in, int off, int secretOff) {
-    for (int i = 0; i < 8; i++) {
-      long v = r64(in, off + 8 * i);
-      long k = v ^ r64(SECRET, secretOff + 8 * i);
-      acc[i ^ 1] += v;
-      acc[i] += (k & 0xFFFFFFFFL) * (k >>> 32);
+    for (int i = 0; i < 8; i += 2) {
+      long v0 = r64(in, off + 8 * i);
+      long v1 = r64(in, off + 8 * i + 8);
+      long k0 = v0 ^ r64(SECRET, secretOff + 8 * i);
+      long k1 = v1 ^ r64(SECRET, secretOff + 8 * i + 8);
+      acc[i] += v1 + (k0 & 0xFFFFFFFFL) * (k0 >>> 32);
+      acc[i + 1] += v0 + (k1 & 0xFFFFFFFFL) * (k1 >>> 32);
     }
   }
 

@@ -1,0 +1,57 @@
+"""Per-query storage quotas at the node's HTTP boundary (docs/security.md, Quotas).
+
+The decision and the counting are pure (core/quota.py) and kept by the store
+(node/replica.py: every write counts its bytes per query; a writer's chunk or manifest
+carries its query's limit and is refused past it). This module decides *which* writes are
+charged, and serves the room check writers ask before they send a commit's first chunk:
+
+- Charged: a writer's ``PUT /v1/chunks/{key}`` and ``PUT /v1/manifests/...`` (the SDK, the
+  Spark provider, a coordinator's replica writes for ``POST .../commit``).
+- Never refused: copies between nodes (``?copy=1``: repair's re-replication and hand-offs,
+  a leave's pushes; a join's pulls are written locally), so a quota never lowers the
+  replication of acknowledged data; and a compactor's snapshot (``?compaction=1``), which is
+  what lets retention free the versions below it. Both need a node (or an ``admin`` token).
+- ``GET /v1/queries/{query}/room?bytes=N`` (``write``): ``{"query", "usage", "limit",
+  "bytes"}`` when N more bytes fit, else ``507 quota_exceeded``. A writer asks each node it is
+  about to write to (net/writes.check_room) when the ring view says quotas are on, so a commit
+  over quota is refused before anything is stored.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from statestore.core.ids import StoreId, parse_uint
+from statestore.core.quota import MAX_QUOTA_BYTES, check
+from statestore.node.auth import allow
+from statestore.node.daemon import NODE, Node
+
+__all__ = ["charged_limit", "quota_json", "register"]
+
+
+def charged_limit(request: web.Request, query: str) -> int | None:
+    """The limit a chunk or manifest write to ``query`` is held to: None for a copy between
+    nodes or a compactor's snapshot (a node, or an admin token), else the query's quota."""
+    if request.query.get("copy") == "1" or request.query.get("compaction") == "1":
+        allow(request, "admin", query)  # a ring node passes; a token needs admin
+        return None
+    limit: int | None = request.app[NODE].quota_limit(query)
+    return limit
+
+
+def quota_json(node: Node, query: str) -> dict[str, int | None]:
+    return {"usage": node.store.query_bytes(query), "limit": node.quota_limit(query)}
+
+
+async def room(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    query = request.match_info["query"]
+    StoreId(query, 0, 0, "x")  # InvalidStoreId names what is wrong with the name
+    want = parse_uint(request.query.get("bytes", "0"), "bytes", MAX_QUOTA_BYTES)
+    usage, limit = node.store.query_bytes(query), node.quota_limit(query)
+    check(query, usage, want, limit)
+    return web.json_response({"query": query, "usage": usage, "limit": limit, "bytes": want})
+
+
+def register(app: web.Application) -> None:
+    app.router.add_get("/v1/queries/{query}/room", room)
