@@ -68,7 +68,7 @@ def main() -> int:
             for i, seed in enumerate(seeds):
                 o = run_schedule(ring, seed, label=f"r{args.seed}i{i}")
                 outcomes.append(o)
-                if args.log:
+                if args.log or o.violations:  # a finding always comes with its log
                     print("\n".join(o.log))
                 for v in o.violations:
                     print(f"FOUND schedule {i} seed {seed}: {v}", flush=True)
