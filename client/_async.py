@@ -14,10 +14,12 @@ from statestore.core.cache import ChunkCache
 from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
 from statestore.core.errors import (
     AccessDenied,
+    DelayBoundExceeded,
     NodeUnavailable,
     NotFound,
     RateLimited,
     StateStoreError,
+    TentativeNotSupported,
     TlsFailed,
     Unavailable,
 )
@@ -25,6 +27,7 @@ from statestore.core.ids import StoreId, check_version
 from statestore.core.keygroups import chain_for_groups, check_groups, only_groups
 from statestore.core.manifest import Head
 from statestore.core.plan import Plan
+from statestore.core.quorum import check_consistency, read_answers, write_acks
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
 from statestore.net.reads import (
@@ -45,6 +48,29 @@ from ._core import CommitResult, RestoredState, build_commit, check_plan, check_
 __all__ = ["AsyncRingClient"]
 
 T = TypeVar("T")
+
+
+async def _bounded(what: str, call: Awaitable[T], delay_bound: float | None) -> T:
+    """Await ``call``; with a ``delay_bound``, give up after that many seconds with
+    DelayBoundExceeded (the request is cancelled: nothing more is sent)."""
+    if delay_bound is None:
+        return await call
+    try:
+        return await asyncio.wait_for(call, delay_bound)
+    except TimeoutError:
+        raise DelayBoundExceeded(
+            f"{what} did not finish within its delay bound of {delay_bound:g} s: "
+            "the replicas it needs did not all answer in time (a partition, a paused or slow "
+            "node); retry, relax the consistency, or raise the bound"
+        ) from None
+
+
+def _check_request(consistency: str, delay_bound: float | None) -> None:
+    check_consistency(consistency)
+    if delay_bound is not None and (
+        not isinstance(delay_bound, int | float) or not delay_bound > 0
+    ):
+        raise ValueError(f"delay_bound must be a positive number of seconds, got {delay_bound!r}")
 
 
 class AsyncRingClient:
@@ -220,8 +246,21 @@ class AsyncRingClient:
         *,
         snapshot: bool = False,
         base_epoch: int | None = None,
+        consistency: str = "quorum",
+        delay_bound: float | None = None,
+        allow_tentative: bool = False,
     ) -> CommitResult:
         """Commit ``version`` of ``store``: a delta on top of ``version - 1``, or a snapshot.
+
+        ``consistency`` is how many replicas must hold it durably before it is acknowledged:
+        ``"quorum"`` (W, the default), ``"all"`` (every current replica, R) or ``"one"``
+        (a single copy: fast and available with most replicas away, but that one disk is
+        the only copy until repair copies it, and a quorum read may not see it yet; see
+        docs/client.md, "Consistency"). The commit is sent to every replica either way.
+        ``delay_bound`` (seconds) fails the call with DelayBoundExceeded when it has not
+        finished by then. ``allow_tentative=True`` raises TentativeNotSupported: tentative
+        commits are not built, every acknowledgement is stable (the result's ``tentative``
+        is always False).
 
         ``base_epoch`` is the epoch of the ``version - 1`` this commit builds on (the
         ``epoch`` of the :class:`RestoredState` it started from, or the epoch of the previous
@@ -236,6 +275,13 @@ class AsyncRingClient:
         VersionConflict for other content at the same epoch, QuorumNotReached if fewer than W
         replicas answered (then nothing was acknowledged).
         """
+        if allow_tentative:
+            raise TentativeNotSupported(
+                "allow_tentative=True: tentative commits (acknowledged by the replicas "
+                "reachable within the delay bound, reconciled after the heal) are not built; "
+                "commit with allow_tentative=False, where every acknowledgement is stable"
+            )
+        _check_request(consistency, delay_bound)
         if base_epoch is None:
             known = self._bases.get(store)
             if known is not None and known[0] == version - 1 and known[1] <= epoch:
@@ -258,8 +304,9 @@ class AsyncRingClient:
         )
 
         async def op(view: RingView) -> CommitResult:
+            acks = write_acks(consistency, view.replicas, view.write_quorum)
             await write_commit(
-                self._transport, view, manifest, chunks, concurrency=self.concurrency
+                self._transport, view, manifest, chunks, concurrency=self.concurrency, acks=acks
             )
             self._bases[store] = (version, epoch)
             return CommitResult(
@@ -272,7 +319,7 @@ class AsyncRingClient:
                 sum(c.raw_size for c in chunks),
             )
 
-        return await self._routed(op)
+        return await _bounded(f"commit of {store} v{version}", self._routed(op), delay_bound)
 
     async def restore(
         self,
@@ -282,8 +329,16 @@ class AsyncRingClient:
         plan: str = "auto",
         progress: Callable[[int], None] | None = None,
         key_groups: range | None = None,
+        consistency: str = "quorum",
+        delay_bound: float | None = None,
     ) -> RestoredState:
         """Rebuild a version (default: the latest) of ``store`` along a recovery plan.
+
+        ``consistency``: how many of the store's replicas the head and chain reads must hear
+        from: ``"quorum"`` (R - W + 1: sees every commit acknowledged at quorum), ``"all"``
+        (R), ``"one"`` (the first to answer may be behind: an older head, or StoreNotFound
+        for a store whose commits it missed). ``delay_bound`` (seconds): DelayBoundExceeded
+        when the restore has not finished by then. The result's ``tentative`` is False.
 
         ``plan`` is ``star``, ``line``, ``tree`` or ``auto`` (the cost model picks; the result's
         ``stats`` say which, why, the predicted and the actual time). ``key_groups``
@@ -294,10 +349,40 @@ class AsyncRingClient:
         """
         check_store(store)
         check_plan(plan)
-        want = await self._version_or_latest(store, version)
+        _check_request(consistency, delay_bound)
+        return await _bounded(
+            f"restore of {store}",
+            self._restore(store, version, plan, progress, key_groups, consistency),
+            delay_bound,
+        )
+
+    async def _restore(
+        self,
+        store: StoreId,
+        version: int | None,
+        plan: str,
+        progress: Callable[[int], None] | None,
+        key_groups: range | None,
+        consistency: str,
+    ) -> RestoredState:
+        if version is not None:
+            want = version
+        else:
+            want = (
+                await self._routed(
+                    lambda view: read_head(
+                        self._transport,
+                        view,
+                        store,
+                        read_answers(consistency, view.replicas, view.write_quorum),
+                    ),
+                    read=True,
+                )
+            ).version
 
         async def op(view: RingView) -> RestoredState:
-            chain = await read_chain(self._transport, view, store, want)
+            answers = read_answers(consistency, view.replicas, view.write_quorum)
+            chain = await read_chain(self._transport, view, store, want, answers)
             top = chain[-1]
             if key_groups is not None:
                 chain = chain_for_groups(chain, check_groups(key_groups, top.key_groups))

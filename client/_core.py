@@ -33,6 +33,7 @@ class CommitResult:
     chunks: int
     bytes: int
     raw_bytes: int
+    tentative: bool = False  # always False: tentative commits are not built (stable acks)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class RestoredState(Mapping[bytes, bytes]):
     positions: dict[str, Any]
     plan: str
     stats: RestoreStats = field(default_factory=RestoreStats)
+    tentative: bool = False  # always False: a restore returns acknowledged (stable) state
 
     def __getitem__(self, key: bytes) -> bytes:
         return self.data[key]

@@ -80,10 +80,14 @@ class RingClient:
         *,
         snapshot: bool = False,
         base_epoch: int | None = None,
+        consistency: str = "quorum",
+        delay_bound: float | None = None,
+        allow_tentative: bool = False,
     ) -> CommitResult:
         """:meth:`AsyncRingClient.commit` (``base_epoch``: the epoch of the restored
         ``version - 1`` this commit builds on; by default what this client last restored or
-        committed of the store, if that was ``version - 1``)."""
+        committed of the store, if that was ``version - 1``; ``consistency`` one, quorum or
+        all; ``delay_bound`` seconds; ``allow_tentative=True`` raises TentativeNotSupported)."""
         return self._call(
             self._async.commit(
                 store,
@@ -94,6 +98,9 @@ class RingClient:
                 epoch,
                 snapshot=snapshot,
                 base_epoch=base_epoch,
+                consistency=consistency,
+                delay_bound=delay_bound,
+                allow_tentative=allow_tentative,
             )
         )
 
@@ -105,9 +112,21 @@ class RingClient:
         plan: str = "auto",
         progress: Callable[[int], None] | None = None,
         key_groups: range | None = None,
+        consistency: str = "quorum",
+        delay_bound: float | None = None,
     ) -> RestoredState:
+        """:meth:`AsyncRingClient.restore` (``consistency`` one, quorum or all: how many
+        replicas the head and chain reads hear from; ``delay_bound`` seconds)."""
         return self._call(
-            self._async.restore(store, version, plan=plan, progress=progress, key_groups=key_groups)
+            self._async.restore(
+                store,
+                version,
+                plan=plan,
+                progress=progress,
+                key_groups=key_groups,
+                consistency=consistency,
+                delay_bound=delay_bound,
+            )
         )
 
     def restore_many(

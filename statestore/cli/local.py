@@ -57,18 +57,23 @@ class NodeProcess:
     id: str = ""
     log_path: str = ""
     paused: bool = False
+    host: str = "127.0.0.1"  # the address it listens on (and advertises)
+    # run the node under this command (e.g. ``ip netns exec NS``: the partition tests)
+    prefix: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None  # the node's environment (default: ours)
 
     def start(self, seeds: Sequence[str], timeout: float = 30.0) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         out_path = os.path.join(self.data_dir, "node.out")
         self.log_path = os.path.join(self.data_dir, "node.log")
         cmd = [
+            *self.prefix,
             sys.executable,
             "-m",
             "statestore",
             "node",
             "--listen",
-            f"127.0.0.1:{self.port}",
+            f"{self.host}:{self.port}",
             "--data-dir",
             self.data_dir,
             *self.args,
@@ -76,7 +81,9 @@ class NodeProcess:
         if seeds:
             cmd += ["--seeds", ",".join(seeds)]
         with open(out_path, "wb") as out, open(self.log_path, "ab") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=err, start_new_session=True, env=self.env
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with open(out_path, "rb") as f:

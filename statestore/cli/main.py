@@ -214,6 +214,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MB/S",
         help="cap the bytes per second taken in (token bucket)",
     )
+    rs.add_argument(
+        "--consistency",
+        choices=("one", "quorum", "all"),
+        default="quorum",
+        help="replicas the head and chain reads must hear from: one, quorum (R-W+1, the "
+        "default: sees every acknowledged commit) or all (R)",
+    )
+    rs.add_argument(
+        "--delay-bound",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="fail (DelayBoundExceeded) if the restore has not finished by then",
+    )
     rs.add_argument("--fan-in", type=_positive, default=16, help="chunks in flight (star)")
     rs.add_argument("--tree-fan-in", type=_positive, default=2, help="children per tree hop")
     _client_tls(rs)
@@ -390,10 +404,13 @@ def _restore(args: argparse.Namespace) -> int:
         ingress=ingress,
         tls_ca=args.tls_ca,
     ) as ring:
-        plan = ring.explain(store, args.version, args.plan)
-        if args.explain:
-            print(plan.explain())
-            return 0
+        kind, total = args.plan, None
+        if args.explain or args.consistency == "quorum":  # the plan's head read is a quorum's
+            plan = ring.explain(store, args.version, args.plan)
+            if args.explain:
+                print(plan.explain())
+                return 0
+            kind, total = plan.kind, plan.bytes_in
         with Progress(
             "[progress.description]{task.description}",
             BarColumn(),
@@ -402,18 +419,21 @@ def _restore(args: argparse.Namespace) -> int:
             console=console,
             transient=True,
         ) as progress:
-            task = progress.add_task(f"restoring {store} ({plan.kind})", total=plan.bytes_in)
+            task = progress.add_task(f"restoring {store} ({kind})", total=total)
             st = ring.restore(
                 store,
                 args.version,
-                plan=plan.kind,
+                plan=kind,
                 progress=lambda n: progress.advance(task, n),
+                consistency=args.consistency,
+                delay_bound=args.delay_bound,
             )
     s = st.stats
     table = Table(title=f"restored {store} v{st.version}: {len(st)} keys")
     table.add_column("what")
     table.add_column("value")
     table.add_row("plan", f"{st.plan}: {s['reason']}")
+    table.add_row("consistency", f"{args.consistency} (stable state, not tentative)")
     table.add_row("SR3 fixed rule", str(s["sr3_rule"]))
     table.add_row("time", f"{s['seconds']:.3f}s (predicted {s['predicted_seconds']:.3f}s)")
     table.add_row("chunks / chain", f"{s['chunks']} chunks over {s['chain']} versions")

@@ -27,7 +27,9 @@
     │   ├── QuorumNotReached         fewer than W (or the read quorum) replicas answered
     │   ├── RateLimited              a client token over its rate (HTTP 429, Retry-After)
     │   ├── RequestTimeout           an operation ran past its deadline
+    │   │   └── DelayBoundExceeded   a request's ``delay_bound=`` passed before it finished
     │   └── InsufficientStorage      a replica's disk is (nearly) full: read-only (HTTP 507)
+    ├── TentativeNotSupported        ``allow_tentative=True``: tentative commits are not built
     └── SetupError                   this machine is not set up to do it (never sent on the wire)
         ├── DataDirInUse             another node process holds the data dir
         └── SparkConnectorError      no javac, an unsupported pyspark, no seed answering
@@ -44,6 +46,7 @@ __all__ = [
     "CorruptChunk",
     "DataDirInUse",
     "DecompressionBomb",
+    "DelayBoundExceeded",
     "Forbidden",
     "InsufficientStorage",
     "InvalidAddress",
@@ -64,6 +67,7 @@ __all__ = [
     "StaleEpoch",
     "StateStoreError",
     "StoreNotFound",
+    "TentativeNotSupported",
     "TlsFailed",
     "Unauthenticated",
     "Unavailable",
@@ -207,6 +211,22 @@ class RateLimited(Unavailable):
 class RequestTimeout(Unavailable):
     code = "timeout"
     status = 504
+
+
+class DelayBoundExceeded(RequestTimeout):
+    """A commit or restore given ``delay_bound=`` seconds did not finish within them
+    (nothing is known about a commit's outcome: it may still land on some replicas)."""
+
+    code = "delay_bound_exceeded"
+
+
+class TentativeNotSupported(StateStoreError, NotImplementedError):
+    """``allow_tentative=True``: tentative commits (acknowledged by the replicas reachable
+    within the delay bound, reconciled after a partition heals) are not built yet; every
+    acknowledgement is stable (docs/client.md, "Consistency")."""
+
+    code = "tentative_not_supported"
+    status = 501
 
 
 class InsufficientStorage(Unavailable):

@@ -9,10 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
-from statestore.core.errors import QuorumNotReached, StateStoreError
+from statestore.core.errors import InvalidRequest, QuorumNotReached, StateStoreError
 from statestore.core.manifest import Head
 
-__all__ = ["check_write", "check_write_sets", "merge_heads", "read_quorum", "validate_rw"]
+__all__ = [
+    "CONSISTENCY",
+    "check_consistency",
+    "check_write",
+    "check_write_sets",
+    "merge_heads",
+    "read_answers",
+    "read_quorum",
+    "validate_rw",
+    "write_acks",
+]
+
+# Per-request consistency: how many replicas a commit waits for, a read hears from.
+CONSISTENCY = ("one", "quorum", "all")
 
 
 def validate_rw(replicas: int, write_quorum: int) -> None:
@@ -24,6 +37,30 @@ def validate_rw(replicas: int, write_quorum: int) -> None:
 
 def read_quorum(replicas: int, write_quorum: int) -> int:
     return max(1, replicas - write_quorum + 1)
+
+
+def check_consistency(consistency: object) -> str:
+    if consistency not in CONSISTENCY:
+        raise InvalidRequest(
+            f"consistency must be one of {', '.join(CONSISTENCY)}, got {consistency!r}"
+        )
+    assert isinstance(consistency, str)
+    return consistency
+
+
+def write_acks(consistency: str, replicas: int, write_quorum: int) -> int:
+    """Durable copies a commit waits for: ``one`` 1, ``quorum`` W, ``all`` R. A commit is
+    sent to every replica whatever the level; the level only says how many must have
+    acknowledged before it succeeds."""
+    check_consistency(consistency)
+    return {"one": 1, "quorum": write_quorum, "all": replicas}[consistency]
+
+
+def read_answers(consistency: str, replicas: int, write_quorum: int) -> int:
+    """Replica answers a head or chain read needs: ``one`` 1, ``quorum`` R - W + 1 (meets
+    every W-acknowledged commit), ``all`` R."""
+    check_consistency(consistency)
+    return {"one": 1, "quorum": read_quorum(replicas, write_quorum), "all": replicas}[consistency]
 
 
 def check_write(

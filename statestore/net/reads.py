@@ -81,11 +81,19 @@ async def _ask_replicas(
     return bodies, errors
 
 
-def _need(view: RingView, store: StoreId, answered: int, errors: list[BaseException]) -> None:
+def _need(
+    view: RingView,
+    store: StoreId,
+    answered: int,
+    errors: list[BaseException],
+    answers: int | None = None,
+) -> None:
     # Capped by the ring's members, down ones included, not by the live replicas: a node cut
     # off from the others sees itself as the whole ring, and its answer alone must not pass
     # for a quorum (statestore-sim found it, docs/reliability.md).
-    need = min(read_quorum(view.replicas, view.write_quorum), len(view.members))
+    # ``answers``: a per-request consistency's count (core/quorum.read_answers) instead.
+    want = read_quorum(view.replicas, view.write_quorum) if answers is None else answers
+    need = min(want, len(view.members))
     if answered < need:
         raise QuorumNotReached(
             f"reading {store} needs {need} replica answer(s), got {answered}: "
@@ -94,18 +102,25 @@ def _need(view: RingView, store: StoreId, answered: int, errors: list[BaseExcept
 
 
 def _merge_head(
-    view: RingView, store: StoreId, heads: list[Head], errors: list[BaseException]
+    view: RingView,
+    store: StoreId,
+    heads: list[Head],
+    errors: list[BaseException],
+    answers: int | None = None,
 ) -> Head:
     not_found = [e for e in errors if isinstance(e, NotFound)]
-    _need(view, store, len(heads) + len(not_found), errors)
+    _need(view, store, len(heads) + len(not_found), errors, answers)
     best = merge_heads(heads)
     if best is None:
         raise StoreNotFound(f"store {store} has no committed version: commit one first")
     return best
 
 
-async def read_head(transport: Transport, view: RingView, store: StoreId) -> Head:
-    """The store's latest head over a read quorum. Raises StoreNotFound if none has one."""
+async def read_head(
+    transport: Transport, view: RingView, store: StoreId, answers: int | None = None
+) -> Head:
+    """The store's latest head over a read quorum (or ``answers`` replica answers). Raises
+    StoreNotFound if none has one."""
     bodies, errors = await _ask_replicas(transport, view, store, f"/v1/stores/{store.path}/head")
     heads = []
     for body in bodies:
@@ -113,7 +128,7 @@ async def read_head(transport: Transport, view: RingView, store: StoreId) -> Hea
             heads.append(head_from_json(_json(body, "head")))
         except MalformedData as exc:  # a replica answering garbage counts as no answer
             errors.append(exc)
-    return _merge_head(view, store, heads, errors)
+    return _merge_head(view, store, heads, errors, answers)
 
 
 async def _ask_many(
@@ -222,6 +237,7 @@ def _merge_chain(
     version: int,
     bodies: list[bytes],
     errors: list[BaseException],
+    answers: int | None = None,
 ) -> list[Manifest]:
     # "Not found" takes a read quorum, as for heads: an isolated node's view names it the
     # store's only replica, and its StoreNotFound ended a restore of a store with acknowledged
@@ -230,6 +246,8 @@ def _merge_chain(
     # used as it comes (a restore from the last replica standing, tests/test_ring.py).
     not_found = [e for e in errors if isinstance(e, NotFound)]
     answered = len(bodies) + len(not_found)
+    if answers is not None:  # a per-request consistency asks for this many answers first
+        _need(view, store, answered, errors, answers)
     if not bodies:
         _need(view, store, answered, errors)
         sem = first_semantic(errors)
@@ -244,18 +262,23 @@ def _merge_chain(
     try:
         return resolve_chain(store, version, deltas, snaps)
     except VersionNotFound:
-        _need(view, store, answered, errors)
+        _need(view, store, answered, errors, answers)
         raise
 
 
 async def read_chain(
-    transport: Transport, view: RingView, store: StoreId, version: int
+    transport: Transport,
+    view: RingView,
+    store: StoreId,
+    version: int,
+    answers: int | None = None,
 ) -> list[Manifest]:
-    """The manifests to apply for ``version``, merged over the store's replicas."""
+    """The manifests to apply for ``version``, merged over the store's replicas (at least
+    ``answers`` of them when given: a per-request consistency)."""
     bodies, errors = await _ask_replicas(
         transport, view, store, f"/v1/stores/{store.path}/chain?version={version}"
     )
-    return _merge_chain(view, store, version, bodies, errors)
+    return _merge_chain(view, store, version, bodies, errors, answers)
 
 
 async def read_chains(

@@ -154,11 +154,12 @@ async def put_chunks(
     *,
     concurrency: int = 8,
     stats: WriteStats | None = None,
+    acks: int | None = None,
     compaction: bool = False,
 ) -> None:
     """Store every chunk on its R replicas (and its pending owners while nodes join or
-    leave); raises QuorumNotReached below W for any chunk, QuotaExceeded if a replica
-    refused one over its query's quota."""
+    leave); raises QuorumNotReached below W (or ``acks``) for any chunk, QuotaExceeded if a
+    replica refused one over its query's quota."""
     sem = asyncio.Semaphore(concurrency)
     suffix = "?compaction=1" if compaction else ""
 
@@ -173,7 +174,8 @@ async def put_chunks(
             if isinstance(e, QuotaExceeded):
                 raise e
         current, future = view.replicas_of(key), view.future_replicas_of(key)
-        _check(f"chunk {key}", acked, current, future, view.write_quorum, errors)
+        w = view.write_quorum if acks is None else acks
+        _check(f"chunk {key}", acked, current, future, w, errors)
         if stats is not None:
             stats.chunks += 1
             stats.bytes += len(chunk.data)
@@ -187,6 +189,7 @@ async def put_manifest(
     view: RingView,
     m: Manifest,
     retain: int | None = None,
+    acks: int | None = None,
     compaction: bool = False,
 ) -> int:
     """Store the manifest on the store's replicas; returns the acks. Fencing errors win.
@@ -213,9 +216,8 @@ async def put_manifest(
             raise e
     what = f"manifest of {m.store} v{m.version}"
     key = m.store.path
-    _check(
-        what, acked, view.replicas_of(key), view.future_replicas_of(key), view.write_quorum, errors
-    )
+    w = view.write_quorum if acks is None else acks
+    _check(what, acked, view.replicas_of(key), view.future_replicas_of(key), w, errors)
     return len(acked)
 
 
@@ -286,10 +288,14 @@ async def write_commit(
     *,
     concurrency: int = 8,
     retain: int | None = None,
+    acks: int | None = None,
     compaction: bool = False,
 ) -> WriteStats:
-    """Write one commit: fencing check, room check (quotas on), chunks at W, manifest at W.
-    ``compaction``: a compactor's snapshot (node/compaction.py), never charged to a quota."""
+    """Write one commit: fencing check, room check (quotas on), chunks, manifest, each
+    acknowledged by W replicas (``acks`` instead: a per-request consistency,
+    core/quorum.write_acks; every replica is written to whatever ``acks`` says, it only
+    decides how many acknowledgements make the commit succeed). ``compaction``: a
+    compactor's snapshot (node/compaction.py), never charged to a quota."""
     stats = WriteStats()
     await check_fence(transport, view, manifest)
     if view.quotas and not compaction:
@@ -302,7 +308,8 @@ async def write_commit(
         chunks,
         concurrency=concurrency,
         stats=stats,
+        acks=acks,
         compaction=compaction,
     )
-    await put_manifest(transport, view, manifest, retain, compaction)
+    await put_manifest(transport, view, manifest, retain, acks, compaction)
     return stats

@@ -14,12 +14,13 @@ import math
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable
 from itertools import accumulate
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 from aiohttp import web
 
 from statestore.core.errors import (
+    DelayBoundExceeded,
     InvalidRequest,
     MalformedData,
     NodeUnavailable,
@@ -42,13 +43,16 @@ from statestore.core.ids import (
     parse_uint,
 )
 from statestore.core.manifest import local_chain
+from statestore.core.quorum import check_consistency
 from statestore.net.reads import read_head
 from statestore.node.auth import PRINCIPAL, allow, is_open, principal, route_policy
 from statestore.node.coordinator import (
     POSITIONS_HEADER,
     STATS_HEADER,
+    TENTATIVE_HEADER,
     VERSION_HEADER,
     WRITER_EPOCH_HEADER,
+    check_tentative,
     coordinate_commit,
     coordinate_restore,
 )
@@ -76,6 +80,7 @@ from statestore.wire.rows import decode_rows, encode_puts
 __all__ = ["NODE", "build_app"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -468,6 +473,8 @@ async def commit(request: web.Request) -> web.Response:
     snapshot = request.query.get("snapshot", "0") in ("1", "true")
     retain = _retain(request)
     positions = decode_positions(request.headers.get(POSITIONS_HEADER, "{}"), POSITIONS_HEADER)
+    consistency, delay_bound = _consistency(request)
+    check_tentative(request.query.get("allow_tentative", "0") in ("1", "true"))
     body = bytearray()
     limit = node.config.body_timeout
     while True:
@@ -485,10 +492,50 @@ async def commit(request: web.Request) -> web.Response:
                 "or raise the node's --max-commit"
             )
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
-    result = await coordinate_commit(
-        node, store, version, epoch, puts, deletes, positions, snapshot, retain, base_epoch
+    result = await _bounded(
+        coordinate_commit(
+            node,
+            store,
+            version,
+            epoch,
+            puts,
+            deletes,
+            positions,
+            snapshot,
+            retain,
+            base_epoch,
+            consistency,
+        ),
+        delay_bound,
+        f"commit of {store} v{version}",
     )
     return web.json_response(result, status=201)
+
+
+def _consistency(request: web.Request) -> tuple[str, float | None]:
+    """``?consistency=one|quorum|all`` (default quorum) and ``?delay_bound=SECONDS``."""
+    consistency = check_consistency(request.query.get("consistency", "quorum"))
+    text = request.query.get("delay_bound")
+    if text is None:
+        return consistency, None
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = -1.0
+    if not 0 < bound <= 3600:
+        raise InvalidRequest(f"delay_bound must be seconds in (0, 3600], got {text!r}")
+    return consistency, bound
+
+
+async def _bounded(call: Awaitable[T], bound: float | None, what: str) -> T:
+    if bound is None:
+        return await call
+    try:
+        return await asyncio.wait_for(call, bound)
+    except TimeoutError:
+        raise DelayBoundExceeded(
+            f"{what} did not finish within its delay bound of {bound:g} s"
+        ) from None
 
 
 async def state(request: web.Request) -> web.StreamResponse:
@@ -498,8 +545,13 @@ async def state(request: web.Request) -> web.StreamResponse:
     allow(request, "read", store.query)
     text = request.query.get("version")
     plan = request.query.get("plan", "auto")
-    data, top, stats = await coordinate_restore(
-        node, store, _version(text) if text is not None else None, plan
+    consistency, delay_bound = _consistency(request)
+    data, top, stats = await _bounded(
+        coordinate_restore(
+            node, store, _version(text) if text is not None else None, plan, consistency
+        ),
+        delay_bound,
+        f"restore of {store}",
     )
     resp = web.StreamResponse(
         headers={
@@ -508,6 +560,7 @@ async def state(request: web.Request) -> web.StreamResponse:
             WRITER_EPOCH_HEADER: str(top.epoch),
             POSITIONS_HEADER: json.dumps(dict(top.positions)),
             STATS_HEADER: json.dumps(stats),
+            TENTATIVE_HEADER: "false",
             EPOCH_HEADER: str(node.epoch),
         }
     )

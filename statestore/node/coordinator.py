@@ -13,17 +13,19 @@ from typing import Any
 
 from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS
 from statestore.core.commit import build_commit
-from statestore.core.errors import StoreNotFound
+from statestore.core.errors import StoreNotFound, TentativeNotSupported
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
 from statestore.core.plan import check_plan
-from statestore.net.reads import read_head
+from statestore.core.quorum import check_consistency, read_answers, write_acks
+from statestore.net.reads import read_chain, read_head
 from statestore.net.writes import write_commit
 from statestore.node.daemon import Node
 
 __all__ = [
     "POSITIONS_HEADER",
     "STATS_HEADER",
+    "TENTATIVE_HEADER",
     "VERSION_HEADER",
     "WRITER_EPOCH_HEADER",
     "coordinate_commit",
@@ -34,6 +36,15 @@ POSITIONS_HEADER = "X-Statestore-Positions"
 VERSION_HEADER = "X-Statestore-Version"
 WRITER_EPOCH_HEADER = "X-Statestore-Writer-Epoch"
 STATS_HEADER = "X-Statestore-Stats"
+TENTATIVE_HEADER = "X-Statestore-Tentative"  # always "false": tentative state is not built
+
+
+def check_tentative(allow_tentative: bool) -> None:
+    if allow_tentative:
+        raise TentativeNotSupported(
+            "allow_tentative: tentative commits are not built; every acknowledgement is "
+            "stable (commit without allow_tentative)"
+        )
 
 
 async def coordinate_commit(
@@ -47,7 +58,11 @@ async def coordinate_commit(
     snapshot: bool,
     retain: int | None = None,
     base_epoch: int | None = None,
+    consistency: str = "quorum",
 ) -> dict[str, Any]:
+    """Write for the caller; ``consistency`` (one, quorum, all) is how many replicas must
+    acknowledge (core/quorum.write_acks)."""
+    check_consistency(consistency)
     manifest, chunks = await asyncio.to_thread(
         build_commit,
         store,
@@ -62,25 +77,34 @@ async def coordinate_commit(
         max_chunk=node.config.max_chunk,
         base_epoch=base_epoch,
     )
-    stats = await write_commit(node.transport, node.view(), manifest, chunks, retain=retain)
+    view = node.view()
+    acks = write_acks(consistency, view.replicas, view.write_quorum)
+    stats = await write_commit(node.transport, view, manifest, chunks, retain=retain, acks=acks)
     return {
         "version": version,
         "epoch": epoch,
         "kind": manifest.kind,
         "chunks": stats.chunks,
         "bytes": stats.bytes,
+        "consistency": consistency,
+        "tentative": False,
     }
 
 
 async def coordinate_restore(
-    node: Node, store: StoreId, version: int | None, plan: str
+    node: Node, store: StoreId, version: int | None, plan: str, consistency: str = "quorum"
 ) -> tuple[dict[bytes, bytes], Manifest, dict[str, Any]]:
     """Restore for a caller along ``plan`` (star, line, tree or auto), with the node's own
-    link measurements feeding the planner."""
+    link measurements feeding the planner; the head and chain reads hear from as many
+    replicas as ``consistency`` says (core/quorum.read_answers)."""
     check_plan(plan)
+    check_consistency(consistency)
     view = node.view()
+    answers = read_answers(consistency, view.replicas, view.write_quorum)
     if version is None:
-        version = (await read_head(node.transport, view, store)).version
+        version = (await read_head(node.transport, view, store, answers)).version
+    if consistency != "quorum":  # the planner's own chain read takes the default quorum
+        await read_chain(node.transport, view, store, version, answers)
     chain, p = await node.restorer.plan(view, store, version, plan)
     if not chain:
         raise StoreNotFound(f"store {store} has no version {version}")
