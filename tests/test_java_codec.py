@@ -748,3 +748,91 @@ def test_java_writer_does_not_count_an_empty_200_as_a_copy(harness: Harness) -> 
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+def _http_put(address: str, path: str, body: bytes) -> int:
+    req = urllib.request.Request(f"http://{address}{path}", data=body, method="PUT")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        status: int = resp.status
+        return status
+
+
+def _java_restore(
+    harness: Harness, seeds: list[str], store: str, versions: list[int]
+) -> list[dict[str, Any]]:
+    got = harness("restore", [{"seeds": seeds, "store": store, "version": v} for v in versions])
+    for r in got:
+        if "rows" in r:
+            r["state"] = {k: v for k, v in r.pop("rows")}
+    return got
+
+
+def _lined_commit(
+    rng: random.Random, store: str, version: int, epoch: int, state: dict[bytes, bytes]
+) -> dict[str, Any]:
+    c = _ring_commit(rng, store, version, epoch, state)
+    c["deletes"] = [k for k in c["deletes"] if k not in c["puts"]]  # a key is put or deleted
+    return c
+
+
+@pytest.mark.slow
+def test_java_and_python_restores_skip_a_dead_branch(harness: Harness, ring3: LocalRing) -> None:
+    """docs/design.md, "Lineage", on real nodes: a writer at epoch 7 whose v2 reached one
+    replica only (the others refused it, or it died) leaves a dead branch above the real v2
+    (epoch 5); the real branch's writer (epoch 8) commits v3 naming its base, v2 of epoch 5.
+    Java's direct restore, like Python's, rebuilds v3 and v2 from the real branch, never the
+    higher-epoch dead one; a base that no replica holds is version_not_found, not a
+    substitute."""
+    ring3.wait_ring(3)
+    rng = random.Random(21)
+    seeds = ring3.seeds
+    store = "javaw/0/4/default"
+    sid = StoreId.parse(store)
+    states: dict[int, dict[bytes, bytes]] = {0: {}}
+    real = []
+    for v in (1, 2):
+        c = _lined_commit(rng, store, v, 5, states[v - 1])
+        if v == 2:
+            c["header"]["base_epoch"] = 5
+        states[v] = _state(c, states[v - 1])
+        real.append(c)
+    assert _java_write(harness, seeds, real) == ["ok", "ok"]
+    # the dead branch: v2 at epoch 7 on top of v1 (other rows), on one replica only
+    dead = _lined_commit(rng, store, 2, 7, states[1])
+    dead["puts"][b"dead-branch"] = b"must not be restored"
+    dead["header"]["base_epoch"] = 5
+    dead_manifest, dead_chunks = _python_commit(dead)
+    with RingClient(seeds, **LAYOUT) as client:
+        view = client.ring()
+        for ch in dead_chunks:
+            key = f"{store}/2/{ch.name}"
+            for addr in view.replicas_of(key):
+                assert _http_put(addr, f"/v1/chunks/{key}", ch.data) == 201
+        lone = view.store_replicas(sid)[0]
+        assert _http_put(lone, f"/v1/manifests/{store}/2/delta", encode_manifest(dead_manifest))
+        # v3 on the real branch, by a newer writer (epoch 8) that restored v2 of epoch 5
+        c3 = _lined_commit(rng, store, 3, 8, states[2])
+        c3["header"]["base_epoch"] = 5
+        assert _java_write(harness, seeds, [c3]) == ["ok"]
+        states[3] = _state(c3, states[2])
+        body = _http_get(lone, f"/v1/manifests/{store}/3/delta")
+        assert decode_manifest(body).base_epoch == 5  # what Java wrote names its base
+
+        for v in (3, 2):
+            assert dict(client.restore(sid, v)) == states[v], f"Python, version {v}"
+        got = _java_restore(harness, seeds, store, [3, 2, 1])
+        for v, r in zip((3, 2, 1), got, strict=True):
+            assert "error" not in r, (v, r)
+            assert r["state"] == states[v], f"Java, version {v}"
+            assert (r["version"], json.loads(r["positions"])) == (v, {"v": v})
+        assert [r["epoch"] for r in got] == [8, 5, 5]
+
+        # v4 naming a base epoch no replica holds (v3 was written at 8, not 6)
+        c4 = _lined_commit(rng, store, 4, 8, states[3])
+        c4["header"]["base_epoch"] = 6
+        assert _java_write(harness, seeds, [c4]) == ["ok"]
+        with pytest.raises(VersionNotFound, match="needs version 3 as written at epoch 6"):
+            client.restore(sid, 4)
+    (r4,) = _java_restore(harness, seeds, store, [4])
+    assert r4.get("code") == "version_not_found", r4
+    assert "needs version 3 as written at epoch 6" in r4["error"]
