@@ -204,7 +204,7 @@ LINEAGE_CASES = [
         [(1, 1, "delta")],
     ),
     (
-        "without base_epoch (older writers, the Java direct path): the highest epoch, as before",
+        "without base_epoch (older writers): the highest epoch, as before",
         [lm(1, 1), lm(1, 2), lm(2, 3)],
         2,
         [(1, 2, "delta"), (2, 3, "delta")],

@@ -32,15 +32,18 @@ from statestore.core.chunk import decode_chunk
 from statestore.core.commit import build_commit
 from statestore.core.errors import (
     InvalidRequest,
+    MalformedData,
     PayloadTooLarge,
     QuorumNotReached,
     StaleEpoch,
     VersionConflict,
+    VersionNotFound,
 )
 from statestore.core.ids import StoreId
-from statestore.core.manifest import ChunkRef, Manifest
+from statestore.core.manifest import ChunkRef, Manifest, candidates, local_chain, resolve_chain
 from statestore.core.view import RingView
-from statestore.wire.manifest import decode_manifest, encode_manifest
+from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
+from tests.test_core_model import LINEAGE_CASES, SID, lm
 
 Harness = Callable[[str, list[Any]], list[Any]]
 
@@ -207,6 +210,7 @@ def _python_commit(c: dict[str, Any]) -> tuple[Manifest, list[Any]]:
         key_groups=h["key_groups"],
         chunk_size=h["chunk_size"],
         max_chunk=h["max_chunk"],
+        base_epoch=h.get("base_epoch"),
     )
 
 
@@ -366,19 +370,110 @@ def test_java_decodes_python_commits(harness: Harness, commits: list[dict[str, A
         assert java["key_groups"] == manifest.key_groups
 
 
-def test_java_reads_a_manifest_with_a_base_epoch(
+def test_java_encodes_base_epoch_as_python_does(
     harness: Harness, commits: list[dict[str, Any]]
 ) -> None:
-    """base_epoch is an optional last key (docs/design.md, "Lineage"): the Java codec, which
-    predates it, decodes such a manifest and drops the key (its provider writes none)."""
-    manifest, chunks = _python_commit(commits[0])
-    lined = dataclasses.replace(manifest, version=2, base_epoch=manifest.epoch)
+    """base_epoch is an optional last key (docs/design.md, "Lineage"): written only when set,
+    so a manifest without it is schema 1's bytes; Java writes and reads it as Python does."""
+    cases = []
+    for i, base in enumerate([None, 0, 1, 255, 65536, 2**32, 2**63 - 1]):
+        for commit in (commits[i], commits[-1 - i]):
+            header = dict(commit["header"], version=max(2, commit["header"]["version"]))
+            if base is not None:
+                header["base_epoch"] = base
+            cases.append({**commit, "header": header})
+    # version 1 applies to the empty state: a base given for it is not recorded (both sides)
+    first = {**commits[3], "header": {**commits[3]["header"], "version": 1, "base_epoch": 4}}
+    cases.append(first)
+    got = harness("encode", [_to_java(c) for c in cases])
+    named = 0
+    for i, (c, java) in enumerate(zip(cases, got, strict=True)):
+        assert "error" not in java, (i, java.get("error"))
+        manifest, _ = _python_commit(c)
+        assert java["manifest"] == encode_manifest(manifest), f"case {i}: manifest bytes"
+        assert decode_manifest(java["manifest"]) == manifest
+        named += manifest.base_epoch is not None
+    assert _python_commit(first)[0].base_epoch is None
+    assert named == 12  # every base given above version 1 was written
+    # Java decodes Python's manifests with and without one and re-encodes the same bytes
+    manifests = [_python_commit(c) for c in cases]
     got = harness(
-        "decode", [{"chunks": [ch.data for ch in chunks], "manifest": encode_manifest(lined)}]
+        "decode",
+        [{"chunks": [x.data for x in xs], "manifest": encode_manifest(m)} for m, xs in manifests],
     )
-    assert "error" not in got[0], got[0].get("error")
-    assert got[0]["manifest"] == encode_manifest(dataclasses.replace(lined, base_epoch=None))
-    assert got[0]["version"] == 2
+    for i, (java, (m, _)) in enumerate(zip(got, manifests, strict=True)):
+        assert "error" not in java, (i, java.get("error"))
+        assert java["manifest"] == encode_manifest(m), f"case {i}: re-encoded manifest"
+
+
+def test_java_refuses_a_bad_base_epoch(harness: Harness, commits: list[dict[str, Any]]) -> None:
+    manifest, _ = _python_commit(commits[0])
+    obj = msgpack.unpackb(encode_manifest(dataclasses.replace(manifest, version=2)))
+    bad = [-1, "2", 1.5, True, 2**63, 2**64 - 1]
+    cases = [{"chunks": [], "manifest": msgpack.packb({**obj, "base_epoch": b})} for b in bad]
+    # nil names none, as Python reads it
+    cases.append({"chunks": [], "manifest": msgpack.packb({**obj, "base_epoch": None})})
+    got = harness("decode", cases)
+    for b, java in zip(bad, got[:-1], strict=True):
+        assert java.get("error", "").startswith("MalformedException: "), (b, java)
+        assert "base_epoch" in java["error"], (b, java)
+        with pytest.raises(MalformedData, match="base_epoch"):
+            decode_manifest(msgpack.packb({**obj, "base_epoch": b}))
+    assert got[-1]["manifest"] == encode_manifest(dataclasses.replace(manifest, version=2))
+
+
+# --- chains: the lineage rule ----------------------------------------------------------------
+
+
+def _resolved(manifests: list[Manifest], version: int) -> list[list[Any]] | str:
+    """Python's chain of ``version`` from these manifests, or its VersionNotFound message."""
+    try:
+        chain = resolve_chain(SID, version, *candidates(manifests))
+    except VersionNotFound as exc:
+        return str(exc)
+    return [[m.version, m.epoch, m.kind] for m in chain]
+
+
+def test_java_resolves_chains_as_python_does(harness: Harness) -> None:
+    """The direct path's restores take the chain Python's resolve_chain takes, from what the
+    replicas answer (every epoch they hold): core/manifest.py's table, each case answered by
+    one replica holding all of it and by two holding parts (local_chain), then random
+    tables of several epochs per version, with and without base epochs."""
+    cases: list[tuple[list[bytes], int, list[list[Any]] | str]] = []
+    for _, manifests, version, expected in LINEAGE_CASES:
+        want = expected if isinstance(expected, str) else [list(x) for x in expected]
+        cases.append(([encode_chain(manifests)], version, want))
+        for split in range(len(manifests) + 1):
+            parts = [candidates(manifests), candidates(manifests[:split])]
+            answers = [encode_chain(local_chain(d, s, version)) for d, s in parts]
+            cases.append((answers, version, want))
+    rng = random.Random(77)
+    for _ in range(400):
+        top = rng.randrange(1, 7)
+        manifests = []
+        for v in range(1, top + 1):
+            for e in rng.sample(range(1, 6), rng.choice([1, 1, 2, 3])):
+                base = rng.choice([None, *range(1, 6)]) if v > 1 else None
+                kind = "snapshot" if rng.random() < 0.15 else "delta"
+                manifests.append(lm(v, e, base, kind))
+        if rng.random() < 0.3:  # a gap
+            gone = rng.randrange(1, top + 1)
+            manifests = [m for m in manifests if m.version != gone]
+        version = rng.randrange(1, top + 2)
+        rng.shuffle(manifests)
+        cut = rng.randrange(len(manifests) + 1)
+        answers = [encode_chain(manifests[:cut]), encode_chain(manifests[cut:])]
+        cases.append((answers, version, _resolved(manifests, version)))
+    got = harness("resolve", [{"store": SID.path, "answers": a, "version": v} for a, v, _ in cases])
+    for i, ((answers, version, want), java) in enumerate(zip(cases, got, strict=True)):
+        if isinstance(want, str):  # the table's part of the message, or Python's whole one
+            assert want in java.get("error", ""), (i, want, java)
+            everything = [m for a in answers for m in decode_chain(a)]
+            assert java["error"] == _resolved(everything, version), (i, java)
+        else:
+            assert java.get("chain") == want, (i, version, java)
+    lined = [w for _, _, w in cases[-400:] if not isinstance(w, str)]
+    assert 100 < len(lined) < 400  # both chains and errors were drawn
 
 
 def _manifest_for(datas: list[bytes]) -> bytes:
@@ -653,3 +748,91 @@ def test_java_writer_does_not_count_an_empty_200_as_a_copy(harness: Harness) -> 
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+def _http_put(address: str, path: str, body: bytes) -> int:
+    req = urllib.request.Request(f"http://{address}{path}", data=body, method="PUT")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        status: int = resp.status
+        return status
+
+
+def _java_restore(
+    harness: Harness, seeds: list[str], store: str, versions: list[int]
+) -> list[dict[str, Any]]:
+    got = harness("restore", [{"seeds": seeds, "store": store, "version": v} for v in versions])
+    for r in got:
+        if "rows" in r:
+            r["state"] = {k: v for k, v in r.pop("rows")}
+    return got
+
+
+def _lined_commit(
+    rng: random.Random, store: str, version: int, epoch: int, state: dict[bytes, bytes]
+) -> dict[str, Any]:
+    c = _ring_commit(rng, store, version, epoch, state)
+    c["deletes"] = [k for k in c["deletes"] if k not in c["puts"]]  # a key is put or deleted
+    return c
+
+
+@pytest.mark.slow
+def test_java_and_python_restores_skip_a_dead_branch(harness: Harness, ring3: LocalRing) -> None:
+    """docs/design.md, "Lineage", on real nodes: a writer at epoch 7 whose v2 reached one
+    replica only (the others refused it, or it died) leaves a dead branch above the real v2
+    (epoch 5); the real branch's writer (epoch 8) commits v3 naming its base, v2 of epoch 5.
+    Java's direct restore, like Python's, rebuilds v3 and v2 from the real branch, never the
+    higher-epoch dead one; a base that no replica holds is version_not_found, not a
+    substitute."""
+    ring3.wait_ring(3)
+    rng = random.Random(21)
+    seeds = ring3.seeds
+    store = "javaw/0/4/default"
+    sid = StoreId.parse(store)
+    states: dict[int, dict[bytes, bytes]] = {0: {}}
+    real = []
+    for v in (1, 2):
+        c = _lined_commit(rng, store, v, 5, states[v - 1])
+        if v == 2:
+            c["header"]["base_epoch"] = 5
+        states[v] = _state(c, states[v - 1])
+        real.append(c)
+    assert _java_write(harness, seeds, real) == ["ok", "ok"]
+    # the dead branch: v2 at epoch 7 on top of v1 (other rows), on one replica only
+    dead = _lined_commit(rng, store, 2, 7, states[1])
+    dead["puts"][b"dead-branch"] = b"must not be restored"
+    dead["header"]["base_epoch"] = 5
+    dead_manifest, dead_chunks = _python_commit(dead)
+    with RingClient(seeds, **LAYOUT) as client:
+        view = client.ring()
+        for ch in dead_chunks:
+            key = f"{store}/2/{ch.name}"
+            for addr in view.replicas_of(key):
+                assert _http_put(addr, f"/v1/chunks/{key}", ch.data) == 201
+        lone = view.store_replicas(sid)[0]
+        assert _http_put(lone, f"/v1/manifests/{store}/2/delta", encode_manifest(dead_manifest))
+        # v3 on the real branch, by a newer writer (epoch 8) that restored v2 of epoch 5
+        c3 = _lined_commit(rng, store, 3, 8, states[2])
+        c3["header"]["base_epoch"] = 5
+        assert _java_write(harness, seeds, [c3]) == ["ok"]
+        states[3] = _state(c3, states[2])
+        body = _http_get(lone, f"/v1/manifests/{store}/3/delta")
+        assert decode_manifest(body).base_epoch == 5  # what Java wrote names its base
+
+        for v in (3, 2):
+            assert dict(client.restore(sid, v)) == states[v], f"Python, version {v}"
+        got = _java_restore(harness, seeds, store, [3, 2, 1])
+        for v, r in zip((3, 2, 1), got, strict=True):
+            assert "error" not in r, (v, r)
+            assert r["state"] == states[v], f"Java, version {v}"
+            assert (r["version"], json.loads(r["positions"])) == (v, {"v": v})
+        assert [r["epoch"] for r in got] == [8, 5, 5]
+
+        # v4 naming a base epoch no replica holds (v3 was written at 8, not 6)
+        c4 = _lined_commit(rng, store, 4, 8, states[3])
+        c4["header"]["base_epoch"] = 6
+        assert _java_write(harness, seeds, [c4]) == ["ok"]
+        with pytest.raises(VersionNotFound, match="needs version 3 as written at epoch 6"):
+            client.restore(sid, 4)
+    (r4,) = _java_restore(harness, seeds, store, [4])
+    assert r4.get("code") == "version_not_found", r4
+    assert "needs version 3 as written at epoch 6" in r4["error"]

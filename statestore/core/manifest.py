@@ -23,7 +23,8 @@ the writer's real base instead of whichever epoch is highest at each version
 - below the version asked, each delta's ``base_epoch`` names the manifest of version - 1 to
   take (that exact epoch: a base that no replica answered with is VersionNotFound, never a
   guess); a manifest without one (written before base_epoch existed, or by a writer that did
-  not say, as the Java provider's direct path) falls back to the highest epoch there;
+  not know its base) falls back to the highest epoch there (the Java provider ports this rule
+  as spark_connector/java/.../Lineage.java, cross-checked in tests/test_java_codec.py);
 - at one version and epoch a snapshot is preferred to the delta (same state, no chain below).
 """
 

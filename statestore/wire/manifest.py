@@ -4,7 +4,8 @@ on decode (a manifest that does not decode is MalformedData, never a crash).
 The encoding is part of the on-disk format (nodes store the encoded manifest): it must stay
 byte for byte what schema 1 wrote. ``base_epoch`` (core/manifest.py, "Lineage") came later, as
 an optional last key written only when set: a manifest without one encodes exactly as before,
-and readers that predate it (older nodes and clients, the Java ``ManifestCodec``) ignore it.
+and readers that predate it (older nodes and clients) ignore it; the Java ``ManifestCodec``
+writes and reads it byte for byte as here (tests/test_java_codec.py).
 """
 
 from __future__ import annotations

@@ -14,14 +14,18 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from client import RingClient
 from spark_connector import _build
 from statestore.cli.local import LocalRing
+from statestore.core.ids import StoreId
+from statestore.wire.manifest import decode_manifest
 
 from .faults import FaultPlan, FaultProxy, start_proxies
 
@@ -97,6 +101,34 @@ def test_cached_version_recommitted_elsewhere_is_not_trusted(
     assert r["p2_commit"] == "ok"
     assert r["p1_v2"] == 50
     assert r["p1_hit"] == 0
+
+
+@pytest.mark.parametrize("path", ["direct", "coordinator"])
+def test_commits_name_the_epoch_of_the_version_they_were_loaded_from(
+    tmp_path: Path, ring3: LocalRing, classpath: str, path: str
+) -> None:
+    """Lineage (docs/design.md): the provider's commit of version N names the epoch of the
+    N - 1 its store was loaded from (base_epoch), so restores follow that branch; on both
+    data paths, from a cached version and a restored one; a store loaded empty names none."""
+    r = harness(
+        classpath,
+        "lineage",
+        tmp_path / "ckpt" / "state",
+        seeds=",".join(ring3.seeds),
+        dataPath=path,
+    )
+    e1, e2, e3, e4 = r["epochs"]
+    assert e1 < e2 < e3 < e4
+    sid = StoreId.parse(r["store"])
+    with RingClient(ring3.seeds) as client:
+        addr = client.ring().store_replicas(sid)[0]
+    got = {}
+    for v, kind in [(1, "delta"), (2, "delta"), (3, "delta"), (4, "snapshot")]:
+        url = f"http://{addr}/v1/manifests/{sid.path}/{v}/{kind}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            m = decode_manifest(resp.read())
+        got[v] = (m.epoch, m.base_epoch)
+    assert got == {1: (e1, None), 2: (e2, e1), 3: (e3, e2), 4: (e4, None)}
 
 
 def test_load_empty_starts_empty_and_old_rows_do_not_come_back(

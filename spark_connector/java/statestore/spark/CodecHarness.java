@@ -7,6 +7,7 @@ import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.TreeMap;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
 
@@ -18,7 +19,8 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * <ul>
  *   <li>{@code xxh3 IN OUT}: IN a list of bin; OUT the list of their XXH3-64 (uint64).
  *   <li>{@code encode IN OUT}: IN a list of commits, each a map {@code header} (JSON: store,
- *       version, epoch, snapshot, key_groups, chunk_size, max_chunk, positions), {@code puts}
+ *       version, epoch, snapshot, key_groups, chunk_size, max_chunk, positions, and optionally
+ *       base_epoch), {@code puts}
  *       (list of [key, value]), {@code deletes} (list of keys); OUT per commit either
  *       {@code {error}} or {@code {chunks: [[name, lo, hi, data, checksum, raw_size, rows]],
  *       manifest: bin}}.
@@ -31,6 +33,14 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *   <li>{@code write IN OUT}: IN a list of commits as for {@code encode} plus {@code seeds};
  *       each is written to the ring with {@link RingWriter}; OUT per commit {@code {chunks,
  *       bytes, replica_writes, manifest_acks}} or {@code {code, error}}.
+ *   <li>{@code resolve IN OUT}: IN a list of {@code {store, answers: [bin], version}}, each answer an
+ *       encoded chain (one replica's {@code GET .../chain}); OUT per case the chain
+ *       {@link Lineage} resolves from all of them, {@code {chain: [[version, epoch, kind]]}}, or
+ *       {@code {error}} (with Python's VersionNotFound message).
+ *   <li>{@code restore IN OUT}: IN a list of {@code {seeds, store, version}}; each is restored
+ *       from the ring by the direct path ({@link RingDirect#restore}); OUT per case {@code
+ *       {rows: [[key, value]] sorted by key, version, epoch, positions}} or {@code {code,
+ *       error}}.
  *   <li>{@code bench IN}: IN is {@code [keys, values]} (two lists of bin, one commit's puts);
  *       then commands on stdin, one per line, each answered by one line on stdout, for
  *       {@code bench/jvm_codec.py}: {@code encode N} encodes the commit N times and answers
@@ -75,6 +85,16 @@ public final class CodecHarness {
       case "place":
         for (Object o : list) {
           placeOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "resolve":
+        for (Object o : list) {
+          resolveOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "restore":
+        for (Object o : list) {
+          restoreOne(out, (Map<?, ?>) o);
         }
         break;
       case "write": {
@@ -173,7 +193,8 @@ public final class CodecHarness {
           ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
           ((Number) h.get("max_chunk")).intValue());
       m = ManifestCodec.of((String) h.get("store"), ((Number) h.get("version")).longValue(), snapshot,
-          ((Number) h.get("epoch")).longValue(), groups, chunks, (Map<String, Object>) h.get("positions"));
+          ((Number) h.get("epoch")).longValue(), groups, chunks, (Map<String, Object>) h.get("positions"),
+          baseEpoch(h));
     } catch (IllegalArgumentException e) {
       error(out, e);
       return;
@@ -184,6 +205,68 @@ public final class CodecHarness {
           .unsigned(ch.checksum()).integer(ch.rawSize()).integer(ch.rows());
     }
     out.str("manifest").bin(ManifestCodec.encode(m));
+  }
+
+  private static Long baseEpoch(Map<String, Object> header) {
+    Object b = header.get("base_epoch");
+    return b == null ? null : ((Number) b).longValue();
+  }
+
+  private static void resolveOne(Msgpack.Writer out, Map<?, ?> c) {
+    List<ManifestCodec.Manifest> answered = new ArrayList<>();
+    for (Object a : (List<?>) c.get("answers")) {
+      answered.addAll(ManifestCodec.decodeChain((byte[]) a));
+    }
+    String store = (String) c.get("store");
+    List<ManifestCodec.Manifest> chain;
+    try {
+      chain = Lineage.Candidates.of(answered).resolve(store, (Long) c.get("version"));
+    } catch (Lineage.NotFoundException e) {
+      out.mapHeader(1).str("error").str(e.getMessage());
+      return;
+    }
+    out.mapHeader(1).str("chain").arrayHeader(chain.size());
+    for (ManifestCodec.Manifest m : chain) {
+      out.arrayHeader(3).integer(m.version()).integer(m.epoch()).str(m.kind());
+    }
+  }
+
+  @SuppressWarnings("unchecked")
+  private static void restoreOne(Msgpack.Writer out, Map<?, ?> c) {
+    org.apache.hadoop.conf.Configuration conf = new org.apache.hadoop.conf.Configuration(false);
+    conf.set(RingConfig.PREFIX + "seeds", String.join(",", (List<String>) (List<?>) c.get("seeds")));
+    conf.set(RingConfig.PREFIX + "restoreTimeoutMs", "30000");
+    conf.set(RingConfig.PREFIX + "maxAttempts", "3");
+    RingConfig config = RingConfig.from(conf, null);
+    TreeMap<String, byte[][]> rows = new TreeMap<>();
+    RingHttp.Restored r;
+    try {
+      r = RingDirect.shared(config).restore((String) c.get("store"), (Long) c.get("version"),
+          System.nanoTime() + config.restoreTimeoutMs * 1_000_000L, () -> {
+            rows.clear();
+            return (k, v) -> {
+              String hex = java.util.HexFormat.of().formatHex(k);
+              if (v == null) {
+                rows.remove(hex);
+              } else {
+                rows.put(hex, new byte[][] {k, v});
+              }
+            };
+          });
+    } catch (RingHttp.RingError e) {
+      out.mapHeader(2).str("code").str(e.code).str("error").str(e.getMessage());
+      return;
+    } catch (IOException e) {
+      out.mapHeader(2).str("code").str("unavailable").str("error").str(e.getMessage());
+      return;
+    }
+    out.mapHeader(4).str("rows").arrayHeader(rows.size());
+    for (byte[][] kv : rows.values()) {
+      out.arrayHeader(2).bin(kv[0]).bin(kv[1]);
+    }
+    out.str("version").integer(r.version);
+    out.str("epoch").integer(r.writerEpoch);
+    out.str("positions").str(r.positions);
   }
 
   private static void placeOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
@@ -232,7 +315,7 @@ public final class CodecHarness {
           ((Number) h.get("max_chunk")).intValue());
       ManifestCodec.Manifest m = ManifestCodec.of((String) h.get("store"),
           ((Number) h.get("version")).longValue(), snapshot, ((Number) h.get("epoch")).longValue(),
-          groups, chunks, (Map<String, Object>) h.get("positions"));
+          groups, chunks, (Map<String, Object>) h.get("positions"), baseEpoch(h));
       RingWriter.WriteStats st = w.write(m, chunks);
       out.mapHeader(4).str("chunks").integer(st.chunks()).str("bytes").integer(st.bytes())
           .str("replica_writes").integer(st.replicaWrites()).str("manifest_acks")

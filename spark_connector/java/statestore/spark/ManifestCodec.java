@@ -11,16 +11,20 @@ import java.util.regex.Pattern;
 /**
  * Manifests (schema 1) as {@code statestore/wire/manifest.py} encodes them, byte for byte: a
  * msgpack map, in this key order, {@code schema, store, version, kind, epoch, key_groups,
- * chunks, positions}; each chunk an array {@code [name, lo, hi, size, raw_size, rows,
- * checksum]} (checksum as an unsigned integer); positions a JSON-like map in its own order.
- * Decoding validates as Python does (a manifest that does not decode is a
- * {@link MalformedException}).
+ * chunks, positions}, then {@code base_epoch} only when the manifest names one (the epoch of
+ * the version - 1 its writer built on, core/manifest.py "Lineage": an optional last key, so a
+ * manifest without it is byte for byte what schema 1 always was); each chunk an array
+ * {@code [name, lo, hi, size, raw_size, rows, checksum]} (checksum as an unsigned integer);
+ * positions a JSON-like map in its own order. Decoding validates as Python does (a manifest
+ * that does not decode is a {@link MalformedException}).
  */
 public final class ManifestCodec {
   private ManifestCodec() {}
 
   public static final int SCHEMA = 1;
   public static final long MAX_VERSION = 1L << 62;
+  /** Python's MAX_EPOCH (statestore/core/ids.py): what a Java long holds. */
+  public static final long MAX_EPOCH = Long.MAX_VALUE;
   private static final Pattern NAME = Pattern.compile("^[A-Za-z0-9._-]{1,128}$");
 
   /** A manifest (or chain) that does not decode or does not validate. */
@@ -45,7 +49,8 @@ public final class ManifestCodec {
    * One commit of a store. {@code store} is the path form {@code query/operator/partition/name};
    * {@code kind} is {@code "delta"} or {@code "snapshot"}; {@code positions} a JSON-like map
    * (String keys; values null, Boolean, integers, Double, String, List, Map), encoded in its
-   * iteration order.
+   * iteration order; {@code baseEpoch} the epoch of version - 1 the writer built on, or
+   * {@code null} when it names none (then a chain takes the highest epoch there).
    */
   public record Manifest(
       String store,
@@ -54,12 +59,26 @@ public final class ManifestCodec {
       long epoch,
       int keyGroups,
       List<ChunkRef> chunks,
-      Map<String, Object> positions) {
+      Map<String, Object> positions,
+      Long baseEpoch) {
     public Manifest {
       chunks = List.copyOf(chunks);
       positions = positions == null
           ? Collections.emptyMap()
           : Collections.unmodifiableMap(new LinkedHashMap<>(positions));
+      if (baseEpoch != null && baseEpoch < 0) {
+        throw new IllegalArgumentException("base epoch " + baseEpoch + " is negative");
+      }
+    }
+
+    /** A manifest that names no base epoch. */
+    public Manifest(String store, long version, String kind, long epoch, int keyGroups,
+        List<ChunkRef> chunks, Map<String, Object> positions) {
+      this(store, version, kind, epoch, keyGroups, chunks, positions, null);
+    }
+
+    public boolean isSnapshot() {
+      return "snapshot".equals(kind);
     }
 
     /** The version this one applies on top of (0 = empty state); -1 for a snapshot. */
@@ -77,7 +96,7 @@ public final class ManifestCodec {
     }
   }
 
-  /** The manifest of a commit laid out in {@code chunks} (what Python's build_commit makes). */
+  /** The manifest of a commit laid out in {@code chunks}, naming no base epoch. */
   public static Manifest of(
       String store,
       long version,
@@ -86,11 +105,29 @@ public final class ManifestCodec {
       int keyGroups,
       List<ChunkCodec.Chunk> chunks,
       Map<String, Object> positions) {
+    return of(store, version, snapshot, epoch, keyGroups, chunks, positions, null);
+  }
+
+  /**
+   * The manifest of a commit laid out in {@code chunks} (what Python's build_commit makes):
+   * {@code baseEpoch} is the epoch of version - 1 the writer restored or committed
+   * ({@code null}: not known); version 1 applies to the empty state and names none.
+   */
+  public static Manifest of(
+      String store,
+      long version,
+      boolean snapshot,
+      long epoch,
+      int keyGroups,
+      List<ChunkCodec.Chunk> chunks,
+      Map<String, Object> positions,
+      Long baseEpoch) {
     List<ChunkRef> refs = new ArrayList<>(chunks.size());
     for (ChunkCodec.Chunk c : chunks) {
       refs.add(ChunkRef.of(c));
     }
-    return new Manifest(store, version, snapshot ? "snapshot" : "delta", epoch, keyGroups, refs, positions);
+    return new Manifest(store, version, snapshot ? "snapshot" : "delta", epoch, keyGroups, refs,
+        positions, version == 1 ? null : baseEpoch);
   }
 
   /** The store path {@code query/operator/partition/name}, validated as Python's StoreId. */
@@ -126,7 +163,7 @@ public final class ManifestCodec {
   }
 
   private static void write(Msgpack.Writer w, Manifest m) {
-    w.mapHeader(8);
+    w.mapHeader(m.baseEpoch() == null ? 8 : 9);
     w.str("schema").integer(SCHEMA);
     w.str("store").str(m.store());
     w.str("version").integer(m.version());
@@ -145,6 +182,9 @@ public final class ManifestCodec {
       w.unsigned(c.checksum());
     }
     w.str("positions").value(m.positions());
+    if (m.baseEpoch() != null) {
+      w.str("base_epoch").integer(m.baseEpoch());
+    }
   }
 
   public static Manifest decode(byte[] data) {
@@ -256,7 +296,15 @@ public final class ManifestCodec {
     if (version < 1 || version > MAX_VERSION) {
       throw new MalformedException("manifest version " + version + " is out of range");
     }
+    Long baseEpoch = null;
+    Object base = map.get("base_epoch");
+    if (base != null) { // absent or nil: names none, as Python's obj.get("base_epoch")
+      if (!(base instanceof Long b) || b < 0) {
+        throw new MalformedException("manifest base_epoch " + base + " is not in 0.." + MAX_EPOCH);
+      }
+      baseEpoch = b;
+    }
     return new Manifest(path, version, (String) kind, epoch, (int) groups, chunks,
-        (Map<String, Object>) pos);
+        (Map<String, Object>) pos, baseEpoch);
   }
 }

@@ -7,7 +7,6 @@ import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
@@ -75,11 +74,14 @@ final class RingDirect {
   /**
    * Commit version {@code version} of one ring store: puts ({@code keys}, {@code values}) and
    * {@code deletes}, as a snapshot or a delta, with {@code retain} sent to the manifest's
-   * replicas (Spark's minBatchesToRetain; 0 = the ring's default).
+   * replicas (Spark's minBatchesToRetain; 0 = the ring's default). {@code baseEpoch} is the
+   * epoch of version - 1 the commit builds on (the manifest's {@code base_epoch}, which
+   * restores follow, {@link Lineage}); {@code null} when the writer does not know it.
    */
   Written commit(
-      String storePath, long version, long epoch, boolean snapshot, Map<String, Object> positions,
-      int retain, List<byte[]> keys, List<byte[]> values, List<byte[]> deletes)
+      String storePath, long version, long epoch, Long baseEpoch, boolean snapshot,
+      Map<String, Object> positions, int retain, List<byte[]> keys, List<byte[]> values,
+      List<byte[]> deletes)
       throws IOException {
     long t0 = System.nanoTime();
     long c0 = Trace.cpu();
@@ -93,7 +95,7 @@ final class RingDirect {
       throw new RingHttp.RingError(400, "invalid_request", e.getMessage());
     }
     ManifestCodec.Manifest manifest = ManifestCodec.of(storePath, version, snapshot, epoch,
-        ChunkCodec.DEFAULT_KEY_GROUPS, chunks, positions);
+        ChunkCodec.DEFAULT_KEY_GROUPS, chunks, positions, baseEpoch);
     String what = "commit of " + storePath + " version " + version;
     long deadline = System.nanoTime() + config.retryBudgetMs * 1_000_000L;
     RuntimeException last = null;
@@ -223,13 +225,15 @@ final class RingDirect {
   // -- one version's own manifests (the change feed) --------------------------------------
 
   /**
-   * The manifests one version of a store has on the ring, merged over the store's replicas
-   * (per kind the highest epoch; {@code null} where no replica holds one).
+   * The manifests one version of a store has on the ring, merged over the store's replicas:
+   * of the epoch a restore of the version takes ({@link Lineage.Candidates#epochAt}: the
+   * head's lineage's, else the highest), per kind ({@code null} where no replica holds one at
+   * that epoch).
    */
   record VersionManifests(ManifestCodec.Manifest delta, ManifestCodec.Manifest snapshot) {
     /**
-     * The version's own changes are its delta unless a snapshot of a newer epoch replaced it
-     * (a re-commit as a snapshot); a compaction's snapshot has the delta's epoch.
+     * The version's own changes are its delta unless only a snapshot was written at its
+     * epoch (a re-commit as a snapshot); a compaction's snapshot has the delta's epoch.
      */
     boolean hasDelta() {
       return delta != null && (snapshot == null || delta.epoch() >= snapshot.epoch());
@@ -246,8 +250,10 @@ final class RingDirect {
     return retrying("reading the manifests of " + storePath + " version " + version, deadline,
         v -> {
           Gathered g = gather(v, storePath, version, deadline);
-          VersionManifests out =
-              new VersionManifests(g.deltas.get(version), g.snaps.get(version));
+          Long epoch = g.held.epochAt(version);
+          VersionManifests out = epoch == null
+              ? new VersionManifests(null, null)
+              : new VersionManifests(g.held.delta(version, epoch), g.held.snapshot(version, epoch));
           if (out.isEmpty() && (!g.errors.isEmpty() || g.answered == 0)) {
             throw new IOException("no replica of " + storePath + " that answered holds version "
                 + version + " (" + String.join("; ", g.errors) + ")");
@@ -415,16 +421,17 @@ final class RingDirect {
 
   /** What the store's replicas answered for {@code GET .../chain?version=N}. */
   static final class Gathered {
-    final Map<Long, ManifestCodec.Manifest> deltas = new HashMap<>();
-    final Map<Long, ManifestCodec.Manifest> snaps = new HashMap<>();
+    /** Every manifest answered, one per (version, kind, epoch). */
+    final Lineage.Candidates held = new Lineage.Candidates();
     final List<String> errors = new ArrayList<>();
     int answered;
   }
 
   /**
    * Ask every replica of {@code storePath} for the chain of {@code version} and merge the
-   * answers: per version and kind the highest epoch. A replica that does not hold the store
-   * answers 404 and counts as answered with nothing.
+   * answers: every manifest of every epoch they hold (a replica answers each epoch it keeps
+   * of the versions the chain may need, core/manifest.py {@code local_chain}). A replica that
+   * does not hold the store answers 404 and counts as answered with nothing.
    */
   private Gathered gather(RingWriter.View v, String storePath, long version, long deadline)
       throws IOException {
@@ -474,11 +481,7 @@ final class RingDirect {
       }
       g.answered++;
       for (ManifestCodec.Manifest m : got) {
-        Map<Long, ManifestCodec.Manifest> table = m.kind().equals("delta") ? g.deltas : g.snaps;
-        ManifestCodec.Manifest cur = table.get(m.version());
-        if (cur == null || m.epoch() > cur.epoch()) {
-          table.put(m.version(), m);
-        }
+        g.held.add(m);
       }
     }
     return g;
@@ -486,40 +489,24 @@ final class RingDirect {
 
   /**
    * The manifests to apply for {@code version}, oldest first, merged over the store's
-   * replicas as {@code net/reads.read_chain} does (per version and kind the highest epoch;
-   * a snapshot is used unless a delta of its version is newer). A replica that does not hold
-   * the store answers 404 and contributes nothing; a version missing from every answer is
-   * {@code version_not_found} when every replica answered, else a retryable failure.
+   * replicas as {@code net/reads.read_chain} does: every epoch every replica answered, resolved
+   * by {@link Lineage} (the head's lineage, each delta's exact base, the highest epoch where a
+   * manifest names none). A replica that does not hold the store answers 404 and contributes
+   * nothing; a chain that does not resolve is {@code version_not_found} when every replica
+   * answered, else a retryable failure (the missing manifest may be on a silent replica).
    */
   List<ManifestCodec.Manifest> readChain(RingWriter.View v, String storePath, long version,
       long deadline) throws IOException {
     Gathered g = gather(v, storePath, version, deadline);
-    Map<Long, ManifestCodec.Manifest> deltas = g.deltas;
-    Map<Long, ManifestCodec.Manifest> snaps = g.snaps;
-    List<String> errors = g.errors;
-    int answered = g.answered;
-    List<ManifestCodec.Manifest> chain = new ArrayList<>();
-    for (long w = version; w >= 1; w--) {
-      ManifestCodec.Manifest snap = snaps.get(w);
-      ManifestCodec.Manifest delta = deltas.get(w);
-      if (snap != null && (delta == null || snap.epoch() >= delta.epoch())) {
-        chain.add(snap);
-        break;
+    try {
+      return g.held.resolve(storePath, version);
+    } catch (Lineage.NotFoundException e) {
+      if (!g.errors.isEmpty() || g.answered == 0) {
+        throw new IOException("the chain of " + storePath + " version " + version + " does not"
+            + " resolve on the replicas that answered (" + e.getMessage() + "; "
+            + String.join("; ", g.errors) + ")");
       }
-      if (delta == null) {
-        String why = w == version
-            ? "has no version " + version
-            : "version " + version + " needs version " + w + ", which is gone";
-        if (!errors.isEmpty() || answered == 0) {
-          throw new IOException("the chain of " + storePath + " " + why + " on the replicas that"
-              + " answered (" + String.join("; ", errors) + ")");
-        }
-        throw new RingHttp.RingError(404, "version_not_found", "store " + storePath + " " + why
-            + " (past retention or never committed)");
-      }
-      chain.add(delta);
+      throw new RingHttp.RingError(404, "version_not_found", e.getMessage());
     }
-    java.util.Collections.reverse(chain);
-    return chain;
   }
 }

@@ -222,14 +222,16 @@ final class RingHttp {
   /**
    * POST the framed rows as version {@code version}; returns the node's JSON answer.
    * {@code retain} ({@code > 0}) asks the ring to keep that many versions of the store
-   * (Spark's {@code minBatchesToRetain}).
+   * (Spark's {@code minBatchesToRetain}). {@code baseEpoch} is the epoch of version - 1 the
+   * commit builds on (sent as {@code base_epoch}, the manifest's; {@code null}: not known).
    */
   JsonNode commit(
-      String storePath, long version, long epoch, boolean snapshot, String positions, int retain,
-      byte[] body)
+      String storePath, long version, long epoch, Long baseEpoch, boolean snapshot,
+      String positions, int retain, byte[] body)
       throws IOException {
     String query =
         "/v1/stores/" + storePath + "/commit?version=" + version + "&epoch=" + epoch
+            + (baseEpoch != null ? "&base_epoch=" + baseEpoch : "")
             + (snapshot ? "&snapshot=1" : "") + (retain > 0 ? "&retain=" + retain : "");
     return withRetries(
         "commit of " + storePath + " version " + version, storePath, config.retryBudgetMs,

@@ -491,6 +491,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     long rows = 0;
     long bytes = 0;
     long deadline = started + config.restoreTimeoutMs * 1_000_000L;
+    long[] epochs = new long[1];
     try {
       int shards = 1;
       for (int shard = 0; shard < shards; shard++) {
@@ -532,7 +533,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
           data.epoch = r.writerEpoch;
           shards = StateCommit.shardsOf(r.positions);
           data.shards = shards;
+          epochs = new long[shards];
         }
+        epochs[shard] = r.writerEpoch; // what the next version of this shard builds on
         rows += r.rows;
         bytes += r.bytes;
       }
@@ -548,6 +551,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     data.pendingRestoredRows = rows;
     data.pendingMiss = true;
     data.legacy = !source.equals(storePath);
+    // the epochs of another store's chain are no base under this one
+    data.shardEpochs = data.legacy ? null : epochs;
     if (Trace.ON) {
       Trace.log("restore %s v%d rows=%d bytes=%d %dms", storePath, version, rows, bytes, l.restoreMs);
     }
@@ -605,6 +610,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     next.version = newVersion;
     next.epoch = store.epoch;
     next.shards = store.shardsCommitted;
+    next.shardEpochs = new long[store.shardsCommitted];
+    java.util.Arrays.fill(next.shardEpochs, store.epoch); // every shard at the store's epoch
     next.pendingMiss = false;
     next.legacy = false;
     cached = next;

@@ -84,6 +84,23 @@ final class StateCommit {
     }
   }
 
+  /**
+   * The epoch of version {@code newVersion - 1} of {@code shard} that the store was loaded
+   * from: the commit's {@code base_epoch}, which restores of it follow (core/manifest.py,
+   * "Lineage"); {@code null} (the chain takes the highest epoch there) when the store did not
+   * start from that version as the ring has it (loaded empty, replayed, a new shard), and for
+   * version 1, which applies to the empty state. Never above the commit's own epoch (the
+   * replicas would fence it; the epoch rule keeps it below anyway).
+   */
+  static Long baseEpoch(WriteStore store, long newVersion, int shard) {
+    long[] epochs = store.baseEpochs;
+    if (newVersion <= 1 || store.version != newVersion - 1 || epochs == null
+        || shard >= epochs.length || epochs[shard] > store.epoch) {
+      return null;
+    }
+    return epochs[shard];
+  }
+
   /** Spark's {@code minBatchesToRetain}: sent with every commit as {@code retain=N}. */
   static int retain(RingStateStoreProvider provider) {
     return provider.storeConf() == null ? 0 : provider.storeConf().minVersionsToRetain();
@@ -158,8 +175,9 @@ final class StateCommit {
             out.bytes += direct(provider, store, newVersion, snapshot, shard, shards, path);
           } else {
             byte[] body = frame(store, snapshot, shard, shards, (int) Math.min(s[shard], limit));
-            provider.ring().commit(path, newVersion, store.epoch, snapshot,
-                positions(newVersion, shards), retain(provider), body);
+            provider.ring().commit(path, newVersion, store.epoch,
+                baseEpoch(store, newVersion, shard), snapshot, positions(newVersion, shards),
+                retain(provider), body);
             out.bytes += body.length;
           }
           wrote = true;
@@ -211,8 +229,8 @@ final class StateCommit {
     if (shards > 1) {
       positions.put("shards", (long) shards);
     }
-    provider.direct().commit(path, version, store.epoch, snapshot, positions, retain(provider),
-        keys, values, deletes);
+    provider.direct().commit(path, version, store.epoch, baseEpoch(store, version, shard),
+        snapshot, positions, retain(provider), keys, values, deletes);
     return framed;
   }
 

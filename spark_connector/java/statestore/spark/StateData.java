@@ -41,6 +41,13 @@ final class StateData {
   final UnsafeProjection prefixProjection;
   volatile long version;
   volatile long epoch;
+  /**
+   * The epoch of this version on each shard's ring store, as restored or committed (the
+   * {@code base_epoch} the next version's commit names, core/manifest.py "Lineage");
+   * {@code null} when not known from the ring (an empty version, a replayed one, one read
+   * under the legacy name).
+   */
+  volatile long[] shardEpochs;
   final AtomicLong bytes = new AtomicLong();
   // how this map was loaded, reported by the first write store that uses it
   long pendingRestoreMs;
@@ -69,6 +76,7 @@ final class StateData {
     out.version = version;
     out.epoch = epoch;
     out.shards = shards;
+    out.shardEpochs = shardEpochs;
     return out;
   }
 

@@ -38,6 +38,8 @@ final class WriteStore extends StoreBase implements StateStore {
   private static final int ABORTED = 2;
 
   final long epoch;
+  /** {@link StateData#shardEpochs} of the version this store starts from (null: unknown). */
+  final long[] baseEpochs;
   final long task;
   final boolean forceSnapshot;
   private final RingStateStoreProvider.Loaded loaded;
@@ -63,6 +65,7 @@ final class WriteStore extends StoreBase implements StateStore {
     this.loaded = loaded;
     this.forceSnapshot = forceSnapshot;
     this.epoch = epoch;
+    this.baseEpochs = data.version == version ? data.shardEpochs : null;
     this.task = task;
     this.overlayPrefix = data.prefixIndex == null ? null : new ConcurrentHashMap<>();
     TaskContext ctx = TaskContext.get();

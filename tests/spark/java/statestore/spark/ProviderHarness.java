@@ -148,6 +148,32 @@ public final class ProviderHarness {
     again.abort();
   }
 
+  /**
+   * Lineage: each commit names the epoch of the version it was loaded from (cached after a
+   * commit, or restored by another provider), none when loaded empty.
+   */
+  void lineage() {
+    RingStateStoreProvider p1 = provider();
+    List<Object> epochs = new ArrayList<>();
+    for (int v = 0; v < 2; v++) { // v1 from empty, v2 from p1's cached v1
+      WriteStore w = write(p1, v, false);
+      w.put(key(v), value(v, 4), null);
+      w.commit();
+      epochs.add(w.epoch);
+    }
+    RingStateStoreProvider p2 = provider(); // another executor: v2 restored from the ring
+    WriteStore w = write(p2, 2, false);
+    w.put(key(2), value(2, 4), null);
+    w.commit();
+    epochs.add(w.epoch);
+    w = write(p2, 3, true); // loadEmpty: v4 builds on nothing of the ring's v3
+    w.put(key(3), value(3, 4), null);
+    w.commit();
+    epochs.add(w.epoch);
+    out.put("store", p1.storePath());
+    out.put("epochs", epochs);
+  }
+
   /** loadEmpty: nothing of the old version, and it stays gone after a restore. */
   void empty() {
     RingStateStoreProvider p = provider();
@@ -382,6 +408,7 @@ public final class ProviderHarness {
       case "isolation" -> h.isolation();
       case "cache" -> h.cache();
       case "empty" -> h.empty();
+      case "lineage" -> h.lineage();
       case "legacy" -> h.legacy();
       case "bulk" -> h.bulk();
       case "schema" -> h.schema();
