@@ -39,8 +39,9 @@ from statestore.core.errors import (
     VersionConflict,
     VersionNotFound,
 )
-from statestore.core.ids import StoreId
+from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Manifest, candidates, local_chain, resolve_chain
+from statestore.core.quorum import check_write_sets
 from statestore.core.view import RingView
 from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
 from tests.test_core_model import LINEAGE_CASES, SID, lm
@@ -544,8 +545,8 @@ def _random_view(rng: random.Random) -> dict[str, Any]:
             "address": f"127.0.0.1:{7400 + i}",
             "status": rng.choice(["up", "up", "up", "suspect", "down"]),
             "zone": rng.choice(zones),
-            # ring states: Java places on the current owners (normal and leaving), as
-            # Python's read ring does
+            # ring states: Java reads from the current owners (normal and leaving), as
+            # Python's read ring does, and writes to the future ones too (normal and joining)
             "state": rng.choice(["normal", "normal", "normal", "joining", "leaving", "left"]),
         }
         for i in range(n)
@@ -574,6 +575,152 @@ def test_java_placement_is_pythons(harness: Harness) -> None:
         assert java["addresses"] == [view.replicas_of(k) for k in keys], v
         zoned += view.ring._zoned
     assert 10 < zoned < 50  # both kinds of ring were drawn
+
+
+def _python_check(view: RingView, key: str, acked: set[str]) -> str:
+    """Python's decision on a write of ``key`` acknowledged by ``acked``, as the harness's."""
+    try:
+        check_write_sets(
+            f"chunk {key}",
+            acked,
+            view.replicas_of(key),
+            view.future_replicas_of(key),
+            view.write_quorum,
+            [],
+        )
+    except QuorumNotReached as exc:
+        return f"quorum_not_reached: {exc}"
+    return "ok"
+
+
+def test_java_write_sets_are_pythons(harness: Harness) -> None:
+    """While nodes join or leave, Java writes each item to its current and its pending owners
+    and needs W of each set, as Python's RingView.write_replicas_of and check_write_sets."""
+    rng = random.Random(45)
+    views = [_random_view(rng) for _ in range(80)]
+    keys = [f"q{i}/0/{i % 7}/default" for i in range(20)]
+    keys += [f"q1/0/3/default/{i}/d{i}-{rng.getrandbits(64):016x}" for i in range(20)]
+    cases = []
+    for v in views:
+        view = RingView.from_json(v)
+        everyone = [m["address"] for m in v["members"]]
+        acked = []
+        for k in keys:
+            targets = view.write_replicas_of(k)
+            # mostly all but a few of the targets; now and then a stray member acknowledging
+            got = [a for a in targets if rng.random() < 0.75]
+            if rng.random() < 0.1:
+                got.append(rng.choice(everyone))
+            acked.append(sorted(set(got)))
+        cases.append({"view": json.dumps(v), "keys": keys, "acked": acked})
+    got = harness("writeset", cases)
+    moving = refused_after_move = 0
+    for v, case, java in zip(views, cases, got, strict=True):
+        view = RingView.from_json(v)
+        assert java["current"] == [view.replicas_of(k) for k in keys], v
+        assert java["future"] == [view.future_replicas_of(k) for k in keys], v
+        assert java["targets"] == [view.write_replicas_of(k) for k in keys], v
+        want = [_python_check(view, k, set(a)) for k, a in zip(keys, case["acked"], strict=True)]
+        assert java["checks"] == want, v
+        moving += view.moving
+        refused_after_move += sum("(on its owners after the move)" in c for c in want)
+    assert 20 < moving < 75 and refused_after_move > 20  # both kinds of view, both refusals
+
+
+class _Member(http.server.BaseHTTPRequestHandler):
+    """A fake member of a ring: serves ``ring`` as the view, records every PUT's path by its
+    own address, acknowledges it properly unless its address is in ``refusing`` (then 503)."""
+
+    ring: bytes = b""
+    refusing: frozenset[str] = frozenset()
+    puts: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def _me(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def do_GET(self) -> None:
+        self._answer(200, self.ring if self.path == "/v1/ring" else b"{}")
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = self.path.split("?")[0]
+        with self.lock:
+            self.puts.setdefault(self._me(), []).append(path)
+        if self._me() in self.refusing:
+            err = {"error": {"code": "node_unavailable", "message": "refusing"}}
+            self._answer(503, json.dumps(err).encode())
+        elif path.startswith("/v1/chunks/"):
+            self._answer(200, json.dumps({"stored": path.removeprefix("/v1/chunks/")}).encode())
+        else:
+            self._answer(200, b'{"stored": true}')
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_java_writer_writes_to_pending_owners(harness: Harness) -> None:
+    """A Java commit while a node joins and another leaves: every chunk and the manifest go
+    to their current and their pending owners, and the commit counts only with W of each
+    (a refusing joining node fails it where Python's rule does)."""
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Member) for _ in range(5)]
+    addresses = [f"127.0.0.1:{s.server_address[1]}" for s in servers]
+    states = ["normal", "normal", "normal", "joining", "leaving"]
+    v = {
+        "epoch": 1,
+        "replicas": 2,
+        "write_quorum": 2,
+        "vnodes": 16,
+        "members": [
+            {"id": f"m{i}", "address": a, "status": "up", "zone": "", "state": st}
+            for i, (a, st) in enumerate(zip(addresses, states, strict=True))
+        ],
+    }
+    view = RingView.from_json(v)
+    assert view.moving
+    _Member.ring = json.dumps(v).encode()
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    try:
+        rng = random.Random(12)
+        for refusing in [frozenset(), frozenset({addresses[3]}), frozenset({addresses[4]})]:
+            c = _ring_commit(rng, "javaw/0/4/default", 1, 1, {})
+            manifest, chunks = _python_commit(c)
+            keys = [chunk_key(manifest.store, manifest.version, ch.name) for ch in chunks]
+            _Member.refusing, _Member.puts = refusing, {}
+            got = _java_write(harness, addresses, [c])
+            acked = {a for a in addresses if a not in refusing}
+            checks = [_python_check(view, k, acked) for k in keys]
+            want = "ok" if all(x == "ok" for x in checks) else "quorum_not_reached"
+            if want == "ok":
+                checks.append(_python_check(view, manifest.store.path, acked))
+                want = "ok" if checks[-1] == "ok" else "quorum_not_reached"
+            assert got == [want], (refusing, checks)
+            wrote = {a: set(paths) for a, paths in _Member.puts.items()}
+            for k in keys:
+                for a in addresses:
+                    assert (f"/v1/chunks/{k}" in wrote.get(a, set())) == (
+                        a in view.write_replicas_of(k)
+                    ), (k, a)
+            if want == "ok":
+                mpath = f"/v1/manifests/{manifest.store.path}/1/{manifest.kind}"
+                for a in addresses:
+                    assert (mpath in wrote.get(a, set())) == (
+                        a in view.write_replicas_of(manifest.store.path)
+                    ), a
+            if refusing:
+                assert want == "quorum_not_reached"  # a pending or leaving owner counts
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
 
 
 # --- direct writes against a real ring -------------------------------------------------------

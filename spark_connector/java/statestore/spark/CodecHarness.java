@@ -30,6 +30,12 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *       key_groups}}.
  *   <li>{@code place IN OUT}: IN a list of {@code {view: GET /v1/ring JSON, keys: [str]}}; OUT
  *       per case {@code {replicas: [[id]], addresses: [[host:port]], preference: [[id]]}}.
+ *   <li>{@code writeset IN OUT}: IN a list of {@code {view: GET /v1/ring JSON, keys: [str],
+ *       acked: [[host:port]] (per key)}}; OUT per case {@code {current: [[host:port]], future:
+ *       [[host:port]], targets: [[host:port]], checks: [str]}} per key: the key's current
+ *       owners, its owners once moves finish, where RingWriter sends a write of it, and
+ *       whether that many acknowledgements make the write ({@code ok}, or the error's code and
+ *       message as {@code code: message}).
  *   <li>{@code write IN OUT}: IN a list of commits as for {@code encode} plus {@code seeds};
  *       each is written to the ring with {@link RingWriter}; OUT per commit {@code {chunks,
  *       bytes, replica_writes, manifest_acks}} or {@code {code, error}}.
@@ -95,6 +101,11 @@ public final class CodecHarness {
       case "restore":
         for (Object o : list) {
           restoreOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "writeset":
+        for (Object o : list) {
+          writeSetOne(out, (Map<?, ?>) o);
         }
         break;
       case "write": {
@@ -291,6 +302,45 @@ public final class CodecHarness {
       out.arrayHeader(ids.size());
       ids.forEach(out::str);
     }
+  }
+
+  private static void writeSetOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
+    RingWriter.View view = RingWriter.View.fromJson(new ObjectMapper().readTree((String) c.get("view")));
+    List<?> keys = (List<?>) c.get("keys");
+    List<?> acked = (List<?>) c.get("acked");
+    out.mapHeader(4);
+    out.str("current").arrayHeader(keys.size());
+    for (Object k : keys) {
+      addresses(out, view.replicasOf((String) k));
+    }
+    out.str("future").arrayHeader(keys.size());
+    for (Object k : keys) {
+      addresses(out, view.futureReplicasOf((String) k));
+    }
+    out.str("targets").arrayHeader(keys.size());
+    for (Object k : keys) {
+      addresses(out, view.writeReplicasOf((String) k));
+    }
+    out.str("checks").arrayHeader(keys.size());
+    for (int i = 0; i < keys.size(); i++) {
+      String key = (String) keys.get(i);
+      java.util.Set<String> acks = new java.util.LinkedHashSet<>();
+      for (Object a : (List<?>) acked.get(i)) {
+        acks.add((String) a);
+      }
+      try {
+        RingWriter.checkWriteSets("chunk " + key, acks, view.replicasOf(key),
+            view.futureReplicasOf(key), view.writeQuorum, List.of());
+        out.str("ok");
+      } catch (RingWriter.RingException e) {
+        out.str(e.code() + ": " + e.getMessage());
+      }
+    }
+  }
+
+  private static void addresses(Msgpack.Writer out, List<String> addrs) {
+    out.arrayHeader(addrs.size());
+    addrs.forEach(out::str);
   }
 
   /** Encode a commit as {@code encode} does and write it to the ring with RingWriter. */

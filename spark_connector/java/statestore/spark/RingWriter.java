@@ -30,10 +30,12 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * members of {@code GET /v1/ring}) and must be acknowledged by W of them; then the manifest
  * goes to the store's R replicas ({@code PUT /v1/manifests/{store}/{version}/{kind}}): a
  * {@code stale_epoch} or {@code version_conflict} from any replica fails the commit, otherwise
- * W acknowledgements make it. Re-sending the same content at the same epoch is idempotent at
- * the nodes. On an availability error the writer refreshes its view and retries once (after
- * 200 ms if the ring epoch did not move), as the Python client does. The provider's direct
- * data path ({@link RingDirect}) writes through it, within its retry budget.
+ * W acknowledgements make it. While a node joins or leaves, every chunk and manifest also goes
+ * to its pending owners and needs W among its current owners and W among its future owners
+ * ({@link View}, {@link #checkWriteSets}). Re-sending the same content at the same epoch is
+ * idempotent at the nodes. On an availability error the writer refreshes its view and retries
+ * once (after 200 ms if the ring epoch did not move), as the Python client does. The provider's
+ * direct data path ({@link RingDirect}) writes through it, within its retry budget.
  */
 public final class RingWriter {
   /** Errors of the ring, with the node's stable {@code code} ({@code stale_epoch}, ...). */
@@ -56,10 +58,32 @@ public final class RingWriter {
     }
   }
 
-  /** One member of a ring view. */
-  public record MemberInfo(String id, String address, String status, String zone) {}
+  /**
+   * One member of a ring view: its failure-detector status ({@code up}, {@code suspect},
+   * {@code down}) and its ring state ({@code joining}, {@code normal}, {@code leaving},
+   * {@code left}; Python core/handover.py).
+   */
+  public record MemberInfo(String id, String address, String status, String zone, String state) {
+    public MemberInfo(String id, String address, String status, String zone) {
+      this(id, address, status, zone, "normal");
+    }
+  }
 
-  /** A ring view: the members, R, W and vnodes at one ring epoch (Python's RingView). */
+  /** Ring states whose live members own items now (Python's READ_STATES). */
+  static final Set<String> READ_STATES = Set.of("normal", "leaving");
+  /** Ring states whose live members own items once every move finishes (FUTURE_STATES). */
+  static final Set<String> FUTURE_STATES = Set.of("normal", "joining");
+  private static final Set<String> STATES = Set.of("joining", "normal", "leaving", "left");
+
+  /**
+   * A ring view: the members, R, W and vnodes at one ring epoch (Python's RingView). While
+   * nodes join or leave it holds two rings, as Python's core/view.py: the current ring of the
+   * live {@code normal} and {@code leaving} members, which owns every item now (reads), and
+   * the future ring of the live {@code normal} and {@code joining} members. A write goes to
+   * both ({@link #writeReplicasOf}) and counts only with W acknowledgements among the current
+   * owners and W among the future ones ({@link RingWriter#checkWriteSets}), so that it is
+   * readable before the switch and after it. With nobody moving they are one ring.
+   */
   public static final class View {
     public final long epoch;
     public final List<MemberInfo> members;
@@ -67,6 +91,8 @@ public final class RingWriter {
     public final int writeQuorum;
     public final int vnodes;
     private final RingPlacement ring;
+    private final RingPlacement future;
+    private final List<String> live;
     private final Map<String, String> address = new LinkedHashMap<>();
 
     public View(long epoch, List<MemberInfo> members, int replicas, int writeQuorum, int vnodes) {
@@ -78,14 +104,26 @@ public final class RingWriter {
       this.replicas = replicas;
       this.writeQuorum = writeQuorum;
       this.vnodes = vnodes;
-      List<RingPlacement.Member> live = new ArrayList<>();
+      List<RingPlacement.Member> now = new ArrayList<>();
+      List<RingPlacement.Member> later = new ArrayList<>();
+      TreeSet<String> liveIds = new TreeSet<>();
       for (MemberInfo m : members) {
-        if (!m.status().equals("down")) {
-          live.add(new RingPlacement.Member(m.id(), m.zone()));
+        if (!m.status().equals("down") && !m.state().equals("left")) {
+          RingPlacement.Member pm = new RingPlacement.Member(m.id(), m.zone());
+          if (READ_STATES.contains(m.state())) {
+            now.add(pm);
+          }
+          if (FUTURE_STATES.contains(m.state())) {
+            later.add(pm);
+          }
+          liveIds.add(m.id());
         }
         address.put(m.id(), m.address());
       }
-      ring = new RingPlacement(live, vnodes);
+      ring = new RingPlacement(now, vnodes);
+      future = new LinkedHashSet<>(later).equals(new LinkedHashSet<>(now))
+          ? ring : new RingPlacement(later, vnodes);
+      live = List.copyOf(liveIds);
     }
 
     public static View fromJson(JsonNode obj) {
@@ -95,30 +133,69 @@ public final class RingWriter {
         if (!status.equals("up") && !status.equals("suspect") && !status.equals("down")) {
           throw new RingException("malformed_data", "ring view member status " + status);
         }
-        // Ring states (Python core/handover.py): a joining member owns nothing yet and a left
-        // one nothing any more. This writer places on the current owners only, as a client
-        // with a slightly older view would; the nodes' repair brings the joining node what it
-        // misses before any old owner drops its copy.
+        // Ring states (Python core/handover.py): a joining member is a pending owner (writes
+        // go to it, reads do not yet), a leaving one still owns what it holds, a left one owns
+        // nothing any more.
         String state = m.has("state") ? m.get("state").asText() : "normal";
-        if (state.equals("joining") || state.equals("left")) {
-          status = "down";
+        if (!STATES.contains(state)) {
+          throw new RingException("malformed_data", "ring view member state " + state);
         }
         members.add(new MemberInfo(m.get("id").asText(), m.get("address").asText(), status,
-            m.has("zone") ? m.get("zone").asText() : ""));
+            m.has("zone") ? m.get("zone").asText() : "", state));
       }
       return new View(obj.get("epoch").asLong(), members, obj.get("replicas").asInt(),
           obj.get("write_quorum").asInt(), obj.get("vnodes").asInt());
     }
 
+    /** The current ring (the live normal and leaving members). */
     public RingPlacement placement() {
       return ring;
     }
 
-    /** Addresses of the R nodes that hold {@code key} at this epoch. */
+    /** The ring once every move finishes (the current ring when nobody moves). */
+    public RingPlacement futurePlacement() {
+      return future;
+    }
+
+    /** Whether a member is joining or leaving (the two rings differ). */
+    public boolean moving() {
+      return future != ring;
+    }
+
+    /** Addresses of the R nodes that hold {@code key} at this epoch (its current owners). */
     public List<String> replicasOf(String key) {
       List<String> out = new ArrayList<>();
       for (String id : ring.replicas(key, replicas)) {
         out.add(address.get(id));
+      }
+      return out;
+    }
+
+    /** Addresses of {@code key}'s owners once every move finishes. */
+    public List<String> futureReplicasOf(String key) {
+      if (!moving()) {
+        return replicasOf(key);
+      }
+      List<String> out = new ArrayList<>();
+      for (String id : future.replicas(key, replicas)) {
+        out.add(address.get(id));
+      }
+      return out;
+    }
+
+    /**
+     * Where a write of {@code key} goes: its current owners, then its pending owners (future
+     * owners that do not own it yet), as Python's {@code write_replicas_of}.
+     */
+    public List<String> writeReplicasOf(String key) {
+      List<String> out = replicasOf(key);
+      if (!moving()) {
+        return out;
+      }
+      for (String a : futureReplicasOf(key)) {
+        if (!out.contains(a)) {
+          out.add(a);
+        }
       }
       return out;
     }
@@ -135,10 +212,11 @@ public final class RingWriter {
       return out;
     }
 
+    /** Every member that is not down and has not left, joining ones included. */
     public List<String> liveAddresses() {
       List<String> out = new ArrayList<>();
-      for (RingPlacement.Member m : ring.members()) {
-        out.add(address.get(m.id()));
+      for (String id : live) {
+        out.add(address.get(id));
       }
       return out;
     }
@@ -295,13 +373,17 @@ public final class RingWriter {
     return store + "/" + version + "/" + name;
   }
 
-  /** Store every chunk on its R replicas; throws quorum_not_reached below W for any chunk. */
+  /**
+   * Store every chunk on its R replicas (and its pending owners while nodes join or leave);
+   * throws quorum_not_reached below W of the current owners or of the future ones for any
+   * chunk. Returns the copies acknowledged.
+   */
   public int putChunks(View v, String store, long version, List<ChunkCodec.Chunk> chunks) {
     Semaphore sem = new Semaphore(concurrency);
     List<CompletableFuture<Integer>> all = new ArrayList<>();
     for (ChunkCodec.Chunk c : chunks) {
       String key = chunkKey(store, version, c.name());
-      List<String> targets = v.replicasOf(key);
+      List<String> targets = v.writeReplicasOf(key);
       try {
         sem.acquire();
       } catch (InterruptedException e) {
@@ -316,8 +398,9 @@ public final class RingWriter {
                 throw e; // the query is over its quota on a replica: final, not an outage
               }
             }
-            checkWrite("chunk " + key, r.acks, v.writeQuorum, targets.size(), r.errors);
-            return r.acks;
+            checkWriteSets("chunk " + key, r.acked, v.replicasOf(key), v.futureReplicasOf(key),
+                v.writeQuorum, r.errors);
+            return r.acked.size();
           }));
     }
     int total = 0;
@@ -337,14 +420,18 @@ public final class RingWriter {
     return total;
   }
 
-  /** Store the manifest on the store's replicas; returns the acks. Fencing errors win. */
+  /**
+   * Store the manifest on the store's replicas (and its pending owners while nodes join or
+   * leave); returns the acks. Fencing errors win, then W of the current owners and W of the
+   * future ones.
+   */
   public int putManifest(View v, ManifestCodec.Manifest m) {
     return putManifest(v, m, 0);
   }
 
   /** {@link #putManifest(View, ManifestCodec.Manifest)} with {@code ?retain=N} when N > 0. */
   public int putManifest(View v, ManifestCodec.Manifest m, int retain) {
-    List<String> targets = v.replicasOf(m.store());
+    List<String> targets = v.writeReplicasOf(m.store());
     String path = "/v1/manifests/" + m.store() + "/" + m.version() + "/" + m.kind()
         + (retain > 0 ? "?retain=" + retain : "");
     Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack",
@@ -355,9 +442,34 @@ public final class RingWriter {
         throw e;
       }
     }
-    checkWrite("manifest of " + m.store() + " v" + m.version(), r.acks, v.writeQuorum, targets.size(),
-        r.errors);
-    return r.acks;
+    checkWriteSets("manifest of " + m.store() + " v" + m.version(), r.acked, v.replicasOf(m.store()),
+        v.futureReplicasOf(m.store()), v.writeQuorum, r.errors);
+    return r.acked.size();
+  }
+
+  /**
+   * Throw quorum_not_reached unless W of the current owners <em>and</em> W of the future owners
+   * acknowledged ({@code acked}: the addresses that did), naming the set that fell short: the
+   * rule of Python's {@code core/quorum.check_write_sets}. With nobody moving the two sets are
+   * one.
+   */
+  static void checkWriteSets(String what, Set<String> acked, List<String> current,
+      List<String> future, int w, List<RingException> errors) {
+    checkWrite(what, countIn(current, acked), w, current.size(), errors);
+    if (!future.equals(current)) {
+      checkWrite(what + " (on its owners after the move)", countIn(future, acked), w, future.size(),
+          errors);
+    }
+  }
+
+  private static int countIn(List<String> addresses, Set<String> acked) {
+    int n = 0;
+    for (String a : addresses) {
+      if (acked.contains(a)) {
+        n++;
+      }
+    }
+    return n;
   }
 
   private static void checkWrite(String what, int acks, int w, int placed, List<RingException> errors) {
@@ -378,7 +490,7 @@ public final class RingWriter {
   }
 
   private static final class Puts {
-    int acks;
+    final Set<String> acked = new LinkedHashSet<>();
     final List<RingException> errors = new ArrayList<>();
   }
 
@@ -433,10 +545,10 @@ public final class RingWriter {
     }
     return CompletableFuture.allOf(each.toArray(new CompletableFuture<?>[0])).thenApply(x -> {
       Puts out = new Puts();
-      for (CompletableFuture<RingException> f : each) {
-        RingException e = f.join();
+      for (int i = 0; i < each.size(); i++) {
+        RingException e = each.get(i).join();
         if (e == null) {
-          out.acks++;
+          out.acked.add(addresses.get(i));
         } else {
           out.errors.add(e);
         }
