@@ -381,7 +381,14 @@ class AsyncRingClient:
             ).version
 
         async def op(view: RingView) -> RestoredState:
-            answers = read_answers(consistency, view.replicas, view.write_quorum)
+            # quorum (the default) is the chain read's own rule: a chain that resolves is used
+            # as it comes, "not found" takes a read quorum (a restore from the last replica
+            # standing works); one and all count answers (as node/coordinator.py does)
+            answers = (
+                None
+                if consistency == "quorum"
+                else read_answers(consistency, view.replicas, view.write_quorum)
+            )
             chain = await read_chain(self._transport, view, store, want, answers)
             top = chain[-1]
             if key_groups is not None:
