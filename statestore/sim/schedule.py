@@ -21,23 +21,22 @@ import asyncio
 import random
 import tempfile
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from client import AsyncRingClient
-from statestore.core.errors import StaleEpoch, StateStoreError, VersionConflict
 from statestore.core.ids import StoreId
 from statestore.net.memory import LinkFaults, MemoryNetwork
 from statestore.node.api import build_app
 from statestore.sim.clock import run_simulated
 from statestore.sim.cluster import SIM_CONFIG, AppFactory, Cluster
-from statestore.sim.history import CommitOp, History, ReadOp, Violation, check, digest
+from statestore.sim.history import History, Violation, check
+from statestore.sim.ops import ClientOps, Writer
 
 __all__ = ["Outcome", "run_schedule"]
 
 NODES = 5
 STORES = tuple(StoreId("sim", 0, p, "s") for p in range(2))
-KEYS = [b"k%02d" % i for i in range(24)]
 ACTIONS = {
     "commit": 8.0,
     "zombie": 1.0,
@@ -67,20 +66,7 @@ class Outcome:
     sim_seconds: float = 0.0
 
 
-@dataclass
-class _Writer:
-    name: str
-    store: StoreId
-    epoch: int
-    client: AsyncRingClient
-    version: int = 0
-    state: dict[bytes, bytes] = field(default_factory=dict)
-    base_epoch: int | None = None  # the epoch of ``version`` as restored or committed
-    busy: bool = False
-    fenced: bool = False
-
-
-class _Run:
+class _Run(ClientOps):
     def __init__(self, seed: int, app_factory: AppFactory, data_root: str) -> None:
         self.rng = random.Random(seed)
         self.network = MemoryNetwork(random.Random(self.rng.getrandbits(64)))
@@ -93,7 +79,7 @@ class _Run:
         )
         self.history = History()
         self.clients: list[AsyncRingClient] = []
-        self.writers: dict[StoreId, list[_Writer]] = {s: [] for s in STORES}
+        self.writers: dict[StoreId, list[Writer]] = {s: [] for s in STORES}
         self.tasks: list[asyncio.Task[None]] = []
         self.serial = 0
         self.isolated: str | None = None
@@ -114,99 +100,7 @@ class _Run:
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self.tasks.append(asyncio.create_task(coro))
 
-    # -- client operations -----------------------------------------------------------
-    async def new_writer(self, store: StoreId) -> _Writer:
-        self.serial += 1
-        epoch = max((w.epoch for w in self.writers[store]), default=0) + 1
-        w = _Writer(f"w{self.serial}", store, epoch, await self.client(f"w{self.serial}"))
-        self.writers[store].append(w)
-        return w
-
-    async def commit(self, w: _Writer, puts: dict[bytes, bytes], deletes: list[bytes]) -> None:
-        version = w.version + 1
-        state = {k: v for k, v in w.state.items() if k not in deletes} | puts
-        delta = digest(puts, deletes)
-        try:
-            for _ in range(3):  # a failed commit is retried with the same content
-                start = self.history.now()
-                outcome, error = "ack", ""
-                base = w.base_epoch if version > 1 else None
-                try:
-                    await w.client.commit(
-                        w.store, version, puts, deletes, {"w": w.name}, epoch=w.epoch,
-                        base_epoch=base,
-                    )  # fmt: skip
-                except (StaleEpoch, VersionConflict) as exc:
-                    outcome, error = "refused", type(exc).__name__
-                except StateStoreError as exc:
-                    outcome, error = "failed", type(exc).__name__
-                op = CommitOp(
-                    w.name, w.store.path, version, w.epoch, delta, state, start,
-                    self.history.now(), outcome, error, base,
-                )  # fmt: skip
-                self.history.add_commit(op)
-                if outcome == "ack":
-                    w.version, w.state, w.base_epoch = version, state, w.epoch
-                    return
-                if outcome == "refused":
-                    w.fenced = True
-                    return
-                await asyncio.sleep(1.0)
-        finally:
-            w.busy = False
-
-    async def restore(
-        self, c: AsyncRingClient, store: StoreId, version: int | None, *, final: bool = False
-    ) -> ReadOp:
-        start = self.history.now()
-        try:
-            st = await c.restore(store, version, plan="star" if final else "auto")
-            op = ReadOp(
-                "restore", store.path, version, start, self.history.now(),
-                (st.epoch, st.version), dict(st), final=final,
-            )  # fmt: skip
-        except StateStoreError as exc:
-            op = ReadOp(
-                "restore", store.path, version, start, self.history.now(),
-                error=type(exc).__name__, final=final,
-            )  # fmt: skip
-        self.history.add_read(op)
-        return op
-
-    async def head(self, c: AsyncRingClient, store: StoreId) -> None:
-        start = self.history.now()
-        try:
-            h = await c.latest(store)
-            op = ReadOp("head", store.path, None, start, self.history.now(), (h.epoch, h.version))
-        except StateStoreError as exc:
-            op = ReadOp(
-                "head", store.path, None, start, self.history.now(), error=type(exc).__name__
-            )
-        self.history.add_read(op)
-
-    async def takeover(self, store: StoreId) -> None:
-        w = await self.new_writer(store)
-        w.busy = True
-        try:
-            op = await self.restore(w.client, store, None)
-            if op.error and op.error != "StoreNotFound":
-                w.fenced = True  # could not take over; a later step tries again
-                return
-            if op.head is not None and op.state is not None:
-                w.version, w.state, w.base_epoch = op.head[1], dict(op.state), op.head[0]
-        finally:
-            w.busy = False
-
     # -- the schedule ----------------------------------------------------------------
-    def _delta(self, w: _Writer) -> tuple[dict[bytes, bytes], list[bytes]]:
-        rng = self.rng
-        puts = {
-            rng.choice(KEYS): rng.randbytes(rng.randint(1, 300)) for _ in range(rng.randint(1, 6))
-        }
-        held = sorted(k for k in w.state if k not in puts)
-        deletes = rng.sample(held, min(len(held), rng.randint(0, 2)))
-        return puts, deletes
-
     def _step(self, action: str) -> None:
         rng, net, cluster = self.rng, self.network, self.cluster
         store = rng.choice(STORES)
@@ -214,13 +108,13 @@ class _Run:
         if action == "commit" and live:
             w = max(live, key=lambda w: w.epoch)
             w.busy = True
-            self.spawn(self.commit(w, *self._delta(w)))
+            self.spawn(self.commit(w, *self.delta(w)))
         elif action == "zombie":
             old = [w for w in self.writers[store][:-1] if not w.busy and not w.fenced]
             if old:
                 w = rng.choice(old)
                 w.busy = True
-                self.spawn(self.commit(w, *self._delta(w)))
+                self.spawn(self.commit(w, *self.delta(w)))
         elif action == "takeover":
             self.spawn(self.takeover(store))
         elif action == "restore":

@@ -33,16 +33,17 @@ import random
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import statestore
 from client import AsyncRingClient
 from statestore.cli.local import LocalRing, NodeProcess
-from statestore.core.errors import StaleEpoch, StateStoreError, Unavailable, VersionConflict
+from statestore.core.errors import StateStoreError, Unavailable
 from statestore.core.ids import StoreId
-from statestore.sim.history import CommitOp, History, ReadOp, Violation, check, digest
+from statestore.sim.history import History, ReadOp, Violation, check
+from statestore.sim.ops import ClientOps, Writer
 
 from .netns import Netns
 
@@ -60,7 +61,6 @@ NODE_ARGS = [
     "--log-level",
     os.environ.get("STATESTORE_PARTITION_LOG", "ERROR"),
 ]
-KEYS = [b"k%02d" % i for i in range(24)]
 ACTIONS = {
     "commit": 7.0,
     "zombie": 1.0,
@@ -208,26 +208,16 @@ class ScheduleOutcome:
     trouble: str = ""
 
 
-@dataclass
-class _Writer:
-    name: str
-    store: StoreId
-    epoch: int
-    client: AsyncRingClient
-    version: int = 0
-    state: dict[bytes, bytes] = field(default_factory=dict)
-    base_epoch: int | None = None
-    busy: bool = False
-    fenced: bool = False
+class _Schedule(ClientOps):
+    COMMIT_ATTEMPTS = 2  # real processes: fewer, quicker retries than the simulator's
+    RETRY_PAUSE = 0.3
 
-
-class _Schedule:
     def __init__(self, ring: PartitionRing, seed: int, label: str, stores: int) -> None:
         self.ring = ring
         self.rng = random.Random(seed)
         self.history = History()
         self.stores = [StoreId("part", 0, p, f"{label}x{p}") for p in range(stores)]
-        self.writers: dict[StoreId, list[_Writer]] = {s: [] for s in self.stores}
+        self.writers: dict[StoreId, list[Writer]] = {s: [] for s in self.stores}
         self.clients: list[AsyncRingClient] = []
         self.tasks: list[asyncio.Task[None]] = []
         self.serial = 0
@@ -241,7 +231,7 @@ class _Schedule:
     def note(self, line: str) -> None:
         self.log.append(f"[{self.history.now()}] {line}")
 
-    async def client(self) -> AsyncRingClient:
+    async def client(self, name: str = "") -> AsyncRingClient:
         c = AsyncRingClient(
             self.ring.addresses, timeout=CLIENT_TIMEOUT, chunk_size=512, key_groups=8
         )
@@ -254,98 +244,6 @@ class _Schedule:
             await coro
 
         self.tasks.append(asyncio.create_task(run()))
-
-    # -- client operations (as sim/schedule.py, on real processes) -----------------------
-    async def new_writer(self, store: StoreId) -> _Writer:
-        self.serial += 1
-        epoch = max((w.epoch for w in self.writers[store]), default=0) + 1
-        w = _Writer(f"w{self.serial}", store, epoch, await self.client())
-        self.writers[store].append(w)
-        return w
-
-    async def commit(self, w: _Writer, puts: dict[bytes, bytes], deletes: list[bytes]) -> None:
-        version = w.version + 1
-        state = {k: v for k, v in w.state.items() if k not in deletes} | puts
-        delta = digest(puts, deletes)
-        try:
-            for _ in range(2):  # a failed commit is retried with the same content
-                start = self.history.now()
-                outcome, error = "ack", ""
-                base = w.base_epoch if version > 1 else None
-                try:
-                    await w.client.commit(
-                        w.store, version, puts, deletes, {"w": w.name}, epoch=w.epoch,
-                        base_epoch=base,
-                    )  # fmt: skip
-                except (StaleEpoch, VersionConflict) as exc:
-                    outcome, error = "refused", type(exc).__name__
-                except StateStoreError as exc:
-                    outcome, error = "failed", type(exc).__name__
-                op = CommitOp(
-                    w.name, w.store.path, version, w.epoch, delta, state, start,
-                    self.history.now(), outcome, error, base,
-                )  # fmt: skip
-                self.history.add_commit(op)
-                if outcome == "ack":
-                    w.version, w.state, w.base_epoch = version, state, w.epoch
-                    return
-                if outcome == "refused":
-                    w.fenced = True
-                    return
-                await asyncio.sleep(0.3)
-        finally:
-            w.busy = False
-
-    async def restore(
-        self, c: AsyncRingClient, store: StoreId, version: int | None, *, final: bool = False
-    ) -> ReadOp:
-        start = self.history.now()
-        try:
-            st = await c.restore(store, version, plan="star" if final else "auto")
-            op = ReadOp(
-                "restore", store.path, version, start, self.history.now(),
-                (st.epoch, st.version), dict(st), final=final,
-            )  # fmt: skip
-        except StateStoreError as exc:
-            op = ReadOp(
-                "restore", store.path, version, start, self.history.now(),
-                error=type(exc).__name__, final=final,
-            )  # fmt: skip
-        self.history.add_read(op)
-        return op
-
-    async def head(self, c: AsyncRingClient, store: StoreId) -> None:
-        start = self.history.now()
-        try:
-            h = await c.latest(store)
-            op = ReadOp("head", store.path, None, start, self.history.now(), (h.epoch, h.version))
-        except StateStoreError as exc:
-            op = ReadOp(
-                "head", store.path, None, start, self.history.now(), error=type(exc).__name__
-            )
-        self.history.add_read(op)
-
-    async def takeover(self, store: StoreId) -> None:
-        w = await self.new_writer(store)
-        w.busy = True
-        try:
-            op = await self.restore(w.client, store, None)
-            if op.error and op.error != "StoreNotFound":
-                w.fenced = True  # could not take over; a later step tries again
-                return
-            if op.head is not None and op.state is not None:
-                w.version, w.state, w.base_epoch = op.head[1], dict(op.state), op.head[0]
-        finally:
-            w.busy = False
-
-    def _delta(self, w: _Writer) -> tuple[dict[bytes, bytes], list[bytes]]:
-        rng = self.rng
-        puts = {
-            rng.choice(KEYS): rng.randbytes(rng.randint(1, 300)) for _ in range(rng.randint(1, 6))
-        }
-        held = sorted(k for k in w.state if k not in puts)
-        deletes = rng.sample(held, min(len(held), rng.randint(0, 2)))
-        return puts, deletes
 
     # -- the nemesis ---------------------------------------------------------------------
     def topology(self, action: str) -> tuple[set[tuple[str, str]], str]:
@@ -423,13 +321,13 @@ class _Schedule:
         if action == "commit" and live:
             w = max(live, key=lambda w: w.epoch)
             w.busy = True
-            self.spawn(self.commit(w, *self._delta(w)))
+            self.spawn(self.commit(w, *self.delta(w)))
         elif action == "zombie":
             old = [w for w in self.writers[store][:-1] if not w.busy and not w.fenced]
             if old:
                 w = rng.choice(old)
                 w.busy = True
-                self.spawn(self.commit(w, *self._delta(w)))
+                self.spawn(self.commit(w, *self.delta(w)))
         elif action == "takeover":
             self.spawn(self.takeover(store))
         elif action == "restore":

@@ -1,0 +1,143 @@
+"""The client side of a fault schedule: writers, their commits, restores, head reads and
+take-overs, each recorded in a :class:`~statestore.sim.history.History` for the checker.
+
+One set of operations for both places schedules run: the simulated network
+(sim/schedule.py) and real node processes behind real network cuts (tests/partition). A
+schedule provides ``client(name)``, ``history``, ``writers``, ``rng`` and the retry
+settings; everything else is here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+
+from client import AsyncRingClient
+from statestore.core.errors import StaleEpoch, StateStoreError, VersionConflict
+from statestore.core.ids import StoreId
+from statestore.sim.history import CommitOp, History, ReadOp, digest
+
+__all__ = ["KEYS", "ClientOps", "Writer"]
+
+KEYS = [b"k%02d" % i for i in range(24)]
+
+
+@dataclass
+class Writer:
+    name: str
+    store: StoreId
+    epoch: int
+    client: AsyncRingClient
+    version: int = 0
+    state: dict[bytes, bytes] = field(default_factory=dict)
+    base_epoch: int | None = None  # the epoch of ``version`` as restored or committed
+    busy: bool = False
+    fenced: bool = False
+
+
+class ClientOps:
+    """Client operations of a schedule (mixed into the schedule classes)."""
+
+    COMMIT_ATTEMPTS = 3  # a failed commit is retried with the same content
+    RETRY_PAUSE = 1.0  # seconds between those attempts
+
+    history: History
+    writers: dict[StoreId, list[Writer]]
+    rng: random.Random
+    serial: int
+
+    async def client(self, name: str) -> AsyncRingClient:
+        raise NotImplementedError
+
+    async def new_writer(self, store: StoreId) -> Writer:
+        self.serial += 1
+        epoch = max((w.epoch for w in self.writers[store]), default=0) + 1
+        w = Writer(f"w{self.serial}", store, epoch, await self.client(f"w{self.serial}"))
+        self.writers[store].append(w)
+        return w
+
+    async def commit(self, w: Writer, puts: dict[bytes, bytes], deletes: list[bytes]) -> None:
+        version = w.version + 1
+        state = {k: v for k, v in w.state.items() if k not in deletes} | puts
+        delta = digest(puts, deletes)
+        try:
+            for _ in range(self.COMMIT_ATTEMPTS):
+                start = self.history.now()
+                outcome, error = "ack", ""
+                base = w.base_epoch if version > 1 else None
+                try:
+                    await w.client.commit(
+                        w.store, version, puts, deletes, {"w": w.name}, epoch=w.epoch,
+                        base_epoch=base,
+                    )  # fmt: skip
+                except (StaleEpoch, VersionConflict) as exc:
+                    outcome, error = "refused", type(exc).__name__
+                except StateStoreError as exc:
+                    outcome, error = "failed", type(exc).__name__
+                op = CommitOp(
+                    w.name, w.store.path, version, w.epoch, delta, state, start,
+                    self.history.now(), outcome, error, base,
+                )  # fmt: skip
+                self.history.add_commit(op)
+                if outcome == "ack":
+                    w.version, w.state, w.base_epoch = version, state, w.epoch
+                    return
+                if outcome == "refused":
+                    w.fenced = True
+                    return
+                await asyncio.sleep(self.RETRY_PAUSE)
+        finally:
+            w.busy = False
+
+    async def restore(
+        self, c: AsyncRingClient, store: StoreId, version: int | None, *, final: bool = False
+    ) -> ReadOp:
+        start = self.history.now()
+        try:
+            st = await c.restore(store, version, plan="star" if final else "auto")
+            op = ReadOp(
+                "restore", store.path, version, start, self.history.now(),
+                (st.epoch, st.version), dict(st), final=final,
+            )  # fmt: skip
+        except StateStoreError as exc:
+            op = ReadOp(
+                "restore", store.path, version, start, self.history.now(),
+                error=type(exc).__name__, final=final,
+            )  # fmt: skip
+        self.history.add_read(op)
+        return op
+
+    async def head(self, c: AsyncRingClient, store: StoreId) -> None:
+        start = self.history.now()
+        try:
+            h = await c.latest(store)
+            op = ReadOp("head", store.path, None, start, self.history.now(), (h.epoch, h.version))
+        except StateStoreError as exc:
+            op = ReadOp(
+                "head", store.path, None, start, self.history.now(), error=type(exc).__name__
+            )
+        self.history.add_read(op)
+
+    async def takeover(self, store: StoreId) -> None:
+        w = await self.new_writer(store)
+        w.busy = True
+        try:
+            op = await self.restore(w.client, store, None)
+            if op.error and op.error != "StoreNotFound":
+                w.fenced = True  # could not take over; a later step tries again
+                return
+            if op.head is not None and op.state is not None:
+                w.version, w.state, w.base_epoch = op.head[1], dict(op.state), op.head[0]
+        finally:
+            w.busy = False
+
+    def delta(self, w: Writer) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """A random delta on ``w``'s state: puts over :data:`KEYS`, deletes of held keys."""
+        rng = self.rng
+        puts = {
+            rng.choice(KEYS): rng.randbytes(rng.randint(1, 300)) for _ in range(rng.randint(1, 6))
+        }
+        held = sorted(k for k in w.state if k not in puts)
+        deletes = rng.sample(held, min(len(held), rng.randint(0, 2)))
+        return puts, deletes
