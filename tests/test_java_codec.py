@@ -69,18 +69,24 @@ def _exe(p: Path) -> str | None:
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    yield harness_at(tmp_path_factory.mktemp("java-codec"))
+
+
+def harness_at(work: Path) -> Harness:
+    """The CodecHarness runner, its files in ``work``; skips (saying why) without a JDK or
+    pyspark, and fails when the provider does not compile (a broken build must not pass as
+    a skip)."""
     tools = _java_tools()
     if isinstance(tools, str):
         pytest.skip(tools)
     _, java = tools
-    try:
-        import spark_connector._build as build
+    import spark_connector._build as build
 
+    try:
         home, _ = build.pyspark_home()
-        jar = build.jar_path()
     except build.SparkConnectorError as exc:
         pytest.skip(f"the provider jar cannot be built here: {exc}")
-    work = tmp_path_factory.mktemp("java-codec")
+    jar = build.jar_path()  # a compile error fails the test with javac's message
     classpath = f"{jar}{os.pathsep}{home / 'jars' / '*'}"
 
     def run(command: str, cases: list[Any]) -> list[Any]:
@@ -97,7 +103,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         assert isinstance(out, list) and len(out) == len(cases)
         return out
 
-    yield run
+    return run
 
 
 def _http_get(address: str, path: str) -> bytes:
