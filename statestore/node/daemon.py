@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -107,6 +108,10 @@ def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple
 
 
 RING_STATE_FILE = "ring-state.json"
+
+
+def _forget(tasks: dict[str, asyncio.Task[None]], key: str, _: asyncio.Task[None]) -> None:
+    tasks.pop(key, None)
 
 
 def _load_ring_state(data_dir: str, join: bool) -> NodeState:
@@ -482,20 +487,37 @@ class Node:
 
     async def _gossip_loop(self) -> None:
         assert self.membership is not None
-        while self.membership.superseded is None:
-            if self.membership.tick(self.clock()):
-                log.info(
-                    "ring epoch %d: %d live", self.membership.epoch, len(self.membership.live())
-                )
-            targets = self._gossip_targets(self.config.seeds + self._directory)
-            results = await asyncio.gather(
-                *(self.gossip_with(a) for a in targets), return_exceptions=True
-            )
-            for a, r in zip(targets, results, strict=True):
-                if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
-                    log.warning("gossip with %s failed: %r", a, r)
-            await asyncio.sleep(self.config.gossip_interval)
+        # A round does not wait for its exchanges: a paused or silent peer would hold every
+        # round, and with it our own heartbeat, for the request timeout, and our peers then
+        # saw us flap to suspect (tests/test_gray.py under load). An exchange runs on its own;
+        # a target whose exchange is still running is skipped until it ends.
+        inflight: dict[str, asyncio.Task[None]] = {}
+        try:
+            while self.membership.superseded is None:
+                if self.membership.tick(self.clock()):
+                    log.info(
+                        "ring epoch %d: %d live",
+                        self.membership.epoch,
+                        len(self.membership.live()),
+                    )
+                for a in self._gossip_targets(self.config.seeds + self._directory):
+                    if a not in inflight:
+                        task = asyncio.create_task(self._exchange(a))
+                        inflight[a] = task
+                        task.add_done_callback(partial(_forget, inflight, a))
+                await asyncio.sleep(self.config.gossip_interval)
+        finally:
+            for task in list(inflight.values()):
+                task.cancel()
         self._check_superseded()  # replaced (--replace): no more heartbeats from us
+
+    async def _exchange(self, address: str) -> None:
+        try:
+            await self.gossip_with(address)
+        except StateStoreError:
+            pass  # an unreachable or refusing peer: the failure detector speaks for it
+        except Exception as exc:
+            log.warning("gossip with %s failed: %r", address, exc)
 
     async def _discovery_loop(self) -> None:
         assert self.discovery is not None
