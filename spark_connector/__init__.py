@@ -31,6 +31,7 @@ from statestore.core.address import parse_address
 from statestore.core.errors import InvalidAddress, StateStoreError
 
 from ._build import PROVIDER_CLASS, SUPPORTED, SparkConnectorError, jar_path
+from .repartition import repartition
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,6 +45,7 @@ __all__ = [
     "configure",
     "jar_path",
     "main",
+    "repartition",
     "ring_conf",
 ]
 

@@ -21,11 +21,13 @@ from pathlib import Path
 from statestore.core.errors import SparkConnectorError
 
 __all__ = [
+    "NEWER_SPARK",
     "PROVIDER_CLASS",
     "SUPPORTED",
     "SparkConnectorError",
     "jar_path",
     "pyspark_home",
+    "spark_version",
 ]
 
 PROVIDER_CLASS = "statestore.spark.RingStateStoreProvider"
@@ -43,9 +45,8 @@ def pyspark_home() -> tuple[Path, str]:
             "pyspark is not installed: pip install 'statestore[spark]' (pyspark>=4.0,<4.4)"
         ) from exc
     version = str(pyspark.__version__)
-    parts = version.split(".")
     try:
-        major_minor = (int(parts[0]), int(parts[1]))
+        major_minor = spark_version(version)
     except (IndexError, ValueError) as exc:
         raise SparkConnectorError(f"cannot read the pyspark version {version!r}") from exc
     lo, hi = SUPPORTED
@@ -63,8 +64,21 @@ def pyspark_home() -> tuple[Path, str]:
     return home, version
 
 
-def _sources() -> list[Path]:
-    files = sorted(JAVA_SOURCES.rglob("*.java"))
+# sources built only against a newer Spark: Repartition uses Spark 4.2's offline repartition
+# classes (its partition-key extractors and repartition-batch rules)
+NEWER_SPARK = {"Repartition.java": (4, 2)}
+
+
+def spark_version(version: str) -> tuple[int, int]:
+    parts = version.split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def _sources(version: str) -> list[Path]:
+    have = spark_version(version)
+    files = sorted(
+        f for f in JAVA_SOURCES.rglob("*.java") if have >= NEWER_SPARK.get(f.name, (0, 0))
+    )
     if not files:
         raise SparkConnectorError(f"the provider's Java sources are missing from {JAVA_SOURCES}")
     return files
@@ -103,7 +117,7 @@ def _javac() -> str:
 def jar_path(rebuild: bool = False) -> str:
     """The provider jar for the installed pyspark, built on first use."""
     home, version = pyspark_home()
-    files = _sources()
+    files = _sources(version)
     target_dir = cache_dir() / f"{version}-{_source_hash(files)}"
     jar = target_dir / "statestore-spark.jar"
     if jar.is_file() and not rebuild:

@@ -259,6 +259,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sj.add_argument("--rebuild", action="store_true")
 
+    sr = sub.add_parser(
+        "spark-repartition",
+        help="change a stopped ring-backed Spark query's number of state partitions",
+    )
+    sr.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    sr.add_argument("--checkpoint", required=True, help="the query's checkpointLocation")
+    sr.add_argument("--partitions", type=_positive, required=True, help="the new partition count")
+    sr.add_argument(
+        "--skip-failed-batch",
+        action="store_true",
+        help="go on when the last batch did not commit (its input is read again)",
+    )
+    sr.add_argument("--threads", type=_positive, default=4, help="partitions moved at once (1-64)")
+    sr.add_argument("--token-file", default=None, help="the ring's client token, in a file")
+    _client_tls(sr)
+
     d = sub.add_parser(
         "demo", help="local 3-node ring: commit, kill -9 a node, restore; then the Spark demo"
     )
@@ -484,6 +500,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from spark_connector import main as spark_jar
 
             return spark_jar(["--rebuild"] if args.rebuild else [])
+        if args.command == "spark-repartition":
+            from statestore.cli.spark_repartition import run as spark_repartition
+
+            return spark_repartition(
+                args.seeds,
+                args.checkpoint,
+                args.partitions,
+                skip_failed_batch=args.skip_failed_batch,
+                threads=args.threads,
+                token_file=args.token_file,
+                tls_ca=args.tls_ca,
+            )
         if args.command == "demo":
             from statestore.cli.demo import run_demo
 

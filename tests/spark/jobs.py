@@ -13,7 +13,11 @@ providers. Spec keys:
   state commit and before the batch is marked done
 - ``partitions``: shuffle partitions (default 2)
 - ``conf``: extra Spark conf keys (e.g. ``spark.statestore.dataPath``)
-- ``read_state``: operator ids whose state the state data source
+- ``repartition``: ``{"provider", "partitions"}``: before each of that provider's queries,
+  ``spark_connector.repartition`` its checkpoint to that many partitions; the batch it made (or
+  the error) goes to ``<base>/out/<provider>/<op>/repartition-<n>.json``; with
+  ``"only": true`` the queries do not run after it
+- ``read_state``: operator ids (a join: its left side) whose state the state data source
   (``spark.read.format("statestore")``) reads after each query, written as sorted JSON rows
   to ``<base>/out/<provider>/<op>/state-<id>.json``
 """
@@ -132,6 +136,19 @@ def run(spec: dict[str, Any]) -> None:
             out_dir.mkdir(parents=True, exist_ok=True)
             spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
             here = (op, provider)
+            rep = spec.get("repartition") or {}
+            if rep.get("provider") == provider:
+                try:
+                    result: dict[str, Any] = {
+                        "batch": spark_connector.repartition(
+                            spark, str(base / "ckpt" / provider / op), rep["partitions"]
+                        )
+                    }
+                except spark_connector.SparkConnectorError as exc:
+                    result = {"error": str(exc)}
+                (out_dir / f"repartition-{rep['partitions']}.json").write_text(json.dumps(result))
+                if rep.get("only"):
+                    continue
             query = (
                 build(spark, op, base)
                 .writeStream.outputMode(OPERATORS[op])
@@ -153,13 +170,13 @@ def run(spec: dict[str, Any]) -> None:
                     f.write(json.dumps(p.get("stateOperators", [])) + "\n")
             print(f"{provider}/{op}: {progress.get('batchId')}", flush=True)
             for op_id in spec.get("read_state", []):
-                state = (
-                    spark.read.format("statestore")
-                    .option("operatorId", op_id)
-                    .load(str(base / "ckpt" / provider / op))
-                )
+                reader = spark.read.format("statestore").option("operatorId", op_id)
+                if op == "join":  # a join's state is read one side at a time
+                    reader = reader.option("joinSide", "left")
+                state = reader.load(str(base / "ckpt" / provider / op))
                 rows = [
-                    json.dumps(r.asDict(recursive=True), sort_keys=True) for r in state.collect()
+                    json.dumps(r.asDict(recursive=True), sort_keys=True, default=str)
+                    for r in state.collect()
                 ]
                 (out_dir / f"state-{op_id}.json").write_text(json.dumps(sorted(rows)))
     spark.stop()

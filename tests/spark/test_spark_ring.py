@@ -58,10 +58,18 @@ def write_inputs(base: Path, phase: int) -> list[dict[str, Any]]:
         files = {"f0": _events(rng, 0, 60), "f1": _events(rng, 40, 120)}
         left = {"l0": list(range(0, 30)), "l1": list(range(30, 60))}
         right = {"r0": list(range(10, 20))}
-    else:
+    elif phase == 2:
         files = {"f2": _events(rng, 100, 180), "f3": _events(rng, 300, 400)}
         left = {"l2": list(range(60, 70))}
         right = {"r1": [*range(0, 10), *range(40, 50)], "r2": [*range(60, 65), *range(20, 26)]}
+    elif phase == 3:
+        files = {"f4": _events(rng, 150, 350), "f5": _events(rng, 380, 460)}
+        left = {"l3": list(range(70, 90))}
+        right = {"r3": [*range(26, 30), *range(66, 80)]}
+    else:
+        files = {"f6": _events(rng, 440, 520)}
+        left = {"l4": list(range(90, 95))}
+        right = {"r4": [*range(84, 96)]}
     for name, rows in files.items():
         _write(inp / "events" / f"{name}.json", rows)
     for name, ids in left.items():

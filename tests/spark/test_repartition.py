@@ -1,0 +1,105 @@
+"""Repartitioning a stopped ring-backed query (``spark_connector.repartition``) under real
+Spark against real nodes.
+
+Each operator runs at 4 partitions on the ring and on Spark's HDFS-backed provider, over four
+phases of input. Before phase 2 a repartition of the ring's checkpoints to 8 is refused half-way
+(the ring takes no new data: a per-query quota of 0): the checkpoint must be as it was and the
+queries run on at 4. Before phase 3 they are repartitioned to 8, before phase 4 to 3. The
+HDFS-backed queries never change: the final outputs must be equal, and the ring's state must
+sit in 4, then 8, then 3 partitions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statestore.cli.local import LocalRing
+from tests.conftest import FAST
+from tests.spark.test_spark_ring import final_output, log_tail, run_job, write_inputs
+
+OPS = ["agg", "dedup", "dedup_wm", "join", "session", "pandas"]
+
+
+def _repartitioned(base: Path, op: str, n: int) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(
+        (base / "out" / "ring" / op / f"repartition-{n}.json").read_text()
+    )
+    return result
+
+
+def _state_partitions(base: Path, provider: str, op: str) -> set[int]:
+    rows = json.loads((base / "out" / provider / op / "state-0.json").read_text())
+    return {json.loads(r)["partition_id"] for r in rows}
+
+
+def _offsets(ckpt: Path) -> list[int]:
+    return sorted(int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit())
+
+
+def _offset_partitions(ckpt: Path) -> int:
+    """spark.sql.shuffle.partitions in the newest offset log entry."""
+    last = ckpt / "offsets" / str(_offsets(ckpt)[-1])
+    meta = json.loads(last.read_text().splitlines()[1])
+    return int(meta["conf"]["spark.sql.shuffle.partitions"])
+
+
+def _run(base: Path, spec: dict[str, Any], name: str) -> None:
+    done = run_job(base, spec, name)
+    assert done.returncode == 0, log_tail(base, name)
+
+
+@pytest.mark.timeout(2400)
+def test_repartition_to_8_then_3_matches_an_unrepartitioned_run(tmp_path: Path) -> None:
+    quotas = tmp_path / "quotas.json"
+    quotas.write_text("{}")
+    ring = LocalRing(str(tmp_path / "ring"), 3, args=[*FAST, "--quota-file", str(quotas)])
+    ring.start()
+    try:
+        spec: dict[str, Any] = {
+            "seeds": ring.seeds,
+            "providers": ["ring", "hdfs"],
+            "operators": OPS,
+            "partitions": 4,
+            "read_state": [0],
+        }
+        write_inputs(tmp_path, 1)
+        _run(tmp_path, spec, "phase1")
+        before = {op: _offsets(tmp_path / "ckpt" / "ring" / op) for op in OPS}
+
+        quotas.write_text(json.dumps({"*": {"max_bytes": 0}}))
+        refused = {"provider": "ring", "partitions": 8, "only": True}
+        _run(tmp_path, {**spec, "providers": ["ring"], "repartition": refused}, "refused")
+        for op in OPS:
+            result = _repartitioned(tmp_path, op, 8)
+            assert "checkpoint is as it was" in result.get("error", ""), (op, result)
+            assert _offsets(tmp_path / "ckpt" / "ring" / op) == before[op], op
+        quotas.write_text("{}")
+        write_inputs(tmp_path, 2)
+        _run(tmp_path, spec, "phase2")
+        for op in OPS:
+            assert _offset_partitions(tmp_path / "ckpt" / "ring" / op) == 4, op
+            assert _state_partitions(tmp_path, "ring", op) <= set(range(4)), op
+
+        for phase, n in ((3, 8), (4, 3)):
+            write_inputs(tmp_path, phase)
+            step = {**spec, "repartition": {"provider": "ring", "partitions": n}}
+            _run(tmp_path, step, f"phase{phase}")
+            for op in OPS:
+                assert "batch" in _repartitioned(tmp_path, op, n), op
+                assert _offset_partitions(tmp_path / "ckpt" / "ring" / op) == n, op
+                parts = _state_partitions(tmp_path, "ring", op)
+                assert parts <= set(range(n)), (op, parts)
+                if n == 8:
+                    assert parts - set(range(4)), f"{op}: no state in partitions 4-7"
+                assert _state_partitions(tmp_path, "hdfs", op) <= set(range(4)), op
+
+        for op in OPS:
+            ring_out = final_output(tmp_path, "ring", op)
+            assert ring_out, f"{op} produced no rows"
+            assert ring_out == final_output(tmp_path, "hdfs", op), op
+    finally:
+        ring.stop()
