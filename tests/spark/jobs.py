@@ -17,6 +17,9 @@ providers. Spec keys:
   ``spark_connector.repartition`` its checkpoint to that many partitions; the batch it made (or
   the error) goes to ``<base>/out/<provider>/<op>/repartition-<n>.json``; with
   ``"only": true`` the queries do not run after it
+- ``repartition_probes``: ``[{"name", "checkpoint", "partitions"}]``: after all queries,
+  ``spark_connector.repartition`` of each, the batch or the error written to
+  ``<base>/out/probes.json`` (name -> result)
 - ``read_state``: operator ids (a join: its left side) whose state the state data source
   (``spark.read.format("statestore")``) reads after each query, written as sorted JSON rows
   to ``<base>/out/<provider>/<op>/state-<id>.json``
@@ -179,6 +182,16 @@ def run(spec: dict[str, Any]) -> None:
                     for r in state.collect()
                 ]
                 (out_dir / f"state-{op_id}.json").write_text(json.dumps(sorted(rows)))
+    probes: dict[str, Any] = {}
+    for probe in spec.get("repartition_probes", []):
+        try:
+            probes[probe["name"]] = {
+                "batch": spark_connector.repartition(spark, probe["checkpoint"], probe["partitions"])
+            }
+        except spark_connector.SparkConnectorError as exc:
+            probes[probe["name"]] = {"error": str(exc)}
+    if probes:
+        (base / "out" / "probes.json").write_text(json.dumps(probes))
     spark.stop()
 
 

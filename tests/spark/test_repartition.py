@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from spark_connector import SparkConnectorError, repartition
 from statestore.cli.local import LocalRing
 from tests.conftest import FAST
 from tests.spark.test_spark_ring import final_output, log_tail, run_job, write_inputs
@@ -52,6 +53,16 @@ def _run(base: Path, spec: dict[str, Any], name: str) -> None:
     assert done.returncode == 0, log_tail(base, name)
 
 
+def test_repartition_refuses_bad_arguments_before_spark() -> None:
+    for n in (0, -3, True, 2.0):
+        with pytest.raises(SparkConnectorError, match="num_partitions"):
+            repartition(None, "/tmp/x", n)  # type: ignore[arg-type]
+    with pytest.raises(SparkConnectorError, match="threads"):
+        repartition(None, "/tmp/x", 4, threads=0)  # type: ignore[arg-type]
+    with pytest.raises(SparkConnectorError, match="checkpoint"):
+        repartition(None, "", 4)  # type: ignore[arg-type]
+
+
 @pytest.mark.timeout(2400)
 def test_repartition_to_8_then_3_matches_an_unrepartitioned_run(tmp_path: Path) -> None:
     quotas = tmp_path / "quotas.json"
@@ -67,7 +78,17 @@ def test_repartition_to_8_then_3_matches_an_unrepartitioned_run(tmp_path: Path) 
             "read_state": [0],
         }
         write_inputs(tmp_path, 1)
-        _run(tmp_path, spec, "phase1")
+        ckpt = tmp_path / "ckpt"
+        probes = [
+            {"name": "hdfs", "checkpoint": str(ckpt / "hdfs" / "agg"), "partitions": 8},
+            {"name": "same", "checkpoint": str(ckpt / "ring" / "agg"), "partitions": 4},
+            {"name": "none", "checkpoint": str(tmp_path / "nothing"), "partitions": 8},
+        ]
+        _run(tmp_path, {**spec, "repartition_probes": probes}, "phase1")
+        said = json.loads((tmp_path / "out" / "probes.json").read_text())
+        assert "HDFSBackedStateStoreProvider" in said["hdfs"]["error"], said
+        assert "SHUFFLE_PARTITIONS_ALREADY_MATCH" in said["same"]["error"], said
+        assert "NO_COMMITTED_BATCH" in said["none"]["error"], said
         before = {op: _offsets(tmp_path / "ckpt" / "ring" / op) for op in OPS}
 
         quotas.write_text(json.dumps({"*": {"max_bytes": 0}}))
@@ -103,3 +124,39 @@ def test_repartition_to_8_then_3_matches_an_unrepartitioned_run(tmp_path: Path) 
             assert ring_out == final_output(tmp_path, "hdfs", op), op
     finally:
         ring.stop()
+
+
+def test_cli_refuses_bad_arguments_without_starting_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from statestore.cli.main import main
+
+    assert (
+        main(
+            [
+                "spark-repartition",
+                "--seeds",
+                "127.0.0.1:7400",
+                "--checkpoint",
+                str(tmp_path / "missing"),
+                "--partitions",
+                "3",
+            ]
+        )
+        == 2
+    )
+    assert "is not a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                "spark-repartition",
+                "--seeds",
+                "127.0.0.1:7400",
+                "--checkpoint",
+                str(tmp_path),
+                "--partitions",
+                "0",
+            ]
+        )
+    assert exit_.value.code == 2
+    assert "not a positive integer" in capsys.readouterr().err

@@ -64,8 +64,11 @@ import scala.jdk.javaapi.CollectionConverters;
  * does the checkpoint change: the offset log entry of the batch (the last committed one's,
  * with the new {@code spark.sql.shuffle.partitions}) and its commit. Until that commit the
  * new versions are invisible: a query restarted at the old count reads version {@code C + 1}
- * and commits its own {@code C + 2} over them. A failure after the offset entry is written
- * removes it again, so the query stays restartable at the old count.
+ * and commits its own {@code C + 2} over them. A failure after the checkpoint's first change
+ * takes its entries back (the skipped batches' empty commits, the offset entry), so the query
+ * stays restartable at the old count. Only a crash between those few small file writes leaves
+ * an unfinished repartition batch: the next run of this tool, to any count, finishes or
+ * removes it.
  */
 public final class Repartition {
   private static final Logger LOG = LoggerFactory.getLogger(Repartition.class);
@@ -138,6 +141,10 @@ public final class Repartition {
         batch = last;
         reuse = true;
       } else {
+        if (enforceExactlyOnceSink && last - 1 > committed) {
+          throw OfflineStateRepartitionErrors$.MODULE$.lastBatchFailedError(
+              checkpointLocation, last - 1);
+        }
         LOG.warn("removing the unfinished repartition batch {} (to {} partitions) of {}", last,
             planned, cp);
         meta.offsetLog().purgeAfter(last - 1);
@@ -146,10 +153,7 @@ public final class Repartition {
     } else if (enforceExactlyOnceSink) {
       throw OfflineStateRepartitionErrors$.MODULE$.lastBatchFailedError(checkpointLocation, last);
     } else {
-      for (long b = committed + 1; b <= last; b++) {
-        meta.commitLog().add(b, CommitMetadata.apply(0L));
-      }
-      batch = last + 1;
+      batch = last + 1; // the batches after the last commit are skipped (committed empty)
     }
     if (!reuse && current == numPartitions) {
       throw OfflineStateRepartitionErrors$.MODULE$.shufflePartitionsAlreadyMatchError(
@@ -189,8 +193,17 @@ public final class Repartition {
     }
 
     boolean offsetWritten = false;
+    boolean skipped = false;
     try {
       if (!reuse) {
+        for (long b = committed + 1; b < batch; b++) {
+          skipped = true;
+          if (!meta.commitLog().add(b, CommitMetadata.apply(0L))) {
+            throw new IllegalStateException("statestore repartition: the commit of batch " + b
+                + " of " + checkpointLocation + " appeared while repartitioning: is the query "
+                + "running?");
+          }
+        }
         if (!meta.offsetLog().add(batch, withPartitions(base, numPartitions))) {
           throw new IllegalStateException("statestore repartition: batch " + batch + " of "
               + checkpointLocation + " appeared while repartitioning: is the query running?");
@@ -204,6 +217,9 @@ public final class Repartition {
     } catch (Exception | Error e) {
       if (offsetWritten) {
         meta.offsetLog().purgeAfter(batch - 1);
+      }
+      if (skipped) {
+        meta.commitLog().purgeAfter(committed);
       }
       throw e;
     }
