@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONF_PREFIX",
     "PROVIDER_CLASS",
+    "RING_FS_CLASS",
     "SUPPORTED",
     "SparkConnectorError",
     "check_seeds",
@@ -51,6 +52,9 @@ __all__ = [
 
 CONF_PREFIX = "spark.statestore."
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+# checkpoints on the ring: checkpointLocation="ring://NAME/path" (docs/spark.md)
+RING_FS_CONF = "spark.hadoop.fs.ring.impl"
+RING_FS_CLASS = "statestore.spark.RingFileSystem"
 
 
 def _check_address(seed: str) -> str:
@@ -202,6 +206,7 @@ def configure(
     jars = [j for j in str(options.get("spark.jars") or "").split(",") if j and j != jar]
     builder = builder.config("spark.jars", ",".join([*jars, jar]))
     builder = builder.config(PROVIDER_CONF, PROVIDER_CLASS)
+    builder = builder.config(RING_FS_CONF, RING_FS_CLASS)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder

@@ -6,7 +6,9 @@ output is written to ``<base>/out/<provider>/<op>/batch-<id>.json`` (overwritten
 batch is replayed, so a replay is idempotent); the tests fold those files and compare the
 providers. Spec keys:
 
-- ``base``, ``seeds``, ``providers`` (``ring``, ``hdfs``, ``rocksdb``), ``operators``
+- ``base``, ``seeds``, ``providers`` (``ring``, ``hdfs``, ``rocksdb``; each also as
+  ``<name>@ringfs``: its checkpoint on the ring, ``ring://<fs>/ckpt/...``), ``operators``
+- ``fs``: the ring file system's name for ``@ringfs`` providers
 - ``kill``: ``{"op", "provider", "after_batch", "pid"}``: SIGKILL that ring node once the
   batch's output is written (the query goes on)
 - ``die``: ``{"op", "provider", "batch"}``: SIGKILL this driver inside that batch, after the
@@ -43,6 +45,17 @@ PROVIDERS = {
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
 }
+# the same providers with their checkpoint on the ring: ring://<spec "fs">/ckpt/<name>/<op>
+for _name in list(PROVIDERS):
+    PROVIDERS[f"{_name}@ringfs"] = PROVIDERS[_name]
+
+
+def checkpoint(base: Path, spec: dict[str, Any], provider: str, op: str) -> str:
+    if provider.endswith("@ringfs"):
+        return f"ring://{spec['fs']}/ckpt/{provider.replace('@', '-')}/{op}"
+    return str(base / "ckpt" / provider / op)
+
+
 EVENTS = "user string, id long, ts timestamp, v long"
 SIDE = "id long, ts timestamp, x string"
 # operator name -> output mode; "last" ops are folded as last value per key, "all" as a multiset
@@ -54,6 +67,7 @@ OPERATORS = {
     "session": "append",
     "pandas": "update",
     "dedup_count": "update",
+    "tws": "update",
 }
 
 
@@ -67,6 +81,64 @@ def count_by_user(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iter
         total += int(pdf["v"].sum())
     state.update((n, total))
     yield pd.DataFrame({"user": [key[0]], "n": [n], "total": [total]})
+
+
+def _processor_base() -> Any:
+    try:
+        from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+    except ImportError:  # pyspark < 4.0: no transformWithState
+        return object
+    return StatefulProcessor
+
+
+class UserActivity(_processor_base()):  # type: ignore[misc]
+    """transformWithStateInPandas in event time: per user a value state (count and sum of v
+    over distinct ids), a list state (the last three v), a map state (id -> v, the ids seen)
+    and an event-time timer 20 s past each batch's latest event that reports the count."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long, total long")
+        self.recent = handle.getListState("recent", "v long")
+        self.seen = handle.getMapState("seen", "id long", "v long")
+
+    def _totals(self) -> tuple[int, int]:
+        got = self.count.get() if self.count.exists() else None
+        return (int(got[0]), int(got[1])) if got else (0, 0)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        n, total = self._totals()
+        recent = [int(r[0]) for r in self.recent.get()] if self.recent.exists() else []
+        latest = None
+        for pdf in rows:
+            for i, v, ts in zip(pdf["id"], pdf["v"], pdf["ts"], strict=True):
+                if not self.seen.containsKey((int(i),)):
+                    self.seen.updateValue((int(i),), (int(v),))
+                    n, total = n + 1, total + int(v)
+                recent = [*recent, int(v)][-3:]
+                latest = ts if latest is None else max(latest, ts)
+        self.count.update((n, total))
+        self.recent.put([(x,) for x in recent])
+        if latest is not None:
+            self.handle.registerTimer(int(pd.Timestamp(latest).value // 1_000_000) + 20_000)
+        row = {"user": key[0], "kind": "rows", "n": n, "total": total}
+        yield pd.DataFrame([{**row, "recent": ",".join(map(str, recent))}])
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: Any, expiredTimerInfo: Any
+    ) -> Iterator[Any]:
+        import pandas as pd
+
+        n, total = self._totals()
+        at = str(expiredTimerInfo.getExpiryTimeInMs())
+        yield pd.DataFrame(
+            [{"user": key[0], "kind": "timer", "n": n, "total": total, "recent": at}]
+        )
+
+    def close(self) -> None:
+        pass
 
 
 def build(spark: Any, op: str, base: Path) -> Any:
@@ -110,6 +182,18 @@ def build(spark: Any, op: str, base: Path) -> Any:
             "Update",
             GroupStateTimeout.NoTimeout,
         )
+    if op == "tws":
+        ev = stream("events", EVENTS).withWatermark("ts", "10 seconds")
+        return (
+            ev.select("user", "id", "ts", "v")
+            .groupBy("user")
+            .transformWithStateInPandas(
+                UserActivity(),
+                "user string, kind string, n long, total long, recent string",
+                "Update",
+                "EventTime",
+            )
+        )
     raise ValueError(f"unknown operator {op}")
 
 
@@ -144,7 +228,7 @@ def run(spec: dict[str, Any]) -> None:
                 try:
                     result: dict[str, Any] = {
                         "batch": spark_connector.repartition(
-                            spark, str(base / "ckpt" / provider / op), rep["partitions"]
+                            spark, checkpoint(base, spec, provider, op), rep["partitions"]
                         )
                     }
                 except spark_connector.SparkConnectorError as exc:
@@ -155,7 +239,7 @@ def run(spec: dict[str, Any]) -> None:
             query = (
                 build(spark, op, base)
                 .writeStream.outputMode(OPERATORS[op])
-                .option("checkpointLocation", str(base / "ckpt" / provider / op))
+                .option("checkpointLocation", checkpoint(base, spec, provider, op))
                 .foreachBatch(
                     sink(
                         out_dir,
@@ -176,7 +260,7 @@ def run(spec: dict[str, Any]) -> None:
                 reader = spark.read.format("statestore").option("operatorId", op_id)
                 if op == "join":  # a join's state is read one side at a time
                     reader = reader.option("joinSide", "left")
-                state = reader.load(str(base / "ckpt" / provider / op))
+                state = reader.load(checkpoint(base, spec, provider, op))
                 rows = [
                     json.dumps(r.asDict(recursive=True), sort_keys=True, default=str)
                     for r in state.collect()
@@ -186,7 +270,9 @@ def run(spec: dict[str, Any]) -> None:
     for probe in spec.get("repartition_probes", []):
         try:
             probes[probe["name"]] = {
-                "batch": spark_connector.repartition(spark, probe["checkpoint"], probe["partitions"])
+                "batch": spark_connector.repartition(
+                    spark, probe["checkpoint"], probe["partitions"]
+                )
             }
         except spark_connector.SparkConnectorError as exc:
             probes[probe["name"]] = {"error": str(exc)}

@@ -1,0 +1,521 @@
+package statestore.spark;
+
+import java.io.ByteArrayInputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.DataInputStream;
+import java.io.DataOutputStream;
+import java.io.EOFException;
+import java.io.FileNotFoundException;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.net.URI;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.UUID;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataInputStream;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FSInputStream;
+import org.apache.hadoop.fs.FileAlreadyExistsException;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.permission.FsPermission;
+import org.apache.hadoop.util.Progressable;
+
+/**
+ * A Hadoop {@code FileSystem} for {@code ring://NAME/path}: a Spark checkpoint (offsets,
+ * commits, metadata, source and sink logs, any provider's files) kept on the ring, durable at
+ * W when a file is closed.
+ *
+ * <p>Each directory is one ring store ({@code fs-NAME/0/0/<dir>}, {@link StoreNaming}), its
+ * rows the directory's entries: {@code f:<name>} a file's record (length, modification time,
+ * blob id, parts), {@code b:<blob>:<i>} its bytes in parts of at most {@link #PART} bytes,
+ * {@code d:<name>} a subdirectory. Every change of a directory is one delta commit of its
+ * store, so closing a file, deleting one and renaming one within its directory (what Spark's
+ * atomic writers do: a temporary file renamed over the final name) are each atomic, and a
+ * rename moves the record, not the bytes. A directory exists once its parent lists it; the
+ * root always does.
+ *
+ * <p>One writer per directory: this JVM caches each directory it reads or writes and writes
+ * with its own epoch (above the store's, so an older writer of that directory is fenced). Spark
+ * writes the checkpoint's logs from the driver and each state partition's files from its task,
+ * which in local mode share this JVM. A directory another JVM writes while this one holds it is
+ * not seen here (not a case of Spark's checkpoints).
+ */
+public final class RingFileSystem extends FileSystem {
+  /** Largest part of a file in one row. */
+  static final int PART = 1 << 20;
+  private static final byte[] NOTHING = new byte[0];
+
+  private URI uri;
+  private String fsName;
+  private RingConfig config;
+  private final Map<String, Dir> dirs = new HashMap<>();
+  private Path workingDir;
+
+  @Override
+  public String getScheme() {
+    return "ring";
+  }
+
+  @Override
+  public void initialize(URI name, Configuration conf) throws IOException {
+    super.initialize(name, conf);
+    setConf(conf);
+    String authority = name.getAuthority();
+    if (authority == null || authority.isEmpty() || !authority.matches("[A-Za-z0-9._-]{1,64}")) {
+      throw new IOException("ring:// needs a name of 1-64 letters, digits or ._- after //, "
+          + "e.g. ring://checkpoints/q1 (got " + name + ")");
+    }
+    this.fsName = authority;
+    this.uri = URI.create("ring://" + authority);
+    this.config = RingConfig.from(conf, null);
+    this.workingDir = new Path(uri.toString() + "/");
+  }
+
+  @Override
+  public URI getUri() {
+    return uri;
+  }
+
+  @Override
+  public Path getWorkingDirectory() {
+    return workingDir;
+  }
+
+  @Override
+  public void setWorkingDirectory(Path dir) {
+    workingDir = makeQualified(dir);
+  }
+
+  // -- paths -------------------------------------------------------------------------------
+
+  /** The path inside this file system: "" for the root, else "/a/b". */
+  private String key(Path p) {
+    Path q = makeQualified(p);
+    String s = q.toUri().getPath();
+    if (s == null || s.isEmpty() || s.equals("/")) {
+      return "";
+    }
+    return s.endsWith("/") ? s.substring(0, s.length() - 1) : s;
+  }
+
+  private static String parentOf(String key) {
+    return key.substring(0, key.lastIndexOf('/'));
+  }
+
+  private static String nameOf(String key) {
+    return key.substring(key.lastIndexOf('/') + 1);
+  }
+
+  private Path pathOf(String key) {
+    return new Path(uri.toString() + (key.isEmpty() ? "/" : key));
+  }
+
+  // -- directories as ring stores ------------------------------------------------------------
+
+  /** One directory: its store's rows as this JVM last read or wrote them. */
+  private final class Dir {
+    final String store;
+    final TreeMap<String, byte[]> rows = new TreeMap<>();
+    long version;
+    long versionEpoch;
+    long epoch; // this JVM's, once it writes
+
+    Dir(String key) {
+      this.store = StoreNaming.queryName("ring-fs#" + fsName, "fs-" + fsName) + "/0/0/"
+          + StoreNaming.safeName(key.isEmpty() ? "root" : "d" + key.replace('/', '~'));
+    }
+
+    void load() throws IOException {
+      RingHttp ring = RingHttp.shared(config);
+      RingHttp.Head head = ring.head(store);
+      if (head == null) {
+        return;
+      }
+      TreeMap<String, byte[]> got = new TreeMap<>();
+      RingHttp.Restored r = ring.restore(store, head.version, () -> {
+        got.clear();
+        return (k, v) -> got.put(new String(k, StandardCharsets.UTF_8), v);
+      });
+      rows.putAll(got);
+      version = r.version;
+      versionEpoch = r.writerEpoch > 0 ? r.writerEpoch : head.epoch;
+    }
+
+    /** One atomic change of this directory: the puts and deletes, as the next version. */
+    void commit(Map<String, byte[]> puts, List<String> deletes) throws IOException {
+      if (epoch == 0) {
+        RingHttp.Head head = RingHttp.shared(config).head(store);
+        epoch = Math.max(versionEpoch, head == null ? 0 : head.epoch) + 1;
+        if (head != null && head.version > version) {
+          throw new IOException("ring://" + fsName + ": directory store " + store
+              + " moved on to version " + head.version + " while this JVM held " + version
+              + ": another writer is using it");
+        }
+      }
+      long next = version + 1;
+      boolean snapshot = next == 1;
+      List<byte[]> keys = new ArrayList<>();
+      List<byte[]> values = new ArrayList<>();
+      List<byte[]> dels = new ArrayList<>();
+      for (Map.Entry<String, byte[]> e : puts.entrySet()) {
+        keys.add(e.getKey().getBytes(StandardCharsets.UTF_8));
+        values.add(e.getValue());
+      }
+      if (!snapshot) {
+        for (String d : deletes) {
+          dels.add(d.getBytes(StandardCharsets.UTF_8));
+        }
+      }
+      RingDirect.shared(config).commit(store, next, epoch, next == 1 ? null : versionEpoch,
+          snapshot, Map.of(), 0, keys, values, dels);
+      for (String d : deletes) {
+        rows.remove(d);
+      }
+      rows.putAll(puts);
+      version = next;
+      versionEpoch = epoch;
+    }
+  }
+
+  private Dir dir(String key) throws IOException {
+    synchronized (dirs) {
+      Dir d = dirs.get(key);
+      if (d == null) {
+        d = new Dir(key);
+        d.load();
+        dirs.put(key, d);
+      }
+      return d;
+    }
+  }
+
+  /** A file's record: length, modification time, blob id and parts count. */
+  private record Entry(long length, long mtime, String blob, int parts) {
+    byte[] encode() {
+      try {
+        ByteArrayOutputStream b = new ByteArrayOutputStream();
+        DataOutputStream out = new DataOutputStream(b);
+        out.writeLong(length);
+        out.writeLong(mtime);
+        out.writeUTF(blob);
+        out.writeInt(parts);
+        return b.toByteArray();
+      } catch (IOException e) {
+        throw new IllegalStateException(e);
+      }
+    }
+
+    static Entry decode(byte[] raw) throws IOException {
+      DataInputStream in = new DataInputStream(new ByteArrayInputStream(raw));
+      return new Entry(in.readLong(), in.readLong(), in.readUTF(), in.readInt());
+    }
+
+    List<String> partKeys() {
+      List<String> out = new ArrayList<>();
+      for (int i = 0; i < parts; i++) {
+        out.add("b:" + blob + ":" + i);
+      }
+      return out;
+    }
+  }
+
+  private boolean isDir(String key) throws IOException {
+    if (key.isEmpty()) {
+      return true;
+    }
+    Dir parent = dir(parentOf(key));
+    synchronized (parent) {
+      return parent.rows.containsKey("d:" + nameOf(key));
+    }
+  }
+
+  private Entry file(String key) throws IOException {
+    if (key.isEmpty()) {
+      return null;
+    }
+    Dir parent = dir(parentOf(key));
+    synchronized (parent) {
+      byte[] raw = parent.rows.get("f:" + nameOf(key));
+      return raw == null ? null : Entry.decode(raw);
+    }
+  }
+
+  // -- FileSystem ------------------------------------------------------------------------------
+
+  @Override
+  public FileStatus getFileStatus(Path p) throws IOException {
+    String key = key(p);
+    Entry e = file(key);
+    if (e != null) {
+      return new FileStatus(e.length(), false, 1, PART, e.mtime(), pathOf(key));
+    }
+    if (isDir(key)) {
+      return new FileStatus(0, true, 1, 0, 0, pathOf(key));
+    }
+    throw new FileNotFoundException(p + " does not exist");
+  }
+
+  @Override
+  public boolean mkdirs(Path p, FsPermission permission) throws IOException {
+    String key = key(p);
+    if (key.isEmpty()) {
+      return true;
+    }
+    if (file(key) != null) {
+      throw new FileAlreadyExistsException(p + " is a file");
+    }
+    if (isDir(key)) {
+      return true;
+    }
+    mkdirs(pathOf(parentOf(key)), permission);
+    Dir parent = dir(parentOf(key));
+    synchronized (parent) {
+      if (!parent.rows.containsKey("d:" + nameOf(key))) {
+        parent.commit(Map.of("d:" + nameOf(key), NOTHING), List.of());
+      }
+    }
+    return true;
+  }
+
+  @Override
+  public FileStatus[] listStatus(Path p) throws IOException {
+    String key = key(p);
+    if (file(key) != null) {
+      return new FileStatus[] {getFileStatus(p)};
+    }
+    if (!isDir(key)) {
+      throw new FileNotFoundException(p + " does not exist");
+    }
+    Dir d = dir(key);
+    List<FileStatus> out = new ArrayList<>();
+    synchronized (d) {
+      for (Map.Entry<String, byte[]> e : d.rows.entrySet()) {
+        String k = e.getKey();
+        String child = key + "/" + k.substring(2);
+        if (k.startsWith("f:")) {
+          Entry f = Entry.decode(e.getValue());
+          out.add(new FileStatus(f.length(), false, 1, PART, f.mtime(), pathOf(child)));
+        } else if (k.startsWith("d:")) {
+          out.add(new FileStatus(0, true, 1, 0, 0, pathOf(child)));
+        }
+      }
+    }
+    return out.toArray(new FileStatus[0]);
+  }
+
+  @Override
+  public FSDataInputStream open(Path p, int bufferSize) throws IOException {
+    String key = key(p);
+    Dir parent = dir(parentOf(key));
+    byte[] data;
+    synchronized (parent) {
+      byte[] raw = parent.rows.get("f:" + nameOf(key));
+      if (raw == null) {
+        throw new FileNotFoundException(p + " does not exist");
+      }
+      Entry e = Entry.decode(raw);
+      data = new byte[(int) e.length()];
+      int at = 0;
+      for (String part : e.partKeys()) {
+        byte[] b = parent.rows.get(part);
+        if (b == null) {
+          throw new IOException(p + ": part " + part + " is missing from " + parent.store);
+        }
+        System.arraycopy(b, 0, data, at, b.length);
+        at += b.length;
+      }
+    }
+    return new FSDataInputStream(new BytesInput(data));
+  }
+
+  @Override
+  public FSDataOutputStream create(Path p, FsPermission permission, boolean overwrite,
+      int bufferSize, short replication, long blockSize, Progressable progress)
+      throws IOException {
+    String key = key(p);
+    if (key.isEmpty() || isDir(key)) {
+      throw new FileAlreadyExistsException(p + " is a directory");
+    }
+    if (!overwrite && file(key) != null) {
+      throw new FileAlreadyExistsException(p + " already exists");
+    }
+    mkdirs(pathOf(parentOf(key)), FsPermission.getDirDefault());
+    OutputStream sink = new ByteArrayOutputStream() {
+      private boolean closed;
+
+      @Override
+      public void close() throws IOException {
+        if (!closed) {
+          closed = true;
+          RingFileSystem.this.write(key, toByteArray(), overwrite);
+        }
+      }
+    };
+    return new FSDataOutputStream(sink, statistics);
+  }
+
+  private void write(String key, byte[] data, boolean overwrite) throws IOException {
+    Dir parent = dir(parentOf(key));
+    synchronized (parent) {
+      String name = "f:" + nameOf(key);
+      byte[] old = parent.rows.get(name);
+      if (old != null && !overwrite) {
+        throw new FileAlreadyExistsException(pathOf(key) + " already exists");
+      }
+      String blob = UUID.randomUUID().toString().replace("-", "");
+      int parts = (data.length + PART - 1) / PART;
+      Entry e = new Entry(data.length, System.currentTimeMillis(), blob, parts);
+      Map<String, byte[]> puts = new HashMap<>();
+      puts.put(name, e.encode());
+      for (int i = 0; i < parts; i++) {
+        puts.put("b:" + blob + ":" + i,
+            Arrays.copyOfRange(data, i * PART, Math.min(data.length, (i + 1) * PART)));
+      }
+      List<String> deletes = old == null ? List.of() : Entry.decode(old).partKeys();
+      parent.commit(puts, deletes);
+    }
+  }
+
+  @Override
+  public FSDataOutputStream append(Path p, int bufferSize, Progressable progress)
+      throws IOException {
+    throw new IOException("ring:// does not append to files (" + p + ")");
+  }
+
+  @Override
+  public boolean rename(Path src, Path dst) throws IOException {
+    String from = key(src);
+    String to = key(dst);
+    if (from.isEmpty() || to.isEmpty() || from.equals(to)) {
+      return false;
+    }
+    Entry e = file(from);
+    if (e == null) {
+      return false; // a directory, or nothing: Spark renames files only
+    }
+    if (isDir(to)) {
+      to = to + "/" + nameOf(from);
+    }
+    if (file(to) != null || isDir(to) || !isDir(parentOf(to))) {
+      return false;
+    }
+    Dir source = dir(parentOf(from));
+    if (parentOf(from).equals(parentOf(to))) {
+      synchronized (source) {
+        // one commit: the record moves, the bytes stay
+        source.commit(Map.of("f:" + nameOf(to), e.encode()), List.of("f:" + nameOf(from)));
+      }
+      return true;
+    }
+    Dir target = dir(parentOf(to));
+    Map<String, byte[]> puts = new HashMap<>();
+    synchronized (source) {
+      puts.put("f:" + nameOf(to), e.encode());
+      for (String part : e.partKeys()) {
+        puts.put(part, source.rows.get(part));
+      }
+    }
+    synchronized (target) {
+      target.commit(puts, List.of());
+    }
+    List<String> gone = new ArrayList<>(e.partKeys());
+    gone.add("f:" + nameOf(from));
+    synchronized (source) {
+      source.commit(Map.of(), gone);
+    }
+    return true;
+  }
+
+  @Override
+  public boolean delete(Path p, boolean recursive) throws IOException {
+    String key = key(p);
+    if (key.isEmpty()) {
+      throw new IOException("ring:// does not delete its root");
+    }
+    Entry e = file(key);
+    Dir parent = dir(parentOf(key));
+    if (e != null) {
+      List<String> gone = new ArrayList<>(e.partKeys());
+      gone.add("f:" + nameOf(key));
+      synchronized (parent) {
+        parent.commit(Map.of(), gone);
+      }
+      return true;
+    }
+    if (!isDir(key)) {
+      return false;
+    }
+    FileStatus[] children = listStatus(p);
+    if (children.length > 0 && !recursive) {
+      throw new IOException(p + " is a directory that is not empty");
+    }
+    for (FileStatus child : children) {
+      delete(child.getPath(), true);
+    }
+    synchronized (parent) {
+      parent.commit(Map.of(), List.of("d:" + nameOf(key)));
+    }
+    return true;
+  }
+
+  /** A file's bytes, seekable. */
+  private static final class BytesInput extends FSInputStream {
+    private final byte[] data;
+    private int pos;
+
+    BytesInput(byte[] data) {
+      this.data = data;
+    }
+
+    @Override
+    public void seek(long to) throws IOException {
+      if (to < 0 || to > data.length) {
+        throw new EOFException("seek to " + to + " outside 0.." + data.length);
+      }
+      pos = (int) to;
+    }
+
+    @Override
+    public long getPos() {
+      return pos;
+    }
+
+    @Override
+    public boolean seekToNewSource(long targetPos) {
+      return false;
+    }
+
+    @Override
+    public int read() {
+      return pos < data.length ? data[pos++] & 0xff : -1;
+    }
+
+    @Override
+    public int read(byte[] b, int off, int len) {
+      if (len == 0) {
+        return 0;
+      }
+      if (pos >= data.length) {
+        return -1;
+      }
+      int n = Math.min(len, data.length - pos);
+      System.arraycopy(data, pos, b, off, n);
+      pos += n;
+      return n;
+    }
+
+    @Override
+    public int available() {
+      return data.length - pos;
+    }
+  }
+}

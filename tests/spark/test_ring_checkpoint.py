@@ -1,0 +1,71 @@
+"""Checkpoints on the ring (``checkpointLocation="ring://NAME/path"``, RingFileSystem) under
+real Spark against real nodes.
+
+A transformWithStateInPandas query (value, list and map state, event-time timers) runs on
+Spark's RocksDB provider twice: its checkpoint on local disk, and on the ring; an aggregation
+and session windows run on the ring provider with its checkpoint on the ring too (nothing of the
+query on local disk at all). Between the two phases the driver's local directories (Spark's
+local dir, where RocksDB keeps its working copy) are wiped and a ring node is killed. The
+outputs on the ring must equal the ones of the local checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statestore.cli.local import LocalRing
+from tests.spark.test_spark_ring import final_output, log_tail, run_job, write_inputs
+
+pytest.importorskip("google.protobuf", reason="transformWithState needs protobuf (.[spark])")
+
+
+def _run(base: Path, spec: dict[str, Any], name: str) -> None:
+    done = run_job(base, spec, name)
+    assert done.returncode == 0, log_tail(base, name)
+
+
+@pytest.mark.timeout(1800)
+def test_queries_on_a_ring_checkpoint_survive_a_wiped_driver_and_a_dead_node(
+    tmp_path: Path, ring3: LocalRing
+) -> None:
+    local = tmp_path / "local"
+    spec: dict[str, Any] = {
+        "seeds": ring3.seeds,
+        "fs": "t-" + uuid.uuid4().hex[:12],
+        "partitions": 4,
+        "conf": {"spark.local.dir": str(local)},
+    }
+    runs = [
+        (["rocksdb", "rocksdb@ringfs"], ["tws"]),
+        (["hdfs", "ring@ringfs"], ["agg", "session"]),
+    ]
+    write_inputs(tmp_path, 1)
+    for i, (providers, ops) in enumerate(runs):
+        _run(tmp_path, {**spec, "providers": providers, "operators": ops}, f"first{i}")
+
+    shutil.rmtree(local)
+    victim = ring3.procs[2]
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    victim.proc.wait()
+    assert not any((tmp_path / "ckpt").glob("*ringfs*")), "a ring checkpoint on local disk"
+
+    write_inputs(tmp_path, 2)
+    for i, (providers, ops) in enumerate(runs):
+        _run(tmp_path, {**spec, "providers": providers, "operators": ops}, f"second{i}")
+
+    for providers, ops in runs:
+        for op in ops:
+            local_out = final_output(tmp_path, providers[0], op)
+            assert local_out, f"{providers[0]}/{op} produced no rows"
+            assert final_output(tmp_path, providers[1], op) == local_out, (providers[1], op)
+    kinds = {json.loads(row)["kind"] for row in final_output(tmp_path, "rocksdb", "tws")}
+    assert kinds == {"rows", "timer"}, kinds
