@@ -19,6 +19,8 @@ providers. Spec keys:
   ``spark_connector.repartition`` its checkpoint to that many partitions; the batch it made (or
   the error) goes to ``<base>/out/<provider>/<op>/repartition-<n>.json``; with
   ``"only": true`` the queries do not run after it
+- ``spark_repartition``: ``{"provider", "partitions"}``: the same with Spark's own
+  ``spark._streamingCheckpointManager.repartition`` (RocksDB checkpoints only)
 - ``repartition_probes``: ``[{"name", "checkpoint", "partitions"}]``: after all queries,
   ``spark_connector.repartition`` of each, the batch or the error written to
   ``<base>/out/probes.json`` (name -> result)
@@ -223,6 +225,12 @@ def run(spec: dict[str, Any]) -> None:
             out_dir.mkdir(parents=True, exist_ok=True)
             spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
             here = (op, provider)
+            srep = spec.get("spark_repartition") or {}
+            if srep.get("provider") == provider:  # Spark's own runner (RocksDB checkpoints)
+                spark._streamingCheckpointManager.repartition(
+                    checkpoint(base, spec, provider, op), srep["partitions"]
+                )
+                (out_dir / f"spark-repartition-{srep['partitions']}.json").write_text("{}")
             rep = spec.get("repartition") or {}
             if rep.get("provider") == provider:
                 try:

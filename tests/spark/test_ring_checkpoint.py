@@ -5,8 +5,9 @@ A transformWithStateInPandas query (value, list and map state, event-time timers
 Spark's RocksDB provider twice: its checkpoint on local disk, and on the ring; an aggregation
 and session windows run on the ring provider with its checkpoint on the ring too (nothing of the
 query on local disk at all). Between the two phases the driver's local directories (Spark's
-local dir, where RocksDB keeps its working copy) are wiped and a ring node is killed. The
-outputs on the ring must equal the ones of the local checkpoint.
+local dir, where RocksDB keeps its working copy) are wiped, a ring node is killed, and the
+RocksDB checkpoint on the ring is repartitioned from 4 to 8 by Spark's own runner. The outputs
+must equal those of the same queries on a local checkpoint (RocksDB, resp. HDFS-backed).
 """
 
 from __future__ import annotations
@@ -59,8 +60,11 @@ def test_queries_on_a_ring_checkpoint_survive_a_wiped_driver_and_a_dead_node(
     assert not any((tmp_path / "ckpt").glob("*ringfs*")), "a ring checkpoint on local disk"
 
     write_inputs(tmp_path, 2)
+    # Spark's own repartition, on a RocksDB checkpoint kept on the ring
+    again = {**spec, "spark_repartition": {"provider": "rocksdb@ringfs", "partitions": 8}}
     for i, (providers, ops) in enumerate(runs):
-        _run(tmp_path, {**spec, "providers": providers, "operators": ops}, f"second{i}")
+        _run(tmp_path, {**again, "providers": providers, "operators": ops}, f"second{i}")
+    assert (tmp_path / "out" / "rocksdb@ringfs" / "tws" / "spark-repartition-8.json").exists()
 
     for providers, ops in runs:
         for op in ops:

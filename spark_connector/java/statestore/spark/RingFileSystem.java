@@ -17,6 +17,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataInputStream;
@@ -43,11 +44,14 @@ import org.apache.hadoop.util.Progressable;
  * rename moves the record, not the bytes. A directory exists once its parent lists it; the
  * root always does.
  *
- * <p>One writer per directory: this JVM caches each directory it reads or writes and writes
- * with its own epoch (above the store's, so an older writer of that directory is fenced). Spark
- * writes the checkpoint's logs from the driver and each state partition's files from its task,
- * which in local mode share this JVM. A directory another JVM writes while this one holds it is
- * not seen here (not a case of Spark's checkpoints).
+ * <p>One writer per directory at a time: this JVM caches each directory it reads or writes
+ * and writes with its own epoch (above the store's, so an older writer is fenced). Listing, and
+ * looking up a name the cache lacks, check the ring's head of the directory first and reload
+ * it when another JVM wrote it since (a state partition's task that ran on another executor in
+ * between); a change whose directory moved on meanwhile fails instead of overwriting it. Spark writes the checkpoint's
+ * logs from the driver and each state partition's files from that partition's task. The
+ * cache holds every file of the directories this JVM touched: a checkpoint's live files must
+ * fit in the heap of the JVMs that use them.
  */
 public final class RingFileSystem extends FileSystem {
   /** Largest part of a file in one row. */
@@ -57,7 +61,7 @@ public final class RingFileSystem extends FileSystem {
   private URI uri;
   private String fsName;
   private RingConfig config;
-  private final Map<String, Dir> dirs = new HashMap<>();
+  private final ConcurrentHashMap<String, Dir> dirs = new ConcurrentHashMap<>();
   private Path workingDir;
 
   @Override
@@ -125,6 +129,7 @@ public final class RingFileSystem extends FileSystem {
   private final class Dir {
     final String store;
     final TreeMap<String, byte[]> rows = new TreeMap<>();
+    boolean loaded;
     long version;
     long versionEpoch;
     long epoch; // this JVM's, once it writes
@@ -135,31 +140,46 @@ public final class RingFileSystem extends FileSystem {
     }
 
     void load() throws IOException {
-      RingHttp ring = RingHttp.shared(config);
-      RingHttp.Head head = ring.head(store);
-      if (head == null) {
-        return;
+      RingHttp.Head head = RingHttp.shared(config).head(store);
+      if (head != null) {
+        load(head);
       }
+    }
+
+    private void load(RingHttp.Head head) throws IOException {
       TreeMap<String, byte[]> got = new TreeMap<>();
-      RingHttp.Restored r = ring.restore(store, head.version, () -> {
+      RingHttp.Restored r = RingHttp.shared(config).restore(store, head.version, () -> {
         got.clear();
         return (k, v) -> got.put(new String(k, StandardCharsets.UTF_8), v);
       });
+      rows.clear();
       rows.putAll(got);
       version = r.version;
       versionEpoch = r.writerEpoch > 0 ? r.writerEpoch : head.epoch;
     }
 
+    /**
+     * Catch up with the ring when another JVM wrote this directory since this one read it (a
+     * task that ran elsewhere in between): reload, and write above that writer's epoch.
+     */
+    void fresh() throws IOException {
+      RingHttp.Head head = RingHttp.shared(config).head(store);
+      if (head != null && (head.version != version || head.epoch != versionEpoch)) {
+        load(head);
+        epoch = 0;
+      }
+    }
+
     /** One atomic change of this directory: the puts and deletes, as the next version. */
     void commit(Map<String, byte[]> puts, List<String> deletes) throws IOException {
+      RingHttp.Head head = RingHttp.shared(config).head(store);
+      if (head != null && (head.version != version || head.epoch != versionEpoch)) {
+        throw new IOException("ring://" + fsName + ": directory " + store + " is at version "
+            + head.version + " (epoch " + head.epoch + ") on the ring, this JVM holds "
+            + version + " (epoch " + versionEpoch + "): another writer changed it meanwhile");
+      }
       if (epoch == 0) {
-        RingHttp.Head head = RingHttp.shared(config).head(store);
         epoch = Math.max(versionEpoch, head == null ? 0 : head.epoch) + 1;
-        if (head != null && head.version > version) {
-          throw new IOException("ring://" + fsName + ": directory store " + store
-              + " moved on to version " + head.version + " while this JVM held " + version
-              + ": another writer is using it");
-        }
       }
       long next = version + 1;
       boolean snapshot = next == 1;
@@ -186,16 +206,16 @@ public final class RingFileSystem extends FileSystem {
     }
   }
 
+  /** The directory, read from the ring on first use (directories load in parallel). */
   private Dir dir(String key) throws IOException {
-    synchronized (dirs) {
-      Dir d = dirs.get(key);
-      if (d == null) {
-        d = new Dir(key);
+    Dir d = dirs.computeIfAbsent(key, Dir::new);
+    synchronized (d) {
+      if (!d.loaded) {
         d.load();
-        dirs.put(key, d);
+        d.loaded = true;
       }
-      return d;
     }
+    return d;
   }
 
   /** A file's record: length, modification time, blob id and parts count. */
@@ -234,6 +254,9 @@ public final class RingFileSystem extends FileSystem {
     }
     Dir parent = dir(parentOf(key));
     synchronized (parent) {
+      if (!parent.rows.containsKey("d:" + nameOf(key))) {
+        parent.fresh(); // made by another JVM since?
+      }
       return parent.rows.containsKey("d:" + nameOf(key));
     }
   }
@@ -245,6 +268,10 @@ public final class RingFileSystem extends FileSystem {
     Dir parent = dir(parentOf(key));
     synchronized (parent) {
       byte[] raw = parent.rows.get("f:" + nameOf(key));
+      if (raw == null) {
+        parent.fresh(); // written by another JVM since?
+        raw = parent.rows.get("f:" + nameOf(key));
+      }
       return raw == null ? null : Entry.decode(raw);
     }
   }
@@ -298,6 +325,7 @@ public final class RingFileSystem extends FileSystem {
     Dir d = dir(key);
     List<FileStatus> out = new ArrayList<>();
     synchronized (d) {
+      d.fresh();
       for (Map.Entry<String, byte[]> e : d.rows.entrySet()) {
         String k = e.getKey();
         String child = key + "/" + k.substring(2);
@@ -319,6 +347,10 @@ public final class RingFileSystem extends FileSystem {
     byte[] data;
     synchronized (parent) {
       byte[] raw = parent.rows.get("f:" + nameOf(key));
+      if (raw == null) {
+        parent.fresh(); // written by another JVM since?
+        raw = parent.rows.get("f:" + nameOf(key));
+      }
       if (raw == null) {
         throw new FileNotFoundException(p + " does not exist");
       }
