@@ -21,6 +21,8 @@ providers. Spec keys:
   ``"only": true`` the queries do not run after it
 - ``spark_repartition``: ``{"provider", "partitions"}``: the same with Spark's own
   ``spark._streamingCheckpointManager.repartition`` (RocksDB checkpoints only)
+- ``fs_probe``: true: RingFileSystem's operations through Hadoop's API, results written to
+  ``<base>/out/fs_probe.json``
 - ``repartition_probes``: ``[{"name", "checkpoint", "partitions"}]``: after all queries,
   ``spark_connector.repartition`` of each, the batch or the error written to
   ``<base>/out/probes.json`` (name -> result)
@@ -274,6 +276,9 @@ def run(spec: dict[str, Any]) -> None:
                     for r in state.collect()
                 ]
                 (out_dir / f"state-{op_id}.json").write_text(json.dumps(sorted(rows)))
+    if spec.get("fs_probe"):
+        (base / "out").mkdir(parents=True, exist_ok=True)
+        (base / "out" / "fs_probe.json").write_text(json.dumps(fs_probe(spark, spec["fs"])))
     probes: dict[str, Any] = {}
     for probe in spec.get("repartition_probes", []):
         try:
@@ -287,6 +292,58 @@ def run(spec: dict[str, Any]) -> None:
     if probes:
         (base / "out" / "probes.json").write_text(json.dumps(probes))
     spark.stop()
+
+
+def fs_probe(spark: Any, fs_name: str) -> dict[str, Any]:
+    """RingFileSystem through Hadoop's API: name -> what happened (a value, or the Java
+    exception's class)."""
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    root = f"ring://{fs_name}/probe"
+
+    def path(p: str) -> Any:
+        return jvm.org.apache.hadoop.fs.Path(root + p)
+
+    fs = path("").getFileSystem(conf)
+    big = bytes(range(256)) * (3 * 4096 + 7)  # > 3 MiB: several parts
+
+    def write(p: str, data: bytes, overwrite: bool = True) -> None:
+        out = fs.create(path(p), overwrite)
+        out.write(bytearray(data))
+        out.close()
+
+    def read(p: str) -> bytes:
+        ins = fs.open(path(p))
+        try:
+            return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(ins))
+        finally:
+            ins.close()
+
+    steps: dict[str, Any] = {
+        "write_read": lambda: (write("/d/a.txt", b"hello"), read("/d/a.txt") == b"hello")[1],
+        "no_overwrite": lambda: write("/d/a.txt", b"x", overwrite=False),
+        "rename": lambda: fs.rename(path("/d/a.txt"), path("/d/b.txt")),
+        "old_name_gone": lambda: fs.exists(path("/d/a.txt")),
+        "new_name": lambda: read("/d/b.txt") == b"hello",
+        "big": lambda: (write("/d/big.bin", big), read("/d/big.bin") == big)[1],
+        "length": lambda: fs.getFileStatus(path("/d/big.bin")).getLen() == len(big),
+        "list": lambda: sorted(str(st.getPath().getName()) for st in fs.listStatus(path("/d"))),
+        "missing": lambda: fs.open(path("/d/none")),
+        "append": lambda: fs.append(path("/d/b.txt")),
+        "delete_dir_not_recursive": lambda: fs.delete(path("/d"), False),
+        "delete_dir": lambda: fs.delete(path("/d"), True),
+        "gone": lambda: fs.exists(path("/d/b.txt")) or fs.exists(path("/d")),
+        "bad_name": lambda: jvm.org.apache.hadoop.fs.Path("ring://bad+name/x").getFileSystem(conf),
+    }
+    got: dict[str, Any] = {}
+    for name, step in steps.items():
+        try:
+            value = step()
+            got[name] = value if isinstance(value, bool | list) else "ok"
+        except Exception as exc:
+            java = getattr(exc, "java_exception", None)
+            got[name] = str(java.getClass().getSimpleName()) if java is not None else repr(exc)
+    return got
 
 
 def sink(out_dir: Path, kill: dict[str, Any], die: dict[str, Any]) -> Callable[[Any, int], None]:

@@ -50,7 +50,25 @@ def test_queries_on_a_ring_checkpoint_survive_a_wiped_driver_and_a_dead_node(
     ]
     write_inputs(tmp_path, 1)
     for i, (providers, ops) in enumerate(runs):
-        _run(tmp_path, {**spec, "providers": providers, "operators": ops}, f"first{i}")
+        step = {**spec, "providers": providers, "operators": ops, "fs_probe": i == 0}
+        _run(tmp_path, step, f"first{i}")
+    probe = json.loads((tmp_path / "out" / "fs_probe.json").read_text())
+    assert probe == {
+        "write_read": True,
+        "no_overwrite": "FileAlreadyExistsException",
+        "rename": True,
+        "old_name_gone": False,
+        "new_name": True,
+        "big": True,
+        "length": True,
+        "list": ["b.txt", "big.bin"],
+        "missing": "FileNotFoundException",
+        "append": "IOException",
+        "delete_dir_not_recursive": "IOException",
+        "delete_dir": True,
+        "gone": False,
+        "bad_name": "IOException",
+    }, probe
 
     shutil.rmtree(local)
     victim = ring3.procs[2]

@@ -222,6 +222,7 @@ def test_configure_sets_provider_and_ring_options() -> None:
     assert Path(opts["spark.jars"]).is_file()
     assert opts["spark.statestore.seeds"] == "127.0.0.1:1"
     assert opts["spark.statestore.snapshotInterval"] == "5"
+    assert opts["spark.hadoop.fs.ring.impl"] == spark_connector.RING_FS_CLASS  # ring:// paths
 
 
 def test_configure_unreachable_seeds_is_a_clear_error() -> None:

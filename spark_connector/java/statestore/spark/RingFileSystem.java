@@ -48,7 +48,8 @@ import org.apache.hadoop.util.Progressable;
  * and writes with its own epoch (above the store's, so an older writer is fenced). Listing, and
  * looking up a name the cache lacks, check the ring's head of the directory first and reload
  * it when another JVM wrote it since (a state partition's task that ran on another executor in
- * between); a change whose directory moved on meanwhile fails instead of overwriting it. Spark writes the checkpoint's
+ * between); a write after another JVM's is refused by the replicas (its epoch is lower) and
+ * fails instead of overwriting it. Spark writes the checkpoint's
  * logs from the driver and each state partition's files from that partition's task. The
  * cache holds every file of the directories this JVM touched: a checkpoint's live files must
  * fit in the heap of the JVMs that use them.
@@ -172,13 +173,13 @@ public final class RingFileSystem extends FileSystem {
 
     /** One atomic change of this directory: the puts and deletes, as the next version. */
     void commit(Map<String, byte[]> puts, List<String> deletes) throws IOException {
-      RingHttp.Head head = RingHttp.shared(config).head(store);
-      if (head != null && (head.version != version || head.epoch != versionEpoch)) {
-        throw new IOException("ring://" + fsName + ": directory " + store + " is at version "
-            + head.version + " (epoch " + head.epoch + ") on the ring, this JVM holds "
-            + version + " (epoch " + versionEpoch + "): another writer changed it meanwhile");
-      }
       if (epoch == 0) {
+        // this JVM's first write here: above every epoch the store has seen, so the replicas
+        // refuse (stale_epoch) any later write of an earlier writer of this directory
+        RingHttp.Head head = RingHttp.shared(config).head(store);
+        if (head != null && (head.version != version || head.epoch != versionEpoch)) {
+          load(head);
+        }
         epoch = Math.max(versionEpoch, head == null ? 0 : head.epoch) + 1;
       }
       long next = version + 1;
@@ -195,8 +196,18 @@ public final class RingFileSystem extends FileSystem {
           dels.add(d.getBytes(StandardCharsets.UTF_8));
         }
       }
-      RingDirect.shared(config).commit(store, next, epoch, next == 1 ? null : versionEpoch,
-          snapshot, Map.of(), 0, keys, values, dels);
+      try {
+        RingDirect.shared(config).commit(store, next, epoch, next == 1 ? null : versionEpoch,
+            snapshot, Map.of(), 0, keys, values, dels);
+      } catch (RingHttp.RingError e) {
+        if (!"stale_epoch".equals(e.code)) {
+          throw e;
+        }
+        fresh();
+        epoch = 0;
+        throw new IOException("ring://" + fsName + ": another writer changed directory " + store
+            + " since this JVM read it (its writes are fenced now): the change was not made", e);
+      }
       for (String d : deletes) {
         rows.remove(d);
       }
