@@ -263,7 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
         "spark-repartition",
         help="change a stopped ring-backed Spark query's number of state partitions",
     )
-    sr.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    sr.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=os.environ.get("STATESTORE_SEEDS") or "127.0.0.1:7400",
+        metavar="HOST:PORT,...",
+        help="the ring the query's state is on (default: $STATESTORE_SEEDS, else "
+        "127.0.0.1:7400, where statestore local starts)",
+    )
     sr.add_argument("--checkpoint", required=True, help="the query's checkpointLocation")
     sr.add_argument("--partitions", type=_positive, required=True, help="the new partition count")
     sr.add_argument(

@@ -327,6 +327,11 @@ def fs_probe(spark: Any, fs_name: str) -> dict[str, Any]:
         "new_name": lambda: read("/d/b.txt") == b"hello",
         "big": lambda: (write("/d/big.bin", big), read("/d/big.bin") == big)[1],
         "length": lambda: fs.getFileStatus(path("/d/big.bin")).getLen() == len(big),
+        "temp_then_rename": lambda: (
+            write("/d/.c.txt.1234.tmp", b"atomic"),
+            fs.rename(path("/d/.c.txt.1234.tmp"), path("/d/c.txt")),
+            read("/d/c.txt") == b"atomic",
+        )[1:],
         "list": lambda: sorted(str(st.getPath().getName()) for st in fs.listStatus(path("/d"))),
         "missing": lambda: fs.open(path("/d/none")),
         "append": lambda: fs.append(path("/d/b.txt")),
@@ -339,7 +344,9 @@ def fs_probe(spark: Any, fs_name: str) -> dict[str, Any]:
     for name, step in steps.items():
         try:
             value = step()
-            got[name] = value if isinstance(value, bool | list) else "ok"
+            got[name] = list(value) if isinstance(value, tuple) else value
+            if not isinstance(got[name], bool | list):
+                got[name] = "ok"
         except Exception as exc:
             java = getattr(exc, "java_exception", None)
             got[name] = str(java.getClass().getSimpleName()) if java is not None else repr(exc)

@@ -134,9 +134,7 @@ def test_cli_refuses_bad_arguments_without_starting_spark(
     assert (
         main(
             [
-                "spark-repartition",
-                "--seeds",
-                "127.0.0.1:7400",
+                "spark-repartition",  # --seeds left out: $STATESTORE_SEEDS, else the default
                 "--checkpoint",
                 str(tmp_path / "missing"),
                 "--partitions",

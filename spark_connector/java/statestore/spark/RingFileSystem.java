@@ -13,8 +13,10 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
@@ -130,6 +132,8 @@ public final class RingFileSystem extends FileSystem {
   private final class Dir {
     final String store;
     final TreeMap<String, byte[]> rows = new TreeMap<>();
+    /** Rows of temporary files, in {@link #rows} but not on the ring (see {@link #isTemp}). */
+    final Set<String> pending = new HashSet<>();
     boolean loaded;
     long version;
     long versionEpoch;
@@ -153,8 +157,13 @@ public final class RingFileSystem extends FileSystem {
         got.clear();
         return (k, v) -> got.put(new String(k, StandardCharsets.UTF_8), v);
       });
+      Map<String, byte[]> kept = new HashMap<>();
+      for (String k : pending) {
+        kept.put(k, rows.get(k));
+      }
       rows.clear();
       rows.putAll(got);
+      rows.putAll(kept);
       version = r.version;
       versionEpoch = r.writerEpoch > 0 ? r.writerEpoch : head.epoch;
     }
@@ -173,6 +182,19 @@ public final class RingFileSystem extends FileSystem {
 
     /** One atomic change of this directory: the puts and deletes, as the next version. */
     void commit(Map<String, byte[]> puts, List<String> deletes) throws IOException {
+      List<String> ringDeletes = new ArrayList<>();
+      for (String d : deletes) {
+        if (!pending.contains(d)) {
+          ringDeletes.add(d);
+        }
+      }
+      if (puts.isEmpty() && ringDeletes.isEmpty()) { // only temporary rows go: nothing to send
+        for (String d : deletes) {
+          rows.remove(d);
+          pending.remove(d);
+        }
+        return;
+      }
       if (epoch == 0) {
         // this JVM's first write here: above every epoch the store has seen, so the replicas
         // refuse (stale_epoch) any later write of an earlier writer of this directory
@@ -192,7 +214,7 @@ public final class RingFileSystem extends FileSystem {
         values.add(e.getValue());
       }
       if (!snapshot) {
-        for (String d : deletes) {
+        for (String d : ringDeletes) {
           dels.add(d.getBytes(StandardCharsets.UTF_8));
         }
       }
@@ -210,10 +232,22 @@ public final class RingFileSystem extends FileSystem {
       }
       for (String d : deletes) {
         rows.remove(d);
+        pending.remove(d);
       }
       rows.putAll(puts);
+      pending.removeAll(puts.keySet());
       version = next;
       versionEpoch = epoch;
+    }
+
+    /** A temporary file's rows: kept here only, until a rename commits them. */
+    void holdPending(Map<String, byte[]> puts, List<String> deletes) {
+      for (String d : deletes) {
+        rows.remove(d);
+        pending.remove(d);
+      }
+      rows.putAll(puts);
+      pending.addAll(puts.keySet());
     }
   }
 
@@ -424,8 +458,22 @@ public final class RingFileSystem extends FileSystem {
             Arrays.copyOfRange(data, i * PART, Math.min(data.length, (i + 1) * PART)));
       }
       List<String> deletes = old == null ? List.of() : Entry.decode(old).partKeys();
-      parent.commit(puts, deletes);
+      if (isTemp(nameOf(key)) && (old == null || parent.pending.contains(name))) {
+        parent.holdPending(puts, deletes);
+      } else {
+        parent.commit(puts, deletes);
+      }
     }
+  }
+
+  /**
+   * Spark's atomic writers' temporary files ({@code .<name>.<uuid>.tmp}, renamed over the
+   * final name when complete): held in this JVM only, and sent to the ring by the rename, in
+   * the same commit that names the final file. One commit per file instead of two; a
+   * temporary file is not durable (and no other JVM sees it), which Spark never needs.
+   */
+  static boolean isTemp(String name) {
+    return name.startsWith(".") && name.endsWith(".tmp");
   }
 
   @Override
@@ -454,8 +502,15 @@ public final class RingFileSystem extends FileSystem {
     Dir source = dir(parentOf(from));
     if (parentOf(from).equals(parentOf(to))) {
       synchronized (source) {
-        // one commit: the record moves, the bytes stay
-        source.commit(Map.of("f:" + nameOf(to), e.encode()), List.of("f:" + nameOf(from)));
+        // one commit: the record moves, the bytes stay (a temporary file's go now)
+        Map<String, byte[]> puts = new HashMap<>();
+        puts.put("f:" + nameOf(to), e.encode());
+        for (String part : e.partKeys()) {
+          if (source.pending.contains(part)) {
+            puts.put(part, source.rows.get(part));
+          }
+        }
+        source.commit(puts, List.of("f:" + nameOf(from)));
       }
       return true;
     }
