@@ -48,8 +48,8 @@ import org.apache.hadoop.util.Progressable;
  *
  * <p>One writer per directory at a time: this JVM caches each directory it reads or writes
  * and writes with its own epoch (above the store's, so an older writer is fenced). Listing, and
- * looking up a name the cache lacks, check the ring's head of the directory first and reload
- * it when another JVM wrote it since (a state partition's task that ran on another executor in
+ * looking up a name the cache lacks, check the ring's head of the directory first (unless it
+ * was checked in the last 200 ms) and reload it when another JVM wrote it since (a state partition's task that ran on another executor in
  * between); a write after another JVM's is refused by the replicas (its epoch is lower) and
  * fails instead of overwriting it. Spark writes the checkpoint's
  * logs from the driver and each state partition's files from that partition's task. The
@@ -59,6 +59,8 @@ import org.apache.hadoop.util.Progressable;
 public final class RingFileSystem extends FileSystem {
   /** Largest part of a file in one row. */
   static final int PART = 1 << 20;
+  /** A directory's head asked this recently is not asked again (a load, then a listing). */
+  static final long RECHECK_NANOS = 200_000_000L;
   private static final byte[] NOTHING = new byte[0];
 
   private URI uri;
@@ -135,6 +137,9 @@ public final class RingFileSystem extends FileSystem {
     /** Rows of temporary files, in {@link #rows} but not on the ring (see {@link #isTemp}). */
     final Set<String> pending = new HashSet<>();
     boolean loaded;
+    /** When the ring's head of this directory was last asked, and its epoch then. */
+    long checkedNanos;
+    long checkedEpoch;
     long version;
     long versionEpoch;
     long epoch; // this JVM's, once it writes
@@ -145,10 +150,22 @@ public final class RingFileSystem extends FileSystem {
     }
 
     void load() throws IOException {
-      RingHttp.Head head = RingHttp.shared(config).head(store);
+      RingHttp.Head head = checkHead();
       if (head != null) {
         load(head);
       }
+    }
+
+    private RingHttp.Head checkHead() throws IOException {
+      RingHttp.Head head = RingHttp.shared(config).head(store);
+      checkedNanos = System.nanoTime();
+      checkedEpoch = head == null ? 0 : head.epoch;
+      return head;
+    }
+
+    /** The head was asked within the last {@link #RECHECK_NANOS}: asking again adds nothing. */
+    private boolean checkedJustNow() {
+      return checkedNanos != 0 && System.nanoTime() - checkedNanos < RECHECK_NANOS;
     }
 
     private void load(RingHttp.Head head) throws IOException {
@@ -173,7 +190,10 @@ public final class RingFileSystem extends FileSystem {
      * task that ran elsewhere in between): reload, and write above that writer's epoch.
      */
     void fresh() throws IOException {
-      RingHttp.Head head = RingHttp.shared(config).head(store);
+      if (checkedJustNow()) {
+        return;
+      }
+      RingHttp.Head head = checkHead();
       if (head != null && (head.version != version || head.epoch != versionEpoch)) {
         load(head);
         epoch = 0;
@@ -198,11 +218,13 @@ public final class RingFileSystem extends FileSystem {
       if (epoch == 0) {
         // this JVM's first write here: above every epoch the store has seen, so the replicas
         // refuse (stale_epoch) any later write of an earlier writer of this directory
-        RingHttp.Head head = RingHttp.shared(config).head(store);
-        if (head != null && (head.version != version || head.epoch != versionEpoch)) {
-          load(head);
+        if (!checkedJustNow()) {
+          RingHttp.Head head = checkHead();
+          if (head != null && (head.version != version || head.epoch != versionEpoch)) {
+            load(head);
+          }
         }
-        epoch = Math.max(versionEpoch, head == null ? 0 : head.epoch) + 1;
+        epoch = Math.max(versionEpoch, checkedEpoch) + 1;
       }
       long next = version + 1;
       boolean snapshot = next == 1;
@@ -225,6 +247,7 @@ public final class RingFileSystem extends FileSystem {
         if (!"stale_epoch".equals(e.code)) {
           throw e;
         }
+        checkedNanos = 0; // ask the ring now, whenever it was asked last
         fresh();
         epoch = 0;
         throw new IOException("ring://" + fsName + ": another writer changed directory " + store
