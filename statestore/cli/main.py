@@ -280,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sr.add_argument("--threads", type=_positive, default=4, help="partitions moved at once (1-64)")
     sr.add_argument("--token-file", default=None, help="the ring's client token, in a file")
+    sr.add_argument(
+        "--driver-memory",
+        default="2g",
+        help="the local Spark driver's heap (it holds one store's rows at a time; default 2g)",
+    )
     _client_tls(sr)
 
     d = sub.add_parser(
@@ -518,6 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 threads=args.threads,
                 token_file=args.token_file,
                 tls_ca=args.tls_ca,
+                driver_memory=args.driver_memory,
             )
         if args.command == "demo":
             from statestore.cli.demo import run_demo

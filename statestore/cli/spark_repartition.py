@@ -21,6 +21,7 @@ def run(
     threads: int = 4,
     token_file: str | None = None,
     tls_ca: str | None = None,
+    driver_memory: str = "2g",
 ) -> int:
     """``statestore spark-repartition``: a local Spark session on the ring, a progress bar,
     one line when done. Returns the exit code."""
@@ -43,6 +44,8 @@ def run(
     try:
         builder = SparkSession.builder.master("local[2]").appName("statestore-repartition")
         builder = builder.config("spark.ui.enabled", "false")
+        # the tool holds one store's rows at a time in the driver (docs/spark.md)
+        builder = builder.config("spark.driver.memory", driver_memory)
         spark = configure(builder, seeds, token_file=token_file, tls_ca=tls_ca).getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         started = time.monotonic()
