@@ -19,8 +19,9 @@ providers. Spec keys:
   ``spark_connector.repartition`` its checkpoint to that many partitions; the batch it made (or
   the error) goes to ``<base>/out/<provider>/<op>/repartition-<n>.json``; with
   ``"only": true`` the queries do not run after it
-- ``spark_repartition``: ``{"provider", "partitions"}``: the same with Spark's own
-  ``spark._streamingCheckpointManager.repartition`` (RocksDB checkpoints only)
+- ``spark_repartition``: ``{"provider", "partitions", "operators"}``: the same with Spark's
+  own ``spark._streamingCheckpointManager.repartition`` (RocksDB checkpoints only), for those
+  operators (default: all)
 - ``fs_probe``: true: RingFileSystem's operations through Hadoop's API, results written to
   ``<base>/out/fs_probe.json``
 - ``repartition_probes``: ``[{"name", "checkpoint", "partitions"}]``: after all queries,
@@ -37,6 +38,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,7 @@ OPERATORS = {
     "pandas": "update",
     "dedup_count": "update",
     "tws": "update",
+    "tws_ttl": "update",
 }
 
 
@@ -96,13 +99,19 @@ def _processor_base() -> Any:
 
 
 class UserActivity(_processor_base()):  # type: ignore[misc]
-    """transformWithStateInPandas in event time: per user a value state (count and sum of v
-    over distinct ids), a list state (the last three v), a map state (id -> v, the ids seen)
-    and an event-time timer 20 s past each batch's latest event that reports the count."""
+    """transformWithStateInPandas: per user a value state (count and sum of v over distinct
+    ids), a list state (the last three v) and a map state (id -> v, the ids seen). In event
+    time (``ttl=False``) an event-time timer 20 s past each batch's latest event reports the
+    count; in processing time (``ttl=True``) the value state has a TTL of a day instead (Spark
+    allows TTLs in processing time only)."""
+
+    def __init__(self, ttl: bool = False) -> None:
+        self.ttl = ttl
 
     def init(self, handle: Any) -> None:
         self.handle = handle
-        self.count = handle.getValueState("count", "n long, total long")
+        ttl = 86_400_000 if self.ttl else None
+        self.count = handle.getValueState("count", "n long, total long", ttl)
         self.recent = handle.getListState("recent", "v long")
         self.seen = handle.getMapState("seen", "id long", "v long")
 
@@ -125,7 +134,7 @@ class UserActivity(_processor_base()):  # type: ignore[misc]
                 latest = ts if latest is None else max(latest, ts)
         self.count.update((n, total))
         self.recent.put([(x,) for x in recent])
-        if latest is not None:
+        if latest is not None and not self.ttl:
             self.handle.registerTimer(int(pd.Timestamp(latest).value // 1_000_000) + 20_000)
         row = {"user": key[0], "kind": "rows", "n": n, "total": total}
         yield pd.DataFrame([{**row, "recent": ",".join(map(str, recent))}])
@@ -186,16 +195,16 @@ def build(spark: Any, op: str, base: Path) -> Any:
             "Update",
             GroupStateTimeout.NoTimeout,
         )
-    if op == "tws":
+    if op in ("tws", "tws_ttl"):
         ev = stream("events", EVENTS).withWatermark("ts", "10 seconds")
         return (
             ev.select("user", "id", "ts", "v")
             .groupBy("user")
             .transformWithStateInPandas(
-                UserActivity(),
+                UserActivity(ttl=op == "tws_ttl"),
                 "user string, kind string, n long, total long, recent string",
                 "Update",
-                "EventTime",
+                "ProcessingTime" if op == "tws_ttl" else "EventTime",
             )
         )
     raise ValueError(f"unknown operator {op}")
@@ -228,7 +237,7 @@ def run(spec: dict[str, Any]) -> None:
             spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
             here = (op, provider)
             srep = spec.get("spark_repartition") or {}
-            if srep.get("provider") == provider:  # Spark's own runner (RocksDB checkpoints)
+            if srep.get("provider") == provider and op in srep.get("operators", [op]):
                 spark._streamingCheckpointManager.repartition(
                     checkpoint(base, spec, provider, op), srep["partitions"]
                 )
@@ -257,10 +266,13 @@ def run(spec: dict[str, Any]) -> None:
                         die if (die.get("op"), die.get("provider")) == here else {},
                     )
                 )
-                .trigger(availableNow=True)
+                .trigger(**TRIGGERS.get(op, {"availableNow": True}))
                 .start()
             )
-            query.awaitTermination()
+            if op in TRIGGERS:
+                until_all_files_read(query, base / "input" / "events")
+            else:
+                query.awaitTermination()
             progress = query.lastProgress or {}
             with open(out_dir / "progress.jsonl", "a") as f:
                 for p in query.recentProgress:
@@ -351,6 +363,27 @@ def fs_probe(spark: Any, fs_name: str) -> dict[str, Any]:
             java = getattr(exc, "java_exception", None)
             got[name] = str(java.getClass().getSimpleName()) if java is not None else repr(exc)
     return got
+
+
+# a processing-time transformWithState (what a TTL needs) runs no-data batches forever, so
+# availableNow never ends: these run on a timer and stop once every input file was read
+TRIGGERS = {"tws_ttl": {"processingTime": "500 milliseconds"}}
+
+
+def until_all_files_read(query: Any, source: Path, timeout: float = 300.0) -> None:
+    last = len(list(source.glob("*.json"))) - 1  # the file source's logOffset of the last one
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in query.recentProgress:
+            end = (p.get("sources") or [{}])[0].get("endOffset") or {}
+            if isinstance(end, str):
+                end = json.loads(end)
+            if end.get("logOffset", -1) >= last and p.get("numInputRows", 0) == 0:
+                query.stop()  # the batch after the last file's: every file's output is written
+                return
+        time.sleep(0.5)
+    query.stop()
+    raise TimeoutError(f"{source}: not every file was read in {timeout:.0f}s")
 
 
 def sink(out_dir: Path, kill: dict[str, Any], die: dict[str, Any]) -> Callable[[Any, int], None]:

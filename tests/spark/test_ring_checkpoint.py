@@ -1,13 +1,14 @@
 """Checkpoints on the ring (``checkpointLocation="ring://NAME/path"``, RingFileSystem) under
 real Spark against real nodes.
 
-A transformWithStateInPandas query (value, list and map state, event-time timers) runs on
-Spark's RocksDB provider twice: its checkpoint on local disk, and on the ring; an aggregation
-and session windows run on the ring provider with its checkpoint on the ring too (nothing of the
-query on local disk at all). Between the two phases the driver's local directories (Spark's
-local dir, where RocksDB keeps its working copy) are wiped, a ring node is killed, and the
-RocksDB checkpoint on the ring is repartitioned from 4 to 8 by Spark's own runner. The outputs
-must equal those of the same queries on a local checkpoint (RocksDB, resp. HDFS-backed).
+transformWithStateInPandas queries (value, list and map state; one with event-time timers,
+one in processing time with a state TTL) run on Spark's RocksDB provider twice: checkpoint on
+local disk, and on the ring; an aggregation and session windows run on the ring provider with
+their checkpoint on the ring too (nothing of the query on local disk at all). Between the two
+phases the driver's local directories (Spark's local dir, where RocksDB keeps its working
+copy) are wiped, a ring node is killed, and the event-time query's RocksDB checkpoint on the
+ring is repartitioned from 4 to 8 by Spark's own runner. The outputs must equal those of the
+same queries on a local checkpoint (RocksDB, resp. HDFS-backed).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def test_queries_on_a_ring_checkpoint_survive_a_wiped_driver_and_a_dead_node(
         "conf": {"spark.local.dir": str(local)},
     }
     runs = [
-        (["rocksdb", "rocksdb@ringfs"], ["tws"]),
+        (["rocksdb", "rocksdb@ringfs"], ["tws", "tws_ttl"]),
         (["hdfs", "ring@ringfs"], ["agg", "session"]),
     ]
     write_inputs(tmp_path, 1)
@@ -80,7 +81,8 @@ def test_queries_on_a_ring_checkpoint_survive_a_wiped_driver_and_a_dead_node(
 
     write_inputs(tmp_path, 2)
     # Spark's own repartition, on a RocksDB checkpoint kept on the ring
-    again = {**spec, "spark_repartition": {"provider": "rocksdb@ringfs", "partitions": 8}}
+    rep = {"provider": "rocksdb@ringfs", "partitions": 8, "operators": ["tws"]}
+    again = {**spec, "spark_repartition": rep}
     for i, (providers, ops) in enumerate(runs):
         _run(tmp_path, {**again, "providers": providers, "operators": ops}, f"second{i}")
     assert (tmp_path / "out" / "rocksdb@ringfs" / "tws" / "spark-repartition-8.json").exists()
