@@ -26,8 +26,6 @@ import pytest
 from statestore.cli.local import LocalRing
 from tests.spark.test_spark_ring import final_output, log_tail, run_job, write_inputs
 
-pytest.importorskip("google.protobuf", reason="transformWithState needs protobuf (.[spark])")
-
 
 def _run(base: Path, spec: dict[str, Any], name: str) -> None:
     done = run_job(base, spec, name)
