@@ -29,7 +29,7 @@ from statestore.core.errors import (
     StaleEpoch,
     StateStoreError,
     StoreNotFound,
-    TentativeNotSupported,
+    TentativeRolledBack,
     TlsFailed,
     Unauthenticated,
     Unavailable,
@@ -38,6 +38,7 @@ from statestore.core.errors import (
 )
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Head
+from statestore.core.tentative import Correction, Outcome
 from statestore.core.view import RingView
 
 from ._async import AsyncRingClient
@@ -48,6 +49,7 @@ __all__ = [
     "AccessDenied",
     "AsyncRingClient",
     "CommitResult",
+    "Correction",
     "CorruptChunk",
     "DecompressionBomb",
     "DelayBoundExceeded",
@@ -58,6 +60,7 @@ __all__ = [
     "MalformedData",
     "NodeUnavailable",
     "NotFound",
+    "Outcome",
     "PayloadTooLarge",
     "QuorumNotReached",
     "QuotaExceeded",
@@ -69,7 +72,7 @@ __all__ = [
     "StateStoreError",
     "StoreId",
     "StoreNotFound",
-    "TentativeNotSupported",
+    "TentativeRolledBack",
     "TlsFailed",
     "Unauthenticated",
     "Unavailable",

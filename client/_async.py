@@ -15,11 +15,13 @@ from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CH
 from statestore.core.errors import (
     AccessDenied,
     DelayBoundExceeded,
+    InvalidRequest,
     NodeUnavailable,
     NotFound,
+    QuorumNotReached,
     RateLimited,
     StateStoreError,
-    TentativeNotSupported,
+    TentativeRolledBack,
     TlsFailed,
     Unavailable,
 )
@@ -28,6 +30,7 @@ from statestore.core.keygroups import chain_for_groups, check_groups, only_group
 from statestore.core.manifest import Head
 from statestore.core.plan import Plan
 from statestore.core.quorum import check_consistency, read_answers, write_acks
+from statestore.core.tentative import ROLLED_BACK, Correction, Outcome, corrections, merge
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
 from statestore.net.reads import (
@@ -39,9 +42,11 @@ from statestore.net.reads import (
     read_versions,
 )
 from statestore.net.restorer import Restorer
+from statestore.net.tentative import commit_within, write_hints
 from statestore.net.tls import client_context, tls_ca_file
 from statestore.net.transport import Transport
 from statestore.net.writes import write_commit
+from statestore.wire.tentative import decode_outcomes
 
 from ._core import CommitResult, RestoredState, build_commit, check_plan, check_store, parse_seeds
 
@@ -140,6 +145,8 @@ class AsyncRingClient:
         # per store, the (version, epoch) this client last restored or committed: the base a
         # commit of the next version names when the caller does not (core/manifest.py)
         self._bases: dict[StoreId, tuple[int, int]] = {}
+        # this client's tentative commits not known decided yet: (version, epoch) by store
+        self._tentative: dict[StoreId, set[tuple[int, int]]] = {}
         self._cache = ChunkCache(cache_bytes)
         self._restorer = Restorer(
             self._transport,
@@ -258,9 +265,15 @@ class AsyncRingClient:
         the only copy until repair copies it, and a quorum read may not see it yet; see
         docs/client.md, "Consistency"). The commit is sent to every replica either way.
         ``delay_bound`` (seconds) fails the call with DelayBoundExceeded when it has not
-        finished by then. ``allow_tentative=True`` raises TentativeNotSupported: tentative
-        commits are not built, every acknowledgement is stable (the result's ``tentative``
-        is always False).
+        finished by then. ``allow_tentative=True`` (needs a ``delay_bound``): when W
+        replicas have not acknowledged after half the bound, the commit is also stored as a
+        *hint* on the nodes of the store's preference list it reaches, and acknowledged
+        *tentative* (``result.tentative``) once they hold it, by the bound at the latest. A
+        tentative commit is confirmed or rolled back after the heal (core/tentative.py):
+        ``outcomes(store)`` and ``corrections(store)`` say which; this client's next commit
+        of the store raises TentativeRolledBack when its tentative versions were rolled
+        back, and a commit on top of a tentative version is tentative too until that one is
+        confirmed (docs/client.md, "Tentative commits").
 
         ``base_epoch`` is the epoch of the ``version - 1`` this commit builds on (the
         ``epoch`` of the :class:`RestoredState` it started from, or the epoch of the previous
@@ -275,13 +288,14 @@ class AsyncRingClient:
         VersionConflict for other content at the same epoch, QuorumNotReached if fewer than W
         replicas answered (then nothing was acknowledged).
         """
-        if allow_tentative:
-            raise TentativeNotSupported(
-                "allow_tentative=True: tentative commits (acknowledged by the replicas "
-                "reachable within the delay bound, reconciled after the heal) are not built; "
-                "commit with allow_tentative=False, where every acknowledgement is stable"
-            )
         _check_request(consistency, delay_bound)
+        if allow_tentative and delay_bound is None:
+            raise InvalidRequest(
+                "allow_tentative=True needs a delay_bound: the time after which the commit "
+                "is acknowledged as tentative by the replicas it reached"
+            )
+        began = asyncio.get_running_loop().time()
+        on_tentative = await self._settle(store, version, epoch, delay_bound, allow_tentative)
         if base_epoch is None:
             known = self._bases.get(store)
             if known is not None and known[0] == version - 1 and known[1] <= epoch:
@@ -303,12 +317,10 @@ class AsyncRingClient:
             )
         )
 
-        async def op(view: RingView) -> CommitResult:
-            acks = write_acks(consistency, view.replicas, view.write_quorum)
-            await write_commit(
-                self._transport, view, manifest, chunks, concurrency=self.concurrency, acks=acks
-            )
+        def result(tentative: bool) -> CommitResult:
             self._bases[store] = (version, epoch)
+            if tentative:
+                self._tentative.setdefault(store, set()).add((version, epoch))
             return CommitResult(
                 store,
                 version,
@@ -317,9 +329,112 @@ class AsyncRingClient:
                 len(chunks),
                 sum(len(c.data) for c in chunks),
                 sum(c.raw_size for c in chunks),
+                tentative,
             )
 
-        return await _bounded(f"commit of {store} v{version}", self._routed(op), delay_bound)
+        async def op(view: RingView) -> CommitResult:
+            acks = write_acks(consistency, view.replicas, view.write_quorum)
+            await write_commit(
+                self._transport, view, manifest, chunks, concurrency=self.concurrency, acks=acks
+            )
+            return result(False)
+
+        async def stable() -> CommitResult:
+            if on_tentative:  # its base is tentative: so is this commit, until that one is
+                await asyncio.Future()  # decided (the hints answer; the bound cancels this)
+            return await self._routed(op)
+
+        async def hints(deadline: float) -> CommitResult | None:
+            view = await self.view()
+            held = await write_hints(
+                self._transport, view, manifest, chunks, deadline, enough=view.write_quorum
+            )
+            return result(True) if held else None
+
+        # the bound counts from the call: what settling and chunking took is spent
+        left = None
+        if delay_bound is not None:
+            left = max(delay_bound - (asyncio.get_running_loop().time() - began), 1e-3)
+        return await commit_within(
+            stable, hints, left, allow_tentative, f"commit of {store} v{version}"
+        )
+
+    async def _settle(
+        self, store: StoreId, version: int, epoch: int, bound: float | None, allow: bool
+    ) -> bool:
+        """Before a commit of a store with tentative commits of this client not known
+        decided: ask the owners what became of them (within a quarter of the bound).
+        Raises TentativeRolledBack if any was rolled back; returns whether the base of
+        this commit is still tentative (then this commit is tentative too, or, without
+        ``allow``, QuorumNotReached)."""
+        pending = self._tentative.get(store)
+        if not pending:
+            return False
+        try:
+            got = await asyncio.wait_for(self._outcomes(store), bound / 4 if bound else None)
+        except (Unavailable, TimeoutError):
+            got = {}
+        for key in list(pending):
+            o = got.get((key[1], key[0]))  # outcomes go by (epoch, version)
+            if o is None:
+                continue
+            pending.discard(key)
+            if o.outcome == ROLLED_BACK:
+                fixes = corrections([x for x in got.values() if x.epoch == key[1]])
+                raise TentativeRolledBack(
+                    f"tentative commits of {store} at epoch {key[1]} were rolled back after "
+                    "the partition healed (a writer with a higher epoch took over): "
+                    + "; ".join(
+                        f"versions {', '.join(map(str, c.versions))} discarded, replay from "
+                        f"version {c.replay_from} (positions {c.positions})"
+                        for c in fixes
+                    )
+                    + "; ring.corrections(store) lists them"
+                )
+        if not pending:
+            self._tentative.pop(store, None)
+        if (version - 1, epoch) not in pending:
+            return False
+        if not allow:
+            raise QuorumNotReached(
+                f"commit of {store} v{version} builds on v{version - 1}, a tentative commit "
+                "not confirmed yet (the partition has not healed, or its hand-off is under "
+                "way): retry, or commit with allow_tentative=True"
+            )
+        return True
+
+    async def _outcomes(self, store: StoreId) -> dict[tuple[int, int], Outcome]:
+        async def op(view: RingView) -> dict[tuple[int, int], Outcome]:
+            path = f"/v1/stores/{store.path}/outcomes"
+            owners = view.store_replicas(store)
+            results = await asyncio.gather(
+                *(self._transport.request("GET", a, path) for a in owners),
+                return_exceptions=True,
+            )
+            answers = [
+                decode_outcomes(r.body, store) for r in results if not isinstance(r, BaseException)
+            ]
+            for r in results:
+                if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
+                    raise r
+            if not answers:
+                raise QuorumNotReached(f"no owner of {store} answered for its outcomes")
+            return merge(answers)
+
+        return await self._routed(op, read=True)
+
+    async def outcomes(self, store: StoreId) -> list[Outcome]:
+        """What became of the store's tentative commits: one :class:`Outcome` (version,
+        epoch, ``confirmed`` or ``rolled_back``, the replay point) per commit decided."""
+        check_store(store)
+        got = await self._outcomes(store)
+        return [got[k] for k in sorted(got)]
+
+    async def corrections(self, store: StoreId) -> list[Correction]:
+        """The store's tentative commits that were rolled back, grouped by writer epoch:
+        the versions discarded, the last stable version below them (``replay_from``) and its
+        source positions, to replay the sources from (docs/client.md, "Tentative commits")."""
+        return corrections(await self.outcomes(store))
 
     async def restore(
         self,

@@ -33,7 +33,7 @@ class CommitResult:
     chunks: int
     bytes: int
     raw_bytes: int
-    tentative: bool = False  # always False: tentative commits are not built (stable acks)
+    tentative: bool = False  # acknowledged by the nodes reached, not W (core/tentative.py)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Head
 from statestore.core.plan import Plan
+from statestore.core.tentative import Correction, Outcome
 from statestore.core.view import RingView
 
 from ._async import AsyncRingClient
@@ -87,7 +88,8 @@ class RingClient:
         """:meth:`AsyncRingClient.commit` (``base_epoch``: the epoch of the restored
         ``version - 1`` this commit builds on; by default what this client last restored or
         committed of the store, if that was ``version - 1``; ``consistency`` one, quorum or
-        all; ``delay_bound`` seconds; ``allow_tentative=True`` raises TentativeNotSupported)."""
+        all; ``delay_bound`` seconds; ``allow_tentative=True``: acknowledged tentative by the
+        nodes it reaches when W replicas did not answer within half the bound)."""
         return self._call(
             self._async.commit(
                 store,
@@ -155,3 +157,12 @@ class RingClient:
 
     def ring(self) -> RingView:
         return self._call(self._async.ring())
+
+    def outcomes(self, store: StoreId) -> list[Outcome]:
+        """:meth:`AsyncRingClient.outcomes`: what became of the store's tentative commits."""
+        return self._call(self._async.outcomes(store))
+
+    def corrections(self, store: StoreId) -> list[Correction]:
+        """:meth:`AsyncRingClient.corrections`: rolled-back tentative commits, with the
+        version and source positions to replay from."""
+        return self._call(self._async.corrections(store))

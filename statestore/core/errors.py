@@ -16,6 +16,7 @@
     │   ├── StoreNotFound            no version of that store exists
     │   └── VersionNotFound          that version is unknown or past retention
     ├── StaleEpoch                   a writer fenced by a newer epoch (HTTP 409)
+    │   └── TentativeRolledBack      the writer's tentative commits were rolled back
     ├── VersionConflict              same version and epoch, different content (HTTP 409)
     ├── QueryDropping                a write while an admin's drop of the query runs (HTTP 409)
     ├── QuotaExceeded                a write that would take a query past its quota (HTTP 507)
@@ -29,7 +30,6 @@
     │   ├── RequestTimeout           an operation ran past its deadline
     │   │   └── DelayBoundExceeded   a request's ``delay_bound=`` passed before it finished
     │   └── InsufficientStorage      a replica's disk is (nearly) full: read-only (HTTP 507)
-    ├── TentativeNotSupported        ``allow_tentative=True``: tentative commits are not built
     └── SetupError                   this machine is not set up to do it (never sent on the wire)
         ├── DataDirInUse             another node process holds the data dir
         └── SparkConnectorError      no javac, an unsupported pyspark, no seed answering
@@ -67,7 +67,7 @@ __all__ = [
     "StaleEpoch",
     "StateStoreError",
     "StoreNotFound",
-    "TentativeNotSupported",
+    "TentativeRolledBack",
     "TlsFailed",
     "Unauthenticated",
     "Unavailable",
@@ -144,6 +144,15 @@ class StaleEpoch(StateStoreError):
     status = 409
 
 
+class TentativeRolledBack(StaleEpoch):
+    """A writer's tentative commits (acknowledged while it was cut off from a quorum) were
+    rolled back after the heal: a writer with a higher epoch took over meanwhile. The
+    message names the versions discarded and the version to replay from;
+    ``ring.corrections(store)`` has them with the source positions (docs/client.md)."""
+
+    code = "tentative_rolled_back"
+
+
 class VersionConflict(StateStoreError):
     code = "version_conflict"
     status = 409
@@ -218,15 +227,6 @@ class DelayBoundExceeded(RequestTimeout):
     (nothing is known about a commit's outcome: it may still land on some replicas)."""
 
     code = "delay_bound_exceeded"
-
-
-class TentativeNotSupported(StateStoreError, NotImplementedError):
-    """``allow_tentative=True``: tentative commits (acknowledged by the replicas reachable
-    within the delay bound, reconciled after a partition heals) are not built yet; every
-    acknowledgement is stable (docs/client.md, "Consistency")."""
-
-    code = "tentative_not_supported"
-    status = 501
 
 
 class InsufficientStorage(Unavailable):

@@ -474,7 +474,8 @@ async def commit(request: web.Request) -> web.Response:
     retain = _retain(request)
     positions = decode_positions(request.headers.get(POSITIONS_HEADER, "{}"), POSITIONS_HEADER)
     consistency, delay_bound = _consistency(request)
-    check_tentative(request.query.get("allow_tentative", "0") in ("1", "true"))
+    allow_tentative = request.query.get("allow_tentative", "0") in ("1", "true")
+    check_tentative(allow_tentative, delay_bound)
     body = bytearray()
     limit = node.config.body_timeout
     while True:
@@ -492,22 +493,20 @@ async def commit(request: web.Request) -> web.Response:
                 "or raise the node's --max-commit"
             )
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
-    result = await _bounded(
-        coordinate_commit(
-            node,
-            store,
-            version,
-            epoch,
-            puts,
-            deletes,
-            positions,
-            snapshot,
-            retain,
-            base_epoch,
-            consistency,
-        ),
+    result = await coordinate_commit(
+        node,
+        store,
+        version,
+        epoch,
+        puts,
+        deletes,
+        positions,
+        snapshot,
+        retain,
+        base_epoch,
+        consistency,
         delay_bound,
-        f"commit of {store} v{version}",
+        allow_tentative,
     )
     return web.json_response(result, status=201)
 

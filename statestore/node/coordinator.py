@@ -13,12 +13,13 @@ from typing import Any
 
 from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS
 from statestore.core.commit import build_commit
-from statestore.core.errors import StoreNotFound, TentativeNotSupported
+from statestore.core.errors import InvalidRequest, StoreNotFound
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
 from statestore.core.plan import check_plan
 from statestore.core.quorum import check_consistency, read_answers, write_acks
 from statestore.net.reads import read_chain, read_head
+from statestore.net.tentative import commit_within, write_hints
 from statestore.net.writes import write_commit
 from statestore.node.daemon import Node
 
@@ -36,14 +37,14 @@ POSITIONS_HEADER = "X-Statestore-Positions"
 VERSION_HEADER = "X-Statestore-Version"
 WRITER_EPOCH_HEADER = "X-Statestore-Writer-Epoch"
 STATS_HEADER = "X-Statestore-Stats"
-TENTATIVE_HEADER = "X-Statestore-Tentative"  # always "false": tentative state is not built
+TENTATIVE_HEADER = "X-Statestore-Tentative"  # always "false": restores return stable state
 
 
-def check_tentative(allow_tentative: bool) -> None:
-    if allow_tentative:
-        raise TentativeNotSupported(
-            "allow_tentative: tentative commits are not built; every acknowledgement is "
-            "stable (commit without allow_tentative)"
+def check_tentative(allow_tentative: bool, delay_bound: float | None) -> None:
+    if allow_tentative and delay_bound is None:
+        raise InvalidRequest(
+            "allow_tentative=1 needs delay_bound=SECONDS: the time after which the commit is "
+            "acknowledged as tentative by the nodes it reached"
         )
 
 
@@ -59,9 +60,12 @@ async def coordinate_commit(
     retain: int | None = None,
     base_epoch: int | None = None,
     consistency: str = "quorum",
+    delay_bound: float | None = None,
+    allow_tentative: bool = False,
 ) -> dict[str, Any]:
     """Write for the caller; ``consistency`` (one, quorum, all) is how many replicas must
-    acknowledge (core/quorum.write_acks)."""
+    acknowledge (core/quorum.write_acks); within ``delay_bound`` seconds, tentative (hints on
+    the nodes this node reaches) with ``allow_tentative`` (net/tentative.commit_within)."""
     check_consistency(consistency)
     manifest, chunks = await asyncio.to_thread(
         build_commit,
@@ -79,16 +83,31 @@ async def coordinate_commit(
     )
     view = node.view()
     acks = write_acks(consistency, view.replicas, view.write_quorum)
-    stats = await write_commit(node.transport, view, manifest, chunks, retain=retain, acks=acks)
-    return {
-        "version": version,
-        "epoch": epoch,
-        "kind": manifest.kind,
-        "chunks": stats.chunks,
-        "bytes": stats.bytes,
-        "consistency": consistency,
-        "tentative": False,
-    }
+
+    def answer(tentative: bool) -> dict[str, Any]:
+        return {
+            "version": version,
+            "epoch": epoch,
+            "kind": manifest.kind,
+            "chunks": len(chunks),
+            "bytes": sum(len(c.data) for c in chunks),
+            "consistency": consistency,
+            "tentative": tentative,
+        }
+
+    async def stable() -> dict[str, Any]:
+        await write_commit(node.transport, view, manifest, chunks, retain=retain, acks=acks)
+        return answer(False)
+
+    async def hints(deadline: float) -> dict[str, Any] | None:
+        held = await write_hints(
+            node.transport, view, manifest, chunks, deadline, enough=view.write_quorum
+        )
+        return answer(True) if held else None
+
+    return await commit_within(
+        stable, hints, delay_bound, allow_tentative, f"commit of {store} v{version}"
+    )
 
 
 async def coordinate_restore(

@@ -262,7 +262,16 @@ class Node:
         self._view: RingView | None = None
         self._directory: list[str] = []
         self.restorer: Restorer
-        self.stats: dict[str, int] = {"repaired": 0, "handed_off": 0, "snapshots": 0, "gc": 0}
+        self.stats: dict[str, int] = {
+            "repaired": 0,
+            "handed_off": 0,
+            "snapshots": 0,
+            "gc": 0,
+            "hints": 0,
+            "hints_taken": 0,
+            "tentative_confirmed": 0,
+            "tentative_rolled_back": 0,
+        }
         self.move: MoveStatus | None = None  # a join or leave under way or finished
         self._superseded_logged = False
 

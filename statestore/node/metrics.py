@@ -160,6 +160,11 @@ class NodeCollector(Collector):
             "Items held here that an owner still lacks (copies and hand-offs waiting)",
             node.stats.get("repair_backlog", 0),
         )
+        yield _gauge(
+            "statestore_hints",
+            "Tentative commits held here as hints, not handed to their owners yet",
+            node.stats.get("hints", 0),
+        )
         yield _gauge("statestore_ring_epoch", "The ring epoch this node has seen", node.epoch)
         members = GaugeMetricFamily(
             "statestore_members", "Ring members by failure-detector state", labels=["status"]
@@ -175,10 +180,19 @@ class NodeCollector(Collector):
             "statestore_node_events",
             "Background work done: repaired (copies pushed), handed_off (copies dropped after "
             "their owners confirmed), snapshots (folded by compaction), gc (items dropped "
-            "below retention)",
+            "below retention), hints_taken (tentative commits kept as hints), "
+            "tentative_confirmed and tentative_rolled_back (verdicts this node reached)",
             labels=["event"],
         )
-        for name in ("repaired", "handed_off", "snapshots", "gc"):
+        for name in (
+            "repaired",
+            "handed_off",
+            "snapshots",
+            "gc",
+            "hints_taken",
+            "tentative_confirmed",
+            "tentative_rolled_back",
+        ):
             events.add_metric([name], node.stats.get(name, 0))
         yield events
         restarts = CounterMetricFamily(

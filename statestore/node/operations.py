@@ -13,6 +13,7 @@ from statestore.node import (
     activity,
     dashboard,
     handover,
+    hints,
     inventory,
     lookup,
     metrics,
@@ -33,3 +34,4 @@ def install(app: web.Application) -> None:
     dashboard.register(app)
     handover.register(app)
     quotas.register(app)
+    hints.register(app)

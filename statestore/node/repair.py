@@ -122,7 +122,10 @@ async def repair_pass(
         return tuple(a for a in view.future_replicas_of(key) if a not in owners)
 
     holdings: list[Holding] = []
+    hinted = node.store.hinted_chunks()  # a tentative commit's: its hand-off moves them
     for key in node.store.chunk_keys():
+        if key in hinted:
+            continue
         owners = tuple(view.replicas_of(key))
         holdings.append(Holding(f"c:{key}", key, owners, previous(key), pending(key, owners)))
     for store, version, kind, epoch in node.store.manifest_items():

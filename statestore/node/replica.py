@@ -13,6 +13,9 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
        ``f:<store>``                         retention floor: versions below it are gone
        ``r:<store>``                         versions to retain, set by the writer (else --retain)
        ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
+       ``n:<store>/<epoch, 20>/<version, 20>/<kind>``  hint: a tentative commit's manifest
+                                             and its holders, until handed off (node/hints.py)
+       ``x:<store>/<epoch, 20>/<version, 20>``  outcome of a tentative commit (core/tentative)
 
 Every write goes through :meth:`NodeStore._write`, which keeps the bytes each query holds
 (chunks and manifests, replaced epochs included: core/quota.py) up to date and, for a
@@ -31,9 +34,11 @@ from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
 from statestore.core.quota import COUNTED_PREFIXES, Usage, charges, check, query_of_key
+from statestore.core.tentative import Outcome
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
 from statestore.wire.manifest import decode_manifest, encode_manifest, manifest_epoch
+from statestore.wire.tentative import decode_hint, decode_outcomes, encode_hint, encode_outcomes
 
 __all__ = ["NodeStore"]
 
@@ -44,6 +49,14 @@ def _mkey(store: StoreId, version: int, kind: str) -> bytes:
 
 def _okey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
     return f"o:{store.path}/{version:020d}/{kind}/{epoch:020d}".encode()
+
+
+def _nkey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
+    return f"n:{store.path}/{epoch:020d}/{version:020d}/{kind}".encode()
+
+
+def _xkey(store: str, version: int, epoch: int) -> bytes:
+    return f"x:{store}/{epoch:020d}/{version:020d}".encode()
 
 
 def _version_of(key: bytes) -> int:
@@ -310,6 +323,79 @@ class NodeStore:
             deletes.append(b"h:" + store.path.encode())
         self._write(puts, deletes)
 
+    # -- tentative commits (core/tentative.py) ------------------------------------------
+    def check_fence(self, m: Manifest) -> None:
+        """StaleEpoch if this replica's head of ``m.store``, or its manifest of the same
+        version and kind, has a higher epoch than ``m`` (what put_manifest refuses)."""
+        head = self.head(m.store)
+        if head is not None and m.epoch < head.epoch:
+            raise StaleEpoch(
+                f"store {m.store} is at epoch {head.epoch}; a writer with epoch {m.epoch} is "
+                "fenced: a newer writer took over, so stop this one"
+            )
+        raw = self.backend.get(_mkey(m.store, m.version, m.kind))
+        if raw is not None and manifest_epoch(raw) > m.epoch:
+            raise StaleEpoch(
+                f"store {m.store} version {m.version} was committed at epoch "
+                f"{manifest_epoch(raw)}; epoch {m.epoch} cannot overwrite it"
+            )
+
+    def put_hint(self, m: Manifest, holders: list[str]) -> bool:
+        """Keep a tentative commit's manifest until it is handed off. Fenced like a manifest
+        by what this node holds of the store; VersionConflict for other content at the same
+        version, kind and epoch; False when already held (idempotent)."""
+        self.check_fence(m)
+        key = _nkey(m.store, m.version, m.kind, m.epoch)
+        raw = self.backend.get(key)
+        if raw is not None:
+            old, _ = decode_hint(raw)
+            if old.same_content(m):
+                return False
+            raise VersionConflict(
+                f"store {m.store} version {m.version} already has a tentative commit with "
+                f"other content at epoch {m.epoch}"
+            )
+        self._write({key: encode_hint(m, holders)})
+        return True
+
+    def raw_hint(self, store: StoreId, version: int, kind: str, epoch: int) -> bytes | None:
+        return self.backend.get(_nkey(store, version, kind, epoch))
+
+    def hints(self) -> list[tuple[Manifest, list[str]]]:
+        """Every hint held (manifest, holders), in key order: by store, epoch, version."""
+        return [decode_hint(raw) for _, raw in self.backend.scan(b"n:")]
+
+    def hint_count(self) -> int:
+        return len(self.backend.scan_keys(b"n:"))
+
+    def hinted_chunks(self) -> set[str]:
+        """Chunk keys that a held hint names: repair leaves them to the hand-off."""
+        return {
+            f"{m.store.path}/{m.version}/{ref.name}" for m, _ in self.hints() for ref in m.chunks
+        }
+
+    def delete_hint(self, m: Manifest) -> None:
+        self._write({}, [_nkey(m.store, m.version, m.kind, m.epoch)])
+
+    def put_outcome(self, o: Outcome) -> Outcome:
+        """Record what became of a tentative commit; the first verdict recorded stays (a
+        later, different one is not taken). Returns the verdict held."""
+        key = _xkey(o.store, o.version, o.epoch)
+        raw = self.backend.get(key)
+        if raw is not None:
+            return decode_outcomes(raw)[0]
+        self._write({key: encode_outcomes([o])})
+        return o
+
+    def outcome(self, store: str, version: int, epoch: int) -> Outcome | None:
+        raw = self.backend.get(_xkey(store, version, epoch))
+        return decode_outcomes(raw)[0] if raw is not None else None
+
+    def outcomes(self, store: StoreId) -> list[Outcome]:
+        return [
+            decode_outcomes(raw)[0] for _, raw in self.backend.scan(f"x:{store.path}/".encode())
+        ]
+
     # -- whole queries (drop) ------------------------------------------------------------
     def query_keys(self, query: str) -> dict[str, list[bytes]]:
         """Every key of ``query``'s stores, by kind: chunks, manifests (replaced ones too),
@@ -323,6 +409,8 @@ class NodeStore:
                 ("heads", "h"),
                 ("floors", "f"),
                 ("retention", "r"),
+                ("hints", "n"),
+                ("outcomes", "x"),
             )
         } | {  # with the manifests that a higher epoch replaced
             "manifests": [

@@ -22,6 +22,7 @@ from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
 from statestore.node.handover import check_replace, drain, join_loop
+from statestore.node.hints import hint_loop
 from statestore.node.repair import repair_loop
 from statestore.node.tombstones import tombstone_loop
 
@@ -32,6 +33,7 @@ LOOPS: tuple[tuple[str, Loop], ...] = (
     ("repair", repair_loop),
     ("compaction", compaction_loop),
     ("join", join_loop),
+    ("hints", hint_loop),
 )
 
 

@@ -48,7 +48,7 @@ __all__ = ["DROPPING", "Dropping", "register", "tombstone_loop"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-WRITE_AREAS = frozenset({"chunks", "manifests", "stores"})
+WRITE_AREAS = frozenset({"chunks", "manifests", "stores", "hints"})
 
 
 class Dropping:

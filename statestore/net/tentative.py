@@ -1,0 +1,179 @@
+"""Commits within a delay bound, tentative when the bound runs out (core/tentative.py).
+
+:func:`commit_within` is shared by the client and the node's coordinator: it runs the stable
+write (W replicas) and, when that has not finished after half the bound and the caller
+allows it, also writes the commit as **hints** to the nodes of the store's preference list
+(its replicas, then its stand-ins, net/reads.stand_ins): every chunk, then the manifest as a
+hint (``PUT /v1/hints/...?holders=``). Whichever finishes first answers: the stable write
+(an ordinary acknowledgement), or the hints once every target answered, or at the bound
+whatever holds a hint (at least one node: the commit is *tentative*). Nothing reached by the
+bound: DelayBoundExceeded, as without ``allow_tentative``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from statestore.core.chunk import EncodedChunk
+from statestore.core.errors import (
+    DelayBoundExceeded,
+    StaleEpoch,
+    StateStoreError,
+    Unavailable,
+    VersionConflict,
+)
+from statestore.core.ids import chunk_key
+from statestore.core.manifest import Manifest
+from statestore.core.tentative import switch_after
+from statestore.core.view import RingView
+from statestore.net.reads import stand_ins
+from statestore.net.transport import Transport
+from statestore.wire.manifest import encode_manifest
+
+__all__ = ["commit_within", "hint_targets", "write_hints"]
+
+T = TypeVar("T")
+# what the hint writes get past the bound to say who held them (they stop at the bound)
+GRACE = 0.015
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()  # the simulator's clock under statestore-sim
+
+
+def hint_targets(view: RingView, manifest: Manifest) -> list[str]:
+    """Where a tentative commit's hints go: the store's replicas, then its stand-ins."""
+    owners = view.store_write_replicas(manifest.store)
+    return owners + [a for a in stand_ins(view, manifest.store) if a not in owners]
+
+
+async def write_hints(
+    transport: Transport,
+    view: RingView,
+    manifest: Manifest,
+    chunks: list[EncodedChunk],
+    deadline: float,
+    *,
+    enough: int,
+) -> list[str]:
+    """Store the commit as a hint on its targets until ``deadline`` (the event loop's clock) or
+    until ``enough`` of them hold it; returns the holders. Fencing refusals (a target that
+    holds a higher epoch of the store) are raised: a fenced writer gets no tentative ack."""
+    targets = hint_targets(view, manifest)
+    holders_q = ",".join(targets)
+    path = f"/v1/hints/{manifest.store.path}/{manifest.version}/{manifest.kind}"
+    body = encode_manifest(manifest)
+    held: list[str] = []
+    refused: list[BaseException] = []
+    enough_held = asyncio.Event()
+
+    async def one(address: str) -> None:
+        try:
+            for c in chunks:
+                key = chunk_key(manifest.store, manifest.version, c.name)
+                await transport.request("PUT", address, f"/v1/chunks/{key}", body=c.data)
+            await transport.request(
+                "PUT",
+                address,
+                f"{path}?holders={holders_q}",
+                body=body,
+                headers={"Content-Type": "application/msgpack"},
+            )
+        except (StaleEpoch, VersionConflict) as exc:
+            refused.append(exc)
+            enough_held.set()
+            return
+        except StateStoreError:
+            return
+        held.append(address)
+        if len(held) >= enough:
+            enough_held.set()
+
+    tasks = [asyncio.create_task(one(a)) for a in targets]
+    waiter = asyncio.create_task(enough_held.wait())
+    try:
+        await _wait_any(tasks, waiter, deadline)
+    finally:
+        for t in (*tasks, waiter):
+            t.cancel()
+        await asyncio.gather(*tasks, waiter, return_exceptions=True)
+    if refused:
+        raise refused[0]
+    return held
+
+
+async def _wait_any(
+    tasks: list[asyncio.Task[None]], waiter: asyncio.Task[Any], deadline: float
+) -> None:
+    """Until every task is done, ``waiter`` is, or the deadline passed."""
+    pending: set[asyncio.Task[Any]] = {*tasks}
+    while pending and not waiter.done():
+        left = deadline - _now()
+        if left <= 0:
+            return
+        _, pending = await asyncio.wait(
+            {*pending, waiter}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+        )
+        pending.discard(waiter)
+
+
+async def commit_within(
+    stable: Callable[[], Coroutine[Any, Any, T]],
+    tentative: Callable[[float], Coroutine[Any, Any, T | None]],
+    delay_bound: float | None,
+    allow_tentative: bool,
+    what: str,
+) -> T:
+    """Run ``stable()`` within ``delay_bound``; with ``allow_tentative``, after
+    :func:`switch_after` also ``tentative(deadline)`` (it returns None when no node took the
+    hint). The first result wins; the other is cancelled."""
+    if delay_bound is None:
+        return await stable()
+    deadline = _now() + delay_bound
+    task = asyncio.create_task(stable())
+    hints: asyncio.Task[T | None] | None = None
+    try:
+        if not allow_tentative:
+            try:
+                return await asyncio.wait_for(asyncio.shield(task), delay_bound)
+            except TimeoutError:
+                raise _exceeded(what, delay_bound) from None
+        await asyncio.wait({task}, timeout=switch_after(delay_bound))
+        if task.done():
+            exc = task.exception()
+            if exc is None:
+                return task.result()
+            if not isinstance(exc, Unavailable):
+                raise exc  # fenced, a conflict, refused: final, tentative or not
+        hints = asyncio.create_task(tentative(deadline))
+        pending: set[asyncio.Task[Any]] = {hints} if task.done() else {task, hints}
+        while pending:
+            done, pending = await asyncio.wait(
+                pending,
+                timeout=max(deadline + GRACE - _now(), 0.0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not done:
+                break
+            if task in done:
+                exc = task.exception()
+                if exc is None:
+                    return task.result()
+                if not isinstance(exc, Unavailable):
+                    raise exc
+            if hints in done:
+                result = hints.result()  # raises a fencing refusal
+                if result is not None:
+                    return result
+        raise _exceeded(what, delay_bound)
+    finally:
+        for t in (task, hints):
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(task, *([hints] if hints else []), return_exceptions=True)
+
+
+def _exceeded(what: str, bound: float) -> DelayBoundExceeded:
+    return DelayBoundExceeded(f"{what} did not finish within its delay bound of {bound:g} s")

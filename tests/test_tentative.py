@@ -1,0 +1,142 @@
+"""Tentative commits on real node processes (core/tentative.py, node/hints.py).
+
+A writer that reaches one replica of three (the other two paused with SIGSTOP: alive to the
+kernel, answering nothing) gets its commits acknowledged *tentative* within its delay bound,
+stored as hints on the node it reaches. After the heal the hints are handed to the owners:
+
+- with no other writer meanwhile, they are **confirmed**: they restore byte for byte, and the
+  writer's next commit is stable again;
+- when a writer with a higher epoch took over meanwhile (from the last stable version), they
+  are **rolled back**: the owners hold the new writer's history, ``corrections`` names the
+  versions discarded and the version and source positions to replay from, and the old
+  writer's next commit raises TentativeRolledBack.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client import (
+    Correction,
+    InvalidRequest,
+    QuorumNotReached,
+    RingClient,
+    StaleEpoch,
+    StoreId,
+    TentativeRolledBack,
+)
+from statestore.cli.local import LocalRing, http_json
+from tests.conftest import FAST
+
+BOUND = 1.0
+
+
+@pytest.fixture
+def ring(tmp_path: Path) -> Iterator[LocalRing]:
+    r = LocalRing(str(tmp_path), 3, args=FAST).start()
+    try:
+        r.wait_ring(3)
+        yield r
+    finally:
+        for i in range(3):
+            try:
+                r.resume(i)
+            except Exception:
+                pass
+        r.stop()
+
+
+def rows(v: int, who: str = "w1") -> dict[bytes, bytes]:
+    return {f"{who}-k{v}-{i}".encode(): f"{who}-v{v}".encode() * 8 for i in range(30)}
+
+
+def _decided(client: RingClient, sid: StoreId, n: int, timeout: float = 45.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    got: list[str] = []
+    while time.monotonic() < deadline:
+        try:
+            got = [o.outcome for o in client.outcomes(sid)]
+        except QuorumNotReached:
+            got = []
+        if len(got) >= n:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"tentative commits of {sid} not decided in {timeout} s: {got}")
+
+
+def _hints(address: str) -> int:
+    stats = http_json(address, "/v1/health")["stats"]
+    return int(stats["hints_taken"])
+
+
+def test_tentative_commits_are_confirmed_after_the_heal(ring: LocalRing) -> None:
+    sid = StoreId("tent", 0, 1)
+    with RingClient(ring.seeds, timeout=BOUND) as w1:
+        with pytest.raises(InvalidRequest, match="needs a delay_bound"):
+            w1.commit(sid, 1, rows(1), epoch=1, allow_tentative=True)
+        # all replicas answer: the commit is stable, tentative allowed or not
+        r1 = w1.commit(sid, 1, rows(1), epoch=1, delay_bound=5.0, allow_tentative=True)
+        assert r1.tentative is False
+        ring.pause(1)
+        ring.pause(2)
+        r2 = w1.commit(sid, 2, rows(2), epoch=1, delay_bound=BOUND, allow_tentative=True)
+        r3 = w1.commit(sid, 3, rows(3), epoch=1, delay_bound=BOUND, allow_tentative=True)
+        assert (r2.tentative, r3.tentative) == (True, True)
+        assert _hints(ring.seeds[0]) == 2
+        # a stable commit on top of a tentative one is refused until it is confirmed
+        with pytest.raises(QuorumNotReached, match="tentative"):
+            w1.commit(sid, 4, rows(4), epoch=1, delay_bound=BOUND)
+        ring.resume(1)
+        ring.resume(2)
+        assert _decided(w1, sid, 2) == ["confirmed", "confirmed"]
+        assert w1.corrections(sid) == []
+        expected = rows(1) | rows(2) | rows(3)
+        st = w1.restore(sid)
+        assert (st.version, st.epoch, dict(st)) == (3, 1, expected)
+        # the writer is stable again
+        r4 = w1.commit(sid, 4, rows(4), epoch=1, delay_bound=5.0, allow_tentative=True)
+        assert r4.tentative is False
+        assert dict(w1.restore(sid, 4)) == expected | rows(4)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # every holder forgets its hints
+        stats = [http_json(a, "/v1/health")["stats"] for a in ring.seeds]
+        if all(s["hints"] == 0 for s in stats):
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"hints still held: {stats}")
+
+
+def test_tentative_commits_are_rolled_back_when_a_newer_writer_took_over(
+    ring: LocalRing,
+) -> None:
+    sid = StoreId("tent", 0, 2)
+    with RingClient(ring.seeds, timeout=BOUND) as w1:
+        w1.commit(sid, 1, rows(1), positions={"src": 10}, epoch=1)
+        ring.pause(1)
+        ring.pause(2)
+        for v in (2, 3):
+            r = w1.commit(sid, v, rows(v), positions={"src": 10 * v}, epoch=1, delay_bound=BOUND,
+                          allow_tentative=True)  # fmt: skip
+            assert r.tentative
+        # the other side of the split: node 0 is cut off, nodes 1 and 2 are back
+        ring.pause(0)
+        ring.resume(1)
+        ring.resume(2)
+        with RingClient(ring.seeds[1:], timeout=BOUND) as w2:
+            st = w2.restore(sid)  # the tentative versions are not stable state
+            assert (st.version, dict(st), st.positions) == (1, rows(1), {"src": 10})
+            w2.commit(sid, 2, rows(2, "w2"), positions={"src": 15}, epoch=2, base_epoch=1)
+        ring.resume(0)
+        assert _decided(w1, sid, 2) == ["rolled_back", "rolled_back"]
+        assert w1.corrections(sid) == [Correction(sid.path, 1, (2, 3), 1, {"src": 10})]
+        with pytest.raises(TentativeRolledBack, match=r"versions 2, 3 discarded, replay from"):
+            w1.commit(sid, 4, rows(4), epoch=1)
+        with pytest.raises(StaleEpoch):  # and it stays fenced
+            w1.commit(sid, 4, rows(4), epoch=1)
+        st = w1.restore(sid)
+        assert (st.version, st.epoch, dict(st)) == (2, 2, rows(1) | rows(2, "w2"))
