@@ -69,6 +69,8 @@ def assert_nothing_left(ring: LocalRing, query: str) -> None:
             "heads": 0,
             "floors": 0,
             "retention": 0,
+            "hints": 0,
+            "outcomes": 0,
         }, address
         assert held["tombstone"] is not None and held["tombstone"]["state"] == "sealed"
         assert not [s for s in stores_on(address) if s.startswith(query + "/")], address

@@ -585,7 +585,8 @@ class Node:
             "state": self.membership.state.value if self.membership is not None else "normal",
             "dht_port": self.discovery.port if self.discovery is not None else None,
             "dht_directory": len(self._directory),
-            "stats": dict(self.stats),
+            # hints: the tentative commits held now (the hint loop may be waiting on the owners)
+            "stats": dict(self.stats) | {"hints": self.store.hint_count()},
         }
 
 

@@ -163,7 +163,7 @@ class NodeCollector(Collector):
         yield _gauge(
             "statestore_hints",
             "Tentative commits held here as hints, not handed to their owners yet",
-            node.stats.get("hints", 0),
+            node.store.hint_count(),
         )
         yield _gauge("statestore_ring_epoch", "The ring epoch this node has seen", node.epoch)
         members = GaugeMetricFamily(

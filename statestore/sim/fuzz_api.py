@@ -287,6 +287,7 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             "put-manifest", "get-manifest", "stores", "heads", "chains", "head", "versions",
             "chain", "gc", "commit", "state", "relay", "metrics", "dashboard", "activity",
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
+            "put-hint", "get-hint", "outcomes", "post-outcomes",
         )
     )  # fmt: skip
     j = "json"
@@ -319,6 +320,25 @@ def _template(rng: random.Random, h: _Harness) -> Request:
         path = f"/v1/manifests/{store.path}/{v}/{kind}"
         q = {"retain": "3"} if rng.random() < 0.2 else {}
         r = Request(route, "PUT", path, q, {}, b"", obj, "msgpack")
+    elif route == "put-hint":
+        key, data = _chunk(rng, store, v)
+        c = encode_chunks(_rows(rng, 3), [], groups=128)[0]
+        m = Manifest(store, v, "delta", rng.choice((0, 1, 2)), 128, (ChunkRef.of(c),), {"p": 1})
+        obj = msgpack.unpackb(encode_manifest(m))
+        q = {"holders": rng.choice((ADDRESS, f"{ADDRESS},n1:7400", "x", ""))}
+        path = f"/v1/hints/{store.path}/{v}/delta"
+        r = Request(route, "PUT", path, q, {}, b"", obj, "msgpack")
+    elif route == "get-hint":
+        q = {"epoch": str(rng.choice((0, 1, 2)))}
+        r = Request(route, "GET", f"/v1/hints/{store.path}/{v}/delta", q, {}, b"")
+    elif route == "outcomes":
+        r = Request(route, "GET", f"{sp}/outcomes", {}, {}, b"")
+    elif route == "post-outcomes":
+        verdict = rng.choice(("confirmed", "rolled_back"))
+        o = {"store": store.path, "version": v, "epoch": 1, "outcome": verdict}
+        if verdict == "rolled_back":
+            o |= {"replay_from": v - 1, "positions": {"k": v}}
+        r = Request(route, "POST", f"{sp}/outcomes", {}, {}, b"", {"outcomes": [o]}, j)
     elif route == "get-manifest":
         path = f"/v1/manifests/{store.path}/{v}/{rng.choice(('delta', 'snapshot'))}"
         r = Request(route, "GET", path, {}, {}, b"")
