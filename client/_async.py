@@ -145,8 +145,10 @@ class AsyncRingClient:
         # per store, the (version, epoch) this client last restored or committed: the base a
         # commit of the next version names when the caller does not (core/manifest.py)
         self._bases: dict[StoreId, tuple[int, int]] = {}
-        # this client's tentative commits not known decided yet: (version, epoch) by store
+        # this client's tentative commits not known decided yet: (version, epoch) by store,
+        # and the background asks for their outcomes (_settle)
         self._tentative: dict[StoreId, set[tuple[int, int]]] = {}
+        self._polls: dict[StoreId, asyncio.Task[dict[tuple[int, int], Outcome]]] = {}
         self._cache = ChunkCache(cache_bytes)
         self._restorer = Restorer(
             self._transport,
@@ -178,6 +180,10 @@ class AsyncRingClient:
             raise
 
     async def close(self) -> None:
+        for poll in self._polls.values():
+            poll.cancel()
+        await asyncio.gather(*self._polls.values(), return_exceptions=True)
+        self._polls.clear()
         await self._transport.close()
 
     # -- ring view -----------------------------------------------------------------------
@@ -340,8 +346,6 @@ class AsyncRingClient:
             return result(False)
 
         async def stable() -> CommitResult:
-            if on_tentative:  # its base is tentative: so is this commit, until that one is
-                await asyncio.Future()  # decided (the hints answer; the bound cancels this)
             return await self._routed(op)
 
         async def hints(deadline: float) -> CommitResult | None:
@@ -355,25 +359,39 @@ class AsyncRingClient:
         left = None
         if delay_bound is not None:
             left = max(delay_bound - (asyncio.get_running_loop().time() - began), 1e-3)
+        # on a tentative base the commit is tentative too (until that one is confirmed):
+        # straight to the hints, with the whole bound
         return await commit_within(
-            stable, hints, left, allow_tentative, f"commit of {store} v{version}"
+            stable, hints, left, allow_tentative, f"commit of {store} v{version}", on_tentative
         )
 
     async def _settle(
         self, store: StoreId, version: int, epoch: int, bound: float | None, allow: bool
     ) -> bool:
         """Before a commit of a store with tentative commits of this client not known
-        decided: ask the owners what became of them (within a quarter of the bound).
+        decided: what became of them. With ``allow`` the owners are asked in the background
+        (a commit within its bound does not wait on owners it may not reach) and the last
+        answer is used; without, they are asked now (within a quarter of the bound).
         Raises TentativeRolledBack if any was rolled back; returns whether the base of
         this commit is still tentative (then this commit is tentative too, or, without
         ``allow``, QuorumNotReached)."""
         pending = self._tentative.get(store)
         if not pending:
             return False
-        try:
-            got = await asyncio.wait_for(self._outcomes(store), bound / 4 if bound else None)
-        except (Unavailable, TimeoutError):
-            got = {}
+        got: dict[tuple[int, int], Outcome] = {}
+        if allow:
+            poll = self._polls.pop(store, None)
+            if poll is not None and not poll.done():
+                self._polls[store] = poll
+            elif poll is not None and not poll.cancelled() and poll.exception() is None:
+                got = poll.result()
+            if store not in self._polls:
+                self._polls[store] = asyncio.create_task(self._outcomes(store))
+        else:
+            try:
+                got = await asyncio.wait_for(self._outcomes(store), bound / 4 if bound else None)
+            except (Unavailable, TimeoutError):
+                pass
         for key in list(pending):
             o = got.get((key[1], key[0]))  # outcomes go by (epoch, version)
             if o is None:

@@ -14,6 +14,7 @@ stored as hints on the node it reaches. After the heal the hints are handed to t
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from client import (
     TentativeRolledBack,
 )
 from statestore.cli.local import LocalRing, http_json
+from statestore.cli.main import main
 from tests.conftest import FAST
 
 BOUND = 1.0
@@ -97,8 +99,9 @@ def test_tentative_commits_are_confirmed_after_the_heal(ring: LocalRing) -> None
         expected = rows(1) | rows(2) | rows(3)
         st = w1.restore(sid)
         assert (st.version, st.epoch, dict(st)) == (3, 1, expected)
-        # the writer is stable again
-        r4 = w1.commit(sid, 4, rows(4), epoch=1, delay_bound=5.0, allow_tentative=True)
+        # the writer is stable again (a commit without allow_tentative asks the owners for
+        # the outcomes first; with it, they are asked in the background)
+        r4 = w1.commit(sid, 4, rows(4), epoch=1, delay_bound=5.0)
         assert r4.tentative is False
         assert dict(w1.restore(sid, 4)) == expected | rows(4)
     deadline = time.monotonic() + 20
@@ -112,7 +115,7 @@ def test_tentative_commits_are_confirmed_after_the_heal(ring: LocalRing) -> None
 
 
 def test_tentative_commits_are_rolled_back_when_a_newer_writer_took_over(
-    ring: LocalRing,
+    ring: LocalRing, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sid = StoreId("tent", 0, 2)
     with RingClient(ring.seeds, timeout=BOUND) as w1:
@@ -140,3 +143,11 @@ def test_tentative_commits_are_rolled_back_when_a_newer_writer_took_over(
             w1.commit(sid, 4, rows(4), epoch=1)
         st = w1.restore(sid)
         assert (st.version, st.epoch, dict(st)) == (2, 2, rows(1) | rows(2, "w2"))
+    # the CLI says the same
+    capsys.readouterr()
+    assert main(["outcomes", "--seeds", ",".join(ring.seeds), "--store", sid.path, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(o["version"], o["outcome"], o["replay_from"], o["positions"]) for o in shown] == [
+        (2, "rolled_back", 1, {"src": 10}),
+        (3, "rolled_back", 1, {"src": 10}),
+    ]

@@ -232,6 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--tree-fan-in", type=_positive, default=2, help="children per tree hop")
     _client_tls(rs)
 
+    oc = sub.add_parser(
+        "outcomes",
+        help="what became of a store's tentative commits: confirmed, or rolled back with "
+        "the version and source positions to replay from",
+    )
+    oc.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    oc.add_argument("--store", required=True, metavar="QUERY/OPERATOR/PARTITION/NAME")
+    oc.add_argument("--json", action="store_true")
+    _client_tls(oc)
+
     st = sub.add_parser("stores", help="stores on the ring (admin)")
     st_sub = st.add_subparsers(dest="stores_command", required=True)
     ls = st_sub.add_parser("ls", help="every store with its head and versions count")
@@ -485,6 +495,34 @@ def _restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _outcomes(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from client import RingClient, StoreId
+
+    store = StoreId.parse(args.store)
+    with RingClient(args.seeds, tls_ca=args.tls_ca) as ring:
+        outcomes = ring.outcomes(store)
+    if args.json:
+        print(json.dumps([o.__dict__ for o in outcomes], indent=2))
+        return 0
+    table = Table(title=f"tentative commits of {store}: {len(outcomes)} decided")
+    for col in ("version", "epoch", "outcome", "replay from", "positions"):
+        table.add_column(col)
+    for o in outcomes:
+        back = o.outcome == "rolled_back"
+        table.add_row(
+            str(o.version),
+            str(o.epoch),
+            o.outcome,
+            f"v{o.replay_from}" if back else "",
+            json.dumps(o.positions) if back else "",
+        )
+    Console().print(table)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -496,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _ring(args)
         if args.command == "restore":
             return _restore(args)
+        if args.command == "outcomes":
+            return _outcomes(args)
         if args.command == "decommission":
             from statestore.cli.elastic import decommission
 

@@ -125,10 +125,19 @@ async def commit_within(
     delay_bound: float | None,
     allow_tentative: bool,
     what: str,
+    only_tentative: bool = False,
 ) -> T:
     """Run ``stable()`` within ``delay_bound``; with ``allow_tentative``, after
     :func:`switch_after` also ``tentative(deadline)`` (it returns None when no node took the
-    hint). The first result wins; the other is cancelled."""
+    hint). The first result wins; the other is cancelled. ``only_tentative``: the commit
+    builds on a tentative one, so it can only be tentative: the hints alone, at once."""
+    if only_tentative:
+        assert allow_tentative and delay_bound is not None
+        deadline = _now() + delay_bound
+        result = await tentative(deadline)
+        if result is None:
+            raise _exceeded(what, delay_bound)
+        return result
     if delay_bound is None:
         return await stable()
     deadline = _now() + delay_bound
