@@ -35,7 +35,9 @@ def _summary(outcomes: list[ScheduleOutcome], seconds: float) -> str:
         f"{len(outcomes)} schedules ({trouble} with trouble: ring unsettled or past deadline): "
         f"{sum(o.commits for o in outcomes)} commit attempts "
         f"({sum(o.acks for o in outcomes)} acknowledged, {sum(o.refused for o in outcomes)} "
-        f"fenced), {sum(o.reads for o in outcomes)} reads, {sum(o.faults for o in outcomes)} "
+        f"fenced, {sum(o.tentative for o in outcomes)} tentative of which "
+        f"{sum(o.rolled_back for o in outcomes)} rolled back), "
+        f"{sum(o.reads for o in outcomes)} reads, {sum(o.faults for o in outcomes)} "
         f"faults; {found} violation(s) in {bad} schedule(s); {seconds:.0f} s "
         f"({seconds / max(1, len(outcomes)):.1f} s per schedule)"
     )
@@ -48,6 +50,12 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=5)
     p.add_argument("--replay", type=int, default=None, help="one schedule by its own seed")
     p.add_argument("--log", action="store_true", help="print each schedule's log")
+    p.add_argument(
+        "--tentative",
+        type=float,
+        default=0.0,
+        help="share of commits allowed to be tentative (a 1 s delay bound); default 0",
+    )
     args = p.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -66,7 +74,7 @@ def main() -> int:
         ring.start()
         try:
             for i, seed in enumerate(seeds):
-                o = run_schedule(ring, seed, label=f"r{args.seed}i{i}")
+                o = run_schedule(ring, seed, label=f"r{args.seed}i{i}", tentative=args.tentative)
                 outcomes.append(o)
                 if args.log or o.violations:  # a finding always comes with its log
                     print("\n".join(o.log))
@@ -79,7 +87,8 @@ def main() -> int:
                     ring.start()
                 print(
                     f"schedule {i} seed {seed}: {o.commits} commits ({o.acks} acked, "
-                    f"{o.refused} fenced), {o.reads} reads, {o.faults} faults, "
+                    f"{o.refused} fenced, {o.tentative} tentative), {o.reads} reads, "
+                    f"{o.faults} faults, "
                     f"{len(o.violations)} violation(s), {o.seconds:.1f} s",
                     flush=True,
                 )

@@ -6,6 +6,7 @@ No timing assertions: the schedules run on simulated time (statestore/sim/clock.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from aiohttp import web
@@ -228,3 +229,72 @@ def test_the_memory_network_refuses_drops_and_cuts() -> None:
 def test_the_cli_reports_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--schedules", "3", "--seed", "2", "--no-progress"]) == 0
     assert "3 schedules" in capsys.readouterr().out
+
+
+def _tentative(version: int, epoch: int, delta: str, start: int, end: int) -> CommitOp:
+    return replace(_commit(version, epoch, delta, start, end), outcome="tentative")
+
+
+@pytest.mark.parametrize(
+    ("commits", "verdicts", "final_head", "kinds"),
+    [
+        # confirmed and restored at the end: clean
+        ([_tentative(1, 1, "a", 1, 2)], {1: ("confirmed", 0)}, (1, 1), set()),
+        # never decided
+        ([_tentative(1, 1, "a", 1, 2)], {}, (1, 1), {"undecided"}),
+        # confirmed, but the final restore of its version fails: lost like an ack
+        ([_tentative(1, 1, "a", 1, 2)], {1: ("confirmed", 0)}, None, {"lost"}),
+        # rolled back, yet the final head
+        ([_tentative(1, 1, "a", 1, 2)], {1: ("rolled_back", 0)}, (1, 1), {"rolled-back-kept"}),
+        # a fenced writer's tentative commit (epoch 1 began after epoch 2's ack) confirmed
+        (
+            [_commit(1, 2, "b", 1, 2), _tentative(2, 1, "a", 3, 4)],
+            {2: ("confirmed", 0)},
+            (2, 1),
+            {"fenced-ack"},
+        ),
+        # ... and rolled back, replaying from v1: what is promised
+        (
+            [_commit(1, 2, "b", 1, 2), _tentative(2, 1, "a", 3, 4)],
+            {2: ("rolled_back", 1)},
+            (2, 1),
+            set(),
+        ),
+    ],
+)  # fmt: skip
+def test_the_checker_on_tentative_histories(
+    commits: list[CommitOp],
+    verdicts: dict[int, tuple[str, int]],
+    final_head: tuple[int, int] | None,
+    kinds: set[str],
+) -> None:
+    h = History(commits=commits)
+    h.add_verdicts(
+        {
+            (S, v, c.epoch): verdicts[v]
+            for c in commits
+            for v in [c.version]
+            if v in verdicts and c.outcome == "tentative"
+        }
+    )
+    top = max((c for c in commits if c.outcome == "tentative"), key=lambda c: c.version)
+    if final_head is None:
+        h.add_read(_restore(top.version, h.now() + 1, error="VersionNotFound", final=True))
+    else:
+        state = {b"k": b"b"} if final_head[0] == 2 else dict(top.state)
+        h.add_read(
+            ReadOp("restore", S, None, h.now() + 1, h.now() + 2, final_head, state, final=True)
+        )
+    assert {v.kind for v in check(h)} == kinds
+
+
+def test_schedules_with_tentative_commits_keep_every_promise() -> None:
+    """Writers allowed to commit tentatively (a 1 s delay bound) under the same faults: every
+    tentative commit ends confirmed or rolled back, confirmed ones restore like acks."""
+    found, tentative = [], 0
+    for i in range(12):
+        outcome = run_schedule(derive(13, i), tentative=0.5)
+        tentative += outcome.tentative
+        found += [f"seed {outcome.seed}: {v}" for v in outcome.violations]
+    assert found == []
+    assert tentative > 0

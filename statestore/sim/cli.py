@@ -46,13 +46,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the run's seed (default 1)")
     parser.add_argument("--replay", type=int, help="run one schedule by its own seed, with log")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--tentative",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of the writers' commits allowed to be tentative (delay bound 1 s); "
+        "0 (the default) keeps every seed's schedule as it was before tentative commits",
+    )
     args = parser.parse_args(argv)
+    if not 0.0 <= args.tentative <= 1.0:
+        parser.error("--tentative must be a share in [0, 1]")
     # the nodes log what they route around (warnings); the findings are what matters here
     logging.getLogger("statestore").setLevel(logging.CRITICAL)
     console = Console(highlight=False, soft_wrap=True)
 
     if args.replay is not None:
-        outcome = run_schedule(args.replay)
+        outcome = run_schedule(args.replay, tentative=args.tentative)
         for line in outcome.log:
             console.print(line, markup=False)
         _report(console, outcome)
@@ -74,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as progress:
         task = progress.add_task("run", total=args.schedules, found=0)
         for i in range(args.schedules):
-            outcome = run_schedule(derive(args.seed, i))
+            outcome = run_schedule(derive(args.seed, i), tentative=args.tentative)
             outcomes.append(outcome)
             if outcome.violations:
                 progress.console.print(f"schedule {i}:", end=" ")
@@ -91,7 +101,14 @@ def _summary(outcomes: list[Outcome], seconds: float) -> str:
     return (
         f"{len(outcomes)} schedules: {sum(o.commits for o in outcomes)} commit attempts "
         f"({sum(o.acks for o in outcomes)} acknowledged, {sum(o.refused for o in outcomes)} "
-        f"fenced), {sum(o.reads for o in outcomes)} reads, "
+        f"fenced"
+        + (
+            f", {sum(o.tentative for o in outcomes)} tentative of which "
+            f"{sum(o.rolled_back for o in outcomes)} rolled back"
+            if any(o.tentative for o in outcomes)
+            else ""
+        )
+        + f"), {sum(o.reads for o in outcomes)} reads, "
         f"{sum(o.sim_seconds for o in outcomes):.0f} simulated seconds; "
         f"{found} violation(s) in {bad} schedule(s){rate}"
     )

@@ -31,6 +31,18 @@ promises:
 ``fenced-ack``
     A fenced writer never gets an acknowledgement: a commit that began after a higher epoch's
     commit to the same store was acknowledged must be refused (or fail).
+
+Tentative commits (core/tentative.py) are recorded with the outcome ``tentative``, and the
+verdicts the ring gave them at the end of the run (everything healed) in
+``History.verdicts``. A confirmed one is held to every promise above as an acknowledgement
+that ended when its verdict was read (so a fenced writer's tentative commit that was
+confirmed is a ``fenced-ack``); besides:
+
+``undecided``
+    Every tentative commit ends confirmed or rolled back.
+``rolled-back-kept``
+    A rolled-back commit is not the store's final head, and its correction's replay point is
+    below it.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["CommitOp", "History", "ReadOp", "Violation", "check", "digest"]
 
@@ -63,7 +75,7 @@ class CommitOp:
     state: Mapping[bytes, bytes]
     start: int
     end: int
-    outcome: str  # "ack" | "refused" | "failed"
+    outcome: str  # "ack" | "tentative" | "refused" | "failed"
     error: str = ""
     base_epoch: int | None = None  # the epoch of version - 1 the writer built on (None: v1)
 
@@ -115,6 +127,9 @@ class History:
     commits: list[CommitOp] = field(default_factory=list)
     reads: list[ReadOp] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    # (store, version, epoch) -> (verdict, replay_from) of tentative commits, read at the end
+    verdicts: dict[tuple[str, int, int], tuple[str, int]] = field(default_factory=dict)
+    verdict_time: int = 0
     _clock: int = 0
 
     def now(self) -> int:
@@ -132,6 +147,26 @@ class History:
 
     def acked(self) -> list[CommitOp]:
         return [c for c in self.commits if c.outcome == "ack"]
+
+    def add_verdicts(self, verdicts: dict[tuple[str, int, int], tuple[str, int]]) -> None:
+        self.verdict_time = self.now()
+        self.verdicts.update(verdicts)
+        for (store, version, epoch), (verdict, replay_from) in sorted(verdicts.items()):
+            tail = f", replay from v{replay_from}" if verdict == "rolled_back" else ""
+            self.lines.append(
+                f"[{self.verdict_time}] verdict {store} v{version} e{epoch}: {verdict}{tail}"
+            )
+
+    def stable(self) -> list[CommitOp]:
+        """Acknowledged commits and confirmed tentative ones, these as acknowledgements that
+        ended when their verdict was read."""
+        confirmed = [
+            replace(c, outcome="ack", end=self.verdict_time)
+            for c in self.commits
+            if c.outcome == "tentative"
+            and self.verdicts.get((c.store, c.version, c.epoch), ("",))[0] == "confirmed"
+        ]
+        return self.acked() + confirmed
 
 
 def _lineage(c: CommitOp, attempts: Mapping[tuple[str, int, int], CommitOp]) -> dict[int, int]:
@@ -166,9 +201,9 @@ def _superseded(
 
 def check(history: History) -> list[Violation]:
     """Every broken promise of the run, in a stable order (empty: the run was correct)."""
-    acks = history.acked()
+    acks = history.stable()
     attempts = {(c.store, c.version, c.epoch): c for c in history.commits}
-    out: list[Violation] = []
+    out: list[Violation] = _tentative(history)
     by_version: dict[tuple[str, int], list[CommitOp]] = defaultdict(list)
     for c in acks:
         by_version[(c.store, c.version)].append(c)
@@ -239,6 +274,38 @@ def check(history: History) -> list[Violation]:
                     asked,
                     f"restore at [{r.start}] differs from the state acknowledged at "
                     f"[{want.end}] (epoch {want.epoch}): {_diff(want.state, r.state)}",
+                )
+            )
+    return out
+
+
+def _tentative(history: History) -> list[Violation]:
+    out = []
+    finals = {r.store: r.head for r in history.reads if r.final and r.version is None}
+    for c in history.commits:
+        if c.outcome != "tentative":
+            continue
+        verdict = history.verdicts.get((c.store, c.version, c.epoch))
+        if verdict is None:
+            out.append(
+                Violation(
+                    "undecided",
+                    c.store,
+                    c.version,
+                    f"tentative commit of epoch {c.epoch} at [{c.end}] was never confirmed "
+                    "nor rolled back",
+                )
+            )
+        elif verdict[0] == "rolled_back" and (
+            finals.get(c.store) == (c.epoch, c.version) or verdict[1] >= c.version
+        ):
+            out.append(
+                Violation(
+                    "rolled-back-kept",
+                    c.store,
+                    c.version,
+                    f"epoch {c.epoch}'s tentative commit was reported rolled back (replay "
+                    f"from v{verdict[1]}) but is the final head, or replays from itself",
                 )
             )
     return out

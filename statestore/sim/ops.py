@@ -41,6 +41,7 @@ class ClientOps:
 
     COMMIT_ATTEMPTS = 3  # a failed commit is retried with the same content
     RETRY_PAUSE = 1.0  # seconds between those attempts
+    TENTATIVE_BOUND = 1.0  # the delay bound of a commit allowed to be tentative
 
     history: History
     writers: dict[StoreId, list[Writer]]
@@ -57,7 +58,15 @@ class ClientOps:
         self.writers[store].append(w)
         return w
 
-    async def commit(self, w: Writer, puts: dict[bytes, bytes], deletes: list[bytes]) -> None:
+    async def commit(
+        self,
+        w: Writer,
+        puts: dict[bytes, bytes],
+        deletes: list[bytes],
+        tentative: bool = False,
+    ) -> None:
+        """One commit of ``w``, retried while it fails; ``tentative``: allowed to be
+        acknowledged tentative within :attr:`TENTATIVE_BOUND` (core/tentative.py)."""
         version = w.version + 1
         state = {k: v for k, v in w.state.items() if k not in deletes} | puts
         delta = digest(puts, deletes)
@@ -67,10 +76,14 @@ class ClientOps:
                 outcome, error = "ack", ""
                 base = w.base_epoch if version > 1 else None
                 try:
-                    await w.client.commit(
+                    r = await w.client.commit(
                         w.store, version, puts, deletes, {"w": w.name}, epoch=w.epoch,
                         base_epoch=base,
+                        delay_bound=self.TENTATIVE_BOUND if tentative else None,
+                        allow_tentative=tentative,
                     )  # fmt: skip
+                    if r.tentative:
+                        outcome = "tentative"
                 except (StaleEpoch, VersionConflict) as exc:
                     outcome, error = "refused", type(exc).__name__
                 except StateStoreError as exc:
@@ -80,7 +93,7 @@ class ClientOps:
                     self.history.now(), outcome, error, base,
                 )  # fmt: skip
                 self.history.add_commit(op)
-                if outcome == "ack":
+                if outcome in ("ack", "tentative"):
                     w.version, w.state, w.base_epoch = version, state, w.epoch
                     return
                 if outcome == "refused":
@@ -131,6 +144,26 @@ class ClientOps:
                 w.version, w.state, w.base_epoch = op.head[1], dict(op.state), op.head[0]
         finally:
             w.busy = False
+
+    async def verdicts(self, c: AsyncRingClient, timeout: float) -> None:
+        """At the end of a run: wait (up to ``timeout`` seconds) until the ring has a verdict
+        on every tentative commit, and record them in the history."""
+        want = {
+            (op.store, op.version, op.epoch) for op in self.history.commits
+            if op.outcome == "tentative"
+        }  # fmt: skip
+        got: dict[tuple[str, int, int], tuple[str, int]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while want - got.keys() and loop.time() < deadline:
+            for path in sorted({s for s, _, _ in want - got.keys()}):
+                try:
+                    for o in await c.outcomes(StoreId.parse(path)):
+                        got[(o.store, o.version, o.epoch)] = (o.outcome, o.replay_from)
+                except StateStoreError:
+                    pass
+            await asyncio.sleep(0.5)
+        self.history.add_verdicts({k: v for k, v in got.items() if k in want})
 
     def delta(self, w: Writer) -> tuple[dict[bytes, bytes], list[bytes]]:
         """A random delta on ``w``'s state: puts over :data:`KEYS`, deletes of held keys."""

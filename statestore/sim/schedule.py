@@ -61,14 +61,22 @@ class Outcome:
     log: list[str]
     commits: int = 0
     acks: int = 0
+    tentative: int = 0
+    rolled_back: int = 0
     refused: int = 0
     reads: int = 0
     sim_seconds: float = 0.0
 
 
 class _Run(ClientOps):
-    def __init__(self, seed: int, app_factory: AppFactory, data_root: str) -> None:
+    def __init__(
+        self, seed: int, app_factory: AppFactory, data_root: str, tentative: float = 0.0
+    ) -> None:
         self.rng = random.Random(seed)
+        # tentative commits draw from their own generator: with ``tentative`` 0 a seed's
+        # schedule is what it was before they existed (the regression seeds of tests/test_sim)
+        self.tentative = tentative
+        self.trng = random.Random(seed ^ 0x7E47)
         self.network = MemoryNetwork(random.Random(self.rng.getrandbits(64)))
         self.cluster = Cluster(
             self.network,
@@ -108,7 +116,8 @@ class _Run(ClientOps):
         if action == "commit" and live:
             w = max(live, key=lambda w: w.epoch)
             w.busy = True
-            self.spawn(self.commit(w, *self.delta(w)))
+            tentative = self.tentative > 0 and self.trng.random() < self.tentative
+            self.spawn(self.commit(w, *self.delta(w), tentative))
         elif action == "zombie":
             old = [w for w in self.writers[store][:-1] if not w.busy and not w.fenced]
             if old:
@@ -185,9 +194,10 @@ class _Run(ClientOps):
         for a in self.cluster.down():
             await self.cluster.start(a)
         await asyncio.sleep(4 * SIM_CONFIG.down_after)
+        await self.verdicts(checker, 60.0)
         for store in STORES:
             top = await self.restore(checker, store, None, final=True)
-            acked = sorted({c.version for c in self.history.acked() if c.store == store.path})
+            acked = sorted({c.version for c in self.history.stable() if c.store == store.path})
             # retention keeps the last versions below the highest one the store had: a writer
             # that took over from an older head (a lower version at a higher epoch) does not
             # bring back what retention dropped before (seed 163285530910507)
@@ -205,6 +215,8 @@ class _Run(ClientOps):
             log=self.history.lines + self.network.log,
             commits=len(commits),
             acks=sum(1 for c in commits if c.outcome == "ack"),
+            tentative=sum(1 for c in commits if c.outcome == "tentative"),
+            rolled_back=sum(1 for v, _ in self.history.verdicts.values() if v == "rolled_back"),
             refused=sum(1 for c in commits if c.outcome == "refused"),
             reads=len(self.history.reads),
             sim_seconds=loop.time(),
@@ -212,11 +224,16 @@ class _Run(ClientOps):
 
 
 def run_schedule(
-    seed: int, *, steps: int | None = None, app_factory: AppFactory = build_app
+    seed: int,
+    *,
+    steps: int | None = None,
+    app_factory: AppFactory = build_app,
+    tentative: float = 0.0,
 ) -> Outcome:
-    """Run the schedule of ``seed`` to the end and judge it (sim/history.py)."""
+    """Run the schedule of ``seed`` to the end and judge it (sim/history.py); ``tentative``:
+    the share of the writers' commits allowed to be tentative (core/tentative.py)."""
     with tempfile.TemporaryDirectory(prefix="statestore-sim-") as root:
-        run = _Run(seed, app_factory, root)
+        run = _Run(seed, app_factory, root, tentative)
         n = steps if steps is not None else run.rng.randint(15, 40)
         outcome = run_simulated(lambda: run.main(n))
     outcome.seed = seed

@@ -200,6 +200,8 @@ class ScheduleOutcome:
     commits: int = 0
     acks: int = 0
     refused: int = 0
+    tentative: int = 0
+    rolled_back: int = 0
     reads: int = 0
     faults: int = 0
     seconds: float = 0.0
@@ -212,9 +214,13 @@ class _Schedule(ClientOps):
     COMMIT_ATTEMPTS = 2  # real processes: fewer, quicker retries than the simulator's
     RETRY_PAUSE = 0.3
 
-    def __init__(self, ring: PartitionRing, seed: int, label: str, stores: int) -> None:
+    def __init__(
+        self, ring: PartitionRing, seed: int, label: str, stores: int, tentative: float = 0.0
+    ) -> None:
         self.ring = ring
         self.rng = random.Random(seed)
+        self.tentative = tentative  # share of commits allowed to be tentative (own generator)
+        self.trng = random.Random(seed ^ 0x7E47)
         self.history = History()
         self.stores = [StoreId("part", 0, p, f"{label}x{p}") for p in range(stores)]
         self.writers: dict[StoreId, list[Writer]] = {s: [] for s in self.stores}
@@ -321,7 +327,8 @@ class _Schedule(ClientOps):
         if action == "commit" and live:
             w = max(live, key=lambda w: w.epoch)
             w.busy = True
-            self.spawn(self.commit(w, *self.delta(w)))
+            tentative = self.tentative > 0 and self.trng.random() < self.tentative
+            self.spawn(self.commit(w, *self.delta(w), tentative))
         elif action == "zombie":
             old = [w for w in self.writers[store][:-1] if not w.busy and not w.fenced]
             if old:
@@ -356,9 +363,10 @@ class _Schedule(ClientOps):
         await asyncio.gather(*self.tasks)
         self.note("final: heal, resume, restart, wait for the ring")
         await asyncio.to_thread(self.ring.heal_all)
+        await self.verdicts(checker, 60.0)  # tentative commits: confirmed or rolled back
         for store in self.stores:
             await self.final_restore(checker, store, None)
-            for v in sorted({c.version for c in self.history.acked() if c.store == store.path}):
+            for v in sorted({c.version for c in self.history.stable() if c.store == store.path}):
                 await self.final_restore(checker, store, v)
         for c in self.clients:
             await c.close()
@@ -400,10 +408,12 @@ def run_schedule(
     steps: int | None = None,
     stores: int = 2,
     label: str | None = None,
+    tentative: float = 0.0,
 ) -> ScheduleOutcome:
-    """Run the schedule of ``seed`` on ``ring`` (healed at the end) and judge it."""
+    """Run the schedule of ``seed`` on ``ring`` (healed at the end) and judge it;
+    ``tentative``: the share of commits allowed to be tentative (core/tentative.py)."""
     started = time.monotonic()
-    sched = _Schedule(ring, seed, label or f"s{seed}", stores)
+    sched = _Schedule(ring, seed, label or f"s{seed}", stores, tentative)
     n = steps if steps is not None else sched.rng.randint(6, 10)
     trouble = ""
     try:
@@ -423,6 +433,8 @@ def run_schedule(
         commits=len(commits),
         acks=sum(1 for c in commits if c.outcome == "ack"),
         refused=sum(1 for c in commits if c.outcome == "refused"),
+        tentative=sum(1 for c in commits if c.outcome == "tentative"),
+        rolled_back=sum(1 for v, _ in sched.history.verdicts.values() if v == "rolled_back"),
         reads=len(sched.history.reads),
         faults=sched.faults,
         seconds=time.monotonic() - started,

@@ -82,6 +82,9 @@ def test_random_partition_schedules_keep_every_promise(ring: PartitionRing) -> N
         outcome = run_schedule(ring, derive(11, i), label=f"ci{i}")
         assert outcome.commits > 0
         found += [f"seed {outcome.seed}: {v}" for v in outcome.violations]
+    # writers allowed to commit tentatively (1 s bound): every tentative commit is decided
+    outcome = run_schedule(ring, derive(11, 3), label="ci3", tentative=0.6)
+    found += [f"seed {outcome.seed} (tentative): {v}" for v in outcome.violations]
     assert not found, "\n".join(found)
 
 
