@@ -209,11 +209,12 @@ def _chunks(node: Node, m: Manifest) -> list[EncodedChunk]:
 
 async def _on_lineage(node: Node, view: RingView, m: Manifest) -> bool:
     """Whether the store's head (a read quorum) descends from ``m``, or W owners hold it:
-    then it is stable history, whatever happened since."""
+    then it is stable history, whatever happened since. Owners out of reach raise (an
+    Unavailable): the verdict waits, it is never guessed."""
     try:
         head = await read_head(node.transport, view, m.store)
         chain = await read_chain(node.transport, view, m.store, head.version)
-    except StateStoreError:
+    except NotFound:
         chain = []
     if any((c.version, c.epoch) == (m.version, m.epoch) for c in chain):
         return True
