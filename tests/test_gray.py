@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from client import RingClient, StoreId
+import pytest
+
+from client import DelayBoundExceeded, RingClient, StoreId
 from statestore.cli.local import LocalRing
 
 ARGS = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "6"]
@@ -55,4 +57,38 @@ def test_a_paused_node_is_routed_around_and_a_short_pause_moves_no_epoch(tmp_pat
             for v, expected in acked.items():
                 assert dict(client.restore(sid, v)) == expected, v
     finally:
+        ring.stop()
+
+
+def test_a_silent_replica_costs_a_grace_period_not_a_request_timeout(tmp_path: Path) -> None:
+    """A replica paused before the failure detector says anything (``--down-after 60``) and
+    a client whose per-request timeout is 30 s: commits and star restores bounded to 6 s go
+    on with the two replicas that answer. Writes and quorum reads wait on a silent replica
+    only a grace period once W (or the read quorum) answered (net/quorate.py), and a chunk
+    read asks the next holder when the first one is slow (net/failover.py hedging); before,
+    every call waited out the 30 s on the paused node and broke its bound. ``all`` still
+    needs the silent one, so it cannot finish within its bound."""
+    args = ["--no-dht", "--gossip-interval", "0.2", "--suspect-after", "30",
+            "--down-after", "60"]  # fmt: skip
+    ring = LocalRing(str(tmp_path), 3, args=args).start()
+    try:
+        sid = StoreId("gray", 0, 2)
+        state: dict[bytes, bytes] = {}
+        with RingClient(ring.seeds, timeout=30.0) as client:
+            for v in (1, 2):
+                puts = {f"k{v}-{i}".encode(): f"v{v}".encode() * 30 for i in range(60)}
+                client.commit(sid, v, puts, epoch=1)
+                state |= puts
+            ring.pause(2)
+            for v in (3, 4, 5):
+                puts = {f"k{v}-{i}".encode(): f"v{v}".encode() * 30 for i in range(60)}
+                client.commit(sid, v, puts, epoch=1, delay_bound=6.0)
+                state |= puts
+                st = client.restore(sid, plan="star", delay_bound=6.0)
+                assert (st.version, dict(st)) == (v, state)
+            with pytest.raises(DelayBoundExceeded):
+                client.commit(sid, 6, {b"x": b"y"}, epoch=1, consistency="all", delay_bound=3.0)
+            ring.resume(2)
+    finally:
+        ring.resume(2)
         ring.stop()

@@ -36,7 +36,8 @@ from statestore.core.manifest import ChunkRef, Head, Manifest, candidates, resol
 from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
-from statestore.net.transport import Transport
+from statestore.net.quorate import until_enough
+from statestore.net.transport import Response, Transport
 from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
 
@@ -67,9 +68,12 @@ class ReadStats:
 
 
 async def _ask_replicas(
-    transport: Transport, view: RingView, store: StoreId, path: str
+    transport: Transport, view: RingView, store: StoreId, path: str, answers: int | None = None
 ) -> tuple[list[bytes], list[BaseException]]:
-    return await _ask(transport, view.store_replicas(store), path)
+    """Ask the store's replicas; once the read needs are met (``answers``, else the read
+    quorum), silent ones get a grace period, not their whole timeout (net/quorate.py)."""
+    want = read_quorum(view.replicas, view.write_quorum) if answers is None else answers
+    return await _ask(transport, view.store_replicas(store), path, min(want, len(view.members)))
 
 
 def stand_ins(view: RingView, store: StoreId) -> list[str]:
@@ -94,10 +98,17 @@ def stand_ins(view: RingView, store: StoreId) -> list[str]:
 
 
 async def _ask(
-    transport: Transport, targets: Sequence[str], path: str
+    transport: Transport, targets: Sequence[str], path: str, need: int = 1
 ) -> tuple[list[bytes], list[BaseException]]:
-    results = await asyncio.gather(
-        *(transport.request("GET", a, path) for a in targets), return_exceptions=True
+    """GET ``path`` from every target; after ``need`` answers (a body or NotFound), the
+    others get a grace period (net/quorate.until_enough)."""
+
+    def enough(done: dict[int, Response | BaseException]) -> bool:
+        return sum(1 for r in done.values() if not isinstance(r, BaseException) or
+                   isinstance(r, NotFound)) >= need  # fmt: skip
+
+    results = await until_enough(
+        [transport.request("GET", a, path) for a in targets], enough, f"GET {path}"
     )
     bodies = [r.body for r in results if not isinstance(r, BaseException)]
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -148,7 +159,7 @@ async def read_head(
     """The store's latest head over a read quorum (or ``answers`` replica answers). Raises
     StoreNotFound if none has one, nor any of its stand-ins (:func:`stand_ins`)."""
     path = f"/v1/stores/{store.path}/head"
-    bodies, errors = await _ask_replicas(transport, view, store, path)
+    bodies, errors = await _ask_replicas(transport, view, store, path, answers)
     heads = _heads(bodies, errors)
     try:
         return _merge_head(view, store, heads, errors, answers)
@@ -320,7 +331,7 @@ async def read_chain(
     """The manifests to apply for ``version``, merged over the store's replicas (at least
     ``answers`` of them when given: a per-request consistency)."""
     path = f"/v1/stores/{store.path}/chain?version={version}"
-    bodies, errors = await _ask_replicas(transport, view, store, path)
+    bodies, errors = await _ask_replicas(transport, view, store, path, answers)
     try:
         return _merge_chain(view, store, version, bodies, errors, answers)
     except NotFound:

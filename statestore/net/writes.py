@@ -32,6 +32,7 @@ from statestore.core.errors import (
     InsufficientStorage,
     MalformedData,
     NodeUnavailable,
+    NotFound,
     QuotaExceeded,
     StaleEpoch,
     StateStoreError,
@@ -41,6 +42,7 @@ from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
 from statestore.core.quorum import check_write_sets
 from statestore.core.view import RingView
+from statestore.net.quorate import until_enough
 from statestore.net.transport import Response, Transport
 from statestore.wire.bodies import MAX_HAVE_ITEMS, ChunkAck, ManifestAck, decode_json
 from statestore.wire.head import from_json as head_from_json
@@ -95,6 +97,10 @@ async def _put_one(
         )
 
 
+# refusals that decide a write whatever the other replicas say
+_FINAL = (StaleEpoch, VersionConflict, QuotaExceeded, AccessDenied)
+
+
 async def _put_everywhere(
     transport: Transport,
     addresses: list[str],
@@ -102,11 +108,24 @@ async def _put_everywhere(
     body: bytes,
     ack: Ack,
     headers: dict[str, str] | None = None,
+    enough: Callable[[set[str]], bool] | None = None,
 ) -> tuple[set[str], list[BaseException]]:
-    """PUT to every address; returns the addresses that acknowledged, and the errors."""
-    results = await asyncio.gather(
-        *(_put_one(transport, a, path, body, headers, ack) for a in addresses),
-        return_exceptions=True,
+    """PUT to every address; returns the addresses that acknowledged, and the errors.
+
+    ``enough(acked)``: once true (or once a replica refused for good), replicas that have
+    not answered get a grace period, not their whole timeout (net/quorate.py): W
+    acknowledgements meet every higher epoch's quorum without them."""
+
+    def done_enough(done: dict[int, BaseException | None]) -> bool:
+        if any(isinstance(r, _FINAL) for r in done.values()):
+            return True
+        acked = {addresses[i] for i, r in done.items() if not isinstance(r, BaseException)}
+        return enough is not None and enough(acked)
+
+    results = await until_enough(
+        [_put_one(transport, a, path, body, headers, ack) for a in addresses],
+        done_enough,
+        f"PUT {path}",
     )
     errors = [r for r in results if isinstance(r, BaseException)]
     for e in errors:
@@ -145,6 +164,15 @@ def _full_disks(what: str, acks: int, quorum: int, errors: list[BaseException]) 
         )
 
 
+def _quorum_of(current: list[str], future: list[str], w: int) -> Callable[[set[str]], bool]:
+    """W acknowledgements from the current owners and W from the future ones."""
+    need_c, need_f = min(w, len(current)), min(w, len(future))
+    return lambda acked: (
+        sum(1 for a in current if a in acked) >= need_c
+        and sum(1 for a in future if a in acked) >= need_f
+    )
+
+
 async def put_chunks(
     transport: Transport,
     view: RingView,
@@ -166,15 +194,20 @@ async def put_chunks(
     async def one(chunk: EncodedChunk) -> None:
         key = chunk_key(store, version, chunk.name)
         targets = view.write_replicas_of(key)
+        current, future = view.replicas_of(key), view.future_replicas_of(key)
+        w = view.write_quorum if acks is None else acks
         async with sem:
             acked, errors = await _put_everywhere(
-                transport, targets, f"/v1/chunks/{key}{suffix}", chunk.data, _chunk_ack(key)
+                transport,
+                targets,
+                f"/v1/chunks/{key}{suffix}",
+                chunk.data,
+                _chunk_ack(key),
+                enough=_quorum_of(current, future, w),
             )
         for e in errors:
             if isinstance(e, QuotaExceeded):
                 raise e
-        current, future = view.replicas_of(key), view.future_replicas_of(key)
-        w = view.write_quorum if acks is None else acks
         _check(f"chunk {key}", acked, current, future, w, errors)
         if stats is not None:
             stats.chunks += 1
@@ -203,6 +236,9 @@ async def put_manifest(
     )
     if params:
         path += "?" + "&".join(params)
+    key = m.store.path
+    w = view.write_quorum if acks is None else acks
+    current, future = view.replicas_of(key), view.future_replicas_of(key)
     acked, errors = await _put_everywhere(
         transport,
         targets,
@@ -210,14 +246,13 @@ async def put_manifest(
         encode_manifest(m),
         _manifest_ack,
         {"Content-Type": "application/msgpack"},
+        enough=_quorum_of(current, future, w),
     )
     for e in errors:
         if isinstance(e, StaleEpoch | VersionConflict | QuotaExceeded):
             raise e
     what = f"manifest of {m.store} v{m.version}"
-    key = m.store.path
-    w = view.write_quorum if acks is None else acks
-    _check(what, acked, view.replicas_of(key), view.future_replicas_of(key), w, errors)
+    _check(what, acked, current, future, w, errors)
     return len(acked)
 
 
@@ -226,9 +261,16 @@ async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None
     ``m.epoch`` (replicas that do not answer, or answer garbage, are left to the manifest
     write, which checks again)."""
     path = f"/v1/stores/{m.store.path}/head"
-    results = await asyncio.gather(
-        *(transport.request("GET", a, path) for a in view.store_write_replicas(m.store)),
-        return_exceptions=True,
+    w = view.write_quorum
+
+    def enough(done: dict[int, Response | BaseException]) -> bool:
+        return sum(1 for r in done.values() if not isinstance(r, BaseException) or
+                   isinstance(r, NotFound)) >= w  # fmt: skip
+
+    results = await until_enough(
+        [transport.request("GET", a, path) for a in view.store_write_replicas(m.store)],
+        enough,
+        f"GET {path}",
     )
     for r in results:
         if isinstance(r, Response):
