@@ -17,6 +17,7 @@ from statestore.core.errors import (
     CorruptChunk,
     NodeUnavailable,
     NotFound,
+    RequestTimeout,
     StateStoreError,
     Unavailable,
 )
@@ -73,6 +74,7 @@ async def _hedged(
 ) -> tuple[str, T] | None:
     """:func:`first_holder` with hedging: None when every holder failed (``errors``)."""
     running: dict[asyncio.Future[T], str] = {}
+    slow: set[str] = set()  # told to on_failover already
     queue = list(order)
 
     def launch() -> None:
@@ -86,8 +88,12 @@ async def _hedged(
             done, _ = await asyncio.wait(
                 running, timeout=hedge_after if queue else None, return_when=FIRST_COMPLETED
             )
-            if not done:
-                launch()  # the ones asked are slow: ask the next one too
+            if not done:  # the ones asked are slow: ask the next one too (a failover)
+                for address in running.values():
+                    if on_failover is not None and address not in slow:
+                        on_failover(address, RequestTimeout(f"{address}: no answer in time"))
+                    slow.add(address)
+                launch()
                 continue
             for f in done:
                 address = running.pop(f)
