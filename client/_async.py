@@ -42,7 +42,7 @@ from statestore.net.reads import (
     read_versions,
 )
 from statestore.net.restorer import Restorer
-from statestore.net.tentative import commit_within, write_hints
+from statestore.net.tentative import commit_within, read_reachable, write_hints
 from statestore.net.tls import client_context, tls_ca_file
 from statestore.net.transport import Transport
 from statestore.net.writes import write_commit
@@ -470,8 +470,12 @@ class AsyncRingClient:
         ``consistency``: how many of the store's replicas the head and chain reads must hear
         from: ``"quorum"`` (R - W + 1: sees every commit acknowledged at quorum), ``"all"``
         (R), ``"one"`` (the first to answer may be behind: an older head, or StoreNotFound
-        for a store whose commits it missed). ``delay_bound`` (seconds): DelayBoundExceeded
-        when the restore has not finished by then. The result's ``tentative`` is False.
+        for a store whose commits it missed). ``delay_bound`` (seconds): a restore of the latest
+        version whose reads have not finished after half the bound also reads the best
+        version the nodes that answer hold (the head one replica gives, plus tentative
+        commits held as hints above it) and returns whichever finishes first; that one has
+        ``tentative=True`` (not known stable). A restore of a given version, or of key
+        groups, fails with DelayBoundExceeded instead.
 
         ``plan`` is ``star``, ``line``, ``tree`` or ``auto`` (the cost model picks; the result's
         ``stats`` say which, why, the predicted and the actual time). ``key_groups``
@@ -483,11 +487,28 @@ class AsyncRingClient:
         check_store(store)
         check_plan(plan)
         _check_request(consistency, delay_bound)
-        return await _bounded(
-            f"restore of {store}",
-            self._restore(store, version, plan, progress, key_groups, consistency),
-            delay_bound,
-        )
+        if delay_bound is None or version is not None or key_groups is not None:
+            return await _bounded(
+                f"restore of {store}",
+                self._restore(store, version, plan, progress, key_groups, consistency),
+                delay_bound,
+            )
+
+        async def stable() -> RestoredState:
+            return await self._restore(store, None, plan, progress, None, consistency)
+
+        async def reachable(deadline: float) -> RestoredState | None:
+            view = await self.view()
+            state, top, stats = await read_reachable(
+                self._transport, view, self._restorer, store, max_raw=self.max_chunk
+            )
+            return RestoredState(
+                state, top.version, top.epoch, dict(top.positions), "star", stats, tentative=True
+            )
+
+        # the latest within a bound: stable if the quorum read finishes in half of it, else
+        # the best version the nodes that answer hold, marked tentative (net/tentative.py)
+        return await commit_within(stable, reachable, delay_bound, True, f"restore of {store}")
 
     async def _restore(
         self,

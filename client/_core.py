@@ -46,7 +46,7 @@ class RestoredState(Mapping[bytes, bytes]):
     positions: dict[str, Any]
     plan: str
     stats: RestoreStats = field(default_factory=RestoreStats)
-    tentative: bool = False  # always False: a restore returns acknowledged (stable) state
+    tentative: bool = False  # within a bound: what the nodes that answered hold, not a quorum
 
     def __getitem__(self, key: bytes) -> bytes:
         return self.data[key]

@@ -71,8 +71,10 @@ def test_consistency_levels_on_a_ring_losing_nodes(tmp_path: Path) -> None:
 
 
 def test_delay_bound_on_a_paused_replica(tmp_path: Path) -> None:
-    """A paused replica answers nothing: ``all`` with a delay bound fails with
-    DelayBoundExceeded (an Unavailable) instead of waiting out the 10 s request timeout."""
+    """A paused replica answers nothing: ``all`` with a delay bound does not wait out the
+    10 s request timeout. A restore of the latest returns, within its bound, the best
+    version the nodes that answer hold, marked tentative; a restore of a given version and a
+    commit fail with DelayBoundExceeded (an Unavailable)."""
     ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
     try:
         sid = StoreId("cons", 0, 1)
@@ -80,8 +82,17 @@ def test_delay_bound_on_a_paused_replica(tmp_path: Path) -> None:
             c.commit(sid, 1, {b"a": b"1"}, epoch=1)
             ring.pause(2)
             try:
+                st = c.restore(sid, consistency="all", delay_bound=0.5)
+                assert (st.tentative, st.version, dict(st)) == (True, 1, {b"a": b"1"})
+                # the HTTP coordinator does the same
+                url = f"http://{ring.seeds[0]}/v1/stores/{sid.path}/state"
+                with urllib.request.urlopen(
+                    url + "?consistency=all&delay_bound=0.5", timeout=10
+                ) as resp:
+                    assert resp.headers["X-Statestore-Tentative"] == "true"
+                    assert resp.headers["X-Statestore-Version"] == "1"
                 with pytest.raises(DelayBoundExceeded) as exc:
-                    c.restore(sid, consistency="all", delay_bound=0.5)
+                    c.restore(sid, 1, consistency="all", delay_bound=0.5)
                 assert isinstance(exc.value, Unavailable)
                 with pytest.raises(DelayBoundExceeded):
                     c.commit(sid, 2, {b"b": b"2"}, epoch=1, consistency="all", delay_bound=0.5)

@@ -32,6 +32,8 @@ from client import (
 )
 from statestore.cli.local import LocalRing, http_json
 from statestore.cli.main import main
+from statestore.core.manifest import Manifest
+from statestore.core.tentative import tentative_line
 from tests.conftest import FAST
 
 BOUND = 1.0
@@ -89,6 +91,11 @@ def test_tentative_commits_are_confirmed_after_the_heal(ring: LocalRing) -> None
         r3 = w1.commit(sid, 3, rows(3), epoch=1, delay_bound=BOUND, allow_tentative=True)
         assert (r2.tentative, r3.tentative) == (True, True)
         assert _hints(ring.seeds[0]) == 2
+        # a read within a bound returns the best version reachable, marked tentative: the
+        # stable v1 one replica gives, with the two tentative commits above it
+        with RingClient([ring.seeds[0]], timeout=BOUND) as reader:
+            st = reader.restore(sid, delay_bound=BOUND)
+            assert (st.tentative, st.version, dict(st)) == (True, 3, rows(1) | rows(2) | rows(3))
         # a stable commit on top of a tentative one is refused until it is confirmed
         with pytest.raises(QuorumNotReached, match="tentative"):
             w1.commit(sid, 4, rows(4), epoch=1, delay_bound=BOUND)
@@ -99,6 +106,8 @@ def test_tentative_commits_are_confirmed_after_the_heal(ring: LocalRing) -> None
         expected = rows(1) | rows(2) | rows(3)
         st = w1.restore(sid)
         assert (st.version, st.epoch, dict(st)) == (3, 1, expected)
+        st = w1.restore(sid, delay_bound=5.0)  # every replica answers: stable
+        assert (st.tentative, st.version, dict(st)) == (False, 3, expected)
         # the writer is stable again (a commit without allow_tentative asks the owners for
         # the outcomes first; with it, they are asked in the background)
         r4 = w1.commit(sid, 4, rows(4), epoch=1, delay_bound=5.0)
@@ -151,3 +160,32 @@ def test_tentative_commits_are_rolled_back_when_a_newer_writer_took_over(
         (2, "rolled_back", 1, {"src": 10}),
         (3, "rolled_back", 1, {"src": 10}),
     ]
+
+
+def _m(version: int, epoch: int, base_epoch: int | None, kind: str = "delta") -> Manifest:
+    return Manifest(StoreId("t", 0, 0), version, kind, epoch, 8, (), {}, base_epoch)
+
+
+@pytest.mark.parametrize(
+    ("head", "hints", "want"),
+    [
+        (None, [], []),
+        ((1, 3), [_m(4, 1, 1), _m(5, 1, 1)], [(4, 1), (5, 1)]),
+        # a hint at or below the head is confirmed already
+        ((1, 4), [_m(4, 1, 1), _m(5, 1, 1)], [(5, 1)]),
+        # a fenced writer's hints (a lower epoch than the head) are never shown
+        ((2, 3), [_m(4, 1, 1), _m(5, 1, 1)], []),
+        # a higher epoch's hint beats a longer line of a lower one; its line stops at a base
+        # of another epoch
+        ((1, 3), [_m(4, 1, 1), _m(5, 1, 1), _m(4, 2, 1)], [(4, 2)]),
+        # a gap ends the line; a snapshot ends it too
+        ((1, 1), [_m(3, 1, 1), _m(4, 1, 1)], [(3, 1), (4, 1)]),
+        ((1, 1), [_m(3, 1, 1), _m(4, 1, 1, "snapshot"), _m(5, 1, 1)], [(4, 1), (5, 1)]),
+        # no stable head reachable: the hints alone
+        (None, [_m(1, 1, None)], [(1, 1)]),
+    ],
+)
+def test_tentative_line(
+    head: tuple[int, int] | None, hints: list[Manifest], want: list[tuple[int, int]]
+) -> None:
+    assert [(m.version, m.epoch) for m in tentative_line(head, hints)] == want

@@ -471,7 +471,15 @@ def _restore(args: argparse.Namespace) -> int:
     table.add_column("what")
     table.add_column("value")
     table.add_row("plan", f"{st.plan}: {s['reason']}")
-    table.add_row("consistency", f"{args.consistency} (stable state, not tentative)")
+    table.add_row(
+        "consistency",
+        f"{args.consistency}"
+        + (
+            " (tentative: what the nodes that answered within the bound hold)"
+            if st.tentative
+            else " (stable state)"
+        ),
+    )
     table.add_row("SR3 fixed rule", str(s["sr3_rule"]))
     table.add_row("time", f"{s['seconds']:.3f}s (predicted {s['predicted_seconds']:.3f}s)")
     table.add_row("chunks / chain", f"{s['chunks']} chunks over {s['chain']} versions")

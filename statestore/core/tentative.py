@@ -39,6 +39,7 @@ __all__ = [
     "is_reconciler",
     "merge",
     "switch_after",
+    "tentative_line",
 ]
 
 Verdict = Literal["confirmed", "rolled_back"]
@@ -132,3 +133,29 @@ def hint_order(manifests: Iterable[Manifest]) -> list[Manifest]:
     """Hints of one node in hand-off order: by store, then epoch, then version (a writer's
     tentative chain goes oldest first)."""
     return sorted(manifests, key=lambda m: (m.store.path, m.epoch, m.version, m.kind))
+
+
+def tentative_line(head: tuple[int, int] | None, hints: Iterable[Manifest]) -> list[Manifest]:
+    """What a read within a bound applies on top of the stable state it reached (its head,
+    ``(epoch, version)``, None for none): the highest ``(epoch, version)`` hint above that
+    head, then its bases down while they are hints of the same writer (same epoch, named as
+    ``base_epoch``), oldest first; [] when no hint is above the head. A hint of a lower epoch
+    than the head is a fenced writer's: never shown."""
+    by: dict[tuple[int, int], Manifest] = {}
+    for m in hints:
+        old = by.get((m.epoch, m.version))
+        if old is None or m.kind == "snapshot":
+            by[(m.epoch, m.version)] = m
+    above = [k for k in by if head is None or k > head]
+    if not above:
+        return []
+    line = [by[max(above)]]
+    while True:
+        m = line[-1]
+        below = (m.epoch, m.version - 1)
+        if m.kind != "delta" or m.base_epoch != m.epoch or below not in by:
+            break
+        if head is not None and below <= head:
+            break
+        line.append(by[below])
+    return line[::-1]

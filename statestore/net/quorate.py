@@ -3,7 +3,7 @@
 A node that is paused, overloaded or behind a half-open connection answers nothing, and a
 call that waits for every answer waits for its per-request timeout. :func:`until_enough`
 runs the requests together; once ``enough(results so far)`` holds it waits only a grace
-period more (twice as long as it took to get there, at least ``MIN_GRACE``) for the others,
+period more (twice as long as it took to get there, at least ``GRACE``) for the others,
 so replicas that are merely slower still get their copy (a healthy ring's replicas all
 answer within it), then cancels the rest and reports them as not answering. Quorum rules
 make that safe (core/quorum.py): W write acknowledgements and
@@ -14,15 +14,19 @@ replicas not waited for are repaired later (docs/reliability.md, "Gray failures"
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from statestore.core.errors import NodeUnavailable
 
-__all__ = ["MIN_GRACE", "until_enough"]
+__all__ = ["GRACE", "MIN_GRACE", "until_enough"]
 
 T = TypeVar("T")
 MIN_GRACE = 0.5
+# the minimum grace for the calls of the current task: a read within a delay bound that
+# takes what answers (net/tentative.read_reachable) sets a short one
+GRACE: contextvars.ContextVar[float] = contextvars.ContextVar("grace", default=MIN_GRACE)
 
 
 async def until_enough(
@@ -52,7 +56,7 @@ async def until_enough(
                 exc = t.exception()
                 results[index[t]] = exc if exc is not None else t.result()
             if grace_until is None and enough(results):
-                grace_until = loop.time() + max(MIN_GRACE, 2 * (loop.time() - started))
+                grace_until = loop.time() + max(GRACE.get(), 2 * (loop.time() - started))
     finally:
         for t in pending:
             t.cancel()

@@ -22,6 +22,7 @@ fed back to the planner.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,7 +60,7 @@ from statestore.net.streams import read_frames
 from statestore.net.transport import Transport
 from statestore.wire.frames import decode_folded, encode_hop
 
-__all__ = ["RecoveryResult", "Restorer", "chain_tasks"]
+__all__ = ["HEDGE", "RecoveryResult", "Restorer", "chain_tasks", "hedge_after"]
 
 Rows = list[tuple[bytes, bytes | None]]
 BATCH_KEYS = 4096  # chunks per POST /v1/chunks (the node accepts up to 10,000)
@@ -110,13 +111,14 @@ class _Prefetched:
 
 def hedge_after(size: int) -> float:
     """Seconds a chunk read waits on one holder before asking the next one too: half a
-    second plus the chunk at 20 MB/s (a paused or overloaded holder costs that, not its
-    request timeout; a healthy one answers well within it)."""
-    return HEDGE_MIN + size / HEDGE_RATE
+    second (``HEDGE`` of the current task) plus the chunk at 20 MB/s (a paused or overloaded
+    holder costs that, not its request timeout; a healthy one answers well within it)."""
+    return HEDGE.get() + size / HEDGE_RATE
 
 
-HEDGE_MIN = 0.5
 HEDGE_RATE = 20e6
+# the fixed part of hedge_after; a read within a delay bound sets a shorter one for its task
+HEDGE: contextvars.ContextVar[float] = contextvars.ContextVar("hedge", default=0.5)
 
 
 class Restorer:

@@ -1,4 +1,5 @@
-"""Commits within a delay bound, tentative when the bound runs out (core/tentative.py).
+"""Commits and reads within a delay bound, tentative when the bound runs out
+(core/tentative.py).
 
 :func:`commit_within` is shared by the client and the node's coordinator: it runs the stable
 write (W replicas) and, when that has not finished after half the bound and the caller
@@ -8,6 +9,10 @@ hint (``PUT /v1/hints/...?holders=``). Whichever finishes first answers: the sta
 (an ordinary acknowledgement), or the hints once every target answered, or at the bound
 whatever holds a hint (at least one node: the commit is *tentative*). Nothing reached by the
 bound: DelayBoundExceeded, as without ``allow_tentative``.
+
+:func:`read_reachable` is a read's counterpart (a restore with a delay bound whose quorum
+read has not finished after half of it): the best version the nodes that answer hold, the
+stable head one replica gives plus the hints above it, marked tentative by the caller.
 """
 
 from __future__ import annotations
@@ -16,27 +21,35 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from statestore.core.chunk import EncodedChunk
+from statestore.core.chunk import MAX_CHUNK_RAW, EncodedChunk, decode_chunk, verify
 from statestore.core.errors import (
     DelayBoundExceeded,
     StaleEpoch,
     StateStoreError,
+    StoreNotFound,
     Unavailable,
     VersionConflict,
+    VersionNotFound,
 )
-from statestore.core.ids import chunk_key
-from statestore.core.manifest import Manifest
-from statestore.core.tentative import switch_after
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import Head, Manifest
+from statestore.core.stats import RestoreStats
+from statestore.core.tentative import switch_after, tentative_line
 from statestore.core.view import RingView
-from statestore.net.reads import stand_ins
+from statestore.net.failover import first_holder
+from statestore.net.quorate import GRACE, until_enough
+from statestore.net.reads import read_chain, read_head, stand_ins
+from statestore.net.restorer import HEDGE, Restorer
 from statestore.net.transport import Transport
-from statestore.wire.manifest import encode_manifest
+from statestore.wire.manifest import decode_chain, encode_manifest
 
-__all__ = ["commit_within", "hint_targets", "write_hints"]
+__all__ = ["commit_within", "hint_targets", "read_reachable", "write_hints"]
 
 T = TypeVar("T")
 # what the hint writes get past the bound to say who held them (they stop at the bound)
-GRACE = 0.015
+HINT_GRACE = 0.015
+# how long a read within a bound waits on others once one node answered
+READ_GRACE = 0.02
 
 
 def _now() -> float:
@@ -161,7 +174,7 @@ async def commit_within(
         while pending:
             done, pending = await asyncio.wait(
                 pending,
-                timeout=max(deadline + GRACE - _now(), 0.0),
+                timeout=max(deadline + HINT_GRACE - _now(), 0.0),
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if not done:
@@ -173,9 +186,15 @@ async def commit_within(
                 if not isinstance(exc, Unavailable):
                     raise exc
             if hints in done:
-                result = hints.result()  # raises a fencing refusal
-                if result is not None:
+                exc = hints.exception()
+                if isinstance(exc, StaleEpoch | VersionConflict) or (
+                    exc is not None and not isinstance(exc, StateStoreError)
+                ):
+                    raise exc  # a fencing refusal is final; a bug is not hidden
+                if exc is None and (result := hints.result()) is not None:
                     return result
+                # no node took the hint, or the fallback read failed: the stable path may
+                # still finish within the bound
         raise _exceeded(what, delay_bound)
     finally:
         for t in (task, hints):
@@ -186,3 +205,98 @@ async def commit_within(
 
 def _exceeded(what: str, bound: float) -> DelayBoundExceeded:
     return DelayBoundExceeded(f"{what} did not finish within its delay bound of {bound:g} s")
+
+
+# -- reads within a bound ------------------------------------------------------------------
+async def _hints_of(
+    transport: Transport, view: RingView, store: StoreId
+) -> list[tuple[str, Manifest]]:
+    """(holder, manifest) of every hint of ``store`` the nodes that answer hold."""
+    targets = view.store_replicas(store) + stand_ins(view, store)
+    path = f"/v1/hints/{store.path}"
+    results = await until_enough(
+        [transport.request("GET", a, path) for a in targets], lambda done: bool(done), path
+    )
+    out: list[tuple[str, Manifest]] = []
+    for address, r in zip(targets, results, strict=True):
+        if isinstance(r, BaseException):
+            if not isinstance(r, StateStoreError):
+                raise r
+            continue
+        try:
+            out.extend((address, m) for m in decode_chain(r.body) if m.store == store)
+        except StateStoreError:
+            continue
+    return out
+
+
+async def read_reachable(
+    transport: Transport,
+    view: RingView,
+    restorer: Restorer,
+    store: StoreId,
+    *,
+    max_raw: int = MAX_CHUNK_RAW,
+) -> tuple[dict[bytes, bytes], Manifest, RestoreStats]:
+    """The best version the nodes that answer have: the highest head one replica gives,
+    with the tentative commits held as hints above it (core/tentative.tentative_line)
+    applied on top. Not known stable: the caller marks it tentative."""
+
+    GRACE.set(READ_GRACE)  # this task takes what answers: silent nodes are not waited on
+    HEDGE.set(READ_GRACE)
+
+    async def head() -> Head | None:
+        try:
+            return await read_head(transport, view, store, answers=1)
+        except StoreNotFound:
+            return None
+
+    top, hinted = await asyncio.gather(head(), _hints_of(transport, view, store))
+    line = tentative_line(top.key() if top else None, [m for _, m in hinted])
+    if line:
+        bottom = line[0]
+        base, base_epoch = (
+            (0, None) if bottom.kind == "snapshot" else (bottom.version - 1, bottom.base_epoch)
+        )
+    elif top is not None:
+        base, base_epoch = top.version, top.epoch
+    else:
+        raise StoreNotFound(f"store {store} has no version on the nodes that answered")
+    state: dict[bytes, bytes] = {}
+    stats = RestoreStats(plan="star", reason="within the delay bound: what answered")
+    last: Manifest | None = None
+    if base >= 1:
+        chain = await read_chain(transport, view, store, base, answers=1)
+        if base_epoch is not None and chain[-1].epoch != base_epoch:
+            raise VersionNotFound(
+                f"{store} v{base} at epoch {base_epoch} (the base of its tentative commits) "
+                "is not what the nodes that answered hold"
+            )
+        result = await restorer.run(
+            view, store, chain, restorer.plan_chain(view, store, chain, "star")
+        )
+        state, stats, last = result.state, result.stats, chain[-1]
+    holders: dict[tuple[int, int, str], list[str]] = {}
+    for address, m in hinted:
+        holders.setdefault((m.epoch, m.version, m.kind), []).append(address)
+    for m in line:
+        if m.kind == "snapshot":
+            state = {}
+        for ref in m.chunks:
+            key = chunk_key(store, m.version, ref.name)
+
+            async def read(address: str, key: str = key, checksum: int = ref.checksum) -> bytes:
+                resp = await transport.request("GET", address, f"/v1/chunks/{key}")
+                verify(resp.body, checksum, key)
+                return resp.body
+
+            _, body = await first_holder(key, holders[(m.epoch, m.version, m.kind)], read)
+            stats.bytes_in += len(body)
+            for k, v in decode_chunk(body, max_raw=max_raw, what=key):
+                if v is None:
+                    state.pop(k, None)
+                else:
+                    state[k] = v
+        last = m
+    assert last is not None
+    return state, last, stats

@@ -55,6 +55,7 @@ from statestore.node.coordinator import (
     check_tentative,
     coordinate_commit,
     coordinate_restore,
+    coordinate_restore_within,
 )
 from statestore.node.daemon import NODE, Node
 from statestore.node.operations import install as install_operations
@@ -545,13 +546,18 @@ async def state(request: web.Request) -> web.StreamResponse:
     text = request.query.get("version")
     plan = request.query.get("plan", "auto")
     consistency, delay_bound = _consistency(request)
-    data, top, stats = await _bounded(
-        coordinate_restore(
-            node, store, _version(text) if text is not None else None, plan, consistency
-        ),
-        delay_bound,
-        f"restore of {store}",
-    )
+    version = _version(text) if text is not None else None
+    tentative = False
+    if delay_bound is None or version is not None:
+        data, top, stats = await _bounded(
+            coordinate_restore(node, store, version, plan, consistency),
+            delay_bound,
+            f"restore of {store}",
+        )
+    else:  # the latest within a bound: the best version reachable, tentative (client.md)
+        data, top, stats, tentative = await coordinate_restore_within(
+            node, store, plan, consistency, delay_bound
+        )
     resp = web.StreamResponse(
         headers={
             "Content-Type": "application/octet-stream",
@@ -559,7 +565,7 @@ async def state(request: web.Request) -> web.StreamResponse:
             WRITER_EPOCH_HEADER: str(top.epoch),
             POSITIONS_HEADER: json.dumps(dict(top.positions)),
             STATS_HEADER: json.dumps(stats),
-            TENTATIVE_HEADER: "false",
+            TENTATIVE_HEADER: "true" if tentative else "false",
             EPOCH_HEADER: str(node.epoch),
         }
     )

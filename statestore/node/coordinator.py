@@ -19,7 +19,7 @@ from statestore.core.manifest import Manifest
 from statestore.core.plan import check_plan
 from statestore.core.quorum import check_consistency, read_answers, write_acks
 from statestore.net.reads import read_chain, read_head
-from statestore.net.tentative import commit_within, write_hints
+from statestore.net.tentative import commit_within, read_reachable, write_hints
 from statestore.net.writes import write_commit
 from statestore.node.daemon import Node
 
@@ -31,13 +31,14 @@ __all__ = [
     "WRITER_EPOCH_HEADER",
     "coordinate_commit",
     "coordinate_restore",
+    "coordinate_restore_within",
 ]
 
 POSITIONS_HEADER = "X-Statestore-Positions"
 VERSION_HEADER = "X-Statestore-Version"
 WRITER_EPOCH_HEADER = "X-Statestore-Writer-Epoch"
 STATS_HEADER = "X-Statestore-Stats"
-TENTATIVE_HEADER = "X-Statestore-Tentative"  # always "false": restores return stable state
+TENTATIVE_HEADER = "X-Statestore-Tentative"  # "true": what the nodes that answered hold
 
 
 def check_tentative(allow_tentative: bool, delay_bound: float | None) -> None:
@@ -130,3 +131,25 @@ async def coordinate_restore(
     result = await node.restorer.run(view, store, chain, p)
     stats = {k: v for k, v in result.stats.items() if k != "hops"}
     return result.state, chain[-1], stats
+
+
+async def coordinate_restore_within(
+    node: Node, store: StoreId, plan: str, consistency: str, delay_bound: float
+) -> tuple[dict[bytes, bytes], Manifest, dict[str, Any], bool]:
+    """The latest version within ``delay_bound``: the stable restore if it finishes in half
+    of it, else the best version the nodes this node reaches hold (tentative: the last
+    value is True), as the client does (net/tentative.read_reachable)."""
+
+    async def stable() -> tuple[dict[bytes, bytes], Manifest, dict[str, Any], bool]:
+        data, top, stats = await coordinate_restore(node, store, None, plan, consistency)
+        return data, top, stats, False
+
+    async def reachable(
+        _deadline: float,
+    ) -> tuple[dict[bytes, bytes], Manifest, dict[str, Any], bool] | None:
+        data, top, stats = await read_reachable(
+            node.transport, node.view(), node.restorer, store, max_raw=node.config.max_chunk
+        )
+        return data, top, {k: v for k, v in stats.items() if k != "hops"}, True
+
+    return await commit_within(stable, reachable, delay_bound, True, f"restore of {store}")

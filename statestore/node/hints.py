@@ -59,7 +59,7 @@ from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
 from statestore.node.repair import ask_have
 from statestore.node.request import read_body
-from statestore.wire.manifest import decode_manifest
+from statestore.wire.manifest import decode_manifest, encode_chain
 from statestore.wire.tentative import (
     decode_outcomes,
     encode_outcomes,
@@ -120,6 +120,15 @@ async def get_hint(request: web.Request) -> web.Response:
     return web.Response(body=raw, content_type="application/msgpack")
 
 
+async def list_hints(request: web.Request) -> web.Response:
+    """The hints this node holds of a store (msgpack list of manifests, as a chain)."""
+    node = request.app[NODE]
+    store = _store_checked(request)
+    allow(request, "read", store.query)
+    held = [m for m in node.store.store_hints(store)]
+    return web.Response(body=encode_chain(held), content_type="application/msgpack")
+
+
 async def get_outcomes(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store_checked(request)
@@ -143,6 +152,7 @@ def register(app: web.Application) -> None:
     hint = "/v1/hints/{query}/{operator}/{partition}/{name}/{version}/{kind}"
     app.router.add_put(hint, put_hint)
     app.router.add_get(hint, get_hint)
+    app.router.add_get("/v1/hints/{query}/{operator}/{partition}/{name}", list_hints)
     app.router.add_get(STORE + "/outcomes", get_outcomes)
     app.router.add_post(STORE + "/outcomes", post_outcomes)
 

@@ -365,6 +365,9 @@ class NodeStore:
         """Every hint held (manifest, holders), in key order: by store, epoch, version."""
         return [decode_hint(raw) for _, raw in self.backend.scan(b"n:")]
 
+    def store_hints(self, store: StoreId) -> list[Manifest]:
+        return [decode_hint(raw)[0] for _, raw in self.backend.scan(f"n:{store.path}/".encode())]
+
     def hint_count(self) -> int:
         return len(self.backend.scan_keys(b"n:"))
 
