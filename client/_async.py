@@ -301,11 +301,14 @@ class AsyncRingClient:
                 "is acknowledged as tentative by the replicas it reached"
             )
         began = asyncio.get_running_loop().time()
-        on_tentative = await self._settle(store, version, epoch, delay_bound, allow_tentative)
         if base_epoch is None:
             known = self._bases.get(store)
             if known is not None and known[0] == version - 1 and known[1] <= epoch:
                 base_epoch = known[1]
+        on_tentative = await self._settle(
+            store, version, epoch if base_epoch is None else base_epoch, delay_bound,
+            allow_tentative,
+        )  # fmt: skip
         manifest, chunks = await asyncio.to_thread(
             partial(
                 build_commit,
@@ -366,7 +369,7 @@ class AsyncRingClient:
         )
 
     async def _settle(
-        self, store: StoreId, version: int, epoch: int, bound: float | None, allow: bool
+        self, store: StoreId, version: int, base_epoch: int, bound: float | None, allow: bool
     ) -> bool:
         """Before a commit of a store with tentative commits of this client not known
         decided: what became of them. With ``allow`` the owners are asked in the background
@@ -411,7 +414,7 @@ class AsyncRingClient:
                 )
         if not pending:
             self._tentative.pop(store, None)
-        if (version - 1, epoch) not in pending:
+        if (version - 1, base_epoch) not in pending:
             return False
         if not allow:
             raise QuorumNotReached(
@@ -429,9 +432,13 @@ class AsyncRingClient:
                 *(self._transport.request("GET", a, path) for a in owners),
                 return_exceptions=True,
             )
-            answers = [
-                decode_outcomes(r.body, store) for r in results if not isinstance(r, BaseException)
-            ]
+            answers = []
+            for r in results:
+                if not isinstance(r, BaseException):
+                    try:
+                        answers.append(decode_outcomes(r.body, store))
+                    except StateStoreError:
+                        continue  # one owner's garbage is not the ring's answer
             for r in results:
                 if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
                     raise r
@@ -499,9 +506,12 @@ class AsyncRingClient:
 
         async def reachable(deadline: float) -> RestoredState | None:
             view = await self.view()
-            state, top, stats = await read_reachable(
+            state, top, stats, hinted = await read_reachable(
                 self._transport, view, self._restorer, store, max_raw=self.max_chunk
             )
+            if hinted:  # a commit built on it is tentative too, until it is confirmed
+                self._tentative.setdefault(store, set()).add((top.version, top.epoch))
+            self._bases[store] = (top.version, top.epoch)
             return RestoredState(
                 state, top.version, top.epoch, dict(top.positions), "star", stats, tentative=True
             )

@@ -136,7 +136,7 @@ def test_a_source_killed_mid_stream_the_join_finishes_from_the_others(tmp_path: 
             keys, manifests = sample(client, stores, 6)
             writer = Writer(ring.seeds, states, 7)
             writer.start()
-            newcomer = ring.add_node(["--join", "--stream-mbps", "0.05"])
+            newcomer = ring.add_node(["--join", "--stream-mbps", "0.1"])
             deadline = time.monotonic() + 30
             while True:  # mid-stream: some items fetched, others not yet
                 move = http_json(newcomer.address, "/v1/handover")["move"]  # type: ignore[index]

@@ -347,11 +347,13 @@ def test_quotas_on_a_real_ring(tmp_path: Path) -> None:
                 for i, p in enumerate(ring.procs)
                 if any(not held[p.address] <= held[o] for o in ring.seeds if o != p.address)
             )
+            # usage before the kill: repair may start copying as soon as the ring sees the
+            # node down, before the test could look again
+            was = usage(ring, "qa")
             ring.kill(victim)
             ring.wait_ring(3)
             lacking = [s for s in ring.seeds if not held[s] >= chunks]
             assert lacking, held
-            was = usage(ring, "qa")
             # with 3 nodes left and R=3, every survivor must hold every chunk again
             wait_for(
                 "re-replicated",

@@ -162,6 +162,34 @@ def test_tentative_commits_are_rolled_back_when_a_newer_writer_took_over(
     ]
 
 
+def test_a_writer_that_took_over_from_tentative_state_goes_on_tentatively(
+    ring: LocalRing,
+) -> None:
+    """A second writer that restores within a bound gets the first writer's tentative v2
+    and builds v3 on it: its commit is tentative too (its base is not known stable), and
+    after the heal both are confirmed in order: v2 is never rolled back under v3."""
+    sid = StoreId("tent", 0, 3)
+    with RingClient(ring.seeds, timeout=BOUND) as w1:
+        w1.commit(sid, 1, rows(1), epoch=1)
+        ring.pause(1)
+        ring.pause(2)
+        assert w1.commit(
+            sid, 2, rows(2), epoch=1, delay_bound=BOUND, allow_tentative=True
+        ).tentative
+    with RingClient([ring.seeds[0]], timeout=BOUND) as w2:
+        st = w2.restore(sid, delay_bound=BOUND)
+        assert (st.tentative, st.version, st.epoch) == (True, 2, 1)
+        r3 = w2.commit(sid, 3, rows(3, "w2"), epoch=2, delay_bound=BOUND, allow_tentative=True)
+        assert r3.tentative
+        ring.resume(1)
+        ring.resume(2)
+        ring.wait_ring(3)
+        with RingClient(ring.seeds, timeout=BOUND) as reader:
+            assert _decided(reader, sid, 2) == ["confirmed", "confirmed"]
+            st = reader.restore(sid)
+        assert (st.version, st.epoch, dict(st)) == (3, 2, rows(1) | rows(2) | rows(3, "w2"))
+
+
 def _m(version: int, epoch: int, base_epoch: int | None, kind: str = "delta") -> Manifest:
     return Manifest(StoreId("t", 0, 0), version, kind, epoch, 8, (), {}, base_epoch)
 

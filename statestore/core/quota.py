@@ -48,7 +48,7 @@ __all__ = [
 
 MAX_QUOTA_BYTES = 2**62
 # storage keys whose values count against their query (node/replica.py's key layout)
-COUNTED_PREFIXES = (b"c:", b"m:", b"o:")
+COUNTED_PREFIXES = (b"c:", b"m:", b"o:", b"n:")  # n: a tentative commit's hint
 _NAME = re.compile(r"^[A-Za-z0-9._-]*$")
 
 

@@ -237,10 +237,11 @@ async def read_reachable(
     store: StoreId,
     *,
     max_raw: int = MAX_CHUNK_RAW,
-) -> tuple[dict[bytes, bytes], Manifest, RestoreStats]:
+) -> tuple[dict[bytes, bytes], Manifest, RestoreStats, bool]:
     """The best version the nodes that answer have: the highest head one replica gives,
     with the tentative commits held as hints above it (core/tentative.tentative_line)
-    applied on top. Not known stable: the caller marks it tentative."""
+    applied on top. Not known stable: the caller marks it tentative. The last value says
+    whether the version returned is a hint (a tentative commit not decided yet)."""
 
     GRACE.set(READ_GRACE)  # this task takes what answers: silent nodes are not waited on
     HEDGE.set(READ_GRACE)
@@ -299,4 +300,4 @@ async def read_reachable(
                     state[k] = v
         last = m
     assert last is not None
-    return state, last, stats
+    return state, last, stats, bool(line)

@@ -97,8 +97,9 @@ async def _put_one(
         )
 
 
-# refusals that decide a write whatever the other replicas say
-_FINAL = (StaleEpoch, VersionConflict, QuotaExceeded, AccessDenied)
+# refusals that decide a write whatever the other replicas say (a credential one replica
+# refuses is not one: the others may take it)
+_FINAL = (StaleEpoch, VersionConflict, QuotaExceeded)
 
 
 async def _put_everywhere(

@@ -147,7 +147,7 @@ async def coordinate_restore_within(
     async def reachable(
         _deadline: float,
     ) -> tuple[dict[bytes, bytes], Manifest, dict[str, Any], bool] | None:
-        data, top, stats = await read_reachable(
+        data, top, stats, _ = await read_reachable(
             node.transport, node.view(), node.restorer, store, max_raw=node.config.max_chunk
         )
         return data, top, {k: v for k, v in stats.items() if k != "hops"}, True

@@ -262,6 +262,7 @@ class Node:
         self._view: RingView | None = None
         self._directory: list[str] = []
         self.restorer: Restorer
+        self.hints_arrived = asyncio.Event()  # wakes the hint loop (node/hints.py)
         self.stats: dict[str, int] = {
             "repaired": 0,
             "handed_off": 0,

@@ -35,16 +35,20 @@ from typing import Any
 
 from aiohttp import web
 
-from statestore.core.chunk import EncodedChunk
+from statestore.core.chunk import EncodedChunk, verify
 from statestore.core.errors import (
+    InsufficientStorage,
     InvalidRequest,
     NotFound,
+    QuorumNotReached,
     StaleEpoch,
     StateStoreError,
+    StoreNotFound,
     VersionConflict,
 )
 from statestore.core.ids import MAX_EPOCH, MAX_VERSION, StoreId, chunk_key, parse_uint
 from statestore.core.manifest import Manifest
+from statestore.core.quorum import read_quorum
 from statestore.core.tentative import (
     CONFIRMED,
     ROLLED_BACK,
@@ -53,13 +57,15 @@ from statestore.core.tentative import (
     merge,
 )
 from statestore.core.view import RingView
-from statestore.net.reads import read_chain, read_head
-from statestore.net.writes import write_commit
+from statestore.net.failover import first_holder
+from statestore.net.reads import read_head
+from statestore.net.writes import put_chunks, write_commit
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
+from statestore.node.quotas import charged_limit
 from statestore.node.repair import ask_have
 from statestore.node.request import read_body
-from statestore.wire.manifest import decode_manifest, encode_chain
+from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
 from statestore.wire.tentative import (
     decode_outcomes,
     encode_outcomes,
@@ -71,6 +77,7 @@ __all__ = ["hint_loop", "hint_pass", "register"]
 
 log = logging.getLogger(__name__)
 STORE = "/v1/stores/{query}/{operator}/{partition}/{name}"
+MAX_HINTS = 100_000  # per node: a bound on what a partition (or a hostile writer) parks here
 
 
 # -- endpoints ---------------------------------------------------------------------------
@@ -97,8 +104,14 @@ async def put_hint(request: web.Request) -> web.Response:
             f"hint of {store} v{version} names {len(missing)} chunk(s) this node does not hold "
             f"(first {missing[0]}): send the chunks, then the hint"
         )
-    created = await node.write(node.store.put_hint, m, holders)
+    if node.store.hint_count() >= MAX_HINTS:
+        raise InsufficientStorage(
+            f"node {node.id} holds {MAX_HINTS} hints already (tentative commits waiting for "
+            "their owners): commit when the partition heals"
+        )
+    created = await node.write(node.store.put_hint, m, holders, charged_limit(request, store.query))
     node.stats["hints_taken"] += int(created)
+    node.hints_arrived.set()
     return web.json_response({"stored": created}, status=201 if created else 200)
 
 
@@ -161,11 +174,13 @@ def register(app: web.Application) -> None:
 async def owners_outcomes(
     node: Node, view: RingView, store: StoreId
 ) -> dict[tuple[int, int], Outcome]:
-    """The verdicts the store's owners hold, merged (core/tentative.merge)."""
+    """The verdicts the store's owners hold, merged (core/tentative.merge), from at least a
+    read quorum of them (verdicts are recorded at W: R - W + 1 answers meet every one);
+    QuorumNotReached otherwise: a verdict is never decided twice for want of asking."""
     path = f"/v1/stores/{store.path}/outcomes"
+    owners = view.store_replicas(store)
     results = await asyncio.gather(
-        *(node.transport.request("GET", a, path) for a in view.store_replicas(store)),
-        return_exceptions=True,
+        *(node.transport.request("GET", a, path) for a in owners), return_exceptions=True
     )
     answers = []
     for r in results:
@@ -177,11 +192,17 @@ async def owners_outcomes(
             answers.append(decode_outcomes(r.body, store))
         except StateStoreError:
             continue
+    need = min(read_quorum(view.replicas, view.write_quorum), len(owners))
+    if len(answers) < need:
+        raise QuorumNotReached(
+            f"verdicts of {store}: {len(answers)} of {need} owners answered; a verdict waits"
+        )
     return merge(answers)
 
 
-async def _record(node: Node, view: RingView, o: Outcome) -> bool:
-    """Send ``o`` to the store's owners; True once W of them hold a verdict of it."""
+async def _record(node: Node, view: RingView, o: Outcome) -> Outcome | None:
+    """Send ``o`` to the store's owners; the verdict W of them hold (the first each was
+    sent stays: if they kept another one, that one), None below W."""
     store = StoreId.parse(o.store)
     path = f"/v1/stores/{store.path}/outcomes"
     body = encode_outcomes([o])
@@ -194,56 +215,97 @@ async def _record(node: Node, view: RingView, o: Outcome) -> bool:
         ),
         return_exceptions=True,
     )
-    acked = 0
+    kept: list[Outcome] = []
     for r in results:
         if isinstance(r, BaseException):
             if not isinstance(r, StateStoreError):
                 raise r
             continue
-        acked += 1
-    return acked >= view.write_quorum
+        try:
+            kept += [x for x in decode_outcomes(r.body, store) if x.key() == o.key()]
+        except StateStoreError:
+            continue
+    if len(kept) < view.write_quorum:
+        return None
+    return merge([kept])[o.key()]
 
 
-def _chunks(node: Node, m: Manifest) -> list[EncodedChunk]:
+async def _chunks(node: Node, view: RingView, m: Manifest) -> list[EncodedChunk]:
+    """The hint's chunks: from this node, else from their owners (repair may have handed a
+    copy that arrived before its hint to them)."""
     out = []
     for ref in m.chunks:
         key = chunk_key(m.store, m.version, ref.name)
         data = node.store.get_chunk(key)
         if data is None:
-            raise NotFound(f"hinted chunk {key} is gone from this node")
+
+            async def read(address: str, key: str = key) -> bytes:
+                return (await node.transport.request("GET", address, f"/v1/chunks/{key}")).body
+
+            _, fetched = await first_holder(key, view.read_order(key), read)
+            verify(fetched, ref.checksum, key)
+            data = fetched
         out.append(
             EncodedChunk(ref.name, ref.lo, ref.hi, data, ref.checksum, ref.raw_size, ref.rows)
         )
     return out
 
 
-async def _on_lineage(node: Node, view: RingView, m: Manifest) -> bool:
-    """Whether the store's head (a read quorum) descends from ``m``, or W owners hold it:
-    then it is stable history, whatever happened since. Owners out of reach raise (an
-    Unavailable): the verdict waits, it is never guessed."""
+async def _owner_manifests(node: Node, view: RingView, m: Manifest) -> list[list[Manifest]]:
+    """What each owner that answers holds around ``m``: its chain through the store's head
+    (every manifest above the version asked and the lineage below); QuorumNotReached below
+    a read quorum of answers."""
     try:
         head = await read_head(node.transport, view, m.store)
-        chain = await read_chain(node.transport, view, m.store, head.version)
-    except NotFound:
-        chain = []
-    if any((c.version, c.epoch) == (m.version, m.epoch) for c in chain):
-        return True
-    item = f"m:{m.store.path}/{m.version}/{m.kind}/{m.epoch}"
-    owners = [a for a in view.store_replicas(m.store) if a != node.address]
-    answers = await ask_have(node, {a: [item] for a in owners})
-    held = sum(1 for a in owners if answers.get((a, item)))
-    if node.address in view.store_replicas(m.store):
-        held += node.store.get_manifest(m.store, m.version, m.kind, m.epoch) is not None
-    return held >= view.write_quorum
+    except StoreNotFound:
+        return []
+    path = f"/v1/stores/{m.store.path}/chain?version={max(head.version, m.version)}"
+    results = await asyncio.gather(
+        *(node.transport.request("GET", a, path) for a in view.store_replicas(m.store)),
+        return_exceptions=True,
+    )
+    out: list[list[Manifest]] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            if isinstance(r, NotFound):
+                out.append([])
+            elif not isinstance(r, StateStoreError):
+                raise r
+            continue
+        try:
+            out.append(decode_chain(r.body))
+        except StateStoreError:
+            continue
+    if len(out) < min(read_quorum(view.replicas, view.write_quorum), len(view.members)):
+        raise QuorumNotReached(f"chains of {m.store}: too few owners answered")
+    return out
+
+
+def _holdings(m: Manifest, per_owner: list[list[Manifest]]) -> tuple[int, int, bool]:
+    """Owners holding ``m`` with its content, owners holding other content at its version,
+    kind and epoch, and whether some owner holds a commit of version + 1 built on its epoch
+    (a writer that read it within a bound and went on from it)."""
+    same = other = 0
+    built_on = False
+    for held in per_owner:
+        mine = [h for h in held if (h.version, h.epoch, h.kind) == (m.version, m.epoch, m.kind)]
+        same += any(h.same_content(m) for h in mine)
+        other += any(not h.same_content(m) for h in mine)
+        built_on |= any(
+            h.version == m.version + 1 and h.kind == "delta" and h.base_epoch == m.epoch
+            for h in held
+        )
+    return same, other, built_on
 
 
 async def _replay_point(node: Node, view: RingView, m: Manifest) -> tuple[int, dict[str, Any]]:
-    """The version below ``m`` (its base) and that version's source positions."""
+    """The version below ``m`` (its base) and that version's source positions; waits
+    (QuorumNotReached) when no owner gives the base."""
     base = m.version - 1
-    if base < 1:
-        return 0, {}
+    if base < 1 or (m.kind == "snapshot" and m.base_epoch is None):
+        return max(base, 0), {}
+    q = "" if m.base_epoch is None else f"?epoch={m.base_epoch}"
     for kind in ("delta", "snapshot"):
-        q = "" if m.base_epoch is None else f"?epoch={m.base_epoch}"
         path = f"/v1/manifests/{m.store.path}/{base}/{kind}{q}"
         for a in view.store_replicas(m.store):
             try:
@@ -251,61 +313,98 @@ async def _replay_point(node: Node, view: RingView, m: Manifest) -> tuple[int, d
                 return base, dict(decode_manifest(resp.body).positions)
             except StateStoreError:
                 continue
-    return base, {}
+    if node.store.floor(m.store) > base:
+        return base, {}  # gone below retention: the version is the replay point
+    raise QuorumNotReached(f"the base of {m.store} v{m.version} is not readable yet")
+
+
+def _rolled_back(m: Manifest, replay_from: int, positions: dict[str, Any]) -> Outcome:
+    return Outcome(m.store.path, m.version, m.epoch, ROLLED_BACK, replay_from, positions)
+
+
+# _decide's answer for a hint whose version and epoch hold other content, stable: no verdict
+STALE = Outcome("-/0/0/-", 1, 0, CONFIRMED)
 
 
 async def _decide(
     node: Node, view: RingView, m: Manifest, known: dict[tuple[int, int], Outcome]
 ) -> Outcome | None:
-    """The verdict on ``m`` (None: not yet, its base is still undecided or out of reach)."""
-    if m.kind == "delta" and m.base_epoch == m.epoch and m.version > 1:
-        base = known.get((m.epoch, m.version - 1)) or node.store.outcome(
-            m.store.path, m.version - 1, m.epoch
+    """The verdict on ``m`` (None: not yet, its base is still undecided or out of reach;
+    STALE: no verdict, the hint is dropped)."""
+    if m.kind == "delta" and m.base_epoch is not None and m.version > 1:
+        # built on a tentative commit (its own writer's, or one a writer read within a
+        # bound): that one's verdict first
+        base = known.get((m.base_epoch, m.version - 1)) or node.store.outcome(
+            m.store.path, m.version - 1, m.base_epoch
         )
         if base is not None and base.outcome == ROLLED_BACK:
-            return Outcome(
-                m.store.path, m.version, m.epoch, ROLLED_BACK, base.replay_from, base.positions
-            )
+            return _rolled_back(m, base.replay_from, base.positions)
         if base is None and not await _base_held(node, view, m):
             return None  # a tentative base not handed off yet (by its own reconciler)
     try:
-        await write_commit(node.transport, view, m, _chunks(node, m))
+        await write_commit(node.transport, view, m, await _chunks(node, view, m))
         return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
-    except (StaleEpoch, VersionConflict):
-        if await _on_lineage(node, view, m):
+    except VersionConflict:
+        # other content at this version and epoch: its writer gave this attempt up (a failed
+        # commit, then other content; one epoch is one writer, and a writer that was told
+        # "tentative" goes on from it, never back). Stable at W: this hint is stale
+        same, other, _ = _holdings(m, await _owner_manifests(node, view, m))
+        if other >= view.write_quorum:
+            return STALE
+        if same < view.write_quorum:  # the other content is a partial write: ours goes on
+            await _copy_to_owners(node, view, m)
+        return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
+    except (StaleEpoch, InvalidRequest):
+        # refused for good: a higher epoch, or below retention
+        same, other, built_on = _holdings(m, await _owner_manifests(node, view, m))
+        if same >= view.write_quorum:  # handed off another way already
+            return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
+        if built_on and not other:  # stable history built on it: make it whole
+            await _copy_to_owners(node, view, m)
             return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
         replay_from, positions = await _replay_point(node, view, m)
-        return Outcome(m.store.path, m.version, m.epoch, ROLLED_BACK, replay_from, positions)
+        return _rolled_back(m, replay_from, positions)
+
+
+async def _copy_to_owners(node: Node, view: RingView, m: Manifest) -> None:
+    """Put ``m`` (chunks, then the manifest as repair's unfenced copy) on W owners: a later
+    commit of another epoch names it as its base."""
+    await put_chunks(node.transport, view, m.store, m.version, await _chunks(node, view, m))
+    path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}?copy=1"
+    results = await asyncio.gather(
+        *(
+            node.transport.request(
+                "PUT",
+                a,
+                path,
+                body=encode_manifest(m),
+                headers={"Content-Type": "application/msgpack"},
+            )
+            for a in view.store_write_replicas(m.store)
+        ),
+        return_exceptions=True,
+    )
+    if sum(1 for r in results if not isinstance(r, BaseException)) < view.write_quorum:
+        raise QuorumNotReached(f"copy of {m.store} v{m.version}: fewer than W owners took it")
 
 
 async def _base_held(node: Node, view: RingView, m: Manifest) -> bool:
-    """Whether an owner holds version - 1 of ``m`` at its epoch (a stable base), or it is
-    below the store's retention floor."""
+    """Whether W owners hold version - 1 of ``m`` at its base epoch (a stable base), or it
+    is below the store's retention floor."""
     if node.store.floor(m.store) > m.version - 1:
         return True
-    items = [f"m:{m.store.path}/{m.version - 1}/{k}/{m.epoch}" for k in ("delta", "snapshot")]
-    owners = [a for a in view.store_replicas(m.store) if a != node.address]
-    answers = await ask_have(node, {a: items for a in owners})
-    if any(answers.get((a, it)) for a in owners for it in items):
-        return True
-    return any(
-        node.store.get_manifest(m.store, m.version - 1, k, m.epoch) is not None
+    e = m.base_epoch
+    items = [f"m:{m.store.path}/{m.version - 1}/{k}/{e}" for k in ("delta", "snapshot")]
+    owners = view.store_replicas(m.store)
+    others = [a for a in owners if a != node.address]
+    answers = await ask_have(node, {a: items for a in others})
+    held = sum(1 for a in others if any(answers.get((a, it)) for it in items))
+    if node.address in owners and any(
+        node.store.get_manifest(m.store, m.version - 1, k, e) is not None
         for k in ("delta", "snapshot")
-    ) and node.address in view.store_replicas(m.store)
-
-
-async def _drop(node: Node, view: RingView, m: Manifest) -> None:
-    """Forget the hint, and the copies of its chunks this node holds only for it."""
-    await node.write(node.store.delete_hint, m)
-    still = node.store.hinted_chunks()
-    mine = [
-        key
-        for ref in m.chunks
-        if (key := chunk_key(m.store, m.version, ref.name)) not in still
-        and node.address not in view.replicas_of(key)
-    ]
-    if mine:
-        await node.write(node.store.delete_chunks, mine)
+    ):
+        held += 1
+    return held >= view.write_quorum
 
 
 async def _reconciles(node: Node, m: Manifest, holders: list[str], live: list[str]) -> bool:
@@ -352,13 +451,23 @@ async def hint_pass(node: Node, view: RingView) -> int:
                 if o is None:
                     waiting.add(line)
                     continue
+                if o is STALE:
+                    log.info("hint of %s v%d (epoch %d): other content is stable", m.store,
+                             m.version, m.epoch)  # fmt: skip
+                    await node.write(node.store.delete_hint, m)
+                    continue
                 o = await node.write(node.store.put_outcome, o)
-                node.stats["tentative_" + o.outcome] += 1
-            known[m.store][(m.epoch, m.version)] = o
-            if not await _record(node, view, o):
+            kept = await _record(node, view, o)
+            if kept is None:
                 waiting.add(line)
                 continue
-            await _drop(node, view, m)
+            if kept.outcome != o.outcome:
+                log.warning("verdict on %s v%d: the owners kept %s", m.store, m.version, kept)
+            known[m.store][(m.epoch, m.version)] = kept
+            node.stats["tentative_" + kept.outcome] += 1
+            # only the hint goes: its chunks are ordinary copies now, which repair hands to
+            # their owners and drops here once they hold them (never by key alone)
+            await node.write(node.store.delete_hint, m)
         except StateStoreError as exc:
             log.warning(
                 "hint of %s v%d (epoch %d) not handed off yet: %s", m.store, m.version, m.epoch, exc
@@ -370,8 +479,14 @@ async def hint_pass(node: Node, view: RingView) -> int:
 
 
 async def hint_loop(node: Node) -> None:
-    """Hand hints off while any are held (a pass every ``--repair-interval``)."""
+    """Hand hints off while any are held: a pass every second, and at once when a hint
+    arrives (a writer that went tentative on a healthy ring is confirmed in milliseconds,
+    so its next commit can be stable again)."""
     while True:
         if node.store.hint_count():
             await hint_pass(node, node.view())
-        await asyncio.sleep(min(node.config.repair_interval, 1.0))
+        node.hints_arrived.clear()
+        try:
+            await asyncio.wait_for(node.hints_arrived.wait(), min(node.config.repair_interval, 1.0))
+        except TimeoutError:
+            pass

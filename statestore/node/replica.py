@@ -30,7 +30,13 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from statestore.core.chunk import verify
-from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
+from statestore.core.errors import (
+    CorruptChunk,
+    InvalidStoreId,
+    MalformedData,
+    StaleEpoch,
+    VersionConflict,
+)
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
 from statestore.core.quota import COUNTED_PREFIXES, Usage, charges, check, query_of_key
@@ -340,10 +346,11 @@ class NodeStore:
                 f"{manifest_epoch(raw)}; epoch {m.epoch} cannot overwrite it"
             )
 
-    def put_hint(self, m: Manifest, holders: list[str]) -> bool:
+    def put_hint(self, m: Manifest, holders: list[str], limit: int | None = None) -> bool:
         """Keep a tentative commit's manifest until it is handed off. Fenced like a manifest
         by what this node holds of the store; VersionConflict for other content at the same
-        version, kind and epoch; False when already held (idempotent)."""
+        version, kind and epoch; False when already held (idempotent). Counted against its
+        query's quota like a manifest (``limit``)."""
         self.check_fence(m)
         key = _nkey(m.store, m.version, m.kind, m.epoch)
         raw = self.backend.get(key)
@@ -355,18 +362,25 @@ class NodeStore:
                 f"store {m.store} version {m.version} already has a tentative commit with "
                 f"other content at epoch {m.epoch}"
             )
-        self._write({key: encode_hint(m, holders)})
+        self._write({key: encode_hint(m, holders)}, limit=limit)
         return True
 
     def raw_hint(self, store: StoreId, version: int, kind: str, epoch: int) -> bytes | None:
         return self.backend.get(_nkey(store, version, kind, epoch))
 
     def hints(self) -> list[tuple[Manifest, list[str]]]:
-        """Every hint held (manifest, holders), in key order: by store, epoch, version."""
-        return [decode_hint(raw) for _, raw in self.backend.scan(b"n:")]
+        """Every hint held (manifest, holders), in key order: by store, epoch, version. A
+        record that does not decode (a disk fault) is left out, not a failure of every pass."""
+        out = []
+        for _, raw in self.backend.scan(b"n:"):
+            try:
+                out.append(decode_hint(raw))
+            except (MalformedData, InvalidStoreId, ValueError):
+                continue
+        return out
 
     def store_hints(self, store: StoreId) -> list[Manifest]:
-        return [decode_hint(raw)[0] for _, raw in self.backend.scan(f"n:{store.path}/".encode())]
+        return [m for m, _ in self.hints() if m.store == store]
 
     def hint_count(self) -> int:
         return len(self.backend.scan_keys(b"n:"))

@@ -34,6 +34,10 @@ class Writer:
     base_epoch: int | None = None  # the epoch of ``version`` as restored or committed
     busy: bool = False
     fenced: bool = False
+    # a commit allowed to be tentative that failed (DelayBoundExceeded: its hints may land
+    # later and be confirmed): the next commit retries this same delta, as docs/client.md
+    # asks of a writer whose commit's outcome is unknown
+    retry: tuple[dict[bytes, bytes], list[bytes]] | None = None
 
 
 class ClientOps:
@@ -95,11 +99,14 @@ class ClientOps:
                 self.history.add_commit(op)
                 if outcome in ("ack", "tentative"):
                     w.version, w.state, w.base_epoch = version, state, w.epoch
+                    w.retry = None
                     return
                 if outcome == "refused":
                     w.fenced = True
                     return
                 await asyncio.sleep(self.RETRY_PAUSE)
+            if tentative:
+                w.retry = (puts, deletes)
         finally:
             w.busy = False
 
@@ -166,7 +173,10 @@ class ClientOps:
         self.history.add_verdicts({k: v for k, v in got.items() if k in want})
 
     def delta(self, w: Writer) -> tuple[dict[bytes, bytes], list[bytes]]:
-        """A random delta on ``w``'s state: puts over :data:`KEYS`, deletes of held keys."""
+        """A random delta on ``w``'s state: puts over :data:`KEYS`, deletes of held keys; or
+        the delta of its failed tentative commit, again (:attr:`Writer.retry`)."""
+        if w.retry is not None:
+            return w.retry
         rng = self.rng
         puts = {
             rng.choice(KEYS): rng.randbytes(rng.randint(1, 300)) for _ in range(rng.randint(1, 6))
