@@ -43,7 +43,6 @@ from statestore.core.errors import (
     QuorumNotReached,
     StaleEpoch,
     StateStoreError,
-    StoreNotFound,
     VersionConflict,
 )
 from statestore.core.ids import MAX_EPOCH, MAX_VERSION, StoreId, chunk_key, parse_uint
@@ -58,7 +57,6 @@ from statestore.core.tentative import (
 )
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
-from statestore.net.reads import read_head
 from statestore.net.writes import put_chunks, write_commit
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
@@ -252,14 +250,10 @@ async def _chunks(node: Node, view: RingView, m: Manifest) -> list[EncodedChunk]
 
 
 async def _owner_manifests(node: Node, view: RingView, m: Manifest) -> list[list[Manifest]]:
-    """What each owner that answers holds around ``m``: its chain through the store's head
-    (every manifest above the version asked and the lineage below); QuorumNotReached below
-    a read quorum of answers."""
-    try:
-        head = await read_head(node.transport, view, m.store)
-    except StoreNotFound:
-        return []
-    path = f"/v1/stores/{m.store.path}/chain?version={max(head.version, m.version)}"
+    """What each owner that answers holds around ``m``: its chain answer for ``m.version``
+    (every manifest above it, every epoch of it, and lines of descent below:
+    core/manifest.local_chain); QuorumNotReached below a read quorum of answers."""
+    path = f"/v1/stores/{m.store.path}/chain?version={m.version}"
     results = await asyncio.gather(
         *(node.transport.request("GET", a, path) for a in view.store_replicas(m.store)),
         return_exceptions=True,
@@ -384,8 +378,14 @@ async def _copy_to_owners(node: Node, view: RingView, m: Manifest) -> None:
         ),
         return_exceptions=True,
     )
-    if sum(1 for r in results if not isinstance(r, BaseException)) < view.write_quorum:
-        raise QuorumNotReached(f"copy of {m.store} v{m.version}: fewer than W owners took it")
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
+            raise r
+    # an owner holding other content at this version and epoch answers but keeps its own:
+    # count the owners that hold ours now
+    same, _, _ = _holdings(m, await _owner_manifests(node, view, m))
+    if same < view.write_quorum:
+        raise QuorumNotReached(f"copy of {m.store} v{m.version}: fewer than W owners hold it")
 
 
 async def _base_held(node: Node, view: RingView, m: Manifest) -> bool:
