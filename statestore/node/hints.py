@@ -169,6 +169,22 @@ def register(app: web.Application) -> None:
 
 
 # -- the hand-off ------------------------------------------------------------------------
+def _outcome_answers(results: list[Any], store: StoreId) -> list[list[Outcome]]:
+    """The outcome lists of the answers that decode (failed and garbled answers left out;
+    anything but a StateStoreError raised)."""
+    answers = []
+    for r in results:
+        if isinstance(r, BaseException):
+            if not isinstance(r, StateStoreError):
+                raise r
+            continue
+        try:
+            answers.append(decode_outcomes(r.body, store))
+        except StateStoreError:
+            continue
+    return answers
+
+
 async def owners_outcomes(
     node: Node, view: RingView, store: StoreId
 ) -> dict[tuple[int, int], Outcome]:
@@ -180,16 +196,7 @@ async def owners_outcomes(
     results = await asyncio.gather(
         *(node.transport.request("GET", a, path) for a in owners), return_exceptions=True
     )
-    answers = []
-    for r in results:
-        if isinstance(r, BaseException):
-            if not isinstance(r, StateStoreError):
-                raise r
-            continue
-        try:
-            answers.append(decode_outcomes(r.body, store))
-        except StateStoreError:
-            continue
+    answers = _outcome_answers(results, store)
     need = min(read_quorum(view.replicas, view.write_quorum), len(owners))
     if len(answers) < need:
         raise QuorumNotReached(
@@ -213,16 +220,7 @@ async def _record(node: Node, view: RingView, o: Outcome) -> Outcome | None:
         ),
         return_exceptions=True,
     )
-    kept: list[Outcome] = []
-    for r in results:
-        if isinstance(r, BaseException):
-            if not isinstance(r, StateStoreError):
-                raise r
-            continue
-        try:
-            kept += [x for x in decode_outcomes(r.body, store) if x.key() == o.key()]
-        except StateStoreError:
-            continue
+    kept = [x for a in _outcome_answers(results, store) for x in a if x.key() == o.key()]
     if len(kept) < view.write_quorum:
         return None
     return merge([kept])[o.key()]

@@ -144,12 +144,7 @@ class NodeStore:
         Raises StaleEpoch if the store's head has a higher epoch, or a manifest of the same
         version has one; VersionConflict if the same version and epoch carry other content.
         """
-        head = self.head(m.store)
-        if head is not None and m.epoch < head.epoch:
-            raise StaleEpoch(
-                f"store {m.store} is at epoch {head.epoch}; a writer with epoch {m.epoch} is "
-                "fenced: a newer writer took over, so stop this one"
-            )
+        head = self._fence_head(m)
         raw_old = self.backend.get(_mkey(m.store, m.version, m.kind))
         if raw_old is not None:
             old = decode_manifest(raw_old)
@@ -172,6 +167,16 @@ class NodeStore:
             puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
         self._write(puts, limit=limit)
         return True
+
+    def _fence_head(self, m: Manifest) -> Head | None:
+        """The store's head; StaleEpoch if its epoch is above ``m``'s."""
+        head = self.head(m.store)
+        if head is not None and m.epoch < head.epoch:
+            raise StaleEpoch(
+                f"store {m.store} is at epoch {head.epoch}; a writer with epoch {m.epoch} is "
+                "fenced: a newer writer took over, so stop this one"
+            )
+        return head
 
     def copy_manifest(self, m: Manifest) -> bool:
         """Keep a copy of ``m`` that another replica holds (repair), whatever its epoch: not a
@@ -333,12 +338,7 @@ class NodeStore:
     def check_fence(self, m: Manifest) -> None:
         """StaleEpoch if this replica's head of ``m.store``, or its manifest of the same
         version and kind, has a higher epoch than ``m`` (what put_manifest refuses)."""
-        head = self.head(m.store)
-        if head is not None and m.epoch < head.epoch:
-            raise StaleEpoch(
-                f"store {m.store} is at epoch {head.epoch}; a writer with epoch {m.epoch} is "
-                "fenced: a newer writer took over, so stop this one"
-            )
+        self._fence_head(m)
         raw = self.backend.get(_mkey(m.store, m.version, m.kind))
         if raw is not None and manifest_epoch(raw) > m.epoch:
             raise StaleEpoch(
