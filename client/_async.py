@@ -42,11 +42,10 @@ from statestore.net.reads import (
     read_versions,
 )
 from statestore.net.restorer import Restorer
-from statestore.net.tentative import commit_within, read_reachable, write_hints
+from statestore.net.tentative import ask_outcomes, commit_within, read_reachable, write_hints
 from statestore.net.tls import client_context, tls_ca_file
 from statestore.net.transport import Transport
 from statestore.net.writes import write_commit
-from statestore.wire.tentative import decode_outcomes
 
 from ._core import CommitResult, RestoredState, build_commit, check_plan, check_store, parse_seeds
 
@@ -426,22 +425,7 @@ class AsyncRingClient:
 
     async def _outcomes(self, store: StoreId) -> dict[tuple[int, int], Outcome]:
         async def op(view: RingView) -> dict[tuple[int, int], Outcome]:
-            path = f"/v1/stores/{store.path}/outcomes"
-            owners = view.store_replicas(store)
-            results = await asyncio.gather(
-                *(self._transport.request("GET", a, path) for a in owners),
-                return_exceptions=True,
-            )
-            answers = []
-            for r in results:
-                if not isinstance(r, BaseException):
-                    try:
-                        answers.append(decode_outcomes(r.body, store))
-                    except StateStoreError:
-                        continue  # one owner's garbage is not the ring's answer
-            for r in results:
-                if isinstance(r, BaseException) and not isinstance(r, StateStoreError):
-                    raise r
+            answers = await ask_outcomes(self._transport, view.store_replicas(store), store)
             if not answers:
                 raise QuorumNotReached(f"no owner of {store} answered for its outcomes")
             return merge(answers)

@@ -32,8 +32,10 @@ from client import (
 )
 from statestore.cli.local import LocalRing, http_json
 from statestore.cli.main import main
-from statestore.core.manifest import Manifest
+from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.tentative import tentative_line
+from statestore.node.backends import MemoryBackend
+from statestore.node.replica import NodeStore
 from tests.conftest import FAST
 
 BOUND = 1.0
@@ -217,3 +219,22 @@ def test_tentative_line(
     head: tuple[int, int] | None, hints: list[Manifest], want: list[tuple[int, int]]
 ) -> None:
     assert [(m.version, m.epoch) for m in tentative_line(head, hints)] == want
+
+
+def test_a_node_counts_its_hints_without_scanning() -> None:
+    """The hint counter (asked on every hint a writer sends) follows puts, repeats, deletes
+    and a query's purge, and a reopened store counts the same."""
+    store = NodeStore(MemoryBackend())
+    sid = StoreId("count", 0, 0)
+    ref = ChunkRef("d0-0000000000000001", 0, 7, 1, 1, 1, 1)
+    hints = [Manifest(sid, v, "delta", 1, 8, (ref,), {}, 1) for v in (1, 2, 3)]
+    for m in hints:
+        assert store.put_hint(m, ["n0:7400"])
+    assert not store.put_hint(hints[0], ["n0:7400"])  # the same again: nothing new
+    assert store.hint_count() == 3 == NodeStore(store.backend).hint_count()
+    assert [m.version for m in store.store_hints(sid)] == [1, 2, 3]
+    store.delete_hint(hints[0])
+    store.delete_hint(hints[0])  # already gone
+    assert store.hint_count() == 2
+    store.purge_query("count", b"{}")
+    assert store.hint_count() == 0 == NodeStore(store.backend).hint_count()

@@ -34,7 +34,7 @@ from statestore.core.errors import (
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Head, Manifest
 from statestore.core.stats import RestoreStats
-from statestore.core.tentative import switch_after, tentative_line
+from statestore.core.tentative import Outcome, switch_after, tentative_line
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.quorate import GRACE, until_enough
@@ -42,8 +42,9 @@ from statestore.net.reads import read_chain, read_head, stand_ins
 from statestore.net.restorer import HEDGE, Restorer
 from statestore.net.transport import Transport
 from statestore.wire.manifest import decode_chain, encode_manifest
+from statestore.wire.tentative import MAX_HOLDERS, decode_outcomes
 
-__all__ = ["commit_within", "hint_targets", "read_reachable", "write_hints"]
+__all__ = ["ask_outcomes", "commit_within", "hint_targets", "read_reachable", "write_hints"]
 
 T = TypeVar("T")
 # what the hint writes get past the bound to say who held them (they stop at the bound)
@@ -57,9 +58,10 @@ def _now() -> float:
 
 
 def hint_targets(view: RingView, manifest: Manifest) -> list[str]:
-    """Where a tentative commit's hints go: the store's replicas, then its stand-ins."""
+    """Where a tentative commit's hints go: the store's replicas, then its stand-ins (as
+    many as a hint may name, wire/tentative.MAX_HOLDERS)."""
     owners = view.store_write_replicas(manifest.store)
-    return owners + [a for a in stand_ins(view, manifest.store) if a not in owners]
+    return (owners + [a for a in stand_ins(view, manifest.store) if a not in owners])[:MAX_HOLDERS]
 
 
 async def write_hints(
@@ -205,6 +207,34 @@ async def commit_within(
 
 def _exceeded(what: str, bound: float) -> DelayBoundExceeded:
     return DelayBoundExceeded(f"{what} did not finish within its delay bound of {bound:g} s")
+
+
+async def ask_outcomes(
+    transport: Transport, owners: list[str], store: StoreId
+) -> list[list[Outcome]]:
+    """``GET /v1/stores/{store}/outcomes`` of each owner: the lists of the answers that
+    decode (failed and garbled answers left out: one owner's garbage is not the ring's)."""
+    path = f"/v1/stores/{store.path}/outcomes"
+    results = await asyncio.gather(
+        *(transport.request("GET", a, path) for a in owners), return_exceptions=True
+    )
+    return outcome_answers(results, store)
+
+
+def outcome_answers(results: list[Any], store: StoreId) -> list[list[Outcome]]:
+    """The outcome lists in ``results`` (answers or exceptions) that decode; anything but a
+    StateStoreError is raised."""
+    answers = []
+    for r in results:
+        if isinstance(r, BaseException):
+            if not isinstance(r, StateStoreError):
+                raise r
+            continue
+        try:
+            answers.append(decode_outcomes(r.body, store))
+        except StateStoreError:
+            continue
+    return answers
 
 
 # -- reads within a bound ------------------------------------------------------------------

@@ -4,27 +4,33 @@ Endpoints (docs/api.md):
 
 - ``PUT /v1/hints/{store}/{version}/{kind}?holders=A,B`` (write): keep a tentative commit's
   manifest, whose chunks the writer sent this node first. Fenced like a manifest by what this
-  node holds of the store (a fenced writer gets no tentative acknowledgement).
+  node holds of the store (a fenced writer gets no tentative acknowledgement); counted
+  against the query's quota; at most ``MAX_HINTS`` per node.
+- ``GET /v1/hints/{store}`` and ``GET /v1/hints/{store}/{version}/{kind}?epoch=E`` (read):
+  the hints held of a store (a read within a bound asks), one hint (the hand-off asks).
 - ``GET /v1/stores/{store}/outcomes`` (read): what became of the store's tentative commits.
 - ``POST /v1/stores/{store}/outcomes`` (ring nodes; an admin token): record verdicts, the
   first one recorded for a commit stays; answers with the verdicts held.
 
-:func:`hint_loop` (supervised, every ``--repair-interval``) walks the hints this node holds
-in hand-off order. For each one it reconciles (the first live holder) it takes the verdict
-already recorded by the store's owners if there is one; otherwise it waits for the outcome
-of the version below when that was a tentative commit of the same writer, and then hands
-the commit to the owners through the ordinary write path (net/writes.write_commit: fencing
-check, chunks at W, manifest at W):
+:func:`hint_loop` (supervised; a pass every second, and at once when a hint arrives) walks
+the hints this node holds in hand-off order. For each one it reconciles (the first live
+holder that holds it) it takes the verdict a read quorum of the store's owners already hold;
+otherwise it waits for the verdict on the commit's base when the base is not stable (at W
+owners), and then hands the commit to the owners through the ordinary write path
+(net/writes.write_commit: fencing check, chunks at W, manifest at W):
 
 - acknowledged: **confirmed**;
-- refused for a higher epoch (StaleEpoch): **confirmed** still if the head's lineage holds
-  the commit (it reached the owners another way and a newer writer built on it), otherwise
+- refused for a higher epoch (StaleEpoch): **confirmed** still when W owners hold it with
+  its content already, or when an owner holds a commit of the next version built on it
+  (then it is copied to the owners, so stable history is never orphaned); otherwise
   **rolled back**, with the version below and its source positions as the replay point;
-- the owners out of reach: tried again next pass.
+- refused for other content at its version and epoch (VersionConflict): the writer gave
+  that attempt up; stale (dropped without a verdict) when the other content is at W owners;
+- the owners out of reach: tried again next pass (a verdict is never guessed).
 
-The verdict is recorded here first, then at the store's owners (W of them), then the hint
-goes, with the copies of its chunks this node does not own. Holders that do not reconcile
-drop their copy once the owners hold a verdict. Repair leaves chunks named by a hint alone.
+The verdict is recorded here first, then at W owners; then the hint goes. Its chunks are
+ordinary copies from then on, which repair hands to their owners (repair leaves chunks named
+by a held hint to the hand-off).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from statestore.core.tentative import (
 )
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
+from statestore.net.tentative import ask_outcomes, outcome_answers
 from statestore.net.writes import put_chunks, write_commit
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
@@ -136,7 +143,7 @@ async def list_hints(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = _store_checked(request)
     allow(request, "read", store.query)
-    held = [m for m in node.store.store_hints(store)]
+    held = node.store.store_hints(store)
     return web.Response(body=encode_chain(held), content_type="application/msgpack")
 
 
@@ -169,34 +176,14 @@ def register(app: web.Application) -> None:
 
 
 # -- the hand-off ------------------------------------------------------------------------
-def _outcome_answers(results: list[Any], store: StoreId) -> list[list[Outcome]]:
-    """The outcome lists of the answers that decode (failed and garbled answers left out;
-    anything but a StateStoreError raised)."""
-    answers = []
-    for r in results:
-        if isinstance(r, BaseException):
-            if not isinstance(r, StateStoreError):
-                raise r
-            continue
-        try:
-            answers.append(decode_outcomes(r.body, store))
-        except StateStoreError:
-            continue
-    return answers
-
-
 async def owners_outcomes(
     node: Node, view: RingView, store: StoreId
 ) -> dict[tuple[int, int], Outcome]:
     """The verdicts the store's owners hold, merged (core/tentative.merge), from at least a
     read quorum of them (verdicts are recorded at W: R - W + 1 answers meet every one);
     QuorumNotReached otherwise: a verdict is never decided twice for want of asking."""
-    path = f"/v1/stores/{store.path}/outcomes"
     owners = view.store_replicas(store)
-    results = await asyncio.gather(
-        *(node.transport.request("GET", a, path) for a in owners), return_exceptions=True
-    )
-    answers = _outcome_answers(results, store)
+    answers = await ask_outcomes(node.transport, owners, store)
     need = min(read_quorum(view.replicas, view.write_quorum), len(owners))
     if len(answers) < need:
         raise QuorumNotReached(
@@ -220,7 +207,7 @@ async def _record(node: Node, view: RingView, o: Outcome) -> Outcome | None:
         ),
         return_exceptions=True,
     )
-    kept = [x for a in _outcome_answers(results, store) for x in a if x.key() == o.key()]
+    kept = [x for a in outcome_answers(results, store) for x in a if x.key() == o.key()]
     if len(kept) < view.write_quorum:
         return None
     return merge([kept])[o.key()]

@@ -83,6 +83,7 @@ class NodeStore:
         self.usage = Usage.from_sizes(
             item for prefix in COUNTED_PREFIXES for item in backend.scan_sizes(prefix)
         )
+        self._hints = len(backend.scan_keys(b"n:"))
 
     def _write(
         self,
@@ -102,6 +103,9 @@ class NodeStore:
                     check(query, self.usage.of(query), delta, limit)
             self.backend.write(puts, deletes)
             self.usage.apply(deltas)
+            # hint keys are counted keys, so ``old`` says which existed
+            self._hints += sum(1 for k in puts if k[:2] == b"n:" and old.get(k) is None)
+            self._hints -= sum(1 for k in deletes if k[:2] == b"n:" and old.get(k) is not None)
 
     def query_bytes(self, query: str) -> int:
         """Bytes of chunks and manifests this node holds for ``query``."""
@@ -380,10 +384,19 @@ class NodeStore:
         return out
 
     def store_hints(self, store: StoreId) -> list[Manifest]:
-        return [m for m, _ in self.hints() if m.store == store]
+        """The hints held of ``store`` (one prefix scan; undecodable records left out)."""
+        out = []
+        for _, raw in self.backend.scan(f"n:{store.path}/".encode()):
+            try:
+                out.append(decode_hint(raw)[0])
+            except (MalformedData, InvalidStoreId, ValueError):
+                continue
+        return out
 
     def hint_count(self) -> int:
-        return len(self.backend.scan_keys(b"n:"))
+        """Hints held: a counter kept by :meth:`_write` (asked on every hint a writer sends,
+        and by health and metrics), not a scan."""
+        return self._hints
 
     def hinted_chunks(self) -> set[str]:
         """Chunk keys that a held hint names: repair leaves them to the hand-off."""
