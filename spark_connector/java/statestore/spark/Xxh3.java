@@ -191,60 +191,105 @@ public final class Xxh3 {
     return avalanche(acc);
   }
 
+  /** The secret as little-endian words at every 8-byte offset (the stripes' keys). */
+  private static final long[] SECRET_WORDS = words(0, 24);
+
+  /** The keys of the last stripe, read at the unaligned offset the reference uses. */
+  private static final long[] LAST_KEYS = words(SECRET.length - STRIPE_LEN - 7, 8);
+
+  private static long[] words(int from, int n) {
+    long[] w = new long[n];
+    for (int i = 0; i < n; i++) {
+      w[i] = r64(SECRET, from + 8 * i);
+    }
+    return w;
+  }
+
   /**
-   * One stripe: lane i takes lane i^1's input and its own keyed product. Written pairwise so
-   * that each lane is read and written once: the loop as the reference writes it
-   * ({@code acc[i ^ 1] += v; acc[i] += ...}) came out of JDK 17's C2 with a wrong sum now and
-   * then (chunk names differing from Python's, never under C1 or with this method not
-   * compiled; tests/test_java_codec.py::test_java_encodes_commits_as_python_does caught it in about 1 run of 5).
+   * The long path. The eight lanes are locals, not an array, and every stripe goes through
+   * one loop: written with a {@code long[]} accumulator and a stripe method (the reference's
+   * shape), JDK 17's C2 now and then compiled it to a wrong sum for every long input hashed
+   * after the compilation (chunk names differing from Python's, in 2-7% of the runs of
+   * tests/test_java_codec.py; never under C1, and not SuperWord's doing).
    */
-  private static void accumulate512(long[] acc, byte[] in, int off, int secretOff) {
-    for (int i = 0; i < 8; i += 2) {
-      long v0 = r64(in, off + 8 * i);
-      long v1 = r64(in, off + 8 * i + 8);
-      long k0 = v0 ^ r64(SECRET, secretOff + 8 * i);
-      long k1 = v1 ^ r64(SECRET, secretOff + 8 * i + 8);
-      acc[i] += v1 + (k0 & 0xFFFFFFFFL) * (k0 >>> 32);
-      acc[i + 1] += v0 + (k1 & 0xFFFFFFFFL) * (k1 >>> 32);
-    }
-  }
-
-  private static void scramble(long[] acc, int secretOff) {
-    for (int i = 0; i < 8; i++) {
-      long a = acc[i];
-      a ^= a >>> 47;
-      a ^= r64(SECRET, secretOff + 8 * i);
-      a *= PRIME32_1;
-      acc[i] = a;
-    }
-  }
-
   private static long hashLong(byte[] in, int off, int len) {
-    final int secretSize = SECRET.length;
-    final int stripesPerBlock = (secretSize - STRIPE_LEN) / SECRET_CONSUME_RATE;
+    final int stripesPerBlock = (SECRET.length - STRIPE_LEN) / SECRET_CONSUME_RATE;
     final int blockLen = STRIPE_LEN * stripesPerBlock;
     final int blocks = (len - 1) / blockLen;
-    long[] acc = {
-      PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1,
-    };
-    for (int n = 0; n < blocks; n++) {
-      int base = off + n * blockLen;
-      for (int s = 0; s < stripesPerBlock; s++) {
-        accumulate512(acc, in, base + s * STRIPE_LEN, s * SECRET_CONSUME_RATE);
+    final int fullStripes = blocks * stripesPerBlock;
+    // the stripes of the full blocks, those of the last partial block, then the last stripe
+    final int total = fullStripes + (len - 1 - blockLen * blocks) / STRIPE_LEN + 1;
+    long a0 = PRIME32_3;
+    long a1 = PRIME64_1;
+    long a2 = PRIME64_2;
+    long a3 = PRIME64_3;
+    long a4 = PRIME64_4;
+    long a5 = PRIME32_2;
+    long a6 = PRIME64_5;
+    long a7 = PRIME32_1;
+    for (int t = 0; t < total; t++) {
+      final int p;
+      final long[] keys;
+      final int k;
+      if (t < total - 1) {
+        int s = t < fullStripes ? t % stripesPerBlock : t - fullStripes;
+        int block = t < fullStripes ? t / stripesPerBlock : blocks;
+        p = off + block * blockLen + s * STRIPE_LEN;
+        keys = SECRET_WORDS;
+        k = s;
+      } else {
+        p = off + len - STRIPE_LEN;
+        keys = LAST_KEYS;
+        k = 0;
       }
-      scramble(acc, secretSize - STRIPE_LEN);
+      long v0 = r64(in, p);
+      long v1 = r64(in, p + 8);
+      long v2 = r64(in, p + 16);
+      long v3 = r64(in, p + 24);
+      long v4 = r64(in, p + 32);
+      long v5 = r64(in, p + 40);
+      long v6 = r64(in, p + 48);
+      long v7 = r64(in, p + 56);
+      long k0 = v0 ^ keys[k];
+      long k1 = v1 ^ keys[k + 1];
+      long k2 = v2 ^ keys[k + 2];
+      long k3 = v3 ^ keys[k + 3];
+      long k4 = v4 ^ keys[k + 4];
+      long k5 = v5 ^ keys[k + 5];
+      long k6 = v6 ^ keys[k + 6];
+      long k7 = v7 ^ keys[k + 7];
+      a0 += v1 + (k0 & 0xFFFFFFFFL) * (k0 >>> 32);
+      a1 += v0 + (k1 & 0xFFFFFFFFL) * (k1 >>> 32);
+      a2 += v3 + (k2 & 0xFFFFFFFFL) * (k2 >>> 32);
+      a3 += v2 + (k3 & 0xFFFFFFFFL) * (k3 >>> 32);
+      a4 += v5 + (k4 & 0xFFFFFFFFL) * (k4 >>> 32);
+      a5 += v4 + (k5 & 0xFFFFFFFFL) * (k5 >>> 32);
+      a6 += v7 + (k6 & 0xFFFFFFFFL) * (k6 >>> 32);
+      a7 += v6 + (k7 & 0xFFFFFFFFL) * (k7 >>> 32);
+      if (t < fullStripes && t % stripesPerBlock == stripesPerBlock - 1) {
+        // the end of a full block: scramble with the last 64 bytes of the secret
+        final int w = (SECRET.length - STRIPE_LEN) / 8;
+        a0 = scramble(a0, w);
+        a1 = scramble(a1, w + 1);
+        a2 = scramble(a2, w + 2);
+        a3 = scramble(a3, w + 3);
+        a4 = scramble(a4, w + 4);
+        a5 = scramble(a5, w + 5);
+        a6 = scramble(a6, w + 6);
+        a7 = scramble(a7, w + 7);
+      }
     }
-    int stripes = (len - 1 - blockLen * blocks) / STRIPE_LEN;
-    int base = off + blocks * blockLen;
-    for (int s = 0; s < stripes; s++) {
-      accumulate512(acc, in, base + s * STRIPE_LEN, s * SECRET_CONSUME_RATE);
-    }
-    accumulate512(acc, in, off + len - STRIPE_LEN, secretSize - STRIPE_LEN - 7);
     long result = len * PRIME64_1;
-    for (int i = 0; i < 4; i++) {
-      result +=
-          mul128Fold64(acc[2 * i] ^ r64(SECRET, 11 + 16 * i), acc[2 * i + 1] ^ r64(SECRET, 19 + 16 * i));
-    }
+    result += mul128Fold64(a0 ^ r64(SECRET, 11), a1 ^ r64(SECRET, 19));
+    result += mul128Fold64(a2 ^ r64(SECRET, 27), a3 ^ r64(SECRET, 35));
+    result += mul128Fold64(a4 ^ r64(SECRET, 43), a5 ^ r64(SECRET, 51));
+    result += mul128Fold64(a6 ^ r64(SECRET, 59), a7 ^ r64(SECRET, 67));
     return avalanche(result);
+  }
+
+  private static long scramble(long a, int word) {
+    a ^= a >>> 47;
+    a ^= SECRET_WORDS[word];
+    return a * PRIME32_1;
   }
 }
