@@ -209,6 +209,15 @@ async def test_repair_never_asks_itself(held: Node) -> None:
     assert_refused(status, body)
     status, body = await call(held, "POST", "/v1/sync/have", json=[1])
     assert_refused(status, body, "malformed_data")
+    # nor range digests (node/digests.py): an asker's own digests would always match
+    digests = {"seed": 1, "ranges": [[0, 2**64 - 1, 0, "0"]]}
+    status, body = await call(
+        held, "POST", "/v1/sync/digest", json=digests, headers={NODE_HEADER: held.id}
+    )
+    assert_refused(status, body)
+    for bad in ([1], {"seed": 1, "ranges": [[9, 1, 0, "0"]]}, {"seed": 2**64, "ranges": []}):
+        status, body = await call(held, "POST", "/v1/sync/digest", json=bad)
+        assert_refused(status, body)
 
 
 # -- replica acknowledgements -----------------------------------------------------------

@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="budget of a join or decommission hand-over on this node (default 50)",
     )
     n.add_argument(
+        "--no-repair-digests",
+        action="store_true",
+        help="list every item to peers in repair and hand-over instead of comparing token "
+        "ranges by digest first (to measure what digests save: docs/reliability.md)",
+    )
+    n.add_argument(
         "--drain-on-stop",
         action="store_true",
         help="on SIGTERM, decommission this node (hand every copy to its next owners) "
@@ -343,6 +349,7 @@ def _node(args: argparse.Namespace) -> int:
             tls_ca=args.tls_ca,
             join=args.join,
             stream_mbps=args.stream_mbps,
+            repair_digests=not args.no_repair_digests,
             drain_on_stop=args.drain_on_stop,
             drain_timeout=args.drain_timeout,
             replace=args.replace,

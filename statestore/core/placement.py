@@ -55,6 +55,11 @@ class Ring:
     def __len__(self) -> int:
         return len(self.members)
 
+    @property
+    def tokens(self) -> list[int]:
+        """Every virtual node's token, sorted (the ends of the ring's ranges)."""
+        return list(self._tokens)
+
     def preference(self, key: str | bytes) -> list[str]:
         """Every node, in the order the clockwise walk from ``key``'s token meets them."""
         if not self._tokens:

@@ -47,7 +47,7 @@ DASHBOARD = (
     "/dashboard/dashboard.css",
 )
 OPEN_PATHS = frozenset({"/v1/health", *DASHBOARD})
-NODE_ONLY = frozenset({"/v1/gossip", "/v1/sync/have"})
+NODE_ONLY = frozenset({"/v1/gossip", "/v1/sync/have", "/v1/sync/digest"})
 # Routes whose handlers (node/operations and friends) do not authorize themselves: the right
 # each needs, and the query when the path names one (group ``q``).
 _POLICY: tuple[tuple[re.Pattern[str], str], ...] = (

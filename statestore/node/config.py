@@ -33,6 +33,9 @@ class NodeConfig:
     suspect_after: float = 2.0
     down_after: float = 5.0
     repair_interval: float = 2.0
+    # compare token ranges by digest before listing items to a peer (node/digests.py); off
+    # only to measure the listing it saves (bench/digests.py)
+    repair_digests: bool = True
     compact_interval: float = 2.0
     snapshot_every: int = 10
     retain_versions: int = 100

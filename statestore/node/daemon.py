@@ -272,6 +272,8 @@ class Node:
             "hints_taken": 0,
             "tentative_confirmed": 0,
             "tentative_rolled_back": 0,
+            "have_asked": 0,  # items listed to peers (/v1/sync/have)
+            "digest_confirmed": 0,  # items range digests showed a peer holds
         }
         self.move: MoveStatus | None = None  # a join or leave under way or finished
         self._superseded_logged = False

@@ -359,7 +359,7 @@ async def leave_round(node: Node, move: MoveStatus, expect: NodeState) -> RoundR
     for item, owners in targets.items():
         for t in owners:
             want[t].append(item)
-    answers = await ask_have(node, want)
+    answers = await ask_have(node, want, view)
     pushes, unanswered = push_plan(me, targets, answers)
     unseen = 0
     for _, address in _peers(node):

@@ -181,7 +181,9 @@ class NodeCollector(Collector):
             "Background work done: repaired (copies pushed), handed_off (copies dropped after "
             "their owners confirmed), snapshots (folded by compaction), gc (items dropped "
             "below retention), hints_taken (tentative commits kept as hints), "
-            "tentative_confirmed and tentative_rolled_back (verdicts this node reached)",
+            "tentative_confirmed and tentative_rolled_back (verdicts this node reached), "
+            "have_asked (items repair and hand-over listed to peers) and digest_confirmed "
+            "(items range digests showed a peer holds, unlisted)",
             labels=["event"],
         )
         for name in (
@@ -192,6 +194,8 @@ class NodeCollector(Collector):
             "hints_taken",
             "tentative_confirmed",
             "tentative_rolled_back",
+            "have_asked",
+            "digest_confirmed",
         ):
             events.add_metric([name], node.stats.get(name, 0))
         yield events

@@ -1,8 +1,9 @@
 """The operator's side of a node, added to the API by one call in ``build_app``: metrics
 (``/metrics``), what is in flight (``/v1/activity``), what the node holds
 (``/v1/inventory``), point reads (``.../key``), dropping queries (``/v1/queries/...``) and
-the dashboard (``/dashboard``), joins and decommissions (``/v1/handover``). docs/operations.md
-describes them.
+the dashboard (``/dashboard``), joins and decommissions (``/v1/handover``), and the range
+digests repair compares (``/v1/sync/digest``, node to node). docs/operations.md describes
+them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from aiohttp import web
 from statestore.node import (
     activity,
     dashboard,
+    digests,
     handover,
     hints,
     inventory,
@@ -35,3 +37,4 @@ def install(app: web.Application) -> None:
     handover.register(app)
     quotas.register(app)
     hints.register(app)
+    digests.register(app)

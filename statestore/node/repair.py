@@ -20,6 +20,7 @@ from statestore.core.ids import StoreId
 from statestore.core.repair import Holding, decide
 from statestore.core.view import RingView
 from statestore.node.daemon import Node
+from statestore.node.digests import narrow
 
 __all__ = ["ask_have", "push_item", "repair_loop", "repair_pass"]
 
@@ -66,11 +67,17 @@ async def push_item(node: Node, address: str, item: str) -> int | None:
         return None
 
 
-async def ask_have(node: Node, want: dict[str, list[str]]) -> dict[tuple[str, str], bool]:
+async def ask_have(
+    node: Node, want: dict[str, list[str]], view: RingView | None = None
+) -> dict[tuple[str, str], bool]:
     """Ask each target (batched ``/v1/sync/have``) whether it holds the items listed for it;
     returns ``(target, item) -> holds it`` for every answered question (a target or batch
-    that failed is simply absent). Floors in the answers are applied here: a GC we missed."""
+    that failed is simply absent). Floors in the answers are applied here: a GC we missed.
+    With ``view``, token ranges are compared by digest first (node/digests.py) and only the
+    items of ranges that differ are listed."""
     answers: dict[tuple[str, str], bool] = {}
+    if view is not None:
+        answers, want = await narrow(node, view, want)
     for address, items in want.items():
         for i in range(0, len(items), BATCH):
             batch = items[i : i + BATCH]
@@ -87,6 +94,7 @@ async def ask_have(node: Node, want: dict[str, list[str]]) -> dict[tuple[str, st
                 )
             except StateStoreError:
                 continue
+            node.stats["have_asked"] += len(batch)  # items listed to a peer that answered
             answer = resp.json()
             for path, floor in answer.get("floors", {}).items():
                 store = StoreId.parse(path)
@@ -139,7 +147,7 @@ async def repair_pass(
         for t in h.owners:
             if t != me:
                 want[t].append(h.item)
-    answers = await ask_have(node, want)
+    answers = await ask_have(node, want, view)
     decision = decide(me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned)
     failed: list[tuple[str, str]] = []
     for push in decision.pushes:

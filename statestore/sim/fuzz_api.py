@@ -283,7 +283,7 @@ def _template(rng: random.Random, h: _Harness) -> Request:
     some_key = rng.choice(keys) if keys else "prod/0/0/default/1/d0-0000000000000000"
     route = rng.choice(
         (
-            "health", "ring", "gossip", "have", "put-chunk", "get-chunk", "chunks",
+            "health", "ring", "gossip", "have", "digest", "put-chunk", "get-chunk", "chunks",
             "put-manifest", "get-manifest", "stores", "heads", "chains", "head", "versions",
             "chain", "gc", "commit", "state", "relay", "metrics", "dashboard", "activity",
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
@@ -305,6 +305,10 @@ def _template(rng: random.Random, h: _Harness) -> Request:
     elif route == "have":
         obj = {"chunks": [some_key], "manifests": [[store.path, v, "delta"]]}
         r = Request(route, "POST", "/v1/sync/have", {}, {}, b"", obj, j)
+    elif route == "digest":
+        lo = rng.getrandbits(63)
+        obj = {"seed": rng.getrandbits(64), "ranges": [[lo, lo + 10**15, 1, "ff"]]}
+        r = Request(route, "POST", "/v1/sync/digest", {}, {}, b"", obj, j)
     elif route == "put-chunk":
         key, data = _chunk(rng, store, v)
         r = Request(route, "PUT", f"/v1/chunks/{key}", {}, {}, data, None, "bytes")

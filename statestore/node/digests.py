@@ -1,0 +1,86 @@
+"""Range digests on the wire (core/digest.py says what they are): the peer's side,
+``POST /v1/sync/digest`` (node to node only, as ``/v1/sync/have``), and the asker's,
+:func:`narrow`, which repair, hand-over and hint hand-off call before listing items.
+
+A peer that does not answer (down, or a node that predates the route) costs nothing but
+the digests: its items are listed as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+
+from aiohttp import web
+
+from statestore.core.digest import MAX_DIGEST_RANGES, answer, fold, group, segments
+from statestore.core.digest import narrow as by_leaves
+from statestore.core.errors import InvalidRequest, StateStoreError
+from statestore.core.identity import NODE_HEADER
+from statestore.core.view import RingView
+from statestore.node.auth import allow
+from statestore.node.daemon import NODE, Node
+from statestore.node.request import read_body
+from statestore.wire.digest import decode_answer, decode_request, encode_answer, encode_request
+
+__all__ = ["held_items", "narrow", "register"]
+
+log = logging.getLogger(__name__)
+
+
+def held_items(node: Node) -> list[str]:
+    """Every item this node holds, named as repair names them."""
+    out = [f"c:{k}" for k in node.store.chunk_keys()]
+    out += [f"m:{s.path}/{v}/{k}/{e}" for s, v, k, e in node.store.manifest_items()]
+    return out
+
+
+async def digest(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    allow(request, "admin")
+    if request.headers.get(NODE_HEADER) == node.id:
+        raise InvalidRequest(f"node {node.id} asked itself for range digests")
+    seed, asked = decode_request(await read_body(request))
+    differ = answer(held_items(node), asked, seed)
+    return web.json_response(encode_answer(node.id, differ))
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/v1/sync/digest", digest)
+
+
+async def narrow(
+    node: Node, view: RingView, want: Mapping[str, Sequence[str]]
+) -> tuple[dict[tuple[str, str], bool], dict[str, list[str]]]:
+    """Before asking ``want`` (target -> items) item by item: the ``(target, item)`` pairs
+    that range digests show the target holds, and what is left to ask each target. Off
+    (everything left to ask) when the node's ``repair_digests`` is."""
+    if not node.config.repair_digests or not len(view.ring):
+        return {}, {t: list(items) for t, items in want.items()}
+    ranges = segments(view.ring.tokens)
+    held: dict[tuple[str, str], bool] = {}
+    left: dict[str, list[str]] = {}
+    for target, items in want.items():
+        seed = random.getrandbits(64)
+        grouped = group(items, ranges)
+        indices = sorted(grouped)
+        ask: list[str] = []
+        for i in range(0, len(indices), MAX_DIGEST_RANGES):
+            batch = indices[i : i + MAX_DIGEST_RANGES]
+            sent = [(*ranges[j], fold(grouped[j], seed)) for j in batch]
+            try:
+                resp = await node.transport.request(
+                    "POST", target, "/v1/sync/digest", json_body=encode_request(seed, sent)
+                )
+                differ = decode_answer(resp.body, len(sent))
+            except StateStoreError as exc:
+                log.debug("range digests from %s failed: %s", target, exc)
+                ask.extend(it for j in batch for it in grouped[j])
+                continue
+            same, rest = by_leaves({k: grouped[j] for k, j in enumerate(batch)}, differ, seed)
+            held.update(((target, it), True) for it in same)
+            ask.extend(rest)
+        left[target] = ask
+        node.stats["digest_confirmed"] += len(items) - len(ask)
+    return held, left
