@@ -1,6 +1,6 @@
 """Range digests on the wire (core/digest.py says what they are): the peer's side,
 ``POST /v1/sync/digest`` (node to node only, as ``/v1/sync/have``), and the asker's,
-:func:`narrow`, which repair, hand-over and hint hand-off call before listing items.
+:func:`narrow`, which repair passes and leave rounds call before listing items.
 
 A peer that does not answer (down, or a node that predates the route) costs nothing but
 the digests: its items are listed as before.
