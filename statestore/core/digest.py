@@ -57,9 +57,6 @@ class Digest:
     count: int = 0
     xor: int = 0
 
-    def add(self, h: int) -> Digest:
-        return Digest(self.count + 1, self.xor ^ h)
-
 
 def token_of(item: str) -> int:
     """An item's ring token: a chunk's key, or a manifest's store path."""

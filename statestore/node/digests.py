@@ -3,7 +3,9 @@
 :func:`narrow`, which repair passes and leave rounds call before listing items.
 
 A peer that does not answer (down, or a node that predates the route) costs nothing but
-the digests: its items are listed as before.
+the digests: its items are listed as before. Answering costs a scan of what this node holds
+(its item names and the manifests' epochs) whatever the request's size: the route is for
+nodes only (signed with the cluster secret, or an admin token without one), as sync/have.
 """
 
 from __future__ import annotations
