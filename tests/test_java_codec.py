@@ -554,6 +554,9 @@ def _random_view(rng: random.Random) -> dict[str, Any]:
             # ring states: Java reads from the current owners (normal and leaving), as
             # Python's read ring does, and writes to the future ones too (normal and joining)
             "state": rng.choice(["normal", "normal", "normal", "joining", "leaving", "left"]),
+            # token counts of their own (a rebalance), now and then moving to another
+            "vnodes": rng.choice([0, 0, 0, 1, 2, 5, 16, 40]),
+            "next_vnodes": rng.choice([0, 0, 0, 0, 1, 3, 16, 64]),
         }
         for i in range(n)
     ]

@@ -14,14 +14,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from statestore.cli.admin import token_headers
 from statestore.core.address import node_url
 from statestore.net.tls import client_context, tls_ca_file
 
-__all__ = ["decommission", "describe_move", "member_moves", "request_json"]
+__all__ = [
+    "decommission",
+    "describe_move",
+    "follow_move",
+    "member_moves",
+    "request_json",
+    "ring_view",
+]
 
 MOVING = ("joining", "leaving")
 
@@ -56,7 +63,7 @@ def request_json(
         raise RuntimeError(message) from exc
 
 
-def _view(seeds: Sequence[str], tls_ca: str | None) -> dict[str, Any]:
+def ring_view(seeds: Sequence[str], tls_ca: str | None) -> dict[str, Any]:
     errors = []
     for seed in seeds:
         try:
@@ -71,11 +78,11 @@ def _view(seeds: Sequence[str], tls_ca: str | None) -> dict[str, Any]:
 def member_moves(
     view: dict[str, Any], timeout: float = 2.0, tls_ca: str | None = None
 ) -> dict[str, dict[str, Any]]:
-    """The move of every joining or leaving member, asked of the member itself (a member
-    that does not answer is left out)."""
+    """The move of every joining, leaving or token-moving member, asked of the member itself
+    (a member that does not answer is left out)."""
     out: dict[str, dict[str, Any]] = {}
     for m in view.get("members", []):
-        if m.get("state") in MOVING and m.get("status") != "down":
+        if (m.get("state") in MOVING or m.get("next_vnodes")) and m.get("status") != "down":
             try:
                 answer = request_json(m["address"], "/v1/handover", timeout=timeout, tls_ca=tls_ca)
             except (OSError, RuntimeError, ValueError):
@@ -102,6 +109,76 @@ def _find(view: dict[str, Any], node: str) -> dict[str, Any] | None:
     return None
 
 
+def follow_move(
+    node_id: str,
+    address: str,
+    kind: str,
+    finished: Callable[[dict[str, Any]], bool],
+    timeout: float,
+    poll: float,
+    tls_ca: str | None,
+    console: Any,
+) -> tuple[str | None, dict[str, Any]]:
+    """Follow a node's ``kind`` move (``GET /v1/handover``) with a progress bar until it
+    switched and ``finished(answer)``; returns ``(why it did not, the last move seen)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    deadline = time.monotonic() + timeout
+    silent_since: float | None = None
+    last: dict[str, Any] = {}
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"{kind} of {node_id}", total=None)
+        while True:
+            try:
+                answer = request_json(address, "/v1/handover", timeout=5.0, tls_ca=tls_ca)
+                silent_since = None
+            except (OSError, RuntimeError, ValueError) as exc:
+                now = time.monotonic()
+                silent_since = silent_since or now
+                if now - silent_since > 30.0:
+                    return (
+                        f"node {node_id} stopped answering mid-{kind} ({exc}): restart it "
+                        f"and run the command again to finish the hand-over",
+                        last,
+                    )
+                time.sleep(poll)
+                continue
+            move = answer.get("move") or {}
+            if move.get("kind") == kind:
+                last = move
+                bar.update(
+                    task,
+                    description=f"{node_id}: {kind} {move['phase']}, round {move['rounds'] + 1}",
+                    total=max(move["round_total"], 1),
+                    completed=move["round_done"] if move["round_total"] else 1,
+                )
+                if move["phase"] == "switched" and finished(answer):
+                    return None, last
+                if move["phase"] == "failed":
+                    return f"node {node_id}: {move['reason']}", last
+            elif kind != "leave" or answer.get("state") != "left":
+                return (
+                    f"node {node_id} shows no {kind} under way (it restarted? its move "
+                    "was abandoned: run the command again)",
+                    last,
+                )
+            if time.monotonic() > deadline:
+                return (
+                    f"node {node_id} has not finished within {timeout:.0f}s (now: "
+                    f"{describe_move(move) if move else 'no move'}); it keeps going: run "
+                    "the command again to follow it",
+                    last,
+                )
+            time.sleep(poll)
+
+
 def decommission(
     seeds: Sequence[str],
     node: str,
@@ -111,7 +188,6 @@ def decommission(
 ) -> int:
     """Run ``statestore decommission``; returns the exit code (0: the node left)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     console = Console(stderr=True)
 
@@ -120,7 +196,7 @@ def decommission(
         return 1
 
     try:
-        view = _view(seeds, tls_ca)
+        view = ring_view(seeds, tls_ca)
     except RuntimeError as exc:
         return fail(str(exc))
     member = _find(view, node)
@@ -140,53 +216,18 @@ def decommission(
         request_json(address, "/v1/handover/leave", body={}, timeout=10.0, tls_ca=tls_ca)
     except (OSError, RuntimeError) as exc:
         return fail(str(exc))
-    deadline = time.monotonic() + timeout
-    silent_since: float | None = None
-    last: dict[str, Any] = {}
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(f"decommissioning {member['id']}", total=None)
-        while True:
-            try:
-                answer = request_json(address, "/v1/handover", timeout=5.0, tls_ca=tls_ca)
-                silent_since = None
-            except (OSError, RuntimeError, ValueError) as exc:
-                now = time.monotonic()
-                silent_since = silent_since or now
-                if now - silent_since > 30.0:
-                    return fail(
-                        f"node {member['id']} stopped answering mid-decommission ({exc}): "
-                        "repair re-makes its copies if it is dead; restart it and run "
-                        "decommission again to finish the hand-over"
-                    )
-                time.sleep(poll)
-                continue
-            move = answer.get("move") or {}
-            last = move
-            if move.get("kind") == "leave":
-                bar.update(
-                    task,
-                    description=f"{member['id']}: {move['phase']}, round {move['rounds'] + 1}",
-                    total=max(move["round_total"], 1),
-                    completed=move["round_done"] if move["round_total"] else 1,
-                )
-                if move["phase"] == "switched" and answer.get("state") == "left":
-                    break
-                if move["phase"] == "failed":
-                    return fail(f"node {member['id']}: {move['reason']}")
-            if time.monotonic() > deadline:
-                return fail(
-                    f"node {member['id']} has not finished within {timeout:.0f}s (now: "
-                    f"{describe_move(move) if move else 'no move'}); it keeps going: run "
-                    "the command again to follow it"
-                )
-            time.sleep(poll)
+    why, last = follow_move(
+        member["id"],
+        address,
+        "leave",
+        lambda answer: answer.get("state") == "left",
+        timeout,
+        poll,
+        tls_ca,
+        console,
+    )
+    if why is not None:
+        return fail(why)
     console.print(
         f"node {member['id']} left the ring: {last.get('copied', 0)} copies "
         f"({last.get('bytes', 0) / 1e6:.1f} MB) handed over in {last.get('seconds', 0):.1f}s "

@@ -161,6 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
         "ranges by digest first (to measure what digests save: docs/reliability.md)",
     )
     n.add_argument(
+        "--auto-rebalance",
+        type=_positive_float,
+        default=0.0,
+        metavar="RATIO",
+        help="move tokens on its own when max/mean bytes held passes RATIO, e.g. 1.25 (the "
+        "live member with the lowest id decides; default off: docs/operations.md)",
+    )
+    n.add_argument(
+        "--rebalance-interval",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="seconds between two checks of --auto-rebalance (default 60)",
+    )
+    n.add_argument(
         "--drain-on-stop",
         action="store_true",
         help="on SIGTERM, decommission this node (hand every copy to its next owners) "
@@ -205,6 +220,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait (the node keeps going after)",
     )
     _client_tls(dc)
+
+    rb = sub.add_parser(
+        "rebalance",
+        help="move virtual-node tokens from the most to the least loaded nodes (BPM)",
+    )
+    rb.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    rb.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
+    rb.add_argument(
+        "--metric",
+        choices=("bytes", "requests", "served"),
+        default="bytes",
+        help="the load to even out: bytes held (default), requests or bytes served per second",
+    )
+    rb.add_argument(
+        "--bound",
+        type=_positive_float,
+        default=1.15,
+        help="max/mean load to reach (default 1.15)",
+    )
+    rb.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=3600.0,
+        help="seconds to wait for each node's move (it keeps going after)",
+    )
+    rb.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _client_tls(rb)
 
     rs = sub.add_parser("restore", help="restore a store version along a recovery plan")
     rs.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
@@ -353,6 +395,8 @@ def _node(args: argparse.Namespace) -> int:
             drain_on_stop=args.drain_on_stop,
             drain_timeout=args.drain_timeout,
             replace=args.replace,
+            auto_rebalance=args.auto_rebalance,
+            rebalance_interval=args.rebalance_interval,
         )
     except ValueError as exc:
         print(f"statestore node: {exc}", file=sys.stderr)
@@ -555,6 +599,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from statestore.cli.elastic import decommission
 
             return decommission(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca)
+        if args.command == "rebalance":
+            from statestore.cli.rebalance import rebalance
+
+            return rebalance(
+                args.seeds,
+                dry_run=args.dry_run,
+                metric=args.metric,
+                bound=args.bound,
+                timeout=args.timeout,
+                as_json=args.json,
+                tls_ca=args.tls_ca,
+            )
         if args.command in ("stores", "inspect", "drop"):
             from statestore.cli import admin
 

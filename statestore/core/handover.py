@@ -93,7 +93,8 @@ class RoundResult:
 
 @dataclass(frozen=True)
 class Handover:
-    """One node's move (``kind`` join or leave) as a state machine: rounds in, phase out.
+    """One node's move (``kind`` join, leave, or rebalance: a change of its token count) as a
+    state machine: rounds in, phase out.
 
     Nothing here waits: the shell runs a round, feeds its :class:`RoundResult` to
     :meth:`after_round`, and when the phase is ``verified`` gossips the new state and calls
@@ -110,8 +111,8 @@ class Handover:
     last: RoundResult | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("join", "leave"):
-            raise ValueError(f"a hand-over is a join or a leave, not {self.kind!r}")
+        if self.kind not in ("join", "leave", "rebalance"):
+            raise ValueError(f"a hand-over is a join, a leave or a rebalance, not {self.kind!r}")
 
     def after_round(self, r: RoundResult) -> Handover:
         """The machine after a round. A clean round verifies the copy; any other keeps it

@@ -11,6 +11,8 @@ epoch and anything placement-dependent can be tagged with it. Time is passed in.
 Each entry also carries the member's ring state (``core/handover.NodeState``: joining, normal,
 leaving, left), written only by the member itself (:meth:`Membership.set_state` bumps its
 heartbeat so the change spreads); a state change moves the epoch like a change of the live set.
+So does its token count (``vnodes``, 0: the ring's count) and, while a rebalance moves tokens,
+the count it is moving to (``next_vnodes``): :meth:`Membership.set_vnodes`.
 
 A newer life of our own id is refuted (we take a higher incarnation) when it names our address,
 and is *not* when it names another one: that is a replacement (``statestore node --replace``)
@@ -36,6 +38,7 @@ MAX_EPOCH_STEP = 2**32  # far more live-set changes than a ring sees between two
 MAX_INCARNATION = 2**31 - 1
 MAX_INCARNATION_STEP = 1024  # restarts of one member between two gossips
 MAX_HEARTBEAT = 2**53 - 1
+MAX_VNODES = 4096  # a member's token count (core/view.MAX_VIEW_VNODES)
 _LOOPBACK = ("localhost", "0.0.0.0", "[::]", "[::1]", "[0:0:0:0:0:0:0:1]", "ip6-localhost")
 
 
@@ -55,6 +58,8 @@ class MemberState:
     status: Status = Status.UP
     last_advance: float = 0.0
     state: NodeState = NodeState.NORMAL
+    vnodes: int = 0
+    next_vnodes: int = 0
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -64,29 +69,46 @@ class MemberState:
             "incarnation": self.incarnation,
             "heartbeat": self.heartbeat,
             "state": self.state.value,
+            "vnodes": self.vnodes,
+            "next_vnodes": self.next_vnodes,
         }
 
 
-def _parse_entry(obj: Any) -> tuple[str, str, str, int, int, NodeState]:
+@dataclass(frozen=True)
+class _Entry:
+    id: str
+    address: str
+    zone: str
+    incarnation: int
+    heartbeat: int
+    state: NodeState
+    vnodes: int
+    next_vnodes: int
+
+
+def _parse_entry(obj: Any) -> _Entry:
     try:
         ident, addr, zone = obj["id"], obj["address"], obj.get("zone", "")
         inc, hb = obj["incarnation"], obj["heartbeat"]
         state = obj.get("state", "normal")
+        vnodes, next_vnodes = obj.get("vnodes", 0), obj.get("next_vnodes", 0)
     except (KeyError, TypeError, AttributeError) as exc:
         raise MalformedData(f"gossip entry {obj!r:.200} is malformed") from exc
     if not all(isinstance(x, str) for x in (ident, addr, zone, state)) or not all(
-        type(x) is int for x in (inc, hb)
+        type(x) is int for x in (inc, hb, vnodes, next_vnodes)
     ):
         raise MalformedData(f"gossip entry {obj!r:.200} has fields of the wrong type")
     if not (0 <= inc <= MAX_INCARNATION and 0 <= hb <= MAX_HEARTBEAT):
         raise MalformedData(f"gossip entry {ident!r:.80}: incarnation or heartbeat out of range")
+    if not (0 <= vnodes <= MAX_VNODES and 0 <= next_vnodes <= MAX_VNODES):
+        raise MalformedData(f"gossip entry {ident!r:.80}: a token count is not 0 to {MAX_VNODES}")
     try:
         ring_state = NodeState(state)
     except ValueError as exc:
         raise MalformedData(
             f"gossip entry {ident!r:.80}: unknown ring state {state!r:.40}"
         ) from exc
-    return ident, addr, zone, inc, hb, ring_state
+    return _Entry(ident, addr, zone, inc, hb, ring_state, vnodes, next_vnodes)
 
 
 def is_self_alias(address: str, own: str, own_hosts: frozenset[str] = frozenset()) -> bool:
@@ -124,6 +146,7 @@ class Membership:
         down_after: float = 5.0,
         own_hosts: frozenset[str] = frozenset(),
         state: NodeState = NodeState.NORMAL,
+        vnodes: int = 0,
     ) -> None:
         self.self_id = self_id
         self.address = address
@@ -136,7 +159,9 @@ class Membership:
         self.down_after = down_after
         self.epoch = 1
         self._members: dict[str, MemberState] = {
-            self_id: MemberState(self_id, address, zone, incarnation, 0, Status.UP, now, state)
+            self_id: MemberState(
+                self_id, address, zone, incarnation, 0, Status.UP, now, state, vnodes
+            )
         }
         self._live = self._live_set()
 
@@ -151,8 +176,9 @@ class Membership:
         return [m for m in self.members() if m.status is not Status.DOWN]
 
     def placement_members(self) -> list[Member]:
-        """The current owners: live members that are ``normal`` or ``leaving``."""
-        return [Member(m.id, m.zone) for m in self.live() if m.state in READ_STATES]
+        """The current owners: live members that are ``normal`` or ``leaving``, each with its
+        token count (0: the ring's)."""
+        return [Member(m.id, m.zone, m.vnodes) for m in self.live() if m.state in READ_STATES]
 
     @property
     def state(self) -> NodeState:
@@ -194,6 +220,21 @@ class Membership:
         )
         return self._recompute()
 
+    def set_vnodes(self, vnodes: int, next_vnodes: int, now: float) -> bool:
+        """Change this node's own token count (``vnodes``) or the count a rebalance moves it
+        to (``next_vnodes``, 0: none); spreads like :meth:`set_state`."""
+        if not (0 <= vnodes <= MAX_VNODES and 0 <= next_vnodes <= MAX_VNODES):
+            raise ValueError(f"a token count is 0 to {MAX_VNODES}")
+        me = self._members[self.self_id]
+        self._members[self.self_id] = replace(
+            me,
+            vnodes=vnodes,
+            next_vnodes=next_vnodes,
+            heartbeat=me.heartbeat + 1,
+            last_advance=now,
+        )
+        return self._recompute()
+
     def merge(self, digest: Mapping[str, Any], now: float) -> bool:
         """Merge a peer's table. True if the live set changed.
 
@@ -204,7 +245,8 @@ class Membership:
         self.refused = self.check(digest)
         entries: Iterable[Any] = digest.get("members", [])  # check() allows it missing
         for obj in entries:
-            ident, addr, zone, inc, hb, state = _parse_entry(obj)
+            e = _parse_entry(obj)
+            ident, addr, inc, hb = e.id, e.address, e.incarnation, e.heartbeat
             if ident == self.self_id:
                 me = self._members[ident]
                 if (inc, hb) > (me.incarnation, me.heartbeat) and addr != me.address:
@@ -222,7 +264,16 @@ class Membership:
             cur = self._members.get(ident)
             if cur is None or (inc, hb) > (cur.incarnation, cur.heartbeat):
                 self._members[ident] = MemberState(
-                    ident, addr, zone, inc, hb, Status.UP, now, state
+                    ident,
+                    addr,
+                    e.zone,
+                    inc,
+                    hb,
+                    Status.UP,
+                    now,
+                    e.state,
+                    e.vnodes,
+                    e.next_vnodes,
                 )
         self.epoch = max(self.epoch, int(digest.get("epoch", 0)))
         return self._recompute()
@@ -243,9 +294,9 @@ class Membership:
             )
         out = []
         for obj in entries:
-            ident, addr, _, inc, _, _ = _parse_entry(obj)
-            if ident != self.self_id:
-                why = self._refusal(ident, addr, inc)
+            e = _parse_entry(obj)
+            if e.id != self.self_id:
+                why = self._refusal(e.id, e.address, e.incarnation)
                 if why is not None:
                     out.append(why)
         return out
@@ -270,9 +321,9 @@ class Membership:
             return f"member {ident} moves to {addr} without a new incarnation"
         return None
 
-    def _live_set(self) -> frozenset[tuple[str, str, str]]:
+    def _live_set(self) -> frozenset[tuple[str, str, str, int, int]]:
         return frozenset(
-            (m.id, m.address, m.state.value)
+            (m.id, m.address, m.state.value, m.vnodes, m.next_vnodes)
             for m in self._members.values()
             if m.status is not Status.DOWN
         )

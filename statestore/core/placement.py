@@ -1,6 +1,9 @@
 """Consistent-hashing placement (pure): 64-bit xxhash tokens, virtual nodes, zone-aware replicas.
 
-Every physical node owns ``vnodes`` tokens ``xxh64("<node id>#<i>")``. An item's token is
+Every physical node owns ``vnodes`` tokens ``xxh64("<node id>#<i>")``, ``i`` from 0: the ring's
+default count, or the member's own (:attr:`Member.vnodes`, which ``statestore rebalance`` moves:
+a member given more tokens keeps the ones it had and takes the next ones, so a change of count
+moves only the ranges of the tokens added or removed). An item's token is
 ``xxh3_64(key)``; its replicas are the first ``R`` distinct physical nodes met walking the ring
 clockwise from that token. When nodes declare zones, the walk first takes nodes of zones not
 yet used and fills up from the rest only when there are fewer zones than ``R`` (DESIGN.md,
@@ -11,6 +14,7 @@ which a reader tries holders.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -24,14 +28,21 @@ RING_SIZE = 2**64
 
 @dataclass(frozen=True, order=True)
 class Member:
-    """A physical node as placement sees it."""
+    """A physical node as placement sees it; ``vnodes`` 0 means the ring's default count."""
 
     id: str
     zone: str = ""
+    vnodes: int = 0
 
 
 def node_tokens(node_id: str, vnodes: int) -> list[int]:
-    return [xxhash.xxh64_intdigest(f"{node_id}#{i}".encode()) for i in range(vnodes)]
+    return list(_node_tokens(node_id, vnodes))
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_tokens(node_id: str, vnodes: int) -> tuple[int, ...]:
+    # the balancer builds many rings of the same members (core/balance.py)
+    return tuple(xxhash.xxh64_intdigest(f"{node_id}#{i}".encode()) for i in range(vnodes))
 
 
 def item_token(key: str | bytes) -> int:
@@ -45,8 +56,13 @@ class Ring:
         if vnodes < 1:
             raise ValueError(f"vnodes must be at least 1, got {vnodes}")
         self.members: tuple[Member, ...] = tuple(sorted(set(members)))
+        if any(m.vnodes < 0 for m in self.members):
+            raise ValueError("a member's vnodes is 0 (the ring's count) or more")
         self.vnodes = vnodes
-        pairs = sorted((tok, m.id) for m in self.members for tok in node_tokens(m.id, vnodes))
+        self._weights = {m.id: m.vnodes or vnodes for m in self.members}
+        pairs = sorted(
+            (tok, m.id) for m in self.members for tok in _node_tokens(m.id, self._weights[m.id])
+        )
         self._tokens = [t for t, _ in pairs]
         self._owners = [o for _, o in pairs]
         self._zone = {m.id: m.zone for m in self.members}
@@ -60,11 +76,17 @@ class Ring:
         """Every virtual node's token, sorted (the ends of the ring's ranges)."""
         return list(self._tokens)
 
+    def weight(self, node_id: str) -> int:
+        """How many tokens ``node_id`` owns on this ring."""
+        return self._weights[node_id]
+
     def preference(self, key: str | bytes) -> list[str]:
         """Every node, in the order the clockwise walk from ``key``'s token meets them."""
         if not self._tokens:
             return []
-        start = bisect.bisect_left(self._tokens, item_token(key))
+        return self._walk(bisect.bisect_left(self._tokens, item_token(key)))
+
+    def _walk(self, start: int) -> list[str]:
         seen: list[str] = []
         seen_set: set[str] = set()
         n = len(self._tokens)
@@ -80,7 +102,9 @@ class Ring:
 
     def replicas(self, key: str | bytes, r: int) -> list[str]:
         """The ``r`` nodes that hold ``key`` (fewer if the ring is smaller)."""
-        walk = self.preference(key)
+        return self._choose(self.preference(key), r)
+
+    def _choose(self, walk: list[str], r: int) -> list[str]:
         if not self._zoned:
             return walk[:r]
         chosen: list[str] = []
@@ -105,6 +129,18 @@ class Ring:
         for i in range(n):
             prev = self._tokens[i - 1] if i else self._tokens[-1] - RING_SIZE
             out[self._owners[i]] += (self._tokens[i] - prev) / RING_SIZE
+        return out
+
+    def coverage(self, r: int) -> dict[str, float]:
+        """Each node's fraction of the token space it holds a replica of (they add up to
+        ``min(r, len(self))``): the share of uniformly spread data each node holds."""
+        out = {m.id: 0.0 for m in self.members}
+        n = len(self._tokens)
+        for i in range(n):
+            prev = self._tokens[i - 1] if i else self._tokens[-1] - RING_SIZE
+            width = (self._tokens[i] - prev) / RING_SIZE
+            for node in self._choose(self._walk(i), r):
+                out[node] += width
         return out
 
     def primary_counts(self, keys: Sequence[str]) -> dict[str, int]:

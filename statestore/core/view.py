@@ -6,6 +6,8 @@ code runs in the node and the client, so both agree on who holds what at a given
 While nodes join or leave (``core/handover.py``) a view holds two rings: the *read* ring of
 the live ``normal`` and ``leaving`` members, which owns every item now (reads, restores,
 repair, compaction), and the *future* ring of the live ``normal`` and ``joining`` members.
+A member whose token count is changing (``statestore rebalance``: ``next_vnodes`` set) has its
+current count on the read ring and its next one on the future ring.
 Writes go to both (:meth:`RingView.write_replicas_of`). With nobody moving they are one ring.
 """
 
@@ -31,25 +33,48 @@ MAX_VIEW_VNODES = 4096
 MAX_VIEW_TOKENS = 1 << 21
 
 
+def _count(value: Any) -> int:
+    """A member's token count from the wire: an integer from 0 to MAX_VIEW_VNODES."""
+    if type(value) is not int or not 0 <= value <= MAX_VIEW_VNODES:
+        raise ValueError(f"a member's token count is 0 to {MAX_VIEW_VNODES}, not {value!r:.40}")
+    return value
+
+
 @dataclass(frozen=True)
 class MemberInfo:
     """One member as a ring view shows it: who, where, its failure-detector state, its zone,
-    its ring state (joining, normal, leaving, left)."""
+    its ring state (joining, normal, leaving, left), how many tokens it owns (``vnodes``, 0:
+    the view's count) and, while a rebalance moves them, how many it will own
+    (``next_vnodes``, 0: no change)."""
 
     id: str
     address: str
     status: str = "up"  # "up" | "suspect" | "down"
     zone: str = ""
     state: str = "normal"
+    vnodes: int = 0
+    next_vnodes: int = 0
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, str | int]:
         return {
             "id": self.id,
             "address": self.address,
             "status": self.status,
             "zone": self.zone,
             "state": self.state,
+            "vnodes": self.vnodes,
+            "next_vnodes": self.next_vnodes,
         }
+
+    def placed(self, default: int) -> Member:
+        """This member on the read ring of a view whose count is ``default``."""
+        n = self.vnodes or default
+        return Member(self.id, self.zone, 0 if n == default else n)
+
+    def placed_later(self, default: int) -> Member:
+        """This member on the future ring."""
+        n = self.next_vnodes or self.vnodes or default
+        return Member(self.id, self.zone, 0 if n == default else n)
 
 
 @dataclass(frozen=True)
@@ -65,8 +90,8 @@ class RingView:
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
         live = [m for m in self.members if m.status != "down" and m.state != NodeState.LEFT]
-        now = {Member(m.id, m.zone) for m in live if m.state in READ_STATES}
-        later = {Member(m.id, m.zone) for m in live if m.state in FUTURE_STATES}
+        now = {m.placed(self.vnodes) for m in live if m.state in READ_STATES}
+        later = {m.placed_later(self.vnodes) for m in live if m.state in FUTURE_STATES}
         ring = Ring(now, self.vnodes)
         object.__setattr__(self, "_ring", ring)
         object.__setattr__(self, "_future", ring if later == now else Ring(later, self.vnodes))
@@ -86,7 +111,8 @@ class RingView:
 
     @property
     def moving(self) -> bool:
-        """Whether a member is joining or leaving (the two rings differ)."""
+        """Whether a member is joining, leaving or changing its token count (the two rings
+        differ)."""
         return self.future is not self.ring
 
     def address(self, node_id: str) -> str:
@@ -128,7 +154,8 @@ class RingView:
         """Addresses of ``key``'s replicas on the ring that still counted the down nodes:
         where the item lived before they were declared down."""
         ring: Ring = self.__dict__.get("_all_ring") or Ring(
-            (Member(m.id, m.zone) for m in self.members if m.state in READ_STATES), self.vnodes
+            (m.placed(self.vnodes) for m in self.members if m.state in READ_STATES),
+            self.vnodes,
         )
         self.__dict__["_all_ring"] = ring
         return [self.address(n) for n in ring.replicas(key, self.replicas)]
@@ -156,6 +183,8 @@ class RingView:
                     str(m["status"]),
                     str(m.get("zone", "")),
                     str(m.get("state", "normal")),
+                    _count(m.get("vnodes", 0)),
+                    _count(m.get("next_vnodes", 0)),
                 )
                 for m in obj["members"]
             )
@@ -164,13 +193,15 @@ class RingView:
             if any(m.state not in STATES for m in members):
                 raise ValueError(f"a member state is not one of {STATES}")
             vnodes = int(obj["vnodes"])
+            tokens = sum(max(m.vnodes or vnodes, m.next_vnodes) for m in members)
             if not (
                 len(members) <= MAX_VIEW_MEMBERS
                 and 1 <= vnodes <= MAX_VIEW_VNODES
-                and len(members) * vnodes <= MAX_VIEW_TOKENS
+                and tokens <= MAX_VIEW_TOKENS
             ):
                 raise ValueError(
-                    f"{len(members)} members x {vnodes} vnodes is past the bounds of a ring "
+                    f"{len(members)} members owning {tokens} tokens ({vnodes} vnodes by "
+                    "default) is past the bounds of a ring "
                     f"({MAX_VIEW_MEMBERS} members, {MAX_VIEW_VNODES} vnodes, "
                     f"{MAX_VIEW_TOKENS} tokens)"
                 )

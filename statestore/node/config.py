@@ -58,6 +58,8 @@ class NodeConfig:
     drain_on_stop: bool = False  # SIGTERM decommissions the node before it exits
     drain_timeout: float = 600.0  # seconds such a drain may take before the node gives up
     replace: str = ""  # the id of a dead node whose tokens this (new) node takes over
+    auto_rebalance: float = 0.0  # max/mean bytes held past which tokens move (0: off)
+    rebalance_interval: float = 60.0  # seconds between two checks of --auto-rebalance
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
@@ -72,6 +74,10 @@ class NodeConfig:
             )
         if not self.stream_mbps > 0:
             raise ValueError("--stream-mbps must be a positive number of MB/s")
+        if self.auto_rebalance and not self.auto_rebalance > 1.0:
+            raise ValueError("--auto-rebalance is a max/mean load ratio above 1 (e.g. 1.25)")
+        if not self.rebalance_interval > 0:
+            raise ValueError("--rebalance-interval must be a positive number of seconds")
         if not self.drain_timeout > 0:
             raise ValueError("--drain-timeout must be a positive number of seconds")
         if self.replace:

@@ -29,9 +29,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from statestore.core.balance import ServedMeter
 from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError
 from statestore.core.handover import Handover, NodeState
-from statestore.core.membership import Membership, Status
+from statestore.core.membership import MAX_VNODES, Membership, Status
 from statestore.core.quota import Quotas, parse_quotas
 from statestore.core.view import MemberInfo, RingView
 from statestore.net.http import HttpTransport
@@ -135,11 +136,22 @@ def _load_ring_state(data_dir: str, join: bool) -> NodeState:
     return NodeState.NORMAL
 
 
-def _save_ring_state(data_dir: str, state: NodeState) -> None:
+def _load_vnodes(data_dir: str) -> int:
+    """The token count a rebalance gave this node (0: the ring's ``--vnodes``), kept so that a
+    restart takes back exactly the tokens it owned."""
+    path = os.path.join(data_dir, RING_STATE_FILE)
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        n = json.load(f).get("vnodes", 0)
+    return n if type(n) is int and 0 <= n <= MAX_VNODES else 0
+
+
+def _save_ring_state(data_dir: str, state: NodeState, vnodes: int = 0) -> None:
     path = os.path.join(data_dir, RING_STATE_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"state": state.value}, f)
+        json.dump({"state": state.value, "vnodes": vnodes}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -155,6 +167,8 @@ class MoveStatus:
     round_total: int = 0
     round_done: int = 0
     bytes: int = 0
+    vnodes_from: int = 0  # a rebalance: the token counts it moves from and to
+    vnodes_to: int = 0
 
     def to_json(self, now: float) -> dict[str, Any]:
         h = self.handover
@@ -171,6 +185,8 @@ class MoveStatus:
             "rate_mbps": round(self.bytes / took / 1e6, 3),
             "reason": h.reason,
             "last_round": None if h.last is None else vars(h.last),
+            "vnodes_from": self.vnodes_from,
+            "vnodes_to": self.vnodes_to,
         }
 
 
@@ -236,6 +252,7 @@ class Node:
             )
             # a replacement streams the dead node's share before it serves: a join
             join = config.join or bool(config.replace)
+            self.vnodes = _load_vnodes(config.data_dir)  # 0: the ring's --vnodes
             self.initial_state = _load_ring_state(config.data_dir, join)
             if self.initial_state is NodeState.JOINING:
                 _save_ring_state(config.data_dir, NodeState.JOINING)  # until it finishes
@@ -275,7 +292,8 @@ class Node:
             "have_asked": 0,  # items listed to peers (/v1/sync/have)
             "digest_confirmed": 0,  # items range digests showed a peer holds
         }
-        self.move: MoveStatus | None = None  # a join or leave under way or finished
+        self.move: MoveStatus | None = None  # a join, leave or token move, under way or done
+        self.served = ServedMeter()  # requests and bytes served lately (GET /v1/load)
         self._superseded_logged = False
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -296,6 +314,7 @@ class Node:
             down_after=self.config.down_after,
             own_hosts=_own_hosts(host, self.config.host),
             state=self.initial_state,
+            vnodes=self.vnodes,
         )
         await self.transport.start()
         self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk, clock=self.clock)
@@ -321,9 +340,26 @@ class Node:
         dir, so a restart neither joins again nor takes back what it handed over."""
         assert self.membership is not None
         if state in (NodeState.NORMAL, NodeState.LEFT):
-            _save_ring_state(self.config.data_dir, state)
+            _save_ring_state(self.config.data_dir, state, self.vnodes)
         self.membership.set_state(state, self.clock())
         log.info("node %s is now %s (ring epoch %d)", self.id, state, self.membership.epoch)
+
+    def set_vnodes(self, vnodes: int, next_vnodes: int = 0) -> None:
+        """Own ``vnodes`` tokens (0: the ring's count), moving to ``next_vnodes`` (0: not
+        moving), and gossip it. The owned count is kept in the data dir (``rebalance``: a
+        restart takes back what it owned, never what a move had not handed over yet)."""
+        assert self.membership is not None
+        if vnodes != self.vnodes:
+            _save_ring_state(self.config.data_dir, self.membership.state, vnodes)
+        self.vnodes = vnodes
+        self.membership.set_vnodes(vnodes, next_vnodes, self.clock())
+        log.info(
+            "node %s owns %d tokens%s (ring epoch %d)",
+            self.id,
+            vnodes or self.config.vnodes,
+            f", moving to {next_vnodes}" if next_vnodes else "",
+            self.membership.epoch,
+        )
 
     def _spawn(self, factory: Callable[[], Awaitable[None]], name: str) -> None:
         """Run ``factory()`` as an owned task, supervised: when it raises, the failure is
@@ -432,7 +468,15 @@ class Node:
             or self._view.quotas != quotas
         ):
             members = tuple(
-                MemberInfo(m.id, m.address, m.status.value, m.zone, m.state.value)
+                MemberInfo(
+                    m.id,
+                    m.address,
+                    m.status.value,
+                    m.zone,
+                    m.state.value,
+                    m.vnodes,
+                    m.next_vnodes,
+                )
                 for m in self.membership.members()
             )
             self._view = RingView(

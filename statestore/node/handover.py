@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -56,7 +57,17 @@ from statestore.node.repair import ask_have, push_item
 from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
 
-__all__ = ["check_replace", "drain", "join_loop", "register", "start_leave"]
+__all__ = [
+    "check_replace",
+    "drain",
+    "join_loop",
+    "join_round",
+    "leave_round",
+    "pause",
+    "register",
+    "settle",
+    "start_leave",
+]
 
 log = logging.getLogger(__name__)
 PAGE = 5000  # items per listing page
@@ -65,7 +76,7 @@ FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
 DRAIN_START_GRACE = 10.0  # seconds a drain retries a leave the ring does not allow yet
 
 
-def _settle(node: Node) -> float:
+def settle(node: Node) -> float:
     """How long to let gossip spread a new state before a round counts on it."""
     return 4 * node.config.gossip_interval
 
@@ -83,7 +94,7 @@ async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
         await asyncio.sleep(wait)
 
 
-async def _pause(node: Node, move: MoveStatus, result: RoundResult) -> None:
+async def pause(node: Node, move: MoveStatus, result: RoundResult) -> None:
     """Between rounds: none after a round that copied everything it tried (the next one
     verifies at once); a repair interval when something failed, did not answer, or does not
     route by the new state yet (gossip and failure detection need the time)."""
@@ -106,17 +117,18 @@ def _peers(node: Node) -> list[tuple[str, str]]:
 # -- the source's side: what a joining node will own ---------------------------------------
 
 
-def items_for(node: Node, target: str, zone: str) -> list[str]:
+def items_for(node: Node, target: str, zone: str, vnodes: int = 0) -> list[str]:
     """The items this node holds that ``target`` will own: placed on the future ring (live
-    ``normal`` and ``joining`` members) with ``target`` in it even before gossip told us it
-    joins, so a listing is never short because our view lags."""
+    ``normal`` and ``joining`` members) with ``target`` in it, owning ``vnodes`` tokens (0:
+    the ring's count), even before gossip told us it joins or grows, so a listing is never
+    short because our view lags."""
     view = node.view()
     members = {
-        Member(m.id, m.zone)
+        m.placed_later(view.vnodes)
         for m in view.members
         if m.status != "down" and m.state in FUTURE_STATES and m.id != target
     }
-    ring = Ring(members | {Member(target, zone)}, view.vnodes)
+    ring = Ring(members | {Member(target, zone, vnodes)}, view.vnodes)
     r = view.replicas
     out = [f"c:{k}" for k in node.store.chunk_keys() if target in ring.replicas(k, r)]
     owns: dict[StoreId, bool] = {}
@@ -139,6 +151,11 @@ async def handover_items(request: web.Request) -> web.Response:
     assert node.membership is not None
     seen = node.membership.get(body.node)
     state = None if seen is None or seen.status.value == "down" else seen.state.value
+    # the token counts this node routes ``body.node`` by (a rebalance waits for them)
+    counts = {
+        "vnodes": 0 if seen is None else seen.vnodes,
+        "next_vnodes": 0 if seen is None else seen.next_vnodes,
+    }
     if body.limit == 0:
         member = (
             None
@@ -150,21 +167,37 @@ async def handover_items(request: web.Request) -> web.Response:
                 "zone": seen.zone,
             }
         )
-        return web.json_response({"state": state, "member": member, "items": [], "next": None})
-    items = await asyncio.to_thread(items_for, node, body.node, body.zone)
+        return web.json_response(
+            {"state": state, "member": member, "items": [], "next": None} | counts
+        )
+    items = await asyncio.to_thread(items_for, node, body.node, body.zone, body.vnodes)
     if body.after:
         items = [i for i in items if i > body.after]
     page = items[: body.limit]
     more = len(items) > body.limit
     return web.json_response(
-        {"state": state, "items": page, "next": page[-1] if more and page else None}
+        {"state": state, "items": page, "next": page[-1] if more and page else None} | counts
     )
 
 
 # -- join ------------------------------------------------------------------------------
 
 
-async def _listing(node: Node, address: str) -> tuple[list[str], str | None]:
+Seen = Callable[[dict[str, Any]], bool]
+
+
+def sees_joining(answer: dict[str, Any]) -> bool:
+    """Whether a source routes writes to us as a joining node."""
+    return bool(answer.get("state") == NodeState.JOINING)
+
+
+def sees_state(state: NodeState) -> Seen:
+    return lambda answer: bool(answer.get("state") == state)
+
+
+async def _listing(node: Node, address: str, vnodes: int) -> tuple[list[str], dict[str, Any]]:
+    """Every item ``address`` holds that we will own (owning ``vnodes`` tokens), and its
+    last answer (how it sees us)."""
     items: list[str] = []
     after = ""
     while True:
@@ -172,13 +205,18 @@ async def _listing(node: Node, address: str) -> tuple[list[str], str | None]:
             "POST",
             address,
             "/v1/handover/items",
-            json_body={"node": node.id, "zone": node.config.zone, "after": after, "limit": PAGE},
+            json_body={
+                "node": node.id,
+                "zone": node.config.zone,
+                "after": after,
+                "limit": PAGE,
+                "vnodes": vnodes,
+            },
         )
         answer = resp.json()
         items += [str(i) for i in answer["items"]]
-        state = answer.get("state")
         if not answer.get("next"):
-            return items, None if state is None else str(state)
+            return items, answer
         after = str(answer["next"])
 
 
@@ -214,19 +252,23 @@ async def _fetch(node: Node, source: str, item: str) -> int:
     return len(resp.body)
 
 
-async def join_round(node: Node, move: MoveStatus) -> RoundResult:
-    """List, fetch what is missing, and say how it went."""
+async def join_round(
+    node: Node, move: MoveStatus, vnodes: int = 0, seen: Seen = sees_joining
+) -> RoundResult:
+    """List what we will own (owning ``vnodes`` tokens, 0: the ring's count), fetch what is
+    missing, and say how it went; a source whose answer is not ``seen`` does not route by
+    our new state yet."""
     listings: dict[str, list[str]] = {}
     unanswered = unseen = 0
     for _, address in _peers(node):
         try:
-            items, state = await _listing(node, address)
-        except (StateStoreError, KeyError, TypeError, ValueError) as exc:
+            items, answer = await _listing(node, address, vnodes)
+        except (StateStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
             log.info("join: %s did not list what we will own: %s", address, exc)
             unanswered += 1
             continue
         listings[address] = items
-        if state != NodeState.JOINING:
+        if not seen(answer):
             unseen += 1
     listed = {i for items in listings.values() for i in items}
     pulls = pull_plan(listings, _held(node, listed))
@@ -265,12 +307,12 @@ async def join_loop(node: Node) -> None:
     move = node.move
     if move.handover.phase is Phase.SWITCHED:
         return
-    await asyncio.sleep(_settle(node))
+    await asyncio.sleep(settle(node))
     while move.handover.phase is Phase.STREAMING:
-        result = await join_round(node, move)
+        result = await join_round(node, move, node.vnodes)
         move.handover = move.handover.after_round(result)
         log.info("join round %d: %s", move.handover.rounds, result)
-        await _pause(node, move, result)
+        await pause(node, move, result)
     if node.membership.state is NodeState.JOINING:
         node.set_state(NodeState.NORMAL)
     move.handover = move.handover.switch()
@@ -345,8 +387,10 @@ async def check_replace(config: NodeConfig) -> int | None:
 # -- leave -----------------------------------------------------------------------------
 
 
-async def leave_round(node: Node, move: MoveStatus, expect: NodeState) -> RoundResult:
-    """Push every item we hold to the owners it has on the ring without us that lack it."""
+async def leave_round(node: Node, move: MoveStatus, seen: Seen) -> RoundResult:
+    """Push every item we hold to its future owners (the ring without us, or with our next
+    token count) that lack it; a peer whose answer about us is not ``seen`` does not route
+    by our new state yet."""
     view = node.view()
     me = node.address
     targets: dict[str, list[str]] = {}
@@ -371,7 +415,7 @@ async def leave_round(node: Node, move: MoveStatus, expect: NodeState) -> RoundR
                 json_body={"node": node.id, "limit": 0},
                 timeout=3.0,
             )
-            if resp.json().get("state") != expect:
+            if not seen(resp.json()):
                 unseen += 1
         except (StateStoreError, ValueError, AttributeError):
             unseen += 1
@@ -426,18 +470,18 @@ async def leave(node: Node) -> None:
         return
     if node.membership is not None and node.membership.state is not NodeState.LEFT:
         node.set_state(NodeState.LEAVING)
-    await asyncio.sleep(_settle(node))
+    await asyncio.sleep(settle(node))
     while move.handover.phase is Phase.STREAMING:
-        result = await leave_round(node, move, NodeState.LEAVING)
+        result = await leave_round(node, move, sees_state(NodeState.LEAVING))
         move.handover = move.handover.after_round(result)
         log.info("leave round %d: %s", move.handover.rounds, result)
-        await _pause(node, move, result)
+        await pause(node, move, result)
     node.set_state(NodeState.LEFT)
     # A writer whose view was older than our ``left`` may still have written here alone:
     # sweep until a round finds nothing to push and every member routes without us.
     for _ in range(FINAL_SWEEPS):
-        await asyncio.sleep(_settle(node))
-        if (await leave_round(node, move, NodeState.LEFT)).clean:
+        await asyncio.sleep(settle(node))
+        if (await leave_round(node, move, sees_state(NodeState.LEFT))).clean:
             break
     move.handover = move.handover.switch()
 

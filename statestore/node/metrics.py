@@ -363,6 +363,7 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     # a streamed answer has been sent by now; a plain one is sent after we return
     sent = resp.content_length if isinstance(resp, web.Response) else resp.body_length
     metrics.bytes.labels("out").inc(sent or 0)
+    node.served.add(sent or 0, node.clock())
     metrics.answered(resp)
     return resp
 

@@ -20,6 +20,7 @@ from statestore.node import (
     lookup,
     metrics,
     quotas,
+    rebalance,
     tombstones,
 )
 
@@ -38,3 +39,4 @@ def install(app: web.Application) -> None:
     quotas.register(app)
     hints.register(app)
     digests.register(app)
+    rebalance.register(app)

@@ -23,6 +23,7 @@ from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
 from statestore.node.handover import check_replace, drain, join_loop
 from statestore.node.hints import hint_loop
+from statestore.node.rebalance import auto_rebalance_loop
 from statestore.node.repair import repair_loop
 from statestore.node.tombstones import tombstone_loop
 
@@ -34,6 +35,7 @@ LOOPS: tuple[tuple[str, Loop], ...] = (
     ("compaction", compaction_loop),
     ("join", join_loop),
     ("hints", hint_loop),
+    ("auto-rebalance", auto_rebalance_loop),
 )
 
 

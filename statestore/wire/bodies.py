@@ -35,6 +35,7 @@ __all__ = [
     "PurgeRequest",
     "RoomRequest",
     "StoresRequest",
+    "TokensRequest",
     "decode_json",
     "decode_positions",
 ]
@@ -49,6 +50,7 @@ MAX_POSITIONS_DEPTH = 32
 MAX_RING_EPOCH = 2**53 - 1
 MAX_INCARNATION = 2**31 - 1
 MAX_HEARTBEAT = 2**53 - 1
+MAX_VNODES = 4096  # a member's token count (core/view.MAX_VIEW_VNODES)
 
 T = TypeVar("T")
 Str = Annotated[str, Meta(max_length=1000)]
@@ -63,6 +65,9 @@ class GossipMember(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     heartbeat: Annotated[int, Meta(ge=0, le=MAX_HEARTBEAT)]
     zone: Annotated[str, Meta(max_length=64)] = ""
     state: Annotated[str, Meta(pattern=r"^(joining|normal|leaving|left)$")] = "normal"
+    # its token count (0: the ring's) and the count a rebalance moves it to (0: none)
+    vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
+    next_vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
 
 
 class GossipDigest(msgspec.Struct, frozen=True):
@@ -134,12 +139,21 @@ class RoomRequest(msgspec.Struct, frozen=True):
 class HandoverItemsRequest(msgspec.Struct, frozen=True):
     """``POST /v1/handover/items``: a page (after the item ``after``, at most ``limit``) of
     what the answering node holds that the joining node ``node`` (in ``zone``) will own;
-    ``limit`` 0 asks only which ring state the answering node sees for ``node``."""
+    ``limit`` 0 asks only which ring state the answering node sees for ``node``. ``vnodes``:
+    the token count ``node`` will own (0: the ring's; a rebalance that grows it sends its
+    next count)."""
 
     node: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
     zone: Annotated[str, Meta(max_length=64)] = ""
     after: Str = ""
     limit: Annotated[int, Meta(ge=0, le=MAX_HAVE_ITEMS)] = 0
+    vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
+
+
+class TokensRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/handover/tokens``: the token count the node is to own."""
+
+    vnodes: Annotated[int, Meta(ge=1, le=MAX_VNODES)]
 
 
 class ChunkAck(msgspec.Struct, frozen=True):

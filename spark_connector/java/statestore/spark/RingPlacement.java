@@ -13,7 +13,8 @@ import java.util.TreeSet;
 
 /**
  * Consistent-hashing placement, as {@code statestore/core/placement.py}: every node owns
- * {@code vnodes} tokens {@code xxh64("<node id>#<i>")}; an item's token is
+ * {@code vnodes} tokens {@code xxh64("<node id>#<i>")} (the ring's count, or the member's own
+ * when a rebalance gave it one); an item's token is
  * {@code xxh3_64(key)}; its replicas are the first R distinct nodes met walking clockwise
  * from the first token at or after it. With more than one zone, the walk first takes nodes of
  * zones not used yet and fills up from the rest. Tokens compare as unsigned 64-bit values.
@@ -21,8 +22,12 @@ import java.util.TreeSet;
 public final class RingPlacement {
   public static final int DEFAULT_VNODES = 256;
 
-  /** A physical node as placement sees it. */
-  public record Member(String id, String zone) {}
+  /** A physical node as placement sees it; {@code vnodes} 0 means the ring's count. */
+  public record Member(String id, String zone, int vnodes) {
+    public Member(String id, String zone) {
+      this(id, zone, 0);
+    }
+  }
 
   private final List<Member> members;
   private final long[] tokens;
@@ -34,20 +39,33 @@ public final class RingPlacement {
     if (vnodes < 1) {
       throw new IllegalArgumentException("vnodes must be at least 1, got " + vnodes);
     }
+    // sorted and deduplicated as Python sorts and dedups its frozen dataclasses
     Comparator<Member> byIdZone = Comparator.comparing(Member::id, RingPlacement::compareCodePoints)
-        .thenComparing(Member::zone, RingPlacement::compareCodePoints);
+        .thenComparing(Member::zone, RingPlacement::compareCodePoints)
+        .thenComparingInt(Member::vnodes);
     TreeSet<Member> set = new TreeSet<>(byIdZone);
     for (Member m : nodes) {
+      if (m.vnodes() < 0) {
+        throw new IllegalArgumentException("a member's vnodes is 0 (the ring's count) or more");
+      }
       set.add(m);
     }
     members = List.copyOf(set);
-    int n = members.size() * vnodes;
+    Map<String, Integer> weight = new HashMap<>();
+    for (Member m : members) {
+      weight.put(m.id(), m.vnodes() == 0 ? vnodes : m.vnodes()); // a later duplicate id wins
+    }
+    int n = 0;
+    for (Member m : members) {
+      n += weight.get(m.id());
+    }
     long[] tok = new long[n];
     String[] own = new String[n];
     Integer[] order = new Integer[n];
     int i = 0;
     for (Member m : members) {
-      for (int v = 0; v < vnodes; v++) {
+      int count = weight.get(m.id());
+      for (int v = 0; v < count; v++) {
         tok[i] = xxh64((m.id() + "#" + v).getBytes(StandardCharsets.UTF_8));
         own[i] = m.id();
         order[i] = i;

@@ -60,14 +60,36 @@ public final class RingWriter {
 
   /**
    * One member of a ring view: its failure-detector status ({@code up}, {@code suspect},
-   * {@code down}) and its ring state ({@code joining}, {@code normal}, {@code leaving},
-   * {@code left}; Python core/handover.py).
+   * {@code down}), its ring state ({@code joining}, {@code normal}, {@code leaving},
+   * {@code left}; Python core/handover.py), the tokens it owns ({@code vnodes}, 0: the view's
+   * count) and, while a rebalance moves them, the count it moves to ({@code nextVnodes}, 0:
+   * none; Python core/view.py).
    */
-  public record MemberInfo(String id, String address, String status, String zone, String state) {
+  public record MemberInfo(String id, String address, String status, String zone, String state,
+      int vnodes, int nextVnodes) {
+    public MemberInfo(String id, String address, String status, String zone, String state) {
+      this(id, address, status, zone, state, 0, 0);
+    }
+
     public MemberInfo(String id, String address, String status, String zone) {
       this(id, address, status, zone, "normal");
     }
+
+    /** This member on the read ring of a view whose count is {@code dflt}. */
+    RingPlacement.Member placed(int dflt) {
+      int n = vnodes != 0 ? vnodes : dflt;
+      return new RingPlacement.Member(id, zone, n == dflt ? 0 : n);
+    }
+
+    /** This member on the future ring. */
+    RingPlacement.Member placedLater(int dflt) {
+      int n = nextVnodes != 0 ? nextVnodes : vnodes != 0 ? vnodes : dflt;
+      return new RingPlacement.Member(id, zone, n == dflt ? 0 : n);
+    }
   }
+
+  /** The largest token count a view's member may claim (Python's MAX_VIEW_VNODES). */
+  static final int MAX_VIEW_VNODES = 4096;
 
   /** Ring states whose live members own items now (Python's READ_STATES). */
   static final Set<String> READ_STATES = Set.of("normal", "leaving");
@@ -109,12 +131,11 @@ public final class RingWriter {
       TreeSet<String> liveIds = new TreeSet<>();
       for (MemberInfo m : members) {
         if (!m.status().equals("down") && !m.state().equals("left")) {
-          RingPlacement.Member pm = new RingPlacement.Member(m.id(), m.zone());
           if (READ_STATES.contains(m.state())) {
-            now.add(pm);
+            now.add(m.placed(vnodes));
           }
           if (FUTURE_STATES.contains(m.state())) {
-            later.add(pm);
+            later.add(m.placedLater(vnodes));
           }
           liveIds.add(m.id());
         }
@@ -141,10 +162,23 @@ public final class RingWriter {
           throw new RingException("malformed_data", "ring view member state " + state);
         }
         members.add(new MemberInfo(m.get("id").asText(), m.get("address").asText(), status,
-            m.has("zone") ? m.get("zone").asText() : "", state));
+            m.has("zone") ? m.get("zone").asText() : "", state, count(m, "vnodes"),
+            count(m, "next_vnodes")));
       }
       return new View(obj.get("epoch").asLong(), members, obj.get("replicas").asInt(),
           obj.get("write_quorum").asInt(), obj.get("vnodes").asInt());
+    }
+
+    /** A member's token count: absent is 0, else an integer from 0 to MAX_VIEW_VNODES. */
+    private static int count(JsonNode m, String field) {
+      if (!m.has(field)) {
+        return 0;
+      }
+      JsonNode v = m.get(field);
+      if (!v.isInt() || v.asInt() < 0 || v.asInt() > MAX_VIEW_VNODES) {
+        throw new RingException("malformed_data", "ring view member " + field + " " + v);
+      }
+      return v.asInt();
     }
 
     /** The current ring (the live normal and leaving members). */

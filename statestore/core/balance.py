@@ -1,0 +1,283 @@
+"""Load-aware balancing (pure): which token counts bring the ring's load within a bound.
+
+Borealis' BPM moves load from the most to the least loaded node, a unit at a time, while
+that helps. Here the unit is a virtual node's token: every node reports its load (bytes held,
+requests or bytes served per second, :class:`NodeLoad`), and :func:`plan` moves tokens, a few
+at a time, from the node predicted most loaded to the one predicted least loaded until
+max/mean is within ``bound`` or no move helps. A node's predicted load is its measured load
+scaled by how much of the token space it holds a replica of (``Ring.coverage``) on the
+planned ring against the current one: its data's density is taken to stay what it is, which
+is exact in expectation for bytes (chunks are placed by content hash) and a first-order guess
+for request rates (hot stores move with their ranges; running the command again corrects).
+
+The moves are carried out (node/rebalance.py) one node at a time, through the same hand-over
+as a join (a node gaining tokens pulls what it will own) or a leave (a node losing tokens
+pushes what others will own): :meth:`Plan.steps` gives the order, gaining nodes first so no
+range is copied twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from statestore.core.placement import Member, Ring
+
+__all__ = ["METRICS", "DecayingRate", "NodeLoad", "Plan", "ServedMeter", "imbalance", "plan"]
+
+METRICS = ("bytes", "requests", "served")
+DEFAULT_BOUND = 1.15
+MAX_MOVES = 400  # moves one plan takes at most
+MAX_TRIALS = 4000  # rings one plan builds at most (bounds its work: about a ms each)
+MIN_VNODES = 1
+MAX_VNODES = 4096  # core/view.MAX_VIEW_VNODES
+
+
+class DecayingRate:
+    """A per-second rate whose past fades over ``window`` seconds (an exponentially decaying
+    count divided by the window); time is passed in."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._value = 0.0
+        self._at: float | None = None
+
+    def _decay(self, now: float) -> None:
+        if self._at is not None and now > self._at:
+            self._value *= math.exp(-(now - self._at) / self.window)
+        self._at = now if self._at is None else max(self._at, now)
+
+    def add(self, n: float, now: float) -> None:
+        self._decay(now)
+        self._value += n
+
+    def rate(self, now: float) -> float:
+        self._decay(now)
+        return self._value / self.window
+
+
+class ServedMeter:
+    """Requests and body bytes a node served, as decaying per-second rates."""
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.requests = DecayingRate(window)
+        self.bytes = DecayingRate(window)
+
+    def add(self, nbytes: int, now: float) -> None:
+        self.requests.add(1, now)
+        self.bytes.add(nbytes, now)
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """One node's report (``GET /v1/load``): ``vnodes`` it owns (resolved: never 0), bytes
+    it holds, and the requests and body bytes it served per second lately."""
+
+    id: str
+    vnodes: int
+    bytes_held: int
+    requests_per_s: float = 0.0
+    bytes_served_per_s: float = 0.0
+    zone: str = ""
+
+    @classmethod
+    def from_report(cls, answer: Any) -> NodeLoad:
+        """A ``GET /v1/load`` answer; raises ValueError when it is malformed."""
+        try:
+            load = cls(
+                str(answer["id"]),
+                int(answer["vnodes"]),
+                int(answer["bytes_held"]),
+                float(answer["requests_per_s"]),
+                float(answer["bytes_served_per_s"]),
+                str(answer.get("zone", "")),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise ValueError(f"load report is malformed ({exc!r})") from exc
+        rates = (load.requests_per_s, load.bytes_served_per_s)
+        if not (
+            MIN_VNODES <= load.vnodes <= MAX_VNODES
+            and load.bytes_held >= 0
+            and all(0 <= x < math.inf for x in rates)
+        ):
+            raise ValueError(f"load report of {load.id!r:.80} is out of range")
+        return load
+
+    def value(self, metric: str) -> float:
+        if metric == "bytes":
+            return float(self.bytes_held)
+        if metric == "requests":
+            return self.requests_per_s
+        if metric == "served":
+            return self.bytes_served_per_s
+        raise ValueError(f"no load metric {metric!r}: one of {', '.join(METRICS)}")
+
+
+def imbalance(loads: Mapping[str, float]) -> float:
+    """max/mean of ``loads`` (1.0 for an empty or idle ring)."""
+    if not loads:
+        return 1.0
+    mean = sum(loads.values()) / len(loads)
+    return max(loads.values()) / mean if mean > 0 else 1.0
+
+
+def _spread(loads: Mapping[str, float]) -> float:
+    """Sum of squared relative deviations from the mean load."""
+    mean = sum(loads.values()) / len(loads)
+    if mean <= 0:
+        return 0.0
+    return sum((v / mean - 1.0) ** 2 for v in loads.values())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Token counts now and planned, loads measured and predicted, and the moves that lead
+    from one to the other (``(from, to, tokens)``, in the order they were chosen)."""
+
+    metric: str
+    bound: float
+    vnodes_before: dict[str, int]
+    vnodes_after: dict[str, int]
+    load_before: dict[str, float]
+    load_after: dict[str, float]
+    moves: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def ratio_before(self) -> float:
+        return imbalance(self.load_before)
+
+    @property
+    def ratio_after(self) -> float:
+        return imbalance(self.load_after)
+
+    @property
+    def needed(self) -> bool:
+        """Whether the ring is past the bound now."""
+        return self.ratio_before > self.bound
+
+    def steps(self) -> list[tuple[str, int]]:
+        """``(node, new token count)`` for every node whose count changes: the ones that
+        gain first (largest gain first), then the ones that lose."""
+        changed = [
+            (n, self.vnodes_after[n] - self.vnodes_before[n])
+            for n in sorted(self.vnodes_after)
+            if self.vnodes_after[n] != self.vnodes_before[n]
+        ]
+        gains = sorted((c for c in changed if c[1] > 0), key=lambda c: (-c[1], c[0]))
+        losses = sorted((c for c in changed if c[1] < 0), key=lambda c: (c[1], c[0]))
+        return [(n, self.vnodes_after[n]) for n, _ in gains + losses]
+
+
+def _coverage(nodes: Sequence[NodeLoad], weights: Mapping[str, int], r: int) -> dict[str, float]:
+    ring = Ring((Member(n.id, n.zone, weights[n.id]) for n in nodes), MIN_VNODES)
+    return ring.coverage(r)
+
+
+def plan(
+    nodes: Sequence[NodeLoad],
+    replicas: int,
+    metric: str = "bytes",
+    bound: float = DEFAULT_BOUND,
+    max_moves: int = MAX_MOVES,
+) -> Plan:
+    """The token counts that bring max/mean ``metric`` load within ``bound`` (module
+    docstring); the current counts when the ring already is, or when no move helps.
+
+    Raises ValueError for fewer than two nodes, a bound below 1, or an unknown metric."""
+    if len(nodes) < 2:
+        raise ValueError("a rebalance needs at least two nodes that own tokens")
+    if not bound >= 1.0:
+        raise ValueError(f"the bound is max/mean load, 1.0 or more, not {bound}")
+    if len({n.id for n in nodes}) != len(nodes):
+        raise ValueError("a node reported twice")
+    before = {n.id: n.vnodes for n in nodes}
+    measured = {n.id: n.value(metric) for n in nodes}
+    cov = _coverage(nodes, before, replicas)
+    total = sum(measured.values())
+    mean_density = total / max(sum(cov.values()), 1e-12)
+    # a node holding nothing yet (its density unknown) is taken at the ring's mean density
+    density = {
+        i: measured[i] / cov[i] if cov[i] > 0 and measured[i] > 0 else mean_density for i in before
+    }
+
+    def predict(weights: Mapping[str, int]) -> dict[str, float]:
+        c = _coverage(nodes, weights, replicas)
+        return {i: density[i] * c[i] for i in weights}
+
+    weights = dict(before)
+    moves: list[tuple[str, str, int]] = []
+    predicted = dict(measured)
+    ratio = imbalance(measured)
+    if total <= 0:
+        return Plan(metric, bound, before, weights, measured, predicted, moves)
+    spread = _spread(predicted)
+    best = (ratio, dict(weights), dict(predicted), len(moves))
+    trials = 0
+    for _ in range(max_moves):
+        if ratio <= bound or trials >= MAX_TRIALS:
+            break
+        # every step of a few sizes from a node above the mean to one below it; the one
+        # that evens the loads out most (least squared spread: max/mean alone gets stuck
+        # when the top two are close) is taken
+        mean = sum(predicted.values()) / len(predicted)
+        above = sorted(i for i in predicted if predicted[i] > mean)
+        below = sorted(i for i in predicted if predicted[i] < mean)
+        step: tuple[float, dict[str, int], dict[str, float], tuple[str, str, int]] | None = None
+        for src in [*above, ""]:
+            for dst in [*below, ""]:
+                if not (src or dst):
+                    continue
+                base = weights[src or dst]
+                for k in sorted({1, *(max(1, base // d) for d in (32, 8, 4, 2))}):
+                    trial = dict(weights)
+                    if src:
+                        trial[src] -= k
+                    if dst:
+                        trial[dst] += k
+                    if any(not MIN_VNODES <= trial[i] <= MAX_VNODES for i in (src, dst) if i):
+                        continue
+                    loads = predict(trial)
+                    trials += 1
+                    s = _spread(loads)
+                    if s < spread - 1e-12 and (step is None or s < step[0]):
+                        step = (s, trial, loads, (src, dst, k))
+        if step is None:
+            break
+        spread, weights, predicted, move = step
+        moves.append(move)
+        ratio = imbalance(predicted)
+        if ratio < best[0] - 1e-12:
+            best = (ratio, dict(weights), dict(predicted), len(moves))
+    ratio, weights, predicted, kept = best
+    moves = moves[:kept]
+    return Plan(metric, bound, before, weights, measured, predicted, moves)
+    trials = 0
+    for _ in range(max_moves):
+        if ratio <= bound or trials >= MAX_TRIALS:
+            break
+        hot = max(predicted, key=lambda i: (predicted[i], i))
+        best: tuple[float, str, int, dict[str, float]] | None = None
+        # to the least loaded node first; when no step there helps (tokens are coarse on a
+        # small ring), to the next least loaded
+        for cold in sorted((i for i in predicted if i != hot), key=lambda i: (predicted[i], i)):
+            for k in sorted({max(1, weights[hot] // 8), max(1, weights[hot] // 32), 1}):
+                if weights[hot] - k < MIN_VNODES or weights[cold] + k > MAX_VNODES:
+                    continue
+                trial = dict(weights)
+                trial[hot] -= k
+                trial[cold] += k
+                loads = predict(trial)
+                r = imbalance(loads)
+                if r < ratio - 1e-9 and (best is None or r < best[0]):
+                    best = (r, cold, k, loads)
+            if best is not None:
+                break
+        if best is None:
+            break
+        ratio, cold, k, predicted = best
+        weights[hot] -= k
+        weights[cold] += k
+        moves.append((hot, cold, k))
+    return Plan(metric, bound, before, weights, measured, predicted, moves)

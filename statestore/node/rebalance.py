@@ -1,0 +1,254 @@
+"""Token moves on a node (``statestore rebalance``): the shell around ``core/balance.py``.
+
+``GET /v1/load`` (read right): this node's load as the balancer reads it: the tokens it owns,
+the bytes it holds (its per-query counters, no scan) and the requests and body bytes it served
+per second, decaying over about a minute.
+
+``POST /v1/handover/tokens`` ``{"vnodes": N}`` (admin right): change this node's token count to
+N through a hand-over (202; progress at ``GET /v1/handover``, ``kind`` ``rebalance``). The node
+gossips ``next_vnodes`` N, so writes go to the owners on both rings, then runs rounds: a node
+that gains tokens pulls what it will own from the holders (a join's rounds), one that loses
+tokens pushes what others will own to them (a leave's rounds), under ``--stream-mbps``. After
+a clean round every member routes by the new count, the node gossips it as owned (kept in its
+data dir) and, when it lost tokens, sweeps once more for a write that raced the switch. Old
+owners drop what they no longer own through repair, as after a join. One move at a time on a
+ring: refused while any member joins, leaves or moves tokens (the ring's two rings must differ
+by one node's change only, so every intermediate ring has R copies of every item).
+
+``--auto-rebalance RATIO``: the live member with the lowest id checks the ring every
+``--rebalance-interval`` seconds and, when max/mean bytes held passes RATIO, runs the plan's
+moves one after another, then waits for the old owners to drop their copies before it
+measures again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from statestore.core.balance import DEFAULT_BOUND, NodeLoad, imbalance, plan
+from statestore.core.errors import InvalidRequest, StateStoreError
+from statestore.core.handover import Handover, NodeState, Phase
+from statestore.node.auth import allow
+from statestore.node.daemon import NODE, MoveStatus, Node
+from statestore.node.handover import (
+    FINAL_SWEEPS,
+    join_round,
+    leave_round,
+    pause,
+    settle,
+)
+from statestore.wire.bodies import TokensRequest, decode_json
+
+__all__ = ["auto_rebalance_loop", "load_json", "register", "start_tokens"]
+
+log = logging.getLogger(__name__)
+
+
+def load_json(node: Node) -> dict[str, Any]:
+    """``GET /v1/load``'s answer."""
+    now = node.clock()
+    meter = node.served
+    state = node.membership.state.value if node.membership is not None else "normal"
+    me = node.membership.get(node.id) if node.membership is not None else None
+    return {
+        "id": node.id,
+        "zone": node.config.zone,
+        "state": state,
+        "vnodes": node.vnodes or node.config.vnodes,
+        "next_vnodes": 0 if me is None else me.next_vnodes,
+        "bytes_held": sum(node.store.usage.snapshot().values()),
+        "requests_per_s": round(meter.requests.rate(now), 3),
+        "bytes_served_per_s": round(meter.bytes.rate(now), 1),
+    }
+
+
+async def load_handler(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    allow(request, "read")
+    return web.json_response(load_json(node))
+
+
+# -- one node's move ------------------------------------------------------------------------
+
+
+def _sees(target: int, switched: bool) -> Any:
+    """Whether a peer's answer about us routes by our new count: moving to ``target``, or
+    (``switched``) owning it."""
+    if switched:
+        return lambda a: a.get("vnodes") == target and not a.get("next_vnodes")
+    return lambda a: a.get("next_vnodes") == target and a.get("state") == NodeState.NORMAL
+
+
+async def move_tokens(node: Node, move: MoveStatus, target: int) -> None:
+    """Run this node's change to ``target`` tokens to the end (module docstring)."""
+    current = node.vnodes or node.config.vnodes
+    grow = target > current
+    node.set_vnodes(node.vnodes, target)
+    await asyncio.sleep(settle(node))
+    seen = _sees(target, switched=False)
+    while move.handover.phase is Phase.STREAMING:
+        if grow:
+            result = await join_round(node, move, target, seen)
+        else:
+            result = await leave_round(node, move, seen)
+        move.handover = move.handover.after_round(result)
+        log.info("token move round %d: %s", move.handover.rounds, result)
+        await pause(node, move, result)
+    node.set_vnodes(target, 0)
+    if not grow:
+        # a writer whose view predates the move may have written a range we gave up to us
+        # alone: push until a round finds nothing and every member routes by the new count
+        for _ in range(FINAL_SWEEPS):
+            await asyncio.sleep(settle(node))
+            if (await leave_round(node, move, _sees(target, switched=True))).clean:
+                break
+    move.handover = move.handover.switch()
+
+
+def tokens_problem(node: Node, target: int) -> str | None:
+    """Why this node may not move to ``target`` tokens now (None: it may)."""
+    assert node.membership is not None
+    if node.membership.state is not NodeState.NORMAL:
+        return f"it is {node.membership.state.value}: only a normal member moves tokens"
+    if node.move is not None and node.move.handover.phase is Phase.STREAMING:
+        return f"its {node.move.handover.kind} is under way: wait for it to finish"
+    view = node.view()
+    for m in view.members:
+        if m.status == "down" and m.state in (NodeState.NORMAL, NodeState.LEAVING):
+            return (
+                f"member {m.id} is down: its copies are one short until repair or "
+                "`statestore node --replace` restores them; move tokens after that"
+            )
+        if m.status != "down" and (m.state in ("joining", "leaving") or m.next_vnodes):
+            return (
+                f"member {m.id} is moving ({m.state}"
+                f"{', tokens' if m.next_vnodes else ''}): one move at a time"
+            )
+    return None
+
+
+def start_tokens(node: Node, target: int) -> MoveStatus | None:
+    """Begin this node's change to ``target`` tokens; None when it owns that many already.
+    Raises InvalidRequest saying why it may not now."""
+    current = node.vnodes or node.config.vnodes
+    if target == current:
+        return None
+    why = tokens_problem(node, target)
+    if why is not None:
+        raise InvalidRequest(f"node {node.id} cannot move to {target} tokens: {why}")
+    node.move = MoveStatus(
+        Handover("rebalance"), node.clock(), vnodes_from=current, vnodes_to=target
+    )
+    move = node.move
+    node.spawn(lambda: move_tokens(node, move, target), "tokens")
+    return move
+
+
+async def tokens_handler(request: web.Request) -> web.Response:
+    """``POST /v1/handover/tokens``: move this node to ``vnodes`` tokens (202 with the move;
+    200 with ``move`` null when it owns that many already)."""
+    node = request.app[NODE]
+    allow(request, "admin")
+    body = decode_json(await request.read(), TokensRequest, "token move")
+    move = start_tokens(node, body.vnodes)
+    if move is None:
+        return web.json_response({"id": node.id, "vnodes": body.vnodes, "move": None})
+    return web.json_response(
+        {"id": node.id, "vnodes": body.vnodes, "move": move.to_json(node.clock())}, status=202
+    )
+
+
+# -- the automatic mode ---------------------------------------------------------------------
+
+
+async def _loads(node: Node) -> list[NodeLoad] | None:
+    """Every normal member's load, or None when one did not answer (no plan on a guess)."""
+    out = []
+    for m in node.view().members:
+        if m.state != NodeState.NORMAL or m.status == "down":
+            continue
+        try:
+            resp = await node.transport.request("GET", m.address, "/v1/load", timeout=5.0)
+            out.append(NodeLoad.from_report(resp.json()))
+        except (StateStoreError, ValueError, AttributeError) as exc:
+            log.info("auto-rebalance: %s gave no load (%s): not this round", m.id, exc)
+            return None
+    return out
+
+
+async def _run_step(node: Node, address: str, target: int, timeout: float) -> bool:
+    """Ask the node at ``address`` to move to ``target`` tokens and wait for it to switch."""
+    resp = await node.transport.request(
+        "POST", address, "/v1/handover/tokens", json_body={"vnodes": target}, timeout=10.0
+    )
+    if resp.json().get("move") is None:
+        return True
+    deadline = node.clock() + timeout
+    while node.clock() < deadline:
+        await asyncio.sleep(1.0)
+        try:
+            move = (await node.transport.request("GET", address, "/v1/handover")).json()
+        except (StateStoreError, ValueError) as exc:
+            log.info("auto-rebalance: %s did not say how its move goes: %s", address, exc)
+            continue
+        m = move.get("move") or {}
+        if m.get("kind") == "rebalance" and m.get("phase") == Phase.SWITCHED:
+            return True
+        if m.get("kind") != "rebalance" or m.get("phase") == Phase.FAILED:
+            return False
+    return False
+
+
+async def auto_rebalance_once(node: Node) -> bool:
+    """One check of ``--auto-rebalance``; True when it moved tokens."""
+    assert node.membership is not None
+    view = node.view()
+    normal = sorted(m.id for m in view.members if m.status == "up" and m.state == "normal")
+    if not normal or normal[0] != node.id or view.moving:
+        return False
+    if any(m.next_vnodes for m in view.members):
+        return False
+    loads = await _loads(node)
+    if loads is None or len(loads) < 2:
+        return False
+    measured = {n.id: float(n.bytes_held) for n in loads}
+    if imbalance(measured) <= node.config.auto_rebalance:
+        return False
+    bound = min(DEFAULT_BOUND, node.config.auto_rebalance)
+    p = await asyncio.to_thread(plan, loads, view.replicas, "bytes", bound)
+    steps = p.steps()
+    if not steps:
+        return False
+    log.warning(
+        "auto-rebalance: max/mean bytes held %.2f > %.2f; moving tokens %s (predicted %.2f)",
+        p.ratio_before,
+        node.config.auto_rebalance,
+        ", ".join(f"{n} {p.vnodes_before[n]}->{v}" for n, v in steps),
+        p.ratio_after,
+    )
+    for member, target in steps:
+        address = view.address(member)
+        if not await _run_step(node, address, target, timeout=3600.0):
+            log.warning("auto-rebalance: the move of %s did not finish; stopping here", member)
+            return True
+    return True
+
+
+async def auto_rebalance_loop(node: Node) -> None:
+    """``--auto-rebalance``: check every ``--rebalance-interval`` seconds (a node loop)."""
+    if not node.config.auto_rebalance:
+        return
+    while True:
+        await asyncio.sleep(node.config.rebalance_interval)
+        if await auto_rebalance_once(node):
+            # the old owners drop what they gave up over the next repair passes: measure after
+            await asyncio.sleep(10 * node.config.repair_interval)
+
+
+def register(app: web.Application) -> None:
+    app.router.add_get("/v1/load", load_handler)
+    app.router.add_post("/v1/handover/tokens", tokens_handler)

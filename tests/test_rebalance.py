@@ -1,0 +1,300 @@
+"""Load-aware balancing (issue 8, item 4): token counts per member, the BPM planner, and
+``statestore rebalance`` moving tokens through the hand-over on real node processes.
+
+The pure parts are checked from tables and random rings; the end-to-end test skews a loaded
+5-node ring (one node takes four times the tokens of the others through
+``POST /v1/handover/tokens``), runs ``statestore rebalance`` under a writer, and checks what a
+user would: no commit failed, no sampled item ever below R copies, every acknowledged version
+restores exactly, the ring settles at exactly R copies, and the measured imbalance fell.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+import urllib.error
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from client import RingClient, StoreId
+from statestore.cli.local import LocalRing, http_json
+from statestore.core.balance import DecayingRate, NodeLoad, Plan, imbalance, plan
+from statestore.core.errors import MalformedData
+from statestore.core.membership import Membership
+from statestore.core.placement import Member, Ring, node_tokens
+from statestore.core.view import MemberInfo, RingView
+from statestore.wire.bodies import GossipDigest, decode_json
+from tests.test_elastic import ARGS, R, check_restores, stop_load, under_load, wait_exact
+from tests.test_ring import post
+
+# -- placement with per-member token counts -------------------------------------------------
+
+
+def test_a_members_own_count_adds_or_removes_only_its_last_tokens() -> None:
+    base = Ring([Member("a"), Member("b"), Member("c")], 8)
+    same = Ring([Member("a", "", 8), Member("b"), Member("c", "", 0)], 8)
+    assert same.tokens == base.tokens  # 0 is the ring's count; the count itself is the same
+    grown = Ring([Member("a", "", 12), Member("b"), Member("c")], 8)
+    assert set(base.tokens) < set(grown.tokens)
+    assert set(grown.tokens) - set(base.tokens) == set(node_tokens("a", 12)[8:])
+    shrunk = Ring([Member("a", "", 5), Member("b"), Member("c")], 8)
+    assert set(base.tokens) - set(shrunk.tokens) == set(node_tokens("a", 8)[5:])
+    assert grown.weight("a") == 12 and grown.weight("b") == 8
+    with pytest.raises(ValueError):
+        Ring([Member("a", "", -1)], 8)
+
+
+@pytest.mark.parametrize("n,vnodes,r", [(3, 4, 3), (5, 8, 3), (6, 16, 2), (4, 1, 1), (2, 3, 5)])
+def test_coverage_adds_up_to_r_and_matches_items(n: int, vnodes: int, r: int) -> None:
+    ring = Ring([Member(f"n{i}", "", vnodes + i) for i in range(n)], vnodes)
+    cov = ring.coverage(r)
+    assert sum(cov.values()) == pytest.approx(min(r, n))
+    rng = random.Random(n * 100 + vnodes)
+    keys = [f"k{rng.getrandbits(64):x}" for _ in range(20_000)]
+    held = dict.fromkeys(cov, 0)
+    for k in keys:
+        for node in ring.replicas(k, r):
+            held[node] += 1
+    for node, share in cov.items():
+        assert held[node] / len(keys) == pytest.approx(share, abs=0.02)
+
+
+# -- the planner --------------------------------------------------------------------------
+
+
+def _loads(ring: Ring, r: int, scale: float = 1e9) -> list[NodeLoad]:
+    return [
+        NodeLoad(m.id, ring.weight(m.id), int(scale * share), zone=m.zone)
+        for m, share in ((m, ring.coverage(r)[m.id]) for m in ring.members)
+    ]
+
+
+@pytest.mark.parametrize(
+    "n,vnodes,r,skew",
+    [
+        (5, 16, 3, 0),
+        (6, 16, 3, 0),
+        (4, 16, 2, 0),
+        (5, 16, 3, 64),
+        (8, 16, 3, 64),
+        (7, 32, 2, 0),
+        (5, 256, 3, 1024),
+    ],
+)
+def test_the_plan_reaches_the_bound_on_skewed_rings(n: int, vnodes: int, r: int, skew: int) -> None:
+    members = [Member(f"node-{i}", "", skew if i == 0 and skew else 0) for i in range(n)]
+    ring = Ring(members, vnodes)
+    loads = _loads(ring, r)
+    p = plan(loads, r, "bytes", 1.15)
+    assert p.ratio_after <= max(1.15, p.ratio_before)
+    if p.needed:
+        assert p.ratio_after <= 1.15, (p.ratio_before, p.ratio_after, p.moves)
+        # the prediction is the ring's own coverage at the planned counts
+        planned = Ring([Member(i, "", v) for i, v in p.vnodes_after.items()], vnodes)
+        cov = planned.coverage(r)
+        for node, load in p.load_after.items():
+            assert load == pytest.approx(1e9 * cov[node], rel=1e-6)
+    # the moves say every change of count, and nothing else changes
+    changed = {n for n in p.vnodes_after if p.vnodes_after[n] != p.vnodes_before[n]}
+    assert changed <= {n for move in p.moves for n in move[:2]}
+    assert {n for n, _ in p.steps()} == changed
+
+
+def test_a_balanced_or_idle_ring_is_left_alone() -> None:
+    loads = [NodeLoad(f"n{i}", 256, 1000) for i in range(4)]
+    p = plan(loads, 3)
+    assert not p.needed and p.steps() == [] and p.ratio_after == 1.0
+    idle = plan([NodeLoad(f"n{i}", 256, 0) for i in range(3)], 3)
+    assert idle.steps() == [] and idle.ratio_before == 1.0
+
+
+def test_steps_take_tokens_to_the_gaining_nodes_first() -> None:
+    p = Plan(
+        "bytes",
+        1.15,
+        {"a": 10, "b": 10, "c": 10, "d": 10},
+        {"a": 6, "b": 13, "c": 10, "d": 11},
+        {},
+        {},
+    )
+    assert p.steps() == [("b", 13), ("d", 11), ("a", 6)]
+
+
+def test_the_planner_refuses_what_it_cannot_plan() -> None:
+    one = [NodeLoad("a", 8, 10)]
+    with pytest.raises(ValueError, match="at least two"):
+        plan(one, 3)
+    two = [NodeLoad("a", 8, 10), NodeLoad("b", 8, 20)]
+    with pytest.raises(ValueError, match="bound"):
+        plan(two, 1, bound=0.9)
+    with pytest.raises(ValueError, match="metric"):
+        plan(two, 1, metric="cpu")
+    with pytest.raises(ValueError, match="twice"):
+        plan([NodeLoad("a", 8, 10), NodeLoad("a", 8, 20)], 1)
+
+
+def test_request_rates_are_balanced_too() -> None:
+    ring = Ring([Member(f"n{i}") for i in range(5)], 8)
+    cov = ring.coverage(2)
+    loads = [NodeLoad(i, 8, 0, requests_per_s=100 * c) for i, c in cov.items()]
+    p = plan(loads, 2, "requests", 1.1)
+    assert imbalance({n.id: n.requests_per_s for n in loads}) == pytest.approx(p.ratio_before)
+    assert p.ratio_after <= max(1.1, p.ratio_before)
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        {},
+        {"id": "a", "vnodes": 0, "bytes_held": 1, "requests_per_s": 0, "bytes_served_per_s": 0},
+        {"id": "a", "vnodes": 5000, "bytes_held": 1, "requests_per_s": 0, "bytes_served_per_s": 0},
+        {"id": "a", "vnodes": 8, "bytes_held": -1, "requests_per_s": 0, "bytes_served_per_s": 0},
+        {"id": "a", "vnodes": 8, "bytes_held": 1, "requests_per_s": "nan", "bytes_served_per_s": 0},
+        {"id": "a", "vnodes": 8, "bytes_held": 1, "requests_per_s": 1e400, "bytes_served_per_s": 0},
+        {"id": "a", "vnodes": "x", "bytes_held": 1, "requests_per_s": 0, "bytes_served_per_s": 0},
+        [1, 2],
+    ],
+)
+def test_a_malformed_load_report_is_refused(report: object) -> None:
+    with pytest.raises(ValueError):
+        NodeLoad.from_report(report)
+
+
+def test_a_decaying_rate_forgets_the_past() -> None:
+    rate = DecayingRate(60.0)
+    for t in range(60):
+        rate.add(10, float(t))
+    assert 5 < rate.rate(60.0) < 10  # 10 a second, a minute of it counted with decay
+    assert rate.rate(600.0) < 0.01
+    rate.add(1, 10.0)  # a clock that steps back counts, it does not blow up
+    assert rate.rate(600.0) >= 0
+
+
+# -- views and gossip ----------------------------------------------------------------------
+
+
+def _view(next_a: int) -> RingView:
+    members = tuple(MemberInfo(i, f"127.0.0.1:{7400 + n}") for n, i in enumerate("abcd"))
+    members = (MemberInfo("a", "127.0.0.1:7400", next_vnodes=next_a), *members[1:])
+    return RingView(1, members, 3, 2, 8)
+
+
+def test_a_member_moving_tokens_makes_two_rings() -> None:
+    still = _view(0)
+    assert not still.moving
+    assert not _view(8).moving  # moving to the count it has: nothing moves
+    grow = _view(24)
+    assert grow.moving and grow.ring.weight("a") == 8 and grow.future.weight("a") == 24
+    keys = [f"k{i}" for i in range(400)]
+    gained = [k for k in keys if "127.0.0.1:7400" not in grow.replicas_of(k)]
+    gained = [k for k in gained if "127.0.0.1:7400" in grow.future_replicas_of(k)]
+    assert gained  # it takes ranges...
+    for k in gained:  # ...that writes already reach, on top of the current owners
+        assert grow.write_replicas_of(k)[:3] == grow.replicas_of(k)
+        assert "127.0.0.1:7400" in grow.write_replicas_of(k)
+    back = RingView.from_json(json.loads(json.dumps(grow.to_json())))
+    assert back == grow
+
+
+@pytest.mark.parametrize("field,value", [("vnodes", -1), ("next_vnodes", 5000), ("vnodes", "8")])
+def test_a_view_with_a_bad_token_count_is_malformed(field: str, value: object) -> None:
+    obj = _view(0).to_json()
+    obj["members"][0][field] = value
+    with pytest.raises(MalformedData):
+        RingView.from_json(obj)
+
+
+def test_gossip_carries_token_counts_and_bounds_them() -> None:
+    a = Membership("a", "10.0.0.1:7400", "", 1, 0.0)
+    b = Membership("b", "10.0.0.2:7400", "", 1, 0.0)
+    epoch = a.epoch
+    a.set_vnodes(0, 40, 1.0)
+    assert a.epoch > epoch  # a move changes the rings: the epoch moves
+    b.merge(a.digest(), 1.0)
+    seen = b.get("a")
+    assert seen is not None and seen.next_vnodes == 40 and seen.vnodes == 0
+    a.set_vnodes(40, 0, 2.0)
+    b.merge(a.digest(), 2.0)
+    seen = b.get("a")
+    assert seen is not None and (seen.vnodes, seen.next_vnodes) == (40, 0)
+    forged = a.digest()
+    forged["members"][0] = forged["members"][0] | {"vnodes": 10**9}
+    with pytest.raises(MalformedData):
+        decode_json(msgspec.json.encode(forged), GossipDigest, "gossip")
+    with pytest.raises(MalformedData):
+        b.merge(forged, 3.0)
+    with pytest.raises(ValueError):
+        a.set_vnodes(5000, 0, 3.0)
+
+
+# -- real processes --------------------------------------------------------------------------
+
+
+def _statestore(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "statestore", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _wait_switched(address: str, vnodes: int, timeout: float = 90.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    answer: object = None
+    while time.monotonic() < deadline:
+        answer = http_json(address, "/v1/handover")
+        assert isinstance(answer, dict)
+        move = answer.get("move") or {}
+        if move.get("phase") == "switched" and move.get("vnodes_to") == vnodes:
+            return answer
+        time.sleep(0.2)
+    raise AssertionError(f"no switched move to {vnodes} tokens at {address}: {answer}")
+
+
+def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> None:
+    ring = LocalRing(str(tmp_path), 5, args=[*ARGS, "--vnodes", "16"]).start()
+    stores = [StoreId("balance", 0, p) for p in range(4)]
+    try:
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            states, writer, copies = under_load(ring, client, stores, 3, ring.seeds[1:3])
+            hot = ring.procs[0]
+            # bad bodies are refused and change nothing; the count it has is no move
+            for bad in ({"vnodes": 0}, {"vnodes": 5000}, {"vnodes": "8"}, {}):
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    post(hot.address, "/v1/handover/tokens", bad)
+                assert refused.value.code == 400
+            assert post(hot.address, "/v1/handover/tokens", {"vnodes": 16})["move"] is None  # type: ignore[index]
+            # skew it: the first node takes four times the tokens of the others
+            started = post(hot.address, "/v1/handover/tokens", {"vnodes": 64})
+            assert started["move"]["kind"] == "rebalance"  # type: ignore[index]
+            _wait_switched(hot.address, 64)
+            wait_exact(copies, ring.seeds, R, timeout=60)
+            before = json.loads(
+                _statestore("rebalance", "--seeds", ring.seeds[0], "--dry-run", "--json").stdout
+            )
+            assert before["ratio_before"] > 1.15 and before["steps"], before
+            done = _statestore("rebalance", "--seeds", ring.seeds[0], "--bound", "1.15")
+            assert done.returncode == 0, done.stderr
+            assert "done:" in done.stderr, done.stderr
+            time.sleep(1.0)  # commits on the rebalanced ring
+            stop_load(writer, copies)
+            check_restores(client, writer, states, 6)
+            wait_exact(copies, ring.seeds, R, timeout=60)
+            view = RingView.from_json(ring.ring())
+            assert not view.moving
+            counts = {m.id: m.vnodes or 16 for m in view.members}
+            assert counts[hot.id] < 64
+            after = json.loads(
+                _statestore("rebalance", "--seeds", ring.seeds[0], "--dry-run", "--json").stdout
+            )
+            assert after["ratio_before"] < before["ratio_before"], (before, after)
+            load = http_json(hot.address, "/v1/load")
+            assert load["vnodes"] == counts[hot.id] and load["requests_per_s"] > 0  # type: ignore[index]
+    finally:
+        ring.stop()
