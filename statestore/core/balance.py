@@ -1,19 +1,22 @@
 """Load-aware balancing (pure): which token counts bring the ring's load within a bound.
 
-Borealis' BPM moves load from the most to the least loaded node, a unit at a time, while
-that helps. Here the unit is a virtual node's token: every node reports its load (bytes held,
-requests or bytes served per second, :class:`NodeLoad`), and :func:`plan` moves tokens, a few
-at a time, from the node predicted most loaded to the one predicted least loaded until
-max/mean is within ``bound`` or no move helps. A node's predicted load is its measured load
-scaled by how much of the token space it holds a replica of (``Ring.coverage``) on the
-planned ring against the current one: its data's density is taken to stay what it is, which
-is exact in expectation for bytes (chunks are placed by content hash) and a first-order guess
-for request rates (hot stores move with their ranges; running the command again corrects).
+Borealis' BPM moves load from the more loaded nodes to the less loaded ones, a unit at a
+time, while that helps. Here the unit is a virtual node's token: every node reports its load
+(bytes held, requests or bytes served per second, :class:`NodeLoad`), and :func:`plan` takes,
+step by step, tokens from a node above the mean load and gives tokens to one below it (or
+does one of the two), each step the one that evens the predicted loads out most (least
+squared spread around the mean; max/mean alone gets stuck when the top two are close),
+until max/mean is within ``bound`` or no step helps, and keeps the counts with the lowest
+max/mean seen. A node's predicted load is its measured load scaled by how much of the token
+space it holds a replica of (``Ring.coverage``) on the planned ring against the current one:
+its data's density is taken to stay what it is, which is exact in expectation for bytes
+(chunks are placed by content hash) and a first-order guess for request rates (hot stores
+move with their ranges; running the command again corrects). Tokens are coarse when nodes
+own few of them: below about 16 per node a plan may stop short of the bound.
 
 The moves are carried out (node/rebalance.py) one node at a time, through the same hand-over
 as a join (a node gaining tokens pulls what it will own) or a leave (a node losing tokens
-pushes what others will own): :meth:`Plan.steps` gives the order, gaining nodes first so no
-range is copied twice.
+pushes what others will own); :meth:`Plan.steps` gives the order: gaining nodes first.
 """
 
 from __future__ import annotations
@@ -252,32 +255,4 @@ def plan(
             best = (ratio, dict(weights), dict(predicted), len(moves))
     ratio, weights, predicted, kept = best
     moves = moves[:kept]
-    return Plan(metric, bound, before, weights, measured, predicted, moves)
-    trials = 0
-    for _ in range(max_moves):
-        if ratio <= bound or trials >= MAX_TRIALS:
-            break
-        hot = max(predicted, key=lambda i: (predicted[i], i))
-        best: tuple[float, str, int, dict[str, float]] | None = None
-        # to the least loaded node first; when no step there helps (tokens are coarse on a
-        # small ring), to the next least loaded
-        for cold in sorted((i for i in predicted if i != hot), key=lambda i: (predicted[i], i)):
-            for k in sorted({max(1, weights[hot] // 8), max(1, weights[hot] // 32), 1}):
-                if weights[hot] - k < MIN_VNODES or weights[cold] + k > MAX_VNODES:
-                    continue
-                trial = dict(weights)
-                trial[hot] -= k
-                trial[cold] += k
-                loads = predict(trial)
-                r = imbalance(loads)
-                if r < ratio - 1e-9 and (best is None or r < best[0]):
-                    best = (r, cold, k, loads)
-            if best is not None:
-                break
-        if best is None:
-            break
-        ratio, cold, k, predicted = best
-        weights[hot] -= k
-        weights[cold] += k
-        moves.append((hot, cold, k))
     return Plan(metric, bound, before, weights, measured, predicted, moves)
