@@ -7,8 +7,14 @@ Reported, measured in the same run:
   node held, which is also R/N of the data);
 - time of the move / the same bytes at the ``--stream-mbps`` budget.
 
+``--rebalance``: instead, a skewed 5-node ring (16 tokens per node, one node moved to 64)
+is loaded and ``statestore rebalance`` is run under the same foreground load. Reported: max/mean
+bytes held before, as the plan predicted, and measured once the old owners dropped what they
+gave up; bytes moved / the ideal (the bytes held that had to change hands); p99 during/before.
+
 Usage: ``python bench/elastic.py --mib 64 --stream-mbps 20`` (the issue asks for >= 1 GiB; a
-shared 2-core machine runs a smaller load, and the figures say which).
+shared 2-core machine runs a smaller load, and the figures say which);
+``python bench/elastic.py --rebalance --mib 64``.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -103,25 +110,136 @@ def leave(address: str) -> None:
         json.loads(resp.read())
 
 
+def held(addresses: list[str]) -> dict[str, int]:
+    """Bytes each node holds (``GET /v1/load``)."""
+    out = {}
+    for a in addresses:
+        load = http_json(a, "/v1/load")
+        assert isinstance(load, dict)
+        out[str(load["id"])] = int(load["bytes_held"])
+    return out
+
+
+def ratio(loads: dict[str, int]) -> float:
+    return max(loads.values()) * len(loads) / sum(loads.values())
+
+
+def load_ring(seeds: list[str], mib: int, stores: int) -> tuple[float, int]:
+    """Commit ``mib`` raw MiB over ``stores`` stores; returns (compressed bytes, R)."""
+    rng = random.Random(1)
+    data = 0
+    with RingClient(seeds) as client:
+        n = 0
+        while data < mib * MiB * 0.48:  # ~0.48 compressed bytes per raw byte
+            res = client.commit(StoreId("load", 0, n % stores), n // stores + 1, rows(10_000, rng))
+            data += res.bytes
+            n += 1
+        r = client.ring().replicas
+    print(f"loaded {n} commits: {data / MiB:.1f} MiB of chunks, {r} copies each")
+    return data, r
+
+
+def rebalance_cell(args: argparse.Namespace) -> int:
+    """``--rebalance`` (module docstring)."""
+    budget = ["--stream-mbps", str(args.stream_mbps)]
+    stores = [StoreId("load", 0, i) for i in range(32)]
+    with local_ring(5, [*FAST, "--snapshot-every", "100000", "--vnodes", "16", *budget]) as ring:
+        addresses = [p.address for p in ring.procs]
+        _, r = load_ring(ring.seeds, args.mib, len(stores))
+        hot = ring.procs[0]
+        req = urllib.request.Request(
+            f"http://{hot.address}/v1/handover/tokens", data=b'{"vnodes": 64}', method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            json.loads(resp.read())
+        while True:
+            move = http_json(hot.address, "/v1/handover")["move"]  # type: ignore[index]
+            if move and move["phase"] == "switched":
+                break
+            time.sleep(0.5)
+        settle(addresses, stores, r)
+        natural = ratio(held(addresses))
+        fg = Foreground(ring.seeds[:3])
+        fg.start()
+        time.sleep(args.baseline)
+        before = held(addresses)
+        cmd = [sys.executable, "-m", "statestore", "rebalance", "--seeds", ring.seeds[1]]
+        dry = json.loads(
+            subprocess.run(
+                [*cmd, "--dry-run", "--json"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        t0 = time.monotonic()
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        t1 = time.monotonic()
+        fg.halt.set()
+        fg.join(60)
+        if done.returncode != 0:
+            print(done.stderr)
+            return 1
+        moved = 0
+        for a in addresses:
+            m = http_json(a, "/v1/handover")["move"]  # type: ignore[index]
+            if m and m["kind"] == "rebalance":
+                moved += int(m["bytes"])
+        settled = settle(addresses, stores, r)
+        after = held(addresses)
+    ideal = sum(max(0, after[n] - before[n]) for n in after)
+    before_c = window(fg.commits, t0 - args.baseline, t0)
+    during_c = window(fg.commits, t0, t1)
+    before_r = window(fg.restores, t0 - args.baseline, t0)
+    during_r = window(fg.restores, t0, t1)
+    print(
+        table(
+            [
+                "ring",
+                "max/mean before",
+                "predicted",
+                "after",
+                "MiB moved",
+                "moved / ideal",
+                "seconds",
+                "commit p99 during / before",
+                "restore p99 during / before",
+            ],
+            [
+                [
+                    f"5 nodes x 16 tokens, one at 64, R={r}",
+                    f"{ratio(before):.3f}",
+                    f"{dry['ratio_after']:.3f}",
+                    f"{ratio(after):.3f}",
+                    f"{moved / MiB:.1f}",
+                    f"{moved / max(ideal, 1):.2f}",
+                    f"{t1 - t0:.1f}",
+                    f"{pct(during_c, 99) / pct(before_c, 99):.2f}x",
+                    f"{pct(during_r, 99) / pct(before_r, 99):.2f}x",
+                ]
+            ],
+        )
+    )
+    steps = ", ".join(f"{s['id'][:6]} -> {s['vnodes']}" for s in dry["steps"])
+    print(
+        f"plan: {steps}; before the skew was settled, max/mean was {natural:.3f}; old owners "
+        f"were down to R copies {settled:.1f} s after the last move; foreground: "
+        f"{len(fg.commits)} commits, {len(fg.restores)} restores, {len(fg.failures)} failures "
+        f"{fg.failures[:3]}"
+    )
+    return 1 if fg.failures else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=64, help="raw MiB of state loaded before")
     ap.add_argument("--stream-mbps", type=float, default=20.0)
     ap.add_argument("--baseline", type=float, default=8.0, help="seconds measured before")
+    ap.add_argument("--rebalance", action="store_true", help="the rebalance cell instead")
     args = ap.parse_args()
-    budget = ["--stream-mbps", str(args.stream_mbps)]
     print(machine())
+    if args.rebalance:
+        return rebalance_cell(args)
+    budget = ["--stream-mbps", str(args.stream_mbps)]
     with local_ring(3, [*FAST, "--snapshot-every", "100000", *budget]) as ring:
-        rng = random.Random(1)
-        data = 0
-        with RingClient(ring.seeds) as client:
-            n = 0
-            while data < args.mib * MiB * 0.48:  # ~0.48 compressed bytes per raw byte
-                res = client.commit(StoreId("load", 0, n % 16), n // 16 + 1, rows(10_000, rng))
-                data += res.bytes
-                n += 1
-            r = client.ring().replicas
-        print(f"loaded {n} commits: {data / MiB:.1f} MiB of chunks, {r} copies each")
+        data, r = load_ring(ring.seeds, args.mib, 16)
         fg = Foreground(ring.seeds[:3])
         fg.start()
         time.sleep(args.baseline)

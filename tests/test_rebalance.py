@@ -232,6 +232,18 @@ def test_gossip_carries_token_counts_and_bounds_them() -> None:
         a.set_vnodes(5000, 0, 3.0)
 
 
+def test_a_nodes_token_count_is_kept_in_its_data_dir(tmp_path: Path) -> None:
+    from statestore.core.handover import NodeState
+    from statestore.node.daemon import RING_STATE_FILE, _load_vnodes, _save_ring_state
+
+    assert _load_vnodes(str(tmp_path)) == 0  # a new node owns the ring's count
+    _save_ring_state(str(tmp_path), NodeState.NORMAL, 40)
+    assert _load_vnodes(str(tmp_path)) == 40
+    for bad in (-1, 5000, "40", None):
+        (tmp_path / RING_STATE_FILE).write_text(json.dumps({"state": "normal", "vnodes": bad}))
+        assert _load_vnodes(str(tmp_path)) == 0
+
+
 # -- real processes --------------------------------------------------------------------------
 
 

@@ -456,17 +456,21 @@ def _ring(args: argparse.Namespace) -> int:
     table = Table(
         title=f"ring epoch {view['epoch']}  R={view['replicas']} W={view['write_quorum']}"
     )
-    for col in ("id", "address", "status", "state", "zone", "share", "move"):
+    for col in ("id", "address", "status", "state", "zone", "tokens", "share", "move"):
         table.add_column(col)
     for m in view["members"]:
         share = f"{100 * m.get('share', 0):.1f}%"
         move = describe_move(m["move"]) if m.get("move") else "-"
+        tokens = str(m.get("vnodes") or view["vnodes"])
+        if m.get("next_vnodes"):
+            tokens += f" -> {m['next_vnodes']}"
         table.add_row(
             m["id"],
             m["address"],
             m["status"],
             m.get("state", "normal"),
             m.get("zone") or "-",
+            tokens,
             share,
             move,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,6 +96,22 @@ def _print_plan(p: Plan, addresses: dict[str, str], as_json: bool) -> None:
     Console().print(table)
 
 
+def _wait_still(address: str, timeout: float, poll: float, tls_ca: str | None) -> str | None:
+    """Wait until the node at ``address`` sees no member moving (gossip brings it the end of
+    the previous move a moment after that move's node switched); None, or why it gave up."""
+    deadline = time.monotonic() + min(timeout, 60.0)
+    why: str | None = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            why = _blocker(request_json(address, "/v1/ring", timeout=5.0, tls_ca=tls_ca))
+        except (OSError, RuntimeError, ValueError) as exc:
+            why = str(exc)
+        if why is None:
+            return None
+        time.sleep(poll)
+    return why
+
+
 def rebalance(
     seeds: Sequence[str],
     *,
@@ -153,6 +170,9 @@ def rebalance(
         )
     for i, (node, target) in enumerate(steps, 1):
         console.print(f"[{i}/{len(steps)}] {node}: {p.vnodes_before[node]} -> {target} tokens")
+        why = _wait_still(addresses[node], timeout, poll, tls_ca)
+        if why is not None:
+            return fail(f"node {node} cannot start its move: {why}")
         try:
             answer = request_json(
                 addresses[node],

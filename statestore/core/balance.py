@@ -232,8 +232,10 @@ def plan(
             for dst in [*below, ""]:
                 if not (src or dst):
                     continue
-                base = weights[src or dst]
-                for k in sorted({1, *(max(1, base // d) for d in (32, 8, 4, 2))}):
+                # steps up to half the smaller count involved: a node is not swapped for
+                # another (that would move its data twice)
+                base = min(weights[i] for i in (src, dst) if i)
+                for k in sorted({1, *(max(1, base // d) for d in (8, 4, 2))}):
                     trial = dict(weights)
                     if src:
                         trial[src] -= k

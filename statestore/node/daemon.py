@@ -255,7 +255,7 @@ class Node:
             self.vnodes = _load_vnodes(config.data_dir)  # 0: the ring's --vnodes
             self.initial_state = _load_ring_state(config.data_dir, join)
             if self.initial_state is NodeState.JOINING:
-                _save_ring_state(config.data_dir, NodeState.JOINING)  # until it finishes
+                _save_ring_state(config.data_dir, NodeState.JOINING, self.vnodes)  # until done
         except BaseException:
             os.close(self._lock)
             raise

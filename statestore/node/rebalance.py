@@ -32,6 +32,7 @@ from aiohttp import web
 from statestore.core.balance import DEFAULT_BOUND, NodeLoad, imbalance, plan
 from statestore.core.errors import InvalidRequest, StateStoreError
 from statestore.core.handover import Handover, NodeState, Phase
+from statestore.core.view import RingView
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, MoveStatus, Node
 from statestore.node.handover import (
@@ -180,8 +181,27 @@ async def _loads(node: Node) -> list[NodeLoad] | None:
     return out
 
 
+async def _still(node: Node, address: str, timeout: float) -> bool:
+    """Wait until the node at ``address`` sees no member moving (the previous move's end
+    reaches it by gossip a moment after that move's node switched)."""
+    deadline = node.clock() + timeout
+    while node.clock() < deadline:
+        try:
+            view = RingView.from_json(
+                (await node.transport.request("GET", address, "/v1/ring")).json()
+            )
+            if not view.moving and not any(m.next_vnodes for m in view.members):
+                return True
+        except (StateStoreError, ValueError) as exc:
+            log.info("auto-rebalance: %s gave no ring view: %s", address, exc)
+        await asyncio.sleep(0.5)
+    return False
+
+
 async def _run_step(node: Node, address: str, target: int, timeout: float) -> bool:
     """Ask the node at ``address`` to move to ``target`` tokens and wait for it to switch."""
+    if not await _still(node, address, 60.0):
+        return False
     resp = await node.transport.request(
         "POST", address, "/v1/handover/tokens", json_body={"vnodes": target}, timeout=10.0
     )

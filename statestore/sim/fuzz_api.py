@@ -287,7 +287,7 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             "put-manifest", "get-manifest", "stores", "heads", "chains", "head", "versions",
             "chain", "gc", "commit", "state", "relay", "metrics", "dashboard", "activity",
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
-            "put-hint", "get-hint", "outcomes", "post-outcomes",
+            "put-hint", "get-hint", "outcomes", "post-outcomes", "load", "tokens",
         )
     )  # fmt: skip
     j = "json"
@@ -384,6 +384,11 @@ def _template(rng: random.Random, h: _Harness) -> Request:
         r = Request(route, "GET", "/dashboard" + name, {}, {}, b"")
     elif route == "activity":
         r = Request(route, "GET", "/v1/activity", {}, {}, b"")
+    elif route == "load":
+        r = Request(route, "GET", "/v1/load", {}, {}, b"")
+    elif route == "tokens":  # the count it owns: no move, unless a mutation makes one
+        obj = {"vnodes": h.node.vnodes or h.node.config.vnodes}
+        r = Request(route, "POST", "/v1/handover/tokens", {}, {}, b"", obj, j)
     elif route == "inventory":
         r = Request(route, "GET", "/v1/inventory", {"scope": rng.choice(("node", "ring"))}, {}, b"")
     elif route == "store-inventory":
