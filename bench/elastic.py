@@ -146,6 +146,7 @@ def rebalance_cell(args: argparse.Namespace) -> int:
     with local_ring(5, [*FAST, "--snapshot-every", "100000", "--vnodes", "16", *budget]) as ring:
         addresses = [p.address for p in ring.procs]
         _, r = load_ring(ring.seeds, args.mib, len(stores))
+        natural = ratio(held(addresses))  # 16 tokens each, before the skew
         hot = ring.procs[0]
         req = urllib.request.Request(
             f"http://{hot.address}/v1/handover/tokens", data=b'{"vnodes": 64}', method="POST"
@@ -158,7 +159,6 @@ def rebalance_cell(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.5)
         settle(addresses, stores, r)
-        natural = ratio(held(addresses))
         fg = Foreground(ring.seeds[:3])
         fg.start()
         time.sleep(args.baseline)
@@ -219,7 +219,8 @@ def rebalance_cell(args: argparse.Namespace) -> int:
     )
     steps = ", ".join(f"{s['id'][:6]} -> {s['vnodes']}" for s in dry["steps"])
     print(
-        f"plan: {steps}; before the skew was settled, max/mean was {natural:.3f}; old owners "
+        f"plan: {steps}; with 16 tokens on every node (before the skew) max/mean was "
+        f"{natural:.3f}; old owners "
         f"were down to R copies {settled:.1f} s after the last move; foreground: "
         f"{len(fg.commits)} commits, {len(fg.restores)} restores, {len(fg.failures)} failures "
         f"{fg.failures[:3]}"

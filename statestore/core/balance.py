@@ -7,12 +7,16 @@ step by step, tokens from a node above the mean load and gives tokens to one bel
 does one of the two), each step the one that evens the predicted loads out most (least
 squared spread around the mean; max/mean alone gets stuck when the top two are close),
 until max/mean is within ``bound`` or no step helps, and keeps the counts with the lowest
-max/mean seen. A node's predicted load is its measured load scaled by how much of the token
-space it holds a replica of (``Ring.coverage``) on the planned ring against the current one:
-its data's density is taken to stay what it is, which is exact in expectation for bytes
-(chunks are placed by content hash) and a first-order guess for request rates (hot stores
-move with their ranges; running the command again corrects). Tokens are coarse when nodes
-own few of them: below about 16 per node a plan may stop short of the bound.
+max/mean seen.
+
+For bytes held, each node also reports where its chunks lie on the ring (:func:`histogram`:
+bytes by the top 12 bits of their token), so a planned ring's loads are predicted bucket by
+bucket from where the data is, not assumed uniform (chunks are few and large: a 1 GiB ring
+holds a few hundred). For request rates a node's predicted load is its measured load scaled
+by how much of the token space it holds a replica of (``Ring.coverage``) on the planned ring
+against the current one, a first-order guess (a hot store moves with its range; running the
+command again corrects). Tokens are coarse when nodes own few of them: below about 16 per
+node a plan may stop short of the bound.
 
 The moves are carried out (node/rebalance.py) one node at a time, through the same hand-over
 as a join (a node gaining tokens pulls what it will own) or a leave (a node losing tokens
@@ -22,18 +26,29 @@ pushes what others will own); :meth:`Plan.steps` gives the order: gaining nodes 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statestore.core.placement import Member, Ring
+from statestore.core.placement import Member, Ring, item_token
 
-__all__ = ["METRICS", "DecayingRate", "NodeLoad", "Plan", "ServedMeter", "imbalance", "plan"]
+__all__ = [
+    "METRICS",
+    "DecayingRate",
+    "NodeLoad",
+    "Plan",
+    "ServedMeter",
+    "histogram",
+    "imbalance",
+    "plan",
+]
 
 METRICS = ("bytes", "requests", "served")
 DEFAULT_BOUND = 1.15
 MAX_MOVES = 400  # moves one plan takes at most
 MAX_TRIALS = 4000  # rings one plan builds at most (bounds its work: about a ms each)
+HIST_BITS = 12  # a load report's histogram: bytes held by item token, in 4096 buckets
+BUCKETS = 1 << HIST_BITS
 MIN_VNODES = 1
 MAX_VNODES = 4096  # core/view.MAX_VIEW_VNODES
 
@@ -84,6 +99,8 @@ class NodeLoad:
     requests_per_s: float = 0.0
     bytes_served_per_s: float = 0.0
     zone: str = ""
+    # (bucket, bytes): the bytes of the chunks held, by the top HIST_BITS of their token
+    histogram: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_report(cls, answer: Any) -> NodeLoad:
@@ -96,6 +113,7 @@ class NodeLoad:
                 float(answer["requests_per_s"]),
                 float(answer["bytes_served_per_s"]),
                 str(answer.get("zone", "")),
+                _histogram(answer.get("histogram", [])),
             )
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ValueError(f"load report is malformed ({exc!r})") from exc
@@ -116,6 +134,28 @@ class NodeLoad:
         if metric == "served":
             return self.bytes_served_per_s
         raise ValueError(f"no load metric {metric!r}: one of {', '.join(METRICS)}")
+
+
+def histogram(sizes: Iterable[tuple[str, int]]) -> tuple[tuple[int, int], ...]:
+    """``(bucket, bytes)`` of items given as ``(key, size)``, by the top bits of their token."""
+    out: dict[int, int] = {}
+    shift = 64 - HIST_BITS
+    for key, n in sizes:
+        b = item_token(key) >> shift
+        out[b] = out.get(b, 0) + n
+    return tuple(sorted(out.items()))
+
+
+def _histogram(obj: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(obj, list) or len(obj) > BUCKETS:
+        raise ValueError(f"a histogram is a list of at most {BUCKETS} [bucket, bytes] pairs")
+    out = []
+    for pair in obj:
+        b, n = pair
+        if type(b) is not int or type(n) is not int or not (0 <= b < BUCKETS and n >= 0):
+            raise ValueError(f"histogram pair {pair!r:.60} is out of range")
+        out.append((b, n))
+    return tuple(out)
 
 
 def imbalance(loads: Mapping[str, float]) -> float:
@@ -205,14 +245,30 @@ def plan(
         i: measured[i] / cov[i] if cov[i] > 0 and measured[i] > 0 else mean_density for i in before
     }
 
+    # bytes: where the ring's data lies, from the nodes' histograms (each item counted once)
+    spread_of: dict[int, float] = {}
+    if metric == "bytes":
+        copies = min(replicas, len(nodes))
+        for n in nodes:
+            for b, size in n.histogram:
+                spread_of[b] = spread_of.get(b, 0.0) + size / copies
+    shift, half = 64 - HIST_BITS, 1 << (63 - HIST_BITS)
+
     def predict(weights: Mapping[str, int]) -> dict[str, float]:
+        if spread_of:  # what each node would hold, bucket by bucket
+            ring = Ring((Member(n.id, n.zone, weights[n.id]) for n in nodes), MIN_VNODES)
+            out = dict.fromkeys(weights, 0.0)
+            for b, size in spread_of.items():
+                for node in ring.token_replicas((b << shift) + half, replicas):
+                    out[node] += size
+            return out
         c = _coverage(nodes, weights, replicas)
         return {i: density[i] * c[i] for i in weights}
 
     weights = dict(before)
     moves: list[tuple[str, str, int]] = []
-    predicted = dict(measured)
-    ratio = imbalance(measured)
+    predicted = predict(weights) if spread_of else dict(measured)
+    ratio = imbalance(predicted)
     if total <= 0:
         return Plan(metric, bound, before, weights, measured, predicted, moves)
     spread = _spread(predicted)

@@ -86,6 +86,18 @@ class Ring:
             return []
         return self._walk(bisect.bisect_left(self._tokens, item_token(key)))
 
+    def token_replicas(self, token: int, r: int) -> list[str]:
+        """The ``r`` nodes that hold an item whose token is ``token`` (cached per range: the
+        balancer asks for thousands of points of one ring)."""
+        if not self._tokens:
+            return []
+        i = bisect.bisect_left(self._tokens, token) % len(self._tokens)
+        cache = self.__dict__.setdefault("_ranges", {})
+        got: list[str] | None = cache.get((i, r))
+        if got is None:
+            got = cache[(i, r)] = self._choose(self._walk(i), r)
+        return got
+
     def _walk(self, start: int) -> list[str]:
         seen: list[str] = []
         seen_set: set[str] = set()

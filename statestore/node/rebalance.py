@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from statestore.core.balance import DEFAULT_BOUND, NodeLoad, imbalance, plan
+from statestore.core.balance import DEFAULT_BOUND, NodeLoad, histogram, imbalance, plan
 from statestore.core.errors import InvalidRequest, StateStoreError
 from statestore.core.handover import Handover, NodeState, Phase
 from statestore.core.view import RingView
@@ -68,9 +68,11 @@ def load_json(node: Node) -> dict[str, Any]:
 
 
 async def load_handler(request: web.Request) -> web.Response:
+    """``GET /v1/load``; the histogram of the chunks held is counted in a worker thread."""
     node = request.app[NODE]
     allow(request, "read")
-    return web.json_response(load_json(node))
+    hist = await asyncio.to_thread(lambda: histogram(node.store.chunk_sizes()))
+    return web.json_response(load_json(node) | {"histogram": [list(p) for p in hist]})
 
 
 # -- one node's move ------------------------------------------------------------------------
@@ -203,7 +205,12 @@ async def _run_step(node: Node, address: str, target: int, timeout: float) -> bo
     if not await _still(node, address, 60.0):
         return False
     resp = await node.transport.request(
-        "POST", address, "/v1/handover/tokens", json_body={"vnodes": target}, timeout=10.0
+        "POST",
+        address,
+        "/v1/handover/tokens",
+        json_body={"vnodes": target},
+        timeout=10.0,
+        ok=(200, 202),
     )
     if resp.json().get("move") is None:
         return True

@@ -133,6 +133,10 @@ class NodeStore:
     def chunk_keys(self) -> list[str]:
         return [k[2:].decode() for k in self.backend.scan_keys(b"c:")]
 
+    def chunk_sizes(self) -> list[tuple[str, int]]:
+        """Every chunk held, with its size (a key scan: no value is read)."""
+        return [(k[2:].decode(), n) for k, n in self.backend.scan_sizes(b"c:")]
+
     def delete_chunks(self, keys: Sequence[str]) -> None:
         self._write({}, [b"c:" + k.encode() for k in keys])
 
