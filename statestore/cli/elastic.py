@@ -24,6 +24,7 @@ from statestore.net.tls import client_context, tls_ca_file
 __all__ = [
     "decommission",
     "describe_move",
+    "failer",
     "follow_move",
     "member_moves",
     "request_json",
@@ -179,6 +180,16 @@ def follow_move(
             time.sleep(poll)
 
 
+def failer(command: str) -> Callable[[str], int]:
+    """``fail(why)``: print ``statestore <command>: why`` on stderr and return exit code 1."""
+
+    def fail(why: str) -> int:
+        print(f"statestore {command}: {why}", file=sys.stderr)
+        return 1
+
+    return fail
+
+
 def decommission(
     seeds: Sequence[str],
     node: str,
@@ -190,10 +201,7 @@ def decommission(
     from rich.console import Console
 
     console = Console(stderr=True)
-
-    def fail(why: str) -> int:
-        print(f"statestore decommission: {why}", file=sys.stderr)
-        return 1
+    fail = failer("decommission")
 
     try:
         view = ring_view(seeds, tls_ca)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from statestore.cli.elastic import follow_move, request_json, ring_view
+from statestore.cli.elastic import failer, follow_move, request_json, ring_view
 from statestore.core.balance import NodeLoad, Plan, plan
 
 __all__ = ["rebalance"]
@@ -127,10 +126,7 @@ def rebalance(
     from rich.console import Console
 
     console = Console(stderr=True)
-
-    def fail(why: str) -> int:
-        print(f"statestore rebalance: {why}", file=sys.stderr)
-        return 1
+    fail = failer("rebalance")
 
     try:
         view = ring_view(seeds, tls_ca)
