@@ -456,24 +456,19 @@ def _ring(args: argparse.Namespace) -> int:
     table = Table(
         title=f"ring epoch {view['epoch']}  R={view['replicas']} W={view['write_quorum']}"
     )
+    # the tokens column only once a rebalance gave a member its own count (it widens the table)
+    counts = any(m.get("vnodes") or m.get("next_vnodes") for m in view["members"])
     for col in ("id", "address", "status", "state", "zone", "tokens", "share", "move"):
-        table.add_column(col)
+        if col != "tokens" or counts:
+            table.add_column(col, no_wrap=col == "id")
     for m in view["members"]:
         share = f"{100 * m.get('share', 0):.1f}%"
         move = describe_move(m["move"]) if m.get("move") else "-"
         tokens = str(m.get("vnodes") or view["vnodes"])
         if m.get("next_vnodes"):
             tokens += f" -> {m['next_vnodes']}"
-        table.add_row(
-            m["id"],
-            m["address"],
-            m["status"],
-            m.get("state", "normal"),
-            m.get("zone") or "-",
-            tokens,
-            share,
-            move,
-        )
+        cells = [m["id"], m["address"], m["status"], m.get("state", "normal"), m.get("zone") or "-"]
+        table.add_row(*cells, *([tokens] if counts else []), share, move)
     Console().print(table)
     return 0
 
