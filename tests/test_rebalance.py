@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -244,6 +245,22 @@ def test_a_member_moving_tokens_makes_two_rings() -> None:
         assert "127.0.0.1:7400" in grow.write_replicas_of(k)
     back = RingView.from_json(json.loads(json.dumps(grow.to_json())))
     assert back == grow
+
+
+def test_a_ring_with_a_member_down_or_moving_is_busy() -> None:
+    members = [MemberInfo(i, f"127.0.0.1:{7400 + n}") for n, i in enumerate("abcd")]
+    assert RingView(1, tuple(members), 3, 2, 8).busy() is None
+    cases = [
+        (replace(members[1], status="down"), "b is down"),
+        (replace(members[1], state="joining"), "b is moving (joining)"),
+        (replace(members[1], state="leaving"), "b is moving (leaving)"),
+        (replace(members[1], next_vnodes=12), "b is moving (tokens)"),
+    ]
+    for changed, words in cases:
+        view = RingView(1, (members[0], changed, *members[2:]), 3, 2, 8)
+        assert words in (view.busy() or ""), view.busy()
+    gone = replace(members[1], status="down", state="left")  # owned nothing: no reason
+    assert RingView(1, (members[0], gone, *members[2:]), 3, 2, 8).busy() is None
 
 
 @pytest.mark.parametrize("field,value", [("vnodes", -1), ("next_vnodes", 5000), ("vnodes", "8")])

@@ -248,6 +248,33 @@ async def test_tokens_are_scoped_to_queries_and_rights(guarded: Node) -> None:
     assert (status, body) == (200, {"stores": []})  # q1 is not the reader's to see
 
 
+async def test_changing_the_ring_needs_an_admin_token_for_every_query(
+    guarded: Node, tmp_path: Path
+) -> None:
+    """Decommission and token moves change where every query's data lives: an admin token
+    scoped to some queries is refused (403), and nothing moves."""
+    scoped = "scratch-admin-token-0001"
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(
+        json.dumps(TOKENS | {scoped: {"queries": ["scratch*"], "rights": ["read", "admin"]}})
+    )
+    for path, body in (("/v1/handover/tokens", {"vnodes": 8}), ("/v1/handover/leave", {})):
+        status, answer = await call(guarded.address, "POST", path, scoped, json=body)
+        for _ in range(50):  # the tokens file is re-read when it changes
+            if status != 401:
+                break
+            await asyncio.sleep(0.1)
+            status, answer = await call(guarded.address, "POST", path, scoped, json=body)
+        assert status == 403 and '"*"' in answer["error"]["message"], (path, answer)
+        status, _ = await call(guarded.address, "POST", path, WRITER, json=body)
+        assert status == 403
+    assert guarded.move is None and guarded.vnodes == 0
+    status, answer = await call(
+        guarded.address, "POST", "/v1/handover/tokens", ADMIN, json={"vnodes": 8}
+    )
+    assert status == 202 and answer["move"]["vnodes_to"] == 8, answer
+
+
 async def test_sdk_sends_the_token_from_the_argument_or_the_environment(
     guarded: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:

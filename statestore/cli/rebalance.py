@@ -18,6 +18,8 @@ from typing import Any
 
 from statestore.cli.elastic import failer, follow_move, request_json, ring_view
 from statestore.core.balance import NodeLoad, Plan, plan
+from statestore.core.errors import MalformedData
+from statestore.core.view import RingView
 
 __all__ = ["rebalance"]
 
@@ -35,17 +37,11 @@ def _moved_to(target: int, answer: dict[str, Any]) -> bool:
 
 
 def _blocker(view: dict[str, Any]) -> str | None:
-    """Why the ring cannot move tokens now (None: it can)."""
-    for m in view.get("members", []):
-        state, status = m.get("state", "normal"), m.get("status")
-        if status == "down" and state in ("normal", "leaving"):
-            return (
-                f"member {m['id']} is down: repair or replace it first (its copies are one "
-                "short; moving tokens now would move ranges that are short of a copy)"
-            )
-        if status != "down" and (state in ("joining", "leaving") or m.get("next_vnodes")):
-            return f"member {m['id']} is moving ({state}): wait until it finishes"
-    return None
+    """Why the ring cannot move tokens now (None: it can), or why its view is unusable."""
+    try:
+        return RingView.from_json(view).busy()
+    except MalformedData as exc:
+        return str(exc)
 
 
 def _print_plan(p: Plan, addresses: dict[str, str], as_json: bool) -> None:

@@ -115,6 +115,23 @@ class RingView:
         differ)."""
         return self.future is not self.ring
 
+    def busy(self) -> str | None:
+        """Why no member may start a token move now (None: it may): a member that owned
+        ranges is down (its copies are one short), or one is joining, leaving or moving
+        tokens (one move at a time, so every ring in between holds R copies)."""
+        for m in self.members:
+            if m.status == "down" and m.state in READ_STATES:
+                return (
+                    f"member {m.id} is down: its copies are one short until repair or "
+                    "`statestore node --replace` restores them; move tokens after that"
+                )
+            if m.status != "down" and (
+                m.state in (NodeState.JOINING, NodeState.LEAVING) or m.next_vnodes
+            ):
+                what = "tokens" if m.next_vnodes else m.state
+                return f"member {m.id} is moving ({what}): one move at a time"
+        return None
+
     def address(self, node_id: str) -> str:
         addr: str = self.__dict__["_addr"][node_id]
         return addr

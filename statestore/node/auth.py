@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from statestore.core.access import Grant, Grants, parse_tokens
-from statestore.core.errors import Unauthenticated
+from statestore.core.errors import Forbidden, Unauthenticated
 from statestore.core.identity import (
     SIGNATURE_HEADER,
     ReplayGuard,
@@ -191,6 +191,21 @@ def allow(request: web.Request, right: str, query: str | None = None) -> None:
     p = principal(request)
     if p.grant is not None:
         Grants.authorize(p.grant, right, query)
+
+
+def allow_ring(request: web.Request) -> None:
+    """Raise Forbidden unless the caller may change the ring itself (decommission, token
+    moves): a node, an open caller, or a token with ``admin`` on every query (``"*"``). A
+    token scoped to some queries moves none of the ring's data."""
+    p = principal(request)
+    if p.grant is None:
+        return
+    Grants.authorize(p.grant, "admin", None)
+    if "*" not in p.grant.queries:
+        raise Forbidden(
+            f"token {p.grant.name}… is scoped to queries {list(p.grant.queries)}: changing "
+            'the ring (decommission, token moves) needs an admin token for every query ("*")'
+        )
 
 
 def is_node(request: web.Request) -> bool:

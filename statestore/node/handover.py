@@ -50,7 +50,7 @@ from statestore.core.ids import StoreId
 from statestore.core.placement import Member, Ring
 from statestore.net.http import HttpTransport
 from statestore.net.tls import client_context
-from statestore.node.auth import Access, allow
+from statestore.node.auth import Access, allow, allow_ring
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity
 from statestore.node.repair import ask_have, push_item
@@ -448,7 +448,13 @@ def leave_problem(node: Node) -> str | None:
         return None  # done already: the caller sees the finished move
     if state is NodeState.JOINING:
         return "it is still joining: wait for its join to finish, then decommission it"
+    if node.move is not None and node.move.handover.kind == "rebalance":
+        if node.move.handover.phase is Phase.STREAMING:
+            return "it is moving tokens (statestore rebalance): wait for the move to finish"
     view = node.view()
+    movers = [m.id for m in view.members if m.status != "down" and m.next_vnodes]
+    if movers:
+        return f"member {movers[0]} is moving tokens: one move at a time"
     others = [
         m
         for m in view.members
@@ -545,7 +551,7 @@ async def leave_handler(request: web.Request) -> web.Response:
     """``POST /v1/handover/leave``: decommission this node (202; progress at
     ``GET /v1/handover``)."""
     node = request.app[NODE]
-    allow(request, "admin")
+    allow_ring(request)
     move = start_leave(node)
     return web.json_response(move.to_json(node.clock()), status=202)
 

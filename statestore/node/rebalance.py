@@ -33,7 +33,7 @@ from statestore.core.balance import DEFAULT_BOUND, NodeLoad, histogram, imbalanc
 from statestore.core.errors import InvalidRequest, StateStoreError
 from statestore.core.handover import Handover, NodeState, Phase
 from statestore.core.view import RingView
-from statestore.node.auth import allow
+from statestore.node.auth import allow, allow_ring
 from statestore.node.daemon import NODE, MoveStatus, Node
 from statestore.node.handover import (
     FINAL_SWEEPS,
@@ -68,11 +68,25 @@ def load_json(node: Node) -> dict[str, Any]:
 
 
 async def load_handler(request: web.Request) -> web.Response:
-    """``GET /v1/load``; the histogram of the chunks held is counted in a worker thread."""
+    """``GET /v1/load``."""
     node = request.app[NODE]
     allow(request, "read")
-    hist = await asyncio.to_thread(lambda: histogram(node.store.chunk_sizes()))
-    return web.json_response(load_json(node) | {"histogram": [list(p) for p in hist]})
+    return web.json_response(load_json(node) | {"histogram": await _histogram(node)})
+
+
+HISTOGRAM_TTL = 5.0  # seconds a histogram is reused: one key scan per window, however asked
+_HISTOGRAMS: dict[str, tuple[float, list[list[int]]]] = {}
+
+
+async def _histogram(node: Node) -> list[list[int]]:
+    """Where this node's chunks lie (core/balance.histogram), counted in a worker thread and
+    reused for HISTOGRAM_TTL seconds, so that asking often costs no more than one scan."""
+    at, hist = _HISTOGRAMS.get(node.id, (-HISTOGRAM_TTL, []))
+    if node.clock() - at >= HISTOGRAM_TTL:
+        pairs = await asyncio.to_thread(lambda: histogram(node.store.chunk_sizes()))
+        hist = [list(p) for p in pairs]
+        _HISTOGRAMS[node.id] = (node.clock(), hist)
+    return hist
 
 
 # -- one node's move ------------------------------------------------------------------------
@@ -112,26 +126,14 @@ async def move_tokens(node: Node, move: MoveStatus, target: int) -> None:
     move.handover = move.handover.switch()
 
 
-def tokens_problem(node: Node, target: int) -> str | None:
-    """Why this node may not move to ``target`` tokens now (None: it may)."""
+def tokens_problem(node: Node) -> str | None:
+    """Why this node may not move tokens now (None: it may)."""
     assert node.membership is not None
     if node.membership.state is not NodeState.NORMAL:
         return f"it is {node.membership.state.value}: only a normal member moves tokens"
     if node.move is not None and node.move.handover.phase is Phase.STREAMING:
         return f"its {node.move.handover.kind} is under way: wait for it to finish"
-    view = node.view()
-    for m in view.members:
-        if m.status == "down" and m.state in (NodeState.NORMAL, NodeState.LEAVING):
-            return (
-                f"member {m.id} is down: its copies are one short until repair or "
-                "`statestore node --replace` restores them; move tokens after that"
-            )
-        if m.status != "down" and (m.state in ("joining", "leaving") or m.next_vnodes):
-            return (
-                f"member {m.id} is moving ({m.state}"
-                f"{', tokens' if m.next_vnodes else ''}): one move at a time"
-            )
-    return None
+    return node.view().busy()
 
 
 def start_tokens(node: Node, target: int) -> MoveStatus | None:
@@ -140,7 +142,7 @@ def start_tokens(node: Node, target: int) -> MoveStatus | None:
     current = node.vnodes or node.config.vnodes
     if target == current:
         return None
-    why = tokens_problem(node, target)
+    why = tokens_problem(node)
     if why is not None:
         raise InvalidRequest(f"node {node.id} cannot move to {target} tokens: {why}")
     node.move = MoveStatus(
@@ -155,7 +157,7 @@ async def tokens_handler(request: web.Request) -> web.Response:
     """``POST /v1/handover/tokens``: move this node to ``vnodes`` tokens (202 with the move;
     200 with ``move`` null when it owns that many already)."""
     node = request.app[NODE]
-    allow(request, "admin")
+    allow_ring(request)
     body = decode_json(await request.read(), TokensRequest, "token move")
     move = start_tokens(node, body.vnodes)
     if move is None:
@@ -189,10 +191,8 @@ async def _still(node: Node, address: str, timeout: float) -> bool:
     deadline = node.clock() + timeout
     while node.clock() < deadline:
         try:
-            view = RingView.from_json(
-                (await node.transport.request("GET", address, "/v1/ring")).json()
-            )
-            if not view.moving and not any(m.next_vnodes for m in view.members):
+            answer = (await node.transport.request("GET", address, "/v1/ring")).json()
+            if RingView.from_json(answer).busy() is None:
                 return True
         except (StateStoreError, ValueError) as exc:
             log.info("auto-rebalance: %s gave no ring view: %s", address, exc)
@@ -237,7 +237,7 @@ async def auto_rebalance_once(node: Node) -> bool:
     normal = sorted(m.id for m in view.members if m.status == "up" and m.state == "normal")
     if not normal or normal[0] != node.id or view.moving:
         return False
-    if any(m.next_vnodes for m in view.members):
+    if view.busy() is not None:
         return False
     loads = await _loads(node)
     if loads is None or len(loads) < 2:
