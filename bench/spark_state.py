@@ -16,7 +16,11 @@ user + system, all nodes) per MiB committed (``ringBytesCommitted``: framed row 
 same measure on both paths) are read around each throughput run.
 
     .venv/bin/python bench/spark_state.py [--rows 2000000] [--keys 200000] [--partitions 8,200]
-        [--providers ring,ring-coord,hdfs[,rocksdb]] [--rounds 1]
+        [--providers ring,ring-coord,hdfs[,rocksdb]] [--rounds 1] [--payload 0] [--memory 3g]
+
+``--payload N`` gives every input row an N-letter string and makes the query keep each key's
+count and largest string, so the state holds ~N bytes per key (the restart cell at ~1 GiB of
+state: ``--rows 5400000 --keys 2700000 --payload 400 --partitions 200 --memory 14g``).
 """
 
 from __future__ import annotations
@@ -44,15 +48,20 @@ PROVIDERS = {
 }
 
 
-def write_parquet(path: Path, n: int, keys: int, seed: int) -> None:
+def write_parquet(path: Path, n: int, keys: int, seed: int, payload: int = 0) -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(seed)
-    table = pa.table(
-        {"key": rng.integers(0, keys, n, dtype=np.int64), "v": rng.integers(0, 100, n)}
-    )
+    columns = {"key": rng.integers(0, keys, n, dtype=np.int64), "v": rng.integers(0, 100, n)}
+    if payload:  # a string of `payload` letters per row (incompressible enough: 26 letters)
+        letters = rng.integers(97, 123, n * payload, dtype=np.uint8)
+        offsets = np.arange(0, n * payload + 1, payload, dtype=np.int64)
+        columns["p"] = pa.LargeStringArray.from_buffers(
+            n, pa.py_buffer(offsets), pa.py_buffer(letters)
+        ).cast(pa.string())
+    table = pa.table(columns)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
 
@@ -68,10 +77,11 @@ def session(spec: dict[str, Any]) -> Any:
         .appName("bench-spark-state")
         .config("spark.sql.shuffle.partitions", str(spec["partitions"]))
         .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "3g")
+        .config("spark.driver.memory", spec.get("memory", "3g"))
     )
     spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set("bench.payload", str(spec.get("payload", 0)))
     return spark
 
 
@@ -102,12 +112,19 @@ def run_query(
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
     path = "coordinator" if provider == "ring-coord" else "direct"
     spark.conf.set("spark.statestore.dataPath", path)
-    df = spark.readStream.schema("key long, v long").option("maxFilesPerTrigger", 1).parquet(source)
+    from pyspark.sql import functions as F
+
+    wide = bool(spark.conf.get("bench.payload", "0") != "0")
+    schema = "key long, v long, p string" if wide else "key long, v long"
+    df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
     started = time.perf_counter()
+    counted = (
+        df.groupBy("key").agg(F.count("*").alias("count"), F.max("p").alias("p"))
+        if wide  # the state keeps each key's largest payload: payload bytes per key
+        else df.groupBy("key").count()
+    )
     q = (
-        df.groupBy("key")
-        .count()
-        .writeStream.format("noop")
+        counted.writeStream.format("noop")
         .outputMode("update")
         .option("checkpointLocation", ckpt)
         .trigger(availableNow=True)
@@ -182,6 +199,13 @@ def main() -> None:
     p.add_argument(
         "--rounds", type=int, default=1, help="throughput runs per provider (median reported)"
     )
+    p.add_argument(
+        "--payload",
+        type=int,
+        default=0,
+        help="bytes of a string column kept per key in the state (max per key); 0: count only",
+    )
+    p.add_argument("--memory", default="3g", help="the Spark driver's memory (local mode)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args()
 
@@ -192,8 +216,8 @@ def main() -> None:
     log = work / "spark.log"
     batch = args.rows // 4
     for i in range(4):
-        write_parquet(work / "input" / f"part-{i}.parquet", batch, args.keys, i)
-    write_parquet(work / "warm" / "part-0.parquet", batch, args.keys, 99)
+        write_parquet(work / "input" / f"part-{i}.parquet", batch, args.keys, i, args.payload)
+    write_parquet(work / "warm" / "part-0.parquet", batch, args.keys, 99, args.payload)
     results = []
     try:
         with local_ring(3) as ring:
@@ -223,6 +247,8 @@ def main() -> None:
                     "order": orders[n % 2],
                     "pids": pids,
                     "rounds": args.rounds,
+                    "payload": args.payload,
+                    "memory": args.memory,
                 }
                 print(f"{partitions} partitions: throughput, order {spec['order']} ...", flush=True)
                 times, _ = call(spec, log)
@@ -233,7 +259,7 @@ def main() -> None:
                     flush=True,
                 )
                 # one small new batch for every provider's restart
-                write_parquet(work / "input" / "part-4.parquet", 1_000, args.keys, 4)
+                write_parquet(work / "input" / "part-4.parquet", 1_000, args.keys, 4, args.payload)
                 restart: dict[str, tuple[float, float]] = {}
                 for provider in orders[n % 2]:
                     print(f"{partitions} partitions: restart {provider} ...", flush=True)

@@ -202,7 +202,9 @@ async def put_chunk(request: web.Request) -> web.Response:
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
     limit = charged_limit(request, parse_chunk_key(key)[0].query)
-    await node.write(node.store.put_chunk, key, data, limit)
+    # a replica's or a hand-over's copy (?copy=1) yields to client writes (node/writer.py)
+    copy = request.query.get("copy") == "1"
+    await node.write(node.store.put_chunk, key, data, limit, order="copy" if copy else "foreground")
     return web.json_response({"stored": key}, status=201)
 
 

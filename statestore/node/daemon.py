@@ -4,7 +4,8 @@
 pure core; this module only waits (on sockets, the disk thread and timers). Every background
 task (gossip, discovery, repair, compaction) is started in :meth:`Node.start` and cancelled and
 awaited in :meth:`Node.stop`, in reverse order (STYLE.md, owned tasks). Storage writes run on a
-single writer thread, which is what makes the fencing check atomic with the write.
+single writer thread (node/writer.py: foreground first), which is what makes the fencing
+check atomic with the write.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 
@@ -45,6 +46,7 @@ from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
 from statestore.node.replica import NodeStore
 from statestore.node.watched import WatchedFile
+from statestore.node.writer import PriorityWriter
 from statestore.wire.bodies import GossipDigest, decode_json
 
 __all__ = [
@@ -59,6 +61,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# where a storage write queues (node/writer.py): a client's, a copy's, or after everything
+WriteOrder = Literal["foreground", "copy", "barrier"]
 
 
 def _lock_data_dir(data_dir: str) -> int:
@@ -261,9 +265,7 @@ class Node:
             raise
         url = config.storage or f"lmdb://{os.path.abspath(os.path.join(config.data_dir, 'db'))}"
         self.store = NodeStore(backend or open_backend(url))
-        self.writer = writer or ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="statestore-writer"
-        )
+        self.writer = writer or PriorityWriter()
         self.transport: Transport = transport or HttpTransport(
             timeout=10.0,
             auth=self.access.outbound,
@@ -407,11 +409,18 @@ class Node:
         self.store.backend.close()
         os.close(self._lock)
 
-    async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a storage write on the single writer thread. A full disk (ENOSPC) is
-        InsufficientStorage, and is counted for ``/v1/health``."""
-        loop = asyncio.get_running_loop()
+    async def write(self, fn: Callable[..., T], *args: Any, order: WriteOrder = "foreground") -> T:
+        """Run a storage write on the single writer thread. ``order``: ``foreground`` (the
+        default), ``copy`` (a replica's or a hand-over's copy: waits for every foreground
+        write, node/writer.py) or ``barrier`` (after every write queued before it). A full
+        disk (ENOSPC) is InsufficientStorage, and is counted for ``/v1/health``."""
         try:
+            if isinstance(self.writer, PriorityWriter) and order != "foreground":
+                submit = (
+                    self.writer.submit_background if order == "copy" else self.writer.submit_barrier
+                )
+                return await asyncio.wrap_future(submit(fn, *args))
+            loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.writer, fn, *args)
         except OSError as exc:
             self.storage_errors = (self.storage_errors[0] + 1, str(exc), self.clock())

@@ -239,7 +239,7 @@ async def _fetch(node: Node, source: str, item: str) -> int:
     key = item[2:]
     if item[0] == "c":
         resp = await node.transport.request("GET", source, f"/v1/chunks/{key}")
-        await node.write(node.store.put_chunk, key, resp.body)
+        await node.write(node.store.put_chunk, key, resp.body, order="copy")
         return len(resp.body)
     path, epoch = key.rsplit("/", 1)
     resp = await node.transport.request("GET", source, f"/v1/manifests/{path}?epoch={epoch}")

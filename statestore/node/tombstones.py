@@ -101,7 +101,7 @@ async def purge_local(node: Node, dropping: Dropping, query: str, t: dict[str, A
     """Phase ``purge`` on this node: refuse writes, delete the query, keep the tombstone."""
     dropping.queries.add(query)
     t = {**t, "query": query, "state": "purging"}
-    return await node.write(node.store.purge_query, query, _encode(t))
+    return await node.write(node.store.purge_query, query, _encode(t), order="barrier")
 
 
 async def seal_local(node: Node, dropping: Dropping, query: str, t: dict[str, Any]) -> None:
@@ -268,7 +268,9 @@ async def tombstone_loop(node: Node) -> None:
                     continue
                 query, record = learned
                 if first:
-                    purged = await node.write(node.store.purge_query, query, record)
+                    purged = await node.write(
+                        node.store.purge_query, query, record, order="barrier"
+                    )
                     log.warning("query %s was dropped while this node was away: %s", query, purged)
                 else:
                     await node.write(node.store.put_tombstone, query, record)
