@@ -18,6 +18,7 @@ import time
 import urllib.error
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -425,4 +426,74 @@ async def test_auto_rebalance_moves_tokens_when_the_ring_passes_its_threshold(
         assert imbalance(ring.coverage(3)) <= 1.2
     finally:
         for node, run in reversed(nodes):
+            await stop_node(node, run)
+
+
+async def test_a_join_is_refused_during_a_token_move_and_a_restart_resumes_the_move(
+    tmp_path: Path,
+) -> None:
+    """One move at a time, from both sides: a new node's ``--join`` is refused (naming the
+    mover) while a member moves tokens, and leaves nothing in its data dir. The mover,
+    stopped mid-move, kept its target: restarted, it moves again and switches, and the
+    join then goes through. Four in-process nodes (real HTTP, LMDB), R=3."""
+    from statestore.core.handover import NodeState
+    from statestore.node.daemon import RING_STATE_FILE
+    from statestore.node.rebalance import start_tokens
+    from statestore.node.server import start_node, stop_node
+    from tests.test_security import config, eventually
+
+    def cfg(name: str, **kw: object) -> Any:
+        return config(tmp_path, name, replicas=3, write_quorum=2, vnodes=16, storage="", **kw)
+
+    first, runner = await start_node(cfg("n0", stream_mbps=0.02))
+    nodes = {first.id: (first, runner)}
+    try:
+        for i in range(1, 4):
+            n, r = await start_node(cfg(f"n{i}", stream_mbps=0.02, seeds=[first.address]))
+            nodes[n.id] = (n, r)
+        live = [n for n, _ in nodes.values()]
+        await eventually(lambda: all(len(n.view().live_addresses()) == 4 for n in live), "ring")
+        rng = random.Random(8)
+        written = {}
+        async with AsyncRingClient([first.address], chunk_size=4096) as client:
+            for p in range(8):
+                rows = {f"k{i}".encode(): rng.randbytes(200) for i in range(300)}
+                await client.commit(StoreId("resume", 0, p), 1, rows, [], {}, epoch=1)
+                written[p] = rows
+        hot = live[1]
+        move = start_tokens(hot, 48)  # 20 kB/s: the pulls take far longer than this test
+        assert move is not None
+        await eventually(lambda: move.round_total > 0, "the move's first round")
+        assert hot.view().moving_tokens() == [hot.id]
+
+        with pytest.raises(ValueError, match=f"member {hot.id} is moving tokens"):
+            await start_node(cfg("new", join=True, seeds=[hot.address]))
+        assert not (tmp_path / "new" / "node.json").exists()  # no identity taken
+
+        port = int(hot.address.rsplit(":", 1)[1])
+        await stop_node(*nodes.pop(hot.id))
+        kept = json.loads((tmp_path / "n1" / RING_STATE_FILE).read_text())
+        assert kept["next_vnodes"] == 48 and kept["vnodes"] == 0, kept
+        hot, hot_runner = await start_node(cfg("n1", port=port, seeds=[first.address]))
+        nodes[hot.id] = (hot, hot_runner)
+        live = [n for n, _ in nodes.values()]
+        await eventually(
+            lambda: hot.move is not None and hot.move.handover.phase == "switched", "resume", 60
+        )
+        assert hot.move is not None and hot.move.vnodes_to == 48 and hot.vnodes == 48
+        await eventually(lambda: all(not n.view().moving for n in live), "the switch")
+
+        joined, jr = await start_node(cfg("new", join=True, seeds=[first.address]))
+        nodes[joined.id] = (joined, jr)
+        await eventually(
+            lambda: joined.membership is not None and joined.membership.state is NodeState.NORMAL,
+            "the join",
+            60,
+        )
+        async with AsyncRingClient([joined.address]) as client:
+            for p, rows in written.items():
+                got = await client.restore(StoreId("resume", 0, p))
+                assert dict(got) == rows
+    finally:
+        for node, run in reversed(list(nodes.values())):
             await stop_node(node, run)

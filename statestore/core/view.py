@@ -115,6 +115,10 @@ class RingView:
         differ)."""
         return self.future is not self.ring
 
+    def moving_tokens(self) -> list[str]:
+        """Ids of the live members changing their token count (``statestore rebalance``)."""
+        return [m.id for m in self.members if m.status != "down" and m.next_vnodes]
+
     def busy(self) -> str | None:
         """Why no member may start a token move now (None: it may): a member that owned
         ranges is down (its copies are one short), or one is joining, leaving or moving

@@ -140,22 +140,25 @@ def _load_ring_state(data_dir: str, join: bool) -> NodeState:
     return NodeState.NORMAL
 
 
-def _load_vnodes(data_dir: str) -> int:
+def _load_vnodes(data_dir: str, key: str = "vnodes") -> int:
     """The token count a rebalance gave this node (0: the ring's ``--vnodes``), kept so that a
-    restart takes back exactly the tokens it owned."""
+    restart takes back exactly the tokens it owned; ``key="next_vnodes"``: the count a token
+    move under way when the node stopped was moving it to (0: none), which it resumes."""
     path = os.path.join(data_dir, RING_STATE_FILE)
     if not os.path.exists(path):
         return 0
     with open(path) as f:
-        n = json.load(f).get("vnodes", 0)
+        n = json.load(f).get(key, 0)
     return n if type(n) is int and 0 <= n <= MAX_VNODES else 0
 
 
-def _save_ring_state(data_dir: str, state: NodeState, vnodes: int = 0) -> None:
+def _save_ring_state(
+    data_dir: str, state: NodeState, vnodes: int = 0, next_vnodes: int = 0
+) -> None:
     path = os.path.join(data_dir, RING_STATE_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"state": state.value, "vnodes": vnodes}, f)
+        json.dump({"state": state.value, "vnodes": vnodes, "next_vnodes": next_vnodes}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -257,6 +260,8 @@ class Node:
             # a replacement streams the dead node's share before it serves: a join
             join = config.join or bool(config.replace)
             self.vnodes = _load_vnodes(config.data_dir)  # 0: the ring's --vnodes
+            # a token move the last run did not finish (node/rebalance.resume_loop)
+            self.resume_vnodes = _load_vnodes(config.data_dir, "next_vnodes")
             self.initial_state = _load_ring_state(config.data_dir, join)
             if self.initial_state is NodeState.JOINING:
                 _save_ring_state(config.data_dir, NodeState.JOINING, self.vnodes)  # until done
@@ -348,11 +353,11 @@ class Node:
 
     def set_vnodes(self, vnodes: int, next_vnodes: int = 0) -> None:
         """Own ``vnodes`` tokens (0: the ring's count), moving to ``next_vnodes`` (0: not
-        moving), and gossip it. The owned count is kept in the data dir (``rebalance``: a
-        restart takes back what it owned, never what a move had not handed over yet)."""
+        moving), and gossip it. Both counts are kept in the data dir (``rebalance``: a
+        restart takes back what it owned, never what a move had not handed over yet, and
+        resumes the move)."""
         assert self.membership is not None
-        if vnodes != self.vnodes:
-            _save_ring_state(self.config.data_dir, self.membership.state, vnodes)
+        _save_ring_state(self.config.data_dir, self.membership.state, vnodes, next_vnodes)
         self.vnodes = vnodes
         self.membership.set_vnodes(vnodes, next_vnodes, self.clock())
         log.info(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -48,6 +48,7 @@ from statestore.core.handover import (
 )
 from statestore.core.ids import StoreId
 from statestore.core.placement import Member, Ring
+from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
 from statestore.net.tls import client_context
 from statestore.node.auth import Access, allow, allow_ring
@@ -58,6 +59,7 @@ from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
 
 __all__ = [
+    "check_join",
     "check_replace",
     "drain",
     "join_loop",
@@ -335,6 +337,51 @@ async def _sighting(transport: HttpTransport, address: str, target: str) -> Sigh
     return Sighting(str(m["status"]), str(m["state"]), int(m["incarnation"]), str(m["zone"]))
 
 
+def _startup_transport(config: NodeConfig, node_id: str) -> HttpTransport:
+    """A transport for asking the seeds before the node starts, signed as ``node_id``."""
+    tls = client_context(config.tls_ca or None) if config.tls_cert else None
+    access = Access(node_id, config.cluster_secret_file or None, config.auth_file or None)
+    return HttpTransport(timeout=5.0, auth=access.outbound, tls=tls)
+
+
+async def _seeds_view(transport: HttpTransport, seeds: Sequence[str], why: str) -> RingView | None:
+    """The ring as the first seed that answers sees it (None: no seed answered)."""
+    for seed in seeds:
+        try:
+            answer = (await transport.request("GET", seed, "/v1/ring", timeout=5.0)).json()
+            return RingView.from_json(answer)
+        except (StateStoreError, KeyError, TypeError, ValueError) as exc:
+            log.warning("%s: seed %s gave no ring view: %s", why, seed, exc)
+    return None
+
+
+async def check_join(config: NodeConfig) -> None:
+    """A new node joining (``--join``, or ``--replace``): refused while a member moves tokens.
+
+    ``statestore rebalance`` moves one node's tokens at a time so that the ring before the
+    move and the ring after it differ by that change only; a node that joined meanwhile
+    would pull what it owns on a ring that is neither, and a move that saw it join would
+    push to it. The token mover refuses to start while a member joins (``RingView.busy``);
+    this is the other side. Raises ValueError naming the mover; a node whose data dir
+    already holds its identity resumes its join and is not asked. No seed answering is
+    left to the join itself (it waits on gossip)."""
+    if stored_identity(config.data_dir) is not None:
+        return
+    transport = _startup_transport(config, config.replace or "joining")
+    await transport.start()
+    try:
+        view = await _seeds_view(transport, config.seeds, "join")
+    finally:
+        await transport.close()
+    movers = [] if view is None else view.moving_tokens()
+    if movers:
+        raise ValueError(
+            f"cannot join the ring now: member {movers[0]} is moving tokens (statestore "
+            "rebalance), one move at a time; start this node again when `statestore ring` "
+            "shows no token move"
+        )
+
+
 async def check_replace(config: NodeConfig) -> int | None:
     """``statestore node --replace ID``: the incarnation to take ID's place at, or None when
     the data dir already holds ID (a replacement restarted: it resumes like ``--join``).
@@ -352,23 +399,13 @@ async def check_replace(config: NodeConfig) -> int | None:
             f"--replace {target}: the data dir {config.data_dir} holds node {held}; a "
             "replacement starts with an empty --data-dir"
         )
-    tls = client_context(config.tls_ca or None) if config.tls_cert else None
-    access = Access(target, config.cluster_secret_file or None, config.auth_file or None)
-    transport = HttpTransport(timeout=5.0, auth=access.outbound, tls=tls)
+    transport = _startup_transport(config, target)
     await transport.start()
     try:
         addresses = list(config.seeds)
-        for seed in config.seeds:  # every member a seed knows, so no single view decides
-            try:
-                ring = (await transport.request("GET", seed, "/v1/ring", timeout=5.0)).json()
-                addresses += [
-                    str(m["address"])
-                    for m in ring["members"]
-                    if m["id"] != target and m["status"] != "down"
-                ]
-                break
-            except (StateStoreError, KeyError, TypeError, ValueError) as exc:
-                log.warning("replace: seed %s gave no ring view: %s", seed, exc)
+        view = await _seeds_view(transport, config.seeds, "replace")
+        if view is not None:  # every member a seed knows, so no single view decides
+            addresses += [m.address for m in view.members if m.id != target and m.status != "down"]
         sightings: dict[str, Sighting | None] = {}
         for address in dict.fromkeys(addresses):
             try:
@@ -452,7 +489,7 @@ def leave_problem(node: Node) -> str | None:
         if node.move.handover.phase is Phase.STREAMING:
             return "it is moving tokens (statestore rebalance): wait for the move to finish"
     view = node.view()
-    movers = [m.id for m in view.members if m.status != "down" and m.next_vnodes]
+    movers = view.moving_tokens()
     if movers:
         return f"member {movers[0]} is moving tokens: one move at a time"
     others = [

@@ -13,7 +13,10 @@ a clean round every member routes by the new count, the node gossips it as owned
 data dir) and, when it lost tokens, sweeps once more for a write that raced the switch. Old
 owners drop what they no longer own through repair, as after a join. One move at a time on a
 ring: refused while any member joins, leaves or moves tokens (the ring's two rings must differ
-by one node's change only, so every intermediate ring has R copies of every item).
+by one node's change only, so every intermediate ring has R copies of every item); a new
+node's ``--join`` is refused while a member moves tokens (node/handover.check_join). The
+target count is kept in the data dir: a node restarted mid-move starts the move again
+(:func:`resume_loop`).
 
 ``--auto-rebalance RATIO``: the live member with the lowest id checks the ring every
 ``--rebalance-interval`` seconds and, when max/mean bytes held passes RATIO, runs the plan's
@@ -44,7 +47,7 @@ from statestore.node.handover import (
 )
 from statestore.wire.bodies import TokensRequest, decode_json
 
-__all__ = ["auto_rebalance_loop", "load_json", "register", "start_tokens"]
+__all__ = ["auto_rebalance_loop", "load_json", "register", "resume_loop", "start_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,28 @@ def tokens_problem(node: Node) -> str | None:
     if node.move is not None and node.move.handover.phase is Phase.STREAMING:
         return f"its {node.move.handover.kind} is under way: wait for it to finish"
     return node.view().busy()
+
+
+async def resume_loop(node: Node) -> None:
+    """A token move the node's last run did not finish (its target kept in the data dir):
+    started again once gossip settled, and retried every repair interval while the ring
+    refuses it (a member down, another move). Stopping ended the move for the ring: peers
+    routed by the old count again, so the move starts over, and its rounds copy only what
+    is still missing (a node loop)."""
+    target = node.resume_vnodes
+    assert node.membership is not None
+    if not target or node.membership.state is not NodeState.NORMAL:
+        return
+    log.warning("resuming the token move to %d tokens that a restart interrupted", target)
+    await asyncio.sleep(settle(node))
+    while True:
+        try:
+            start_tokens(node, target)
+            node.resume_vnodes = 0
+            return
+        except InvalidRequest as exc:
+            log.warning("token move to %d waits: %s", target, exc)
+        await asyncio.sleep(node.config.repair_interval)
 
 
 def start_tokens(node: Node, target: int) -> MoveStatus | None:

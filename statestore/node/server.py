@@ -21,9 +21,9 @@ from statestore.net.tls import server_context
 from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
-from statestore.node.handover import check_replace, drain, join_loop
+from statestore.node.handover import check_join, check_replace, drain, join_loop
 from statestore.node.hints import hint_loop
-from statestore.node.rebalance import auto_rebalance_loop
+from statestore.node.rebalance import auto_rebalance_loop, resume_loop
 from statestore.node.repair import repair_loop
 from statestore.node.tombstones import tombstone_loop
 
@@ -36,15 +36,18 @@ LOOPS: tuple[tuple[str, Loop], ...] = (
     ("join", join_loop),
     ("hints", hint_loop),
     ("auto-rebalance", auto_rebalance_loop),
+    ("resume-tokens", resume_loop),
 )
 
 
 async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
     """Bind the API (HTTPS with ``config.tls_cert``) and start the node; stop with
     :func:`stop_node`. Raises ValueError for a secret, tokens or TLS file it cannot use, or
-    a ``--replace`` the ring refuses."""
+    a ``--join`` or ``--replace`` the ring refuses."""
     tls = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
     adopt = None
+    if config.join or config.replace:  # raises ValueError while a member moves tokens
+        await check_join(config)
     if config.replace:  # raises ValueError when the node may not be replaced
         incarnation = await check_replace(config)
         adopt = None if incarnation is None else (config.replace, incarnation)
