@@ -1,12 +1,18 @@
-"""The node's storage writer (node/writer.py): one thread, foreground writes before copies,
-a barrier after everything queued before it."""
+"""Foreground first on a node: the storage writer (node/writer.py: one thread, foreground
+writes before copies, a barrier after everything queued before it) and the gate copies wait
+at for clients' requests in flight (node/foreground.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from pathlib import Path
 
 import pytest
 
+from statestore.core.errors import NotFound
+from statestore.net.http import HttpTransport
+from statestore.node.foreground import ForegroundGate
 from statestore.node.writer import PriorityWriter
 
 
@@ -79,3 +85,46 @@ def test_shutdown_drains_then_refuses() -> None:
     assert done == [0, 1, 2, 3, 4] and all(f.done() for f in futures)
     with pytest.raises(RuntimeError):
         writer.submit(done.append, 9)
+
+
+async def test_a_copy_waits_for_clients_in_flight_and_no_longer_than_its_limit() -> None:
+    gate = ForegroundGate()
+    await asyncio.wait_for(gate.wait(), 1)  # idle: at once
+    assert gate.yielded == 0
+    gate.begin()
+    gate.begin()
+    waiting = asyncio.create_task(gate.wait(limit=30))
+    await asyncio.sleep(0.05)
+    gate.end()
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # one request still in flight
+    gate.end()
+    await asyncio.wait_for(waiting, 1)
+    assert gate.yielded == 1 and gate.busy == 0
+    gate.begin()  # a client request that never ends: the copy goes ahead after its limit
+    await asyncio.wait_for(gate.wait(limit=0.05), 5)
+    gate.end()
+    gate.end()  # unmatched ends do not go below zero
+    assert gate.busy == 0
+
+
+async def test_clients_reads_count_as_in_flight_and_copies_do_not(tmp_path: Path) -> None:
+    """A real node (HTTP on port 0) whose chunk reads take 0.3 s: while a client's read is
+    in flight the gate counts it; a hand-over's read (``?copy=1``) is not counted."""
+    from statestore.node.server import start_node, stop_node
+    from tests.test_security import config
+
+    node, runner = await start_node(config(tmp_path, "n", inject_delay=0.3))
+    transport = HttpTransport()
+    key = "q/0/0/s/1/d0-0123456789abcdef"
+    try:
+        for path, counted in ((f"/v1/chunks/{key}", 1), (f"/v1/chunks/{key}?copy=1", 0)):
+            read = asyncio.create_task(transport.request("GET", node.address, path))
+            await asyncio.sleep(0.15)
+            assert node.foreground.busy == counted, path
+            with pytest.raises(NotFound):
+                await read
+            assert node.foreground.busy == 0
+    finally:
+        await transport.close()
+        await stop_node(node, runner)

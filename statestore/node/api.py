@@ -121,6 +121,23 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     return resp
 
 
+# the paths of clients' reads and writes (a copy between nodes says ``?copy=1``)
+FOREGROUND_PATHS = ("/v1/chunks", "/v1/manifests/", "/v1/stores/", "/v1/heads", "/v1/relay")
+
+
+@web.middleware
+async def foreground_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count clients' reads and writes in flight (node/foreground.py): copies yield to them."""
+    if not request.path.startswith(FOREGROUND_PATHS) or request.query.get("copy") == "1":
+        return await handler(request)
+    gate = request.app[NODE].foreground
+    gate.begin()
+    try:
+        return await handler(request)
+    finally:
+        gate.end()
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Authenticate every request but health (node/auth.py); handlers authorize. A node that
@@ -202,8 +219,11 @@ async def put_chunk(request: web.Request) -> web.Response:
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
     limit = charged_limit(request, parse_chunk_key(key)[0].query)
-    # a replica's or a hand-over's copy (?copy=1) yields to client writes (node/writer.py)
+    # a replica's or a hand-over's copy (?copy=1) yields to clients' requests here and to
+    # their writes in the writer (node/foreground.py, node/writer.py)
     copy = request.query.get("copy") == "1"
+    if copy:
+        await node.foreground.wait()
     await node.write(node.store.put_chunk, key, data, limit, order="copy" if copy else "foreground")
     return web.json_response({"stored": key}, status=201)
 
@@ -214,6 +234,8 @@ async def get_chunk(request: web.Request) -> web.Response:
     allow(request, "read", parse_chunk_key(key)[0].query)
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
+    if request.query.get("copy") == "1":  # a hand-over's fetch yields to clients' requests
+        await node.foreground.wait()
     data = node.store.get_chunk(key)
     if data is None:
         raise NotFound(f"chunk {key} is not on this node; try another replica")
@@ -310,6 +332,7 @@ async def put_manifest(request: web.Request) -> web.Response:
         # repair's copy of a manifest another replica holds, at whatever epoch: not a
         # writer's commit, so not fenced (node/replica.py copy_manifest); ring nodes only
         allow(request, "admin", store.query)
+        await node.foreground.wait()
         created = await node.write(node.store.copy_manifest, m)
         return web.json_response({"stored": created}, status=201 if created else 200)
     created = await node.write(node.store.put_manifest, m, charged_limit(request, store.query))
@@ -587,7 +610,8 @@ async def state(request: web.Request) -> web.StreamResponse:
 
 def build_app(node: Node) -> web.Application:
     app = web.Application(
-        client_max_size=node.config.max_body, middlewares=[errors_middleware, auth_middleware]
+        client_max_size=node.config.max_body,
+        middlewares=[errors_middleware, auth_middleware, foreground_middleware],
     )
     app[NODE] = node
     s = "/v1/stores/{query}/{operator}/{partition}/{name}"

@@ -44,6 +44,7 @@ from statestore.node.auth import Access
 from statestore.node.backends import Backend, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
+from statestore.node.foreground import ForegroundGate
 from statestore.node.replica import NodeStore
 from statestore.node.watched import WatchedFile
 from statestore.node.writer import PriorityWriter
@@ -271,6 +272,7 @@ class Node:
         url = config.storage or f"lmdb://{os.path.abspath(os.path.join(config.data_dir, 'db'))}"
         self.store = NodeStore(backend or open_backend(url))
         self.writer = writer or PriorityWriter()
+        self.foreground = ForegroundGate()  # client requests in flight, for copies to yield to
         self.transport: Transport = transport or HttpTransport(
             timeout=10.0,
             auth=self.access.outbound,

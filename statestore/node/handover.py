@@ -240,7 +240,8 @@ async def _fetch(node: Node, source: str, item: str) -> int:
     StateStoreError (CorruptChunk when the bytes fail their checksum) when it did not land."""
     key = item[2:]
     if item[0] == "c":
-        resp = await node.transport.request("GET", source, f"/v1/chunks/{key}")
+        # ?copy=1: the source serves it after its clients' requests (node/foreground.py)
+        resp = await node.transport.request("GET", source, f"/v1/chunks/{key}?copy=1")
         await node.write(node.store.put_chunk, key, resp.body, order="copy")
         return len(resp.body)
     path, epoch = key.rsplit("/", 1)
@@ -282,6 +283,7 @@ async def join_round(
 
     async def one(item: str, sources: tuple[str, ...]) -> None:
         async with sem:
+            await node.foreground.wait()
             for source in sources:
                 try:
                     n = await _fetch(node, source, item)
@@ -464,6 +466,7 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen) -> RoundResult:
 
     async def one(target: str, item: str) -> None:
         async with sem:
+            await node.foreground.wait()
             n = await push_item(node, target, item)
             if n is None:
                 failed[0] += 1
@@ -594,10 +597,17 @@ async def leave_handler(request: web.Request) -> web.Response:
 
 
 def move_json(node: Node) -> dict[str, Any]:
-    """This node's ring state and its move (null when it never moved)."""
+    """This node's ring state, its move (null when it never moved), and how many copies
+    waited for its clients' requests so far (``yielded``, node/foreground.py)."""
     state = node.membership.state.value if node.membership is not None else "normal"
     move = None if node.move is None else node.move.to_json(node.clock())
-    return {"id": node.id, "address": node.address, "state": state, "move": move}
+    return {
+        "id": node.id,
+        "address": node.address,
+        "state": state,
+        "move": move,
+        "yielded": node.foreground.yielded,
+    }
 
 
 async def progress(request: web.Request) -> web.Response:
