@@ -21,6 +21,8 @@ same measure on both paths) are read around each throughput run.
 ``--payload N`` gives every input row an N-letter string and makes the query keep each key's
 count and largest string, so the state holds ~N bytes per key (the restart cell at ~1 GiB of
 state: ``--rows 5400000 --keys 2700000 --payload 400 --partitions 200 --memory 14g``).
+``--trace --keep``: the provider's own timings (each partition's head read, restore and
+commit) in the kept work dir's ``spark.log``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def session(spec: dict[str, Any]) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", spec.get("memory", "3g"))
     )
+    if spec.get("trace"):  # the provider's timings on the worker's stderr (spark.log)
+        builder = builder.config("spark.driver.extraJavaOptions", "-Dstatestore.trace=true")
     spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("bench.payload", str(spec.get("payload", 0)))
@@ -207,6 +211,12 @@ def main() -> None:
     )
     p.add_argument("--memory", default="3g", help="the Spark driver's memory (local mode)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="the provider's per-partition timings (-Dstatestore.trace=true) into the work "
+        "dir's spark.log (with --keep)",
+    )
     args = p.parse_args()
 
     from _common import local_ring, machine, table
@@ -249,6 +259,7 @@ def main() -> None:
                     "rounds": args.rounds,
                     "payload": args.payload,
                     "memory": args.memory,
+                    "trace": args.trace,
                 }
                 print(f"{partitions} partitions: throughput, order {spec['order']} ...", flush=True)
                 times, _ = call(spec, log)

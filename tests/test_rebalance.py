@@ -10,6 +10,7 @@ restores exactly, the ring settles at exactly R copies, and the measured imbalan
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
@@ -481,6 +482,8 @@ async def test_a_join_is_refused_during_a_token_move_and_a_restart_resumes_the_m
             lambda: hot.move is not None and hot.move.handover.phase == "switched", "resume", 60
         )
         assert hot.move is not None and hot.move.vnodes_to == 48 and hot.vnodes == 48
+        kept = json.loads((tmp_path / "n1" / RING_STATE_FILE).read_text())
+        assert kept["next_vnodes"] == 0 and kept["vnodes"] == 48, kept  # nothing to resume
         await eventually(lambda: all(not n.view().moving for n in live), "the switch")
 
         joined, jr = await start_node(cfg("new", join=True, seeds=[first.address]))
@@ -497,3 +500,39 @@ async def test_a_join_is_refused_during_a_token_move_and_a_restart_resumes_the_m
     finally:
         for node, run in reversed(list(nodes.values())):
             await stop_node(node, run)
+
+
+async def test_a_move_asked_for_supersedes_or_cancels_one_a_restart_interrupted(
+    tmp_path: Path,
+) -> None:
+    """A node whose data dir says a token move was under way (``next_vnodes``): asking it
+    for the count it owns cancels that move; a move to another count supersedes it, and
+    the resume does not undo it afterwards. One in-process node (R=1)."""
+    from statestore.node.daemon import RING_STATE_FILE
+    from statestore.node.rebalance import resume_loop, start_tokens
+    from statestore.node.server import start_node, stop_node
+    from tests.test_security import config, eventually
+
+    node, runner = await start_node(
+        config(tmp_path, "n", replicas=1, write_quorum=1, vnodes=16, storage="")
+    )
+
+    def kept() -> dict[str, int]:
+        return json.loads((tmp_path / "n" / RING_STATE_FILE).read_text())  # type: ignore[no-any-return]
+
+    try:
+        node.set_vnodes(0, 48)  # what a stop mid-move leaves behind
+        node.set_vnodes(0, 0)
+        node.resume_vnodes = 48
+        assert start_tokens(node, 16) is None  # the count it owns: the resume is cancelled
+        assert node.resume_vnodes == 0 and kept()["next_vnodes"] == 0
+        node.resume_vnodes = 48
+        resume = asyncio.create_task(resume_loop(node))
+        move = start_tokens(node, 24)
+        assert move is not None and node.resume_vnodes == 0
+        await eventually(lambda: move.handover.phase == "switched", "the move to 24", 30)
+        await asyncio.wait_for(resume, 10)
+        assert node.vnodes == 24 and node.move is move
+        assert kept() == {"state": "normal", "vnodes": 24, "next_vnodes": 0}
+    finally:
+        await stop_node(node, runner)

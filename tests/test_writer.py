@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,7 @@ def test_shutdown_drains_then_refuses() -> None:
         writer.submit(done.append, 9)
 
 
-async def test_a_copy_waits_for_clients_in_flight_and_no_longer_than_its_limit() -> None:
+async def test_a_copy_waits_for_clients_in_flight_within_its_limit_and_period() -> None:
     gate = ForegroundGate()
     await asyncio.wait_for(gate.wait(), 1)  # idle: at once
     assert gate.yielded == 0
@@ -101,16 +102,26 @@ async def test_a_copy_waits_for_clients_in_flight_and_no_longer_than_its_limit()
     gate.end()
     await asyncio.wait_for(waiting, 1)
     assert gate.yielded == 1 and gate.busy == 0
-    gate.begin()  # a client request that never ends: the copy goes ahead after its limit
-    await asyncio.wait_for(gate.wait(limit=0.05), 5)
+    gate.begin()  # a client request that never ends: the copy goes ahead after its limit,
+    await asyncio.wait_for(gate.wait(limit=0.05, period=30), 5)
+    assert gate.yielded == 2
+    await asyncio.wait_for(gate.wait(limit=30, period=30), 1)  # and the next at once
+    assert gate.yielded == 2
     gate.end()
-    gate.end()  # unmatched ends do not go below zero
-    assert gate.busy == 0
 
 
-async def test_clients_reads_count_as_in_flight_and_copies_do_not(tmp_path: Path) -> None:
-    """A real node (HTTP on port 0) whose chunk reads take 0.3 s: while a client's read is
-    in flight the gate counts it; a hand-over's read (``?copy=1``) is not counted."""
+async def _until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(400):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_a_sources_copy_waits_for_its_clients_and_is_not_counted(tmp_path: Path) -> None:
+    """A real node (HTTP on port 0) whose chunk reads take 0.3 s: a client's read in flight
+    is counted; a hand-over's read (``?copy=1``) sent meanwhile waits for it (``yielded``)
+    and is not counted itself."""
     from statestore.node.server import start_node, stop_node
     from tests.test_security import config
 
@@ -118,13 +129,19 @@ async def test_clients_reads_count_as_in_flight_and_copies_do_not(tmp_path: Path
     transport = HttpTransport()
     key = "q/0/0/s/1/d0-0123456789abcdef"
     try:
-        for path, counted in ((f"/v1/chunks/{key}", 1), (f"/v1/chunks/{key}?copy=1", 0)):
-            read = asyncio.create_task(transport.request("GET", node.address, path))
-            await asyncio.sleep(0.15)
-            assert node.foreground.busy == counted, path
-            with pytest.raises(NotFound):
-                await read
-            assert node.foreground.busy == 0
+        client = asyncio.create_task(transport.request("GET", node.address, f"/v1/chunks/{key}"))
+        await _until(lambda: node.foreground.busy == 1, "the client's read counted")
+        copy = asyncio.create_task(
+            transport.request("GET", node.address, f"/v1/chunks/{key}?copy=1")
+        )
+        await _until(lambda: node.foreground.yielded == 1, "the copy waiting")
+        with pytest.raises(NotFound):
+            await client
+        await _until(lambda: node.foreground.busy == 0, "the client's read done")
+        assert not copy.done()  # served after the client, and not counted while it runs
+        with pytest.raises(NotFound):
+            await copy
+        assert node.foreground.busy == 0 and node.foreground.yielded == 1
     finally:
         await transport.close()
         await stop_node(node, runner)

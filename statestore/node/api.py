@@ -219,11 +219,8 @@ async def put_chunk(request: web.Request) -> web.Response:
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
     limit = charged_limit(request, parse_chunk_key(key)[0].query)
-    # a replica's or a hand-over's copy (?copy=1) yields to clients' requests here and to
-    # their writes in the writer (node/foreground.py, node/writer.py)
+    # a replica's or a hand-over's copy (?copy=1) waits for client writes (node/writer.py)
     copy = request.query.get("copy") == "1"
-    if copy:
-        await node.foreground.wait()
     await node.write(node.store.put_chunk, key, data, limit, order="copy" if copy else "foreground")
     return web.json_response({"stored": key}, status=201)
 
@@ -232,10 +229,10 @@ async def get_chunk(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = request.match_info["key"]
     allow(request, "read", parse_chunk_key(key)[0].query)
-    if node.config.inject_delay:
-        await asyncio.sleep(node.config.inject_delay)
     if request.query.get("copy") == "1":  # a hand-over's fetch yields to clients' requests
         await node.foreground.wait()
+    if node.config.inject_delay:
+        await asyncio.sleep(node.config.inject_delay)
     data = node.store.get_chunk(key)
     if data is None:
         raise NotFound(f"chunk {key} is not on this node; try another replica")
@@ -332,7 +329,6 @@ async def put_manifest(request: web.Request) -> web.Response:
         # repair's copy of a manifest another replica holds, at whatever epoch: not a
         # writer's commit, so not fenced (node/replica.py copy_manifest); ring nodes only
         allow(request, "admin", store.query)
-        await node.foreground.wait()
         created = await node.write(node.store.copy_manifest, m)
         return web.json_response({"stored": created}, status=201 if created else 200)
     created = await node.write(node.store.put_manifest, m, charged_limit(request, store.query))

@@ -58,6 +58,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "stored_identity",
+    "stored_ring_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,15 @@ def stored_identity(data_dir: str) -> str | None:
     with open(path) as f:
         ident = json.load(f).get("id")
     return str(ident) if ident else None
+
+
+def stored_ring_state(data_dir: str) -> str:
+    """The ring state kept in ``data_dir`` (``joining``, ``normal``, ``left``; "": none)."""
+    path = os.path.join(data_dir, RING_STATE_FILE)
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return str(json.load(f).get("state", ""))
 
 
 def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple[str, int]:
@@ -126,11 +136,7 @@ def _load_ring_state(data_dir: str, join: bool) -> NodeState:
     copy must not serve reads or count in quorums), else ``normal``. A decommissioned node
     (``left`` kept in the data dir) refuses to start without ``--join``: it would take back
     ranges others now own."""
-    path = os.path.join(data_dir, RING_STATE_FILE)
-    kept = ""
-    if os.path.exists(path):
-        with open(path) as f:
-            kept = str(json.load(f).get("state", ""))
+    kept = stored_ring_state(data_dir)
     if kept == NodeState.LEFT and not join:
         raise ValueError(
             f"the node in {data_dir} was decommissioned (it left the ring): start it with "

@@ -53,7 +53,7 @@ from statestore.net.http import HttpTransport
 from statestore.net.tls import client_context
 from statestore.node.auth import Access, allow, allow_ring
 from statestore.node.config import NodeConfig
-from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity
+from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity, stored_ring_state
 from statestore.node.repair import ask_have, push_item
 from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
@@ -245,7 +245,7 @@ async def _fetch(node: Node, source: str, item: str) -> int:
         await node.write(node.store.put_chunk, key, resp.body, order="copy")
         return len(resp.body)
     path, epoch = key.rsplit("/", 1)
-    resp = await node.transport.request("GET", source, f"/v1/manifests/{path}?epoch={epoch}")
+    resp = await node.transport.request("GET", source, f"/v1/manifests/{path}?epoch={epoch}&copy=1")
     m = decode_manifest(resp.body)
     if f"{m.store.path}/{m.version}/{m.kind}/{m.epoch}" != key:
         raise CorruptChunk(f"{source} answered manifest {key} with another one")
@@ -313,6 +313,11 @@ async def join_loop(node: Node) -> None:
         return
     await asyncio.sleep(settle(node))
     while move.handover.phase is Phase.STREAMING:
+        movers = node.view().moving_tokens()
+        if movers:  # one move at a time (check_join): a resumed join waits for it
+            log.warning("join waits: member %s is moving tokens", movers[0])
+            await asyncio.sleep(node.config.repair_interval)
+            continue
         result = await join_round(node, move, node.vnodes)
         move.handover = move.handover.after_round(result)
         log.info("join round %d: %s", move.handover.rounds, result)
@@ -364,10 +369,12 @@ async def check_join(config: NodeConfig) -> None:
     move and the ring after it differ by that change only; a node that joined meanwhile
     would pull what it owns on a ring that is neither, and a move that saw it join would
     push to it. The token mover refuses to start while a member joins (``RingView.busy``);
-    this is the other side. Raises ValueError naming the mover; a node whose data dir
-    already holds its identity resumes its join and is not asked. No seed answering is
-    left to the join itself (it waits on gossip)."""
-    if stored_identity(config.data_dir) is not None:
+    this is the other side. Raises ValueError naming the mover. A node that was joining or
+    is normal per its data dir is not asked (a join it resumes waits in :func:`join_loop`
+    while a member moves tokens); a decommissioned one that joins again is. No seed
+    answering is left to the join itself (it waits on gossip)."""
+    kept = stored_ring_state(config.data_dir)
+    if stored_identity(config.data_dir) is not None and kept != NodeState.LEFT:
         return
     transport = _startup_transport(config, config.replace or "joining")
     await transport.start()

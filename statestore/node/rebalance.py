@@ -142,23 +142,29 @@ def tokens_problem(node: Node) -> str | None:
 async def resume_loop(node: Node) -> None:
     """A token move the node's last run did not finish (its target kept in the data dir):
     started again once gossip settled, and retried every repair interval while the ring
-    refuses it (a member down, another move). Stopping ended the move for the ring: peers
-    routed by the old count again, so the move starts over, and its rounds copy only what
-    is still missing (a node loop)."""
+    refuses it (a member down, another move). Stopping ended the move for the ring (peers
+    route by the count it owns again), so the move starts over. Any move started on this
+    node meanwhile (``statestore rebalance``, the automatic mode) supersedes it, and it is
+    given up when the node no longer is a normal member (it leaves) or owns that count
+    already; asking it for the count it owns (``POST /v1/handover/tokens``) cancels it (a
+    node loop)."""
     target = node.resume_vnodes
     assert node.membership is not None
     if not target or node.membership.state is not NodeState.NORMAL:
         return
     log.warning("resuming the token move to %d tokens that a restart interrupted", target)
     await asyncio.sleep(settle(node))
-    while True:
+    while node.resume_vnodes == target:
+        if node.membership.state is not NodeState.NORMAL:
+            log.warning("token move to %d given up: the node is %s", target, node.membership.state)
+            break
         try:
-            start_tokens(node, target)
-            node.resume_vnodes = 0
+            start_tokens(node, target)  # None: it owns that many (the saved target cleared)
             return
         except InvalidRequest as exc:
             log.warning("token move to %d waits: %s", target, exc)
         await asyncio.sleep(node.config.repair_interval)
+    node.resume_vnodes = 0
 
 
 def start_tokens(node: Node, target: int) -> MoveStatus | None:
@@ -166,10 +172,14 @@ def start_tokens(node: Node, target: int) -> MoveStatus | None:
     Raises InvalidRequest saying why it may not now."""
     current = node.vnodes or node.config.vnodes
     if target == current:
+        if node.resume_vnodes:  # asking for the count it owns cancels an interrupted move
+            node.resume_vnodes = 0
+            node.set_vnodes(node.vnodes, 0)
         return None
     why = tokens_problem(node)
     if why is not None:
         raise InvalidRequest(f"node {node.id} cannot move to {target} tokens: {why}")
+    node.resume_vnodes = 0  # a move asked for now supersedes one a restart interrupted
     node.move = MoveStatus(
         Handover("rebalance"), node.clock(), vnodes_from=current, vnodes_to=target
     )
