@@ -25,7 +25,10 @@ final class RingMetrics {
   static final StateStoreCustomSumMetric SNAPSHOTS =
       new StateStoreCustomSumMetric("ringSnapshotCommits", "commits sent as full snapshots");
 
+  static final StateStoreCustomSumMetric HEAD_READS =
+      new StateStoreCustomSumMetric("ringHeadReads", "reads of the ring's head (one per task)");
+
   static final List<StateStoreCustomMetric> ALL =
       List.of(BYTES_COMMITTED, COMMIT_TIME, RESTORE_TIME, RESTORED_ROWS, CACHE_HITS, CACHE_MISSES,
-          SNAPSHOTS);
+          SNAPSHOTS, HEAD_READS);
 }

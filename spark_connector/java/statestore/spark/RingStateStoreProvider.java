@@ -82,6 +82,15 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   // -- the in-memory versions -----------------------------------------------------------
   private StateData cached;
 
+  /**
+   * The head a read store read for {@code headVersion} in task {@code headTask}: the write
+   * store that task opens next on the same version uses it instead of asking the ring again
+   * (one head read per task, {@link #headFor}).
+   */
+  private RingHttp.Head taskHead;
+  private long headTask;
+  private long headVersion = -1;
+
   public RingStateStoreProvider() {
     StateStoreProvider.$init$(this);
     SupportsFineGrainedReplay.$init$(this);
@@ -197,6 +206,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   static final class Loaded {
     StateData data;
     boolean hit;
+    /** The ring's head was read for this store's task (once, {@link #headFor}). */
+    long headReads;
     long restoreMs;
     long restoredRows;
   }
@@ -213,8 +224,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     checkVersion(version, uniqueId);
     long task = taskId();
     synchronized (this) {
-      RingHttp.Head head = head();
-      Loaded l = load(version, loadEmpty, head, task);
+      Loaded l = new Loaded();
+      RingHttp.Head head = headFor(task, version, l);
+      load(version, loadEmpty, head, task, l);
       if (l.data.pendingMiss) {
         // a read store of this task loaded it: the write store reports the restore
         l.hit = false;
@@ -234,7 +246,12 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     checkVersion(version, uniqueId);
     long task = taskId();
     synchronized (this) {
-      ReadStore store = new ReadStore(this, version, load(version, false, head(), task).data, task);
+      RingHttp.Head head = head();
+      taskHead = head;
+      headTask = task;
+      headVersion = version;
+      ReadStore store =
+          new ReadStore(this, version, load(version, false, head, task, new Loaded()).data, task);
       TaskContext ctx = TaskContext.get();
       if (ctx != null) {
         ctx.addTaskCompletionListener((org.apache.spark.util.TaskCompletionListener) c -> {
@@ -290,8 +307,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     checkVersion(endVersion, endId);
     long task = taskId();
     synchronized (this) {
-      RingHttp.Head head = head();
       Loaded l = new Loaded();
+      RingHttp.Head head = headFor(task, endVersion, l);
       l.data = replay(snapshotVersion, endVersion);
       l.data.shards = Math.max(l.data.shards, shardsAt(endVersion));
       l.data.hold(task);
@@ -413,6 +430,22 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     }
   }
 
+  /**
+   * The ring's head for task {@code task}'s write store of {@code version}: what this task's
+   * read store of the same version read a moment ago, else read now. Either way it is one
+   * head read of the task ({@code l.headReads}, the {@code ringHeadReads} metric). Reusing
+   * it is as safe as the read itself: a writer that commits between the two reads is fenced
+   * at this store's commit (409 stale_epoch: the task fails and Spark retries it).
+   */
+  private RingHttp.Head headFor(long task, long version, Loaded l) {
+    boolean readByTask = headVersion >= 0 && headTask == task;
+    boolean reuse = readByTask && headVersion == version;
+    headVersion = -1; // used once: a later store of the task asks the ring
+    // the read store reports no metrics: its read is counted here
+    l.headReads = reuse || !readByTask ? 1 : 2;
+    return reuse ? taskHead : head();
+  }
+
   private RingHttp.Head head() {
     try {
       long t0 = System.nanoTime();
@@ -435,8 +468,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * epoch (a version re-committed elsewhere, or an older version asked for, is restored);
    * else restored from the ring.
    */
-  private Loaded load(long version, boolean loadEmpty, RingHttp.Head head, long task) {
-    Loaded l = new Loaded();
+  private Loaded load(long version, boolean loadEmpty, RingHttp.Head head, long task, Loaded l) {
     StateData data;
     if (loadEmpty || version == 0) {
       data = new StateData(prefixTypes);

@@ -312,6 +312,7 @@ final class WriteStore extends StoreBase implements StateStore {
     custom.put(RingMetrics.CACHE_HITS, loaded.hit ? 1L : 0L);
     custom.put(RingMetrics.CACHE_MISSES, loaded.hit ? 0L : 1L);
     custom.put(RingMetrics.SNAPSHOTS, snapshotSent ? 1L : 0L);
+    custom.put(RingMetrics.HEAD_READS, loaded.headReads);
     Map<StateStoreInstanceMetric, Object> none = new HashMap<>();
     StateData after = committedData;
     return new StateStoreMetrics(
