@@ -732,6 +732,62 @@ def test_java_writer_writes_to_pending_owners(harness: Harness) -> None:
             s.server_close()
 
 
+class _Silent(_Member):
+    """A member whose writes are taken and not answered until ``released`` is set: a paused
+    node, an overloaded one or a half-open connection, to the writer."""
+
+    released = threading.Event()
+    held = 0
+
+    def do_PUT(self) -> None:
+        with self.lock:
+            _Silent.held += 1
+        _Silent.released.wait(300)
+        super().do_PUT()
+
+
+def test_java_writer_does_not_wait_out_a_silent_replica(harness: Harness) -> None:
+    """R=3, W=2 and one replica that takes every write and never answers: the Java commit is
+    acknowledged by the two others after a grace period, as the Python client's is
+    (net/quorate.py), not after its 120 s request timeout (it used to wait for every
+    replica's answer)."""
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Member) for _ in range(2)]
+    servers.append(http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Silent))
+    addresses = [f"127.0.0.1:{s.server_address[1]}" for s in servers]
+    members = [
+        {"id": f"m{i}", "address": a, "status": "up", "zone": ""} for i, a in enumerate(addresses)
+    ]
+    _Member.ring = json.dumps(
+        {"epoch": 1, "replicas": 3, "write_quorum": 2, "vnodes": 16, "members": members}
+    ).encode()
+    _Member.refusing, _Member.puts = frozenset(), {}
+    _Silent.released.clear()
+    _Silent.held = 0
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    got: list[list[str]] = []
+    c = _ring_commit(random.Random(13), "javaw/0/5/default", 1, 1, {})
+    writer = threading.Thread(target=lambda: got.append(_java_write(harness, addresses, [c])))
+    try:
+        writer.start()
+        writer.join(60)  # a JVM start and one grace period; the request timeout is 120 s
+        assert not writer.is_alive(), "the Java writer waited for the silent replica"
+        assert got == [["ok"]]
+        assert _Silent.held > 0  # the silent one was asked (every write goes to all three)
+        manifest, chunks = _python_commit(c)
+        wrote = {a: set(paths) for a, paths in _Member.puts.items()}
+        for a in addresses[:2]:  # the two that answer hold the chunks and the manifest
+            assert f"/v1/manifests/{manifest.store.path}/1/{manifest.kind}" in wrote[a]
+            for ch in chunks:
+                assert f"/v1/chunks/{chunk_key(manifest.store, 1, ch.name)}" in wrote[a]
+    finally:
+        _Silent.released.set()
+        writer.join(60)
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
 # --- direct writes against a real ring -------------------------------------------------------
 
 

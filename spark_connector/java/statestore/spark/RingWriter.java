@@ -17,6 +17,7 @@ import java.util.TreeSet;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Predicate;
 
@@ -424,7 +425,9 @@ public final class RingWriter {
         Thread.currentThread().interrupt();
         throw new RingException("timeout", "interrupted while writing chunks");
       }
-      all.add(putEverywhere(targets, "/v1/chunks/" + key, c.data(), null, chunkAck(key))
+      all.add(putEverywhere(targets, "/v1/chunks/" + key, c.data(), null, chunkAck(key),
+              quorumOf(v.replicasOf(key), v.futureReplicasOf(key), v.writeQuorum),
+              CHUNK_FINAL)
           .whenComplete((r, e) -> sem.release())
           .thenApply(r -> {
             for (RingException e : r.errors) {
@@ -469,7 +472,9 @@ public final class RingWriter {
     String path = "/v1/manifests/" + m.store() + "/" + m.version() + "/" + m.kind()
         + (retain > 0 ? "?retain=" + retain : "");
     Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack",
-        RingWriter::manifestAck).join();
+        RingWriter::manifestAck,
+        quorumOf(v.replicasOf(m.store()), v.futureReplicasOf(m.store()), v.writeQuorum),
+        MANIFEST_FINAL).join();
     for (RingException e : r.errors) {
       if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")
           || e.code().equals("quota_exceeded")) {
@@ -526,6 +531,8 @@ public final class RingWriter {
   private static final class Puts {
     final Set<String> acked = new LinkedHashSet<>();
     final List<RingException> errors = new ArrayList<>();
+    /** A replica's call failed in a way that is no answer of the ring (rethrown). */
+    RuntimeException failure;
   }
 
   /**
@@ -555,8 +562,38 @@ public final class RingWriter {
     }
   }
 
-  private CompletableFuture<Puts> putEverywhere(
-      List<String> addresses, String path, byte[] body, String contentType, Predicate<byte[]> ack) {
+  /**
+   * The least time a write waits for the replicas still silent once it has enough answers
+   * (W of the current and W of the future owners, or a refusal that decides it): twice the
+   * time it took to get there, at least this. Python's {@code net/quorate.MIN_GRACE}.
+   */
+  static final long MIN_GRACE_MS = 500;
+
+  /** Refusals that decide a chunk's write whatever the other replicas say. */
+  private static final Set<String> CHUNK_FINAL = Set.of("quota_exceeded");
+  /** ... and a manifest's (fencing first). */
+  private static final Set<String> MANIFEST_FINAL =
+      Set.of("stale_epoch", "version_conflict", "quota_exceeded");
+
+  /** W acknowledgements from the current owners and W from the future ones. */
+  private static Predicate<Set<String>> quorumOf(List<String> current, List<String> future, int w) {
+    int needCurrent = Math.min(w, current.size());
+    int needFuture = Math.min(w, future.size());
+    return acked -> countIn(current, acked) >= needCurrent && countIn(future, acked) >= needFuture;
+  }
+
+  /**
+   * PUT {@code body} to every address. The answer is complete when every replica answered,
+   * or a grace period ({@link #MIN_GRACE_MS}) after {@code enough} held or a replica refused
+   * with a code in {@code finalCodes}: a replica still silent then (paused, overloaded, a
+   * half-open connection) counts as not answering instead of holding the write for its whole
+   * request timeout (as Python's {@code net/quorate.until_enough}). Its request is left to
+   * finish or time out on its own; quorum intersection makes the W that answered enough, and
+   * repair gives it the copy.
+   */
+  private CompletableFuture<Puts> putEverywhere(List<String> addresses, String path,
+      byte[] body, String contentType, Predicate<byte[]> ack, Predicate<Set<String>> enough,
+      Set<String> finalCodes) {
     List<CompletableFuture<RingException>> each = new ArrayList<>();
     for (String a : addresses) {
       HttpRequest.Builder b = access.request(a, path).timeout(requestTimeout)
@@ -577,18 +614,89 @@ public final class RingWriter {
             + ": not counted as a copy");
       }));
     }
-    return CompletableFuture.allOf(each.toArray(new CompletableFuture<?>[0])).thenApply(x -> {
-      Puts out = new Puts();
-      for (int i = 0; i < each.size(); i++) {
-        RingException e = each.get(i).join();
-        if (e == null) {
-          out.acked.add(addresses.get(i));
-        } else {
-          out.errors.add(e);
+    CompletableFuture<Puts> out = new CompletableFuture<>();
+    long started = System.nanoTime();
+    boolean[] graceSet = {false};
+    Runnable check = () -> {
+      synchronized (out) {
+        if (out.isDone()) {
+          return;
+        }
+        Set<String> acked = new LinkedHashSet<>();
+        boolean decided = false;
+        int answered = 0;
+        for (int i = 0; i < each.size(); i++) {
+          CompletableFuture<RingException> f = each.get(i);
+          if (!f.isDone()) {
+            continue;
+          }
+          if (f.isCompletedExceptionally()) {
+            out.complete(collect(addresses, each, path)); // rethrown by join() below
+            return;
+          }
+          answered++;
+          RingException e = f.join();
+          if (e == null) {
+            acked.add(addresses.get(i));
+          } else if (finalCodes.contains(e.code())) {
+            decided = true;
+          }
+        }
+        if (answered == each.size()) {
+          out.complete(collect(addresses, each, path));
+        } else if (!graceSet[0] && (decided || enough.test(acked))) {
+          graceSet[0] = true;
+          long tookMs = (System.nanoTime() - started) / 1_000_000L;
+          CompletableFuture.delayedExecutor(Math.max(MIN_GRACE_MS, 2 * tookMs),
+              TimeUnit.MILLISECONDS).execute(() -> {
+                synchronized (out) {
+                  if (!out.isDone()) {
+                    out.complete(collect(addresses, each, path));
+                  }
+                }
+              });
         }
       }
-      return out;
+    };
+    for (CompletableFuture<RingException> f : each) {
+      f.whenComplete((r, e) -> check.run());
+    }
+    check.run(); // no address at all: nothing to wait for
+    return out.thenApply(puts -> {
+      if (puts.failure != null) {
+        throw puts.failure;
+      }
+      return puts;
     });
+  }
+
+  /** The answers so far: a replica still silent is a node_unavailable error. */
+  private static Puts collect(
+      List<String> addresses, List<CompletableFuture<RingException>> each, String path) {
+    Puts out = new Puts();
+    for (int i = 0; i < each.size(); i++) {
+      CompletableFuture<RingException> f = each.get(i);
+      if (!f.isDone()) {
+        out.errors.add(new RingException("node_unavailable", "node " + addresses.get(i)
+            + " did not answer PUT " + path + " within the grace period after enough replicas"
+            + " answered"));
+        continue;
+      }
+      RingException e;
+      try {
+        e = f.join();
+      } catch (CompletionException x) {
+        Throwable cause = x.getCause();
+        out.failure = cause instanceof RuntimeException r ? r : new IllegalStateException(cause);
+        return out;
+      }
+      if (e == null) {
+        out.acked.add(addresses.get(i));
+      } else {
+        out.errors.add(e);
+      }
+    }
+    return out;
   }
 
   private CompletableFuture<HttpResponse<byte[]>> send(HttpRequest req, String address) {
