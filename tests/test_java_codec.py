@@ -732,6 +732,13 @@ def test_java_writer_writes_to_pending_owners(harness: Harness) -> None:
             s.server_close()
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    # the writer opens a connection per chunk in flight to each replica (the silent one
+    # holds all of its own): a listen backlog of 5 would drop connects under load, and a
+    # replica that answers but cannot be reached leaves the write short of W
+    request_queue_size = 128
+
+
 class _Silent(_Member):
     """A member whose writes are taken and not answered until ``released`` is set: a paused
     node, an overloaded one or a half-open connection, to the writer."""
@@ -751,8 +758,8 @@ def test_java_writer_does_not_wait_out_a_silent_replica(harness: Harness) -> Non
     acknowledged by the two others after a grace period, as the Python client's is
     (net/quorate.py), not after its 120 s request timeout (it used to wait for every
     replica's answer)."""
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Member) for _ in range(2)]
-    servers.append(http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Silent))
+    servers = [_Server(("127.0.0.1", 0), _Member) for _ in range(2)]
+    servers.append(_Server(("127.0.0.1", 0), _Silent))
     addresses = [f"127.0.0.1:{s.server_address[1]}" for s in servers]
     members = [
         {"id": f"m{i}", "address": a, "status": "up", "zone": ""} for i, a in enumerate(addresses)
@@ -767,10 +774,11 @@ def test_java_writer_does_not_wait_out_a_silent_replica(harness: Harness) -> Non
         threading.Thread(target=s.serve_forever, daemon=True).start()
     got: list[list[str]] = []
     c = _ring_commit(random.Random(13), "javaw/0/5/default", 1, 1, {})
+    c["puts"] = dict(list(c["puts"].items())[:3])  # a few chunks, a few connections each
     writer = threading.Thread(target=lambda: got.append(_java_write(harness, addresses, [c])))
     try:
         writer.start()
-        writer.join(60)  # a JVM start and one grace period; the request timeout is 120 s
+        writer.join(100)  # a JVM start and a grace period per chunk; the request timeout: 120 s
         assert not writer.is_alive(), "the Java writer waited for the silent replica"
         assert got == [["ok"]]
         assert _Silent.held > 0  # the silent one was asked (every write goes to all three)
