@@ -46,6 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.spark.jvm import JVM_FLAGS  # noqa: E402
+
 PROVIDERS = {
     "ring": "statestore.spark.RingStateStoreProvider",
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
@@ -223,6 +225,7 @@ def run(spec: dict[str, Any]) -> None:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "600s")
         .config("spark.driver.memory", "1g")
+        .config("spark.driver.extraJavaOptions", " ".join(JVM_FLAGS))
     )
     for key, value in spec.get("conf", {}).items():
         builder = builder.config(key, value)

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.spark.jobs import OPERATORS, PROVIDERS, build  # noqa: E402
+from tests.spark.jvm import JVM_FLAGS  # noqa: E402
 
 
 def run_queries(spark: Any, base: Path, spec: dict[str, Any]) -> list[str]:
@@ -139,6 +140,7 @@ def run(spec: dict[str, Any]) -> None:
         .config("spark.sql.shuffle.partitions", str(spec.get("partitions", 4)))
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "1g")
+        .config("spark.driver.extraJavaOptions", " ".join(JVM_FLAGS))
     )
     for k, v in spec.get("confs", {}).items():
         builder = builder.config(k, v)

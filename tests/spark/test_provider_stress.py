@@ -28,6 +28,7 @@ from statestore.core.ids import StoreId
 from statestore.wire.manifest import decode_manifest
 
 from .faults import FaultPlan, FaultProxy, start_proxies
+from .jvm import JVM_FLAGS
 
 HARNESS = Path(__file__).with_name("java")
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
@@ -55,8 +56,8 @@ def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 def harness(
     classpath: str, scenario: str, root: Path, timeout: float = 240, **conf: Any
 ) -> dict[str, Any]:
-    cmd = ["java", "-Xmx1g", "-cp", classpath, "statestore.spark.ProviderHarness", scenario]
-    cmd += [str(root), *(f"{k}={v}" for k, v in conf.items())]
+    cmd = ["java", "-Xmx1g", *JVM_FLAGS, "-cp", classpath, "statestore.spark.ProviderHarness"]
+    cmd += [scenario, str(root), *(f"{k}={v}" for k, v in conf.items())]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     tail = f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
