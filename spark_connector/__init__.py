@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from client import RingClient
 from statestore.core.address import parse_address
 from statestore.core.errors import InvalidAddress, StateStoreError
+from statestore.core.plan import PLANS
 
 from ._build import PROVIDER_CLASS, SUPPORTED, SparkConnectorError, jar_path
 from .repartition import repartition
@@ -127,8 +128,10 @@ def ring_conf(
             raise SparkConnectorError(f"{name} must be an integer >= {low}, got {value!r}")
         conf[CONF_PREFIX + name] = str(value)
     if restore_plan is not None:
-        if not restore_plan.isalpha():
-            raise SparkConnectorError(f"restore_plan {restore_plan!r} is not a plan name")
+        if restore_plan not in PLANS:
+            raise SparkConnectorError(
+                f"restore_plan {restore_plan!r} is not a plan name: {', '.join(PLANS)}"
+            )
         conf[CONF_PREFIX + "restorePlan"] = restore_plan
     if token and token_file:
         raise SparkConnectorError("give token or token_file, not both")
@@ -166,7 +169,8 @@ def configure(
 
     Sets ``spark.sql.streaming.stateStore.providerClass``, adds the provider jar (built on
     first use) to ``spark.jars`` and sets ``spark.statestore.*``: ``seeds``,
-    ``restorePlan`` (default ``auto``), ``snapshotInterval`` (0 = let the ring compact),
+    ``restorePlan`` (default ``auto``; ``line`` and ``tree`` run through the nodes' relay),
+    ``snapshotInterval`` (0 = let the ring compact),
     ``connectTimeoutMs``, ``requestTimeoutMs`` (one attempt), ``retryBudgetMs`` (all
     attempts of a commit or head read), ``maxAttempts`` (rounds over the ring's members
     within that budget), ``readTimeoutMs`` (a stalled restore body), ``restoreTimeoutMs``

@@ -11,6 +11,7 @@ accepts and hangs, an outage of a few seconds.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from client import RingClient
-from spark_connector import _build
+from spark_connector import SparkConnectorError, _build, ring_conf
 from statestore.cli.local import LocalRing
 from statestore.core.ids import StoreId
 from statestore.wire.manifest import decode_manifest
@@ -226,6 +227,55 @@ def test_change_feed_and_replay_read_each_versions_own_changes(
     assert r["rows_v6"] == r["rows_v5"] + 1
     assert "replayReadStateFromSnapshot" in r["read_only_replay"]
     assert "version 9" in r["missing_version"] and "not on the ring" in r["missing_version"]
+
+
+def _restores_served(ring: LocalRing) -> dict[str, float]:
+    """Restores the ring's nodes served (statestore_restore_seconds_count), by path: ``state``
+    (a node restoring for a caller) and ``relay`` (a hop of a line or tree plan)."""
+    served = {"state": 0.0, "relay": 0.0}
+    for seed in ring.seeds:
+        with urllib.request.urlopen(f"http://{seed}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for path, count in re.findall(
+            r'^statestore_restore_seconds_count\{path="(\w+)"\} (\S+)$', text, re.M
+        ):
+            served[path] += float(count)
+    return served
+
+
+@pytest.mark.parametrize("plan", ["star", "auto", "line", "tree"])
+def test_direct_path_runs_line_and_tree_plans_through_the_nodes_relay(
+    tmp_path: Path, ring3: LocalRing, classpath: str, plan: str
+) -> None:
+    """On the direct path the JVM reads star (and auto) itself: no node restores for it. A
+    line or tree plan is run by a node through the relay, and the rows are the same."""
+    seeds = ",".join(ring3.seeds)
+    root = tmp_path / "ckpt" / "state"
+    written = harness(classpath, "bulk", root, rows=2000, pad=20, versions=3, seeds=seeds)
+    assert written["commits"] == ["ok"] * 3 and written["restored_rows"] == 3 * 2000 - 1
+    before = _restores_served(ring3)
+    r = harness(classpath, "restore", root, version=3, seeds=seeds, restorePlan=plan)
+    assert r.get("restore_error") is None, r
+    assert (r["restored_rows"], r["restored_sum"]) == (3 * 2000 - 1, written["restored_sum"])
+    served = {k: v - before[k] for k, v in _restores_served(ring3).items()}
+    if plan in ("star", "auto"):
+        assert served == {"state": 0, "relay": 0}, served
+    else:
+        assert served["state"] == 1 and served["relay"] >= 1, served
+
+
+def test_restore_plan_that_is_not_a_plan_is_refused(tmp_path: Path, classpath: str) -> None:
+    r = harness(
+        classpath,
+        "restore",
+        tmp_path / "ckpt" / "state",
+        version=1,
+        seeds="127.0.0.1:1",
+        restorePlan="spiral",
+    )
+    assert "is not a plan name: star, line, tree or auto" in r["restore_error"], r
+    with pytest.raises(SparkConnectorError, match="not a plan name"):
+        ring_conf(["127.0.0.1:1"], restore_plan="spiral")
 
 
 @pytest.mark.parametrize("fault", ["stall", "cut"])

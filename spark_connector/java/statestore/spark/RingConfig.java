@@ -17,6 +17,8 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
  */
 final class RingConfig {
   static final String PREFIX = "spark.statestore.";
+  /** The ring's recovery plans (statestore/core/plan.py). */
+  static final List<String> PLANS = List.of("star", "line", "tree", "auto");
 
   final List<String> seeds;
   final String restorePlan;
@@ -60,6 +62,15 @@ final class RingConfig {
     this.access = access;
   }
 
+  /**
+   * Whether a direct-path restore goes through the nodes' relay: a {@code line} or
+   * {@code tree} plan (folded by the hops, streamed to the JVM as framed rows by one node).
+   * {@code star} and {@code auto} are read by the JVM from the chunks' holders.
+   */
+  boolean relayed() {
+    return restorePlan.equals("line") || restorePlan.equals("tree");
+  }
+
   static RingConfig from(Configuration hadoopConf, StateStoreConf storeConf) {
     String seedText = get(hadoopConf, storeConf, "seeds", "");
     List<String> seeds = new ArrayList<>();
@@ -82,9 +93,9 @@ final class RingConfig {
               + " (spark_connector.configure(builder, seeds=[...]) does it for you)");
     }
     String plan = get(hadoopConf, storeConf, "restorePlan", "auto").toLowerCase(Locale.ROOT);
-    if (!plan.matches("[a-z]{1,32}")) {
-      throw new IllegalArgumentException(
-          "RingStateStoreProvider: " + PREFIX + "restorePlan '" + plan + "' is not a plan name");
+    if (!PLANS.contains(plan)) {
+      throw new IllegalArgumentException("RingStateStoreProvider: " + PREFIX + "restorePlan '"
+          + plan + "' is not a plan name: star, line, tree or auto");
     }
     String path = get(hadoopConf, storeConf, "dataPath", "direct").trim().toLowerCase(Locale.ROOT);
     if (!path.equals("direct") && !path.equals("coordinator")) {

@@ -553,7 +553,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
             data.put(key, value);
           };
         };
-        RingHttp.Restored r = config.direct
+        // star is read by the JVM itself; a line or tree plan runs through the nodes' relay,
+        // whose folded rows one node streams here as frames
+        RingHttp.Restored r = config.direct && !config.relayed()
             ? direct.restore(path, version, deadline, target)
             : ring.restore(path, version, target);
         if (r.version != version) {
