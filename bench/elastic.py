@@ -303,6 +303,10 @@ def main() -> int:
             out,
         )
     )
+    for name, move in (("join", join_move), ("decommission", leave_move)):
+        spans = move.get("spans") or []
+        assert isinstance(spans, list)
+        print(f"{name} timeline: " + ", ".join(f"{step} {s:.2f} s" for step, s in spans))
     print(
         f"foreground: {len(fg.commits)} commits, {len(fg.restores)} restores, "
         f"{len(fg.failures)} failures {fg.failures[:3]}; commit p50 before "

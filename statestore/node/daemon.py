@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -124,6 +124,7 @@ def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple
 
 
 RING_STATE_FILE = "ring-state.json"
+SPANS = 40  # a move's timeline keeps its last 40 steps (GET /v1/handover)
 
 
 def _forget(tasks: dict[str, asyncio.Task[None]], key: str, _: asyncio.Task[None]) -> None:
@@ -183,6 +184,13 @@ class MoveStatus:
     bytes: int = 0
     vnodes_from: int = 0  # a rebalance: the token counts it moves from and to
     vnodes_to: int = 0
+    # where the move's time went, oldest first: (step, seconds), the last SPANS kept
+    spans: list[tuple[str, float]] = field(default_factory=list)
+
+    def span(self, step: str, started: float, now: float) -> None:
+        """Record that ``step`` (``spread leaving``, ``round 2 list``, ...) took from
+        ``started`` to ``now``."""
+        self.spans = [*self.spans[-(SPANS - 1) :], (step, round(now - started, 3))]
 
     def to_json(self, now: float) -> dict[str, Any]:
         h = self.handover
@@ -201,6 +209,7 @@ class MoveStatus:
             "last_round": None if h.last is None else vars(h.last),
             "vnodes_from": self.vnodes_from,
             "vnodes_to": self.vnodes_to,
+            "spans": [list(p) for p in self.spans],
         }
 
 

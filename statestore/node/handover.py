@@ -68,19 +68,78 @@ __all__ = [
     "pause",
     "register",
     "settle",
+    "spread",
     "start_leave",
 ]
 
 log = logging.getLogger(__name__)
+# whether a member's answer about us (``POST /v1/handover/items``, limit 0) routes by our state
+Seen = Callable[[dict[str, Any]], bool]
 PAGE = 5000  # items per listing page
 IN_FLIGHT = 4  # items copied at once
 FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
 DRAIN_START_GRACE = 10.0  # seconds a drain retries a leave the ring does not allow yet
+SPREAD_POLL = 0.05  # seconds between :func:`spread`'s asks, at least
+SPREAD_TIMEOUT = 2.0  # seconds a member is given to answer one of them
 
 
 def settle(node: Node) -> float:
-    """How long to let gossip spread a new state before a round counts on it."""
+    """How long gossip alone is given to spread a new state before a round counts on it
+    (:func:`spread` usually has every member confirm it much sooner)."""
     return 4 * node.config.gossip_interval
+
+
+async def spread(node: Node, seen: Seen, step: str = "") -> bool:
+    """Push our ring state to every live member and wait until each confirms it routes by
+    it (its answer about us is ``seen``) and we know every live member it knows; returns
+    True then, False after :func:`settle` (gossip, and each round's own ``unseen`` count,
+    take over). ``step`` names the wait in the move's timeline.
+
+    Gossip alone reaches two random members per interval, so a round used to wait four
+    intervals blindly after each state change (0.8-2 s, several times per move); pushing
+    to each member and asking it back takes a few round trips. A node that just started
+    (a join) knows nobody at first: it waits until its peers' members are all known to it
+    too, so that no round lists from a partial ring."""
+    started = node.clock()
+    deadline = started + settle(node)
+    poll = max(SPREAD_POLL, node.config.gossip_interval / 4)
+    done = False
+    while not done:
+        peers = _peers(node)
+        done = bool(peers) and await _confirmed(node, peers, seen)
+        if done or node.clock() >= deadline:
+            break
+        await asyncio.sleep(min(poll, max(0.0, deadline - node.clock())))
+    if node.move is not None and step:
+        node.move.span(step, started, node.clock())
+    if not done:
+        log.info("%s: not every member confirmed within %.1f s; gossip goes on", step, settle(node))
+    return done
+
+
+async def _confirmed(node: Node, peers: list[tuple[str, str]], seen: Seen) -> bool:
+    """Whether every peer, once pushed our state, routes by it and knows no live member we
+    do not know."""
+    known = {i for i, _ in peers} | {node.id}
+
+    async def one(address: str) -> bool:
+        await node.gossip_with(address)
+        answer = await node.transport.request(
+            "POST",
+            address,
+            "/v1/handover/items",
+            json_body={"node": node.id, "limit": 0},
+            timeout=SPREAD_TIMEOUT,
+        )
+        if not seen(answer.json()):
+            return False
+        ring = await node.transport.request("GET", address, "/v1/ring", timeout=SPREAD_TIMEOUT)
+        theirs = RingView.from_json(ring.json()).members
+        live = (m.id for m in theirs if m.status != "down" and m.state != NodeState.LEFT)
+        return all(i in known for i in live)
+
+    answers = await asyncio.gather(*(one(a) for _, a in peers), return_exceptions=True)
+    return all(a is True for a in answers)
 
 
 def _bucket(node: Node) -> TokenBucket:
@@ -185,9 +244,6 @@ async def handover_items(request: web.Request) -> web.Response:
 # -- join ------------------------------------------------------------------------------
 
 
-Seen = Callable[[dict[str, Any]], bool]
-
-
 def sees_joining(answer: dict[str, Any]) -> bool:
     """Whether a source routes writes to us as a joining node."""
     return bool(answer.get("state") == NodeState.JOINING)
@@ -261,6 +317,8 @@ async def join_round(
     """List what we will own (owning ``vnodes`` tokens, 0: the ring's count), fetch what is
     missing, and say how it went; a source whose answer is not ``seen`` does not route by
     our new state yet."""
+    label = f"round {move.handover.rounds + 1}"
+    started = node.clock()
     listings: dict[str, list[str]] = {}
     unanswered = unseen = 0
     for _, address in _peers(node):
@@ -275,6 +333,8 @@ async def join_round(
             unseen += 1
     listed = {i for items in listings.values() for i in items}
     pulls = pull_plan(listings, _held(node, listed))
+    move.span(f"{label} list", started, node.clock())
+    started = node.clock()
     move.round_total, move.round_done = len(pulls), 0
     bucket = _bucket(node)
     sem = asyncio.Semaphore(IN_FLIGHT)
@@ -298,6 +358,7 @@ async def join_round(
             failed[0] += 1
 
     await asyncio.gather(*(one(p.item, p.sources) for p in pulls))
+    move.span(f"{label} copy", started, node.clock())
     return RoundResult(len(listed), len(pulls), failed[0], unanswered, unseen, moved[0])
 
 
@@ -311,7 +372,7 @@ async def join_loop(node: Node) -> None:
     move = node.move
     if move.handover.phase is Phase.SWITCHED:
         return
-    await asyncio.sleep(settle(node))
+    await spread(node, sees_joining, "spread joining")
     while move.handover.phase is Phase.STREAMING:
         movers = node.view().moving_tokens()
         if movers:  # one move at a time (check_join): a resumed join waits for it
@@ -433,10 +494,13 @@ async def check_replace(config: NodeConfig) -> int | None:
 # -- leave -----------------------------------------------------------------------------
 
 
-async def leave_round(node: Node, move: MoveStatus, seen: Seen) -> RoundResult:
+async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "") -> RoundResult:
     """Push every item we hold to its future owners (the ring without us, or with our next
     token count) that lack it; a peer whose answer about us is not ``seen`` does not route
-    by our new state yet."""
+    by our new state yet. ``label`` names the round in the move's timeline (default: its
+    number)."""
+    label = label or f"round {move.handover.rounds + 1}"
+    started = node.clock()
     view = node.view()
     me = node.address
     targets: dict[str, list[str]] = {}
@@ -465,6 +529,8 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen) -> RoundResult:
                 unseen += 1
         except (StateStoreError, ValueError, AttributeError):
             unseen += 1
+    move.span(f"{label} list", started, node.clock())
+    started = node.clock()
     move.round_total, move.round_done = len(pushes), 0
     bucket = _bucket(node)
     sem = asyncio.Semaphore(IN_FLIGHT)
@@ -484,6 +550,7 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen) -> RoundResult:
             await _throttle(node, bucket, n)
 
     await asyncio.gather(*(one(p.target, p.item) for p in pushes))
+    move.span(f"{label} copy", started, node.clock())
     return RoundResult(len(targets), len(pushes), failed[0], unanswered, unseen, moved[0])
 
 
@@ -523,7 +590,7 @@ async def leave(node: Node) -> None:
         return
     if node.membership is not None and node.membership.state is not NodeState.LEFT:
         node.set_state(NodeState.LEAVING)
-    await asyncio.sleep(settle(node))
+    await spread(node, sees_state(NodeState.LEAVING), "spread leaving")
     while move.handover.phase is Phase.STREAMING:
         result = await leave_round(node, move, sees_state(NodeState.LEAVING))
         move.handover = move.handover.after_round(result)
@@ -532,9 +599,12 @@ async def leave(node: Node) -> None:
     node.set_state(NodeState.LEFT)
     # A writer whose view was older than our ``left`` may still have written here alone:
     # sweep until a round finds nothing to push and every member routes without us.
-    for _ in range(FINAL_SWEEPS):
-        await asyncio.sleep(settle(node))
-        if (await leave_round(node, move, sees_state(NodeState.LEFT))).clean:
+    for sweep in range(FINAL_SWEEPS):
+        if sweep == 0:
+            await spread(node, sees_state(NodeState.LEFT), "spread left")
+        else:
+            await asyncio.sleep(settle(node))
+        if (await leave_round(node, move, sees_state(NodeState.LEFT), "sweep")).clean:
             break
     move.handover = move.handover.switch()
 

@@ -44,6 +44,7 @@ from statestore.node.handover import (
     leave_round,
     pause,
     settle,
+    spread,
 )
 from statestore.wire.bodies import TokensRequest, decode_json
 
@@ -108,8 +109,8 @@ async def move_tokens(node: Node, move: MoveStatus, target: int) -> None:
     current = node.vnodes or node.config.vnodes
     grow = target > current
     node.set_vnodes(node.vnodes, target)
-    await asyncio.sleep(settle(node))
     seen = _sees(target, switched=False)
+    await spread(node, seen, "spread tokens")
     while move.handover.phase is Phase.STREAMING:
         if grow:
             result = await join_round(node, move, target, seen)
@@ -122,9 +123,12 @@ async def move_tokens(node: Node, move: MoveStatus, target: int) -> None:
     if not grow:
         # a writer whose view predates the move may have written a range we gave up to us
         # alone: push until a round finds nothing and every member routes by the new count
-        for _ in range(FINAL_SWEEPS):
-            await asyncio.sleep(settle(node))
-            if (await leave_round(node, move, _sees(target, switched=True))).clean:
+        for sweep in range(FINAL_SWEEPS):
+            if sweep == 0:
+                await spread(node, _sees(target, switched=True), "spread tokens owned")
+            else:
+                await asyncio.sleep(settle(node))
+            if (await leave_round(node, move, _sees(target, switched=True), "sweep")).clean:
                 break
     move.handover = move.handover.switch()
 
