@@ -278,6 +278,11 @@ async def have(request: web.Request) -> web.Response:
             "an alias of this node's address is in the ring view"
         )
     body = decode_json(await read_body(request), HaveRequest, "have")
+    # a batch is up to MAX_HAVE_ITEMS lookups: read in a worker thread, clients go on
+    return web.json_response(await asyncio.to_thread(_have, node, body))
+
+
+def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
     chunks, manifests = body.chunks, body.manifests
     out_m = []
     floors: dict[str, int] = {}
@@ -295,15 +300,13 @@ async def have(request: web.Request) -> web.Response:
         store, _, _ = parse_chunk_key(key)
         if store.path not in floors:
             floors[store.path] = node.store.floor(store)
-    return web.json_response(
-        {
-            "id": node.id,
-            "chunks": node.store.has_chunks(chunks),
-            "manifests": out_m,
-            "epochs": out_e,
-            "floors": {k: v for k, v in floors.items() if v},
-        }
-    )
+    return {
+        "id": node.id,
+        "chunks": node.store.has_chunks(chunks),
+        "manifests": out_m,
+        "epochs": out_e,
+        "floors": {k: v for k, v in floors.items() if v},
+    }
 
 
 # -- manifests and stores ---------------------------------------------------------------

@@ -332,7 +332,8 @@ async def join_round(
         if not seen(answer):
             unseen += 1
     listed = {i for items in listings.values() for i in items}
-    pulls = pull_plan(listings, _held(node, listed))
+    held = await asyncio.to_thread(_held, node, listed)  # off the loop: clients go on
+    pulls = pull_plan(listings, held)
     move.span(f"{label} list", started, node.clock())
     started = node.clock()
     move.round_total, move.round_done = len(pulls), 0
@@ -494,6 +495,18 @@ async def check_replace(config: NodeConfig) -> int | None:
 # -- leave -----------------------------------------------------------------------------
 
 
+def _leave_targets(node: Node, view: RingView) -> dict[str, list[str]]:
+    """Each item we hold, with its future owners but us."""
+    me = node.address
+    targets: dict[str, list[str]] = {}
+    for key in node.store.chunk_keys():
+        targets[f"c:{key}"] = [a for a in view.future_replicas_of(key) if a != me]
+    for store, version, kind, epoch in node.store.manifest_items():
+        owners = [a for a in view.future_replicas_of(store.path) if a != me]
+        targets[f"m:{store.path}/{version}/{kind}/{epoch}"] = owners
+    return targets
+
+
 async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "") -> RoundResult:
     """Push every item we hold to its future owners (the ring without us, or with our next
     token count) that lack it; a peer whose answer about us is not ``seen`` does not route
@@ -503,12 +516,8 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "")
     started = node.clock()
     view = node.view()
     me = node.address
-    targets: dict[str, list[str]] = {}
-    for key in node.store.chunk_keys():
-        targets[f"c:{key}"] = [a for a in view.future_replicas_of(key) if a != me]
-    for store, version, kind, epoch in node.store.manifest_items():
-        owners = [a for a in view.future_replicas_of(store.path) if a != me]
-        targets[f"m:{store.path}/{version}/{kind}/{epoch}"] = owners
+    # every item's future owners, off the loop (a scan of everything held): clients go on
+    targets = await asyncio.to_thread(_leave_targets, node, view)
     want: dict[str, list[str]] = defaultdict(list)
     for item, owners in targets.items():
         for t in owners:

@@ -128,7 +128,10 @@ class NodeStore:
         return data
 
     def has_chunks(self, keys: Sequence[str]) -> list[bool]:
-        return [self.backend.get(b"c:" + k.encode()) is not None for k in keys]
+        """Whether each chunk is held: one read of the keys, no chunk's bytes copied (a
+        hand-over's check of 1 GiB took 2 s on the event loop when it read every value)."""
+        sizes = self.backend.sizes([b"c:" + k.encode() for k in keys])
+        return [sizes[b"c:" + k.encode()] is not None for k in keys]
 
     def chunk_keys(self) -> list[str]:
         return [k[2:].decode() for k in self.backend.scan_keys(b"c:")]
