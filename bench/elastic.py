@@ -303,10 +303,26 @@ def main() -> int:
             out,
         )
     )
-    for name, move in (("join", join_move), ("decommission", leave_move)):
+    for name, answer, (a, b) in (("join", joined, (t0, t1)), ("decommission", left, (t2, t3))):
+        move = answer["move"]
+        assert isinstance(move, dict)
         spans = move.get("spans") or []
-        assert isinstance(spans, list)
-        print(f"{name} timeline: " + ", ".join(f"{step} {s:.2f} s" for step, s in spans))
+        print(
+            f"{name} timeline: "
+            + ", ".join(f"{step} {s:.2f} s" for step, s in spans)
+            + f"; copies that waited for clients: {answer.get('yielded')}"
+        )
+        # the slowest foreground requests, by when they started after the move began
+        slow = sorted(
+            (s, at - s - a, kind)
+            for kind, samples in (("commit", fg.commits), ("restore", fg.restores))
+            for at, s in samples
+            if a <= at < b
+        )[-6:]
+        print(
+            f"{name} slowest: "
+            + ", ".join(f"{k} {s * 1e3:.0f} ms at +{off:.1f} s" for s, off, k in reversed(slow))
+        )
     print(
         f"foreground: {len(fg.commits)} commits, {len(fg.restores)} restores, "
         f"{len(fg.failures)} failures {fg.failures[:3]}; commit p50 before "

@@ -10,13 +10,14 @@ nodes only (signed with the cluster secret, or an admin token without one), as s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
-from statestore.core.digest import MAX_DIGEST_RANGES, answer, fold, group, segments
+from statestore.core.digest import MAX_DIGEST_RANGES, Digest, answer, fold, group, segments
 from statestore.core.digest import narrow as by_leaves
 from statestore.core.errors import InvalidRequest, StateStoreError
 from statestore.core.identity import NODE_HEADER
@@ -44,12 +45,20 @@ async def digest(request: web.Request) -> web.Response:
     if request.headers.get(NODE_HEADER) == node.id:
         raise InvalidRequest(f"node {node.id} asked itself for range digests")
     seed, asked = decode_request(await read_body(request))
-    differ = answer(held_items(node), asked, seed)
+    # a scan of everything held: in a worker thread, so clients' requests go on meanwhile
+    differ = await asyncio.to_thread(lambda: answer(held_items(node), asked, seed))
     return web.json_response(encode_answer(node.id, differ))
 
 
 def register(app: web.Application) -> None:
     app.router.add_post("/v1/sync/digest", digest)
+
+
+def _folded(
+    items: Sequence[str], ranges: Sequence[tuple[int, int]], seed: int
+) -> tuple[dict[int, list[str]], dict[int, Digest]]:
+    grouped = group(items, ranges)
+    return grouped, {j: fold(g, seed) for j, g in grouped.items()}
 
 
 async def narrow(
@@ -65,12 +74,13 @@ async def narrow(
     left: dict[str, list[str]] = {}
     for target, items in want.items():
         seed = random.getrandbits(64)
-        grouped = group(items, ranges)
+        # grouping and folding every item: in a worker thread, clients' requests go on
+        grouped, folded = await asyncio.to_thread(_folded, items, ranges, seed)
         indices = sorted(grouped)
         ask: list[str] = []
         for i in range(0, len(indices), MAX_DIGEST_RANGES):
             batch = indices[i : i + MAX_DIGEST_RANGES]
-            sent = [(*ranges[j], fold(grouped[j], seed)) for j in batch]
+            sent = [(*ranges[j], folded[j]) for j in batch]
             try:
                 resp = await node.transport.request(
                     "POST", target, "/v1/sync/digest", json_body=encode_request(seed, sent)

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 # whether a member's answer about us (``POST /v1/handover/items``, limit 0) routes by our state
 Seen = Callable[[dict[str, Any]], bool]
 PAGE = 5000  # items per listing page
-IN_FLIGHT = 4  # items copied at once
+IN_FLIGHT = 8  # items copied at once
 FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
 DRAIN_START_GRACE = 10.0  # seconds a drain retries a leave the ring does not allow yet
 SPREAD_POLL = 0.05  # seconds between :func:`spread`'s asks, at least

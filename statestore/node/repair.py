@@ -106,18 +106,12 @@ async def ask_have(
     return answers
 
 
-async def repair_pass(
-    node: Node, view: RingView, *, allow_handoff: bool, planned: bool = False
-) -> int:
-    """One pass; returns how many items still wait to be handed off (or to be copied).
-
-    ``planned``: the passes within a grace period after the epoch moved leave each copy to
-    its designated source; the passes after it (while anything is pending) push from every
-    holder, so a designated source that failed is covered. What to push and what to drop is
-    :func:`statestore.core.repair.decide`; this asks, pushes and drops.
-    """
+def _holdings(
+    node: Node, view: RingView, planned: bool
+) -> tuple[list[Holding], dict[str, list[str]]]:
+    """Every item this node holds with its owners (and, ``planned``, its previous owners;
+    while a member moves, its pending ones), and the items to ask each other owner about."""
     me = node.address
-    live = set(view.live_addresses())
 
     def previous(key: str) -> tuple[str, ...]:
         # only a planned pass consults them: spare the placement walk otherwise
@@ -147,8 +141,27 @@ async def repair_pass(
         for t in h.owners:
             if t != me:
                 want[t].append(h.item)
+    return holdings, want
+
+
+async def repair_pass(
+    node: Node, view: RingView, *, allow_handoff: bool, planned: bool = False
+) -> int:
+    """One pass; returns how many items still wait to be handed off (or to be copied).
+
+    ``planned``: the passes within a grace period after the epoch moved leave each copy to
+    its designated source; the passes after it (while anything is pending) push from every
+    holder, so a designated source that failed is covered. What to push and what to drop is
+    :func:`statestore.core.repair.decide`; this asks, pushes and drops.
+    """
+    me = node.address
+    live = set(view.live_addresses())
+    # a scan of everything held: in a worker thread, so clients' requests go on meanwhile
+    holdings, want = await asyncio.to_thread(_holdings, node, view, planned)
     answers = await ask_have(node, want, view)
-    decision = decide(me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned)
+    decision = await asyncio.to_thread(
+        decide, me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned
+    )
     failed: list[tuple[str, str]] = []
     for push in decision.pushes:
         if await push_item(node, push.target, push.item) is not None:
