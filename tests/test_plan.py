@@ -161,3 +161,9 @@ def test_pick_source_is_deterministic_and_spreads_the_work() -> None:
     assert all(a == b for a, b in zip(picks, fewer, strict=True) if a != holders[2])
     with pytest.raises(NodeUnavailable):
         pick_source("x", [])
+
+
+def test_token_bucket_that_starts_empty_makes_the_first_bytes_wait() -> None:
+    b = TokenBucket(rate=100.0, burst=100.0, now=0.0, tokens=0.0)
+    assert b.reserve(50, 0.0) == 0.5  # nothing to spend yet: 50 bytes at 100 per second
+    assert b.reserve(100, 2.0) == 0.0  # two seconds refilled it, up to its burst

@@ -6,14 +6,15 @@ __all__ = ["TokenBucket"]
 
 
 class TokenBucket:
-    """``rate`` bytes per second with a burst of ``burst`` bytes."""
+    """``rate`` bytes per second with a burst of ``burst`` bytes; it starts with ``tokens``
+    (None: full)."""
 
-    def __init__(self, rate: float, burst: float, now: float) -> None:
+    def __init__(self, rate: float, burst: float, now: float, tokens: float | None = None) -> None:
         if rate <= 0 or burst <= 0:
             raise ValueError("rate and burst must be positive")
         self.rate = rate
         self.burst = burst
-        self._tokens = burst
+        self._tokens = burst if tokens is None else min(burst, tokens)
         self._at = now
 
     def reserve(self, amount: int, now: float) -> float:
