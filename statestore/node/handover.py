@@ -76,7 +76,10 @@ log = logging.getLogger(__name__)
 # whether a member's answer about us (``POST /v1/handover/items``, limit 0) routes by our state
 Seen = Callable[[dict[str, Any]], bool]
 PAGE = 5000  # items per listing page
-IN_FLIGHT = 8  # items copied at once
+# items copied at once: chunks (up to a MiB or so each), and manifests (a few hundred bytes:
+# a round's thousands of them, one request each, are bound by round trips, not bytes)
+IN_FLIGHT = 8
+MANIFESTS_IN_FLIGHT = 32
 FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
 DRAIN_START_GRACE = 10.0  # seconds a drain retries a leave the ring does not allow yet
 BURST = 1.0  # seconds of the --stream-mbps budget a move may catch up on after waits
@@ -152,6 +155,11 @@ def _bucket(node: Node) -> TokenBucket:
     50 MB/s under the elastic benchmark's load ran its copy at 0.90 of the budget)."""
     rate = node.config.stream_mbps * 1e6
     return TokenBucket(rate, rate * BURST, node.clock(), tokens=0.0)
+
+
+def _in_flight() -> dict[str, asyncio.Semaphore]:
+    """A round's limits on copies at once, by item kind (``c`` chunk, ``m`` manifest)."""
+    return {"c": asyncio.Semaphore(IN_FLIGHT), "m": asyncio.Semaphore(MANIFESTS_IN_FLIGHT)}
 
 
 async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
@@ -343,12 +351,12 @@ async def join_round(
     started = node.clock()
     move.round_total, move.round_done = len(pulls), 0
     bucket = _bucket(node)
-    sem = asyncio.Semaphore(IN_FLIGHT)
+    sems = _in_flight()
     moved = [0]
     failed = [0]
 
     async def one(item: str, sources: tuple[str, ...]) -> None:
-        async with sem:
+        async with sems[item[0]]:
             await node.foreground.wait()
             for source in sources:
                 try:
@@ -547,12 +555,12 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "")
     started = node.clock()
     move.round_total, move.round_done = len(pushes), 0
     bucket = _bucket(node)
-    sem = asyncio.Semaphore(IN_FLIGHT)
+    sems = _in_flight()
     moved = [0]
     failed = [0]
 
     async def one(target: str, item: str) -> None:
-        async with sem:
+        async with sems[item[0]]:
             await node.foreground.wait()
             n = await push_item(node, target, item)
             if n is None:
