@@ -229,6 +229,9 @@ def test_a_node_joins_a_loaded_ring_under_a_writer(tmp_path: Path) -> None:
             done = wait_state(newcomer, "normal", timeout=90)
             move = done["move"]
             assert isinstance(move, dict) and move["phase"] == "switched" and move["copied"] > 0
+            # the timeline: every member confirmed it joins before the first round listed
+            steps = [step for step, _ in move["spans"]]
+            assert steps[:3] == ["spread joining", "round 1 list", "round 1 copy"], steps
             # at the switch it already holds every sampled item it now owns (repair had no
             # time to bring them: the hand-over did)
             after = RingView.from_json(ring.ring(newcomer.address))
@@ -262,6 +265,13 @@ def test_decommission_one_of_four_under_a_writer(tmp_path: Path) -> None:
             )
             assert done.returncode == 0, done.stderr
             assert "left the ring" in done.stderr
+            # every member confirmed ``leaving`` before the first round and ``left`` before
+            # the sweep (pushed to each, not waited out on gossip)
+            steps = [
+                step for step, _ in http_json(leaving.address, "/v1/handover")["move"]["spans"]
+            ]  # type: ignore[index]
+            assert steps[0] == "spread leaving" and "spread left" in steps, steps
+            assert steps[-2:] == ["sweep list", "sweep copy"], steps
             time.sleep(1.0)
             stop_load(writer, copies)
             # the node has left: its own copies no longer count
@@ -320,3 +330,39 @@ def test_joining_node_killed_mid_join_leaves_the_ring_healthy(tmp_path: Path) ->
             check_restores(client, writer, states, 6)
     finally:
         ring.stop()
+
+
+async def test_spread_is_confirmed_by_every_member_or_runs_out(tmp_path: Path) -> None:
+    """A state change is pushed to every member and confirmed by each (``spread``): True on
+    a healthy ring, recorded in the move's timeline; a state no member confirms runs out
+    after four gossip intervals (False, ``(unconfirmed)``), and the rounds take over. Three
+    in-process nodes (real HTTP)."""
+    from statestore.core.handover import Handover, NodeState
+    from statestore.node.daemon import MoveStatus
+    from statestore.node.handover import sees_state, settle, spread
+    from statestore.node.server import start_node, stop_node
+    from tests.test_security import config, eventually
+
+    first, runner = await start_node(config(tmp_path, "n0", replicas=3))
+    nodes = [(first, runner)]
+    try:
+        for i in (1, 2):
+            nodes.append(
+                await start_node(config(tmp_path, f"n{i}", replicas=3, seeds=[first.address]))
+            )
+        live = [n for n, _ in nodes]
+        await eventually(lambda: all(len(n.view().live_addresses()) == 3 for n in live), "ring")
+        node = live[2]
+        node.move = MoveStatus(Handover("leave"), node.clock())
+        assert await spread(node, sees_state(NodeState.NORMAL), "spread normal")
+        assert not await spread(node, lambda answer: False, "spread never")
+        steps = [step for step, _ in node.move.spans]
+        assert steps == ["spread normal", "spread never (unconfirmed)"]
+        assert node.move.spans[1][1] >= settle(node)  # it gave gossip its whole time
+        # once it returns True, every member routes by the new state
+        node.set_state(NodeState.LEAVING)
+        assert await spread(node, sees_state(NodeState.LEAVING), "spread leaving")
+        assert all(n.membership.get(node.id).state is NodeState.LEAVING for n in live[:2])  # type: ignore[union-attr]
+    finally:
+        for n, r in reversed(nodes):
+            await stop_node(n, r)

@@ -97,7 +97,8 @@ async def spread(node: Node, seen: Seen, step: str = "") -> bool:
     """Push our ring state to every live member and wait until each confirms it routes by
     it (its answer about us is ``seen``) and we know every live member it knows; returns
     True then, False after :func:`settle` (gossip, and each round's own ``unseen`` count,
-    take over). ``step`` names the wait in the move's timeline.
+    take over). ``step`` names the wait in the move's timeline (``... (unconfirmed)`` when
+    it ran out).
 
     Gossip alone reaches two random members per interval, so a round used to wait four
     intervals blindly after each state change (0.8-2 s, several times per move); pushing
@@ -115,7 +116,7 @@ async def spread(node: Node, seen: Seen, step: str = "") -> bool:
             break
         await asyncio.sleep(min(poll, max(0.0, deadline - node.clock())))
     if node.move is not None and step:
-        node.move.span(step, started, node.clock())
+        node.move.span(step if done else f"{step} (unconfirmed)", started, node.clock())
     if not done:
         log.info("%s: not every member confirmed within %.1f s; gossip goes on", step, settle(node))
     return done
