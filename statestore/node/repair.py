@@ -17,7 +17,6 @@ from collections import defaultdict
 
 from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
 from statestore.core.ids import StoreId
-from statestore.core.placement import Member
 from statestore.core.repair import Holding, decide
 from statestore.core.view import RingView
 from statestore.node.daemon import Node
@@ -191,18 +190,8 @@ async def repair_pass(
     return decision.outstanding
 
 
-def _placed(view: RingView) -> tuple[tuple[Member, str], ...]:
-    """The current owners and where they live: what a pass's pushes and drops depend on. A
-    member that starts to join, leave or move tokens changes the ring's epoch, not this (its
-    hand-over moves its ranges), so every node does not scan all it holds at the start of a
-    move; the pass that follows any other (every ``pending`` one, every ``full_every``) still
-    sees the epoch moved and drops nothing."""
-    return tuple((m, view.address(m.id)) for m in view.ring.members)
-
-
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:
     last_epoch = -1
-    last_placed: tuple[tuple[Member, str], ...] = ()
     last_pass = -full_every
     moved_at = -full_every
     pending = 0
@@ -216,8 +205,9 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
     while True:
         view = node.view()
         now = node.clock()
-        placed = _placed(view)
-        if len(view.ring) and (placed != last_placed or pending or now - last_pass >= full_every):
+        if len(view.ring) and (
+            view.epoch != last_epoch or pending or now - last_pass >= full_every
+        ):
             try:
                 moved = view.epoch != last_epoch
                 if moved and now - moved_at >= grace:
@@ -228,5 +218,5 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
                 node.stats["repair_backlog"] = pending  # /metrics, /v1/activity
             except StateStoreError as exc:
                 log.warning("repair pass failed: %s", exc)
-            last_epoch, last_placed, last_pass = view.epoch, placed, now
+            last_epoch, last_pass = view.epoch, now
         await asyncio.sleep(node.config.repair_interval)
