@@ -126,6 +126,23 @@ async def spread(node: Node, seen: Seen, step: str = "") -> bool:
     return done
 
 
+async def _how_seen(node: Node, address: str, timeout: float) -> dict[str, Any]:
+    """How the member at ``address`` sees us (``POST /v1/handover/items``, limit 0); raises
+    StateStoreError when it does not answer, ValueError when the answer is not an object."""
+    answer = (
+        await node.transport.request(
+            "POST",
+            address,
+            "/v1/handover/items",
+            json_body={"node": node.id, "limit": 0},
+            timeout=timeout,
+        )
+    ).json()
+    if not isinstance(answer, dict):
+        raise ValueError(f"{address} answered how it sees us with {type(answer).__name__}")
+    return answer
+
+
 async def _confirmed(node: Node, peers: list[tuple[str, str]], seen: Seen) -> bool:
     """Whether every peer, once pushed our state, routes by it and knows no live member we
     do not know."""
@@ -133,14 +150,7 @@ async def _confirmed(node: Node, peers: list[tuple[str, str]], seen: Seen) -> bo
 
     async def one(address: str) -> bool:
         await node.gossip_with(address)
-        answer = await node.transport.request(
-            "POST",
-            address,
-            "/v1/handover/items",
-            json_body={"node": node.id, "limit": 0},
-            timeout=SPREAD_TIMEOUT,
-        )
-        if not seen(answer.json()):
+        if not seen(await _how_seen(node, address, SPREAD_TIMEOUT)):
             return False
         ring = await node.transport.request("GET", address, "/v1/ring", timeout=SPREAD_TIMEOUT)
         theirs = RingView.from_json(ring.json()).members
@@ -545,14 +555,7 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "")
     unseen = 0
     for _, address in _peers(node):
         try:
-            resp = await node.transport.request(
-                "POST",
-                address,
-                "/v1/handover/items",
-                json_body={"node": node.id, "limit": 0},
-                timeout=3.0,
-            )
-            if not seen(resp.json()):
+            if not seen(await _how_seen(node, address, 3.0)):
                 unseen += 1
         except (StateStoreError, ValueError, AttributeError):
             unseen += 1
