@@ -33,6 +33,7 @@ from statestore.core.quorum import check_consistency, read_answers, write_acks
 from statestore.core.tentative import ROLLED_BACK, Correction, Outcome, corrections, merge
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
+from statestore.net.quorate import finish_left
 from statestore.net.reads import (
     read_chain,
     read_chains,
@@ -184,6 +185,7 @@ class AsyncRingClient:
         await asyncio.gather(*self._polls.values(), return_exceptions=True)
         self._polls.clear()
         await self._transport.close()
+        await finish_left()  # the reads' slower replicas, not waited for (net/quorate.py)
 
     # -- ring view -----------------------------------------------------------------------
     async def refresh(self) -> RingView:

@@ -4,6 +4,7 @@ deadline, and a pause shorter than ``--down-after`` does not move the ring's epo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 from client import DelayBoundExceeded, RingClient, StoreId
 from statestore.cli.local import LocalRing
+from statestore.core.errors import NodeUnavailable
+from statestore.net.quorate import GRACE, finish_left, until_enough
 
 ARGS = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "6"]
 
@@ -92,3 +95,57 @@ def test_a_silent_replica_costs_a_grace_period_not_a_request_timeout(tmp_path: P
     finally:
         ring.resume(2)
         ring.stop()
+
+
+async def test_a_read_returns_at_its_quorum_and_leaves_the_slower_replica_running() -> None:
+    """``rest=False`` (quorum reads, the fencing check): the answer comes once enough
+    answered; the slower call is neither waited for nor cut off. With the default, it gets
+    a grace period and is then cancelled."""
+    gate = asyncio.Event()
+    finished: list[int] = []
+
+    async def call(i: int) -> int:
+        if i == 2:
+            await gate.wait()
+        finished.append(i)
+        return i
+
+    def two(done: dict[int, int | BaseException]) -> bool:
+        return len(done) >= 2
+
+    token = GRACE.set(3600.0)  # a grace it must not wait out
+    try:
+        ask = until_enough([call(i) for i in range(3)], two, "GET", rest=False)
+        results = await asyncio.wait_for(ask, 60)
+    finally:
+        GRACE.reset(token)
+    assert results[:2] == [0, 1] and isinstance(results[2], NodeUnavailable)
+    assert finished == [0, 1]
+    gate.set()
+    await finish_left()
+    assert finished == [0, 1, 2]  # it ran on to its end
+
+    gate.clear()
+    finished.clear()
+    token = GRACE.set(0.01)
+    try:
+        results = await until_enough([call(i) for i in range(3)], two, "PUT")
+    finally:
+        GRACE.reset(token)
+    assert isinstance(results[2], NodeUnavailable)
+    gate.set()
+    await asyncio.sleep(0)
+    await finish_left()
+    assert finished == [0, 1]  # cancelled once its grace was over
+
+    # a caller cancelled while waiting leaves nothing running, whatever ``rest`` says
+    gate.clear()
+    finished.clear()
+    waiting = asyncio.ensure_future(until_enough([call(2), call(2)], two, "GET", rest=False))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    gate.set()
+    await asyncio.sleep(0.01)
+    assert finished == []

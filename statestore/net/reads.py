@@ -71,9 +71,12 @@ async def _ask_replicas(
     transport: Transport, view: RingView, store: StoreId, path: str, answers: int | None = None
 ) -> tuple[list[bytes], list[BaseException]]:
     """Ask the store's replicas; once the read needs are met (``answers``, else the read
-    quorum), silent ones get a grace period, not their whole timeout (net/quorate.py)."""
+    quorum), the read returns: those answers meet every commit acknowledged in this view,
+    and the client runs a read again on a fresh view when an answer came from a newer one
+    (client ``_routed``). The slower replicas' requests run on (net/quorate.py)."""
     want = read_quorum(view.replicas, view.write_quorum) if answers is None else answers
-    return await _ask(transport, view.store_replicas(store), path, min(want, len(view.members)))
+    need = min(want, len(view.members))
+    return await _ask(transport, view.store_replicas(store), path, need, rest=False)
 
 
 def stand_ins(view: RingView, store: StoreId) -> list[str]:
@@ -98,17 +101,17 @@ def stand_ins(view: RingView, store: StoreId) -> list[str]:
 
 
 async def _ask(
-    transport: Transport, targets: Sequence[str], path: str, need: int = 1
+    transport: Transport, targets: Sequence[str], path: str, need: int = 1, *, rest: bool = True
 ) -> tuple[list[bytes], list[BaseException]]:
     """GET ``path`` from every target; after ``need`` answers (a body or NotFound), the
-    others get a grace period (net/quorate.until_enough)."""
+    others get a grace period (net/quorate.until_enough; ``rest=False``: none)."""
 
     def enough(done: dict[int, Response | BaseException]) -> bool:
         return sum(1 for r in done.values() if not isinstance(r, BaseException) or
                    isinstance(r, NotFound)) >= need  # fmt: skip
 
     results = await until_enough(
-        [transport.request("GET", a, path) for a in targets], enough, f"GET {path}"
+        [transport.request("GET", a, path) for a in targets], enough, f"GET {path}", rest=rest
     )
     bodies = [r.body for r in results if not isinstance(r, BaseException)]
     errors = [r for r in results if isinstance(r, BaseException)]

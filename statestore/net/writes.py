@@ -258,9 +258,10 @@ async def put_manifest(
 
 
 async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None:
-    """Raise StaleEpoch if any replica of ``m.store`` holds a head of a higher epoch than
-    ``m.epoch`` (replicas that do not answer, or answer garbage, are left to the manifest
-    write, which checks again)."""
+    """Raise StaleEpoch if a replica of ``m.store`` holds a head of a higher epoch than
+    ``m.epoch``. W answers are enough: they meet the W replicas any higher epoch's commit
+    reached, and every replica is checked again by the manifest write, which hears them all
+    (replicas that do not answer, answer garbage or are not waited for are left to it)."""
     path = f"/v1/stores/{m.store.path}/head"
     w = view.write_quorum
 
@@ -272,6 +273,7 @@ async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None
         [transport.request("GET", a, path) for a in view.store_write_replicas(m.store)],
         enough,
         f"GET {path}",
+        rest=False,
     )
     for r in results:
         if isinstance(r, Response):
