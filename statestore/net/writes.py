@@ -259,18 +259,26 @@ async def put_manifest(
 
 async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None:
     """Raise StaleEpoch if a replica of ``m.store`` holds a head of a higher epoch than
-    ``m.epoch``. W answers are enough: they meet the W replicas any higher epoch's commit
-    reached, and every replica is checked again by the manifest write, which hears them all
-    (replicas that do not answer, answer garbage or are not waited for are left to it)."""
+    ``m.epoch``. W answers of the current owners and W of the future ones are enough: they
+    meet the replicas that acknowledged any higher epoch's commit, and the manifest write,
+    which hears every replica, checks again (replicas that do not answer, answer garbage or
+    are not waited for are left to it)."""
     path = f"/v1/stores/{m.store.path}/head"
-    w = view.write_quorum
+    targets = view.store_write_replicas(m.store)
+    key = m.store.path
+    quorum = _quorum_of(view.replicas_of(key), view.future_replicas_of(key), view.write_quorum)
 
     def enough(done: dict[int, Response | BaseException]) -> bool:
-        return sum(1 for r in done.values() if not isinstance(r, BaseException) or
-                   isinstance(r, NotFound)) >= w  # fmt: skip
+        # W of the current owners and W of the future ones, as a commit is acknowledged
+        answered = {
+            targets[i]
+            for i, r in done.items()
+            if not isinstance(r, BaseException) or isinstance(r, NotFound)
+        }
+        return quorum(answered)
 
     results = await until_enough(
-        [transport.request("GET", a, path) for a in view.store_write_replicas(m.store)],
+        [transport.request("GET", a, path) for a in targets],
         enough,
         f"GET {path}",
         rest=False,
