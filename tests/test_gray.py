@@ -5,15 +5,21 @@ deadline, and a pause shorter than ``--down-after`` does not move the ring's epo
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from client import DelayBoundExceeded, RingClient, StoreId
 from statestore.cli.local import LocalRing
-from statestore.core.errors import NodeUnavailable
+from statestore.core.errors import NodeUnavailable, StaleEpoch, StoreNotFound
+from statestore.core.manifest import Manifest
+from statestore.core.view import MemberInfo, RingView
 from statestore.net.quorate import GRACE, finish_left, until_enough
+from statestore.net.transport import Response, Transport
+from statestore.net.writes import check_fence
 
 ARGS = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "6"]
 
@@ -147,5 +153,37 @@ async def test_a_read_returns_at_its_quorum_and_leaves_the_slower_replica_runnin
     with pytest.raises(asyncio.CancelledError):
         await waiting
     gate.set()
-    await asyncio.sleep(0.01)
+    await finish_left()  # waits for any call left running: none may be
     assert finished == []
+
+
+async def test_the_fencing_check_hears_w_of_the_future_owners_during_a_move() -> None:
+    """While ``d`` joins, a store's heads are asked of its current owners and of ``d``. The
+    owner that is leaving the store's replica set and ``d`` answer first, with no head; the
+    two that stay hold a newer writer's head and answer later. Two answers are not enough:
+    a commit is acknowledged by W current and W future owners, so the check waits for one
+    of the two that stay and is fenced."""
+    members = tuple(
+        MemberInfo(n, f"{n}:1", "up", "", s)
+        for n, s in {"a": "normal", "b": "normal", "c": "normal", "d": "joining"}.items()
+    )
+    view = RingView(3, members, 3, 2, 16)
+    store = next(
+        s
+        for s in (StoreId("fence", 0, i) for i in range(1000))
+        if "d:1" in view.future_replicas_of(s.path)
+    )
+    stay = set(view.future_replicas_of(store.path)) - {"d:1"}
+
+    class Heads:
+        seen_epoch = 0
+
+        async def request(self, method: str, address: str, path: str, **_: Any) -> Response:
+            if address not in stay:
+                raise StoreNotFound(f"{store} has no version on {address}")
+            await asyncio.sleep(0.05)  # after the two that hold nothing
+            return Response(200, json.dumps({"version": 7, "epoch": 5}).encode(), 3)
+
+    m = Manifest(store, 8, "delta", 4, 16, ())
+    with pytest.raises(StaleEpoch):
+        await check_fence(cast(Transport, Heads()), view, m)
