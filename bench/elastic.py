@@ -1,11 +1,21 @@
 """Elastic ring benchmark: a node joins a loaded 3-node ring, then one node is decommissioned,
 under a steady foreground load of commits and restores (docs/benchmarks.md, issue 8).
 
-Reported, measured in the same run:
-- foreground p99 commit and restore latency during each move / before it;
+``--rounds`` times (default 3): a baseline window, a join, a baseline window, a
+decommission (a different old member each round, stopped once it left). Reported, measured
+in the same run, per move and over the rounds (median with its range, and pooled: the p99
+of every request during the moves of a kind / the p99 of every request in their baselines):
+- foreground p99 commit and restore latency during each move / before it. A move's window
+  opens when its node starts the hand-over (``started_at`` in ``GET /v1/handover``); for a
+  join that is after the new process booted, which on a real ring happens on its own machine
+  (the join row "from the process start" counts the boot too);
 - bytes moved / the ideal share (a join: 1/N of the ring's copies; a leave: the copies the
   node held, which is also R/N of the data);
-- time of the move / the same bytes at the ``--stream-mbps`` budget.
+- time of the move (from the ask, boot included) / the same bytes at the ``--stream-mbps``
+  budget.
+
+The nodes' data directories go under ``$TMPDIR`` (``tempfile``): ``TMPDIR=/some/tmpfs``
+keeps this machine's shared disk, whose fsync stalls hit every node at once, out of the run.
 
 ``--rebalance``: instead, a skewed 5-node ring (16 tokens per node, one node moved to 64)
 is loaded and ``statestore rebalance`` is run under the same foreground load. Reported: max/mean
@@ -33,6 +43,7 @@ from _common import MiB, local_ring, machine, median, pct, rows, table
 from client import RingClient, StoreId
 from statestore.cli.local import http_json
 
+CHAIN = 50  # commits per foreground store
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
 
 
@@ -52,16 +63,20 @@ class Foreground(threading.Thread):
 
     def run(self) -> None:
         rng = random.Random(5)
-        sid, read = StoreId("fg", 0, 0), StoreId("fg", 0, 1)
+        read = StoreId("fg", 0, 0)
         with RingClient(self.seeds) as client:
             for i in range(5):
                 client.commit(read, i + 1, rows(2000 if i == 0 else 200, rng), snapshot=i == 0)
-            v = 1
+            v = 0
             while not self.halt.is_set():
                 batch = rows(200, rng, key_space=20_000)
                 t = time.perf_counter()
                 try:
-                    client.commit(sid, v, batch, [], {"v": v}, epoch=1)
+                    # a fresh store every CHAIN commits: the bench turns compaction off (it
+                    # would snapshot the loaded stores mid-move), and a chain that grew all
+                    # run long would make the nodes' passes over it slower round by round
+                    sid = StoreId("fg", 1, v // CHAIN)
+                    client.commit(sid, v % CHAIN + 1, batch, [], {"v": v}, epoch=1)
                     self.commits.append((time.monotonic(), time.perf_counter() - t))
                     v += 1
                     t = time.perf_counter()
@@ -232,60 +247,94 @@ def rebalance_cell(args: argparse.Namespace) -> int:
     return 1 if fg.failures else 0
 
 
+def started(move: dict[str, object]) -> float:
+    """When the move began (its node's ``started_at``), on this process's monotonic clock."""
+    return float(move["started_at"]) - (time.time() - time.monotonic())  # type: ignore[arg-type]
+
+
+def live(ring_seeds: list[str]) -> list[str]:
+    """Addresses of the members that are neither down nor gone."""
+    view = http_json(ring_seeds[0], "/v1/ring")
+    assert isinstance(view, dict)
+    return [
+        str(m["address"])
+        for m in view["members"]
+        if m.get("status") != "down" and m.get("state") not in ("left", "leaving", "joining")
+    ]
+
+
+class Move:
+    """One join or decommission of a round: its windows and what its node reported."""
+
+    def __init__(self, kind: str, asked: float, answer: dict[str, object], done: float) -> None:
+        move = answer["move"]
+        assert isinstance(move, dict)
+        self.kind, self.asked, self.begun, self.done = kind, asked, started(move), done
+        self.move, self.yielded = move, answer.get("yielded")
+
+    def during(self, fg: Foreground, *, from_ask: bool = False) -> tuple[list[float], list[float]]:
+        a = self.asked if from_ask else self.begun
+        return window(fg.commits, a, self.done), window(fg.restores, a, self.done)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=64, help="raw MiB of state loaded before")
     ap.add_argument("--stream-mbps", type=float, default=20.0)
     ap.add_argument("--baseline", type=float, default=8.0, help="seconds measured before")
+    ap.add_argument("--rounds", type=int, default=3, help="joins and decommissions, each")
     ap.add_argument("--rebalance", action="store_true", help="the rebalance cell instead")
     args = ap.parse_args()
     print(machine())
     if args.rebalance:
         return rebalance_cell(args)
     budget = ["--stream-mbps", str(args.stream_mbps)]
+    stores = [StoreId("load", 0, i) for i in range(16)]
+    moves: list[tuple[Move, list[float], list[float]]] = []  # with the baseline before it
     with local_ring(3, [*FAST, "--snapshot-every", "100000", *budget]) as ring:
         data, r = load_ring(ring.seeds, args.mib, 16)
         fg = Foreground(ring.seeds[:3])
         fg.start()
-        time.sleep(args.baseline)
-        t0 = time.monotonic()
-        newcomer = ring.add_node(["--join", *budget])
-        joined = wait_move(newcomer.address, "normal", 1800)
-        t1 = time.monotonic()
-        stores = [StoreId("load", 0, i) for i in range(16)]
-        settled = settle(ring.seeds, stores, r)
-        t2 = time.monotonic()
-        leaving = ring.procs[1]
-        leave(leaving.address)
-        left = wait_move(leaving.address, "left", 1800)
-        t3 = time.monotonic()
+        for k in range(args.rounds):
+            for kind in ("join", "decommission"):
+                time.sleep(args.baseline)
+                asked = time.monotonic()
+                before = (
+                    window(fg.commits, asked - args.baseline, asked),
+                    window(fg.restores, asked - args.baseline, asked),
+                )
+                if kind == "join":
+                    node = ring.add_node(["--join", *budget])
+                    answer = wait_move(node.address, "normal", 1800)
+                else:  # an old member, a different one each round
+                    node = next(p for p in ring.procs[k + 1 :] if p.address in live(ring.seeds))
+                    leave(node.address)
+                    answer = wait_move(node.address, "left", 1800)
+                moves.append((Move(kind, asked, answer, time.monotonic()), *before))
+                if kind == "decommission":
+                    node.stop()  # decommissioned: the operator stops it
+                settle(live(ring.seeds), stores, r)  # old owners down to R copies
         fg.halt.set()
         fg.join(60)
-    join_move, leave_move = joined["move"], left["move"]
-    assert isinstance(join_move, dict) and isinstance(leave_move, dict)
-    before_c, before_r = (
-        window(fg.commits, t0 - args.baseline, t0),
-        window(fg.restores, t0 - args.baseline, t0),
-    )
     out = []
-    for name, move, (a, b), ideal in (
-        ("join (3 -> 4)", join_move, (t0, t1), r * data / 4),
-        ("decommission (4 -> 3)", leave_move, (t2, t3), r * data / 4),
-    ):
-        during_c, during_r = window(fg.commits, a, b), window(fg.restores, a, b)
-        moved = float(move["bytes"])
+    for m, before_c, before_r in moves:
+        during_c, during_r = m.during(fg)
+        moved = float(m.move["bytes"])  # type: ignore[arg-type]
+        took = m.done - m.asked
         out.append(
             [
-                name,
+                m.kind,
                 f"{moved / MiB:.1f}",
-                f"{moved / ideal:.2f}",
-                f"{b - a:.1f}",
-                f"{(b - a) / max(moved / (args.stream_mbps * 1e6), 1e-9):.2f}",
+                f"{moved / (r * data / 4):.2f}",
+                f"{took:.1f}",
+                f"{took / max(moved / (args.stream_mbps * 1e6), 1e-9):.2f}",
+                f"{m.begun - m.asked:.1f}",
+                f"{median(before_c) * 1e3:.0f}",
                 f"{pct(during_c, 99) * 1e3:.0f} / {pct(before_c, 99) * 1e3:.0f}"
                 f" = {pct(during_c, 99) / pct(before_c, 99):.2f}x",
                 f"{pct(during_r, 99) * 1e3:.0f} / {pct(before_r, 99) * 1e3:.0f}"
                 f" = {pct(during_r, 99) / pct(before_r, 99):.2f}x",
-                str(move["rounds"]),
+                str(m.move["rounds"]),
             ]
         )
     print(
@@ -296,6 +345,8 @@ def main() -> int:
                 "moved / ideal",
                 "seconds",
                 "time / bytes at budget",
+                "s to its start",
+                "commit p50 ms before",
                 "commit p99 ms during / before",
                 "restore p99 ms during / before",
                 "rounds",
@@ -303,31 +354,62 @@ def main() -> int:
             out,
         )
     )
-    for name, answer, (a, b) in (("join", joined, (t0, t1)), ("decommission", left, (t2, t3))):
-        move = answer["move"]
-        assert isinstance(move, dict)
-        spans = move.get("spans") or []
-        print(
-            f"{name} timeline: "
-            + ", ".join(f"{step} {s:.2f} s" for step, s in spans)
-            + f"; copies that waited for clients: {answer.get('yielded')}"
+    summary = []
+    for kind in ("join", "decommission"):
+        of = [(m, bc, br) for m, bc, br in moves if m.kind == kind]
+        for from_ask in (False, True):
+            if from_ask and kind != "join":
+                continue  # a decommission starts when it is asked
+            row = [kind + (" (from the process start)" if from_ask else "")]
+            for i, before in ((0, 1), (1, 2)):
+                during = [m.during(fg, from_ask=from_ask)[i] for m, *_ in of]
+                base = [b[before] for b in of]
+                ratios = sorted(pct(d, 99) / pct(b, 99) for d, b in zip(during, base, strict=True))
+                pooled = pct([x for d in during for x in d], 99) / pct(
+                    [x for b in base for x in b], 99
+                )
+                row.append(
+                    f"{median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}); {pooled:.2f}x"
+                )
+            times = [
+                (m.done - m.asked) / (float(m.move["bytes"]) / (args.stream_mbps * 1e6))  # type: ignore[arg-type]
+                for m, *_ in of
+            ]
+            row.append(f"{median(times):.2f} ({min(times):.2f}-{max(times):.2f})")
+            summary.append(row)
+    print(
+        table(
+            [
+                f"over {args.rounds} rounds",
+                "commit p99 during / before: median (range); pooled",
+                "restore p99 during / before: median (range); pooled",
+                "time / bytes at budget: median (range)",
+            ],
+            summary,
         )
-        # the slowest foreground requests, by when they started after the move began
+    )
+    for m, *_ in moves:
+        spans = m.move.get("spans") or []  # type: ignore[attr-defined]
+        print(
+            f"{m.kind} timeline: "
+            + ", ".join(f"{step} {s:.2f} s" for step, s in spans)
+            + f"; copies that waited for clients: {m.yielded}"
+        )
         slow = sorted(
-            (s, at - s - a, kind)
+            (s, at - s - m.begun, kind)
             for kind, samples in (("commit", fg.commits), ("restore", fg.restores))
             for at, s in samples
-            if a <= at < b
+            if m.begun <= at < m.done
         )[-6:]
         print(
-            f"{name} slowest: "
+            f"{m.kind} slowest: "
             + ", ".join(f"{k} {s * 1e3:.0f} ms at +{off:.1f} s" for s, off, k in reversed(slow))
         )
+    all_before = [x for _, bc, _ in moves for x in bc]
     print(
         f"foreground: {len(fg.commits)} commits, {len(fg.restores)} restores, "
-        f"{len(fg.failures)} failures {fg.failures[:3]}; commit p50 before "
-        f"{median(before_c) * 1e3:.0f} ms; after the join the old owners were down to R "
-        f"copies {settled:.1f} s later"
+        f"{len(fg.failures)} failures {fg.failures[:3]}; commit p50 before the moves "
+        f"{median(all_before) * 1e3:.0f} ms"
     )
     return 1 if fg.failures else 0
 

@@ -204,6 +204,7 @@ def test_a_node_joins_a_loaded_ring_under_a_writer(tmp_path: Path) -> None:
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states, writer, copies = under_load(ring, client, stores, 1, ring.seeds)
             keys, manifests = copies.keys, copies.manifests
+            spawned = time.time()
             newcomer = ring.add_node(["--join", "--stream-mbps", "2"])
             seen = http_json(newcomer.address, "/v1/handover")
             assert seen["state"] in ("joining", "normal")  # type: ignore[index]
@@ -229,6 +230,8 @@ def test_a_node_joins_a_loaded_ring_under_a_writer(tmp_path: Path) -> None:
             done = wait_state(newcomer, "normal", timeout=90)
             move = done["move"]
             assert isinstance(move, dict) and move["phase"] == "switched" and move["copied"] > 0
+            # when it began, in Unix seconds: after the process was started, before now
+            assert spawned <= move["started_at"] <= time.time()
             # the timeline: every member confirmed it joins before the first round listed
             steps = [step for step, _ in move["spans"]]
             assert steps[:3] == ["spread joining", "round 1 list", "round 1 copy"], steps

@@ -145,3 +145,49 @@ async def test_a_sources_copy_waits_for_its_clients_and_is_not_counted(tmp_path:
     finally:
         await transport.close()
         await stop_node(node, runner)
+
+
+async def test_a_manifest_copy_waits_for_a_clients_manifest_on_a_real_node(tmp_path: Path) -> None:
+    """A hand-over or repair sends manifests as copies (``?copy=1``), thousands in a round:
+    they queue behind a client's manifest as chunk copies do, not beside it (a join's
+    manifests used to go through the writer as client writes: the pending owner's commit
+    p99 was its copy's, docs/benchmarks.md)."""
+    from statestore.core.ids import StoreId
+    from statestore.core.manifest import Manifest
+    from statestore.node.server import start_node, stop_node
+    from statestore.node.writer import PriorityWriter
+    from statestore.wire.manifest import encode_manifest
+    from tests.test_security import config
+
+    node, runner = await start_node(config(tmp_path, "n", replicas=1, write_quorum=1))
+    assert isinstance(node.writer, PriorityWriter)
+    landed: list[str] = []
+    for name in ("put_manifest", "copy_manifest"):
+        real = getattr(node.store, name)
+
+        def spy(m: Manifest, *args: object, _real: Callable[..., bool] = real) -> bool:
+            landed.append("client" if m.store.partition else "copy")
+            return _real(m, *args)
+
+        setattr(node.store, name, spy)
+    transport = HttpTransport()
+    headers = {"Content-Type": "application/msgpack"}
+
+    async def put(partition: int, copy: bool) -> None:
+        m = Manifest(StoreId("q", 0, partition), 1, "snapshot", 1, 8, (), {})
+        path = f"/v1/manifests/{m.store.path}/1/snapshot" + ("?copy=1" if copy else "")
+        await transport.request("PUT", node.address, path, body=encode_manifest(m), headers=headers)
+
+    gate = _blocked(node.writer)
+    try:
+        copy = asyncio.create_task(put(0, copy=True))
+        await _until(lambda: node.writer.backlog() == (0, 1), "the copy queued")
+        client = asyncio.create_task(put(1, copy=False))
+        await _until(lambda: node.writer.backlog() == (1, 1), "the client's write queued")
+        gate.set()
+        await asyncio.gather(copy, client)
+        assert landed == ["client", "copy"]
+    finally:
+        gate.set()
+        await transport.close()
+        await stop_node(node, runner)

@@ -332,7 +332,8 @@ async def put_manifest(request: web.Request) -> web.Response:
         # repair's copy of a manifest another replica holds, at whatever epoch: not a
         # writer's commit, so not fenced (node/replica.py copy_manifest); ring nodes only
         allow(request, "admin", store.query)
-        created = await node.write(node.store.copy_manifest, m)
+        # after client writes, as a chunk's copy (node/writer.py)
+        created = await node.write(node.store.copy_manifest, m, order="copy")
         return web.json_response({"stored": created}, status=201 if created else 200)
     created = await node.write(node.store.put_manifest, m, charged_limit(request, store.query))
     if retain is not None:

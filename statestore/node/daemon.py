@@ -186,6 +186,7 @@ class MoveStatus:
     vnodes_to: int = 0
     # where the move's time went, oldest first: (step, seconds), the last SPANS kept
     spans: list[tuple[str, float]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)  # wall clock, for the operator
 
     def span(self, step: str, started: float, now: float) -> None:
         """Record that ``step`` (``spread leaving``, ``round 2 list``, ...) took from
@@ -204,6 +205,7 @@ class MoveStatus:
             "copied": h.copied,
             "bytes": self.bytes,
             "seconds": round(took, 3),
+            "started_at": round(self.started_at, 3),
             "rate_mbps": round(self.bytes / took / 1e6, 3),
             "reason": h.reason,
             "last_round": None if h.last is None else vars(h.last),

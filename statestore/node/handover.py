@@ -335,7 +335,7 @@ async def _fetch(node: Node, source: str, item: str) -> int:
         raise CorruptChunk(f"{source} answered manifest {key} with another one")
     if m.version >= node.store.floor(m.store):
         # every epoch held is kept, replaced ones as side keys (core/manifest.py, "Lineage")
-        await node.write(node.store.copy_manifest, m)
+        await node.write(node.store.copy_manifest, m, order="copy")
     return len(resp.body)
 
 
