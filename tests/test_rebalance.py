@@ -419,7 +419,14 @@ async def test_auto_rebalance_moves_tokens_when_the_ring_passes_its_threshold(
         others = [n for n in live if n is not lowest]
         assert not await auto_rebalance_once(others[0])  # not the one that decides
         before = {n.id: n.vnodes or 16 for n in live}
-        assert await auto_rebalance_once(lowest)
+        # a check stands aside while a member looks suspect or busy (a loaded CI machine can
+        # delay gossip for a moment): the next checks decide, as the loop's would
+        for _ in range(50):
+            if await auto_rebalance_once(lowest):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the lowest normal member never moved tokens")
         await eventually(lambda: all(not n.view().moving for n in live), "moves done", 60)
         after = {n.id: n.vnodes or 16 for n in live}
         assert after != before and after[hot.id] < 64
