@@ -76,18 +76,24 @@ def hdfs_snapshots(ckpt: Path) -> dict[int, set[int]]:
     return out
 
 
-def snapshot_choice(base: Path, op: str, timeout: float = 120.0) -> dict[str, int]:
+def snapshot_choice(base: Path, op: str, held: set[int], timeout: float = 120.0) -> dict[str, int]:
     """A partition and batch with an HDFS snapshot file (the lowest version found), and a batch
-    of the same partition without one; waits for the maintenance thread to write one."""
+    of the same partition without one; waits for the maintenance thread to write one.
+
+    Only partitions in ``held`` (those whose state has rows) are chosen: the maintenance
+    thread snapshots an empty partition too (five users over four partitions leave one
+    empty), and a read of an empty partition would compare two empty answers."""
     ckpt = base / "ckpt" / "hdfs" / op
     deadline = time.monotonic() + timeout
     while True:
-        snaps = hdfs_snapshots(ckpt)
+        snaps = {p: vs for p, vs in hdfs_snapshots(ckpt).items() if p in held}
         if snaps or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     if not snaps:
-        raise RuntimeError(f"the HDFS-backed provider wrote no snapshot file for {op}")
+        raise RuntimeError(
+            f"the HDFS-backed provider wrote no snapshot file of a partition of {op} with rows"
+        )
     part, version = min(((p, min(vs)) for p, vs in snaps.items()), key=lambda pv: pv[1])
     missing = [v for v in range(1, version) if v not in snaps[part]]
     return {
@@ -152,7 +158,10 @@ def run(spec: dict[str, Any]) -> None:
     for read in spec["reads"]:
         if any(str(v).startswith("$") for v in read.get("options", {}).values()):
             if read["op"] not in choices:
-                choices[read["op"]] = snapshot_choice(base, read["op"])
+                ckpt = base / "ckpt" / "hdfs" / read["op"]
+                rows = collect(spark.read.format("statestore").load(str(ckpt)))
+                held = {int(json.loads(r)["partition_id"]) for r in rows}
+                choices[read["op"]] = snapshot_choice(base, read["op"], held)
     (base / "out").mkdir(parents=True, exist_ok=True)
     (base / "out" / "snapshots.json").write_text(json.dumps(choices))
 
