@@ -5,7 +5,11 @@ under a steady foreground load of commits and restores (docs/benchmarks.md, issu
 decommission (a different old member each round, stopped once it left). Reported, measured
 in the same run, per move and over the rounds (median with its range, and pooled: the p99
 of every request during the moves of a kind / the p99 of every request in their baselines):
-- foreground p99 commit and restore latency during each move / before it. A move's window
+- foreground p99 commit and restore latency during each move / before it. Commits
+  alternate between the two ways a write can treat its replicas still running once W
+  acknowledged (``net/writes.REST``): ``behind`` (the default: they get their grace period
+  behind the commit) and ``wait`` (the commit waits for them, up to the grace: how writes
+  were before 2026-11-23), each reported on its own. A move's window
   opens when its node starts the hand-over (``started_at`` in ``GET /v1/handover``); for a
   join that is after the new process booted, which on a real ring happens on its own machine
   (the join row "from the process start" counts the boot too);
@@ -42,8 +46,16 @@ from _common import MiB, local_ring, machine, median, pct, rows, table
 
 from client import RingClient, StoreId
 from statestore.cli.local import http_json
+from statestore.net import writes
+from statestore.net.quorate import Rest
 
 CHAIN = 50  # commits per foreground store
+# how commits treat replicas still running once W acknowledged (net/writes.REST), in turn
+MODES: list[tuple[str, dict[str, Rest]]] = [
+    ("as shipped: chunks behind, manifests wait", dict(writes.REST)),
+    ("all wait (before 2026-11-23)", {"chunk": "wait", "manifest": "wait"}),
+    ("all behind (not shipped: docs/design.md)", {"chunk": "behind", "manifest": "behind"}),
+]
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
 
 
@@ -56,7 +68,7 @@ class Foreground(threading.Thread):
     def __init__(self, seeds: list[str]) -> None:
         super().__init__(daemon=True)
         self.seeds = seeds
-        self.commits: list[tuple[float, float]] = []
+        self.commits: list[list[tuple[float, float]]] = [[] for _ in MODES]  # by mode
         self.restores: list[tuple[float, float]] = []
         self.failures: list[str] = []
         self.halt = threading.Event()
@@ -76,8 +88,10 @@ class Foreground(threading.Thread):
                     # would snapshot the loaded stores mid-move), and a chain that grew all
                     # run long would make the nodes' passes over it slower round by round
                     sid = StoreId("fg", 1, v // CHAIN)
+                    # one commit at a time: the sync client's loop reads REST as it writes
+                    writes.REST = dict(MODES[v % len(MODES)][1])
                     client.commit(sid, v % CHAIN + 1, batch, [], {"v": v}, epoch=1)
-                    self.commits.append((time.monotonic(), time.perf_counter() - t))
+                    self.commits[v % len(MODES)].append((time.monotonic(), time.perf_counter() - t))
                     v += 1
                     t = time.perf_counter()
                     client.restore(read)
@@ -204,8 +218,8 @@ def rebalance_cell(args: argparse.Namespace) -> int:
         settled = settle(addresses, stores, r)
         after = held(addresses)
     ideal = sum(max(0, after[n] - before[n]) for n in after)
-    before_c = window(fg.commits, t0 - args.baseline, t0)
-    during_c = window(fg.commits, t0, t1)
+    before_c = window(fg.commits[0], t0 - args.baseline, t0)
+    during_c = window(fg.commits[0], t0, t1)
     before_r = window(fg.restores, t0 - args.baseline, t0)
     during_r = window(fg.restores, t0, t1)
     print(
@@ -241,7 +255,8 @@ def rebalance_cell(args: argparse.Namespace) -> int:
         f"plan: {steps}; with 16 tokens on every node (before the skew) max/mean was "
         f"{natural:.3f}; old owners "
         f"were down to R copies {settled:.1f} s after the last move; foreground: "
-        f"{len(fg.commits)} commits, {len(fg.restores)} restores, {len(fg.failures)} failures "
+        f"{sum(map(len, fg.commits))} commits, {len(fg.restores)} restores, "
+        f"{len(fg.failures)} failures "
         f"{fg.failures[:3]}"
     )
     return 1 if fg.failures else 0
@@ -272,9 +287,15 @@ class Move:
         self.kind, self.asked, self.begun, self.done = kind, asked, started(move), done
         self.move, self.yielded = move, answer.get("yielded")
 
-    def during(self, fg: Foreground, *, from_ask: bool = False) -> tuple[list[float], list[float]]:
+    def during(self, fg: Foreground, *, from_ask: bool = False) -> list[list[float]]:
+        """Latencies of the move's window, per series (:func:`series`)."""
         a = self.asked if from_ask else self.begun
-        return window(fg.commits, a, self.done), window(fg.restores, a, self.done)
+        return [window(x, a, self.done) for x in series(fg)]
+
+
+def series(fg: Foreground) -> list[list[tuple[float, float]]]:
+    """The foreground's latencies: commits in each of :data:`MODES`, then restores."""
+    return [*fg.commits, fg.restores]
 
 
 def main() -> int:
@@ -290,7 +311,7 @@ def main() -> int:
         return rebalance_cell(args)
     budget = ["--stream-mbps", str(args.stream_mbps)]
     stores = [StoreId("load", 0, i) for i in range(16)]
-    moves: list[tuple[Move, list[float], list[float]]] = []  # with the baseline before it
+    moves: list[tuple[Move, list[list[float]]]] = []  # with the baseline before it
     with local_ring(3, [*FAST, "--snapshot-every", "100000", *budget]) as ring:
         data, r = load_ring(ring.seeds, args.mib, 16)
         fg = Foreground(ring.seeds[:3])
@@ -299,10 +320,7 @@ def main() -> int:
             for kind in ("join", "decommission"):
                 time.sleep(args.baseline)
                 asked = time.monotonic()
-                before = (
-                    window(fg.commits, asked - args.baseline, asked),
-                    window(fg.restores, asked - args.baseline, asked),
-                )
+                before = [window(x, asked - args.baseline, asked) for x in series(fg)]
                 if kind == "join":
                     node = ring.add_node(["--join", *budget])
                     answer = wait_move(node.address, "normal", 1800)
@@ -310,15 +328,15 @@ def main() -> int:
                     node = next(p for p in ring.procs[k + 1 :] if p.address in live(ring.seeds))
                     leave(node.address)
                     answer = wait_move(node.address, "left", 1800)
-                moves.append((Move(kind, asked, answer, time.monotonic()), *before))
+                moves.append((Move(kind, asked, answer, time.monotonic()), before))
                 if kind == "decommission":
                     node.stop()  # decommissioned: the operator stops it
                 settle(live(ring.seeds), stores, r)  # old owners down to R copies
         fg.halt.set()
         fg.join(60)
     out = []
-    for m, before_c, before_r in moves:
-        during_c, during_r = m.during(fg)
+    for m, before in moves:
+        during = m.during(fg)
         moved = float(m.move["bytes"])  # type: ignore[arg-type]
         took = m.done - m.asked
         out.append(
@@ -329,11 +347,12 @@ def main() -> int:
                 f"{took:.1f}",
                 f"{took / max(moved / (args.stream_mbps * 1e6), 1e-9):.2f}",
                 f"{m.begun - m.asked:.1f}",
-                f"{median(before_c) * 1e3:.0f}",
-                f"{pct(during_c, 99) * 1e3:.0f} / {pct(before_c, 99) * 1e3:.0f}"
-                f" = {pct(during_c, 99) / pct(before_c, 99):.2f}x",
-                f"{pct(during_r, 99) * 1e3:.0f} / {pct(before_r, 99) * 1e3:.0f}"
-                f" = {pct(during_r, 99) / pct(before_r, 99):.2f}x",
+                f"{median(before[0]) * 1e3:.0f}",
+                *(
+                    f"{pct(d, 99) * 1e3:.0f} / {pct(b, 99) * 1e3:.0f}"
+                    f" = {pct(d, 99) / pct(b, 99):.2f}x"
+                    for d, b in zip(during, before, strict=True)
+                ),
                 str(m.move["rounds"]),
             ]
         )
@@ -347,7 +366,7 @@ def main() -> int:
                 "time / bytes at budget",
                 "s to its start",
                 "commit p50 ms before",
-                "commit p99 ms during / before",
+                *(f"commit p99 ms during / before, {k}" for k in "ABC"),
                 "restore p99 ms during / before",
                 "rounds",
             ],
@@ -356,14 +375,14 @@ def main() -> int:
     )
     summary = []
     for kind in ("join", "decommission"):
-        of = [(m, bc, br) for m, bc, br in moves if m.kind == kind]
+        of = [(m, b) for m, b in moves if m.kind == kind]
         for from_ask in (False, True):
             if from_ask and kind != "join":
                 continue  # a decommission starts when it is asked
             row = [kind + (" (from the process start)" if from_ask else "")]
-            for i, before in ((0, 1), (1, 2)):
-                during = [m.during(fg, from_ask=from_ask)[i] for m, *_ in of]
-                base = [b[before] for b in of]
+            for i in range(len(MODES) + 1):
+                during = [m.during(fg, from_ask=from_ask)[i] for m, _ in of]
+                base = [b[i] for _, b in of]
                 ratios = sorted(pct(d, 99) / pct(b, 99) for d, b in zip(during, base, strict=True))
                 pooled = pct([x for d in during for x in d], 99) / pct(
                     [x for b in base for x in b], 99
@@ -373,7 +392,7 @@ def main() -> int:
                 )
             times = [
                 (m.done - m.asked) / (float(m.move["bytes"]) / (args.stream_mbps * 1e6))  # type: ignore[arg-type]
-                for m, *_ in of
+                for m, _ in of
             ]
             row.append(f"{median(times):.2f} ({min(times):.2f}-{max(times):.2f})")
             summary.append(row)
@@ -381,7 +400,7 @@ def main() -> int:
         table(
             [
                 f"over {args.rounds} rounds",
-                "commit p99 during / before: median (range); pooled",
+                *(f"commit p99 during / before, {k}: median (range); pooled" for k in "ABC"),
                 "restore p99 during / before: median (range); pooled",
                 "time / bytes at budget: median (range)",
             ],
@@ -397,7 +416,10 @@ def main() -> int:
         )
         slow = sorted(
             (s, at - s - m.begun, kind)
-            for kind, samples in (("commit", fg.commits), ("restore", fg.restores))
+            for kind, samples in (
+                *((f"commit {k}", c) for k, c in zip("ABC", fg.commits, strict=True)),
+                ("restore", fg.restores),
+            )
             for at, s in samples
             if m.begun <= at < m.done
         )[-6:]
@@ -405,11 +427,14 @@ def main() -> int:
             f"{m.kind} slowest: "
             + ", ".join(f"{k} {s * 1e3:.0f} ms at +{off:.1f} s" for s, off, k in reversed(slow))
         )
-    all_before = [x for _, bc, _ in moves for x in bc]
+    p50s = [median([x for _, b in moves for x in b[i]]) * 1e3 for i in range(len(MODES))]
     print(
-        f"foreground: {len(fg.commits)} commits, {len(fg.restores)} restores, "
-        f"{len(fg.failures)} failures {fg.failures[:3]}; commit p50 before the moves "
-        f"{median(all_before) * 1e3:.0f} ms"
+        f"foreground: {sum(map(len, fg.commits))} commits, {len(fg.restores)} restores, "
+        f"{len(fg.failures)} failures {fg.failures[:3]}; commits, in turn: "
+        + "; ".join(
+            f"{k} {label} (p50 before the moves {p50:.0f} ms)"
+            for k, (label, _), p50 in zip("ABC", MODES, p50s, strict=True)
+        )
     )
     return 1 if fg.failures else 0
 

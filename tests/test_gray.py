@@ -14,12 +14,14 @@ import pytest
 
 from client import DelayBoundExceeded, RingClient, StoreId
 from statestore.cli.local import LocalRing
+from statestore.core.chunk import EncodedChunk
 from statestore.core.errors import NodeUnavailable, StaleEpoch, StoreNotFound
+from statestore.core.ids import chunk_key
 from statestore.core.manifest import Manifest
 from statestore.core.view import MemberInfo, RingView
-from statestore.net.quorate import GRACE, finish_left, until_enough
+from statestore.net.quorate import GRACE, Rest, finish_left, until_enough
 from statestore.net.transport import Response, Transport
-from statestore.net.writes import check_fence
+from statestore.net.writes import check_fence, put_chunks, put_manifest
 
 ARGS = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "6"]
 
@@ -104,9 +106,10 @@ def test_a_silent_replica_costs_a_grace_period_not_a_request_timeout(tmp_path: P
 
 
 async def test_a_read_returns_at_its_quorum_and_leaves_the_slower_replica_running() -> None:
-    """``rest=False`` (quorum reads, the fencing check): the answer comes once enough
-    answered; the slower call is neither waited for nor cut off. With the default, it gets
-    a grace period and is then cancelled."""
+    """``rest="run"`` (quorum reads, the fencing check): the answer comes once enough
+    answered; the slower call is neither waited for nor cut off. ``"wait"`` waits a grace
+    period for it and then cancels it; ``"behind"`` (writes) returns at once and gives it
+    its grace period behind the caller."""
     gate = asyncio.Event()
     finished: list[int] = []
 
@@ -119,23 +122,36 @@ async def test_a_read_returns_at_its_quorum_and_leaves_the_slower_replica_runnin
     def two(done: dict[int, int | BaseException]) -> bool:
         return len(done) >= 2
 
-    token = GRACE.set(3600.0)  # a grace it must not wait out
-    try:
-        ask = until_enough([call(i) for i in range(3)], two, "GET", rest=False)
-        results = await asyncio.wait_for(ask, 60)
-    finally:
-        GRACE.reset(token)
-    assert results[:2] == [0, 1] and isinstance(results[2], NodeUnavailable)
-    assert finished == [0, 1]
-    gate.set()
-    await finish_left()
-    assert finished == [0, 1, 2]  # it ran on to its end
+    # the caller has its answer while the slower call still runs, which finishes (run; or
+    # behind, within its grace), or is cancelled once its grace is over (behind); a grace
+    # of an hour is one the caller must not wait out
+    cases: list[tuple[Rest, float, bool]] = [
+        ("run", 3600.0, True),
+        ("behind", 3600.0, True),
+        ("behind", 0.05, False),
+    ]
+    for rest, grace, lands in cases:
+        gate.clear()
+        finished.clear()
+        token = GRACE.set(grace)
+        try:
+            ask = until_enough([call(i) for i in range(3)], two, "PUT", rest=rest)
+            results = await asyncio.wait_for(ask, 60)
+        finally:
+            GRACE.reset(token)
+        assert results[:2] == [0, 1] and isinstance(results[2], NodeUnavailable)
+        assert finished == [0, 1]
+        if not lands:
+            await asyncio.sleep(0.2)  # past its grace
+        gate.set()
+        await finish_left()
+        assert finished == ([0, 1, 2] if lands else [0, 1])
 
     gate.clear()
     finished.clear()
     token = GRACE.set(0.01)
     try:
-        results = await until_enough([call(i) for i in range(3)], two, "PUT")
+        results = await until_enough([call(i) for i in range(3)], two, "PUT", rest="wait")
     finally:
         GRACE.reset(token)
     assert isinstance(results[2], NodeUnavailable)
@@ -145,16 +161,18 @@ async def test_a_read_returns_at_its_quorum_and_leaves_the_slower_replica_runnin
     assert finished == [0, 1]  # cancelled once its grace was over
 
     # a caller cancelled while waiting leaves nothing running, whatever ``rest`` says
-    gate.clear()
-    finished.clear()
-    waiting = asyncio.ensure_future(until_enough([call(2), call(2)], two, "GET", rest=False))
-    await asyncio.sleep(0.01)
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    gate.set()
-    await finish_left()  # waits for any call left running: none may be
-    assert finished == []
+    rests: tuple[Rest, ...] = ("run", "behind")
+    for rest in rests:
+        gate.clear()
+        finished.clear()
+        waiting = asyncio.ensure_future(until_enough([call(2), call(2)], two, "GET", rest=rest))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        gate.set()
+        await finish_left()  # waits for any call left running: none may be
+        assert finished == []
 
 
 async def test_the_fencing_check_hears_w_of_the_future_owners_during_a_move() -> None:
@@ -187,3 +205,45 @@ async def test_the_fencing_check_hears_w_of_the_future_owners_during_a_move() ->
     m = Manifest(store, 8, "delta", 4, 16, ())
     with pytest.raises(StaleEpoch):
         await check_fence(cast(Transport, Heads()), view, m)
+
+
+async def test_a_chunk_returns_at_w_and_its_last_copy_lands_behind_it() -> None:
+    """A chunk's write goes on once W replicas stored it; the slowest replica's request runs
+    on behind it and lands (net/writes.REST). A manifest's write waits for every replica's
+    answer: a replica's refusal of a manifest is what fences a writer."""
+    members = tuple(MemberInfo(n, f"{n}:1", "up", "", "normal") for n in "abc")
+    view = RingView(3, members, 3, 2, 16)
+    store = StoreId("behind", 0, 0)
+    chunk = EncodedChunk("d0-00000000000000ff", 0, 0, b"x" * 10, 0xFF, 10, 1)
+    slow = view.replicas_of(chunk_key(store, 1, chunk.name))[-1]
+    gate = asyncio.Event()
+    landed: list[tuple[str, str]] = []
+
+    class Replicas:
+        async def request(self, method: str, address: str, path: str, **_: Any) -> Response:
+            if address == slow:
+                await gate.wait()
+            landed.append((address, path.split("/")[2]))
+            if path.startswith("/v1/chunks/"):
+                body = json.dumps({"stored": path.removeprefix("/v1/chunks/")})
+            else:
+                body = json.dumps({"stored": True})
+            return Response(201, body.encode(), 3)
+
+    transport = cast(Transport, Replicas())
+    token = GRACE.set(3600.0)  # a grace it must not wait out
+    try:
+        await asyncio.wait_for(put_chunks(transport, view, store, 1, [chunk]), 60)
+        assert (slow, "chunks") not in landed and len(landed) == 2
+        m = Manifest(store, 1, "delta", 1, 16, ())
+        manifest = asyncio.ensure_future(put_manifest(transport, view, m))
+        await asyncio.sleep(0.2)
+        assert not manifest.done()  # the slow replica's manifest answer is waited for
+        gate.set()
+        assert await asyncio.wait_for(manifest, 60) == 3
+        await finish_left()
+        assert (slow, "chunks") in landed  # the chunk's last copy landed behind the write
+    finally:
+        GRACE.reset(token)
+        gate.set()
+        await finish_left()

@@ -2,19 +2,23 @@
 
 A node that is paused, overloaded or behind a half-open connection answers nothing, and a
 call that waits for every answer waits for its per-request timeout. :func:`until_enough`
-runs the requests together; once ``enough(results so far)`` holds it waits only a grace
-period more (twice as long as it took to get there, at least ``GRACE``) for the others,
-so replicas that are merely slower still get their copy (a healthy ring's replicas all
-answer within it), then cancels the rest and reports them as not answering. Quorum rules
-make that safe (core/quorum.py): W write acknowledgements and
-R - W + 1 read answers intersect every acknowledged commit without the silent replica; the
-replicas not waited for are repaired later (docs/reliability.md, "Gray failures").
+runs the requests together and, once ``enough(results so far)`` holds, treats the calls
+still running by its ``rest``:
 
-A read needs no grace: ``rest=False`` returns as soon as ``enough`` holds and leaves the
-calls still running to finish on their own (their answers are dropped; a request is not
-cut off mid-answer, which would cost its pooled connection). Waiting for the slowest of
-three replicas is what made a read's tail the tail of the busiest node (docs/benchmarks.md,
-"Elastic ring").
+- ``"wait"``: wait a grace period more (twice as long as it took to get there, at least
+  ``GRACE``) for them, then cancel them and report them as not answering;
+- ``"behind"`` (writes): return at once and let them run on *behind* the caller for that
+  same grace period, then cancel them: a slower replica still gets its copy as it did when
+  it was waited for, but the caller's latency is that of the W-th acknowledgement, not the
+  busiest replica's (during a move one replica is always the busiest: docs/benchmarks.md,
+  "Elastic ring");
+- ``"run"`` (reads): return at once and let them run on to their own end (a request is not
+  cut off mid-answer, which would cost its pooled connection).
+
+Quorum rules make returning early safe (core/quorum.py): W write acknowledgements and
+R - W + 1 read answers intersect every acknowledged commit without the slower replica; a
+replica that a copy did not reach in the grace is repaired later (docs/reliability.md,
+"Gray failures").
 """
 
 from __future__ import annotations
@@ -22,19 +26,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from statestore.core.errors import NodeUnavailable
 
-__all__ = ["GRACE", "MIN_GRACE", "finish_left", "until_enough"]
+__all__ = ["GRACE", "MIN_GRACE", "Rest", "finish_left", "until_enough"]
 
 T = TypeVar("T")
+Rest = Literal["wait", "behind", "run"]  # what becomes of the calls still running (above)
 MIN_GRACE = 0.5
 # the minimum grace for the calls of the current task: a read within a delay bound that
 # takes what answers (net/tentative.read_reachable) sets a short one
 GRACE: contextvars.ContextVar[float] = contextvars.ContextVar("grace", default=MIN_GRACE)
-# calls left running by ``rest=False``: held here until they end (a task nothing refers to
-# may be collected mid-flight), each bounded by its transport's request timeout
+# calls left running by ``rest="behind"`` or ``"run"``: held here until they end (a task
+# nothing refers to may be collected mid-flight), each bounded by its grace or its
+# transport's request timeout
 _LEFT: set[asyncio.Future[Any]] = set()
 
 
@@ -63,11 +69,11 @@ async def until_enough(
     enough: Callable[[dict[int, T | BaseException]], bool],
     what: str = "request",
     *,
-    rest: bool = True,
+    rest: Rest = "wait",
 ) -> list[T | BaseException]:
     """Results (or exceptions) of ``calls`` in order. ``enough`` sees the finished ones so
-    far, by index; once it is true, calls still running get a grace period and then a
-    NodeUnavailable result (``rest=False``: that result at once, and they run on)."""
+    far, by index; once it is true, calls still running are treated as ``rest`` says (the
+    module's docstring) and reported as a NodeUnavailable result."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     tasks = [asyncio.ensure_future(c) for c in calls]
@@ -75,6 +81,7 @@ async def until_enough(
     index = {t: i for i, t in enumerate(tasks)}
     pending = set(tasks)
     grace_until: float | None = None
+    leave = False  # whether the calls still running are left to run on
     try:
         while pending:
             timeout = None if grace_until is None else max(0.0, grace_until - loop.time())
@@ -87,25 +94,27 @@ async def until_enough(
                 exc = t.exception()
                 results[index[t]] = exc if exc is not None else t.result()
             if grace_until is None and enough(results):
-                if not rest:
+                grace = max(GRACE.get(), 2 * (loop.time() - started))
+                if rest != "wait":
+                    leave = True
+                    if rest == "behind":
+                        for t in pending:
+                            loop.call_later(grace, t.cancel)
                     break
-                grace_until = loop.time() + max(GRACE.get(), 2 * (loop.time() - started))
-    except BaseException:
-        rest = True  # cancelled or failed: nothing is left running
-        raise
-    finally:
-        if rest or not pending:
+                grace_until = loop.time() + grace
+    finally:  # cancelled or failed: nothing is left running
+        if leave:
+            for t in pending:
+                _LEFT.add(t)
+                t.add_done_callback(_forget)
+        else:
             for t in pending:
                 t.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        else:
-            for t in pending:
-                _LEFT.add(t)
-                t.add_done_callback(_forget)
     late = NodeUnavailable(
-        f"{what}: no answer within the grace period after enough answered"
-        if rest
-        else f"{what}: not waited for once enough answered"
+        f"{what}: not waited for once enough answered"
+        if leave
+        else f"{what}: no answer within the grace period after enough answered"
     )
     return [results.get(i, late) for i in range(len(tasks))]

@@ -36,7 +36,7 @@ from statestore.core.manifest import ChunkRef, Head, Manifest, candidates, resol
 from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
-from statestore.net.quorate import until_enough
+from statestore.net.quorate import Rest, until_enough
 from statestore.net.transport import Response, Transport
 from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
@@ -76,7 +76,7 @@ async def _ask_replicas(
     (client ``_routed``). The slower replicas' requests run on (net/quorate.py)."""
     want = read_quorum(view.replicas, view.write_quorum) if answers is None else answers
     need = min(want, len(view.members))
-    return await _ask(transport, view.store_replicas(store), path, need, rest=False)
+    return await _ask(transport, view.store_replicas(store), path, need, rest="run")
 
 
 def stand_ins(view: RingView, store: StoreId) -> list[str]:
@@ -101,10 +101,10 @@ def stand_ins(view: RingView, store: StoreId) -> list[str]:
 
 
 async def _ask(
-    transport: Transport, targets: Sequence[str], path: str, need: int = 1, *, rest: bool = True
+    transport: Transport, targets: Sequence[str], path: str, need: int = 1, *, rest: Rest = "wait"
 ) -> tuple[list[bytes], list[BaseException]]:
     """GET ``path`` from every target; after ``need`` answers (a body or NotFound), the
-    others get a grace period (net/quorate.until_enough; ``rest=False``: none)."""
+    others are treated as ``rest`` says (net/quorate.until_enough)."""
 
     def enough(done: dict[int, Response | BaseException]) -> bool:
         return sum(1 for r in done.values() if not isinstance(r, BaseException) or

@@ -5,6 +5,14 @@ over the whole ring); the manifest goes to the store's R replicas last, so a man
 any node holds only ever names chunks that were already acknowledged at W (DESIGN.md, Write
 path). A fencing refusal from any replica fails the commit with StaleEpoch.
 
+Once a chunk has W acknowledgements the commit goes on to the next step, and the chunk's
+replicas still writing get their grace period *behind* it (``REST``, net/quorate.py): a
+chunk is named by its checksum, so no replica can hold other content under its key, and
+the copy only adds redundancy. A manifest waits for every replica's answer (up to the
+grace): a replica may hold a manifest that never reached W (a newer writer's failed
+commit, another attempt at the same epoch), and its refusal is what fences the next writer
+(docs/design.md, "A commit hears every replica").
+
 An acknowledgement is a well-formed answer naming what was stored (wire/bodies ``ChunkAck``,
 ``ManifestAck``), not any 2xx: a replica (or an impostor) answering an empty 200 counts as
 a failed write. Before any chunk goes out, the store's replicas are asked for its head: a
@@ -15,9 +23,10 @@ collect such orphans yet).
 Quotas (node/quotas.py): when the ring view says some node enforces per-query quotas, the
 writer asks every node it is about to write to whether the bytes it will send there fit
 (``GET /v1/queries/{q}/room``), and a refusal fails the commit with QuotaExceeded before any
-chunk is sent. A replica's own refusal of a chunk or manifest (a write that raced the check)
-fails the commit too, as fencing does. A compactor's snapshot is sent with ``compaction=1``,
-never charged: it is what lets retention free old versions.
+chunk is sent. A replica's own refusal of a manifest, or of a chunk before W acknowledged it
+(a write that raced the check), fails the commit too, as fencing does. A compactor's
+snapshot is sent with ``compaction=1``, never charged: it is what lets retention free old
+versions.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
 from statestore.core.quorum import check_write_sets
 from statestore.core.view import RingView
-from statestore.net.quorate import until_enough
+from statestore.net.quorate import Rest, until_enough
 from statestore.net.transport import Response, Transport
 from statestore.wire.bodies import MAX_HAVE_ITEMS, ChunkAck, ManifestAck, decode_json
 from statestore.wire.head import from_json as head_from_json
@@ -97,6 +106,12 @@ async def _put_one(
         )
 
 
+# What a write does with its replicas' requests still running once it has W acknowledgements
+# (net/quorate.py), by item: "behind", they get their grace period behind the write, which
+# returns at once; "wait", the write waits for them up to the grace. bench/elastic.py
+# alternates settings side by side.
+REST: dict[str, Rest] = {"chunk": "behind", "manifest": "wait"}
+
 # refusals that decide a write whatever the other replicas say (a credential one replica
 # refuses is not one: the others may take it)
 _FINAL = (StaleEpoch, VersionConflict, QuotaExceeded)
@@ -110,12 +125,14 @@ async def _put_everywhere(
     ack: Ack,
     headers: dict[str, str] | None = None,
     enough: Callable[[set[str]], bool] | None = None,
+    rest: Rest = "wait",
 ) -> tuple[set[str], list[BaseException]]:
     """PUT to every address; returns the addresses that acknowledged, and the errors.
 
-    ``enough(acked)``: once true (or once a replica refused for good), replicas that have
-    not answered get a grace period, not their whole timeout (net/quorate.py): W
-    acknowledgements meet every higher epoch's quorum without them."""
+    ``enough(acked)``: once true (or once a replica refused for good), the write returns
+    and the replicas that have not answered get their grace period behind it
+    (net/quorate.py, :data:`REST`): W acknowledgements meet every higher epoch's quorum
+    without them."""
 
     def done_enough(done: dict[int, BaseException | None]) -> bool:
         if any(isinstance(r, _FINAL) for r in done.values()):
@@ -127,6 +144,7 @@ async def _put_everywhere(
         [_put_one(transport, a, path, body, headers, ack) for a in addresses],
         done_enough,
         f"PUT {path}",
+        rest=rest,
     )
     errors = [r for r in results if isinstance(r, BaseException)]
     for e in errors:
@@ -205,6 +223,7 @@ async def put_chunks(
                 chunk.data,
                 _chunk_ack(key),
                 enough=_quorum_of(current, future, w),
+                rest=REST["chunk"],
             )
         for e in errors:
             if isinstance(e, QuotaExceeded):
@@ -248,6 +267,7 @@ async def put_manifest(
         _manifest_ack,
         {"Content-Type": "application/msgpack"},
         enough=_quorum_of(current, future, w),
+        rest=REST["manifest"],
     )
     for e in errors:
         if isinstance(e, StaleEpoch | VersionConflict | QuotaExceeded):
@@ -281,7 +301,7 @@ async def check_fence(transport: Transport, view: RingView, m: Manifest) -> None
         [transport.request("GET", a, path) for a in targets],
         enough,
         f"GET {path}",
-        rest=False,
+        rest="run",
     )
     for r in results:
         if isinstance(r, Response):
