@@ -5,11 +5,11 @@ under a steady foreground load of commits and restores (docs/benchmarks.md, issu
 decommission (a different old member each round, stopped once it left). Reported, measured
 in the same run, per move and over the rounds (median with its range, and pooled: the p99
 of every request during the moves of a kind / the p99 of every request in their baselines):
-- foreground p99 commit and restore latency during each move / before it. Commits
-  alternate between the two ways a write can treat its replicas still running once W
-  acknowledged (``net/writes.REST``): ``behind`` (the default: they get their grace period
-  behind the commit) and ``wait`` (the commit waits for them, up to the grace: how writes
-  were before 2026-11-23), each reported on its own. A move's window
+- foreground p99 commit and restore latency during each move / before it. Commits take
+  :data:`MODES` in turn, the ways a write can treat its replicas still running once W
+  acknowledged (``net/writes.REST``): A as shipped (a chunk's get their grace period behind
+  the commit, a manifest's are waited for), B all waited for (before 2026-11-23), C all
+  behind (not shipped: docs/design.md), each reported on its own. A move's window
   opens when its node starts the hand-over (``started_at`` in ``GET /v1/handover``); for a
   join that is after the new process booted, which on a real ring happens on its own machine
   (the join row "from the process start" counts the boot too);
