@@ -194,8 +194,6 @@ async def test_the_fencing_check_hears_w_of_the_future_owners_during_a_move() ->
     stay = set(view.future_replicas_of(store.path)) - {"d:1"}
 
     class Heads:
-        seen_epoch = 0
-
         async def request(self, method: str, address: str, path: str, **_: Any) -> Response:
             if address not in stay:
                 raise StoreNotFound(f"{store} has no version on {address}")

@@ -129,10 +129,10 @@ async def _put_everywhere(
 ) -> tuple[set[str], list[BaseException]]:
     """PUT to every address; returns the addresses that acknowledged, and the errors.
 
-    ``enough(acked)``: once true (or once a replica refused for good), the write returns
-    and the replicas that have not answered get their grace period behind it
-    (net/quorate.py, :data:`REST`): W acknowledgements meet every higher epoch's quorum
-    without them."""
+    ``enough(acked)``: once true (or once a replica refused for good), the replicas that
+    have not answered get a grace period, not their whole timeout, as ``rest`` says
+    (net/quorate.py, :data:`REST`): waited for, or behind the write, which returns at
+    once. W acknowledgements meet every higher epoch's quorum without them."""
 
     def done_enough(done: dict[int, BaseException | None]) -> bool:
         if any(isinstance(r, _FINAL) for r in done.values()):
