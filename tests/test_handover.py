@@ -8,6 +8,8 @@ ring of exactly the members that should own, and ask it).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -183,3 +185,60 @@ def test_a_replaced_node_does_not_refute_its_replacement() -> None:
     same = Membership("n8", "10.0.0.8:7400", "", 2, 0.0)
     same.merge({"epoch": 1, "members": [{**same.digest()["members"][0], "incarnation": 3}]}, 0.1)
     assert same.superseded is None and same.get("n8").incarnation == 4  # type: ignore[union-attr]
+
+
+def _base() -> list[MemberInfo]:
+    return [MemberInfo(n, f"{n}:1") for n in ("a", "b", "c")]
+
+
+def _with(i: int, **change: object) -> RingView:
+    members = _base()
+    if i < len(members):
+        members[i] = replace(members[i], **change)  # type: ignore[arg-type]
+    else:
+        members.append(MemberInfo("d", "d:1", **change))  # type: ignore[arg-type]
+    return RingView(7, tuple(members), 3, 2, 16)
+
+
+@pytest.mark.parametrize(
+    ("view", "same"),
+    [
+        (_with(3, state="joining"), True),  # a join starts: its copies move by hand-over
+        (_with(2, state="leaving"), True),  # so does a leave
+        (_with(2, status="suspect"), True),
+        (_with(2, next_vnodes=32), True),  # a rebalance starts
+        (_with(3, state="normal"), False),  # a join finished
+        (_with(2, state="left"), False),  # a leave finished
+        (_with(2, status="down"), False),
+        (_with(2, vnodes=32), False),  # a rebalance finished
+        (_with(2, address="c:2"), False),  # restarted elsewhere: pushes go to the new address
+        (_with(2, zone="z1"), False),
+    ],
+)
+def test_repair_passes_when_ownership_changes_not_when_a_move_starts(
+    view: RingView, same: bool
+) -> None:
+    """``RingView.placement`` is what starts a repair pass on every node (node/repair.py)."""
+    before = RingView(6, tuple(_base()), 3, 2, 16)
+    assert (view.placement() == before.placement()) is same
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    one=st.dictionaries(
+        st.sampled_from(NAMES[:4]), st.sampled_from(["normal", "joining", "leaving", "left"])
+    ),
+    two=st.dictionaries(
+        st.sampled_from(NAMES[:4]), st.sampled_from(["normal", "joining", "leaving", "left"])
+    ),
+    down=st.sets(st.sampled_from(NAMES[:4]), max_size=1),
+)
+def test_the_same_placement_means_the_same_owners(
+    one: dict[str, str], two: dict[str, str], down: set[str]
+) -> None:
+    """Oracle: two views whose placements match name the same owners for every key, so a
+    repair pass skipped for the second would have found nothing the first did not."""
+    a, b = _view(one, frozenset(down)), _view(two, frozenset(down))
+    if a.placement() == b.placement():
+        for k in (f"k{i}" for i in range(64)):
+            assert a.replicas_of(k) == b.replicas_of(k)

@@ -115,6 +115,14 @@ class RingView:
         differ)."""
         return self.future is not self.ring
 
+    def placement(self) -> tuple[tuple[Member, ...], tuple[str, ...]]:
+        """Who owns what now: the read ring's members (tokens and zones) and their
+        addresses. A member that starts joining or leaving moves the epoch but not this
+        (its copies move through the hand-over), nor does a suspicion; a member that is
+        declared down, comes back, finishes a move or changes address does."""
+        members = self.ring.members
+        return members, tuple(self.address(m.id) for m in members)
+
     def moving_tokens(self) -> list[str]:
         """Ids of the live members changing their token count (``statestore rebalance``)."""
         return [m.id for m in self.members if m.status != "down" and m.next_vnodes]

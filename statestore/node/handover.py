@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -54,6 +54,7 @@ from statestore.net.tls import client_context
 from statestore.node.auth import Access, allow, allow_ring
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity, stored_ring_state
+from statestore.node.pace import Pace
 from statestore.node.repair import ask_have, push_item
 from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
@@ -61,6 +62,7 @@ from statestore.wire.manifest import decode_manifest
 __all__ = [
     "check_join",
     "check_replace",
+    "copy_round",
     "drain",
     "join_loop",
     "join_round",
@@ -177,10 +179,56 @@ def _in_flight() -> dict[str, asyncio.Semaphore]:
     return {"c": asyncio.Semaphore(IN_FLIGHT), "m": asyncio.Semaphore(MANIFESTS_IN_FLIGHT)}
 
 
+def _pace(items: Sequence[str]) -> tuple[Pace, list[int]]:
+    """A round's :class:`Pace` for the items it copies, and each copy's index among the
+    round's manifests (-1: a chunk)."""
+    index: list[int] = []
+    n = 0
+    for item in items:
+        index.append(n if item[0] == "m" else -1)
+        n += item[0] == "m"
+    return Pace(len(items) - n, n), index
+
+
 async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
     wait = bucket.reserve(n, node.clock())
     if wait > 0:
         await asyncio.sleep(wait)
+
+
+async def copy_round(
+    node: Node, move: MoveStatus, items: Sequence[str], copy: Callable[[int], Awaitable[int | None]]
+) -> tuple[int, int]:
+    """Copy a round's ``items`` (``copy(i)`` copies ``items[i]`` and returns its bytes, or None
+    when it did not land): a bounded number of chunks and of manifests at once, each after
+    this node's clients' requests (node/foreground.py), under the ``--stream-mbps`` budget,
+    the manifests at the chunks' pace (node/pace.py). Returns (bytes copied, copies failed);
+    ``move`` counts the bytes and the copies done."""
+    bucket = _bucket(node)
+    sems = _in_flight()
+    pace, index = _pace(items)
+    moved = failed = 0
+
+    async def one(i: int) -> None:
+        nonlocal moved, failed
+        kind = items[i][0]
+        if index[i] >= 0:
+            await pace.manifest(index[i])
+        async with sems[kind]:
+            if kind == "c":
+                pace.chunk_started()
+            await node.foreground.wait()
+            n = await copy(i)
+            if n is None:
+                failed += 1
+                return
+            moved += n
+            move.bytes += n
+            move.round_done += 1
+            await _throttle(node, bucket, n)
+
+    await asyncio.gather(*(one(i) for i in range(len(items))))
+    return moved, failed
 
 
 async def pause(node: Node, move: MoveStatus, result: RoundResult) -> None:
@@ -365,30 +413,18 @@ async def join_round(
     move.span(f"{label} list", started, node.clock())
     started = node.clock()
     move.round_total, move.round_done = len(pulls), 0
-    bucket = _bucket(node)
-    sems = _in_flight()
-    moved = [0]
-    failed = [0]
 
-    async def one(item: str, sources: tuple[str, ...]) -> None:
-        async with sems[item[0]]:
-            await node.foreground.wait()
-            for source in sources:
-                try:
-                    n = await _fetch(node, source, item)
-                except StateStoreError as exc:
-                    log.debug("join: %s from %s failed: %s", item, source, exc)
-                    continue
-                moved[0] += n
-                move.bytes += n
-                move.round_done += 1
-                await _throttle(node, bucket, n)
-                return
-            failed[0] += 1
+    async def fetch(i: int) -> int | None:
+        for source in pulls[i].sources:
+            try:
+                return await _fetch(node, source, pulls[i].item)
+            except StateStoreError as exc:
+                log.debug("join: %s from %s failed: %s", pulls[i].item, source, exc)
+        return None
 
-    await asyncio.gather(*(one(p.item, p.sources) for p in pulls))
+    moved, failed = await copy_round(node, move, [p.item for p in pulls], fetch)
     move.span(f"{label} copy", started, node.clock())
-    return RoundResult(len(listed), len(pulls), failed[0], unanswered, unseen, moved[0])
+    return RoundResult(len(listed), len(pulls), failed, unanswered, unseen, moved)
 
 
 async def join_loop(node: Node) -> None:
@@ -562,26 +598,13 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "")
     move.span(f"{label} list", started, node.clock())
     started = node.clock()
     move.round_total, move.round_done = len(pushes), 0
-    bucket = _bucket(node)
-    sems = _in_flight()
-    moved = [0]
-    failed = [0]
 
-    async def one(target: str, item: str) -> None:
-        async with sems[item[0]]:
-            await node.foreground.wait()
-            n = await push_item(node, target, item)
-            if n is None:
-                failed[0] += 1
-                return
-            moved[0] += n
-            move.bytes += n
-            move.round_done += 1
-            await _throttle(node, bucket, n)
+    async def push(i: int) -> int | None:
+        return await push_item(node, pushes[i].target, pushes[i].item)
 
-    await asyncio.gather(*(one(p.target, p.item) for p in pushes))
+    moved, failed = await copy_round(node, move, [p.item for p in pushes], push)
     move.span(f"{label} copy", started, node.clock())
-    return RoundResult(len(targets), len(pushes), failed[0], unanswered, unseen, moved[0])
+    return RoundResult(len(targets), len(pushes), failed, unanswered, unseen, moved)
 
 
 def leave_problem(node: Node) -> str | None:

@@ -5,8 +5,14 @@ current epoch, asks each of them in one batched ``/v1/sync/have`` call which ite
 and pushes those. An item this node holds but no longer owns (the ring moved: a node joined,
 or came back after its writes were handed to us) is deleted locally only once every current
 replica has confirmed it, and only when the epoch has not moved since the previous pass, so a
-half-formed view never costs a copy. A pass runs when the epoch changes, while handoffs are
-pending, and every ``full_every`` seconds as a safety net (DESIGN.md, Write path).
+half-formed view never costs a copy. A pass runs when who owns what changes
+(``RingView.placement``: not for a member that only starts joining or leaving, whose copies
+the hand-over moves), while handoffs are pending, and every ``full_every`` seconds as a
+safety net (DESIGN.md, Write path).
+
+A pass walks everything held, on every node at once when ownership changes. At 1 GiB it
+was most of the CPU in a decommission's first seconds, when it ran for the ``leaving``
+state too, and clients' requests waited behind it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -192,6 +198,7 @@ async def repair_pass(
 
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:
     last_epoch = -1
+    last_placement: object = None
     last_pass = -full_every
     moved_at = -full_every
     pending = 0
@@ -206,9 +213,10 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
         view = node.view()
         now = node.clock()
         if len(view.ring) and (
-            view.epoch != last_epoch or pending or now - last_pass >= full_every
+            view.placement() != last_placement or pending or now - last_pass >= full_every
         ):
             try:
+                # any epoch change since the last pass, ownership or not, holds back drops
                 moved = view.epoch != last_epoch
                 if moved and now - moved_at >= grace:
                     moved_at = now  # a new window; a move inside one does not extend it
@@ -218,5 +226,5 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
                 node.stats["repair_backlog"] = pending  # /metrics, /v1/activity
             except StateStoreError as exc:
                 log.warning("repair pass failed: %s", exc)
-            last_epoch, last_pass = view.epoch, now
+            last_epoch, last_placement, last_pass = view.epoch, view.placement(), now
         await asyncio.sleep(node.config.repair_interval)
