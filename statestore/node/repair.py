@@ -8,7 +8,8 @@ replica has confirmed it, and only when the epoch has not moved since the previo
 half-formed view never costs a copy. A pass runs when who owns what changes
 (``RingView.placement``: not for a member that only starts joining or leaving, whose copies
 the hand-over moves), while handoffs are pending, and every ``full_every`` seconds as a
-safety net (DESIGN.md, Write path).
+safety net on a per-node grid. When a pass is due and how it runs is the pure
+``core/repair_clock.RepairClock`` (DESIGN.md, Write path).
 
 A pass walks everything held, on every node at once when ownership changes. At 1 GiB it
 was most of the CPU in a decommission's first seconds, when it ran for the ``leaving``
@@ -24,6 +25,7 @@ from collections import defaultdict
 from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
 from statestore.core.ids import StoreId
 from statestore.core.repair import Holding, decide
+from statestore.core.repair_clock import RepairClock, phase_of
 from statestore.core.view import RingView
 from statestore.node.daemon import Node
 from statestore.node.digests import narrow
@@ -197,34 +199,26 @@ async def repair_pass(
 
 
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:
-    last_epoch = -1
-    last_placement: object = None
-    last_pass = -full_every
-    moved_at = -full_every
-    pending = 0
     # Each node declares a death on its own clock, up to a failure-detector period apart, so
     # a designated source may run its planned pass well after its peers. Until every live node
     # has had that long (plus two passes), the others leave its copies to it; after that they
     # cover for it, in case it failed.
     grace = node.config.down_after + 2 * node.config.repair_interval
+    clock = RepairClock(full_every, grace, phase=phase_of(node.id, full_every))
     # let gossip settle before the first pass, so a fresh node does not judge a partial view
     await asyncio.sleep(node.config.down_after)
     while True:
         view = node.view()
         now = node.clock()
-        if len(view.ring) and (
-            view.placement() != last_placement or pending or now - last_pass >= full_every
-        ):
+        plan = clock.due(view.epoch, view.placement(), now) if len(view.ring) else None
+        if plan is not None:
+            pending = None
             try:
-                # any epoch change since the last pass, ownership or not, holds back drops
-                moved = view.epoch != last_epoch
-                if moved and now - moved_at >= grace:
-                    moved_at = now  # a new window; a move inside one does not extend it
                 pending = await repair_pass(
-                    node, view, allow_handoff=not moved, planned=now - moved_at < grace
+                    node, view, allow_handoff=plan.allow_handoff, planned=plan.planned
                 )
                 node.stats["repair_backlog"] = pending  # /metrics, /v1/activity
             except StateStoreError as exc:
                 log.warning("repair pass failed: %s", exc)
-            last_epoch, last_placement, last_pass = view.epoch, view.placement(), now
+            clock.ran(view.epoch, view.placement(), now, pending)
         await asyncio.sleep(node.config.repair_interval)

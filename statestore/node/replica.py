@@ -241,6 +241,15 @@ class NodeStore:
             out.add(int(k.decode().rsplit("/", 2)[1]))
         return sorted(out)
 
+    def manifest_names(self, store: StoreId) -> list[bytes]:
+        """The keys of every manifest held of ``store`` (no decoding): they change whenever
+        what :meth:`manifests` returns does."""
+        return [
+            k
+            for prefix in ("m", "o")
+            for k in self.backend.scan_keys(f"{prefix}:{store.path}/".encode())
+        ]
+
     def head(self, store: StoreId) -> Head | None:
         raw = self.backend.get(b"h:" + store.path.encode())
         if raw is None:

@@ -1,0 +1,80 @@
+"""When a node's repair pass is due, and how it runs (pure).
+
+A pass walks everything the node holds, so it runs only when it can find work:
+
+- when who owns what changes (``RingView.placement``): a member declared down or back, a
+  finished move. Not for a member that only starts joining or leaving: its owners are
+  unchanged, and the hand-over moves its copies (node/handover.py);
+- while the last pass left items waiting (hand-offs, copies left to a designated source);
+- once in every ``full_every`` seconds of this node's own grid, as a safety net. The grid is
+  offset by a per-node ``phase``, so nodes started together do not all walk what they hold in
+  the same second (at 1 GiB that cluster of passes showed in clients' p99,
+  docs/benchmarks.md). A pass that ran for another reason counts for its grid slot.
+
+How it runs (:class:`PassPlan`): any epoch change since the last pass, ownership or not,
+holds back that pass's drops; a pass within ``grace`` of the first epoch change of a window
+leaves each lacking copy to its designated source (core/repair.py). node/repair.py keeps one
+clock per node and does the passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import xxhash
+
+__all__ = ["PassPlan", "RepairClock", "phase_of"]
+
+
+def phase_of(name: str, full_every: float) -> float:
+    """A node's offset within ``full_every``, the same on every start (hash of its name)."""
+    return (xxhash.xxh64_intdigest(name.encode()) % 10_000) / 10_000 * full_every
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """How the pass that is due runs: ``allow_handoff`` (drops may go: the epoch has not
+    moved since the last pass) and ``planned`` (copies are left to their designated source)."""
+
+    allow_handoff: bool
+    planned: bool
+
+
+@dataclass
+class RepairClock:
+    """One node's repair schedule. Call :meth:`due` each tick; if it returns a plan, run the
+    pass and then call :meth:`ran` (also when the pass failed, with ``pending=None``)."""
+
+    full_every: float
+    grace: float
+    phase: float = 0.0
+    epoch: int | None = None
+    placement: object = None
+    last_pass: float | None = None
+    moved_at: float | None = None
+    pending: int = 0
+
+    def _slot(self, now: float) -> float:
+        """The start of the grid slot ``now`` is in."""
+        return math.floor((now - self.phase) / self.full_every) * self.full_every + self.phase
+
+    def due(self, epoch: int, placement: object, now: float) -> PassPlan | None:
+        """The pass to run now, or None. Opens a planned window if the epoch moved outside
+        one (a move inside a window does not extend it)."""
+        if self.last_pass is not None and not (
+            placement != self.placement or self.pending or self.last_pass < self._slot(now)
+        ):
+            return None
+        moved = epoch != self.epoch
+        if moved and (self.moved_at is None or now - self.moved_at >= self.grace):
+            self.moved_at = now
+        planned = self.moved_at is not None and now - self.moved_at < self.grace
+        return PassPlan(allow_handoff=not moved, planned=planned)
+
+    def ran(self, epoch: int, placement: object, now: float, pending: int | None) -> None:
+        """Record a pass that started at ``now`` over ``epoch`` and ``placement``;
+        ``pending``: the items it left waiting, or None if it failed (the count stands)."""
+        self.epoch, self.placement, self.last_pass = epoch, placement, now
+        if pending is not None:
+            self.pending = pending
