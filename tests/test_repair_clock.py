@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statestore.core.repair_clock import PassPlan, RepairClock, phase_of
+from statestore.core.repair_clock import MOVE_HOLD, PassPlan, RepairClock, phase_of
 
 Tick = tuple[float, int, str, "tuple[bool, bool] | None", "int | None"]
 
@@ -100,6 +100,48 @@ SCENARIOS: dict[str, tuple[float, list[Tick]]] = {
         ],
     ),
 }
+
+
+# while a member moves (``moving``): the safety net waits up to MOVE_HOLD slots; a change
+# of ownership or pending items still pass at once
+MOVING: dict[str, list[Tick]] = {
+    "the safety net waits while a member moves": [
+        (5.0, 3, "A", (False, True), 0),
+        (31.0, 4, "A", None, 0),
+        (61.0, 4, "A", None, 0),
+        (299.0, 4, "A", None, 0),
+        (331.0, 4, "A", (False, True), 0),  # MOVE_HOLD slots: it passes after all
+        (333.0, 4, "A", None, 0),
+    ],
+    "a change of ownership still passes": [
+        (5.0, 3, "A", (False, True), 0),
+        (31.0, 4, "A", None, 0),
+        (33.0, 5, "B", (False, True), 0),
+    ],
+    "pending items still pass": [
+        (5.0, 3, "A", (False, True), 2),
+        (7.0, 3, "A", (True, True), 0),
+        (31.0, 3, "A", None, 0),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOVING))
+def test_schedule_while_moving(name: str) -> None:
+    assert MOVE_HOLD == 10
+    clock = RepairClock(full_every=30.0, grace=9.0)
+    for now, epoch, placement, expected, pending in MOVING[name]:
+        plan = clock.due(epoch, placement, now, moving=True)
+        assert plan == (None if expected is None else PassPlan(*expected)), (name, now)
+        if plan is not None:
+            clock.ran(epoch, placement, now, pending)
+
+
+def test_a_joining_node_does_not_pass_until_its_join_ends() -> None:
+    clock = RepairClock(full_every=30.0, grace=9.0)
+    for now in (5.0, 7.0, 61.0, 400.0):  # first tick, ticks, slots, long past MOVE_HOLD
+        assert clock.due(3, "A", now, moving=True, joining=True) is None
+    assert clock.due(4, "B", 402.0, moving=False) == PassPlan(False, True)  # it owns now
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

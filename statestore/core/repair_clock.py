@@ -9,7 +9,14 @@ A pass walks everything the node holds, so it runs only when it can find work:
 - once in every ``full_every`` seconds of this node's own grid, as a safety net. The grid is
   offset by a per-node ``phase``, so nodes started together do not all walk what they hold in
   the same second (at 1 GiB that cluster of passes showed in clients' p99,
-  docs/benchmarks.md). A pass that ran for another reason counts for its grid slot.
+  docs/benchmarks.md). A pass that ran for another reason counts for its grid slot. While a
+  member joins, leaves or moves tokens the safety net waits (up to ``MOVE_HOLD`` slots): the
+  hand-over is copying, and the move's end changes ownership, which sets off a pass anyway.
+
+A node that is itself joining passes not at all: all it holds are copies its owners hold too
+(streamed from them, or written to it as a pending owner alongside them), and its first pass
+made every owner digest everything it holds in a join's first seconds. Once its join ends
+ownership changes, and it passes then.
 
 How it runs (:class:`PassPlan`): any epoch change since the last pass, ownership or not,
 holds back that pass's drops; a pass within ``grace`` of the first epoch change of a window
@@ -24,7 +31,9 @@ from dataclasses import dataclass
 
 import xxhash
 
-__all__ = ["PassPlan", "RepairClock", "phase_of"]
+__all__ = ["MOVE_HOLD", "PassPlan", "RepairClock", "phase_of"]
+
+MOVE_HOLD = 10  # safety-net slots a move may hold back
 
 
 def phase_of(name: str, full_every: float) -> float:
@@ -59,13 +68,25 @@ class RepairClock:
         """The start of the grid slot ``now`` is in."""
         return math.floor((now - self.phase) / self.full_every) * self.full_every + self.phase
 
-    def due(self, epoch: int, placement: object, now: float) -> PassPlan | None:
-        """The pass to run now, or None. Opens a planned window if the epoch moved outside
-        one (a move inside a window does not extend it)."""
-        if self.last_pass is not None and not (
-            placement != self.placement or self.pending or self.last_pass < self._slot(now)
-        ):
+    def due(
+        self,
+        epoch: int,
+        placement: object,
+        now: float,
+        *,
+        moving: bool = False,
+        joining: bool = False,
+    ) -> PassPlan | None:
+        """The pass to run now, or None; ``moving``: a member joins, leaves or moves tokens;
+        ``joining``: this node is one that joins. Opens a planned window if the epoch moved
+        outside one (a move inside a window does not extend it)."""
+        if joining:
             return None
+        if self.last_pass is not None:
+            hold = MOVE_HOLD * self.full_every if moving else 0.0
+            safety = self.last_pass < self._slot(now - hold)
+            if not (placement != self.placement or self.pending or safety):
+                return None
         moved = epoch != self.epoch
         if moved and (self.moved_at is None or now - self.moved_at >= self.grace):
             self.moved_at = now

@@ -61,6 +61,21 @@ def _folded(
     return grouped, {j: fold(g, seed) for j, g in grouped.items()}
 
 
+def _settle(
+    held: dict[tuple[str, str], bool],
+    target: str,
+    grouped: Mapping[int, Sequence[str]],
+    batch: Sequence[int],
+    differ: Mapping[int, Sequence[Digest] | None],
+    seed: int,
+) -> list[str]:
+    """Record in ``held`` the items of ``batch`` the answer shows ``target`` holds; returns
+    those still to be listed."""
+    same, rest = by_leaves({k: grouped[j] for k, j in enumerate(batch)}, differ, seed)
+    held.update(((target, it), True) for it in same)
+    return rest
+
+
 async def narrow(
     node: Node, view: RingView, want: Mapping[str, Sequence[str]]
 ) -> tuple[dict[tuple[str, str], bool], dict[str, list[str]]]:
@@ -90,8 +105,8 @@ async def narrow(
                 log.debug("range digests from %s failed: %s", target, exc)
                 ask.extend(it for j in batch for it in grouped[j])
                 continue
-            same, rest = by_leaves({k: grouped[j] for k, j in enumerate(batch)}, differ, seed)
-            held.update(((target, it), True) for it in same)
+            # hashing the differing ranges' items: off the loop too
+            rest = await asyncio.to_thread(_settle, held, target, grouped, batch, differ, seed)
             ask.extend(rest)
         left[target] = ask
         node.stats["digest_confirmed"] += len(items) - len(ask)

@@ -571,6 +571,16 @@ def _leave_targets(node: Node, view: RingView) -> dict[str, list[str]]:
     return targets
 
 
+def _leave_listing(node: Node, view: RingView) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Every item's future owners, and the items to ask each of them about."""
+    targets = _leave_targets(node, view)
+    want: dict[str, list[str]] = defaultdict(list)
+    for item, owners in targets.items():
+        for t in owners:
+            want[t].append(item)
+    return targets, want
+
+
 async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "") -> RoundResult:
     """Push every item we hold to its future owners (the ring without us, or with our next
     token count) that lack it; a peer whose answer about us is not ``seen`` does not route
@@ -581,13 +591,9 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "")
     view = node.view()
     me = node.address
     # every item's future owners, off the loop (a scan of everything held): clients go on
-    targets = await asyncio.to_thread(_leave_targets, node, view)
-    want: dict[str, list[str]] = defaultdict(list)
-    for item, owners in targets.items():
-        for t in owners:
-            want[t].append(item)
+    targets, want = await asyncio.to_thread(_leave_listing, node, view)
     answers = await ask_have(node, want, view)
-    pushes, unanswered = push_plan(me, targets, answers)
+    pushes, unanswered = await asyncio.to_thread(push_plan, me, targets, answers)
     unseen = 0
     for _, address in _peers(node):
         try:

@@ -23,6 +23,7 @@ import logging
 from collections import defaultdict
 
 from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
+from statestore.core.handover import NodeState
 from statestore.core.ids import StoreId
 from statestore.core.repair import Holding, decide
 from statestore.core.repair_clock import RepairClock, phase_of
@@ -210,7 +211,12 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
     while True:
         view = node.view()
         now = node.clock()
-        plan = clock.due(view.epoch, view.placement(), now) if len(view.ring) else None
+        joining = node.membership is not None and node.membership.state is NodeState.JOINING
+        plan = (
+            clock.due(view.epoch, view.placement(), now, moving=view.moving, joining=joining)
+            if len(view.ring)
+            else None
+        )
         if plan is not None:
             pending = None
             try:
