@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import xxhash
+
 from statestore.core.chunk import encode_chunks
 from statestore.core.errors import StaleEpoch, StateStoreError
 from statestore.core.ids import StoreId
@@ -57,11 +59,12 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
 
 
 def _inputs(node: Node, store: StoreId) -> tuple[object, ...]:
-    """What :func:`compact_store` decides from, cheaply: the head, the manifests' keys, the
-    floor and the retention. Equal inputs, equal decision."""
+    """What :func:`compact_store` decides from, cheaply: the head, the manifests' keys (kept
+    as one hash, not a copy of every key), the floor and the retention. Equal inputs, equal
+    decision."""
     return (
         node.store.head(store),
-        tuple(node.store.manifest_names(store)),
+        xxhash.xxh64_intdigest(b"\0".join(node.store.manifest_names(store))),
         node.store.floor(store),
         node.store.retain(store),
     )
