@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,6 +19,7 @@ from statestore.cli.local import LocalRing, NodeProcess, http_json
 from statestore.cli.main import main
 from statestore.core.handover import NodeState
 from statestore.core.view import RingView
+from statestore.node import server
 from statestore.node.backends import MemoryBackend
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Node, stored_identity
@@ -249,6 +251,8 @@ def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> N
         (["--replace", "../etc", "--seeds", "127.0.0.1:1"], "is no node id"),
         (["--replace", "x" * 65, "--seeds", "127.0.0.1:1"], "is no node id"),
         (["--replace", "3f2a9c0d1e2b4f6a"], "--replace needs --seeds"),
+        (["--switch-interval-ms", "0"], "'0' is not a positive number"),
+        (["--switch-interval-ms", "500"], "between 0.05 and 100 ms"),
     ],
 )
 def test_drain_and_replace_flags_are_checked(
@@ -263,6 +267,27 @@ def test_drain_and_replace_flags_are_checked(
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err, err
     assert not data_dir.exists()  # refused before it took an identity
+
+
+def test_a_node_process_takes_its_thread_switch_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_node`` sets the interpreter's switch interval before it serves (node/server.py
+    ``tune_interpreter``); Python's own 5 ms is restored after."""
+    seen: list[float] = []
+
+    def serve_nothing(main: Any) -> int:
+        main.close()
+        seen.append(sys.getswitchinterval())
+        return 0
+
+    before = sys.getswitchinterval()
+    monkeypatch.setattr(server.asyncio, "run", serve_nothing)
+    monkeypatch.setattr(server, "_raise_open_file_limit", lambda: None)
+    try:
+        assert server.run_node(NodeConfig(switch_interval_ms=0.5)) == 0
+        assert server.run_node(NodeConfig()) == 0
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == [pytest.approx(0.0005), pytest.approx(0.001)]
 
 
 async def test_how_a_member_is_seen_and_replace_refusals_in_process(

@@ -155,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="budget of a join or decommission hand-over on this node (default 50)",
     )
     n.add_argument(
+        "--switch-interval-ms",
+        type=_positive_float,
+        default=1.0,
+        metavar="MS",
+        help="how long a worker thread may hold the interpreter while the event loop waits "
+        "for it (default 1; Python's own is 5: docs/operations.md)",
+    )
+    n.add_argument(
         "--no-repair-digests",
         action="store_true",
         help="list every item to peers in repair and hand-over instead of comparing token "
@@ -391,6 +399,7 @@ def _node(args: argparse.Namespace) -> int:
             tls_ca=args.tls_ca,
             join=args.join,
             stream_mbps=args.stream_mbps,
+            switch_interval_ms=args.switch_interval_ms,
             repair_digests=not args.no_repair_digests,
             drain_on_stop=args.drain_on_stop,
             drain_timeout=args.drain_timeout,

@@ -60,6 +60,10 @@ class NodeConfig:
     replace: str = ""  # the id of a dead node whose tokens this (new) node takes over
     auto_rebalance: float = 0.0  # max/mean bytes held past which tokens move (0: off)
     rebalance_interval: float = 60.0  # seconds between two checks of --auto-rebalance
+    # how long a thread may hold the interpreter while another waits for it (ms; Python's
+    # default is 5): the event loop waits that long after each system call while a worker
+    # thread scans or hashes (docs/operations.md, Thread switch interval)
+    switch_interval_ms: float = 1.0
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
@@ -78,6 +82,8 @@ class NodeConfig:
             raise ValueError("--auto-rebalance is a max/mean load ratio above 1 (e.g. 1.25)")
         if not self.rebalance_interval > 0:
             raise ValueError("--rebalance-interval must be a positive number of seconds")
+        if not 0.05 <= self.switch_interval_ms <= 100:
+            raise ValueError("--switch-interval-ms must be between 0.05 and 100 ms")
         if not self.drain_timeout > 0:
             raise ValueError("--drain-timeout must be a positive number of seconds")
         if self.replace:

@@ -27,7 +27,7 @@ from statestore.node.rebalance import auto_rebalance_loop, resume_loop
 from statestore.node.repair import repair_loop
 from statestore.node.tombstones import tombstone_loop
 
-__all__ = ["run_node", "serve", "start_node", "stop_node"]
+__all__ = ["run_node", "serve", "start_node", "stop_node", "tune_interpreter"]
 
 log = logging.getLogger(__name__)
 LOOPS: tuple[tuple[str, Loop], ...] = (
@@ -120,8 +120,18 @@ def _raise_open_file_limit() -> None:
         log.warning("cannot raise the open-file limit: %s", exc)
 
 
+def tune_interpreter(config: NodeConfig) -> None:
+    """Process-wide settings for a node daemon. The thread switch interval: a node's event
+    loop gives up the interpreter at each system call (a socket read or write, an fsync);
+    while a worker thread runs Python (a digest scan, a listing, a chunk's decoding) the loop
+    gets it back only when that thread is made to yield, after the interval. Python's 5 ms
+    default makes every system call of a request wait up to 5 ms during such work."""
+    sys.setswitchinterval(config.switch_interval_ms / 1000)
+
+
 def run_node(config: NodeConfig) -> int:
     _raise_open_file_limit()
+    tune_interpreter(config)
 
     async def main() -> int:
         stop = asyncio.Event()
