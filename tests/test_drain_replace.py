@@ -271,7 +271,7 @@ def test_drain_and_replace_flags_are_checked(
 
 def test_a_node_process_takes_its_thread_switch_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     """``run_node`` sets the interpreter's switch interval before it serves (node/server.py
-    ``tune_interpreter``); Python's own 5 ms is restored after."""
+    ``tune_interpreter``); the interval in force before is restored after."""
     seen: list[float] = []
 
     def serve_nothing(main: Any) -> int:
