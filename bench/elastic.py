@@ -6,10 +6,10 @@ decommission (a different old member each round, stopped once it left). Reported
 in the same run, per move and over the rounds (median with its range, and pooled: the p99
 of every request during the moves of a kind / the p99 of every request in their baselines):
 - foreground p99 commit and restore latency during each move / before it. Commits take
-  :data:`MODES` in turn, the ways a write can treat its replicas still running once W
-  acknowledged (``net/writes.REST``): A as shipped (a chunk's get their grace period behind
-  the commit, a manifest's are waited for), B all waited for (before 2026-11-23), C all
-  behind (not shipped: docs/design.md), each reported on its own. A move's window
+  :data:`MODES` in turn (the ways a write can treat its replicas still running once W
+  acknowledged, ``net/writes.REST``; only the shipped one now: the others' figures are in
+  docs/benchmarks.md), restores :data:`READS` (whether reads ask a leaving replica last,
+  ``core/view.LEAVING_LAST``), each reported on its own. A move's window
   opens when its node starts the hand-over (``started_at`` in ``GET /v1/handover``); for a
   join that is after the new process booted, which on a real ring happens on its own machine
   (the join row "from the process start" counts the boot too);
@@ -46,15 +46,20 @@ from _common import MiB, local_ring, machine, median, pct, rows, table
 
 from client import RingClient, StoreId
 from statestore.cli.local import http_json
+from statestore.core import view as ring_view
 from statestore.net import writes
 from statestore.net.quorate import Rest
 
 CHAIN = 50  # commits per foreground store
 # how commits treat replicas still running once W acknowledged (net/writes.REST), in turn
+# (B, all wait, and C, all behind, were measured beside it on 2026-11-23: docs/benchmarks.md)
 MODES: list[tuple[str, dict[str, Rest]]] = [
     ("as shipped: chunks behind, manifests wait", dict(writes.REST)),
-    ("all wait (before 2026-11-23)", {"chunk": "wait", "manifest": "wait"}),
-    ("all behind (not shipped: docs/design.md)", {"chunk": "behind", "manifest": "behind"}),
+]
+# whether restores ask a leaving replica after the others (core/view.LEAVING_LAST), in turn
+READS: list[tuple[str, bool]] = [
+    ("a leaving replica last (as shipped)", True),
+    ("ring order (before 2026-11-24)", False),
 ]
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
 
@@ -69,7 +74,7 @@ class Foreground(threading.Thread):
         super().__init__(daemon=True)
         self.seeds = seeds
         self.commits: list[list[tuple[float, float]]] = [[] for _ in MODES]  # by mode
-        self.restores: list[tuple[float, float]] = []
+        self.restores: list[list[tuple[float, float]]] = [[] for _ in READS]  # by read order
         self.failures: list[str] = []
         self.halt = threading.Event()
 
@@ -93,9 +98,12 @@ class Foreground(threading.Thread):
                     client.commit(sid, v % CHAIN + 1, batch, [], {"v": v}, epoch=1)
                     self.commits[v % len(MODES)].append((time.monotonic(), time.perf_counter() - t))
                     v += 1
+                    ring_view.LEAVING_LAST = READS[v % len(READS)][1]
                     t = time.perf_counter()
                     client.restore(read)
-                    self.restores.append((time.monotonic(), time.perf_counter() - t))
+                    self.restores[v % len(READS)].append(
+                        (time.monotonic(), time.perf_counter() - t)
+                    )
                 except Exception as exc:
                     self.failures.append(f"{type(exc).__name__}: {exc}")
                 time.sleep(0.05)
@@ -220,8 +228,9 @@ def rebalance_cell(args: argparse.Namespace) -> int:
     ideal = sum(max(0, after[n] - before[n]) for n in after)
     before_c = window(fg.commits[0], t0 - args.baseline, t0)
     during_c = window(fg.commits[0], t0, t1)
-    before_r = window(fg.restores, t0 - args.baseline, t0)
-    during_r = window(fg.restores, t0, t1)
+    restores = sorted(x for r in fg.restores for x in r)  # nobody leaves: one read order
+    before_r = window(restores, t0 - args.baseline, t0)
+    during_r = window(restores, t0, t1)
     print(
         table(
             [
@@ -255,7 +264,7 @@ def rebalance_cell(args: argparse.Namespace) -> int:
         f"plan: {steps}; with 16 tokens on every node (before the skew) max/mean was "
         f"{natural:.3f}; old owners "
         f"were down to R copies {settled:.1f} s after the last move; foreground: "
-        f"{sum(map(len, fg.commits))} commits, {len(fg.restores)} restores, "
+        f"{sum(map(len, fg.commits))} commits, {len(restores)} restores, "
         f"{len(fg.failures)} failures "
         f"{fg.failures[:3]}"
     )
@@ -294,8 +303,12 @@ class Move:
 
 
 def series(fg: Foreground) -> list[list[tuple[float, float]]]:
-    """The foreground's latencies: commits in each of :data:`MODES`, then restores."""
-    return [*fg.commits, fg.restores]
+    """The foreground's latencies: commits in each of :data:`MODES`, then restores in each
+    of :data:`READS`."""
+    return [*fg.commits, *fg.restores]
+
+
+LABELS = [f"commit {k}" for k in "ABC"[: len(MODES)]] + [f"restore {k}" for k in "RS"]
 
 
 def main() -> int:
@@ -366,8 +379,7 @@ def main() -> int:
                 "time / bytes at budget",
                 "s to its start",
                 "commit p50 ms before",
-                *(f"commit p99 ms during / before, {k}" for k in "ABC"),
-                "restore p99 ms during / before",
+                *(f"{k} p99 ms during / before" for k in LABELS),
                 "rounds",
             ],
             out,
@@ -380,7 +392,7 @@ def main() -> int:
             if from_ask and kind != "join":
                 continue  # a decommission starts when it is asked
             row = [kind + (" (from the process start)" if from_ask else "")]
-            for i in range(len(MODES) + 1):
+            for i in range(len(LABELS)):
                 during = [m.during(fg, from_ask=from_ask)[i] for m, _ in of]
                 base = [b[i] for _, b in of]
                 ratios = sorted(pct(d, 99) / pct(b, 99) for d, b in zip(during, base, strict=True))
@@ -400,8 +412,7 @@ def main() -> int:
         table(
             [
                 f"over {args.rounds} rounds",
-                *(f"commit p99 during / before, {k}: median (range); pooled" for k in "ABC"),
-                "restore p99 during / before: median (range); pooled",
+                *(f"{k} p99 during / before: median (range); pooled" for k in LABELS),
                 "time / bytes at budget: median (range)",
             ],
             summary,
@@ -416,10 +427,7 @@ def main() -> int:
         )
         slow = sorted(
             (s, at - s - m.begun, kind)
-            for kind, samples in (
-                *((f"commit {k}", c) for k, c in zip("ABC", fg.commits, strict=True)),
-                ("restore", fg.restores),
-            )
+            for kind, samples in zip(LABELS, series(fg), strict=True)
             for at, s in samples
             if m.begun <= at < m.done
         )[-6:]
@@ -429,12 +437,15 @@ def main() -> int:
         )
     p50s = [median([x for _, b in moves for x in b[i]]) * 1e3 for i in range(len(MODES))]
     print(
-        f"foreground: {sum(map(len, fg.commits))} commits, {len(fg.restores)} restores, "
-        f"{len(fg.failures)} failures {fg.failures[:3]}; commits, in turn: "
+        f"foreground: {sum(map(len, fg.commits))} commits, "
+        f"{sum(map(len, fg.restores))} restores, {len(fg.failures)} failures "
+        f"{fg.failures[:3]}; commits, in turn: "
         + "; ".join(
             f"{k} {label} (p50 before the moves {p50:.0f} ms)"
-            for k, (label, _), p50 in zip("ABC", MODES, p50s, strict=True)
+            for k, (label, _), p50 in zip("ABC", MODES, p50s, strict=False)
         )
+        + "; restores, in turn: "
+        + "; ".join(f"{k} {label}" for k, (label, _) in zip("RS", READS, strict=True))
     )
     return 1 if fg.failures else 0
 

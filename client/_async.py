@@ -221,13 +221,23 @@ class AsyncRingClient:
         assert self._view is not None
         return self._view
 
-    async def _routed(self, op: Callable[[RingView], Awaitable[T]], *, read: bool = False) -> T:
+    async def _routed(
+        self,
+        op: Callable[[RingView], Awaitable[T]],
+        *,
+        read: bool = False,
+        stores: Sequence[StoreId] = (),
+    ) -> T:
         """Run ``op`` on the current view; on an availability error refresh once and retry.
 
         ``read``: a read whose answers came from a newer ring epoch than the view it used
         (the view was stale, so its replicas may not be the store's replicas any more) is
         run again on a fresh view, as is a NotFound from a stale view: quorum reads intersect
         quorum writes only within one view (found by statestore-sim, docs/reliability.md).
+        Not when the fresh view, as new as any answer, gives each of ``stores`` (the stores
+        ``op`` read) the replicas it read from: its answers are those a run on the fresh
+        view would ask for. A member that starts joining or leaving moves the epoch but not
+        the owners, so a move's state changes do not make every read in flight run twice.
         """
         view = await self.view()
         try:
@@ -240,10 +250,23 @@ class AsyncRingClient:
         except NotFound:
             if not read or self._transport.seen_epoch <= view.epoch:
                 raise
-            return await op(await self.refresh())
+            again = await self._fresher(view, stores)
+            if again is None:
+                raise
+            return await op(again)
         if read and self._transport.seen_epoch > view.epoch:
-            return await op(await self.refresh())
+            again = await self._fresher(view, stores)
+            return result if again is None else await op(again)
         return result
+
+    async def _fresher(self, view: RingView, stores: Sequence[StoreId]) -> RingView | None:
+        """A fresh view to run a read on again, or None when it is as new as every answer
+        seen and names the same replicas as ``view`` for each of ``stores``."""
+        seen = self._transport.seen_epoch
+        fresh = await self.refresh()
+        if stores and fresh.epoch >= seen and fresh.same_owners(view, [s.path for s in stores]):
+            return None
+        return fresh
 
     async def ring(self) -> RingView:
         return await self.refresh()
@@ -432,7 +455,7 @@ class AsyncRingClient:
                 raise QuorumNotReached(f"no owner of {store} answered for its outcomes")
             return merge(answers)
 
-        return await self._routed(op, read=True)
+        return await self._routed(op, read=True, stores=[store])
 
     async def outcomes(self, store: StoreId) -> list[Outcome]:
         """What became of the store's tentative commits: one :class:`Outcome` (version,
@@ -527,6 +550,7 @@ class AsyncRingClient:
                         read_answers(consistency, view.replicas, view.write_quorum),
                     ),
                     read=True,
+                    stores=[store],
                 )
             ).version
 
@@ -551,7 +575,7 @@ class AsyncRingClient:
             self._bases[store] = (want, top.epoch)
             return RestoredState(state, want, top.epoch, dict(top.positions), p.kind, result.stats)
 
-        return await self._routed(op, read=True)
+        return await self._routed(op, read=True, stores=[store])
 
     async def explain(self, store: StoreId, version: int | None = None, plan: str = "auto") -> Plan:
         """The plan a restore would follow, without running it (``Plan.explain()`` prints it)."""
@@ -635,7 +659,7 @@ class AsyncRingClient:
                 out.append(RestoredState(state, v, top.epoch, dict(top.positions), p.kind, r.stats))
             return out
 
-        return await self._routed(op, read=True)
+        return await self._routed(op, read=True, stores=[s for s, _ in wanted])
 
     async def _version_or_latest(self, store: StoreId, version: int | None) -> int:
         return version if version is not None else (await self.latest(store)).version
@@ -656,16 +680,18 @@ class AsyncRingClient:
                 self._transport, view, store, want, key, self._cache, max_raw=self.max_chunk
             )
 
-        return await self._routed(op, read=True)
+        return await self._routed(op, read=True, stores=[store])
 
     async def latest(self, store: StoreId) -> Head:
         """The store's head: latest version and the epoch that wrote it."""
         check_store(store)
-        return await self._routed(lambda view: read_head(self._transport, view, store), read=True)
+        return await self._routed(
+            lambda view: read_head(self._transport, view, store), read=True, stores=[store]
+        )
 
     async def versions(self, store: StoreId) -> list[int]:
         """The versions still retained, oldest first."""
         check_store(store)
         return await self._routed(
-            lambda view: read_versions(self._transport, view, store), read=True
+            lambda view: read_versions(self._transport, view, store), read=True, stores=[store]
         )

@@ -335,6 +335,33 @@ def test_joining_node_killed_mid_join_leaves_the_ring_healthy(tmp_path: Path) ->
         ring.stop()
 
 
+def test_restores_during_a_leave_read_from_the_other_replicas(tmp_path: Path) -> None:
+    """A leaving node streams everything it holds to its next owners; while it does, a
+    restore reads each chunk from the store's other replicas (core/view.RingView.leaving)."""
+    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
+    stores = [StoreId("avoid", 0, p) for p in range(4)]
+    try:
+        # the 4th node joins an empty ring at once; its tight budget keeps its leave going
+        slow = ring.add_node(["--join", "--stream-mbps", "0.01"])
+        wait_state(slow, "normal")
+        ring.wait_ring(4)
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            states = load(client, stores, 3, seed=4)
+            before = {s: client.restore(s, plan="star").stats.bytes_by_node for s in stores}
+        assert any(slow.address in b for b in before.values())  # it served some, before
+        post(slow.address, "/v1/handover/leave", {})
+        wait_state(slow, "leaving")
+        with RingClient(ring.seeds[:1], chunk_size=4096) as client:  # a fresh view
+            for sid, state in states.items():
+                restored = client.restore(sid, plan="star")
+                assert dict(restored) == state
+                assert restored.stats.bytes_by_node, restored.stats
+                assert slow.address not in restored.stats.bytes_by_node, restored.stats
+        assert http_json(slow.address, "/v1/handover")["state"] == "leaving"  # type: ignore[index]
+    finally:
+        ring.stop()
+
+
 async def test_spread_is_confirmed_by_every_member_or_runs_out(tmp_path: Path) -> None:
     """A state change is pushed to every member and confirmed by each (``spread``): True on
     a healthy ring, recorded in the move's timeline; a state no member confirms runs out

@@ -71,6 +71,57 @@ def test_a_joining_node_takes_writes_not_reads() -> None:
         assert ("d:1" in view.write_replicas_of(k)) == (k in pending)
 
 
+@pytest.mark.parametrize("last", [True, False])
+def test_reads_ask_a_leaving_replica_after_the_others(
+    last: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leaving member still owns what it held, but it streams it all to its next owners:
+    reads ask the other replicas first, then it, then the rest of the ring as before (with
+    ``LEAVING_LAST`` off, bench/elastic.py's baseline, the plain ring order)."""
+    monkeypatch.setattr("statestore.core.view.LEAVING_LAST", last)
+    view = _view({"a": "normal", "b": "normal", "c": "normal", "d": "leaving"})
+    plain = _view({"a": "normal", "b": "normal", "c": "normal", "d": "normal"})
+    assert view.leaving() == (frozenset({"d:1"}) if last else frozenset())
+    held_by_d = 0
+    for k in (f"k{i}" for i in range(300)):
+        order, owners = view.read_order(k), view.replicas_of(k)
+        assert owners == plain.replicas_of(k)  # it owns what it owned until it has left
+        assert sorted(order[:3]) == sorted(owners) and sorted(order) == sorted(plain.read_order(k))
+        if "d:1" in owners:
+            held_by_d += 1
+            assert (order[2] == "d:1") if last else (order == plain.read_order(k))
+        else:
+            assert order == plain.read_order(k)
+    assert held_by_d > 150  # d holds three quarters of the keys
+
+
+def test_only_left_since_names_a_finished_decommission_and_nothing_else() -> None:
+    base = _view({"a": "normal", "b": "normal", "c": "normal", "d": "normal"})
+    before = base.placement()
+    assert _view({"a": "normal", "b": "normal", "c": "normal", "d": "left"}).only_left_since(before)
+    for states, down in [
+        ({"a": "normal", "b": "normal", "c": "normal", "d": "normal"}, frozenset()),  # same
+        ({"a": "normal", "b": "normal", "c": "normal", "d": "leaving"}, frozenset()),  # same
+        ({"a": "normal", "b": "normal", "c": "normal", "d": "leaving"}, frozenset({"d"})),
+        ({"a": "normal", "b": "normal", "c": "normal", "d": "normal"}, frozenset({"d"})),
+        ({"a": "normal", "b": "normal", "c": "normal", "d": "normal", "e": "normal"}, frozenset()),
+        ({"a": "normal", "b": "normal", "c": "left", "d": "normal"}, frozenset({"d"})),
+    ]:
+        assert not _view(states, down).only_left_since(before), (states, down)
+    assert not base.only_left_since(None)  # no pass yet
+    moved = RingView(
+        3,
+        tuple(
+            replace(m, address="x:9") if m.id == "a" else m
+            for m in _view({"a": "normal", "b": "normal", "c": "normal", "d": "left"}).members
+        ),
+        3,
+        2,
+        16,
+    )
+    assert not moved.only_left_since(before)  # a member that left, and one that moved
+
+
 def test_left_members_own_nothing_and_views_keep_states_on_the_wire() -> None:
     view = _view({"a": "normal", "b": "normal", "c": "normal", "d": "left"})
     assert not view.moving and "d:1" not in view.live_addresses()

@@ -16,7 +16,7 @@ import pytest
 from statestore.core.handover import Handover
 from statestore.node.daemon import MoveStatus, Node
 from statestore.node.foreground import ForegroundGate
-from statestore.node.handover import IN_FLIGHT, copy_round
+from statestore.node.handover import IN_FLIGHT, MANIFESTS_IN_FLIGHT, copy_round
 from statestore.node.pace import Pace
 
 
@@ -98,3 +98,29 @@ async def test_a_round_of_manifests_alone_is_not_held_back() -> None:
 
     assert await copy_round(_node(), MoveStatus(Handover("leave"), 0.0), items, copy) == (10, 0)
     assert sorted(done) == list(range(10))
+
+
+async def test_a_round_runs_a_fixed_number_of_copies_whatever_its_size() -> None:
+    """At most IN_FLIGHT chunks and MANIFESTS_IN_FLIGHT manifests at once, and as many tasks
+    on the loop whatever the round's size (a task per item was tens of thousands at once)."""
+    chunks, manifests = 300, 3000  # ten manifests a chunk: the pace lets 32 run at once
+    items = [f"c:{i:04d}" for i in range(chunks)] + [f"m:s/{i}/d/1" for i in range(manifests)]
+    running = {"c": 0, "m": 0}
+    most = {"c": 0, "m": 0, "tasks": 0}
+    done: list[int] = []
+
+    async def copy(i: int) -> int | None:
+        kind = items[i][0]
+        running[kind] += 1
+        most[kind] = max(most[kind], running[kind])
+        most["tasks"] = max(most["tasks"], len(asyncio.all_tasks()))
+        await asyncio.sleep(0)
+        running[kind] -= 1
+        done.append(i)
+        return 1
+
+    move = MoveStatus(Handover("join"), 0.0)
+    assert await copy_round(_node(), move, items, copy) == (len(items), 0)
+    assert sorted(done) == list(range(len(items)))  # each item copied once
+    assert most["c"] == IN_FLIGHT and most["m"] == MANIFESTS_IN_FLIGHT
+    assert most["tasks"] <= IN_FLIGHT + MANIFESTS_IN_FLIGHT + 1  # the workers and the test

@@ -54,6 +54,17 @@ def test_assignment_respects_load_and_speed() -> None:
     assert fast > 20 / 5  # the fast source takes more than an even share of what it holds
 
 
+def test_assignment_avoids_a_leaving_holder_unless_it_is_the_only_one() -> None:
+    ts = tasks(4, 10)
+    leaving = NODES[0]
+    plan = build("star", ts, avoid={leaving})
+    assert all(plan.assignment[t.key] != leaving for t in ts)
+    assert any(build("star", ts).assignment[t.key] == leaving for t in ts)  # without: it serves
+    # a chunk only it holds (of its first R holders) is still read from it
+    only = ChunkTask("q/0/0/default/9/d0-0", 0, 9, "d0-0", 0, 10, 10, 1, (leaving,))
+    assert build("star", [*ts, only], avoid={leaving}).assignment[only.key] == leaving
+
+
 def test_chunk_without_holders_is_unavailable() -> None:
     t = ChunkTask("q/0/0/default/1/d0-0000000000000000", 0, 1, "d0", 0, 10, 10, 1, ())
     with pytest.raises(NodeUnavailable, match="no live holder"):

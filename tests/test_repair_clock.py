@@ -137,6 +137,72 @@ def test_schedule_while_moving(name: str) -> None:
             clock.ran(epoch, placement, now, pending)
 
 
+# ticks with the move flags: (now, epoch, placement, moving, left_only, expected, pending)
+Flagged = tuple[float, int, str, bool, bool, "tuple[bool, bool] | None", "int | None"]
+AFTER: dict[str, list[Flagged]] = {
+    # the safety net held over a 100 s move is overdue when it ends; it waits for the
+    # node's next grid point (120), not the end's second
+    "after a move the overdue safety net waits for the next grid point": [
+        (5.0, 3, "A", False, False, (False, True), 0),
+        (40.0, 4, "A", True, False, None, 0),
+        (99.0, 4, "A", True, False, None, 0),
+        (101.0, 5, "A", False, False, None, 0),
+        (119.0, 5, "A", False, False, None, 0),
+        (121.0, 5, "A", False, False, (False, True), 0),
+        (123.0, 5, "A", False, False, None, 0),
+    ],
+    "a decommission's end (members that left) waits for the grid point too": [
+        (5.0, 3, "A", False, False, (False, True), 0),
+        (40.0, 4, "A", True, False, None, 0),
+        (99.0, 4, "A", True, False, None, 0),
+        (101.0, 5, "B", False, True, None, 0),
+        (121.0, 5, "B", False, True, (False, True), 0),
+        (123.0, 5, "B", False, False, None, 0),  # the pass took B as its placement
+    ],
+    "a join's end (a member added) still passes at once": [
+        (5.0, 3, "A", False, False, (False, True), 0),
+        (40.0, 4, "A", True, False, None, 0),
+        (101.0, 5, "B", False, False, (False, True), 0),
+    ],
+    "after the grid point the safety net keeps its slots": [
+        (5.0, 3, "A", False, False, (False, True), 0),
+        (40.0, 4, "A", True, False, None, 0),
+        (121.0, 4, "A", False, False, (False, True), 0),  # the epoch moved at 40
+        (149.0, 4, "A", False, False, None, 0),
+        (151.0, 4, "A", False, False, (True, False), 0),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(AFTER))
+def test_schedule_after_a_move(name: str) -> None:
+    clock = RepairClock(full_every=30.0, grace=9.0)
+    for now, epoch, placement, moving, left_only, expected, pending in AFTER[name]:
+        plan = clock.due(epoch, placement, now, moving=moving, left_only=left_only)
+        assert plan == (None if expected is None else PassPlan(*expected)), (name, now)
+        if plan is not None:
+            clock.ran(epoch, placement, now, pending)
+
+
+def test_nodes_pass_apart_after_a_move() -> None:
+    """Eight nodes whose safety net a long move held: after it, each passes at its own grid
+    point, not all in the tick the move ends."""
+    clocks = [RepairClock(30.0, 9.0, phase=phase_of(f"node-{i}", 30.0)) for i in range(8)]
+    for clock in clocks:
+        assert clock.due(1, "A", 1.0) is not None
+        clock.ran(1, "A", 1.0, 0)
+    for step in range(3, 201, 2):
+        for clock in clocks:
+            assert clock.due(2, "A", float(step), moving=True) is None  # held (< MOVE_HOLD)
+    first: dict[int, float] = {}
+    for step in range(201, 233, 2):  # the move ended at 200: one period after it
+        for i, clock in enumerate(clocks):
+            if clock.due(3, "A", float(step)) is not None:
+                clock.ran(3, "A", float(step), 0)
+                first.setdefault(i, float(step))
+    assert len(first) == len(clocks) and len(set(first.values())) >= 5, first
+
+
 def test_a_joining_node_does_not_pass_until_its_join_ends() -> None:
     clock = RepairClock(full_every=30.0, grace=9.0)
     for now in (5.0, 7.0, 61.0, 400.0):  # first tick, ticks, slots, long past MOVE_HOLD

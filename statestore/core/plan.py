@@ -17,7 +17,7 @@ shapes (DESIGN.md, Recovery plans; papers.md, SR3):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from statestore.core.errors import InvalidRequest, NodeUnavailable
@@ -143,17 +143,20 @@ def assign(
     links: Mapping[str, LinkStats],
     load: Mapping[str, float] | None = None,
     replicas: int = 3,
+    avoid: Collection[str] = (),
 ) -> dict[str, str]:
     """Pick a source for every chunk among its first ``replicas`` holders, biggest chunks
     first, each to the holder that would finish it soonest (its queued bytes over its
-    throughput). Raises NodeUnavailable for a chunk with no live holder."""
+    throughput); a holder in ``avoid`` (a leaving member) only when it is the only one.
+    Raises NodeUnavailable for a chunk with no live holder."""
     queued: dict[str, float] = dict(load or {})
     out: dict[str, str] = {}
     for t in sorted(tasks, key=lambda t: (-t.size, t.key)):
         if not t.holders:
             raise NodeUnavailable(f"chunk {t.key} has no live holder: wait for the ring to heal")
+        choices = t.holders[:replicas]
         best = min(
-            t.holders[:replicas],
+            [h for h in choices if h not in avoid] or choices,
             key=lambda h: ((queued.get(h, 0.0) + t.size) / links.get(h, LinkStats()).throughput, h),
         )
         queued[best] = queued.get(best, 0.0) + t.size
@@ -304,8 +307,10 @@ def build(
     replicas: int = 3,
     model: CostModel | None = None,
     calibration: Mapping[str, float] | None = None,
+    avoid: Collection[str] = (),
 ) -> Plan:
-    """Build the plan ``kind`` (``star``, ``line``, ``tree`` or ``auto``).
+    """Build the plan ``kind`` (``star``, ``line``, ``tree`` or ``auto``); ``avoid``: holders
+    asked only for the chunks no other of the first ``replicas`` holds (:func:`assign`).
 
     ``calibration`` scales each shape's predicted time by how far off its recent predictions
     were (actual / predicted, measured by the restorer), so auto learns this deployment.
@@ -315,7 +320,7 @@ def build(
         raise InvalidRequest("fan-in must be at least 1")
     links = links or {}
     model = model or CostModel()
-    assignment = assign(tasks, links, load, replicas)
+    assignment = assign(tasks, links, load, replicas, avoid)
     per = _by_source(tasks, assignment)
     roots: dict[str, Hop | None] = {"star": None}
     if per:

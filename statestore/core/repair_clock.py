@@ -13,6 +13,13 @@ A pass walks everything the node holds, so it runs only when it can find work:
   member joins, leaves or moves tokens the safety net waits (up to ``MOVE_HOLD`` slots): the
   hand-over is copying, and the move's end changes ownership, which sets off a pass anyway.
 
+When a move ends the safety net, held while it ran, is overdue on every node at once: it
+waits for this node's next grid point after the move (so the nodes' passes after a move are
+spread over a period, not run together in the second the move ends). A placement change
+that only removes members that have left (a finished decommission: its hand-over verified
+every copy before it switched, ``RingView.only_left_since``) is not a reason to pass at
+once either; the safety net covers it at that grid point.
+
 A node that is itself joining passes not at all: all it holds are copies its owners hold too
 (streamed from them, or written to it as a pending owner alongside them), and its first pass
 made every owner digest everything it holds in a join's first seconds. Once its join ends
@@ -63,6 +70,7 @@ class RepairClock:
     last_pass: float | None = None
     moved_at: float | None = None
     pending: int = 0
+    moving_seen: float | None = None  # the last tick at which a member moved
 
     def _slot(self, now: float) -> float:
         """The start of the grid slot ``now`` is in."""
@@ -76,16 +84,24 @@ class RepairClock:
         *,
         moving: bool = False,
         joining: bool = False,
+        left_only: bool = False,
     ) -> PassPlan | None:
         """The pass to run now, or None; ``moving``: a member joins, leaves or moves tokens;
-        ``joining``: this node is one that joins. Opens a planned window if the epoch moved
-        outside one (a move inside a window does not extend it)."""
+        ``joining``: this node is one that joins; ``left_only``: the placement changed since
+        the last pass only by members that have left. Opens a planned window if the epoch
+        moved outside one (a move inside a window does not extend it)."""
+        if moving:
+            self.moving_seen = now
         if joining:
             return None
         if self.last_pass is not None:
             hold = MOVE_HOLD * self.full_every if moving else 0.0
-            safety = self.last_pass < self._slot(now - hold)
-            if not (placement != self.placement or self.pending or safety):
+            slot = self._slot(now - hold)
+            safety = self.last_pass < slot
+            if not moving and self.moving_seen is not None:
+                safety = safety and slot > self.moving_seen  # a grid point after the move
+            changed = placement != self.placement and not left_only
+            if not (changed or self.pending or safety):
                 return None
         moved = epoch != self.epoch
         if moved and (self.moved_at is None or now - self.moved_at >= self.grace):

@@ -13,6 +13,7 @@ Writes go to both (:meth:`RingView.write_replicas_of`). With nobody moving they 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from statestore.core.ids import StoreId
 from statestore.core.placement import DEFAULT_VNODES, Member, Ring
 from statestore.core.quorum import validate_rw
 
-__all__ = ["MemberInfo", "RingView"]
+__all__ = ["LEAVING_LAST", "MemberInfo", "RingView"]
 
 STATUSES = ("up", "suspect", "down")
 STATES = tuple(s.value for s in NodeState)
@@ -31,6 +32,9 @@ STATES = tuple(s.value for s in NodeState)
 MAX_VIEW_MEMBERS = 4096
 MAX_VIEW_VNODES = 4096
 MAX_VIEW_TOKENS = 1 << 21
+# reads ask a leaving replica after the others (RingView.read_order); False only for
+# bench/elastic.py, which alternates both within one run to measure what it buys
+LEAVING_LAST = True
 
 
 def _count(value: Any) -> int:
@@ -97,6 +101,8 @@ class RingView:
         object.__setattr__(self, "_future", ring if later == now else Ring(later, self.vnodes))
         object.__setattr__(self, "_live", tuple(sorted(m.id for m in live)))
         object.__setattr__(self, "_addr", {m.id: m.address for m in self.members})
+        leaving = frozenset(m.address for m in live if m.state == NodeState.LEAVING)
+        object.__setattr__(self, "_leaving", leaving)
 
     @property
     def ring(self) -> Ring:
@@ -122,6 +128,21 @@ class RingView:
         declared down, comes back, finishes a move or changes address does."""
         members = self.ring.members
         return members, tuple(self.address(m.id) for m in members)
+
+    def only_left_since(self, before: object) -> bool:
+        """Whether the read ring differs from ``before`` (an earlier :meth:`placement`) only
+        by members that are gone since in state ``left``: a finished decommission, whose
+        hand-over verified every copy before it switched. False for a member declared down,
+        one added, or any change of tokens or addresses."""
+        if not isinstance(before, tuple) or len(before) != 2:
+            return False
+        was = dict(zip(before[0], before[1], strict=False))
+        members, addresses = self.placement()
+        now = dict(zip(members, addresses, strict=True))
+        if now == was or any(was.get(m) != a for m, a in now.items()):
+            return False
+        states = {m.id: m.state for m in self.members}
+        return all(states.get(m.id) == NodeState.LEFT for m in was.keys() - now.keys())
 
     def moving_tokens(self) -> list[str]:
         """Ids of the live members changing their token count (``statestore rebalance``)."""
@@ -173,11 +194,32 @@ class RingView:
     def store_write_replicas(self, store: StoreId) -> list[str]:
         return self.write_replicas_of(store.path)
 
+    def leaving(self) -> frozenset[str]:
+        """Addresses of the live members that are leaving: owners still, and each the
+        busiest node of the ring while it streams everything it holds to its next owners.
+        Reads ask them last (:meth:`read_order`, the restore planner's ``avoid``)."""
+        out: frozenset[str] = self.__dict__["_leaving"] if LEAVING_LAST else frozenset()
+        return out
+
     def read_order(self, key: str) -> list[str]:
-        """Replicas first, then every other live node in ring order (where it may have moved)."""
+        """Replicas first, a leaving one after the others (:meth:`leaving`), then every other
+        live node in ring order (where it may have moved)."""
         first = self.replicas_of(key)
+        leaving = self.leaving()
+        if leaving:
+            first = [a for a in first if a not in leaving] + [a for a in first if a in leaving]
         rest = [self.address(n) for n in self.ring.preference(key)]
         return first + [a for a in rest if a not in first]
+
+    def same_owners(self, other: RingView, keys: Sequence[str]) -> bool:
+        """Whether ``other`` gives each of ``keys`` the same owners (as a set: reads ask
+        them all) under the same R and W, so a quorum read made on one view is one on the
+        other."""
+        if (self.replicas, self.write_quorum) != (other.replicas, other.write_quorum):
+            return False
+        if self.placement() == other.placement():
+            return True
+        return all(set(self.replicas_of(k)) == set(other.replicas_of(k)) for k in keys)
 
     def previous_replicas(self, key: str) -> list[str]:
         """Addresses of ``key``'s replicas on the ring that still counted the down nodes:

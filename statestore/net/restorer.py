@@ -190,6 +190,7 @@ class Restorer:
             replicas=view.replicas,
             model=model,
             calibration=self.calibration,
+            avoid=view.leaving(),
         )
 
     async def run(

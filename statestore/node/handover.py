@@ -174,11 +174,6 @@ def _bucket(node: Node) -> TokenBucket:
     return TokenBucket(rate, rate * BURST, node.clock(), tokens=0.0)
 
 
-def _in_flight() -> dict[str, asyncio.Semaphore]:
-    """A round's limits on copies at once, by item kind (``c`` chunk, ``m`` manifest)."""
-    return {"c": asyncio.Semaphore(IN_FLIGHT), "m": asyncio.Semaphore(MANIFESTS_IN_FLIGHT)}
-
-
 def _pace(items: Sequence[str]) -> tuple[Pace, list[int]]:
     """A round's :class:`Pace` for the items it copies, and each copy's index among the
     round's manifests (-1: a chunk)."""
@@ -200,34 +195,46 @@ async def copy_round(
     node: Node, move: MoveStatus, items: Sequence[str], copy: Callable[[int], Awaitable[int | None]]
 ) -> tuple[int, int]:
     """Copy a round's ``items`` (``copy(i)`` copies ``items[i]`` and returns its bytes, or None
-    when it did not land): a bounded number of chunks and of manifests at once, each after
-    this node's clients' requests (node/foreground.py), under the ``--stream-mbps`` budget,
-    the manifests at the chunks' pace (node/pace.py). Returns (bytes copied, copies failed);
-    ``move`` counts the bytes and the copies done."""
+    when it did not land): :data:`IN_FLIGHT` chunks and :data:`MANIFESTS_IN_FLIGHT` manifests
+    at once, each after this node's clients' requests (node/foreground.py), under the
+    ``--stream-mbps`` budget, the manifests at the chunks' pace (node/pace.py). Returns
+    (bytes copied, copies failed); ``move`` counts the bytes and the copies done.
+
+    A fixed set of workers takes the items in turn: the round's cost on the event loop at
+    its start does not grow with the items it copies (a task per item was tens of thousands
+    of tasks made at once on a large node)."""
     bucket = _bucket(node)
-    sems = _in_flight()
     pace, index = _pace(items)
+    chunks = iter([i for i, x in enumerate(index) if x < 0])
+    manifests = iter([i for i, x in enumerate(index) if x >= 0])
     moved = failed = 0
 
     async def one(i: int) -> None:
         nonlocal moved, failed
-        kind = items[i][0]
-        if index[i] >= 0:
-            await pace.manifest(index[i])
-        async with sems[kind]:
-            if kind == "c":
-                pace.chunk_started()
-            await node.foreground.wait()
-            n = await copy(i)
-            if n is None:
-                failed += 1
-                return
-            moved += n
-            move.bytes += n
-            move.round_done += 1
-            await _throttle(node, bucket, n)
+        await node.foreground.wait()
+        n = await copy(i)
+        if n is None:
+            failed += 1
+            return
+        moved += n
+        move.bytes += n
+        move.round_done += 1
+        await _throttle(node, bucket, n)
 
-    await asyncio.gather(*(one(i) for i in range(len(items))))
+    async def chunk_worker() -> None:
+        for i in chunks:  # shared by the workers: each item is taken once
+            pace.chunk_started()
+            await one(i)
+
+    async def manifest_worker() -> None:
+        for i in manifests:
+            await pace.manifest(index[i])
+            await one(i)
+
+    await asyncio.gather(
+        *(chunk_worker() for _ in range(min(IN_FLIGHT, pace.chunks))),
+        *(manifest_worker() for _ in range(min(MANIFESTS_IN_FLIGHT, pace.manifests))),
+    )
     return moved, failed
 
 

@@ -213,7 +213,14 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
         now = node.clock()
         joining = node.membership is not None and node.membership.state is NodeState.JOINING
         plan = (
-            clock.due(view.epoch, view.placement(), now, moving=view.moving, joining=joining)
+            clock.due(
+                view.epoch,
+                view.placement(),
+                now,
+                moving=view.moving,
+                joining=joining,
+                left_only=view.only_left_since(clock.placement),
+            )
             if len(view.ring)
             else None
         )
