@@ -53,8 +53,33 @@ d_owns = next(s for s in STORES if "d:1" in OLD.store_replicas(s))
 d_lacks = next(s for s in STORES if "d:1" not in OLD.store_replicas(s))
 
 
+async def runs(
+    newer: RingView, seen: int, stores: list[StoreId], *, not_found: bool = False
+) -> int:
+    """How many times ``_routed`` runs a read on the client's view ``OLD`` whose answers carry
+    epoch ``seen`` while the ring serves ``newer`` (``not_found``: the read finds nothing)."""
+    ring = Ring(OLD)
+    async with AsyncRingClient(["a:1"], transport=ring) as client:  # type: ignore[arg-type]
+        await client.refresh()
+        used: list[int] = []
+
+        async def op(v: RingView) -> int:
+            used.append(v.epoch)
+            ring.current, ring.seen_epoch = newer, seen
+            if not_found:
+                raise StoreNotFound("no such store")
+            return len(used)
+
+        try:
+            assert await client._routed(op, read=True, stores=stores) == len(used)
+        except StoreNotFound:
+            assert not_found
+        assert used[0] == 3 and all(e == newer.epoch for e in used[1:])
+        return len(used)
+
+
 @pytest.mark.parametrize(
-    ("newer", "store", "runs"),
+    ("newer", "store", "again"),
     [
         (view(4, {"d": "leaving"}), d_owns, 1),  # a leave starts: same owners
         (view(4, {"e": "joining"}), d_owns, 1),  # nothing that owns moved
@@ -64,59 +89,14 @@ d_lacks = next(s for s in STORES if "d:1" not in OLD.store_replicas(s))
     ],
 )
 async def test_a_read_runs_again_only_when_its_stores_owners_changed(
-    newer: RingView, store: StoreId, runs: int
+    newer: RingView, store: StoreId, again: int
 ) -> None:
-    ring = Ring(OLD)
-    async with AsyncRingClient(["a:1"], transport=ring) as client:  # type: ignore[arg-type]
-        await client.refresh()
-        used: list[int] = []
-
-        async def op(v: RingView) -> int:
-            used.append(v.epoch)
-            ring.current, ring.seen_epoch = newer, newer.epoch  # an answer from epoch 4
-            return len(used)
-
-        assert await client._routed(op, read=True, stores=[store]) == runs
-        assert used == [3, 4][:runs]
-        # without the stores read (a caller that does not say), always again
-        ring.current, ring.seen_epoch = OLD, 3
-        client._view = OLD
-        used.clear()
-        assert await client._routed(op, read=True) == 2
+    assert await runs(newer, 4, [store]) == again
+    assert await runs(newer, 4, [store], not_found=True) == again  # "not found" is final alike
+    assert await runs(newer, 4, []) == 2  # a caller that does not say what it read: again
 
 
 async def test_a_fresh_view_older_than_an_answer_does_not_spare_the_run() -> None:
     """The node asked for the view is behind the epoch an answer carried: the owners it gives
     prove nothing about that epoch, so the read runs again."""
-    ring = Ring(OLD)
-    async with AsyncRingClient(["a:1"], transport=ring) as client:  # type: ignore[arg-type]
-        await client.refresh()
-        used: list[int] = []
-
-        async def op(v: RingView) -> int:
-            used.append(v.epoch)
-            ring.current, ring.seen_epoch = view(4, {"d": "leaving"}), 5
-            return len(used)
-
-        assert await client._routed(op, read=True, stores=[d_owns]) == 2
-
-
-@pytest.mark.parametrize(
-    ("newer", "runs"), [(view(4, {"d": "leaving"}), 1), (view(4, {"d": "left"}), 2)]
-)
-async def test_not_found_from_a_stale_view_is_final_only_with_the_same_owners(
-    newer: RingView, runs: int
-) -> None:
-    ring = Ring(OLD)
-    async with AsyncRingClient(["a:1"], transport=ring) as client:  # type: ignore[arg-type]
-        await client.refresh()
-        used: list[int] = []
-
-        async def op(v: RingView) -> int:
-            used.append(v.epoch)
-            ring.current, ring.seen_epoch = newer, newer.epoch
-            raise StoreNotFound("no such store")
-
-        with pytest.raises(StoreNotFound):
-            await client._routed(op, read=True, stores=[d_owns])
-        assert len(used) == runs
+    assert await runs(view(4, {"d": "leaving"}), 5, [d_owns]) == 2
