@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -86,3 +86,64 @@ def _held_by(addresses: list[str], sid: StoreId) -> list[bool]:
             assert exc.code == 404
             out.append(False)
     return out
+
+
+def _called_down(view: RingView, down: set[str], extra: Sequence[dict[str, str]] = ()) -> RingView:
+    """``view`` as a node cut off from the others sees it: ``down`` called down (wrongly),
+    ``extra`` members added, the epoch raised."""
+    seen = view.to_json()
+    for m in seen["members"]:
+        if m["address"] in down:
+            m["status"] = "down"
+    seen["members"] += list(extra)
+    seen["epoch"] += 10
+    return RingView.from_json(seen)
+
+
+def test_a_view_that_calls_a_stores_owners_down_does_not_make_it_vanish(
+    ring5: LocalRing,
+) -> None:
+    """A node cut off from the others calls them down and raises its epoch; a client shown
+    that view asked owners that never held the store, and their quorum of "not found"
+    ended a restore of a store with acknowledged versions (statestore-sim seed
+    263719285619475, docs/reliability.md). A "not found" now takes a read quorum of the
+    store's home replicas (the ring counting every member) too."""
+    from statestore.core.errors import QuorumNotReached
+    from statestore.net.reads import read_chain, read_head, read_versions
+
+    ring5.wait_ring(5)
+    sid = StoreId("isolated", 0, 1, "default")
+    with RingClient(ring5.seeds) as client:
+        client.commit(sid, 1, {b"k": b"v"})
+        view = client.ring()
+    owners = view.store_replicas(sid)
+    lonely = _called_down(view, set(owners))
+    assert not set(lonely.store_replicas(sid)) & set(owners)
+    # two members that never answer (closed ports), two of a fresh store's three home
+    # replicas: that store's absence cannot be told from the other members
+    gone = [{"id": f"gone{i}", "address": f"127.0.0.1:{1 + i}", "status": "down"} for i in (0, 1)]
+    dark = _called_down(view, set(), gone)
+    far = {m["address"] for m in gone}
+    fresh = next(
+        s
+        for s in (StoreId("isolated", 1, p, "default") for p in range(500))
+        if len(far & set(dark.previous_replicas(s.path))) == 2
+    )
+
+    async def reads() -> list[object]:
+        transport = HttpTransport(timeout=5.0)
+        out: list[object] = []
+        try:
+            out.append((await read_head(transport, lonely, sid)).version)
+            out.append(len(await read_chain(transport, lonely, sid, 1)))
+            out.append(await read_versions(transport, lonely, sid))
+            for read in (read_head, read_versions):
+                try:
+                    await read(transport, dark, fresh)
+                except (QuorumNotReached, StoreNotFound) as exc:
+                    out.append(type(exc).__name__)
+        finally:
+            await transport.close()
+        return out
+
+    assert asyncio.run(reads()) == [1, 1, [1], "QuorumNotReached", "QuorumNotReached"]

@@ -69,7 +69,7 @@ class ReadStats:
 
 async def _ask_replicas(
     transport: Transport, view: RingView, store: StoreId, path: str, answers: int | None = None
-) -> tuple[list[bytes], list[BaseException]]:
+) -> tuple[list[bytes], list[BaseException], set[str]]:
     """Ask the store's replicas; once the read needs are met (``answers``, else the read
     quorum), the read returns: those answers meet every commit acknowledged in this view,
     and the client runs a read again on a fresh view when an answer came from a newer one
@@ -100,15 +100,19 @@ def stand_ins(view: RingView, store: StoreId) -> list[str]:
     return out
 
 
+def _answer(r: Response | BaseException) -> bool:
+    return not isinstance(r, BaseException) or isinstance(r, NotFound)
+
+
 async def _ask(
     transport: Transport, targets: Sequence[str], path: str, need: int = 1, *, rest: Rest = "wait"
-) -> tuple[list[bytes], list[BaseException]]:
+) -> tuple[list[bytes], list[BaseException], set[str]]:
     """GET ``path`` from every target; after ``need`` answers (a body or NotFound), the
-    others are treated as ``rest`` says (net/quorate.until_enough)."""
+    others are treated as ``rest`` says (net/quorate.until_enough). Returns the bodies, the
+    errors and the targets that answered."""
 
     def enough(done: dict[int, Response | BaseException]) -> bool:
-        return sum(1 for r in done.values() if not isinstance(r, BaseException) or
-                   isinstance(r, NotFound)) >= need  # fmt: skip
+        return sum(map(_answer, done.values())) >= need
 
     results = await until_enough(
         [transport.request("GET", a, path) for a in targets], enough, f"GET {path}", rest=rest
@@ -118,7 +122,39 @@ async def _ask(
     for e in errors:
         if not isinstance(e, StateStoreError):
             raise e
-    return bodies, errors
+    return bodies, errors, {a for a, r in zip(targets, results, strict=True) if _answer(r)}
+
+
+async def _elsewhere(
+    transport: Transport,
+    view: RingView,
+    store: StoreId,
+    path: str,
+    answered: set[str],
+    answers: int | None = None,
+) -> tuple[list[bytes], int]:
+    """Before a read says that a store (or a version of it) is not there because a read
+    quorum of its owners in ``view`` (``answered``) said so: ask where else it may be. Its
+    stand-ins (:func:`stand_ins`), and its home replicas (the ring counting every member,
+    down ones too) that did not answer yet: a view may call members down wrongly (a node cut
+    off from the others calls them all down and names itself and the nodes it still counts
+    as the owners; statestore-sim, docs/reliability.md). Returns the bodies found and how
+    many home replicas answered in all, for the caller's :func:`_need` before it says "not
+    there". Home replicas are asked only when those that answered are fewer than it needs."""
+    home = view.previous_replicas(store.path)
+    at_home = sum(1 for a in home if a in answered)
+    targets = stand_ins(view, store)
+    if at_home < _needed(view, answers):
+        targets += [a for a in home if a not in answered and a not in targets]
+    if not targets:
+        return [], at_home
+    bodies, _, more = await _ask(transport, targets, path)
+    return bodies, at_home + sum(1 for a in home if a in more and a not in answered)
+
+
+def _needed(view: RingView, answers: int | None = None) -> int:
+    want = read_quorum(view.replicas, view.write_quorum) if answers is None else answers
+    return min(want, len(view.members))
 
 
 def _need(
@@ -132,8 +168,7 @@ def _need(
     # off from the others sees itself as the whole ring, and its answer alone must not pass
     # for a quorum (statestore-sim found it, docs/reliability.md).
     # ``answers``: a per-request consistency's count (core/quorum.read_answers) instead.
-    want = read_quorum(view.replicas, view.write_quorum) if answers is None else answers
-    need = min(want, len(view.members))
+    need = _needed(view, answers)
     if answered < need:
         raise QuorumNotReached(
             f"reading {store} needs {need} replica answer(s), got {answered}: "
@@ -162,16 +197,18 @@ async def read_head(
     """The store's latest head over a read quorum (or ``answers`` replica answers). Raises
     StoreNotFound if none has one, nor any of its stand-ins (:func:`stand_ins`)."""
     path = f"/v1/stores/{store.path}/head"
-    bodies, errors = await _ask_replicas(transport, view, store, path, answers)
+    bodies, errors, answered = await _ask_replicas(transport, view, store, path, answers)
     heads = _heads(bodies, errors)
     try:
         return _merge_head(view, store, heads, errors, answers)
     except StoreNotFound:
         # a quorum of owners never saw the store: before saying it does not exist, ask
-        # where its writes went while owners were down (tests/test_ring.py)
-        more, _ = await _ask(transport, stand_ins(view, store), path)
+        # where its writes went while owners were down (tests/test_ring.py), and its home
+        # replicas, which this view may call down wrongly (:func:`_elsewhere`)
+        more, at_home = await _elsewhere(transport, view, store, path, answered, answers)
         best = merge_heads(_heads(more, []))
         if best is None:
+            _need(view, store, at_home, errors, answers)
             raise
         return best
 
@@ -274,11 +311,14 @@ def _json(body: bytes, what: str) -> Any:
 
 
 async def read_versions(transport: Transport, view: RingView, store: StoreId) -> list[int]:
-    bodies, errors = await _ask_replicas(
-        transport, view, store, f"/v1/stores/{store.path}/versions"
-    )
+    path = f"/v1/stores/{store.path}/versions"
+    bodies, errors, answered = await _ask_replicas(transport, view, store, path)
     not_found = [e for e in errors if isinstance(e, NotFound)]
     _need(view, store, len(bodies) + len(not_found), errors)
+    if not bodies:  # as read_head: asked elsewhere before the store is said not to exist
+        bodies, at_home = await _elsewhere(transport, view, store, path, answered)
+        if not bodies:
+            _need(view, store, at_home, errors)
     out: set[int] = set()
     floor = 0
     for o in map(json.loads, bodies):
@@ -334,16 +374,22 @@ async def read_chain(
     """The manifests to apply for ``version``, merged over the store's replicas (at least
     ``answers`` of them when given: a per-request consistency)."""
     path = f"/v1/stores/{store.path}/chain?version={version}"
-    bodies, errors = await _ask_replicas(transport, view, store, path, answers)
+    bodies, errors, answered = await _ask_replicas(transport, view, store, path, answers)
     try:
         return _merge_chain(view, store, version, bodies, errors, answers)
-    except NotFound:
+    except NotFound as first:
         # not on a quorum of owners: the manifests may be where writes went while owners
-        # were down (as read_head); merged with what the owners have
-        more, _ = await _ask(transport, stand_ins(view, store), path)
-        if not more:
-            raise
-        return _merge_chain(view, store, version, bodies + more, errors, answers)
+        # were down, or on home replicas this view calls down (as read_head); merged with
+        # what the owners have
+        more, at_home = await _elsewhere(transport, view, store, path, answered, answers)
+        verdict = first
+        if more:
+            try:
+                return _merge_chain(view, store, version, bodies + more, errors, answers)
+            except NotFound as exc:
+                verdict = exc
+        _need(view, store, at_home, errors, answers)
+        raise verdict from None
 
 
 async def read_chains(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Mapping, Sequence
 
 from aiohttp import web
@@ -88,7 +87,7 @@ async def narrow(
     held: dict[tuple[str, str], bool] = {}
     left: dict[str, list[str]] = {}
     for target, items in want.items():
-        seed = random.getrandbits(64)
+        seed = node.rng.getrandbits(64)  # the node's generator: seeded in a simulation
         # grouping and folding every item: in a worker thread, clients' requests go on
         grouped, folded = await asyncio.to_thread(_folded, items, ranges, seed)
         indices = sorted(grouped)
