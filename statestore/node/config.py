@@ -64,6 +64,10 @@ class NodeConfig:
     # default is 5): the event loop waits that long after each system call while a worker
     # thread scans or hashes (docs/operations.md, Thread switch interval)
     switch_interval_ms: float = 1.0
+    # move what is alive once the node has started (modules, classes, the app) out of the
+    # garbage collector's reach: a full collection then scans only what came after
+    # (docs/operations.md, Garbage collector)
+    gc_freeze: bool = True
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)

@@ -18,6 +18,7 @@ The metric names and their meaning are listed in docs/operations.md.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 from collections.abc import Awaitable, Callable, Iterator
@@ -32,6 +33,7 @@ from prometheus_client.registry import Collector
 from statestore.core.view import STATUSES
 from statestore.node.activity import ACTIVITY, Operation
 from statestore.node.daemon import NODE, Node
+from statestore.node.gcpause import PAUSES
 
 __all__ = ["METRICS", "NodeMetrics", "metrics_middleware", "register"]
 
@@ -166,6 +168,7 @@ class NodeCollector(Collector):
             node.store.hint_count(),
         )
         yield _gauge("statestore_ring_epoch", "The ring epoch this node has seen", node.epoch)
+        yield from _gc_figures()
         members = GaugeMetricFamily(
             "statestore_members", "Ring members by failure-detector state", labels=["status"]
         )
@@ -237,6 +240,36 @@ def query_usage(node: Node) -> Iterator[Metric]:
             quota.add_metric([query], limit)
     yield held
     yield quota
+
+
+def _gc_figures() -> Iterator[Metric]:
+    """The process's garbage collector: objects frozen out of its passes, and its pauses
+    per generation (node/gcpause.py; only in a daemon, which times them)."""
+    yield _gauge(
+        "statestore_gc_frozen_objects",
+        "Objects moved out of the garbage collector's passes when the node started",
+        gc.get_freeze_count(),
+    )
+    if not PAUSES.installed:
+        return
+    count = CounterMetricFamily(
+        "statestore_gc_pauses", "Garbage collector passes, by generation", labels=["generation"]
+    )
+    seconds = CounterMetricFamily(
+        "statestore_gc_pause_seconds",
+        "Seconds the garbage collector held every thread of the process, by generation",
+        labels=["generation"],
+    )
+    longest = GaugeMetricFamily(
+        "statestore_gc_pause_longest_seconds",
+        "The longest garbage collector pause since the node started, by generation",
+        labels=["generation"],
+    )
+    for g in range(len(PAUSES.count)):
+        count.add_metric([str(g)], PAUSES.count[g])
+        seconds.add_metric([str(g)], PAUSES.seconds[g])
+        longest.add_metric([str(g)], PAUSES.longest[g])
+    yield from (count, seconds, longest)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

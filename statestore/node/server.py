@@ -21,6 +21,7 @@ from statestore.net.tls import server_context
 from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
+from statestore.node.gcpause import PAUSES, freeze
 from statestore.node.handover import check_join, check_replace, drain, join_loop
 from statestore.node.hints import hint_loop
 from statestore.node.rebalance import auto_rebalance_loop, resume_loop
@@ -84,6 +85,8 @@ async def serve(config: NodeConfig, stop: asyncio.Event, now: asyncio.Event | No
     0, or 1 when a drain was asked for and did not finish."""
     node, runner = await start_node(config)
     code = 0
+    if config.gc_freeze:  # once started: what is alive now lives as long as the process
+        log.info("node %s: %d objects frozen out of the collector's passes", node.id, freeze())
     # The first line on stdout is the contract for scripts and tests that start nodes on port 0.
     print(
         f"statestore node {node.id} listening on {node.address} "
@@ -125,8 +128,11 @@ def tune_interpreter(config: NodeConfig) -> None:
     loop gives up the interpreter at each system call (a socket read or write, an fsync);
     while a worker thread runs Python (a digest scan, a listing, a chunk's decoding) the loop
     gets it back only when that thread is made to yield, after the interval. Python's 5 ms
-    default makes every system call of a request wait up to 5 ms during such work."""
+    default makes every system call of a request wait up to 5 ms during such work. And the
+    garbage collector's pauses are timed for ``GET /metrics`` (node/gcpause.py; the freeze
+    itself comes once the node has started, in :func:`serve`)."""
     sys.setswitchinterval(config.switch_interval_ms / 1000)
+    PAUSES.install()
 
 
 def run_node(config: NodeConfig) -> int:
