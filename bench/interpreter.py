@@ -4,7 +4,7 @@ worker threads run Python, side by side in one run. ``--setting``:
 - ``switch-interval``: the thread switch interval (``--switch-interval-ms``), Python's
   default (5 ms) against the node's (1 ms);
 - ``gc-freeze``: what was alive once the node started, left in the garbage collector's
-  full passes (``--no-gc-freeze``) against frozen out of them (the default).
+  full passes (the default) against frozen out of them (``--gc-freeze``).
 
 Two 3-node rings run at once, the same but for the setting. Both are loaded with
 ``--commits`` small commits (a chunk and a manifest each, held by all three nodes). Then,
@@ -14,9 +14,9 @@ threads keep every node of that ring answering ``POST /v1/sync/digest`` for the 
 token range, back to back: a scan and a hash of everything it holds, in a worker thread, as
 the targets of a decommission's listing do. The same loop without the background threads
 is measured too ("idle"). Reported: commit and restore p50 and p99 per ring, and the ratios
-new / old (the node's default over the other) per round, median with the range; and each
-ring's garbage collector pauses over the measured rounds (``statestore_gc_pause_*`` in
-``GET /metrics``).
+second / first (the setting's second value over its first) per round, median with the
+range; and each ring's garbage collector pauses over the measured rounds
+(``statestore_gc_pause_*`` in ``GET /metrics``).
 
     PYTHONPATH=. .venv/bin/python bench/interpreter.py --setting switch-interval --commits 1500
 """
@@ -37,10 +37,11 @@ from client import RingClient, StoreId
 from statestore.core.digest import TOKEN_MAX, Digest
 from statestore.wire.digest import encode_request
 
-# per setting: (label, node flags) of the old way, then of the node's default
+# per setting: (label, node flags) of the first value, then of the second (the ratios are
+# second / first)
 SETTINGS: dict[str, tuple[tuple[str, list[str]], tuple[str, list[str]]]] = {
     "switch-interval": (("5 ms", ["--switch-interval-ms", "5"]), ("1 ms", [])),
-    "gc-freeze": (("no freeze", ["--no-gc-freeze"]), ("freeze", [])),
+    "gc-freeze": (("no freeze", []), ("freeze", ["--gc-freeze"])),
 }
 
 

@@ -2,15 +2,18 @@
 
 CPython's cyclic collector stops every thread of the process while it runs. A full
 (generation 2) pass walks every container object the collector tracks; in a started node
-the modules, classes, functions and the app alone are ~45,000 of them, 10-15 ms of walking
+the modules, classes, functions and the app alone are ~43,000 of them, 10-15 ms of walking
 on this project's machine, repeated every few seconds while a move, a repair pass or a
-digest scan allocates. :func:`freeze` moves what is alive once the node has started into
-the collector's permanent generation (``gc.freeze``): later passes walk only what came
-after. What is frozen is never collected, which is right for objects that live as long as
-the process. :class:`Pauses` times every pass (a ``gc.callbacks`` hook) for ``GET /metrics``
-(docs/operations.md, Garbage collector).
+digest scan allocates. :func:`freeze` (``--gc-freeze``) moves what is alive once the node
+has started into the collector's permanent generation (``gc.freeze``): later passes walk
+only what came after, a tenth of the time in them measured side by side. It is opt-in:
+in the same bench, restores were slower on the frozen ring in every run (1.2-2.5x), for a
+cause not found (docs/benchmarks.md). What is frozen is never collected, which is right for objects
+that live as long as the process. :class:`Pauses` times every pass (a ``gc.callbacks``
+hook) for ``GET /metrics`` (docs/operations.md, Garbage collector).
 
-Process-wide, as the collector is: the daemon installs both (node/server.py); a program that
+Process-wide, as the collector is: the daemon times the pauses, and freezes with
+``--gc-freeze`` (node/server.py); a program that
 embeds a node (``start_node``) keeps its own collector settings and reports no pauses.
 """
 

@@ -247,7 +247,7 @@ def _gc_figures() -> Iterator[Metric]:
     per generation (node/gcpause.py; only in a daemon, which times them)."""
     yield _gauge(
         "statestore_gc_frozen_objects",
-        "Objects moved out of the garbage collector's passes when the node started",
+        "Objects moved out of the garbage collector's passes when the node started (--gc-freeze)",
         gc.get_freeze_count(),
     )
     if not PAUSES.installed:

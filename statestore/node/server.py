@@ -129,8 +129,8 @@ def tune_interpreter(config: NodeConfig) -> None:
     while a worker thread runs Python (a digest scan, a listing, a chunk's decoding) the loop
     gets it back only when that thread is made to yield, after the interval. Python's 5 ms
     default makes every system call of a request wait up to 5 ms during such work. And the
-    garbage collector's pauses are timed for ``GET /metrics`` (node/gcpause.py; the freeze
-    itself comes once the node has started, in :func:`serve`)."""
+    garbage collector's pauses are timed for ``GET /metrics`` (node/gcpause.py; ``--gc-freeze``
+    freezes once the node has started, in :func:`serve`)."""
     sys.setswitchinterval(config.switch_interval_ms / 1000)
     PAUSES.install()
 
