@@ -8,13 +8,13 @@ digest scan allocates. :func:`freeze` (``--gc-freeze``) moves what is alive once
 has started into the collector's permanent generation (``gc.freeze``): later passes walk
 only what came after, a tenth of the time in them measured side by side. It is opt-in:
 in the same bench, restores were slower on the frozen ring in every run (1.2-2.5x), for a
-cause not found (docs/benchmarks.md). What is frozen is never collected, which is right for objects
-that live as long as the process. :class:`Pauses` times every pass (a ``gc.callbacks``
-hook) for ``GET /metrics`` (docs/operations.md, Garbage collector).
+cause not found (docs/benchmarks.md). What is frozen is never collected, which is right
+for objects that live as long as the process. :class:`Pauses` times every pass (a
+``gc.callbacks`` hook) for ``GET /metrics`` (docs/operations.md, Garbage collector).
 
 Process-wide, as the collector is: the daemon times the pauses, and freezes with
-``--gc-freeze`` (node/server.py); a program that
-embeds a node (``start_node``) keeps its own collector settings and reports no pauses.
+``--gc-freeze`` (node/server.py); a program that embeds a node (``start_node``) keeps its
+own collector settings and reports no pauses.
 """
 
 from __future__ import annotations
