@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 
 from _common import MiB, local_ring, machine, median, pct, rows, table
 
@@ -76,6 +77,7 @@ class Foreground(threading.Thread):
         self.seeds = seeds
         self.commits: list[list[tuple[float, float]]] = [[] for _ in MODES]  # by mode
         self.restores: list[list[tuple[float, float]]] = [[] for _ in READS]  # by read order
+        self.shapes: list[tuple[float, str]] = []  # each restore's plan shape, with its end
         self.failures: list[str] = []
         self.halt = threading.Event()
 
@@ -101,10 +103,11 @@ class Foreground(threading.Thread):
                     v += 1
                     ring_view.LEAVING_LAST = READS[v % len(READS)][1]
                     t = time.perf_counter()
-                    client.restore(read)
+                    got = client.restore(read)
                     self.restores[v % len(READS)].append(
                         (time.monotonic(), time.perf_counter() - t)
                     )
+                    self.shapes.append((time.monotonic(), got.plan))
                 except Exception as exc:
                     self.failures.append(f"{type(exc).__name__}: {exc}")
                 time.sleep(0.05)
@@ -432,6 +435,8 @@ def main() -> int:
             for at, s in samples
             if m.begun <= at < m.done
         )[-6:]
+        shapes = Counter(k for at, k in fg.shapes if m.begun <= at < m.done)
+        print(f"{m.kind} restores' plan shapes: {dict(shapes)}")
         print(
             f"{m.kind} slowest: "
             + ", ".join(f"{k} {s * 1e3:.0f} ms at +{off:.1f} s" for s, off, k in reversed(slow))

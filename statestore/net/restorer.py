@@ -31,6 +31,7 @@ from functools import partial
 from typing import Any
 
 from statestore.core.bucket import TokenBucket
+from statestore.core.calibration import Calibration
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, verify
 from statestore.core.errors import (
     CorruptChunk,
@@ -144,7 +145,7 @@ class Restorer:
         self.links = LinkTable()
         self.clock = clock
         self._fold_ratio: dict[StoreId, float] = {}
-        self.calibration: dict[str, float] = {}  # per shape: EWMA of actual / predicted
+        self.calibration = Calibration()  # per shape: actual / predicted (core/calibration.py)
         self._bucket = (
             TokenBucket(ingress, max(ingress / 10, 1 << 20), clock()) if ingress else None
         )
@@ -189,7 +190,7 @@ class Restorer:
             tree_fan_in=self.tree_fan_in,
             replicas=view.replicas,
             model=model,
-            calibration=self.calibration,
+            calibration=self.calibration.factors(),
             avoid=view.leaving(),
         )
 
@@ -240,12 +241,10 @@ class Restorer:
 
     def _calibrate(self, plan: Plan, seconds: float, rerouted: int) -> None:
         """Learn how far off the raw prediction for this shape was (a clean run only)."""
-        raw = plan.predictions.get(plan.kind, 0.0) / self.calibration.get(plan.kind, 1.0)
+        raw = plan.predictions.get(plan.kind, 0.0) / self.calibration.factor(plan.kind)
         if raw <= 0 or (rerouted and plan.kind != "star") or not plan.tasks:
             return
-        ratio = min(20.0, max(0.2, seconds / raw))
-        old = self.calibration.get(plan.kind)
-        self.calibration[plan.kind] = ratio if old is None else 0.5 * old + 0.5 * ratio
+        self.calibration.learn(plan.kind, seconds / raw)
 
     async def _stream(
         self,
