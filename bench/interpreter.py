@@ -4,7 +4,7 @@ worker threads run Python, side by side in one run. ``--setting``:
 - ``switch-interval``: the thread switch interval (``--switch-interval-ms``), Python's
   default (5 ms) against the node's (1 ms);
 - ``gc-freeze``: what was alive once the node started, left in the garbage collector's
-  full passes (the default) against frozen out of them (``--gc-freeze``).
+  full passes (``--no-gc-freeze``) against frozen out of them (the default).
 
 Two 3-node rings run at once, the same but for the setting. Both are loaded with
 ``--commits`` small commits (a chunk and a manifest each, held by all three nodes). Then,
@@ -41,7 +41,7 @@ from statestore.wire.digest import encode_request
 # second / first)
 SETTINGS: dict[str, tuple[tuple[str, list[str]], tuple[str, list[str]]]] = {
     "switch-interval": (("5 ms", ["--switch-interval-ms", "5"]), ("1 ms", [])),
-    "gc-freeze": (("no freeze", []), ("freeze", ["--gc-freeze"])),
+    "gc-freeze": (("no freeze", ["--no-gc-freeze"]), ("freeze", [])),
 }
 
 

@@ -28,8 +28,8 @@ def figures(address: str) -> dict[tuple[str, str], float]:
 
 
 def test_gc_freeze_freezes_what_a_node_started_with_and_pauses_are_timed(tmp_path: Path) -> None:
-    on = LocalRing(str(tmp_path / "on"), 1, args=[*FAST, "--gc-freeze"]).start()
-    off = LocalRing(str(tmp_path / "off"), 1, args=FAST).start()
+    on = LocalRing(str(tmp_path / "on"), 1, args=FAST).start()  # the default
+    off = LocalRing(str(tmp_path / "off"), 1, args=[*FAST, "--no-gc-freeze"]).start()
     try:
         frozen = figures(on.procs[0].address)
         kept = figures(off.procs[0].address)

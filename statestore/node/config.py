@@ -66,8 +66,8 @@ class NodeConfig:
     switch_interval_ms: float = 1.0
     # move what is alive once the node has started (modules, classes, the app) out of the
     # garbage collector's reach: a full collection then scans only what came after
-    # (docs/operations.md, Garbage collector; opt-in: restores measured slower with it)
-    gc_freeze: bool = False
+    # (docs/operations.md, Garbage collector; ``--no-gc-freeze`` turns it off)
+    gc_freeze: bool = True
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)

@@ -6,15 +6,14 @@ the modules, classes, functions and the app alone are ~43,000 of them, 10-15 ms 
 on this project's machine, repeated every few seconds while a move, a repair pass or a
 digest scan allocates. :func:`freeze` (``--gc-freeze``) moves what is alive once the node
 has started into the collector's permanent generation (``gc.freeze``): later passes walk
-only what came after, a tenth of the time in them measured side by side. It is opt-in:
-in the same bench, restores were slower on the frozen ring in every run (1.2-2.5x), for a
-cause not found (docs/benchmarks.md). What is frozen is never collected, which is right
-for objects that live as long as the process. :class:`Pauses` times every pass (a
+only what came after, a tenth of the time in them measured side by side
+(docs/benchmarks.md). It is on unless ``--no-gc-freeze``. What is frozen is never collected,
+which is right for objects that live as long as the process. :class:`Pauses` times every pass (a
 ``gc.callbacks`` hook) for ``GET /metrics`` (docs/operations.md, Garbage collector).
 
-Process-wide, as the collector is: the daemon times the pauses, and freezes with
-``--gc-freeze`` (node/server.py); a program that embeds a node (``start_node``) keeps its
-own collector settings and reports no pauses.
+Process-wide, as the collector is: the daemon times the pauses, and freezes unless
+``--no-gc-freeze`` (node/server.py); a program that embeds a node (``start_node``) keeps
+its own collector settings and reports no pauses.
 """
 
 from __future__ import annotations
