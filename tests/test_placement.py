@@ -41,6 +41,22 @@ def test_replicas_match_oracle(ids: list[str], vnodes: int, key: str, r: int) ->
     assert len(set(got)) == len(got) == min(r, len(ids))
 
 
+def test_replicas_from_the_range_cache_match_the_oracle_and_are_copies() -> None:
+    """``replicas`` answers from a per-range cache: many keys on one ring (the cache warm,
+    ranges asked many times) still match the walk, and a caller that changes the list it got
+    does not change the next answer."""
+    members = [Member(f"node-{i}") for i in range(5)]
+    ring = Ring(members, 8)
+    for n in range(400):
+        key = f"store/{n % 7}/{n}"
+        for r in (1, 3):
+            assert ring.replicas(key, r) == oracle(members, 8, key, r), (key, r)
+    got = ring.replicas("k", 3)
+    got.append("intruder")
+    got[0] = "changed"
+    assert ring.replicas("k", 3) == oracle(members, 8, "k", 3)
+
+
 @settings(max_examples=100, deadline=None)
 @given(ids=ids, key=st.text(max_size=30))
 def test_preference_is_every_node_once(ids: list[str], key: str) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "Push",
     "RoundResult",
     "Sighting",
+    "copy_order",
     "pull_plan",
     "push_plan",
     "replace_plan",
@@ -163,6 +164,21 @@ class Push:
 
 def _rank(item: str, holder: str) -> int:
     return xxhash.xxh64_intdigest(f"{item}|{holder}".encode())
+
+
+def copy_order(items: Sequence[str]) -> list[int]:
+    """The order in which a round copies its ``items`` (indexes into them): by a hash of each
+    item's name, not by name.
+
+    Names sort by store, so in name order a round copied each store's chunks in one run: the
+    hundreds of tiny chunks of a store of small deltas went one after another, thousands of
+    copies a second that the bytes budget hardly slowed, then a store of large snapshots at
+    the budget. Every copy is a request on two nodes: a run of tiny ones cost all the CPU
+    in a move's first half second, while the bytes budget saved up for a burst after it
+    (docs/benchmarks.md). Mixed by hash, the sizes are spread over the round, and with them
+    both the copies per second and the bytes."""
+    keys = [xxhash.xxh64_intdigest(item.encode()) for item in items]
+    return sorted(range(len(items)), key=keys.__getitem__)  # stable: ties keep name order
 
 
 def pull_plan(listings: Mapping[str, Sequence[str]], held: Collection[str]) -> list[Pull]:

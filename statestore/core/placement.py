@@ -113,8 +113,10 @@ class Ring:
         return seen
 
     def replicas(self, key: str | bytes, r: int) -> list[str]:
-        """The ``r`` nodes that hold ``key`` (fewer if the ring is smaller)."""
-        return self._choose(self.preference(key), r)
+        """The ``r`` nodes that hold ``key`` (fewer if the ring is smaller). Through the
+        per-range cache: a listing or a repair scan asks for every key a node holds, and the
+        walk to the range's ``r`` owners was most of that (docs/benchmarks.md)."""
+        return list(self.token_replicas(item_token(key), r))
 
     def _choose(self, walk: list[str], r: int) -> list[str]:
         if not self._zoned:

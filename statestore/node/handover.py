@@ -43,6 +43,7 @@ from statestore.core.handover import (
     Phase,
     RoundResult,
     Sighting,
+    copy_order,
     pull_plan,
     push_plan,
     replace_plan,
@@ -186,6 +187,11 @@ def _pace(items: Sequence[str]) -> tuple[Pace, list[int]]:
     return Pace(len(items) - n, n), index
 
 
+def _ordered(items: Sequence[str]) -> tuple[list[int], tuple[Pace, list[int]]]:
+    order = copy_order(items)
+    return order, _pace([items[i] for i in order])
+
+
 async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
     wait = bucket.reserve(n, node.clock())
     if wait > 0:
@@ -204,16 +210,18 @@ async def copy_round(
     A fixed set of workers takes the items in turn: the round's cost on the event loop at
     its start does not grow with the items it copies (a task per item was tens of thousands
     of tasks made at once on a large node)."""
+    # sizes mixed over the round, not one store's run after another; off the loop (a sort of
+    # tens of thousands of names)
+    order, (pace, index) = await asyncio.to_thread(_ordered, items)
     bucket = _bucket(node)
-    pace, index = _pace(items)
-    chunks = iter([i for i, x in enumerate(index) if x < 0])
-    manifests = iter([i for i, x in enumerate(index) if x >= 0])
+    chunks = iter([p for p, x in enumerate(index) if x < 0])
+    manifests = iter([p for p, x in enumerate(index) if x >= 0])
     moved = failed = 0
 
-    async def one(i: int) -> None:
+    async def one(p: int) -> None:
         nonlocal moved, failed
         await node.foreground.wait()
-        n = await copy(i)
+        n = await copy(order[p])
         if n is None:
             failed += 1
             return
@@ -223,14 +231,14 @@ async def copy_round(
         await _throttle(node, bucket, n)
 
     async def chunk_worker() -> None:
-        for i in chunks:  # shared by the workers: each item is taken once
+        for p in chunks:  # shared by the workers: each item is taken once
             pace.chunk_started()
-            await one(i)
+            await one(p)
 
     async def manifest_worker() -> None:
-        for i in manifests:
-            await pace.manifest(index[i])
-            await one(i)
+        for p in manifests:
+            await pace.manifest(index[p])
+            await one(p)
 
     await asyncio.gather(
         *(chunk_worker() for _ in range(min(IN_FLIGHT, pace.chunks))),
