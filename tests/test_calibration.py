@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import pytest
 
-from statestore.core.calibration import HALF_LIFE, HIGH, LOW, Calibration
+from statestore.core.calibration import HALF_LIFE, HIGH, LOW, SAMPLES, Calibration
 from statestore.core.plan import build
+from statestore.net.restorer import Restorer
+from statestore.net.transport import Transport
 from tests.test_plan import tasks
 
 
@@ -110,3 +113,21 @@ def test_auto_tries_a_shape_again_once_a_slow_spell_has_faded() -> None:
     assert runs[0] != "star"
     assert runs[-1] == "star"  # star is tried again ...
     assert len(runs) <= 3 * HALF_LIFE  # ... within a few half-lives
+
+
+def test_a_restore_learns_from_the_factor_its_plan_was_built_with() -> None:
+    """Restores that finish while this one runs move the factor. The sample divides the plan's
+    prediction by the factor the plan was built with (kept on the plan), not by the moved
+    one: dividing by the moved one fed every move back into the next sample."""
+    ts = tasks(1, 8)
+    plan = build("star", ts, calibration={"star": 2.0})  # built while star ran 2x its model
+    assert plan.calibration == {"star": 2.0}
+    raw = plan.predictions["star"] / 2.0
+    restorer = Restorer(cast(Transport, object()))  # the transport is not used to learn
+    for _ in range(SAMPLES - 1):  # meanwhile, other star restores ran at 4x ...
+        restorer.calibration.learn("star", 4.0)
+    assert restorer.calibration.factor("star") == pytest.approx(4.0)  # ... and moved it
+    restorer._calibrate(plan, 3.0 * raw, rerouted=0)  # this one ran at 3x its raw prediction
+    restorer.calibration.learn("star", 1.0)
+    restorer.calibration.learn("star", 1.0)  # kept: 4, 4, 3, 1, 1: the median is its sample
+    assert restorer.calibration.factor("star") == pytest.approx(3.0)

@@ -109,6 +109,9 @@ class Plan:
     reason: str
     predictions: Mapping[str, float] = field(default_factory=dict)
     sr3: str = ""
+    # the factors ``predictions`` were scaled by (``build(calibration=...)``): what a finished
+    # restore divides by to learn from the raw prediction, whatever was learned meanwhile
+    calibration: Mapping[str, float] = field(default_factory=dict)
 
     def explain(self) -> str:
         lines = [
@@ -353,6 +356,7 @@ def build(
         why,
         {k: v[0] for k, v in predictions.items()},
         sr3,
+        dict(calibration or {}),
     )
 
 

@@ -240,8 +240,11 @@ class Restorer:
         return RecoveryResult(state, chain, plan, stats)
 
     def _calibrate(self, plan: Plan, seconds: float, rerouted: int) -> None:
-        """Learn how far off the raw prediction for this shape was (a clean run only)."""
-        raw = plan.predictions.get(plan.kind, 0.0) / self.calibration.factor(plan.kind)
+        """Learn how far off the raw prediction for this shape was (a clean run only). The raw
+        prediction is the plan's divided by the factor the plan was built with: restores
+        learned from while this one ran have moved the factor since, and dividing by the
+        moved one fed the move back into the sample."""
+        raw = plan.predictions.get(plan.kind, 0.0) / plan.calibration.get(plan.kind, 1.0)
         if raw <= 0 or (rerouted and plan.kind != "star") or not plan.tasks:
             return
         self.calibration.learn(plan.kind, seconds / raw)
