@@ -13,10 +13,16 @@ from typing import cast
 
 import pytest
 
-from statestore.core.handover import Handover
+from statestore.core.handover import Handover, copy_order
 from statestore.node.daemon import MoveStatus, Node
 from statestore.node.foreground import ForegroundGate
-from statestore.node.handover import IN_FLIGHT, MANIFESTS_IN_FLIGHT, copy_round
+from statestore.node.handover import (
+    BATCHES_IN_FLIGHT,
+    IN_FLIGHT,
+    MANIFEST_BATCH,
+    MANIFESTS_IN_FLIGHT,
+    copy_round,
+)
 from statestore.node.pace import Pace
 
 
@@ -148,3 +154,45 @@ async def test_a_round_runs_a_fixed_number_of_copies_whatever_its_size() -> None
     assert sorted(done) == list(range(len(items)))  # each item copied once
     assert most["c"] == IN_FLIGHT and most["m"] == MANIFESTS_IN_FLIGHT
     assert most["tasks"] <= IN_FLIGHT + MANIFESTS_IN_FLIGHT + 1  # the workers and the test
+
+
+async def test_a_batched_round_copies_each_manifest_once_in_paced_batches_of_one_target() -> None:
+    """With batches (node/copies.py), manifests go MANIFEST_BATCH at a time to one target,
+    BATCHES_IN_FLIGHT at once, each once its last manifest's share of the chunks started;
+    a manifest a batch did not land counts as failed, the chunks go one at a time."""
+    chunks, manifests = 200, 1000
+    items = [f"c:{i:04d}" for i in range(chunks)] + [f"m:s/{i}/d/1" for i in range(manifests)]
+    keys = [f"t{i % 3}" for i in range(len(items))]
+    started: list[str] = []
+    sent: list[tuple[list[int], int]] = []  # each batch and the chunks started before it
+    running = most = 0
+
+    async def copy(i: int) -> int | None:
+        assert items[i][0] == "c"
+        started.append(items[i])
+        await asyncio.sleep(0.0005)
+        return 100
+
+    async def copy_many(batch: list[int]) -> list[int | None]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        sent.append((batch, sum(1 for s in started if s[0] == "c")))
+        started.extend(items[i] for i in batch)
+        await asyncio.sleep(0)
+        running -= 1
+        return [None if items[i] == "m:s/7/d/1" else 1 for i in batch]
+
+    move = MoveStatus(Handover("leave"), 0.0)
+    moved, failed = await copy_round(_node(), move, items, copy, (keys, copy_many))
+    assert (moved, failed) == (100 * chunks + manifests - 1, 1)
+    assert sorted(started) == sorted(items)  # every item once
+    assert most == BATCHES_IN_FLIGHT
+    assert all(len(b) <= MANIFEST_BATCH and len({keys[i] for i in b}) == 1 for b, _ in sent)
+    assert sum(len(b) == MANIFEST_BATCH for b, _ in sent) >= manifests // MANIFEST_BATCH - 3
+    # paced: a batch starts once the chunks its latest manifest waits for have
+    pace = Pace(chunks, manifests)
+    ordinal = {i: k for k, i in enumerate(i for i in copy_order(items) if items[i][0] == "m")}
+    for batch, before in sent:
+        assert before >= pace.need(max(ordinal[i] for i in batch)), batch
+    assert max(before for _, before in sent) >= chunks * 0.9  # spread to the round's end

@@ -43,6 +43,7 @@ __all__ = [
     "Push",
     "RoundResult",
     "Sighting",
+    "batches",
     "copy_order",
     "pull_plan",
     "push_plan",
@@ -179,6 +180,24 @@ def copy_order(items: Sequence[str]) -> list[int]:
     both the copies per second and the bytes."""
     keys = [xxhash.xxh64_intdigest(item.encode()) for item in items]
     return sorted(range(len(items)), key=keys.__getitem__)  # stable: ties keep name order
+
+
+def batches(keys: Sequence[str], size: int) -> list[list[int]]:
+    """Positions ``0..len(keys)-1`` cut into batches of one key each (a manifest's target or
+    source: one request copies a batch), at most ``size`` long, each in position order. The
+    full batches come in the order they fill (when their last item's turn comes), then the
+    partial ones by their last position. Every position is in exactly one batch."""
+    if size < 1:
+        raise ValueError(f"batch size must be at least 1, not {size}")
+    open_: dict[str, list[int]] = {}
+    out: list[list[int]] = []
+    for p, key in enumerate(keys):
+        batch = open_.setdefault(key, [])
+        batch.append(p)
+        if len(batch) == size:
+            out.append(open_.pop(key))
+    out += sorted(open_.values(), key=lambda b: b[-1])
+    return out
 
 
 def pull_plan(listings: Mapping[str, Sequence[str]], held: Collection[str]) -> list[Pull]:

@@ -43,6 +43,7 @@ from statestore.core.handover import (
     Phase,
     RoundResult,
     Sighting,
+    batches,
     copy_order,
     pull_plan,
     push_plan,
@@ -55,6 +56,7 @@ from statestore.net.http import HttpTransport
 from statestore.net.tls import client_context
 from statestore.node.auth import Access, allow, allow_ring
 from statestore.node.config import NodeConfig
+from statestore.node.copies import Unsupported, fetch_manifests, push_manifests
 from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity, stored_ring_state
 from statestore.node.pace import Pace
 from statestore.node.repair import ask_have, push_item
@@ -84,6 +86,10 @@ PAGE = 5000  # items per listing page
 # a round's thousands of them, one request each, are bound by round trips, not bytes)
 IN_FLIGHT = 8
 MANIFESTS_IN_FLIGHT = 32
+# manifests copied in one request to one target or from one source (node/copies.py), and
+# such batches at once: one request, one writer job and one fsync for up to this many
+MANIFEST_BATCH = 64
+BATCHES_IN_FLIGHT = 4
 FINAL_SWEEPS = 5  # rounds after ``left`` to push what raced the switch
 DRAIN_START_GRACE = 10.0  # seconds a drain retries a leave the ring does not allow yet
 BURST = 1.0  # seconds of the --stream-mbps budget a move may catch up on after waits
@@ -187,9 +193,18 @@ def _pace(items: Sequence[str]) -> tuple[Pace, list[int]]:
     return Pace(len(items) - n, n), index
 
 
-def _ordered(items: Sequence[str]) -> tuple[list[int], tuple[Pace, list[int]]]:
+def _ordered(
+    items: Sequence[str], keys: Sequence[str] | None
+) -> tuple[list[int], tuple[Pace, list[int]], list[list[int]]]:
+    """The copy order, the round's pace and each position's manifest ordinal, and (with
+    ``keys``, each item's target or source) the manifests' batches, as positions."""
     order = copy_order(items)
-    return order, _pace([items[i] for i in order])
+    pace, index = _pace([items[i] for i in order])
+    if keys is None:
+        return order, (pace, index), []
+    where = [p for p, x in enumerate(index) if x >= 0]
+    cut = batches([keys[order[p]] for p in where], MANIFEST_BATCH)
+    return order, (pace, index), [[where[j] for j in b] for b in cut]
 
 
 async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
@@ -198,8 +213,16 @@ async def _throttle(node: Node, bucket: TokenBucket, n: int) -> None:
         await asyncio.sleep(wait)
 
 
+Copy = Callable[[int], Awaitable[int | None]]
+CopyMany = Callable[[list[int]], Awaitable[list[int | None]]]
+
+
 async def copy_round(
-    node: Node, move: MoveStatus, items: Sequence[str], copy: Callable[[int], Awaitable[int | None]]
+    node: Node,
+    move: MoveStatus,
+    items: Sequence[str],
+    copy: Copy,
+    batched: tuple[Sequence[str], CopyMany] | None = None,
 ) -> tuple[int, int]:
     """Copy a round's ``items`` (``copy(i)`` copies ``items[i]`` and returns its bytes, or None
     when it did not land): :data:`IN_FLIGHT` chunks and :data:`MANIFESTS_IN_FLIGHT` manifests
@@ -207,43 +230,62 @@ async def copy_round(
     ``--stream-mbps`` budget, the manifests at the chunks' pace (node/pace.py). Returns
     (bytes copied, copies failed); ``move`` counts the bytes and the copies done.
 
+    ``batched`` (each item's target or source, and ``copy_many(indexes)`` returning each
+    one's bytes or None, never raising): manifests go in batches of :data:`MANIFEST_BATCH`
+    of one target or source, :data:`BATCHES_IN_FLIGHT` at once, each when the pace allows
+    its last one.
+
     A fixed set of workers takes the items in turn: the round's cost on the event loop at
     its start does not grow with the items it copies (a task per item was tens of thousands
     of tasks made at once on a large node)."""
     # sizes mixed over the round, not one store's run after another; off the loop (a sort of
     # tens of thousands of names)
-    order, (pace, index) = await asyncio.to_thread(_ordered, items)
+    keys = None if batched is None else batched[0]
+    order, (pace, index), cut = await asyncio.to_thread(_ordered, items, keys)
     bucket = _bucket(node)
     chunks = iter([p for p, x in enumerate(index) if x < 0])
     manifests = iter([p for p, x in enumerate(index) if x >= 0])
+    groups = iter(cut)
     moved = failed = 0
 
-    async def one(p: int) -> None:
+    async def count(sizes: Sequence[int | None]) -> None:
         nonlocal moved, failed
-        await node.foreground.wait()
-        n = await copy(order[p])
-        if n is None:
-            failed += 1
-            return
+        n = 0
+        for size in sizes:
+            if size is None:
+                failed += 1
+                continue
+            n += size
+            move.round_done += 1
         moved += n
         move.bytes += n
-        move.round_done += 1
         await _throttle(node, bucket, n)
 
     async def chunk_worker() -> None:
         for p in chunks:  # shared by the workers: each item is taken once
             pace.chunk_started()
-            await one(p)
+            await node.foreground.wait()
+            await count([await copy(order[p])])
 
     async def manifest_worker() -> None:
         for p in manifests:
             await pace.manifest(index[p])
-            await one(p)
+            await node.foreground.wait()
+            await count([await copy(order[p])])
 
-    await asyncio.gather(
-        *(chunk_worker() for _ in range(min(IN_FLIGHT, pace.chunks))),
-        *(manifest_worker() for _ in range(min(MANIFESTS_IN_FLIGHT, pace.manifests))),
-    )
+    async def batch_worker() -> None:
+        assert batched is not None
+        for group in groups:  # positions in order: the last one is the batch's latest turn
+            await pace.manifest(index[group[-1]])
+            await node.foreground.wait()
+            await count(await batched[1]([order[p] for p in group]))
+
+    workers = [chunk_worker() for _ in range(min(IN_FLIGHT, pace.chunks))]
+    if batched is None:
+        workers += [manifest_worker() for _ in range(min(MANIFESTS_IN_FLIGHT, pace.manifests))]
+    else:
+        workers += [batch_worker() for _ in range(min(BATCHES_IN_FLIGHT, len(cut)))]
+    await asyncio.gather(*workers)
     return moved, failed
 
 
@@ -437,15 +479,30 @@ async def join_round(
     started = node.clock()
     move.round_total, move.round_done = len(pulls), 0
 
-    async def fetch(i: int) -> int | None:
+    async def fetch(i: int, skip: str = "") -> int | None:
         for source in pulls[i].sources:
+            if source == skip:
+                continue
             try:
                 return await _fetch(node, source, pulls[i].item)
             except StateStoreError as exc:
                 log.debug("join: %s from %s failed: %s", pulls[i].item, source, exc)
         return None
 
-    moved, failed = await copy_round(node, move, [p.item for p in pulls], fetch)
+    async def fetch_many(batch: list[int]) -> list[int | None]:
+        source = pulls[batch[0]].sources[0]  # the batch's: every item's first source
+        try:
+            got = await fetch_manifests(node, source, [pulls[i].item for i in batch])
+            skip = source
+        except Unsupported:  # a source that predates batches: one at a time
+            got, skip = [None] * len(batch), ""
+        # what did not land, one at a time from the other sources that listed it
+        return [
+            n if n is not None else await fetch(i, skip) for n, i in zip(got, batch, strict=True)
+        ]
+
+    keys = [p.sources[0] for p in pulls]
+    moved, failed = await copy_round(node, move, [p.item for p in pulls], fetch, (keys, fetch_many))
     move.span(f"{label} copy", started, node.clock())
     return RoundResult(len(listed), len(pulls), failed, unanswered, unseen, moved)
 
@@ -631,7 +688,15 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "")
     async def push(i: int) -> int | None:
         return await push_item(node, pushes[i].target, pushes[i].item)
 
-    moved, failed = await copy_round(node, move, [p.item for p in pushes], push)
+    async def push_many(batch: list[int]) -> list[int | None]:
+        target = pushes[batch[0]].target  # the batch's: every item's
+        try:
+            return await push_manifests(node, target, [pushes[i].item for i in batch])
+        except Unsupported:  # a target that predates batches: one at a time
+            return [await push(i) for i in batch]
+
+    keys = [p.target for p in pushes]
+    moved, failed = await copy_round(node, move, [p.item for p in pushes], push, (keys, push_many))
     move.span(f"{label} copy", started, node.clock())
     return RoundResult(len(targets), len(pushes), failed, unanswered, unseen, moved)
 

@@ -2,7 +2,8 @@
 (``/metrics``), what is in flight (``/v1/activity``), what the node holds
 (``/v1/inventory``), point reads (``.../key``), dropping queries (``/v1/queries/...``) and
 the dashboard (``/dashboard``), joins and decommissions (``/v1/handover``), and the range
-digests repair compares (``/v1/sync/digest``, node to node). docs/operations.md describes
+digests repair compares (``/v1/sync/digest``, node to node), and the manifest copies of
+hand-overs (``/v1/sync/manifests``, node to node). docs/operations.md describes
 them.
 """
 
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from statestore.node import (
     activity,
+    copies,
     dashboard,
     digests,
     handover,
@@ -39,4 +41,5 @@ def install(app: web.Application) -> None:
     quotas.register(app)
     hints.register(app)
     digests.register(app)
+    copies.register(app)
     rebalance.register(app)

@@ -193,23 +193,42 @@ class NodeStore:
         """Keep a copy of ``m`` that another replica holds (repair), whatever its epoch: not a
         writer's commit, so not fenced. The highest epoch of a version and kind is the main
         key, the others side keys. Returns False when this epoch was already held."""
-        if self.get_manifest(m.store, m.version, m.kind, m.epoch) is not None:
-            return False
-        raw_main = self.backend.get(_mkey(m.store, m.version, m.kind))
-        main = decode_manifest(raw_main) if raw_main is not None else None
-        raw = encode_manifest(m)
+        return self.copy_manifests([m])[0]
+
+    def copy_manifests(self, ms: Sequence[Manifest]) -> list[bool]:
+        """:meth:`copy_manifest` for each of ``ms``, in one atomic write (one fsync for a
+        hand-over's batch, node/copies.py); each sees the ones before it."""
         puts: dict[bytes, bytes] = {}
-        if main is None or main.epoch < m.epoch:
-            puts[_mkey(m.store, m.version, m.kind)] = raw
-            if main is not None and raw_main is not None:
-                puts[_okey(m.store, m.version, m.kind, main.epoch)] = raw_main
-        else:
-            puts[_okey(m.store, m.version, m.kind, m.epoch)] = raw
-        head = self.head(m.store)
-        if head is None or (m.epoch, m.version) > head.key():
-            puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
-        self._write(puts)
-        return True
+
+        def get(key: bytes) -> bytes | None:
+            return puts[key] if key in puts else self.backend.get(key)
+
+        out = []
+        for m in ms:
+            main_key = _mkey(m.store, m.version, m.kind)
+            raw_main = get(main_key)
+            main_epoch = None if raw_main is None else manifest_epoch(raw_main)
+            if main_epoch == m.epoch or (
+                raw_main is not None and get(_okey(m.store, m.version, m.kind, m.epoch))
+            ):
+                out.append(False)
+                continue
+            raw = encode_manifest(m)
+            if main_epoch is None or main_epoch < m.epoch:
+                puts[main_key] = raw
+                if raw_main is not None and main_epoch is not None:
+                    puts[_okey(m.store, m.version, m.kind, main_epoch)] = raw_main
+            else:
+                puts[_okey(m.store, m.version, m.kind, m.epoch)] = raw
+            hkey = b"h:" + m.store.path.encode()
+            raw_head = get(hkey)
+            head = None if raw_head is None else decode_stored(raw_head)
+            if head is None or (m.epoch, m.version) > head.key():
+                puts[hkey] = encode_stored(Head(m.version, m.epoch))
+            out.append(True)
+        if puts:
+            self._write(puts)
+        return out
 
     def get_manifest(
         self, store: StoreId, version: int, kind: str, epoch: int | None = None

@@ -21,6 +21,8 @@ from statestore.core.ids import MAX_EPOCH, MAX_VERSION
 __all__ = [
     "MAX_BATCH_KEYS",
     "MAX_BATCH_STORES",
+    "MAX_COPIES",
+    "MAX_COPIES_BYTES",
     "MAX_GOSSIP_MEMBERS",
     "MAX_HAVE_ITEMS",
     "ChainsRequest",
@@ -32,6 +34,8 @@ __all__ = [
     "HaveRequest",
     "KeysRequest",
     "ManifestAck",
+    "ManifestCopiesAck",
+    "ManifestsRequest",
     "PurgeRequest",
     "RoomRequest",
     "StoresRequest",
@@ -51,6 +55,10 @@ MAX_RING_EPOCH = 2**53 - 1
 MAX_INCARNATION = 2**31 - 1
 MAX_HEARTBEAT = 2**53 - 1
 MAX_VNODES = 4096  # a member's token count (core/view.MAX_VIEW_VNODES)
+# manifests copied in one request between nodes (node/copies.py), and their bytes: one
+# writer job and one fsync on the target for all of them
+MAX_COPIES = 256
+MAX_COPIES_BYTES = 8 << 20
 
 T = TypeVar("T")
 Str = Annotated[str, Meta(max_length=1000)]
@@ -160,6 +168,19 @@ class ChunkAck(msgspec.Struct, frozen=True):
     """A replica's answer to ``PUT /v1/chunks/{key}``: the key it stored."""
 
     stored: Str
+
+
+class ManifestsRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/sync/manifests/read``: the manifests to send, each at its epoch."""
+
+    manifests: Annotated[list[tuple[Str, Version, Str, Epoch]], Meta(max_length=MAX_COPIES)]
+
+
+class ManifestCopiesAck(msgspec.Struct, frozen=True):
+    """The answer to ``POST /v1/sync/manifests``, one entry per manifest sent: true
+    (stored), false (already held), null (refused: below the store's retention floor)."""
+
+    stored: Annotated[list[bool | None], Meta(max_length=MAX_COPIES)]
 
 
 class ManifestAck(msgspec.Struct, frozen=True):

@@ -15,16 +15,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import msgspec
 
-from statestore.core.errors import InvalidStoreId, MalformedData
+from statestore.core.errors import InvalidRequest, InvalidStoreId, MalformedData
 from statestore.core.ids import MAX_EPOCH, StoreId, check_version, chunk_key, parse_chunk_key
 from statestore.core.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
 
 __all__ = [
     "SCHEMA",
     "decode_chain",
+    "decode_copies",
     "decode_manifest",
     "encode_chain",
+    "encode_copies",
     "encode_manifest",
     "manifest_epoch",
 ]
@@ -148,6 +151,34 @@ def decode_chain(data: bytes) -> list[Manifest]:
     if not isinstance(objs, list):
         raise MalformedData("chain is not a list of manifests")
     return [_from_obj(o) for o in objs]
+
+
+def encode_copies(raws: Sequence[bytes | None]) -> bytes:
+    """Manifests as stored (node/replica.py), many in one body: a msgpack array of their
+    encoded bytes, nil for one that is absent (``/v1/sync/manifests``, docs/api.md)."""
+    data: bytes = msgpack.packb(list(raws), use_bin_type=True)
+    return data
+
+
+def decode_copies(data: bytes, limit: int) -> list[bytes | None]:
+    """The encoded manifests of :func:`encode_copies`, each still to be decoded
+    (:func:`decode_manifest` validates it). MalformedData when the body is not such an
+    array, InvalidRequest when it holds more than ``limit`` (told by its header, before
+    anything is built)."""
+    try:
+        u = msgpack.Unpacker(max_buffer_size=len(data) + 1)
+        u.feed(data)
+        n = u.read_array_header()
+    except Exception as exc:
+        raise MalformedData(f"manifest copies: not a msgpack array ({exc})") from exc
+    if n > limit:
+        raise InvalidRequest(
+            f"manifest copies: {n} in one request, over the limit of {limit}; split them"
+        )
+    try:
+        return msgspec.msgpack.decode(data, type=list[bytes | None])
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise MalformedData(f"manifest copies: not a msgpack array of manifests ({exc})") from exc
 
 
 def manifest_epoch(data: bytes) -> int:

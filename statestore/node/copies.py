@@ -1,0 +1,258 @@
+"""Many manifests copied between nodes in one request, for hand-overs (node/handover.py).
+
+A manifest is a few hundred bytes to a few KB; copied one request at a time, a 1 GiB move's
+thousands of them cost about a quarter of its CPU on the nodes (HTTP, signatures, a writer
+job and an fsync each, docs/benchmarks.md). Here up to :data:`MAX_COPIES` go at once:
+
+- ``POST /v1/sync/manifests`` (a leave pushes): a msgpack array of manifests as stored
+  (wire/manifest.encode_copies). Every one is validated as ``PUT /v1/manifests/...?copy=1``
+  validates one, before anything is written: one that does not decode, names a bad chunk, or
+  is for a query the caller has no ``admin`` right on refuses the whole request. Those at
+  or above their store's retention floor are kept in one writer job (after clients' writes)
+  and one atomic write; the answer says per manifest stored, already held, or refused (below
+  the floor).
+- ``POST /v1/sync/manifests/read`` (a join fetches): JSON ``{"manifests": [[store,
+  version, kind, epoch], ...]}``; the answer is the same array, nil for one not held, after
+  this node's clients' requests (node/foreground.py). It stops before :data:`MAX_COPIES_BYTES`:
+  a shorter answer than asked leaves the rest to be asked again.
+
+Both are for ring nodes (or an admin token on the queries named): not a client's reads or
+writes. A node that predates them answers 404: the caller copies one at a time as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from statestore.core.errors import InvalidRequest, StateStoreError
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import Manifest
+from statestore.node.auth import allow
+from statestore.node.daemon import NODE, Node
+from statestore.node.request import read_body
+from statestore.wire.bodies import (
+    MAX_COPIES,
+    MAX_COPIES_BYTES,
+    ManifestCopiesAck,
+    ManifestsRequest,
+    decode_json,
+)
+from statestore.wire.manifest import decode_copies, decode_manifest, encode_copies
+
+__all__ = ["Unsupported", "fetch_manifests", "push_manifests", "register"]
+
+log = logging.getLogger(__name__)
+MSGPACK = {"Content-Type": "application/msgpack"}
+# An item is "m:<store path>/<version>/<kind>/<epoch>" (node/repair.py)
+Item = str
+
+
+def _split(item: Item) -> tuple[StoreId, int, str, int]:
+    path, version, kind, epoch = item[2:].rsplit("/", 3)
+    return StoreId.parse(path), int(version), kind, int(epoch)
+
+
+def _name(m: Manifest) -> Item:
+    return f"m:{m.store.path}/{m.version}/{m.kind}/{m.epoch}"
+
+
+# -- the receiving side ------------------------------------------------------------------
+
+
+def _decoded(raws: Sequence[bytes | None]) -> list[Manifest]:
+    out = []
+    for i, raw in enumerate(raws):
+        if raw is None:
+            raise InvalidRequest(f"manifest copies: entry {i} is nil; send manifests only")
+        m = decode_manifest(raw)
+        for ref in m.chunks:
+            chunk_key(m.store, m.version, ref.name)  # validates chunk names
+        out.append(m)
+    return out
+
+
+async def put_copies(request: web.Request) -> web.Response:
+    """``POST /v1/sync/manifests``: keep copies of the manifests in the body."""
+    node = request.app[NODE]
+    allow(request, "admin")
+    raw = await read_body(request)
+    if len(raw) > MAX_COPIES_BYTES:
+        raise InvalidRequest(
+            f"manifest copies: {len(raw)} bytes in one request, over {MAX_COPIES_BYTES}; split them"
+        )
+    # decoding and checking up to MAX_COPIES manifests: off the loop, clients go on
+    ms = await asyncio.to_thread(lambda: _decoded(decode_copies(raw, MAX_COPIES)))
+    for query in sorted({m.store.query for m in ms}):
+        allow(request, "write", query)
+        allow(request, "admin", query)
+    node.check_writable()
+    keep = [m.version >= node.store.floor(m.store) for m in ms]
+    kept = [m for m, k in zip(ms, keep, strict=True) if k]
+    # after clients' writes, as a single copy (node/writer.py); one atomic write for all
+    created = iter(await node.write(node.store.copy_manifests, kept, order="copy") if kept else [])
+    stored = [next(created) if k else None for k in keep]
+    return web.json_response({"stored": stored}, status=200)
+
+
+async def read_copies(request: web.Request) -> web.Response:
+    """``POST /v1/sync/manifests/read``: the manifests asked for, as stored."""
+    node = request.app[NODE]
+    allow(request, "admin")
+    body = decode_json(
+        await read_body(request),
+        ManifestsRequest,
+        "manifest copies",
+        '{"manifests": [[store, version, kind, epoch], ...]}',
+    )
+    stores = [StoreId.parse(path) for path, _, _, _ in body.manifests]
+    for query in sorted({s.query for s in stores}):
+        allow(request, "read", query)
+        allow(request, "admin", query)
+    await node.foreground.wait()  # a hand-over's fetch yields to clients' requests
+
+    def read() -> bytes:
+        out: list[bytes | None] = []
+        size = 0
+        for store, (_, version, kind, epoch) in zip(stores, body.manifests, strict=True):
+            raw = node.store.raw_manifest(store, version, kind, epoch)
+            size += len(raw or b"")
+            if out and size > MAX_COPIES_BYTES:
+                break  # the rest is asked again
+            out.append(raw)
+        return encode_copies(out)
+
+    return web.Response(body=await asyncio.to_thread(read), headers=MSGPACK)
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/v1/sync/manifests", put_copies)
+    app.router.add_post("/v1/sync/manifests/read", read_copies)
+
+
+# -- the sending side --------------------------------------------------------------------
+
+
+class Unsupported(Exception):
+    """The peer predates these routes (404): copy one manifest at a time."""
+
+
+async def push_manifests(node: Node, address: str, items: Sequence[Item]) -> list[int | None]:
+    """Copy the manifests ``items`` we hold to ``address``, as many per request as the
+    limits allow; per item, the bytes sent, or None when it did not land (or we lack it).
+    Raises Unsupported when ``address`` predates the route."""
+    out: list[int | None] = [None] * len(items)
+    batch: list[int] = []
+    raws: list[bytes] = []
+    size = 0
+
+    async def send() -> None:
+        nonlocal batch, raws, size
+        if batch:
+            await _send(node, address, batch, raws, out)
+        batch, raws, size = [], [], 0
+
+    for i, item in enumerate(items):
+        store, version, kind, epoch = _split(item)
+        raw = node.store.raw_manifest(store, version, kind, epoch)
+        if raw is None:
+            continue
+        if batch and (len(batch) == MAX_COPIES or size + len(raw) > MAX_COPIES_BYTES - 1024):
+            await send()
+        batch.append(i)
+        raws.append(raw)
+        size += len(raw) + 8
+    await send()
+    return out
+
+
+async def _send(
+    node: Node, address: str, batch: list[int], raws: list[bytes], out: list[int | None]
+) -> None:
+    try:
+        resp = await node.transport.request(
+            "POST",
+            address,
+            "/v1/sync/manifests",
+            body=encode_copies(raws),
+            headers=MSGPACK,
+            ok=(200, 404),
+        )
+    except StateStoreError as exc:
+        log.debug("push of %d manifests to %s failed: %s", len(batch), address, exc)
+        return
+    if resp.status == 404:
+        raise Unsupported(address)
+    try:
+        ack = decode_json(resp.body, ManifestCopiesAck, "manifest copies answer")
+    except StateStoreError as exc:
+        log.warning("push of %d manifests to %s: %s", len(batch), address, exc)
+        return
+    if len(ack.stored) != len(batch):
+        log.warning("%s answered %d manifest copies for %d", address, len(ack.stored), len(batch))
+        return
+    for i, raw, stored in zip(batch, raws, ack.stored, strict=True):
+        if stored is not None:
+            out[i] = len(raw)
+
+
+async def fetch_manifests(node: Node, source: str, items: Sequence[Item]) -> list[int | None]:
+    """Copy the manifests ``items`` from ``source`` into our store; per item, the bytes
+    copied, or None when it did not land (not held there, not answered, or refused: below
+    our retention floor counts as landed, as for a single copy). Raises Unsupported when
+    ``source`` predates the route."""
+    out: list[int | None] = [None] * len(items)
+    asked = [_split(item) for item in items]
+    start = 0
+    while start < len(items):
+        part = asked[start : start + MAX_COPIES]
+        try:
+            resp = await node.transport.request(
+                "POST",
+                source,
+                "/v1/sync/manifests/read",
+                json_body={"manifests": [[s.path, v, k, e] for s, v, k, e in part]},
+                ok=(200, 404),
+            )
+        except StateStoreError as exc:
+            log.debug("fetch of %d manifests from %s failed: %s", len(part), source, exc)
+            return out
+        if resp.status == 404:
+            raise Unsupported(source)
+        got = await asyncio.to_thread(_landing, node, source, items[start:], resp.body)
+        if not got:
+            return out  # nothing answered: the round tries again
+        kept = [m for _, m in got if m is not None]
+        if kept:
+            await node.write(node.store.copy_manifests, kept, order="copy")
+        for j, (n, _) in enumerate(got):
+            out[start + j] = n
+        start += len(got)
+    return out
+
+
+def _landing(
+    node: Node, source: str, items: Sequence[Item], body: bytes
+) -> list[tuple[int | None, Manifest | None]]:
+    """Per answered item: (its bytes, the manifest to keep); (None, None) when the source did
+    not hold it, (bytes, None) when it is below our floor (nothing to keep). Raises nothing:
+    an answer that does not decode, or names another manifest, counts as not answered."""
+    try:
+        raws = decode_copies(body, MAX_COPIES)
+        out: list[tuple[int | None, Manifest | None]] = []
+        for item, raw in zip(items, raws, strict=False):
+            if raw is None:
+                out.append((None, None))
+                continue
+            m = decode_manifest(raw)
+            if _name(m) != item:
+                raise InvalidRequest(f"answered {item} with {_name(m)}")
+            keep = m.version >= node.store.floor(m.store)
+            out.append((len(raw), m if keep else None))
+        return out
+    except StateStoreError as exc:
+        log.warning("manifest copies from %s unusable: %s", source, exc)
+        return []
