@@ -2,7 +2,8 @@
 
 Every node walks what it holds: for each chunk and manifest it computes the replicas at the
 current epoch, asks each of them in one batched ``/v1/sync/have`` call which items they lack,
-and pushes those. An item this node holds but no longer owns (the ring moved: a node joined,
+and pushes those (chunks one at a time, then manifests in batches per target,
+node/copies.py). An item this node holds but no longer owns (the ring moved: a node joined,
 or came back after its writes were handed to us) is deleted locally only once every current
 replica has confirmed it, and only when the epoch has not moved since the previous pass, so a
 half-formed view never costs a copy. A pass runs when who owns what changes
@@ -28,6 +29,7 @@ from statestore.core.ids import StoreId
 from statestore.core.repair import Holding, decide
 from statestore.core.repair_clock import RepairClock, phase_of
 from statestore.core.view import RingView
+from statestore.node.copies import Unsupported, push_manifests
 from statestore.node.daemon import Node
 from statestore.node.digests import narrow
 
@@ -172,11 +174,24 @@ async def repair_pass(
         decide, me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned
     )
     failed: list[tuple[str, str]] = []
+    manifests: dict[str, list[str]] = defaultdict(list)  # by target: sent in batches
     for push in decision.pushes:
-        if await push_item(node, push.target, push.item) is not None:
+        if push.item[0] == "m":
+            manifests[push.target].append(push.item)
+        elif await push_item(node, push.target, push.item) is not None:
             node.stats["repaired"] += 1
         else:
             failed.append((push.target, push.item))
+    for target, items in manifests.items():  # after the chunks they name
+        try:
+            sizes = await push_manifests(node, target, items)
+        except Unsupported:  # a target that predates batches: one at a time
+            sizes = [await push_item(node, target, item) for item in items]
+        for item, size in zip(items, sizes, strict=True):
+            if size is not None:
+                node.stats["repaired"] += 1
+            else:
+                failed.append((target, item))
     if failed:
         decision = decide(
             me,
