@@ -13,8 +13,8 @@ of every request during the moves of a kind / the p99 of every request in their 
   opens when its node starts the hand-over (``started_at`` in ``GET /v1/handover``); for a
   join that is after the new process booted, which on a real ring happens on its own machine
   (the join row "from the process start" counts the boot too);
-- bytes moved / the ideal share (a join: 1/N of the ring's copies; a leave: the copies the
-  node held, which is also R/N of the data);
+- bytes moved / the ideal share (a join: 1/N of the ring's copies; a leave: the bytes the
+  node held when asked, its tokens' share, which is R/N of the data only on average);
 - time of the move (from the ask, boot included) / the same bytes at the ``--stream-mbps``
   budget.
 
@@ -328,7 +328,8 @@ def main() -> int:
         return rebalance_cell(args)
     budget = ["--stream-mbps", str(args.stream_mbps)]
     stores = [StoreId("load", 0, i) for i in range(16)]
-    moves: list[tuple[Move, list[list[float]]]] = []  # with the baseline before it
+    # with the baseline before it and the ideal bytes to move
+    moves: list[tuple[Move, list[list[float]], float]] = []
     with local_ring(3, [*FAST, "--snapshot-every", "100000", *budget]) as ring:
         data, r = load_ring(ring.seeds, args.mib, 16)
         fg = Foreground(ring.seeds[:3])
@@ -339,20 +340,24 @@ def main() -> int:
                 asked = time.monotonic()
                 before = [window(x, asked - args.baseline, asked) for x in series(fg)]
                 if kind == "join":
+                    ideal = r * data / 4  # a quarter of the copies: 1/N of the ring's
                     node = ring.add_node(["--join", *budget])
                     answer = wait_move(node.address, "normal", 1800)
                 else:  # an old member, a different one each round
                     node = next(p for p in ring.procs[k + 1 :] if p.address in live(ring.seeds))
+                    # what it holds, all of which must move (its tokens' share: not exactly
+                    # a quarter of the copies)
+                    ideal = sum(held([node.address]).values())
                     leave(node.address)
                     answer = wait_move(node.address, "left", 1800)
-                moves.append((Move(kind, asked, answer, time.monotonic()), before))
+                moves.append((Move(kind, asked, answer, time.monotonic()), before, ideal))
                 if kind == "decommission":
                     node.stop()  # decommissioned: the operator stops it
                 settle(live(ring.seeds), stores, r)  # old owners down to R copies
         fg.halt.set()
         fg.join(60)
     out = []
-    for m, before in moves:
+    for m, before, ideal in moves:
         during = m.during(fg)
         moved = float(m.move["bytes"])  # type: ignore[arg-type]
         took = m.done - m.asked
@@ -360,7 +365,7 @@ def main() -> int:
             [
                 m.kind,
                 f"{moved / MiB:.1f}",
-                f"{moved / (r * data / 4):.2f}",
+                f"{moved / ideal:.2f}",
                 f"{took:.1f}",
                 f"{took / max(moved / (args.stream_mbps * 1e6), 1e-9):.2f}",
                 f"{m.begun - m.asked:.1f}",
@@ -391,7 +396,7 @@ def main() -> int:
     )
     summary = []
     for kind in ("join", "decommission"):
-        of = [(m, b) for m, b in moves if m.kind == kind]
+        of = [(m, b) for m, b, _ in moves if m.kind == kind]
         for from_ask in (False, True):
             if from_ask and kind != "join":
                 continue  # a decommission starts when it is asked
@@ -441,7 +446,7 @@ def main() -> int:
             f"{m.kind} slowest: "
             + ", ".join(f"{k} {s * 1e3:.0f} ms at +{off:.1f} s" for s, off, k in reversed(slow))
         )
-    p50s = [median([x for _, b in moves for x in b[i]]) * 1e3 for i in range(len(MODES))]
+    p50s = [median([x for _, b, _ in moves for x in b[i]]) * 1e3 for i in range(len(MODES))]
     print(
         f"foreground: {sum(map(len, fg.commits))} commits, "
         f"{sum(map(len, fg.restores))} restores, {len(fg.failures)} failures "
