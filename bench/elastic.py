@@ -318,7 +318,7 @@ LABELS = [f"commit {k}" for k in "ABC"[: len(MODES)]] + [f"restore {k}" for k in
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=64, help="raw MiB of state loaded before")
-    ap.add_argument("--stream-mbps", type=float, default=20.0)
+    ap.add_argument("--stream-mbps", type=float, default=25.0, help="the nodes' default")
     ap.add_argument("--baseline", type=float, default=8.0, help="seconds measured before")
     ap.add_argument("--rounds", type=int, default=3, help="joins and decommissions, each")
     ap.add_argument("--rebalance", action="store_true", help="the rebalance cell instead")

@@ -150,9 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument(
         "--stream-mbps",
         type=_positive_float,
-        default=50.0,
+        default=25.0,
         metavar="MB/S",
-        help="budget of a join or decommission hand-over on this node (default 50)",
+        help="budget of a join or decommission hand-over on this node (default 25)",
     )
     n.add_argument(
         "--switch-interval-ms",

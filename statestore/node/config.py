@@ -54,7 +54,9 @@ class NodeConfig:
     min_free_bytes: int = 64 * 1024 * 1024  # below this the node turns read-only
     # elastic ring (docs/operations.md, Join and decommission)
     join: bool = False  # enter as joining: stream what we will own, then switch to normal
-    stream_mbps: float = 50.0  # MB/s a hand-over (join or leave) may move, per node
+    # MB/s a hand-over (join or leave) may move, per node: Cassandra's default stream
+    # throughput (200 Mbit/s); at 50 clients' p99 grew past 1.5x on 2 cores (docs/benchmarks.md)
+    stream_mbps: float = 25.0
     drain_on_stop: bool = False  # SIGTERM decommissions the node before it exits
     drain_timeout: float = 600.0  # seconds such a drain may take before the node gives up
     replace: str = ""  # the id of a dead node whose tokens this (new) node takes over

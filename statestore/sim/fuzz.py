@@ -339,6 +339,27 @@ TARGETS: dict[str, Target] = {
         decode=manifest.decode_chain,
         check=lambda ms: _each(_check_manifest, ms),
     ),
+    "copies": Target(
+        valid=lambda rng: [
+            manifest.encode_manifest(_manifest(rng)) for _ in range(rng.randrange(0, 4))
+        ],
+        encode=_pack,
+        decode=lambda d: [
+            manifest.decode_manifest(raw)
+            for raw in manifest.decode_copies(d, bodies.MAX_COPIES)
+            if raw is not None
+        ],
+        check=lambda ms: _each(_check_manifest, ms),
+    ),
+    "body-manifests": Target(
+        valid=lambda rng: {
+            "manifests": [[_store(rng).path, rng.randrange(1, 9), "delta", rng.randrange(0, 3)]]
+            * rng.randrange(0, 3)
+        },
+        encode=_json,
+        decode=lambda d: decode_json(d, bodies.ManifestsRequest, "manifest copies"),
+        text=True,
+    ),
     "frame-meta": Target(
         valid=lambda rng: ([*_frames_valid(rng), ["C", {}, b""]])[0][1],
         encode=_pack,

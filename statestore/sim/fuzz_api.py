@@ -287,7 +287,8 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             "put-manifest", "get-manifest", "stores", "heads", "chains", "head", "versions",
             "chain", "gc", "commit", "state", "relay", "metrics", "dashboard", "activity",
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
-            "put-hint", "get-hint", "outcomes", "post-outcomes", "load", "tokens",
+            "put-hint", "get-hint", "outcomes", "post-outcomes", "load", "tokens", "copies",
+            "read-copies",
         )
     )  # fmt: skip
     j = "json"
@@ -332,6 +333,21 @@ def _template(rng: random.Random, h: _Harness) -> Request:
         q = {"holders": rng.choice((ADDRESS, f"{ADDRESS},n1:7400", "x", ""))}
         path = f"/v1/hints/{store.path}/{v}/delta"
         r = Request(route, "PUT", path, q, {}, b"", obj, "msgpack")
+    elif route == "copies":  # manifests of any stores, scratch or committed, in one batch
+        c = encode_chunks(_rows(rng, 3), [], groups=128)[0]
+        batch = [
+            encode_manifest(
+                Manifest(
+                    _store(rng), v, rng.choice(("delta", "snapshot")), rng.choice((0, 1, 2)),
+                    128, (ChunkRef.of(c),), {"p": 1},
+                )
+            )
+            for _ in range(rng.randrange(1, 4))
+        ]  # fmt: skip
+        r = Request(route, "POST", "/v1/sync/manifests", {}, {}, b"", batch, "msgpack")
+    elif route == "read-copies":
+        obj = {"manifests": [[store.path, v, "delta", rng.choice((0, 1, 2))]]}
+        r = Request(route, "POST", "/v1/sync/manifests/read", {}, {}, b"", obj, j)
     elif route == "get-hint":
         q = {"epoch": str(rng.choice((0, 1, 2)))}
         r = Request(route, "GET", f"/v1/hints/{store.path}/{v}/delta", q, {}, b"")
