@@ -107,20 +107,16 @@ def test_a_batch_lands_as_one_at_a_time_copies_would() -> None:
 
 
 # -- the node's side: real nodes -----------------------------------------------------------
-async def test_push_and_fetch_between_two_nodes(tmp_path: Path) -> None:
-    def config(name: str) -> NodeConfig:
-        return NodeConfig(
-            port=0,
-            data_dir=str(tmp_path / name),
-            storage="memory://",
-            replicas=1,
-            write_quorum=1,
-            dht=False,
-        )
+def config(tmp_path: Path, name: str, **kw: Any) -> NodeConfig:
+    """A node on port 0 with in-memory storage, R=W=1, no DHT."""
+    base = {"storage": "memory://", "replicas": 1, "write_quorum": 1, "dht": False}
+    return NodeConfig(port=0, data_dir=str(tmp_path / name), **(base | kw))
 
-    a, ra = await start_node(config("a"))
-    b, rb = await start_node(config("b"))
-    c, rc = await start_node(config("c"))
+
+async def test_push_and_fetch_between_nodes(tmp_path: Path) -> None:
+    a, ra = await start_node(config(tmp_path, "a"))
+    b, rb = await start_node(config(tmp_path, "b"))
+    c, rc = await start_node(config(tmp_path, "c"))
     try:
         ms = [manifest(SID, v, 1 + v % 3) for v in range(1, MAX_COPIES + 40)]
         ms.append(manifest(OTHER, 1, 1))
@@ -233,16 +229,7 @@ async def guarded(tmp_path: Path) -> AsyncIterator[Node]:
             }
         )
     )
-    config = NodeConfig(
-        port=0,
-        data_dir=str(tmp_path / "g"),
-        storage="memory://",
-        replicas=1,
-        write_quorum=1,
-        dht=False,
-        auth_file=str(tokens),
-    )
-    node, runner = await start_node(config)
+    node, runner = await start_node(config(tmp_path, "g", auth_file=str(tokens)))
     yield node
     await stop_node(node, runner)
 
