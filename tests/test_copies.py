@@ -125,8 +125,9 @@ async def test_push_and_fetch_between_nodes(tmp_path: Path) -> None:
         pushed = await push_manifests(a, b.address, items)  # two requests: over MAX_COPIES
         assert pushed[:-1] == [len(a.store.raw_manifest(m.store, m.version, m.kind)) for m in ms]  # type: ignore[arg-type]
         assert pushed[-1] is None
-        fetched = await fetch_manifests(c, b.address, items)
-        assert fetched == pushed
+        # a name in a listing that is not a manifest's lands nothing and stops nothing
+        fetched = await fetch_manifests(c, b.address, [*items, "m:not-a-name"])
+        assert fetched == [*pushed, None]
         for node in (b, c):
             assert held(node) == held(a)
         # a source that lacks them answers nil: nothing landed, nothing written

@@ -201,20 +201,25 @@ async def _send(
 
 async def fetch_manifests(node: Node, source: str, items: Sequence[Item]) -> list[int | None]:
     """Copy the manifests ``items`` from ``source`` into our store; per item, the bytes
-    copied, or None when it did not land (not held there, not answered, or refused: below
-    our retention floor counts as landed, as for a single copy). Raises Unsupported when
-    ``source`` predates the route."""
+    copied, or None when it did not land (not held there, not answered, not written, or not a
+    manifest's name); one below our retention floor counts as landed, as a single copy does.
+    Raises Unsupported when ``source`` predates the route."""
     out: list[int | None] = [None] * len(items)
-    asked = [_split(item) for item in items]
+    named: list[tuple[int, tuple[StoreId, int, str, int]]] = []
+    for i, item in enumerate(items):
+        try:  # names from a source's listing
+            named.append((i, _split(item)))
+        except (StateStoreError, ValueError):
+            log.warning("%s listed %r, not a manifest's name", source, item[:200])
     start = 0
-    while start < len(items):
-        part = asked[start : start + MAX_COPIES]
+    while start < len(named):
+        part = named[start : start + MAX_COPIES]
         try:
             resp = await node.transport.request(
                 "POST",
                 source,
                 "/v1/sync/manifests/read",
-                json_body={"manifests": [[s.path, v, k, e] for s, v, k, e in part]},
+                json_body={"manifests": [[s.path, v, k, e] for _, (s, v, k, e) in part]},
                 ok=(200, 404),
             )
         except StateStoreError as exc:
@@ -222,14 +227,19 @@ async def fetch_manifests(node: Node, source: str, items: Sequence[Item]) -> lis
             return out
         if resp.status == 404:
             raise Unsupported(source)
-        got = await asyncio.to_thread(_landing, node, source, items[start:], resp.body)
+        asked = [items[i] for i, _ in part]
+        got = await asyncio.to_thread(_landing, node, source, asked, resp.body)
         if not got:
             return out  # nothing answered: the round tries again
         kept = [m for _, m in got if m is not None]
-        if kept:
-            await node.write(node.store.copy_manifests, kept, order="copy")
-        for j, (n, _) in enumerate(got):
-            out[start + j] = n
+        try:
+            if kept:
+                await node.write(node.store.copy_manifests, kept, order="copy")
+        except StateStoreError as exc:  # a full disk: none of these landed
+            log.warning("keeping %d manifests from %s failed: %s", len(kept), source, exc)
+            return out
+        for (i, _), (n, _) in zip(part, got, strict=False):
+            out[i] = n
         start += len(got)
     return out
 
