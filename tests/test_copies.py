@@ -137,6 +137,29 @@ async def test_push_and_fetch_between_nodes(tmp_path: Path) -> None:
             await stop_node(node, runner)
 
 
+async def test_a_manifest_larger_than_a_batch_goes_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender keeps a batch to MAX_COPIES_BYTES; one manifest over it is sent alone, and
+    the target takes it (bounded by --max-body, as a single copy), not refused every round."""
+    monkeypatch.setattr("statestore.node.copies.MAX_COPIES_BYTES", 4096)
+    a, ra = await start_node(config(tmp_path, "a"))
+    b, rb = await start_node(config(tmp_path, "b"))
+    try:
+        big = [
+            Manifest(SID, v, "delta", 1, 128, manifest(SID, v).chunks, {"p": "x" * 5000})
+            for v in (1, 2)
+        ]
+        ms = [*big, manifest(SID, 3), manifest(SID, 4)]
+        a.store.copy_manifests(ms)
+        pushed = await push_manifests(a, b.address, [item(m) for m in ms])
+        assert None not in pushed and pushed[0] > 5000  # type: ignore[operator]
+        assert held(b) == held(a)
+    finally:
+        for node, runner in ((b, rb), (a, ra)):
+            await stop_node(node, runner)
+
+
 async def test_a_peer_that_predates_the_routes_is_unsupported(solo: Node) -> None:
     """A node of an older version answers 404: the round copies one at a time instead."""
     app = web.Application()  # no routes: what a node that predates them answers
@@ -201,6 +224,7 @@ async def test_a_bad_batch_is_refused_whole(solo: Node, what: str, body: bytes, 
         (b'{"manifests": [["q1/0/3/default", 0, "delta", 1]]}', "malformed_data"),
         (b'{"manifests": [["q1/0/3/default", 1, "delta", -1]]}', "malformed_data"),
         (b'{"manifests": [["q!/0/3/default", 1, "delta", 1]]}', "invalid_store_id"),
+        (b'{"manifests": [["q1/0/3/default", 1, "delta/../x", 1]]}', "malformed_data"),
         (
             json.dumps({"manifests": [["q1/0/3/default", 1, "delta", 1]] * (MAX_COPIES + 1)}),
             "invalid_request",

@@ -5,12 +5,13 @@ thousands of them cost about a quarter of its CPU on the nodes (HTTP, signatures
 job and an fsync each, docs/benchmarks.md). Here up to :data:`MAX_COPIES` go at once:
 
 - ``POST /v1/sync/manifests`` (a leave pushes): a msgpack array of manifests as stored
-  (wire/manifest.encode_copies). Every one is validated as ``PUT /v1/manifests/...?copy=1``
-  validates one, before anything is written: one that does not decode, names a bad chunk, or
-  is for a query the caller has no ``admin`` right on refuses the whole request. Those at
-  or above their store's retention floor are kept in one writer job (after clients' writes)
-  and one atomic write; the answer says per manifest stored, already held, or refused (below
-  the floor).
+  (wire/manifest.encode_copies), within ``--max-body`` as a single copy is (a sender keeps a
+  batch to :data:`MAX_COPIES_BYTES`; a larger manifest goes alone). Every one is validated
+  as ``PUT /v1/manifests/...?copy=1`` validates one, before anything is written: one that
+  does not decode, names a bad chunk, or is for a query the caller has no ``admin`` right on
+  refuses the whole request. Those at or above their store's retention floor are kept in one
+  writer job (after clients' writes) and one atomic write; the answer says per manifest
+  stored, already held, or refused (below the floor).
 - ``POST /v1/sync/manifests/read`` (a join fetches): JSON ``{"manifests": [[store,
   version, kind, epoch], ...]}``; the answer is the same array, nil for one not held, after
   this node's clients' requests (node/foreground.py). It stops before :data:`MAX_COPIES_BYTES`:
@@ -79,11 +80,7 @@ async def put_copies(request: web.Request) -> web.Response:
     """``POST /v1/sync/manifests``: keep copies of the manifests in the body."""
     node = request.app[NODE]
     allow(request, "admin")
-    raw = await read_body(request)
-    if len(raw) > MAX_COPIES_BYTES:
-        raise InvalidRequest(
-            f"manifest copies: {len(raw)} bytes in one request, over {MAX_COPIES_BYTES}; split them"
-        )
+    raw = await read_body(request)  # within --max-body, as a single copy
     # decoding and checking up to MAX_COPIES manifests: off the loop, clients go on
     ms = await asyncio.to_thread(lambda: _decoded(decode_copies(raw, MAX_COPIES)))
     for query in sorted({m.store.query for m in ms}):

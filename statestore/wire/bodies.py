@@ -55,8 +55,9 @@ MAX_RING_EPOCH = 2**53 - 1
 MAX_INCARNATION = 2**31 - 1
 MAX_HEARTBEAT = 2**53 - 1
 MAX_VNODES = 4096  # a member's token count (core/view.MAX_VIEW_VNODES)
-# manifests copied in one request between nodes (node/copies.py), and their bytes: one
-# writer job and one fsync on the target for all of them
+# manifests copied in one request between nodes (node/copies.py): one writer job and one
+# fsync on the target for all of them; a sender keeps a batch to MAX_COPIES_BYTES (a larger
+# manifest goes alone, within the target's --max-body as a single copy is)
 MAX_COPIES = 256
 MAX_COPIES_BYTES = 8 << 20
 
@@ -173,7 +174,9 @@ class ChunkAck(msgspec.Struct, frozen=True):
 class ManifestsRequest(msgspec.Struct, frozen=True):
     """``POST /v1/sync/manifests/read``: the manifests to send, each at its epoch."""
 
-    manifests: Annotated[list[tuple[Str, Version, Str, Epoch]], Meta(max_length=MAX_COPIES)]
+    manifests: Annotated[
+        list[tuple[Str, Version, Literal["delta", "snapshot"], Epoch]], Meta(max_length=MAX_COPIES)
+    ]
 
 
 class ManifestCopiesAck(msgspec.Struct, frozen=True):
