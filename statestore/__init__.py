@@ -21,10 +21,11 @@ from statestore.core.errors import (
     VersionConflict,
     VersionNotFound,
 )
+from statestore.core.formats import VERSION
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Head
 
-__version__ = "0.1.0"
+__version__ = VERSION  # written once: statestore/core/formats.py
 
 __all__ = [
     "CorruptChunk",

@@ -243,7 +243,8 @@ Q2_ADMIN = "q2-admin-token-000001"
 
 
 @pytest.fixture
-async def guarded(tmp_path: Path) -> AsyncIterator[Node]:
+async def guarded(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
+    """A node with tokens and the cluster secret, and a peer holding the same secret."""
     tokens = tmp_path / "tokens.json"
     tokens.write_text(
         json.dumps(
@@ -254,23 +255,32 @@ async def guarded(tmp_path: Path) -> AsyncIterator[Node]:
             }
         )
     )
-    node, runner = await start_node(config(tmp_path, "g", auth_file=str(tokens)))
-    yield node
+    secret = tmp_path / "cluster.secret"  # tokens need one (node/config.py)
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    node, runner = await start_node(
+        config(tmp_path, "g", auth_file=str(tokens), cluster_secret_file=str(secret))
+    )
+    peer, peer_runner = await start_node(config(tmp_path, "p", cluster_secret_file=str(secret)))
+    yield node, peer
+    await stop_node(peer, peer_runner)
     await stop_node(node, runner)
 
 
-async def test_copies_are_for_the_ring_not_for_clients(guarded: Node) -> None:
-    """A client token without ``admin`` on every query named is refused (403), and nothing
-    is written; without a token, 401."""
+async def test_copies_are_for_the_ring_not_for_clients(guarded: tuple[Node, Node]) -> None:
+    """Copies are node-only (node/policy.py): any client token, the ring admin's included,
+    is refused (401), and nothing is written; a ring node's signed batch lands."""
+    node, peer = guarded
     body = encode_copies([encode_manifest(manifest(OTHER, 1)), encode_manifest(manifest(SID, 1))])
     read = json.dumps({"manifests": [[SID.path, 1, "delta", 1]]}).encode()
-    for token, status in ((None, 401), (WRITER, 403), (Q2_ADMIN, 403)):
-        got, answer = await call(guarded, "/v1/sync/manifests", body, token)
-        assert got == status, (token, answer)
-        got, answer = await call(guarded, "/v1/sync/manifests/read", read, token)
-        assert got == status, (token, answer)
-    assert held(guarded)["items"] == []
-    got, answer = await call(guarded, "/v1/sync/manifests", body, ADMIN)
-    assert (got, answer) == (200, {"stored": [True, True]})
-    got, answer = await call(guarded, "/v1/sync/manifests/read", read, ADMIN)
-    assert got == 200 and msgpack.unpackb(answer) == [encode_manifest(manifest(SID, 1))]
+    for token in (None, WRITER, Q2_ADMIN, ADMIN):
+        got, answer = await call(node, "/v1/sync/manifests", body, token)
+        assert got == 401, (token, answer)
+        got, answer = await call(node, "/v1/sync/manifests/read", read, token)
+        assert got == 401, (token, answer)
+    assert held(node)["items"] == []
+    answer = await peer.transport.request("POST", node.address, "/v1/sync/manifests", body=body)
+    assert answer.json() == {"stored": [True, True]}
+    answer = await peer.transport.request(
+        "POST", node.address, "/v1/sync/manifests/read", body=read
+    )
+    assert msgpack.unpackb(answer.body) == [encode_manifest(manifest(SID, 1))]

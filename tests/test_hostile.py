@@ -391,12 +391,13 @@ async def test_a_connection_that_never_finishes_its_headers_is_closed(impatient:
     writer.close()
 
 
-async def test_a_stalled_body_is_refused(impatient: Node) -> None:
+@pytest.mark.parametrize("path", ["/v1/gossip", "/v1/handover/items", "/v1/handover/tokens"])
+async def test_a_stalled_body_is_refused(impatient: Node, path: str) -> None:
     host, port = impatient.address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(
-        b"POST /v1/gossip HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 1000\r\n\r\n{"epoch": 1, '
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        + b'Content-Length: 1000\r\n\r\n{"epoch": 1, '
     )
     await writer.drain()
     async with asyncio.timeout(30):

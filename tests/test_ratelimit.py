@@ -71,3 +71,27 @@ def test_rates_in_the_tokens_file_are_checked(spec: dict[str, object], words: st
 def test_a_token_without_rates_is_unlimited() -> None:
     (grant,) = parse_tokens(b'{"tok": {"queries": ["*"], "rights": ["read"]}}').by_digest.values()
     assert not grant.limits.limited
+
+
+def test_a_limited_token_has_at_most_its_cap_of_requests_in_flight() -> None:
+    lim, key, limits = Limiter(), b"t", Limits(bytes_per_second=1e9, max_in_flight=2)
+    lim.admit(key, limits, 0, 0.0)
+    lim.admit(key, limits, 0, 0.0)
+    with pytest.raises(RateLimited, match="in flight") as err:
+        lim.admit(key, limits, 0, 0.0)
+    assert err.value.retry_after > 0
+    lim.admit(b"other", limits, 0, 0.0)  # per token
+    lim.done(key)
+    lim.admit(key, limits, 0, 0.0)  # one ended: one more may start
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, True, "4", 10_001])
+def test_max_in_flight_in_the_tokens_file_is_checked(cap: object) -> None:
+    import json
+
+    body = {"tok": {"queries": ["*"], "rights": ["read"], "max_in_flight": cap}}
+    with pytest.raises(ValueError, match="max_in_flight"):
+        parse_tokens(json.dumps(body).encode())
+    body["tok"]["max_in_flight"] = 3  # type: ignore[index]
+    (grant,) = parse_tokens(json.dumps(body).encode()).by_digest.values()
+    assert grant.limits.max_in_flight == 3

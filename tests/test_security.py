@@ -29,12 +29,14 @@ WRITER = "q1-writer-token-00001"
 READER = "etl-reader-token-0001"
 LIMITED = "q1-limited-token-00001"
 SLOW_BYTES = "q1-slow-bytes-token-01"
+PARALLEL = "q1-parallel-token-0001"
 TOKENS = {
     ADMIN: {"queries": ["*"], "rights": ["read", "write", "admin"]},
     WRITER: {"queries": ["q1"], "rights": ["read", "write"]},
     READER: {"queries": ["etl-*"], "rights": ["read"]},
     LIMITED: {"queries": ["q1"], "rights": ["read", "write"], "requests_per_second": 0.1},
     SLOW_BYTES: {"queries": ["q1"], "rights": ["read", "write"], "bytes_per_second": 100},
+    PARALLEL: {"queries": ["q1"], "rights": ["read"], "bytes_per_second": 1000, "max_in_flight": 2},
 }
 
 
@@ -110,17 +112,40 @@ async def test_internal_requests_need_a_node_signature(signed_ring: list[Node]) 
         ({}, "X-Statestore-Signature"),
         (
             signed_headers(
-                b"another secret of 32 bytes......", "POST", path, body, "x", time.time()
+                b"another secret of 32 bytes......",
+                "POST",
+                path,
+                body,
+                "x",
+                time.time(),
+                destination=a.address,
             ),
             "does not match",
         ),
-        (signed_headers(SECRET, "POST", path, body, "x", time.time() - 3600), "stale"),
-        (signed_headers(SECRET, "POST", path, b"other body", "x", time.time()), "does not match"),
-        (signed_headers(SECRET, "POST", "/v1/sync/have", body, "x", time.time()), "does not match"),
+        (
+            signed_headers(
+                SECRET, "POST", path, body, "x", time.time() - 3600, destination=a.address
+            ),
+            "stale",
+        ),
+        (
+            signed_headers(
+                SECRET, "POST", path, b"other body", "x", time.time(), destination=a.address
+            ),
+            "does not match",
+        ),
+        (
+            signed_headers(
+                SECRET, "POST", "/v1/sync/have", body, "x", time.time(), destination=a.address
+            ),
+            "does not match",
+        ),
         (
             {
                 k: v
-                for k, v in signed_headers(SECRET, "POST", path, body, "x", time.time()).items()
+                for k, v in signed_headers(
+                    SECRET, "POST", path, body, "x", time.time(), destination=a.address
+                ).items()
                 if k != NONCE_HEADER
             },
             NONCE_HEADER,
@@ -140,7 +165,7 @@ async def test_internal_requests_need_a_node_signature(signed_ring: list[Node]) 
         assert (status, answer["error"]["code"]) == (401, "unauthenticated"), internal
     assert sorted(m.id for m in a.membership.members()) == members  # type: ignore[union-attr]
     # the same gossip, signed with the ring's secret, is taken
-    headers = signed_headers(SECRET, "POST", path, body, "x", time.time())
+    headers = signed_headers(SECRET, "POST", path, body, "x", time.time(), destination=a.address)
     headers["Content-Type"] = "application/json"
     status, _ = await call(a.address, "POST", "/v1/gossip", data=body, headers=headers)
     assert status == 200
@@ -186,8 +211,17 @@ async def test_a_node_with_another_secret_is_never_believed(
 async def guarded(tmp_path: Path) -> AsyncIterator[Node]:
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps(TOKENS))
+    secret = tmp_path / "cluster.secret"  # tokens need one (node/config.py)
+    secret.write_bytes(SECRET)
     node, runner = await start_node(
-        config(tmp_path, "g", replicas=1, write_quorum=1, auth_file=str(tokens))
+        config(
+            tmp_path,
+            "g",
+            replicas=1,
+            write_quorum=1,
+            auth_file=str(tokens),
+            cluster_secret_file=str(secret),
+        )
     )
     yield node
     await stop_node(node, runner)
@@ -218,7 +252,8 @@ async def test_every_route_but_health_needs_a_token(guarded: Node) -> None:
             continue
         assert status == 401, (route.method, path, status, body)
         assert body["error"]["code"] == "unauthenticated"
-        assert "token" in body["error"]["message"]
+        # node-only routes (node/policy.py) ask for a node signature, the others for a token
+        assert any(w in body["error"]["message"] for w in ("token", "ring nodes only"))
         checked += 1
     assert checked >= 15
     status, body = await call(guarded.address, "GET", "/v1/ring", token="not-a-token")
@@ -311,6 +346,25 @@ async def test_the_tokens_file_is_reloaded_when_it_changes(guarded: Node, tmp_pa
     assert status == 200
     status, health = await call(guarded.address, "GET", "/v1/health")
     assert health["status"] == "degraded" and "auth-file" in " ".join(health["reasons"])
+
+
+async def test_parallel_requests_do_not_get_a_token_past_its_byte_rate(guarded: Node) -> None:
+    """Answers are charged after they are sent: without a cap on a limited token's requests
+    in flight, 20 restores sent at once were all served on one burst's credit."""
+    base = f"/v1/stores/{SID.path}"
+    rows = encode_puts([b"k"], [os.urandom(200_000)])  # incompressible: a 200 kB answer
+    status, _ = await call(
+        guarded.address, "POST", f"{base}/commit?version=1&epoch=1", ADMIN, data=rows
+    )
+    assert status == 201
+    answers = await asyncio.gather(
+        *(call(guarded.address, "GET", f"{base}/state", PARALLEL) for _ in range(20))
+    )
+    served = [status for status, _ in answers if status == 200]
+    refused = [body for status, body in answers if status == 429]
+    assert len(served) + len(refused) == 20
+    assert 1 <= len(served) <= 2, f"{len(served)} restores of 200 kB at 1 kB/s"
+    assert any("in flight" in b["error"]["message"] for b in refused)
 
 
 async def test_a_token_over_its_rate_is_refused_with_429_and_nothing_changes(

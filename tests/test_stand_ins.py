@@ -6,9 +6,11 @@ an acknowledged commit (tests/partition found it on 5 nodes, docs/reliability.md
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.error
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from statestore.cli.local import LocalRing, http_json
 from statestore.core.commit import build_commit
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
+from statestore.net.transport import Response
 from statestore.net.writes import write_commit
 from tests.conftest import FAST
 
@@ -147,3 +150,80 @@ def test_a_view_that_calls_a_stores_owners_down_does_not_make_it_vanish(
         return out
 
     assert asyncio.run(reads()) == [1, 1, [1], "QuorumNotReached", "QuorumNotReached"]
+
+
+class _Replicas:
+    """A transport whose nodes answer a store's head from a table: a head, "no version"
+    (404), unreachable, after an optional delay (simulated nothing else)."""
+
+    timeout = 1.0
+    seen_epoch = 0
+
+    def __init__(self, heads: dict[str, tuple[float, tuple[int, int] | str | None]]) -> None:
+        self.heads = heads
+        self.asked: list[str] = []  # who was asked, in order
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def request(self, method: str, address: str, path: str, **kw: Any) -> Response:
+        from statestore.core.errors import NodeUnavailable
+
+        self.asked.append(address)
+        delay, head = self.heads[address]
+        await asyncio.sleep(delay)
+        if head == "down":
+            raise NodeUnavailable(f"{address} is unreachable")
+        if method == "POST":  # POST /v1/heads: one answer per store asked
+            asked = len(kw["json_body"]["stores"])
+            one = None if head is None else {"version": head[1], "epoch": head[0]}
+            return Response(200, json.dumps({"heads": [one] * asked}).encode(), 0)
+        if head is None:
+            raise StoreNotFound(f"no version on {address}")
+        assert isinstance(head, tuple)
+        return Response(200, json.dumps({"version": head[1], "epoch": head[0]}).encode(), 0)
+
+    async def open_stream(self, *a: Any, **kw: Any) -> Any:
+        raise NotImplementedError
+
+
+def test_a_head_read_needs_a_read_quorum_of_the_home_replicas_too() -> None:
+    """Writer w2 had v4 and v5 acknowledged at W=2 by two of the store's home replicas on a
+    view where all of them were live; a reader whose view called one of those two down read
+    a quorum of that view's owners: the home replica that missed v4 and v5 (it said v3) and
+    the stand-in that took the down one's place (it never held the store), and returned v3
+    (statestore-sim seed 197272725224341, head-went-back). A latest read now needs a read
+    quorum of the store's home replicas as well as of its owners: it waits for the other
+    home replica, which holds v5. Fails on the code before (v3)."""
+    from statestore.core.view import MemberInfo
+    from statestore.net.reads import read_head, read_heads
+
+    members = tuple(MemberInfo(f"n{i}", f"n{i}:7400") for i in range(5))
+    full = RingView(epoch=6, members=members)
+    sid = StoreId("sim", 0, 1, "s")
+    home = full.store_replicas(sid)
+    behind, ahead, gone = home  # the read quorum that acknowledged v5 was ahead and gone
+    seen = full.to_json()
+    for m in seen["members"]:
+        if m["address"] == gone:
+            m["status"] = "down"
+    seen["epoch"] = 7
+    reader = RingView.from_json(seen)
+    owners = reader.store_replicas(sid)
+    (stand_in,) = set(owners) - set(home)
+    heads: dict[str, tuple[float, tuple[int, int] | str | None]] = {
+        a: (0.0, None) for a in reader.live_addresses()
+    }
+    heads |= {behind: (0.0, (1, 3)), stand_in: (0.0, None), ahead: (0.05, (1, 5))}
+    heads[gone] = (0.0, "down")
+
+    async def reads() -> list[int]:
+        transport = _Replicas(heads)
+        single = await read_head(transport, reader, sid)
+        batched = await read_heads(transport, reader, [sid])
+        return [single.version, batched[0].version]
+
+    assert asyncio.run(reads()) == [5, 5]

@@ -14,7 +14,7 @@ import pytest
 from statestore.core.errors import NotFound
 from statestore.net.http import HttpTransport
 from statestore.node.foreground import ForegroundGate
-from statestore.node.writer import PriorityWriter
+from statestore.node.writer import FAIR_SHARE, PriorityWriter
 
 
 def _blocked(writer: PriorityWriter) -> threading.Event:
@@ -41,6 +41,24 @@ def test_foreground_writes_go_before_queued_copies_and_order_holds_within_a_clas
     for f in futures:
         f.result(10)
     assert done == ["client0", "client1", "client2", "copy0", "copy1", "copy2"]
+    writer.shutdown()
+
+
+def test_a_copy_is_not_starved_by_steady_foreground_writes() -> None:
+    """Repair and hand-over copies get one write in FAIR_SHARE + 1 under any client load."""
+    writer = PriorityWriter()
+    done: list[str] = []
+    gate = _blocked(writer)
+    futures = [writer.submit_background(done.append, f"copy{i}") for i in range(2)]
+    futures += [writer.submit(done.append, f"client{i}") for i in range(3 * FAIR_SHARE)]
+    gate.set()
+    for f in futures:
+        f.result(10)
+    first, second = done.index("copy0"), done.index("copy1")
+    assert first == FAIR_SHARE and second == 2 * FAIR_SHARE + 1
+    assert [x for x in done if x.startswith("client")] == [
+        f"client{i}" for i in range(3 * FAIR_SHARE)
+    ]
     writer.shutdown()
 
 

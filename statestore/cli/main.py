@@ -93,7 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest decompressed chunk accepted",
     )
     n.add_argument(
-        "--max-commit", type=_positive, default=2**30, help="bytes per coordinator commit body"
+        "--max-commit",
+        type=_positive,
+        default=256 * 2**20,
+        help="bytes per coordinator commit body (it holds 3x that while it is chunked)",
+    )
+    n.add_argument(
+        "--memory-budget",
+        type=_positive,
+        default=2**30,
+        help="bytes that requests in flight may hold in all; more wait, then get 429",
+    )
+    n.add_argument(
+        "--scrub-mbps",
+        type=float,
+        default=8.0,
+        help="MB/s of held chunks and manifests re-verified at rest (0: no scrub)",
+    )
+    n.add_argument(
+        "--scrub-interval", type=float, default=3600.0, help="seconds between scrub passes"
+    )
+    n.add_argument(
+        "--hint-ttl",
+        type=_positive_float,
+        default=3600.0,
+        help="seconds an undecidable hint is kept before it is dropped",
     )
     n.add_argument("--snapshot-every", type=_positive, default=10)
     n.add_argument("--retain", type=_positive, default=100, help="versions kept per store")
@@ -391,6 +415,10 @@ def _node(args: argparse.Namespace) -> int:
             max_body=args.max_body,
             max_chunk=args.max_chunk,
             max_commit=args.max_commit,
+            memory_budget=args.memory_budget,
+            scrub_mbps=args.scrub_mbps,
+            scrub_interval=args.scrub_interval,
+            hint_ttl=args.hint_ttl,
             snapshot_every=args.snapshot_every,
             retain_versions=args.retain,
             gossip_interval=args.gossip_interval,

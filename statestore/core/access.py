@@ -6,7 +6,8 @@ names (exact, or a prefix ending in ``*``; ``*`` alone is every query) and right
     {"TOKEN": {"queries": ["q1", "etl-*"], "rights": ["read", "write"]}}
 
 A token may also carry rates, enforced per node (core/ratelimit): ``"requests_per_second"``
-and ``"bytes_per_second"`` (bodies in and answers out), positive numbers; absent: unlimited.
+and ``"bytes_per_second"`` (bodies in and answers out), positive numbers; absent: unlimited; and
+``"max_in_flight"``, a limited token's requests at once on a node (default 16).
 
 ``read``: heads, versions, manifests, chunks, restores; ``write``: chunks, manifests,
 commits; ``admin``: retention floors (gc), drop and membership commands. Rights do not imply
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from statestore.core.errors import Forbidden, Unauthenticated
-from statestore.core.ratelimit import Limits
+from statestore.core.ratelimit import MAX_IN_FLIGHT, Limits
 
 __all__ = ["RIGHTS", "Grant", "Grants", "parse_tokens"]
 
@@ -112,6 +113,12 @@ def parse_tokens(raw: bytes) -> Grants:
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
                 raise ValueError(f"token {token[:4]}…: {name} must be a positive number")
             rates[name] = float(rate)
+        cap = spec.get("max_in_flight", MAX_IN_FLIGHT)
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 0 < cap <= 10_000:
+            raise ValueError(f"token {token[:4]}…: max_in_flight must be an integer 1-10000")
+        limits = Limits(
+            rates.get("requests_per_second"), rates.get("bytes_per_second"), max_in_flight=cap
+        )
         key = _digest(token)
-        out[key] = Grant(token[:4], tuple(queries), frozenset(rights), Limits(**rates), key)
+        out[key] = Grant(token[:4], tuple(queries), frozenset(rights), limits, key)
     return Grants(out)

@@ -32,6 +32,7 @@
     │   └── InsufficientStorage      a replica's disk is (nearly) full: read-only (HTTP 507)
     └── SetupError                   this machine is not set up to do it (never sent on the wire)
         ├── DataDirInUse             another node process holds the data dir
+        ├── UnknownDiskFormat        the data dir holds a disk format this build cannot read
         └── SparkConnectorError      no javac, an unsupported pyspark, no seed answering
 
 Semantic errors are final; ``Unavailable`` errors may go away when the ring heals. Every
@@ -71,6 +72,7 @@ __all__ = [
     "TlsFailed",
     "Unauthenticated",
     "Unavailable",
+    "UnknownDiskFormat",
     "VersionConflict",
     "VersionNotFound",
     "error_from_code",
@@ -240,6 +242,10 @@ class SetupError(StateStoreError):
 
 class DataDirInUse(SetupError):
     code = "data_dir_in_use"
+
+
+class UnknownDiskFormat(SetupError):
+    code = "unknown_disk_format"
 
 
 class SparkConnectorError(SetupError):

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_NAME_LEN",
     "MAX_VERSION",
     "StoreId",
+    "check_chunk_name",
     "check_epoch",
     "check_version",
     "chunk_key",
@@ -28,9 +29,11 @@ MAX_NAME_LEN = 128
 MAX_PART = 2**31 - 1
 MAX_VERSION = 2**62
 MAX_EPOCH = 2**63 - 1  # what a Java long holds: the Spark provider reads epochs too
-_UINT = re.compile(r"^[0-9]{1,19}$")  # ASCII digits only: int("²") would be a 500
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-_CHUNK_NAME = re.compile(r"^[ds][0-9]{1,6}-[0-9a-f]{16}$")
+# Every pattern here is used with fullmatch: ``$`` would also match before a trailing newline,
+# so "q1\n" would pass as a name (issue 36, finding 11).
+_UINT = re.compile(r"[0-9]{1,19}")  # ASCII digits only: int("²") would be a 500
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_CHUNK_NAME = re.compile(r"[ds][0-9]{1,6}-[0-9a-f]{16}")
 
 
 def _check_name(field: str, value: object) -> str:
@@ -42,7 +45,7 @@ def _check_name(field: str, value: object) -> str:
         raise InvalidStoreId(
             f"store {field} is {len(value)} characters long: the limit is {MAX_NAME_LEN}"
         )
-    if not _NAME.match(value) or value in (".", ".."):
+    if not _NAME.fullmatch(value) or value in (".", ".."):
         raise InvalidStoreId(
             f"store {field} {value!r} has characters that are not allowed: "
             "use only letters, digits, '.', '_' and '-' (and not '.' or '..' alone)"
@@ -87,7 +90,7 @@ def parse_uint(text: str | None, what: str, limit: int) -> int:
     InvalidRequest naming ``what`` otherwise (unicode digits, signs, spaces included)."""
     from statestore.core.errors import InvalidRequest
 
-    if text is None or not _UINT.match(text) or int(text) > limit:
+    if text is None or not _UINT.fullmatch(text) or int(text) > limit:
         raise InvalidRequest(f"{what} {text!r:.40} must be an integer in 0..{limit}")
     return int(text)
 
@@ -126,11 +129,19 @@ class StoreId:
                 f"store {path!r} is not QUERY/OPERATOR/PARTITION/NAME, e.g. q1/0/3/default"
             )
         query, operator, partition, name = parts
-        if not _UINT.match(operator) or not _UINT.match(partition):
+        if not _UINT.fullmatch(operator) or not _UINT.fullmatch(partition):
             raise InvalidStoreId(
                 f"store {path!r}: operator and partition must be non-negative integers"
             )
         return cls(query, int(operator), int(partition), name)
+
+
+def check_chunk_name(name: str) -> str:
+    """Return ``name`` if it is a chunk's name (``d<seq>-<16 hex digits>``, ``s`` for a
+    snapshot's), else raise InvalidStoreId."""
+    if not _CHUNK_NAME.fullmatch(name):
+        raise InvalidStoreId(f"chunk name {name!r:.40} is not d<seq>-<checksum> or s<seq>-...")
+    return name
 
 
 def chunk_key(store: StoreId, version: int, name: str) -> str:
@@ -141,10 +152,10 @@ def chunk_key(store: StoreId, version: int, name: str) -> str:
 def parse_chunk_key(key: str) -> tuple[StoreId, int, str]:
     """Inverse of :func:`chunk_key`; raises InvalidStoreId for anything else."""
     parts = key.split("/")
-    if len(parts) != 6 or not _UINT.match(parts[4]):
+    if len(parts) != 6 or not _UINT.fullmatch(parts[4]):
         raise InvalidStoreId(f"chunk key {key!r} is not STORE/VERSION/NAME")
     store = StoreId.parse("/".join(parts[:4]))
     check_name = parts[5]
-    if not _CHUNK_NAME.match(check_name):
+    if not _CHUNK_NAME.fullmatch(check_name):
         raise InvalidStoreId(f"chunk name {check_name!r} is not d<seq>-<checksum> or s<seq>-...")
     return store, check_version(int(parts[4])), check_name

@@ -49,7 +49,7 @@ __all__ = [
 MAX_QUOTA_BYTES = 2**62
 # storage keys whose values count against their query (node/replica.py's key layout)
 COUNTED_PREFIXES = (b"c:", b"m:", b"o:", b"n:")  # n: a tentative commit's hint
-_NAME = re.compile(r"^[A-Za-z0-9._-]*$")
+_NAME = re.compile(r"[A-Za-z0-9._-]*")  # fullmatch: "$" passes a trailing newline
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def parse_quotas(raw: bytes) -> Quotas:
         if (
             not pattern
             or len(pattern) > MAX_NAME_LEN
-            or not _NAME.match(stem)
+            or not _NAME.fullmatch(stem)
             or (not pattern.endswith("*") and pattern in (".", ".."))
         ):
             raise ValueError(

@@ -5,6 +5,11 @@ admitted when its bucket holds at least one unit (requests) or anything at all (
 larger than the burst is admitted once and leaves the bucket in debt, so big chunks are not
 refused for ever); otherwise the caller is told how long to wait. Time is passed in, so the
 rules are tested without a clock.
+
+Answers are charged when they are known, after the request, so requests sent in parallel
+would all be admitted on one bucket's credit: a limited token may have at most
+``max_in_flight`` requests in flight on a node (default :data:`MAX_IN_FLIGHT`), which bounds
+what it gets past its byte rate to that many answers before its debt makes it wait.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from dataclasses import dataclass
 
 from statestore.core.errors import RateLimited
 
-__all__ = ["Bucket", "Limiter", "Limits"]
+__all__ = ["MAX_IN_FLIGHT", "Bucket", "Limiter", "Limits"]
+
+MAX_IN_FLIGHT = 16  # a limited token's requests in flight on one node
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,7 @@ class Limits:
     requests_per_second: float | None = None
     bytes_per_second: float | None = None
     burst_seconds: float = 2.0
+    max_in_flight: int = MAX_IN_FLIGHT
 
     @property
     def limited(self) -> bool:
@@ -57,6 +65,7 @@ class Limiter:
 
     def __init__(self) -> None:
         self._buckets: dict[bytes, tuple[Limits, Bucket | None, Bucket | None]] = {}
+        self._in_flight: dict[bytes, int] = {}
 
     def _of(self, key: bytes, limits: Limits, now: float) -> tuple[Bucket | None, Bucket | None]:
         cur = self._buckets.get(key)
@@ -73,13 +82,21 @@ class Limiter:
         return cur[1], cur[2]
 
     def admit(self, key: bytes, limits: Limits, body_bytes: int, now: float) -> None:
-        """Take one request and ``body_bytes`` from the token's buckets, or raise RateLimited
-        (taking nothing) saying how long to wait."""
+        """Take one request and ``body_bytes`` from the token's buckets and count it in
+        flight (:meth:`done` when it ends), or raise RateLimited (taking nothing) saying how
+        long to wait."""
         req, byt = self._of(key, limits, now)
         wait = max(
             req.wait(1.0, now) if req is not None else 0.0,
             byt.wait(1e-9, now) if byt is not None else 0.0,
         )
+        busy = self._in_flight.get(key, 0)
+        if wait <= 0 and busy >= limits.max_in_flight:
+            raise RateLimited(
+                f"this token has {busy} requests in flight on this node, its limit: retry in "
+                "a moment, or send fewer at once",
+                retry_after=0.1,
+            )
         if wait > 0:
             raise RateLimited(
                 f"this token is over its rate ({_describe(limits)}): retry in {wait:.2f}s, "
@@ -90,6 +107,15 @@ class Limiter:
             req.take(1.0, now)
         if byt is not None:
             byt.take(body_bytes, now)
+        self._in_flight[key] = busy + 1
+
+    def done(self, key: bytes) -> None:
+        """A request :meth:`admit` let in has ended (answered or failed)."""
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+        else:
+            self._in_flight.pop(key, None)
 
     def charge(self, key: bytes, limits: Limits, nbytes: int, now: float) -> None:
         """Charge bytes sent back to the token (answers, restores) once they are known."""

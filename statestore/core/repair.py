@@ -29,6 +29,8 @@ __all__ = [
     "Holding",
     "Push",
     "RepairDecision",
+    "acknowledged",
+    "content_digest",
     "decide",
     "mine_to_push",
     "pick_source",
@@ -157,3 +159,24 @@ def decide(
         else:
             pending.append(h.item)
     return RepairDecision(tuple(pushes), tuple(skipped), tuple(drops), tuple(pending))
+
+
+def content_digest(kind: str, checksums: Sequence[int]) -> int:
+    """A manifest's content as one number (its kind and its chunks' checksums, what
+    ``Manifest.same_content`` compares): two replicas holding one version and epoch compare
+    it to find content that differs (``/v1/sync/have``)."""
+    text = kind + ":" + ",".join(f"{c:x}" for c in checksums)
+    # 63 bits (a JSON integer every peer decodes); 0 means "not known" on the wire
+    return (xxhash.xxh64_intdigest(text.encode()) >> 1) or 1
+
+
+def acknowledged(held: Sequence[int | None], write_quorum: int) -> int | None:
+    """Of the content digests the owners hold at one version, kind and epoch (None: an owner
+    that holds none or did not answer), the one W of them hold: the acknowledged content.
+    None when no content is at W (nothing to reconcile to yet)."""
+    counts: dict[int, int] = {}
+    for d in held:
+        if d is not None:
+            counts[d] = counts.get(d, 0) + 1
+    best = [d for d, n in counts.items() if n >= write_quorum]
+    return best[0] if len(best) == 1 else None

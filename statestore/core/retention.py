@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from statestore.core.errors import VersionNotFound
+from statestore.core.errors import InvalidRequest, VersionNotFound
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Candidates, Manifest, lineage, manifests_at, resolve_chain
 
-__all__ = ["Compaction", "plan_compaction", "retention_floor"]
+__all__ = ["Compaction", "check_floor", "plan_compaction", "retention_floor"]
 
 
 def retention_floor(
@@ -51,6 +51,24 @@ def retention_floor(
 
     below = [v for v in snapshots if v <= oldest_kept and usable(v)]
     return max(below) if below else 0
+
+
+def check_floor(store: StoreId, floor: int, head: int, snapshot_held: bool | None) -> None:
+    """Whether a retention floor raised to ``floor`` may be applied, wherever it comes from
+    (a compactor's ``gc``, a peer's ``sync/have`` answer): never above the store's ``head``
+    (it would erase the store), and where this node holds the store's manifests
+    (``snapshot_held`` not None) a version it holds a snapshot of, so that every version at
+    or above it stays restorable. InvalidRequest names what is wrong."""
+    if floor > head:
+        raise InvalidRequest(
+            f"gc floor {floor} is above the head of {store} (version {head}): refused, it "
+            "would erase the store"
+        )
+    if snapshot_held is False:
+        raise InvalidRequest(
+            f"gc floor {floor} of {store} is not a snapshot this node holds: refused, the "
+            "versions above it would not be restorable (repair brings the floor later)"
+        )
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,14 @@ import json
 import socket
 import ssl
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
 from statestore.core.address import node_url
-from statestore.core.errors import NodeUnavailable, RequestTimeout
+from statestore.core.errors import NodeUnavailable, RequestTimeout, Unauthenticated
+from statestore.core.identity import PROVE_HEADER
 from statestore.net.tls import TLS_CA_ENV, tls_failure
 from statestore.net.transport import Response, error_from_answer
 from statestore.wire.headers import EPOCH_HEADER
@@ -29,15 +30,21 @@ from statestore.wire.headers import EPOCH_HEADER
 __all__ = ["HttpStream", "HttpTransport", "Response"]
 
 
-Auth = Callable[[str, str, bytes], dict[str, str]]
+Auth = Callable[[str, str, str, bytes], dict[str, str]]
+Prove = Callable[[Mapping[str, str], int, Mapping[str, str], bytes], None]
 
 
 class HttpTransport:
     """A pooled aiohttp session with the error mapping. Owned by whoever creates it.
 
-    ``auth(method, path, body)`` gives the credential headers of each request: a client's
-    bearer token, or a node's signature (core/identity). With ``tls`` (net/tls.client_context)
-    every call is HTTPS, verified by that context; without it, plain HTTP.
+    ``auth(method, address, path, body)`` gives the credential headers of each request: a
+    client's bearer token, or a node's signature for that destination (core/identity).
+    ``prove(sent headers, status, headers, body)`` checks every successful answer and raises
+    (Unauthenticated) for one not to be believed: a node's check that a peer signed the
+    answer its request asked to be proven (``X-Statestore-Prove``); a request asking for a
+    proof through a transport without ``prove`` is refused. With ``tls``
+    (net/tls.client_context) every call is HTTPS, verified by that context; without it,
+    plain HTTP.
     """
 
     def __init__(
@@ -47,10 +54,12 @@ class HttpTransport:
         rcvbuf: int | None = None,
         *,
         auth: Auth | None = None,
+        prove: Prove | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.timeout = timeout
         self._auth = auth
+        self._prove = prove
         self._tls = tls
         self._connections = connections
         self._rcvbuf = rcvbuf
@@ -104,7 +113,9 @@ class HttpTransport:
             body = json.dumps(json_body).encode()
             hdrs["Content-Type"] = "application/json"
         if self._auth is not None:
-            hdrs.update(self._auth(method, path, body or b""))
+            hdrs.update(self._auth(method, address, path, body or b""))
+        if PROVE_HEADER in hdrs and self._prove is None:
+            raise Unauthenticated(f"{method} {path} asks for a proven answer: no way to check one")
         url = node_url(address, path, tls=self._tls is not None)
         data: Any = body
         if body is not None and len(body) > 1 << 20:
@@ -119,6 +130,7 @@ class HttpTransport:
                 async with self._session.request(method, url, data=data, headers=hdrs) as resp:
                     data = await resp.read()
                     epoch = int(resp.headers.get(EPOCH_HEADER, "0") or 0)
+                    answered = resp.headers
         except TimeoutError as exc:
             raise RequestTimeout(
                 f"{method} {url} took longer than {limit:.1f}s: the node is slow or stuck"
@@ -129,6 +141,8 @@ class HttpTransport:
             self.seen_epoch = epoch
         if resp.status not in ok:
             raise error_from_answer(resp.status, data, address)
+        if self._prove is not None:
+            self._prove(hdrs, resp.status, answered, data)
         return Response(resp.status, data, epoch)
 
     async def open_stream(
@@ -143,7 +157,7 @@ class HttpTransport:
         assert self._session is not None
         url = node_url(address, path, tls=self._tls is not None)
         limit = self.timeout if timeout is None else timeout
-        hdrs = self._auth("POST", path, body) if self._auth is not None else {}
+        hdrs = self._auth("POST", address, path, body) if self._auth is not None else {}
         try:
             async with asyncio.timeout(limit):
                 resp = await self._session.post(url, data=body, headers=hdrs)

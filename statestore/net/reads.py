@@ -68,15 +68,54 @@ class ReadStats:
 
 
 async def _ask_replicas(
-    transport: Transport, view: RingView, store: StoreId, path: str, answers: int | None = None
+    transport: Transport,
+    view: RingView,
+    store: StoreId,
+    path: str,
+    answers: int | None = None,
+    *,
+    home: bool = False,
+    valid: Callable[[bytes], bool] | None = None,
 ) -> tuple[list[bytes], list[BaseException], set[str]]:
     """Ask the store's replicas; once the read needs are met (``answers``, else the read
     quorum), the read returns: those answers meet every commit acknowledged in this view,
     and the client runs a read again on a fresh view when an answer came from a newer one
-    (client ``_routed``). The slower replicas' requests run on (net/quorate.py)."""
-    want = read_quorum(view.replicas, view.write_quorum) if answers is None else answers
-    need = min(want, len(view.members))
-    return await _ask(transport, view.store_replicas(store), path, need, rest="run")
+    (client ``_routed``). The slower replicas' requests run on (net/quorate.py).
+
+    ``home``: the read needs a read quorum of the store's home replicas as well
+    (:func:`_home_need`), and asks those its owners in ``view`` leave out. ``valid``: a
+    body it refuses is not an answer (:func:`_ask`)."""
+    need = _needed(view, answers)
+    owners = view.store_replicas(store)
+    homes = view.previous_replicas(store.path) if home else []
+    need_home = _home_need(view, answers) if home else 0
+    if not need_home or set(homes) <= set(owners):
+        return await _ask(transport, owners, path, need, rest="run", valid=valid)
+    targets = owners + [a for a in homes if a not in owners]
+
+    def enough(answered: set[str]) -> bool:
+        return _among(owners, answered) >= need and _among(homes, answered) >= need_home
+
+    return await _ask(transport, targets, path, rest="run", enough=enough, valid=valid)
+
+
+def _among(addresses: Sequence[str], answered: set[str]) -> int:
+    return sum(1 for a in addresses if a in answered)
+
+
+def _home_need(view: RingView, answers: int | None = None) -> int:
+    """Answers a latest read needs from the store's home replicas (its owners on the ring
+    counting every member, down ones too), besides its owners' read quorum: a commit
+    acknowledged by W home replicas on a view where they were all live is met by a read
+    quorum of them, not by one of owners that include a stand-in (a node that became an
+    owner when a home replica was called down, and may not hold it yet). Found by
+    statestore-sim (seed 197272725224341, docs/reliability.md). A read of one answer
+    (consistency ``one``) asks for none; more than a read quorum is never asked of them
+    (one home replica may be down)."""
+    need = _needed(view, answers)
+    if need <= 1:
+        return 0
+    return min(need, read_quorum(view.replicas, view.write_quorum))
 
 
 def stand_ins(view: RingView, store: StoreId) -> list[str]:
@@ -105,24 +144,39 @@ def _answer(r: Response | BaseException) -> bool:
 
 
 async def _ask(
-    transport: Transport, targets: Sequence[str], path: str, need: int = 1, *, rest: Rest = "wait"
+    transport: Transport,
+    targets: Sequence[str],
+    path: str,
+    need: int = 1,
+    *,
+    rest: Rest = "wait",
+    enough: Callable[[set[str]], bool] | None = None,
+    valid: Callable[[bytes], bool] | None = None,
 ) -> tuple[list[bytes], list[BaseException], set[str]]:
-    """GET ``path`` from every target; after ``need`` answers (a body or NotFound), the
-    others are treated as ``rest`` says (net/quorate.until_enough). Returns the bodies, the
-    errors and the targets that answered."""
+    """GET ``path`` from every target; after ``need`` answers (a body or NotFound), or once
+    ``enough(the targets that answered)`` holds, the others are treated as ``rest`` says
+    (net/quorate.until_enough). Returns the bodies, the errors and the targets that
+    answered (with ``valid``: a body it refuses is returned but is not an answer)."""
 
-    def enough(done: dict[int, Response | BaseException]) -> bool:
-        return sum(map(_answer, done.values())) >= need
+    def answer(r: Response | BaseException) -> bool:
+        if isinstance(r, BaseException) or valid is None:
+            return _answer(r)
+        return valid(r.body)
+
+    def done_enough(done: dict[int, Response | BaseException]) -> bool:
+        if enough is not None:
+            return enough({targets[i] for i, r in done.items() if answer(r)})
+        return sum(map(answer, done.values())) >= need
 
     results = await until_enough(
-        [transport.request("GET", a, path) for a in targets], enough, f"GET {path}", rest=rest
+        [transport.request("GET", a, path) for a in targets], done_enough, f"GET {path}", rest=rest
     )
     bodies = [r.body for r in results if not isinstance(r, BaseException)]
     errors = [r for r in results if isinstance(r, BaseException)]
     for e in errors:
         if not isinstance(e, StateStoreError):
             raise e
-    return bodies, errors, {a for a, r in zip(targets, results, strict=True) if _answer(r)}
+    return bodies, errors, {a for a, r in zip(targets, results, strict=True) if answer(r)}
 
 
 async def _elsewhere(
@@ -176,6 +230,27 @@ def _need(
         )
 
 
+def _need_home(
+    view: RingView,
+    store: StoreId,
+    answered: set[str],
+    errors: list[BaseException],
+    answers: int | None = None,
+) -> None:
+    """A read quorum of the store's home replicas answered too (:func:`_home_need`)."""
+    homes = view.previous_replicas(store.path)
+    if set(homes) <= set(view.store_replicas(store)):
+        return  # its owners' read quorum is one of them
+    need = _home_need(view, answers)
+    got = _among(homes, answered)
+    if got < need:
+        raise QuorumNotReached(
+            f"reading {store} needs {need} answer(s) of its home replicas "
+            f"({', '.join(homes)}; this view calls some down), got {got}: "
+            + "; ".join(str(e) for e in errors)
+        )
+
+
 def _merge_head(
     view: RingView,
     store: StoreId,
@@ -194,12 +269,17 @@ def _merge_head(
 async def read_head(
     transport: Transport, view: RingView, store: StoreId, answers: int | None = None
 ) -> Head:
-    """The store's latest head over a read quorum (or ``answers`` replica answers). Raises
+    """The store's latest head over a read quorum (or ``answers`` replica answers) of its
+    owners in ``view`` and one of its home replicas (:func:`_home_need`). Raises
     StoreNotFound if none has one, nor any of its stand-ins (:func:`stand_ins`)."""
     path = f"/v1/stores/{store.path}/head"
-    bodies, errors, answered = await _ask_replicas(transport, view, store, path, answers)
+    bodies, errors, answered = await _ask_replicas(
+        transport, view, store, path, answers, home=True, valid=_is_head
+    )
     heads = _heads(bodies, errors)
     try:
+        _need(view, store, _among(view.store_replicas(store), answered), errors, answers)
+        _need_home(view, store, answered, errors, answers)
         return _merge_head(view, store, heads, errors, answers)
     except StoreNotFound:
         # a quorum of owners never saw the store: before saying it does not exist, ask
@@ -211,6 +291,14 @@ async def read_head(
             _need(view, store, at_home, errors, answers)
             raise
         return best
+
+
+def _is_head(body: bytes) -> bool:
+    try:
+        head_from_json(_json(body, "head"))
+    except MalformedData:
+        return False
+    return True
 
 
 def _heads(bodies: list[bytes], errors: list[BaseException]) -> list[Head]:
@@ -288,6 +376,11 @@ async def read_heads(transport: Transport, view: RingView, stores: Sequence[Stor
     )
     out = []
     for store, (answers, errors) in zip(stores, per, strict=True):
+        if not set(view.previous_replicas(store.path)) <= set(view.store_replicas(store)):
+            # owners that are not all its home replicas: read alone, with a read quorum of
+            # those too (:func:`_home_need`)
+            out.append(await read_head(transport, view, store))
+            continue
         try:
             out.append(_merge_head(view, store, answers, errors))
         except StoreNotFound:
@@ -312,9 +405,9 @@ def _json(body: bytes, what: str) -> Any:
 
 async def read_versions(transport: Transport, view: RingView, store: StoreId) -> list[int]:
     path = f"/v1/stores/{store.path}/versions"
-    bodies, errors, answered = await _ask_replicas(transport, view, store, path)
-    not_found = [e for e in errors if isinstance(e, NotFound)]
-    _need(view, store, len(bodies) + len(not_found), errors)
+    bodies, errors, answered = await _ask_replicas(transport, view, store, path, home=True)
+    _need(view, store, _among(view.store_replicas(store), answered), errors)
+    _need_home(view, store, answered, errors)
     if not bodies:  # as read_head: asked elsewhere before the store is said not to exist
         bodies, at_home = await _elsewhere(transport, view, store, path, answered)
         if not bodies:

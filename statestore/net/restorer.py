@@ -274,7 +274,7 @@ class Restorer:
         try:
             async with asyncio.timeout(idle) as quiet:
                 stream = await self.transport.open_stream(
-                    plan.root.address, "/v1/relay", body, timeout=idle
+                    plan.root.address, f"/v1/relay?store={store.path}", body, timeout=idle
                 )
                 opened = self.clock()
                 async for kind, meta, data, _raw in read_frames(stream, self.max_raw):

@@ -32,7 +32,7 @@ from statestore.core.errors import (
     StoreNotFound,
     VersionNotFound,
 )
-from statestore.core.identity import NODE_HEADER, SIGNATURE_HEADER
+from statestore.core.identity import NODE_HEADER
 from statestore.core.ids import (
     MAX_EPOCH,
     MAX_VERSION,
@@ -44,8 +44,9 @@ from statestore.core.ids import (
 )
 from statestore.core.manifest import local_chain
 from statestore.core.quorum import check_consistency
-from statestore.net.reads import read_head
-from statestore.node.auth import PRINCIPAL, allow, is_open, principal, route_policy
+from statestore.core.repair import content_digest
+from statestore.node.auth import PRINCIPAL, allow, enforce, principal
+from statestore.node.budget import COMMIT_FACTOR, LEASE, budget_middleware
 from statestore.node.coordinator import (
     POSITIONS_HEADER,
     STATS_HEADER,
@@ -59,9 +60,12 @@ from statestore.node.coordinator import (
 )
 from statestore.node.daemon import NODE, Node
 from statestore.node.operations import install as install_operations
+from statestore.node.policy import policy_of
 from statestore.node.quotas import charged_limit
 from statestore.node.relay import relay_handler
-from statestore.node.request import read_body
+from statestore.node.repair import check_floor
+from statestore.node.request import addressed_to, prove_answer, read_body, read_signed_body
+from statestore.node.tombstones import DROPPING
 from statestore.wire.bodies import (
     ChainsRequest,
     GcRequest,
@@ -140,9 +144,11 @@ async def foreground_middleware(request: web.Request, handler: Handler) -> web.S
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Authenticate every request but health (node/auth.py); handlers authorize. A node that
+    """Authenticate every request but the open routes, and check what its route needs (the
+    one table: node/policy.py); handlers authorize the queries a body names. A node that
     another process replaced (``--replace``) serves nothing but health and metrics."""
-    if not is_open(request.path):
+    policy = policy_of(request)
+    if policy is None or policy.kind != "open":
         node = request.app[NODE]
         replaced = node.membership.superseded if node.membership is not None else None
         if replaced is not None and request.path != "/metrics":
@@ -150,20 +156,20 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 f"node {node.id} was replaced by the node at {replaced[0]} (statestore node "
                 "--replace): this process serves nothing; stop it"
             )
-        body = None
-        if SIGNATURE_HEADER in request.headers and not request.path.endswith("/commit"):
-            body = await read_body(request)  # a node signature covers the body
-        who = request[PRINCIPAL] = node.access.authenticate(request, body)
-        policy = route_policy(request.path)
-        if policy is not None:
-            allow(request, *policy)
+        # credentials from the headers alone: no body is read for a caller without them
+        who = request[PRINCIPAL] = node.access.authenticate(request, addressed_to(node))
+        await read_signed_body(request, who)  # a node's: the body its signature declared
+        enforce(request, policy)
         declared = request.content_length or 0
-        node.access.admit(who, declared)  # RateLimited over its rates
-        resp = await handler(request)
-        # the answer, and what a body without a Content-Length (chunked) turned out to hold
-        extra = max(0, request.content.total_bytes - declared)
-        node.access.charge(who, (resp.content_length or resp.body_length) + extra)
-        return resp
+        node.access.admit(who, declared)  # RateLimited over its rates or in flight
+        try:
+            resp = await handler(request)
+            # the answer, and what a body without a Content-Length (chunked) turned out to hold
+            extra = max(0, request.content.total_bytes - declared)
+            node.access.charge(who, (resp.content_length or resp.body_length) + extra)
+        finally:
+            node.access.done(who)
+        return prove_answer(request, who, resp)  # signed for a node that asked (identity)
     return await handler(request)
 
 
@@ -292,10 +298,18 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         v = _version(version) if isinstance(version, str) else version
         out_m.append(node.store.raw_manifest(store, v, kind) is not None)
     out_e = []
-    for path, v, kind, epoch in body.epochs:
+    differ = []  # held at that epoch with other content than the asker's (core/repair.py)
+    for i, (path, v, kind, epoch) in enumerate(body.epochs):
         store = StoreId.parse(path)
         floors[store.path] = node.store.floor(store)
-        out_e.append(node.store.raw_manifest(store, v, kind, epoch) is not None)
+        raw = node.store.raw_manifest(store, v, kind, epoch)
+        out_e.append(raw is not None)
+        theirs = body.digests[i] if i < len(body.digests) else 0
+        if raw is None or not theirs:
+            differ.append(False)
+            continue
+        held = decode_manifest(raw)
+        differ.append(content_digest(held.kind, [c.checksum for c in held.chunks]) != theirs)
     for key in chunks:
         store, _, _ = parse_chunk_key(key)
         if store.path not in floors:
@@ -305,6 +319,7 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         "chunks": node.store.has_chunks(chunks),
         "manifests": out_m,
         "epochs": out_e,
+        "differ": differ,
         "floors": {k: v for k, v in floors.items() if v},
     }
 
@@ -330,10 +345,14 @@ async def put_manifest(request: web.Request) -> web.Response:
     retain = _retain(request)
     if request.query.get("copy") == "1":
         # repair's copy of a manifest another replica holds, at whatever epoch: not a
-        # writer's commit, so not fenced (node/replica.py copy_manifest); ring nodes only
-        allow(request, "admin", store.query)
+        # writer's commit, so not fenced (node/replica.py copy_manifest); ring nodes only;
+        # charged to the quota only as a hand-off (?handoff=1, node/quotas.py)
+        limit = charged_limit(request, store.query)
+        # a query being dropped takes no copy: checked again here, with no await before the
+        # write is queued (the middleware's check ran before the body was read)
+        request.app[DROPPING].check(store.query)
         # after client writes, as a chunk's copy (node/writer.py)
-        created = await node.write(node.store.copy_manifest, m, order="copy")
+        created = await node.write(node.store.copy_manifest, m, limit, order="copy")
         return web.json_response({"stored": created}, status=201 if created else 200)
     created = await node.write(node.store.put_manifest, m, charged_limit(request, store.query))
     if retain is not None:
@@ -459,20 +478,7 @@ async def gc(request: web.Request) -> web.Response:
     store = _store(request)
     allow(request, "admin", store.query)
     floor = decode_json(await read_body(request), GcRequest, "gc").floor
-    current = node.store.floor(store)
-    if floor > current:
-        local = node.store.head(store)
-        head = local or await read_head(node.transport, node.view(), store)
-        if floor > head.version:
-            raise InvalidRequest(
-                f"gc floor {floor} is above the head of {store} (version {head.version}): "
-                "refused, it would erase the store"
-            )
-        if local is not None and node.store.raw_manifest(store, floor, "snapshot") is None:
-            raise InvalidRequest(
-                f"gc floor {floor} of {store} is not a snapshot this node holds: refused, the "
-                "versions above it would not be restorable (repair brings the floor later)"
-            )
+    await check_floor(node, store, floor)  # the checks a floor from sync/have takes too
     dropped = await node.write(node.store.apply_floor, store, floor)
     node.stats["gc"] += dropped
     return web.json_response({"dropped": dropped, "floor": node.store.floor(store)})
@@ -503,7 +509,15 @@ async def commit(request: web.Request) -> web.Response:
     allow_tentative = request.query.get("allow_tentative", "0") in ("1", "true")
     check_tentative(allow_tentative, delay_bound)
     body = bytearray()
-    limit = node.config.body_timeout
+    limit, most = node.config.body_timeout, node.config.max_commit
+    declared, lease = request.content_length, request[LEASE]
+    if declared is not None and declared > most:
+        raise PayloadTooLarge(
+            f"commit body is {declared} bytes, over {most}: commit smaller deltas or raise "
+            "the node's --max-commit"
+        )
+    if declared:  # the whole commit's memory at once (node/budget.py), before any read
+        await lease.take(COMMIT_FACTOR * declared, "a commit")
     while True:
         try:
             async with asyncio.timeout(limit):
@@ -513,11 +527,13 @@ async def commit(request: web.Request) -> web.Response:
         if not piece:
             break
         body += piece
-        if len(body) > node.config.max_commit:
+        if len(body) > most:
             raise PayloadTooLarge(
-                f"commit body is over {node.config.max_commit} bytes: commit smaller deltas "
-                "or raise the node's --max-commit"
+                f"commit body is over {most} bytes: commit smaller deltas or raise the "
+                "node's --max-commit"
             )
+        if declared is None:  # chunked: its memory as it arrives
+            await lease.take(COMMIT_FACTOR * len(piece), "a commit")
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
     result = await coordinate_commit(
         node,
@@ -611,7 +627,12 @@ async def state(request: web.Request) -> web.StreamResponse:
 def build_app(node: Node) -> web.Application:
     app = web.Application(
         client_max_size=node.config.max_body,
-        middlewares=[errors_middleware, auth_middleware, foreground_middleware],
+        middlewares=[
+            errors_middleware,
+            budget_middleware(lambda request: request.app[NODE].budget),
+            auth_middleware,
+            foreground_middleware,
+        ],
     )
     app[NODE] = node
     s = "/v1/stores/{query}/{operator}/{partition}/{name}"

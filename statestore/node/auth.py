@@ -1,12 +1,15 @@
 """Who is asking: node signatures and client tokens at the HTTP boundary (docs/security.md).
 
-:func:`auth_middleware` authenticates every request but ``GET /v1/health``: a valid node
-signature (core/identity) makes the caller a *node*; otherwise, when the node has a tokens
-file, a valid bearer token makes it a *token* holder; otherwise it is *open* (no auth
-configured). Routes for ring nodes only (gossip, anti-entropy) refuse anything but a node
-when a cluster secret is set, and so do retention floors (gc) unless a tokens file lets an
-``admin`` token send them. Handlers then call :func:`allow` with the right and the query
-they touch: a node and an open caller pass, a token must cover them (core/access).
+:func:`auth_middleware` authenticates every request but the open routes (health, the
+dashboard's files): a valid node signature (core/identity) makes the caller a *node*;
+otherwise, when the node has a tokens file, a valid bearer token makes it a *token* holder;
+otherwise it is *open* (no tokens file). What each route needs is one table
+(node/policy.py): with a cluster secret, its node-only routes and requests (gossip,
+anti-entropy, copies, hand-over listings, purges, ``?copy=1``) refuse anything but a valid
+signature, whatever the tokens file; :func:`enforce` checks a token's right on the query the
+path names, and handlers then call :func:`allow` for the queries a body names: a node and an
+open caller pass, a token must cover them (core/access). A tokens file needs a cluster
+secret (node/config.py), so tokens only ever go to processes that proved they are nodes.
 
 The tokens file is re-read when its modification time or size changes; a file that no longer
 parses keeps the previous tokens and is reported in ``/v1/health``.
@@ -15,10 +18,9 @@ parses keeps the previous tokens and is reported in ``/v1/health``.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -26,55 +28,25 @@ from aiohttp import web
 from statestore.core.access import Grant, Grants, parse_tokens
 from statestore.core.errors import Forbidden, Unauthenticated
 from statestore.core.identity import (
+    PROVE_HEADER,
     SIGNATURE_HEADER,
     ReplayGuard,
+    answer_headers,
+    check_body,
     parse_secret,
     signed_headers,
     verify,
+    verify_answer,
 )
+from statestore.core.ids import parse_chunk_key
 from statestore.core.ratelimit import Limiter
+from statestore.node.policy import Policy, node_only
 from statestore.node.watched import WatchedFile
 
-__all__ = ["Access", "Principal", "allow", "principal"]
+__all__ = ["Access", "Principal", "allow", "enforce", "principal"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# the dashboard's static files hold no data (its script sends the token for the JSON it reads)
-DASHBOARD = (
-    "/dashboard",
-    "/dashboard/index.html",
-    "/dashboard/dashboard.js",
-    "/dashboard/dashboard.css",
-)
-OPEN_PATHS = frozenset({"/v1/health", *DASHBOARD})
-NODE_ONLY = frozenset({"/v1/gossip", "/v1/sync/have", "/v1/sync/digest"})
-# Routes whose handlers (node/operations and friends) do not authorize themselves: the right
-# each needs, and the query when the path names one (group ``q``).
-_POLICY: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"^/v1/queries/(?P<q>[^/]+)/(drop|purge)$"), "admin"),
-    (re.compile(r"^/v1/queries/(?P<q>[^/]+)$"), "read"),
-    (re.compile(r"^/v1/queries/(?P<q>[^/]+)/room$"), "write"),
-    (re.compile(r"^/v1/tombstones$"), "admin"),
-    (re.compile(r"^/v1/inventory$"), "admin"),
-    (re.compile(r"^/v1/inventory/(?P<q>[^/]+)/"), "read"),
-    (re.compile(r"^/v1/stores/(?P<q>[^/]+)/[^/]+/[^/]+/[^/]+/key$"), "read"),
-    (re.compile(r"^/v1/activity$"), "read"),
-)
-
-
-def is_open(path: str) -> bool:
-    """Whether ``path`` is served without credentials (health, the dashboard's files)."""
-    return path in OPEN_PATHS
-
-
-def route_policy(path: str) -> tuple[str, str | None] | None:
-    """The right (and query) a route outside node/api.py needs, or None: its handler
-    authorizes, or any authenticated caller may use it (``/metrics``)."""
-    for pattern, right in _POLICY:
-        m = pattern.match(path)
-        if m is not None:
-            return right, m.groupdict().get("q")
-    return None
 
 
 @dataclass(frozen=True)
@@ -124,35 +96,56 @@ class Access:
     def identity_on(self) -> bool:
         return self.secret is not None
 
-    def outbound(self, method: str, path: str, body: bytes) -> dict[str, str]:
-        """Headers that sign one outbound request of this node."""
-        return signed_headers(self._key, method, path, body, self.node_id, time.time())
+    def outbound(self, method: str, address: str, path: str, body: bytes) -> dict[str, str]:
+        """Headers that sign one outbound request of this node to ``address`` (``HOST:PORT``
+        as this node addresses it: the signature is valid at that node only)."""
+        return signed_headers(
+            self._key, method, path, body, self.node_id, time.time(), destination=address
+        )
 
-    def authenticate(self, request: web.Request, body: bytes | None) -> Principal:
-        """Who sent ``request``; ``body`` is its body when it may carry a node signature."""
-        if body is not None and SIGNATURE_HEADER in request.headers:
+    def prove_headers(self) -> dict[str, str]:
+        """Headers asking a peer to sign its answer (with a cluster secret; without one no
+        peer's answer can be proven, and none is asked for)."""
+        return {PROVE_HEADER: "1"} if self.identity_on else {}
+
+    def check_answer(
+        self, sent: Mapping[str, str], status: int, headers: Mapping[str, str], body: bytes
+    ) -> None:
+        """Raise Unauthenticated when the request sent with ``sent`` asked for a proven
+        answer and this answer is not signed with the ring's secret for that request."""
+        if PROVE_HEADER in sent:
+            verify_answer([self._key], sent, status, headers, body)
+
+    def answer_proof(
+        self, p: Principal, request: web.Request, status: int, body: bytes
+    ) -> dict[str, str]:
+        """Headers proving this node's answer to ``request``, when a signed node asked."""
+        if p.kind != "node" or PROVE_HEADER not in request.headers:
+            return {}
+        return answer_headers(self._key, self.node_id, request.headers, status, body)
+
+    def authenticate(
+        self, request: web.Request, addressed_to_me: Callable[[str], bool]
+    ) -> Principal:
+        """Who sent ``request``, judged from its headers alone: its body is not read, so a
+        caller without valid credentials costs no more than its headers. A node's body is
+        then compared with its signed digest (:meth:`check_body`). ``addressed_to_me``
+        tells whether a signed destination (``HOST:PORT``) names this node."""
+        # a coordinator commit's body is streamed and is a client's: judged by its token
+        if SIGNATURE_HEADER in request.headers and not request.path.endswith("/commit"):
             try:
-                node = verify(
-                    [self._key],
-                    request.method,
-                    request.raw_path,
-                    request.headers,
-                    body,
-                    time.time(),
-                    self.replays,
-                )
-                return Principal("node", node=node)
+                return Principal("node", node=self._verify(request, addressed_to_me))
             except Unauthenticated:
                 if self.identity_on:
                     raise
                 # no ring secret: another node's call, signed with its own key; judged as
                 # an unsigned request below
 
-        internal = request.path in NODE_ONLY or (
-            request.path.endswith("/gc") and self.tokens is None  # else: an admin token
-        )
+        # node-only routes, and requests, per the one table (node/policy.py)
+        internal = node_only(request, tokens=self.tokens is not None)
         if self.identity_on and internal:
-            verify([], request.method, request.raw_path, request.headers, b"", time.time())
+            now = time.time()
+            verify([], request.method, request.raw_path, request.headers, 0, addressed_to_me, now)
         if self.tokens is None:
             return OPEN
         auth = request.headers.get("Authorization", "")
@@ -164,6 +157,30 @@ class Access:
             )
         return Principal("token", grant=self.tokens.current().authenticate(token.strip()))
 
+    def _verify(self, request: web.Request, addressed_to_me: Callable[[str], bool]) -> str:
+        """The signing node's id (core/identity.verify over the headers and the declared
+        Content-Length; a signed request without one is refused)."""
+        length = request.content_length
+        if length is None and request.body_exists:
+            raise Unauthenticated("a signed request must declare its Content-Length")
+        return verify(
+            [self._key],
+            request.method,
+            request.raw_path,
+            request.headers,
+            length or 0,
+            addressed_to_me,
+            time.time(),
+            self.replays,
+        )
+
+    @staticmethod
+    def check_body(p: Principal, request: web.Request, body: bytes) -> None:
+        """Raise Unauthenticated when ``p`` is a node and ``body`` is not the body its
+        signature declared."""
+        if p.kind == "node":
+            check_body(request.headers, body)
+
     def admit(self, p: Principal, body_bytes: int) -> None:
         """Take a request of ``p`` from its token's rates (RateLimited when over them)."""
         if p.grant is not None and p.grant.limits.limited:
@@ -173,6 +190,11 @@ class Access:
         """Charge the bytes of an answer to ``p``'s token."""
         if p.grant is not None and p.grant.limits.limited:
             self.limiter.charge(p.grant.key, p.grant.limits, nbytes, time.monotonic())
+
+    def done(self, p: Principal) -> None:
+        """A request :meth:`admit` took has ended (its token's in-flight count)."""
+        if p.grant is not None and p.grant.limits.limited:
+            self.limiter.done(p.grant.key)
 
     def problems(self) -> list[str]:
         return [self.tokens.error] if self.tokens is not None and self.tokens.error else []
@@ -206,6 +228,26 @@ def allow_ring(request: web.Request) -> None:
             f"token {p.grant.name}… is scoped to queries {list(p.grant.queries)}: changing "
             'the ring (decommission, token moves) needs an admin token for every query ("*")'
         )
+
+
+def enforce(request: web.Request, policy: Policy | None) -> None:
+    """Raise Forbidden unless the (authenticated) caller has what ``policy`` asks of a
+    token (node/policy.py); a node and an open caller pass. A route's handler may check
+    more (the queries a body names). ``None``: the request matched no route."""
+    p = principal(request)
+    if p.grant is None or policy is None:
+        return
+    if policy.kind == "ring" or node_only(request, tokens=True):
+        # a token on a node-only route: only on a node without a cluster secret, which
+        # node/config.py refuses with a tokens file; never less than the ring's admin
+        allow_ring(request)
+    elif policy.kind == "right":
+        query: str | None = None
+        if policy.on == "path":
+            query = request.match_info["query"]
+        elif policy.on == "key":
+            query = parse_chunk_key(request.match_info["key"])[0].query
+        allow(request, policy.right, query)
 
 
 def is_node(request: web.Request) -> bool:

@@ -5,6 +5,11 @@ LMDB is the default on nodes because a write transaction is atomic over many key
 with ``sync=True``, is fsynced before ``commit`` returns: so a chunk or a manifest is durable
 before the node acknowledges it. Reads are zero-copy from the map and need no background
 threads.
+
+A write LMDB cannot complete (its map full, the disk full or failing at commit: py-lmdb raises
+``lmdb.Error``, not OSError) is InsufficientStorage (507) here, at the storage boundary, with
+the LMDB error as its cause; the node counts it and turns read-only (Node.write). The map is
+64 GiB; ``lmdb:///dir?map_size=BYTES`` sets another (tests fill a small one).
 """
 
 from __future__ import annotations
@@ -13,9 +18,13 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
-__all__ = ["Backend", "LmdbBackend", "MemoryBackend", "open_backend"]
+from statestore.core.errors import InsufficientStorage
+
+__all__ = ["DEFAULT_MAP_SIZE", "Backend", "LmdbBackend", "MemoryBackend", "open_backend"]
+
+DEFAULT_MAP_SIZE = 64 * 2**30
 
 
 class Backend(ABC):
@@ -76,10 +85,13 @@ class MemoryBackend(Backend):
 
 
 class LmdbBackend(Backend):
-    def __init__(self, path: str, map_size: int = 64 * 2**30) -> None:
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
         import lmdb
 
         os.makedirs(path, exist_ok=True)
+        self._lmdb = lmdb
+        self._path = path
+        self._map_size = map_size
         self._env = lmdb.open(
             path, map_size=map_size, sync=True, metasync=True, max_readers=256, readahead=False
         )
@@ -90,11 +102,24 @@ class LmdbBackend(Backend):
             return value
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
-        with self._env.begin(write=True) as txn:
-            for k in deletes:
-                txn.delete(k)
-            for k, v in puts.items():
-                txn.put(k, v)
+        try:
+            with self._env.begin(write=True) as txn:  # aborted, nothing written, if it raises
+                for k in deletes:
+                    txn.delete(k)
+                for k, v in puts.items():
+                    txn.put(k, v)
+        except self._lmdb.MapFullError as exc:
+            raise InsufficientStorage(
+                f"storage under {self._path} is full: its LMDB map of {self._map_size} bytes "
+                f"is used up ({exc}); the node is read-only: free space with retention or "
+                "statestore drop, or move the node to a larger map (lmdb://DIR?map_size=BYTES)"
+            ) from exc
+        except self._lmdb.Error as exc:
+            raise InsufficientStorage(
+                f"storage write under {self._path} failed ({type(exc).__name__}: {exc}): the "
+                "disk is full or failing; the node is read-only until a write succeeds: free "
+                "space on the data dir's file system or check the disk"
+            ) from exc
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         out = []
@@ -143,11 +168,17 @@ class LmdbBackend(Backend):
 
 
 def open_backend(url: str) -> Backend:
-    """``memory://`` or ``lmdb:///absolute/dir`` (or a bare directory path)."""
+    """``memory://`` or ``lmdb:///absolute/dir`` (or a bare directory path);
+    ``lmdb:///dir?map_size=BYTES`` sets the LMDB map's size (default 64 GiB)."""
     parsed = urlparse(url)
     if parsed.scheme == "memory":
         return MemoryBackend()
     if parsed.scheme == "lmdb":
+        sizes = parse_qs(parsed.query).get("map_size", [])
+        if sizes:
+            if len(sizes) != 1 or not sizes[0].isascii() or not sizes[0].isdigit():
+                raise ValueError(f"storage URL {url!r}: map_size must be a number of bytes")
+            return LmdbBackend(parsed.path, int(sizes[0]))
         return LmdbBackend(parsed.path)
     if parsed.scheme == "":
         return LmdbBackend(url)

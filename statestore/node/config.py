@@ -28,7 +28,9 @@ class NodeConfig:
     storage: str = ""  # "" = lmdb in data_dir; "memory://" for tests
     max_body: int = 64 * 1024 * 1024
     max_chunk: int = 256 * 1024 * 1024
-    max_commit: int = 1024 * 1024 * 1024
+    max_commit: int = 256 * 1024 * 1024
+    # bytes that requests in flight may hold in all (node/budget.py); a commit holds 3x its body
+    memory_budget: int = 1024 * 1024 * 1024
     gossip_interval: float = 0.5
     suspect_after: float = 2.0
     down_after: float = 5.0
@@ -36,6 +38,9 @@ class NodeConfig:
     # compare token ranges by digest before listing items to a peer (node/digests.py); off
     # only to measure the listing it saves (bench/digests.py)
     repair_digests: bool = True
+    # seconds a hint may stay undecidable (its base held by no owner, no verdict) before it
+    # is dropped (core/hints.py)
+    hint_ttl: float = 3600.0
     compact_interval: float = 2.0
     snapshot_every: int = 10
     retain_versions: int = 100
@@ -57,6 +62,9 @@ class NodeConfig:
     # MB/s a hand-over (join or leave) may move, per node: Cassandra's default stream
     # throughput (200 Mbit/s); at 50 clients' p99 grew past 1.5x on 2 cores (docs/benchmarks.md)
     stream_mbps: float = 25.0
+    # scrub (node/scrub.py): MB/s of held data re-verified (0: off), seconds between passes
+    scrub_mbps: float = 8.0
+    scrub_interval: float = 3600.0
     drain_on_stop: bool = False  # SIGTERM decommissions the node before it exits
     drain_timeout: float = 600.0  # seconds such a drain may take before the node gives up
     replace: str = ""  # the id of a dead node whose tokens this (new) node takes over
@@ -82,6 +90,13 @@ class NodeConfig:
                 "--tls-ca needs --tls-cert and --tls-key: a ring speaks TLS on every node or "
                 "on none (the CA verifies the nodes this one calls)"
             )
+        if self.memory_budget < self.max_body:
+            raise ValueError(
+                f"--memory-budget ({self.memory_budget}) is below --max-body ({self.max_body}): "
+                "a body of the largest size would never fit; raise the budget"
+            )
+        if not self.scrub_mbps >= 0 or not self.scrub_interval >= 0:
+            raise ValueError("--scrub-mbps and --scrub-interval must not be negative")
         if not self.stream_mbps > 0:
             raise ValueError("--stream-mbps must be a positive number of MB/s")
         if self.auto_rebalance and not self.auto_rebalance > 1.0:
@@ -104,9 +119,14 @@ class NodeConfig:
                 raise ValueError(
                     "--replace needs --seeds: the ring is asked whether the node is dead"
                 )
-        if self.auth_file and self.seeds and not self.cluster_secret_file:
+        if self.auth_file and not self.cluster_secret_file:
+            # Even the first node of a ring (no --seeds): without a secret any process that
+            # announced itself in the DHT and answered gossip would become a member, and
+            # clients would send it their tokens, chunks and manifests (docs/security.md).
             raise ValueError(
-                "--auth-file on a ring of several nodes needs --cluster-secret-file too (the "
-                "same file on every node): nodes must prove themselves to each other to write "
-                "and read replicas for a token holder"
+                "--auth-file needs --cluster-secret-file too, on every node, even the first: "
+                "without it this node cannot tell a ring node from any process that announces "
+                "itself, and clients would send their tokens to it; create one with `head -c "
+                "32 /dev/urandom | base64 > cluster.secret` and give the same file to every "
+                "node"
             )

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from aiohttp import web
 
-from statestore.core.errors import InvalidRequest, StateStoreError
+from statestore.core.errors import InvalidRequest, QueryDropping, StateStoreError
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body
+from statestore.node.tombstones import DROPPING
 from statestore.wire.bodies import (
     MAX_COPIES,
     MAX_COPIES_BYTES,
@@ -87,12 +88,33 @@ async def put_copies(request: web.Request) -> web.Response:
         allow(request, "write", query)
         allow(request, "admin", query)
     node.check_writable()
-    keep = [m.version >= node.store.floor(m.store) for m in ms]
+    # a hand-off (``?handoff=1``: from a node that does not own these, node/quotas.py) is
+    # charged to the queries' quotas here; a copy between owners never is
+    handoff = request.query.get("handoff") == "1"
+    limits = {q: node.quota_limit(q) for q in {m.store.query for m in ms}} if handoff else {}
+    # a query being dropped takes no copy (as PUT ...?copy=1 takes none): checked here, with
+    # no await before the write is queued, so a purge queued later deletes what passed
+    keep = [m.version >= node.store.floor(m.store) and _taken(request, m) for m in ms]
     kept = [m for m, k in zip(ms, keep, strict=True) if k]
-    # after clients' writes, as a single copy (node/writer.py); one atomic write for all
-    created = iter(await node.write(node.store.copy_manifests, kept, order="copy") if kept else [])
+    # after clients' writes, as a single copy (node/writer.py); one atomic write for all, or
+    # for a hand-off (charged) one per manifest, each refused alone past its query's quota
+    if not kept:
+        created: Iterator[bool | None] = iter([])
+    elif any(limit is not None for limit in limits.values()):
+        job = node.store.copy_manifests_charged
+        created = iter(await node.write(job, kept, limits, order="copy"))
+    else:
+        created = iter(await node.write(node.store.copy_manifests, kept, order="copy"))
     stored = [next(created) if k else None for k in keep]
     return web.json_response({"stored": stored}, status=200)
+
+
+def _taken(request: web.Request, m: Manifest) -> bool:
+    try:
+        request.app[DROPPING].check(m.store.query)
+    except QueryDropping:
+        return False
+    return True
 
 
 async def read_copies(request: web.Request) -> web.Response:
@@ -137,10 +159,13 @@ class Unsupported(Exception):
     """The peer predates these routes (404): copy one manifest at a time."""
 
 
-async def push_manifests(node: Node, address: str, items: Sequence[Item]) -> list[int | None]:
+async def push_manifests(
+    node: Node, address: str, items: Sequence[Item], *, handoff: bool = False
+) -> list[int | None]:
     """Copy the manifests ``items`` we hold to ``address``, as many per request as the
     limits allow; per item, the bytes sent, or None when it did not land (or we lack it).
-    Raises Unsupported when ``address`` predates the route."""
+    ``handoff``: we do not own them, so ``address`` charges them to its quotas (one refused
+    stays here). Raises Unsupported when ``address`` predates the route."""
     out: list[int | None] = [None] * len(items)
     batch: list[int] = []
     raws: list[bytes] = []
@@ -149,7 +174,7 @@ async def push_manifests(node: Node, address: str, items: Sequence[Item]) -> lis
     async def send() -> None:
         nonlocal batch, raws, size
         if batch:
-            await _send(node, address, batch, raws, out)
+            await _send(node, address, batch, raws, out, handoff)
         batch, raws, size = [], [], 0
 
     for i, item in enumerate(items):
@@ -167,13 +192,18 @@ async def push_manifests(node: Node, address: str, items: Sequence[Item]) -> lis
 
 
 async def _send(
-    node: Node, address: str, batch: list[int], raws: list[bytes], out: list[int | None]
+    node: Node,
+    address: str,
+    batch: list[int],
+    raws: list[bytes],
+    out: list[int | None],
+    handoff: bool,
 ) -> None:
     try:
         resp = await node.transport.request(
             "POST",
             address,
-            "/v1/sync/manifests",
+            "/v1/sync/manifests?handoff=1" if handoff else "/v1/sync/manifests",
             body=encode_copies(raws),
             headers=MSGPACK,
             ok=(200, 404),

@@ -42,6 +42,7 @@ from statestore.net.tls import client_context
 from statestore.net.transport import Transport
 from statestore.node.auth import Access
 from statestore.node.backends import Backend, open_backend
+from statestore.node.budget import MemoryBudget
 from statestore.node.config import NodeConfig
 from statestore.node.discovery import Discovery
 from statestore.node.foreground import ForegroundGate
@@ -63,6 +64,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Storage writes that add data: refused at the write while the node is read-only (a full disk)
+_ADDS_DATA = frozenset(
+    {
+        NodeStore.put_chunk,
+        NodeStore.put_manifest,
+        NodeStore.copy_manifest,
+        NodeStore.copy_manifests,
+        NodeStore.put_hint,
+    }
+)
+STORAGE_RETRY = 10.0  # seconds read-only after a write failed for want of room, then retry
 # where a storage write queues (node/writer.py): a client's, a copy's, or after everything
 WriteOrder = Literal["foreground", "copy", "barrier"]
 
@@ -290,9 +302,11 @@ class Node:
         self.store = NodeStore(backend or open_backend(url))
         self.writer = writer or PriorityWriter()
         self.foreground = ForegroundGate()  # client requests in flight, for copies to yield to
+        self.budget = MemoryBudget(config.memory_budget, config.body_timeout, config.max_body)
         self.transport: Transport = transport or HttpTransport(
             timeout=10.0,
             auth=self.access.outbound,
+            prove=self.access.check_answer,
             tls=tls,
         )
         self.address = f"{config.host}:{config.port}"
@@ -302,6 +316,8 @@ class Node:
         # loop name -> (failures so far, the last error, clock time of the last failure)
         self.loop_failures: dict[str, tuple[int, str, float]] = {}
         self.storage_errors: tuple[int, str, float] = (0, "", 0.0)
+        # a write that failed for want of room: (error, bytes free then, clock time)
+        self.storage_full: tuple[str, int | None, float] | None = None
         self._view: RingView | None = None
         self._directory: list[str] = []
         self.restorer: Restorer
@@ -437,23 +453,49 @@ class Node:
         """Run a storage write on the single writer thread. ``order``: ``foreground`` (the
         default), ``copy`` (a replica's or a hand-over's copy: waits for every foreground
         write, node/writer.py) or ``barrier`` (after every write queued before it). A full
-        disk (ENOSPC) is InsufficientStorage, and is counted for ``/v1/health``."""
+        disk (ENOSPC) or a failed LMDB write (the backend's InsufficientStorage) is 507,
+        counted for ``/v1/health`` and ``/metrics``, and turns the node read-only
+        (:meth:`read_only_reason`). A write that adds chunks, manifests or hints checks the
+        free space again on the writer thread, right before it writes: the check when its
+        request started may be stale after writes queued ahead of it."""
+        call = fn
+        if getattr(fn, "__func__", None) in _ADDS_DATA:
+
+            def call(*a: Any) -> T:
+                self.check_writable()
+                return fn(*a)
+
         try:
             if isinstance(self.writer, PriorityWriter) and order != "foreground":
                 submit = (
                     self.writer.submit_background if order == "copy" else self.writer.submit_barrier
                 )
-                return await asyncio.wrap_future(submit(fn, *args))
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.writer, fn, *args)
+                result = await asyncio.wrap_future(submit(call, *args))
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self.writer, call, *args)
         except OSError as exc:
-            self.storage_errors = (self.storage_errors[0] + 1, str(exc), self.clock())
+            self._storage_failed(str(exc), full=exc.errno == errno.ENOSPC)
             if exc.errno == errno.ENOSPC:
                 raise InsufficientStorage(
                     f"node {self.id}'s disk is full ({exc}): it is read-only until space is "
                     "freed; the ring writes to the other replicas"
                 ) from exc
             raise
+        except InsufficientStorage as exc:
+            if exc.__cause__ is not None:  # the backend's write failed (not a refusal)
+                self._storage_failed(str(exc), full=True)
+            raise
+        self.storage_full = None  # a write went through: try writes again
+        return result
+
+    def _storage_failed(self, error: str, *, full: bool) -> None:
+        """Count a failed storage write; a full one makes the node read-only until the free
+        space grows, a write succeeds, or STORAGE_RETRY seconds pass (then a write tries)."""
+        now = self.clock()
+        self.storage_errors = (self.storage_errors[0] + 1, error, now)
+        if full:
+            self.storage_full = (error, self.disk_free(), now)
 
     def disk_free(self) -> int | None:
         """Bytes free on the data dir's file system (None: cannot tell)."""
@@ -463,13 +505,22 @@ class Node:
             return None
 
     def read_only_reason(self) -> str | None:
-        """Why this node takes no new data now (None: it does): its disk is nearly full."""
+        """Why this node takes no new data now (None: it does): its disk is nearly full, or
+        a storage write failed for want of room (a full disk or LMDB map) and neither has the
+        free space grown since nor STORAGE_RETRY seconds passed."""
         free = self.disk_free()
         if free is not None and free < self.config.min_free_bytes:
             return (
                 f"disk nearly full: {free} bytes free under {self.config.data_dir}, below the "
                 f"{self.config.min_free_bytes}-byte reserve; read-only until space returns"
             )
+        if self.storage_full is not None:
+            error, free_then, at = self.storage_full
+            grown = free is not None and free_then is not None and free > free_then
+            if grown or self.clock() - at >= STORAGE_RETRY:
+                self.storage_full = None
+            else:
+                return f"storage full: a write failed ({error}); read-only until space returns"
         return None
 
     def quota_limit(self, query: str) -> int | None:

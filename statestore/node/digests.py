@@ -34,10 +34,17 @@ JSON = {"Content-Type": "application/json"}
 
 
 def held_items(node: Node) -> list[str]:
-    """Every item this node holds, named as repair names them."""
+    """Every item this node holds, named as repair names them, a manifest's name with its
+    content digest (core/repair.content_digest): two owners holding one version and epoch
+    with different content differ in that range, so its items get listed and compared."""
     out = [f"c:{k}" for k in node.store.chunk_keys()]
-    out += [f"m:{s.path}/{v}/{k}/{e}" for s, v, k, e in node.store.manifest_items()]
+    out += [_named(item, d) for item, d in node.store.manifest_digests().items()]
     return out
+
+
+def _named(item: str, digest: int | None) -> str:
+    """An item's name as digested: a manifest's with its content digest."""
+    return item if digest is None or item[0] != "m" else f"{item}#{digest:x}"
 
 
 async def digest(request: web.Request) -> web.Response:
@@ -99,12 +106,16 @@ async def narrow(
     ranges = segments(view.ring.tokens)
     held: dict[tuple[str, str], bool] = {}
     left: dict[str, list[str]] = {}
-    for target, items in want.items():
+    digests = await asyncio.to_thread(node.store.manifest_digests)
+    for target, plain in want.items():
         seed = node.rng.getrandbits(64)  # the node's generator: seeded in a simulation
+        named = {_named(it, digests.get(it)): it for it in plain}
+        items = list(named)
         # grouping and folding every item: in a worker thread, clients' requests go on
         grouped, folded = await asyncio.to_thread(_folded, items, ranges, seed)
         indices = sorted(grouped)
         ask: list[str] = []
+        mine: dict[tuple[str, str], bool] = {}
         for i in range(0, len(indices), MAX_DIGEST_RANGES):
             batch = indices[i : i + MAX_DIGEST_RANGES]
             sent = [(*ranges[j], folded[j]) for j in batch]
@@ -120,8 +131,9 @@ async def narrow(
                 ask.extend(it for j in batch for it in grouped[j])
                 continue
             # hashing the differing ranges' items: off the loop too
-            rest = await asyncio.to_thread(_settle, held, target, grouped, batch, differ, seed)
+            rest = await asyncio.to_thread(_settle, mine, target, grouped, batch, differ, seed)
             ask.extend(rest)
-        left[target] = ask
+        left[target] = [named[it] for it in ask]
+        held.update({(target, named[it]): v for (_, it), v in mine.items()})
         node.stats["digest_confirmed"] += len(items) - len(ask)
     return held, left

@@ -60,6 +60,7 @@ from statestore.node.copies import Unsupported, fetch_manifests, push_manifests
 from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity, stored_ring_state
 from statestore.node.pace import Pace
 from statestore.node.repair import ask_have, push_item
+from statestore.node.request import read_body
 from statestore.wire.bodies import HandoverItemsRequest, decode_json
 from statestore.wire.manifest import decode_manifest
 
@@ -342,7 +343,7 @@ async def handover_items(request: web.Request) -> web.Response:
     this node sees that member: ``member`` status, state, incarnation, zone, or null)."""
     node = request.app[NODE]
     allow(request, "admin")
-    body = decode_json(await request.read(), HandoverItemsRequest, "handover items")
+    body = decode_json(await read_body(request), HandoverItemsRequest, "handover items")
     assert node.membership is not None
     seen = node.membership.get(body.node)
     state = None if seen is None or seen.status.value == "down" else seen.state.value

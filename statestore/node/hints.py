@@ -4,20 +4,27 @@ Endpoints (docs/api.md):
 
 - ``PUT /v1/hints/{store}/{version}/{kind}?holders=A,B`` (write): keep a tentative commit's
   manifest, whose chunks the writer sent this node first. Fenced like a manifest by what this
-  node holds of the store (a fenced writer gets no tentative acknowledgement); counted
-  against the query's quota; at most ``MAX_HINTS`` per node.
+  node holds of the store (a fenced writer gets no tentative acknowledgement), refused when
+  this node holds other content at its version and epoch, replacing the same writer's
+  earlier hint there; counted against the query's quota; at most ``MAX_HINTS`` per node and
+  a query's fair share of them (core/hints.py).
 - ``GET /v1/hints/{store}`` and ``GET /v1/hints/{store}/{version}/{kind}?epoch=E`` (read):
   the hints held of a store (a read within a bound asks), one hint (the hand-off asks).
 - ``GET /v1/stores/{store}/outcomes`` (read): what became of the store's tentative commits.
 - ``POST /v1/stores/{store}/outcomes`` (ring nodes; an admin token): record verdicts, the
   first one recorded for a commit stays; answers with the verdicts held.
 
-:func:`hint_loop` (supervised; a pass every second, and at once when a hint arrives) walks
-the hints this node holds in hand-off order. For each one it reconciles (the first live
-holder that holds it) it takes the verdict a read quorum of the store's owners already hold;
-otherwise it waits for the verdict on the commit's base when the base is not stable (at W
-owners), and then hands the commit to the owners through the ordinary write path
-(net/writes.write_commit: fencing check, chunks at W, manifest at W):
+:func:`hint_loop` (supervised; a pass every second, and at once when a hint arrives; a pass
+that decides nothing doubles the wait, up to 30 s) tries at most ``PASS_BUDGET`` of the
+hints this node holds, round-robin over their queries, each query's in hand-off order.
+Before one is written anywhere, the owners are asked what they hold at its version and
+epoch: a hint never sits beside other content there (core/hints.handoff_fate). One
+undecidable (its base is not held, no verdict) held past ``hint_ttl`` (node config, 3,600 s)
+is dropped. For each one it reconciles (the first live holder that holds it) it takes the
+verdict a read quorum of the store's owners already hold; otherwise it waits for the verdict
+on the commit's base when the base is not stable (at W owners), and then hands the commit to
+the owners through the ordinary write path (net/writes.write_commit: fencing check, chunks
+at W, manifest at W):
 
 - acknowledged: **confirmed**;
 - refused for a higher epoch (StaleEpoch): **confirmed** still when W owners hold it with
@@ -25,7 +32,8 @@ owners), and then hands the commit to the owners through the ordinary write path
   (then it is copied to the owners, so stable history is never orphaned); otherwise
   **rolled back**, with the version below and its source positions as the replay point;
 - refused for other content at its version and epoch (VersionConflict): the writer gave
-  that attempt up; stale (dropped without a verdict) when the other content is at W owners;
+  that attempt up; stale (dropped without a verdict) when the other content is at W owners,
+  confirmed when ours is, else it waits (repair reconciles the owners: core/repair.py);
 - the owners out of reach: tried again next pass (a verdict is never guessed).
 
 The verdict is recorded here first, then at W owners; then the hint goes. Its chunks are
@@ -37,19 +45,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from statestore.core.chunk import EncodedChunk, verify
 from statestore.core.errors import (
-    InsufficientStorage,
     InvalidRequest,
+    InvalidStoreId,
+    MalformedData,
     NotFound,
     QuorumNotReached,
     StaleEpoch,
     StateStoreError,
     VersionConflict,
+)
+from statestore.core.hints import (
+    PASS_BUDGET,
+    after_conflict,
+    expired,
+    handoff_fate,
+    next_wait,
+    pass_order,
 )
 from statestore.core.ids import MAX_EPOCH, MAX_VERSION, StoreId, chunk_key, parse_uint
 from statestore.core.manifest import Manifest
@@ -72,6 +91,7 @@ from statestore.node.repair import ask_have
 from statestore.node.request import read_body
 from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
 from statestore.wire.tentative import (
+    decode_hint,
     decode_outcomes,
     encode_outcomes,
     outcome_json,
@@ -82,7 +102,34 @@ __all__ = ["hint_loop", "hint_pass", "register"]
 
 log = logging.getLogger(__name__)
 STORE = "/v1/stores/{query}/{operator}/{partition}/{name}"
-MAX_HINTS = 100_000  # per node: a bound on what a partition (or a hostile writer) parks here
+
+
+_Key = tuple[StoreId, int, int, str]  # store, epoch, version, kind
+
+
+@dataclass
+class _PassState:
+    """What the hand-off remembers between passes (not persisted: after a restart a hint's
+    undecidable time starts again, so it is dropped later, never earlier)."""
+
+    seen: dict[_Key, float] = field(default_factory=dict)  # first seen held, node clock
+    tried: dict[_Key, float] = field(default_factory=dict)  # last tried
+    undecidable: set[_Key] = field(default_factory=set)  # undecidable at their last try
+    progress: bool = True  # the last pass decided something
+
+
+_STATE: weakref.WeakKeyDictionary[Node, _PassState] = weakref.WeakKeyDictionary()
+
+
+def _state(node: Node) -> _PassState:
+    st = _STATE.get(node)
+    if st is None:
+        st = _STATE[node] = _PassState()
+    return st
+
+
+def _count(node: Node, name: str, n: int = 1) -> None:
+    node.stats[name] = node.stats.get(name, 0) + n
 
 
 # -- endpoints ---------------------------------------------------------------------------
@@ -109,11 +156,8 @@ async def put_hint(request: web.Request) -> web.Response:
             f"hint of {store} v{version} names {len(missing)} chunk(s) this node does not hold "
             f"(first {missing[0]}): send the chunks, then the hint"
         )
-    if node.store.hint_count() >= MAX_HINTS:
-        raise InsufficientStorage(
-            f"node {node.id} holds {MAX_HINTS} hints already (tentative commits waiting for "
-            "their owners): commit when the partition heals"
-        )
+    # the node's cap and the query's share are checked where the hint is written
+    # (NodeStore.put_hint, core/hints.admit: 507 past them)
     created = await node.write(node.store.put_hint, m, holders, charged_limit(request, store.query))
     node.stats["hints_taken"] += int(created)
     node.hints_arrived.set()
@@ -320,19 +364,30 @@ async def _decide(
             return _rolled_back(m, base.replay_from, base.positions)
         if base is None and not await _base_held(node, view, m):
             return None  # a tentative base not handed off yet (by its own reconciler)
+    # a hint never sits beside other content at its version and epoch (core/hints.py): the
+    # owners are asked first. Other content there is its writer's later attempt (a failed
+    # commit, then other content; one epoch is one writer, and a writer that was told
+    # "tentative" goes on from it, never back): at W owners this hint is stale; at fewer, a
+    # write in flight or a partial one, which repair completes or reconciles: it waits
+    same, other, _ = _holdings(m, await _owner_manifests(node, view, m))
+    fate = handoff_fate(same, other, view.write_quorum)
+    if fate == "stale":
+        return STALE
+    if fate == "wait":
+        return None
     try:
         await write_commit(node.transport, view, m, await _chunks(node, view, m))
         return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
     except VersionConflict:
-        # other content at this version and epoch: its writer gave this attempt up (a failed
-        # commit, then other content; one epoch is one writer, and a writer that was told
-        # "tentative" goes on from it, never back). Stable at W: this hint is stale
+        # the other content arrived meanwhile (a race with the writer's retry): the content
+        # at W owners wins; where ours landed beside it, repair reconciles it to that one
         same, other, _ = _holdings(m, await _owner_manifests(node, view, m))
-        if other >= view.write_quorum:
+        fate = after_conflict(same, other, view.write_quorum)
+        if fate == "stale":
             return STALE
-        if same < view.write_quorum:  # the other content is a partial write: ours goes on
-            await _copy_to_owners(node, view, m)
-        return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
+        if fate == "confirmed":
+            return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
+        return None
     except (StaleEpoch, InvalidRequest):
         # refused for good: a higher epoch, or below retention
         same, other, built_on = _holdings(m, await _owner_manifests(node, view, m))
@@ -412,16 +467,51 @@ async def _reconciles(node: Node, m: Manifest, holders: list[str], live: list[st
 
 
 async def hint_pass(node: Node, view: RingView) -> int:
-    """One walk over the hints held; returns how many are still held."""
+    """One pass over at most ``PASS_BUDGET`` of the hints held (core/hints.pass_order:
+    round-robin over their queries); returns how many are still held."""
+    st = _state(node)
+    st.progress = False
+    _count(node, "hint_passes")
     live = view.live_addresses()
+    now = node.clock()
+    ttl = node.config.hint_ttl
     waiting: set[tuple[str, int]] = set()  # a writer's chain waits behind its oldest hint
     known: dict[StoreId, dict[tuple[int, int], Outcome]] = {}
-    for m, holders in sorted(
-        node.store.hints(), key=lambda h: (h[0].store.path, h[0].epoch, h[0].version)
-    ):
-        line = (m.store.path, m.epoch)
+    keys = node.store.hint_keys()
+    held = {(s, e, v, k): q for q, s, e, v, k in keys}
+    st.seen = {k: st.seen.get(k, now) for k in held}
+    st.tried = {k: t for k, t in st.tried.items() if k in held}
+    st.undecidable &= held.keys()
+    # undecidable at their last try and held past the TTL: dropped without asking again
+    for key in sorted(k for k in st.undecidable if expired(st.seen[k], now, ttl)):
+        store, epoch, version, kind = key
+        log.warning("hint of %s v%d (epoch %d) undecidable for %.0f s: dropped", store, version,
+                    epoch, now - st.seen[key])  # fmt: skip
+        await node.write(node.store.drop_hint_record, store, version, kind, epoch)
+        st.undecidable.discard(key)
+        _count(node, "hints_expired")
+        st.progress = True
+        held.pop(key, None)
+    # the least recently tried first (so every hint gets its turn), round-robin over queries
+    ordered = sorted(held, key=lambda k: st.tried.get(k, -1.0))
+    chosen = pass_order([(held[k], k) for k in ordered], PASS_BUDGET)
+    for key in chosen:
+        store, epoch, version, kind = key
+        line = (store.path, epoch)
         if line in waiting:
             continue
+        raw = node.store.raw_hint(store, version, kind, epoch)
+        if raw is None:
+            continue
+        try:
+            m, holders = decode_hint(raw)
+        except (MalformedData, InvalidStoreId, ValueError):
+            log.warning("hint of %s v%d (epoch %d) does not decode: dropped", store, version, epoch)
+            await node.write(node.store.drop_hint_record, store, version, kind, epoch)
+            continue
+        _count(node, "hints_tried")
+        st.tried[key] = now
+        st.undecidable.discard(key)
         try:
             if m.store not in known:
                 known[m.store] = await owners_outcomes(node, view, m.store)
@@ -434,12 +524,17 @@ async def hint_pass(node: Node, view: RingView) -> int:
                     continue
                 o = await _decide(node, view, m, known[m.store])
                 if o is None:
+                    # undecidable for now (its base held by no owner and undecided, or other
+                    # content in flight at its version): dropped once held past the TTL
+                    st.undecidable.add(key)
                     waiting.add(line)
                     continue
                 if o is STALE:
                     log.info("hint of %s v%d (epoch %d): other content is stable", m.store,
                              m.version, m.epoch)  # fmt: skip
                     await node.write(node.store.delete_hint, m)
+                    _count(node, "hints_superseded")
+                    st.progress = True
                     continue
                 o = await node.write(node.store.put_outcome, o)
             kept = await _record(node, view, o)
@@ -453,6 +548,7 @@ async def hint_pass(node: Node, view: RingView) -> int:
             # only the hint goes: its chunks are ordinary copies now, which repair hands to
             # their owners and drops here once they hold them (never by key alone)
             await node.write(node.store.delete_hint, m)
+            st.progress = True
         except StateStoreError as exc:
             log.warning(
                 "hint of %s v%d (epoch %d) not handed off yet: %s", m.store, m.version, m.epoch, exc
@@ -466,12 +562,19 @@ async def hint_pass(node: Node, view: RingView) -> int:
 async def hint_loop(node: Node) -> None:
     """Hand hints off while any are held: a pass every second, and at once when a hint
     arrives (a writer that went tentative on a healthy ring is confirmed in milliseconds,
-    so its next commit can be stable again)."""
+    so its next commit can be stable again); a pass that decides nothing doubles the wait
+    before the next, up to 30 s (core/hints.next_wait: no busy loop over hints nobody can
+    decide)."""
+    base = min(node.config.repair_interval, 1.0)
+    wait = base
     while True:
+        progress = True
         if node.store.hint_count():
             await hint_pass(node, node.view())
+            progress = _state(node).progress
+        wait = next_wait(progress, wait, base)
         node.hints_arrived.clear()
         try:
-            await asyncio.wait_for(node.hints_arrived.wait(), min(node.config.repair_interval, 1.0))
+            await asyncio.wait_for(node.hints_arrived.wait(), wait)
         except TimeoutError:
             pass

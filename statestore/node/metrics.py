@@ -157,6 +157,17 @@ class NodeCollector(Collector):
         yield _gauge(
             "statestore_disk_total_bytes", "Size of the data dir's filesystem", f.disk_total
         )
+        errors = CounterMetricFamily(
+            "statestore_storage_errors",
+            "Storage writes that failed (a full disk or LMDB map, an I/O error) since start",
+        )
+        errors.add_metric([], node.storage_errors[0])
+        yield errors
+        yield _gauge(
+            "statestore_read_only",
+            "1 while the node takes no new data (disk nearly full, or a write failed for room)",
+            1 if node.read_only_reason() is not None else 0,
+        )
         yield _gauge(
             "statestore_repair_backlog",
             "Items held here that an owner still lacks (copies and hand-offs waiting)",
@@ -168,6 +179,19 @@ class NodeCollector(Collector):
             node.store.hint_count(),
         )
         yield _gauge("statestore_ring_epoch", "The ring epoch this node has seen", node.epoch)
+        yield _gauge(
+            "statestore_memory_budget_used_bytes",
+            "Bytes requests in flight hold of the --memory-budget (bodies; commits 3x)",
+            node.budget.used,
+        )
+        yield _gauge(
+            "statestore_memory_budget_bytes", "This node's --memory-budget", node.budget.limit
+        )
+        yield _counter(
+            "statestore_memory_budget_refused",
+            "Requests refused (429) after waiting for room in the memory budget",
+            node.budget.refused,
+        )
         yield from _gc_figures()
         members = GaugeMetricFamily(
             "statestore_members", "Ring members by failure-detector state", labels=["status"]
@@ -186,7 +210,11 @@ class NodeCollector(Collector):
             "below retention), hints_taken (tentative commits kept as hints), "
             "tentative_confirmed and tentative_rolled_back (verdicts this node reached), "
             "have_asked (items repair and hand-over listed to peers) and digest_confirmed "
-            "(items range digests showed a peer holds, unlisted)",
+            "(items range digests showed a peer holds, unlisted); scrubbed, scrub_corrupt and "
+            "scrub_replaced (items re-verified at rest, found rotted, replaced from a replica); "
+            "hint_passes, hints_tried, hints_superseded and hints_expired (the hint loop's work "
+            "and the hints it dropped); divergent and reconciled (manifests whose content "
+            "differed from what W owners hold at one version and epoch, and those replaced)",
             labels=["event"],
         )
         for name in (
@@ -199,6 +227,15 @@ class NodeCollector(Collector):
             "tentative_rolled_back",
             "have_asked",
             "digest_confirmed",
+            "scrubbed",
+            "scrub_corrupt",
+            "scrub_replaced",
+            "hint_passes",
+            "hints_tried",
+            "hints_superseded",
+            "hints_expired",
+            "divergent",
+            "reconciled",
         ):
             events.add_metric([name], node.stats.get(name, 0))
         yield events
@@ -414,3 +451,7 @@ def register(app: web.Application) -> None:
     app[METRICS] = NodeMetrics(app)
     app.middlewares.insert(0, metrics_middleware)
     app.router.add_get("/metrics", metrics_handler)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)

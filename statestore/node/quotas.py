@@ -7,10 +7,18 @@ charged, and serves the room check writers ask before they send a commit's first
 
 - Charged: a writer's ``PUT /v1/chunks/{key}`` and ``PUT /v1/manifests/...`` (the SDK, the
   Spark provider, a coordinator's replica writes for ``POST .../commit``).
-- Never refused: copies between nodes (``?copy=1``: repair's re-replication and hand-offs,
-  a leave's pushes; a join's pulls are written locally), so a quota never lowers the
-  replication of acknowledged data; and a compactor's snapshot (``?compaction=1``), which is
-  what lets retention free the versions below it. Both need a node (or an ``admin`` token).
+- Never refused: copies between owners (``?copy=1``: repair's re-replication by a node that
+  owns the item, a leave's pushes; a join's pulls are written locally), so a quota never
+  lowers the replication of acknowledged data; and a compactor's snapshot
+  (``?compaction=1``), which is what lets retention free the versions below it. Both need a
+  node (or an ``admin`` token).
+- Charged at the receiver: a *hand-off* (``?copy=1&handoff=1``, and ``POST
+  /v1/sync/manifests?handoff=1``), repair's push of an item by a node that does not own it
+  (it took a writer's write as a stand-in, or under an older view). Without this a writer
+  could put data on a non-owner, within that node's quota, and have repair move it to the
+  owners uncharged, again and again (issue 36, finding 10). A refused hand-off loses
+  nothing: the sender drops its copy only once every owner confirmed holding it
+  (core/repair.decide), so it keeps it, charged to its own quota.
 - ``POST /v1/queries/{query}/room`` (``write``, body wire/bodies.RoomRequest: the chunks it
   would send here and the manifest's bytes): ``{"query", "usage", "limit", "bytes"}`` when
   what this node does not hold yet fits, else ``507 quota_exceeded``. A writer asks each node
@@ -39,10 +47,12 @@ __all__ = ["charged_limit", "quota_json", "register"]
 
 def charged_limit(request: web.Request, query: str) -> int | None:
     """The limit a chunk or manifest write to ``query`` is held to: None for a copy between
-    nodes or a compactor's snapshot (a node, or an admin token), else the query's quota."""
+    owners or a compactor's snapshot (a node, or an admin token), else the query's quota (a
+    writer's write, or a hand-off: ``?copy=1&handoff=1``)."""
     if request.query.get("copy") == "1" or request.query.get("compaction") == "1":
         allow(request, "admin", query)  # a ring node passes; a token needs admin
-        return None
+        if request.query.get("handoff") != "1":
+            return None
     limit: int | None = request.app[NODE].quota_limit(query)
     return limit
 

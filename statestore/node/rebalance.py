@@ -46,6 +46,7 @@ from statestore.node.handover import (
     settle,
     spread,
 )
+from statestore.node.request import read_body
 from statestore.wire.bodies import TokensRequest, decode_json
 
 __all__ = ["auto_rebalance_loop", "load_json", "register", "resume_loop", "start_tokens"]
@@ -197,7 +198,7 @@ async def tokens_handler(request: web.Request) -> web.Response:
     200 with ``move`` null when it owns that many already)."""
     node = request.app[NODE]
     allow_ring(request)
-    body = decode_json(await request.read(), TokensRequest, "token move")
+    body = decode_json(await read_body(request), TokensRequest, "token move")
     move = start_tokens(node, body.vnodes)
     if move is None:
         return web.json_response({"id": node.id, "vnodes": body.vnodes, "move": None})

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from statestore.core.chunk import decode_chunk, key_group
-from statestore.core.errors import InvalidRequest, StateStoreError
+from statestore.core.errors import InvalidRequest, PayloadTooLarge, StateStoreError
 from statestore.core.fold import Positioned, merge_positioned
 from statestore.core.ids import StoreId
 from statestore.core.plan import ChunkTask, Hop
@@ -34,15 +34,17 @@ from statestore.net.streams import read_frames
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
 from statestore.wire.frames import (
+    MAX_PLAN_BYTES,
     decode_folded,
     decode_hop,
     encode_folded,
     encode_frame,
     encode_hop,
+    hop_store,
 )
 from statestore.wire.headers import FRAMES_CONTENT_TYPE
 
-__all__ = ["relay_handler"]
+__all__ = ["relay_handler", "relay_path"]
 
 log = logging.getLogger(__name__)
 FOLD_FRAME_RAW = 4 * 1024 * 1024
@@ -50,6 +52,12 @@ MAX_RELAY_DEPTH = 16  # hops below the restorer: a line plan over 16 nodes, a de
 MAX_RELAY_FANOUT = 32  # children of one hop
 MAX_RELAY_HOPS = 256  # hops in one plan
 Frame = tuple[bytes, dict[str, Any], bytes, bytes]  # kind, meta, data, the frame's bytes
+
+
+def relay_path(store_path: str) -> str:
+    """``/v1/relay?store=...``: the store in the URL lets the hop authorize the plan's query
+    before it reads the plan (store paths are URL-safe: letters, digits, ``._-/``)."""
+    return f"/v1/relay?store={store_path}"
 
 
 def _local_chunks(node: Node, hop: Hop) -> Iterator[tuple[ChunkTask, bytes]]:
@@ -90,7 +98,7 @@ async def _child_frames(
     body = encode_hop(StoreId.parse(store_path), child, fold, depth, groups)
     stream = None
     try:
-        stream = await node.transport.open_stream(child.address, "/v1/relay", body)
+        stream = await node.transport.open_stream(child.address, relay_path(store_path), body)
         async for frame in read_frames(stream, node.config.max_chunk):
             await handle(*frame)
         return True
@@ -255,16 +263,48 @@ def check_plan_hops(node: Node, hop: Hop, depth: int) -> None:
             stack.append((c, d + 1))
 
 
-async def relay_handler(request: web.Request) -> web.StreamResponse:
-    node = request.app[NODE]
-    limit = node.config.body_timeout
+async def _read_plan(request: web.Request, limit: float) -> bytes:
+    """The plan's bytes, at most MAX_PLAN_BYTES (413 past it, without reading the rest)."""
+    declared = request.content_length
+    if declared is not None and declared > MAX_PLAN_BYTES:
+        raise PayloadTooLarge(
+            f"relay plan is {declared} bytes: the limit is {MAX_PLAN_BYTES}; split the restore"
+        )
+    parts: list[bytes] = []
+    size = 0
     try:
         async with asyncio.timeout(limit):
-            body = await request.read()
+            while part := await request.content.read(64 * 1024):
+                size += len(part)
+                if size > MAX_PLAN_BYTES:
+                    raise PayloadTooLarge(
+                        f"relay plan is over {MAX_PLAN_BYTES} bytes: split the restore"
+                    )
+                parts.append(part)
     except TimeoutError as exc:
         raise InvalidRequest(f"relay plan did not arrive within {limit:.0f}s") from exc
+    return b"".join(parts)
+
+
+async def relay_handler(request: web.Request) -> web.StreamResponse:
+    """A hop: the plan's query is authorized before the plan is decoded (issue 36, finding
+    13), from ``?store=`` before a byte of it is read, else from the plan's store field read
+    alone (:func:`hop_store`); the plan must then be for that store."""
+    node = request.app[NODE]
+    claimed = request.query.get("store")
+    named = StoreId.parse(claimed) if claimed is not None else None
+    if named is not None:
+        allow(request, "read", named.query)
+    body = await _read_plan(request, node.config.body_timeout)
+    if named is None:
+        named = hop_store(body)
+        allow(request, "read", named.query)
     store, hop, fold, depth, groups = decode_hop(body)
-    allow(request, "read", store.query)
+    if store != named:
+        raise InvalidRequest(
+            f"relay plan is for store {store.path}, but the request names {named.path}: "
+            "send a plan to /v1/relay?store=<the plan's store>"
+        )
     check_plan_hops(node, hop, depth)
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)

@@ -22,37 +22,46 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
 
+from statestore.core.chunk import verify
 from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
 from statestore.core.handover import NodeState
-from statestore.core.ids import StoreId
-from statestore.core.repair import Holding, decide
+from statestore.core.ids import MAX_VERSION, StoreId, chunk_key, parse_chunk_key
+from statestore.core.manifest import Manifest
+from statestore.core.repair import Holding, acknowledged, content_digest, decide
 from statestore.core.repair_clock import RepairClock, phase_of
+from statestore.core.retention import check_floor as floor_allowed
 from statestore.core.view import RingView
+from statestore.net.reads import read_head
 from statestore.node.copies import Unsupported, push_manifests
 from statestore.node.daemon import Node
 from statestore.node.digests import narrow
+from statestore.wire.manifest import decode_manifest
 
-__all__ = ["ask_have", "push_item", "repair_loop", "repair_pass"]
+__all__ = ["ask_have", "check_floor", "push_item", "repair_loop", "repair_pass"]
 
 log = logging.getLogger(__name__)
 BATCH = 1000
+RECONCILE_BUDGET = 64  # same-epoch divergences a pass reconciles (reconcile)
 # An item is "c:<chunk key>" or "m:<store path>/<version>/<kind>/<epoch>" (core/repair.Holding):
 # every epoch of a version a replica keeps is an item of its own, so a manifest that a higher
 # epoch replaced here is copied to the owners that lack it too (core/manifest.py, "Lineage").
 
 
-async def push_item(node: Node, address: str, item: str) -> int | None:
+async def push_item(node: Node, address: str, item: str, *, handoff: bool = False) -> int | None:
     """Copy one item we hold to ``address``; returns the bytes sent, None if it did not land
-    (or we lack it)."""
+    (or we lack it). ``handoff``: we do not own the item, so ``address`` charges it to its
+    quota (node/quotas.py); a copy between owners never is."""
     kind, key = item[0], item[2:]
+    copy = "copy=1&handoff=1" if handoff else "copy=1"
     try:
         if kind == "c":
             data = node.store.get_chunk(key)
             if data is None:
                 return None
-            # a copy: never refused by the target's quota (node/quotas.py)
-            await node.transport.request("PUT", address, f"/v1/chunks/{key}?copy=1", body=data)
+            await node.transport.request("PUT", address, f"/v1/chunks/{key}?{copy}", body=data)
             return len(data)
         else:
             path, version, mkind, epoch = key.rsplit("/", 3)
@@ -63,7 +72,7 @@ async def push_item(node: Node, address: str, item: str) -> int | None:
                 await node.transport.request(
                     "PUT",
                     address,
-                    f"/v1/manifests/{path}/{version}/{mkind}?copy=1",
+                    f"/v1/manifests/{path}/{version}/{mkind}?{copy}",
                     body=raw,
                     headers={"Content-Type": "application/msgpack"},
                 )
@@ -79,13 +88,19 @@ async def push_item(node: Node, address: str, item: str) -> int | None:
 
 
 async def ask_have(
-    node: Node, want: dict[str, list[str]], view: RingView | None = None
+    node: Node,
+    want: dict[str, list[str]],
+    view: RingView | None = None,
+    digests: Mapping[str, int] | None = None,
+    differ: set[tuple[str, str]] | None = None,
 ) -> dict[tuple[str, str], bool]:
     """Ask each target (batched ``/v1/sync/have``) whether it holds the items listed for it;
     returns ``(target, item) -> holds it`` for every answered question (a target or batch
     that failed is simply absent). Floors in the answers are applied here: a GC we missed.
     With ``view``, token ranges are compared by digest first (node/digests.py) and only the
-    items of ranges that differ are listed."""
+    items of ranges that differ are listed. With ``digests`` (a manifest item's content
+    digest), the ``(target, item)`` pairs where the target holds that version and epoch with
+    other content are added to ``differ``."""
     answers: dict[tuple[str, str], bool] = {}
     if view is not None:
         answers, want = await narrow(node, view, want)
@@ -93,28 +108,138 @@ async def ask_have(
         for i in range(0, len(items), BATCH):
             batch = items[i : i + BATCH]
             exact = [it[2:].rsplit("/", 3) for it in batch if it[0] == "m"]
-            body = {
+            body: dict[str, Any] = {
                 "chunks": [it[2:] for it in batch if it[0] == "c"],
                 # by version and kind for nodes that predate epochs, and by epoch too
                 "manifests": [[p, v, k] for p, v, k, _ in exact],
                 "epochs": [[p, int(v), k, int(e)] for p, v, k, e in exact],
             }
+            if digests is not None:
+                body["digests"] = [digests.get(it, 0) for it in batch if it[0] == "m"]
             try:
-                resp = await node.transport.request(
-                    "POST", address, "/v1/sync/have", json_body=body
+                resp = await node.transport.request(  # floors and drops follow: proven
+                    "POST",
+                    address,
+                    "/v1/sync/have",
+                    json_body=body,
+                    headers=node.access.prove_headers(),
                 )
             except StateStoreError:
                 continue
             node.stats["have_asked"] += len(batch)  # items listed to a peer that answered
             answer = resp.json()
-            for path, floor in answer.get("floors", {}).items():
-                store = StoreId.parse(path)
-                if int(floor) > node.store.floor(store):  # a GC we missed while down
-                    await node.write(node.store.apply_floor, store, int(floor))
+            await _apply_floors(node, address, batch, answer.get("floors"))
             flags = iter(answer["chunks"]), iter(answer.get("epochs", answer["manifests"]))
             for it in batch:
                 answers[(address, it)] = bool(next(flags[0] if it[0] == "c" else flags[1]))
+            if differ is not None and "differ" in answer:
+                ms = [it for it in batch if it[0] == "m"]
+                differ.update(
+                    (address, it) for it, d in zip(ms, answer["differ"], strict=False) if d
+                )
     return answers
+
+
+async def check_floor(node: Node, store: StoreId, floor: int) -> None:
+    """InvalidRequest unless raising ``store``'s floor to ``floor`` here keeps it restorable
+    (core/retention.check_floor): a compactor's ``gc`` and a floor a peer's ``sync/have``
+    answer carries take the same checks. The head is this node's, else the ring's."""
+    if floor <= node.store.floor(store):
+        return  # nothing would be dropped
+    local = node.store.head(store)
+    head = local or await read_head(node.transport, node.view(), store)
+    held = None if local is None else node.store.raw_manifest(store, floor, "snapshot") is not None
+    floor_allowed(store, floor, head.version, held)
+
+
+async def _apply_floors(node: Node, address: str, batch: list[str], floors: object) -> None:
+    """Apply the floors in a peer's ``sync/have`` answer (a GC we missed while down): only
+    of stores the batch named, and only those :func:`check_floor` allows."""
+    if not isinstance(floors, dict):
+        return
+    asked: set[str] = set()
+    for it in batch:
+        try:
+            asked.add(parse_chunk_key(it[2:])[0].path if it[0] == "c" else it[2:].rsplit("/", 3)[0])
+        except (StateStoreError, ValueError):
+            continue
+    for path, floor in floors.items():
+        if path not in asked:
+            continue  # a floor for a store not asked about: not this answer's to give
+        if isinstance(floor, bool) or not isinstance(floor, int) or not 0 < floor <= MAX_VERSION:
+            log.warning("%s answered floor %r for %s: not a version", address, floor, path)
+            continue
+        store = StoreId.parse(path)
+        try:
+            await check_floor(node, store, floor)
+        except StateStoreError as exc:
+            log.warning("floor %d of %s from %s not applied: %s", floor, path, address, exc)
+            continue
+        if floor > node.store.floor(store):
+            await node.write(node.store.apply_floor, store, floor)
+
+
+def _digest(m: Manifest) -> int:
+    return content_digest(m.kind, [c.checksum for c in m.chunks])
+
+
+async def reconcile(node: Node, view: RingView, item: str, mine: int) -> bool:
+    """Two owners hold one version, kind and epoch with different content (a partial write
+    of an attempt its writer gave up, or a hint that raced the retry): make this node's copy
+    the content W owners hold (core/repair.acknowledged), its chunks first. Each node fixes
+    only its own copy, so no node is told by another what to overwrite. True when it did;
+    False when it holds the acknowledged content already, or none is at W yet."""
+    path, version, kind, epoch = item[2:].rsplit("/", 3)
+    store, v, e = StoreId.parse(path), int(version), int(epoch)
+    owners = view.store_replicas(store)
+    got: dict[str, Manifest] = {}
+    for a in owners:
+        if a == node.address:
+            continue
+        try:
+            resp = await node.transport.request(
+                "GET", a, f"/v1/manifests/{path}/{v}/{kind}?epoch={e}"
+            )
+            m = decode_manifest(resp.body)
+        except StateStoreError:
+            continue
+        if (m.store, m.version, m.kind, m.epoch) == (store, v, kind, e):
+            got[a] = m
+    held: list[int | None] = [_digest(m) for m in got.values()]
+    if node.address in owners:
+        held.append(mine)
+    winner = acknowledged(held, view.write_quorum)
+    if winner is None or winner == mine:
+        return False
+    sources = [a for a, m in got.items() if _digest(m) == winner]
+    m = got[sources[0]]
+    keys = [chunk_key(store, v, ref.name) for ref in m.chunks]
+    for ref, key, has in zip(m.chunks, keys, node.store.has_chunks(keys), strict=True):
+        if has:
+            continue
+        for a in sources:
+            try:
+                data = (await node.transport.request("GET", a, f"/v1/chunks/{key}")).body
+                verify(data, ref.checksum, key)
+            except StateStoreError:
+                continue
+            await node.write(node.store.put_chunk, key, data)
+            break
+        else:
+            return False  # its chunks are not readable yet: next pass
+    replaced: bool = await node.write(node.store.replace_manifest, m, mine)
+    if replaced:
+        log.warning(
+            "%s v%d %s epoch %d: this node held other content than the %d owners that hold "
+            "the acknowledged one; replaced",
+            store,
+            v,
+            kind,
+            e,
+            len(sources),
+        )
+        node.stats["reconciled"] = node.stats.get("reconciled", 0) + 1
+    return replaced
 
 
 def _holdings(
@@ -169,24 +294,52 @@ async def repair_pass(
     live = set(view.live_addresses())
     # a scan of everything held: in a worker thread, so clients' requests go on meanwhile
     holdings, want = await asyncio.to_thread(_holdings, node, view, planned)
-    answers = await ask_have(node, want, view)
+    digests = await asyncio.to_thread(node.store.manifest_digests)
+    differ: set[tuple[str, str]] = set()
+    answers = await ask_have(node, want, view, digests, differ)
+    # one version and epoch held with different content: reconciled to the content W owners
+    # hold, never pushed meanwhile (a copy would spread the one that is not acknowledged)
+    divergent = sorted({item for _, item in differ})
+    if divergent:
+        node.stats["divergent"] = node.stats.get("divergent", 0) + len(divergent)
+    differ_items = set(divergent)
+    for item in divergent[:RECONCILE_BUDGET]:
+        try:
+            await reconcile(node, view, item, digests[item])
+        except StateStoreError as exc:
+            log.warning("reconciling %s failed: %s", item, exc)
     decision = await asyncio.to_thread(
         decide, me, holdings, live, answers, epoch_moved=not allow_handoff, planned=planned
     )
     failed: list[tuple[str, str]] = []
-    manifests: dict[str, list[str]] = defaultdict(list)  # by target: sent in batches
+    # an item we do not own is handed off: the target charges it to its quota (node/quotas)
+    owned = {h.item for h in holdings if me in h.owners}
+    # by target, and whether handed off: sent in batches
+    manifests: dict[tuple[str, bool], list[str]] = defaultdict(list)
     for push in decision.pushes:
-        if push.item[0] == "m":
-            manifests[push.target].append(push.item)
-        elif await push_item(node, push.target, push.item) is not None:
+        handoff = push.item not in owned
+        if push.item in differ_items:
+            failed.append((push.target, push.item))  # until reconciled
+        elif push.item[0] == "m":
+            manifests[(push.target, handoff)].append(push.item)
+        elif await push_item(node, push.target, push.item, handoff=handoff) is not None:
             node.stats["repaired"] += 1
         else:
             failed.append((push.target, push.item))
-    for target, items in manifests.items():  # after the chunks they name
+    # after the chunks they name; never to a target whose push of one of them failed (a
+    # manifest there without its chunks would be a head nothing can restore)
+    lacking = _lacking_chunks(failed)
+    for (target, handoff), items in manifests.items():
+        gaps = lacking.get(target)
+        skipped = {item for item in items if gaps and not _complete(node, item, gaps)}
+        items = [item for item in items if item not in skipped]
+        failed.extend((target, item) for item in skipped)
+        if not items:
+            continue
         try:
-            sizes = await push_manifests(node, target, items)
+            sizes = await push_manifests(node, target, items, handoff=handoff)
         except Unsupported:  # a target that predates batches: one at a time
-            sizes = [await push_item(node, target, item) for item in items]
+            sizes = [await push_item(node, target, item, handoff=handoff) for item in items]
         for item, size in zip(items, sizes, strict=True):
             if size is not None:
                 node.stats["repaired"] += 1
@@ -212,6 +365,26 @@ async def repair_pass(
             )
         node.stats["handed_off"] += 1
     return decision.outstanding
+
+
+def _lacking_chunks(failed: list[tuple[str, str]]) -> dict[str, set[str]]:
+    """Per target, the chunk keys whose push to it failed."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for target, item in failed:
+        if item[0] == "c":
+            out[target].add(item[2:])
+    return out
+
+
+def _complete(node: Node, item: str, lacking: set[str]) -> bool:
+    """Whether the manifest ``item`` names none of the chunks in ``lacking`` (False when we
+    no longer hold it: nothing to send)."""
+    path, version, kind, epoch = item[2:].rsplit("/", 3)
+    store = StoreId.parse(path)
+    m = node.store.get_manifest(store, int(version), kind, int(epoch))
+    return m is not None and all(
+        chunk_key(store, m.version, ref.name) not in lacking for ref in m.chunks
+    )
 
 
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:

@@ -27,19 +27,24 @@ the store opens.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from statestore.core.chunk import verify
 from statestore.core.errors import (
     CorruptChunk,
+    InvalidRequest,
     InvalidStoreId,
     MalformedData,
+    QuotaExceeded,
     StaleEpoch,
     VersionConflict,
 )
+from statestore.core.hints import MAX_HINTS, MAX_HINTS_PER_QUERY, admit
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.manifest import Head, Manifest
 from statestore.core.quota import COUNTED_PREFIXES, Usage, charges, check, query_of_key
+from statestore.core.repair import content_digest
 from statestore.core.tentative import Outcome
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
@@ -84,6 +89,10 @@ class NodeStore:
             item for prefix in COUNTED_PREFIXES for item in backend.scan_sizes(prefix)
         )
         self._hints = len(backend.scan_keys(b"n:"))
+        # hints held per query (core/hints.admit: a query's fair share)
+        self._hint_queries: Counter[str] = Counter(
+            q for k in backend.scan_keys(b"n:") if (q := query_of_key(k)) is not None
+        )
 
     def _write(
         self,
@@ -104,8 +113,17 @@ class NodeStore:
             self.backend.write(puts, deletes)
             self.usage.apply(deltas)
             # hint keys are counted keys, so ``old`` says which existed
-            self._hints += sum(1 for k in puts if k[:2] == b"n:" and old.get(k) is None)
-            self._hints -= sum(1 for k in deletes if k[:2] == b"n:" and old.get(k) is not None)
+            for k in puts:
+                if k[:2] == b"n:" and old.get(k) is None:
+                    self._hints += 1
+                    self._hint_queries[query_of_key(k) or ""] += 1
+            for k in deletes:
+                if k[:2] == b"n:" and old.get(k) is not None and k not in puts:
+                    self._hints -= 1
+                    q = query_of_key(k) or ""
+                    self._hint_queries[q] -= 1
+                    if self._hint_queries[q] <= 0:
+                        del self._hint_queries[q]
 
     def query_bytes(self, query: str) -> int:
         """Bytes of chunks and manifests this node holds for ``query``."""
@@ -189,15 +207,17 @@ class NodeStore:
             )
         return head
 
-    def copy_manifest(self, m: Manifest) -> bool:
+    def copy_manifest(self, m: Manifest, limit: int | None = None) -> bool:
         """Keep a copy of ``m`` that another replica holds (repair), whatever its epoch: not a
         writer's commit, so not fenced. The highest epoch of a version and kind is the main
-        key, the others side keys. Returns False when this epoch was already held."""
-        return self.copy_manifests([m])[0]
+        key, the others side keys. Returns False when this epoch was already held.
+        ``limit``: a hand-off's, charged to the quota (None: a copy between owners)."""
+        return self.copy_manifests([m], limit)[0]
 
-    def copy_manifests(self, ms: Sequence[Manifest]) -> list[bool]:
+    def copy_manifests(self, ms: Sequence[Manifest], limit: int | None = None) -> list[bool]:
         """:meth:`copy_manifest` for each of ``ms``, in one atomic write (one fsync for a
-        hand-over's batch, node/copies.py); each sees the ones before it."""
+        hand-over's batch, node/copies.py); each sees the ones before it. ``limit``: a
+        hand-off's, charged to the quota (QuotaExceeded past it, nothing written)."""
         puts: dict[bytes, bytes] = {}
 
         def get(key: bytes) -> bytes | None:
@@ -227,7 +247,20 @@ class NodeStore:
                 puts[hkey] = encode_stored(Head(m.version, m.epoch))
             out.append(True)
         if puts:
-            self._write(puts)
+            self._write(puts, limit=limit)
+        return out
+
+    def copy_manifests_charged(
+        self, ms: Sequence[Manifest], limits: Mapping[str, int | None]
+    ) -> list[bool | None]:
+        """A hand-off's batch (node/copies.py): each of ``ms`` copied alone, held to its
+        query's quota in ``limits``; None for one refused by it (nothing of it written)."""
+        out: list[bool | None] = []
+        for m in ms:
+            try:
+                out.append(self.copy_manifests([m], limits.get(m.store.query))[0])
+            except QuotaExceeded:
+                out.append(None)
         return out
 
     def get_manifest(
@@ -290,7 +323,11 @@ class NodeStore:
         out = []
         for k, raw in self.backend.scan(b"m:"):
             path, version, kind = k[2:].decode().rsplit("/", 2)
-            out.append((StoreId.parse(path), int(version), kind, manifest_epoch(raw)))
+            try:
+                held = manifest_epoch(raw)
+            except MalformedData:  # rotted on disk: the scrub replaces it (node/scrub.py)
+                continue
+            out.append((StoreId.parse(path), int(version), kind, held))
         for k in self.backend.scan_keys(b"o:"):
             path, version, kind, epoch = k[2:].decode().rsplit("/", 3)
             out.append((StoreId.parse(path), int(version), kind, int(epoch)))
@@ -305,6 +342,39 @@ class NodeStore:
         if epoch is None or raw is None or manifest_epoch(raw) == epoch:
             return raw
         return self.backend.get(_okey(store, version, kind, epoch))
+
+    def manifest_digests(self) -> dict[str, int]:
+        """The content digest (core/repair.content_digest) of every manifest held, replaced
+        ones included, by repair's item name ``m:<store>/<version>/<kind>/<epoch>``."""
+        out = {}
+        for prefix in (b"m:", b"o:"):
+            for _, raw in self.backend.scan(prefix):
+                try:
+                    m = decode_manifest(raw)
+                except (MalformedData, InvalidStoreId, ValueError):
+                    continue
+                item = f"m:{m.store.path}/{m.version}/{m.kind}/{m.epoch}"
+                out[item] = content_digest(m.kind, [c.checksum for c in m.chunks])
+        return out
+
+    def replace_manifest(self, m: Manifest, expected: int) -> bool:
+        """Repair's reconciliation: hold ``m`` in place of the manifest of the same version,
+        kind and epoch whose content digest is ``expected`` (another content than the one W
+        owners hold: core/repair.acknowledged). False (nothing written) when what is held
+        there is no longer that one."""
+        main = _mkey(m.store, m.version, m.kind)
+        raw = self.backend.get(main)
+        key = main if raw is not None and manifest_epoch(raw) == m.epoch else None
+        if key is None:
+            key = _okey(m.store, m.version, m.kind, m.epoch)
+            raw = self.backend.get(key)
+        if raw is None:
+            return False
+        old = decode_manifest(raw)
+        if content_digest(old.kind, [c.checksum for c in old.chunks]) != expected:
+            return False
+        self._write({key: encode_manifest(m)})
+        return True
 
     # -- retention -----------------------------------------------------------------------
     def retain(self, store: StoreId) -> int | None:
@@ -385,24 +455,85 @@ class NodeStore:
                 f"{manifest_epoch(raw)}; epoch {m.epoch} cannot overwrite it"
             )
 
-    def put_hint(self, m: Manifest, holders: list[str], limit: int | None = None) -> bool:
+    def put_hint(
+        self,
+        m: Manifest,
+        holders: list[str],
+        limit: int | None = None,
+        cap: int = MAX_HINTS,
+        per_query: int = MAX_HINTS_PER_QUERY,
+    ) -> bool:
         """Keep a tentative commit's manifest until it is handed off. Fenced like a manifest
-        by what this node holds of the store; VersionConflict for other content at the same
-        version, kind and epoch; False when already held (idempotent). Counted against its
-        query's quota like a manifest (``limit``)."""
+        by what this node holds of the store; VersionConflict when this node holds a manifest
+        of the same version, kind and epoch with other content (a hint never sits beside
+        the content stored for its version and epoch: core/hints.py); a hint of the same
+        version, kind and epoch with other content is replaced (the writer's later attempt
+        supersedes the one it gave up). False when already held (idempotent). Counted
+        against its query's quota like a manifest (``limit``), and against the node's cap
+        and the query's share of it (core/hints.admit: InsufficientStorage)."""
         self.check_fence(m)
+        held = self.get_manifest(m.store, m.version, m.kind, m.epoch)
+        if held is not None and held.epoch == m.epoch and not held.same_content(m):
+            raise VersionConflict(
+                f"store {m.store} version {m.version} already holds other content at epoch "
+                f"{m.epoch}: this tentative commit was superseded; commit a new version"
+            )
         key = _nkey(m.store, m.version, m.kind, m.epoch)
+        with self._lock:  # a consistent reading of the counters (the writer thread writes)
+            query_held, total = self._hint_queries[m.store.query], self._hints
         raw = self.backend.get(key)
         if raw is not None:
-            old, _ = decode_hint(raw)
-            if old.same_content(m):
+            try:
+                old, _ = decode_hint(raw)
+            except (MalformedData, InvalidStoreId, ValueError):
+                old = None
+            if old is not None and old.same_content(m):
                 return False
-            raise VersionConflict(
-                f"store {m.store} version {m.version} already has a tentative commit with "
-                f"other content at epoch {m.epoch}"
-            )
+            # replaces it: no hint more
+        else:
+            admit(m.store.query, query_held, total, cap, per_query)
         self._write({key: encode_hint(m, holders)}, limit=limit)
         return True
+
+    def hint_keys(self) -> list[tuple[str, StoreId, int, int, str]]:
+        """(query, store, epoch, version, kind) of every hint held, in hand-off order (by
+        store, epoch, version): a key scan, no record decoded."""
+        out = []
+        for k in self.backend.scan_keys(b"n:"):
+            try:
+                path, epoch, version, kind = k[2:].decode().rsplit("/", 3)
+                store = StoreId.parse(path)
+                out.append((store.query, store, int(epoch), int(version), kind))
+            except (InvalidStoreId, InvalidRequest, ValueError):
+                continue
+        return out
+
+    def hint(self, store: StoreId, version: int, kind: str, epoch: int) -> list[str] | None:
+        """The holders of one hint (None: not held, or its record does not decode)."""
+        raw = self.raw_hint(store, version, kind, epoch)
+        if raw is None:
+            return None
+        try:
+            return decode_hint(raw)[1]
+        except (MalformedData, InvalidStoreId, ValueError):
+            return None
+
+    def hint_manifest(self, store: StoreId, version: int, kind: str, epoch: int) -> Manifest | None:
+        raw = self.raw_hint(store, version, kind, epoch)
+        if raw is None:
+            return None
+        try:
+            return decode_hint(raw)[0]
+        except (MalformedData, InvalidStoreId, ValueError):
+            return None
+
+    def query_hints(self, query: str) -> int:
+        """Hints of ``query`` held (a counter, as :meth:`hint_count`)."""
+        return self._hint_queries.get(query, 0)
+
+    def drop_hint_record(self, store: StoreId, version: int, kind: str, epoch: int) -> None:
+        """Delete one hint by its key (a record that may not decode)."""
+        self._write({}, [_nkey(store, version, kind, epoch)])
 
     def raw_hint(self, store: StoreId, version: int, kind: str, epoch: int) -> bytes | None:
         return self.backend.get(_nkey(store, version, kind, epoch))
@@ -500,3 +631,18 @@ class NodeStore:
 
     def tombstones(self) -> list[bytes]:
         return [v for _, v in self.backend.scan(b"t:")]
+
+    # -- scrub (node/scrub.py) -------------------------------------------------------------
+    def manifest_records(self) -> list[bytes]:
+        """The storage keys of every manifest held (``m:`` and replaced ``o:`` ones)."""
+        return self.backend.scan_keys(b"m:") + self.backend.scan_keys(b"o:")
+
+    def manifest_record(self, key: bytes) -> bytes | None:
+        return self.backend.get(key)
+
+    def restore_manifest_record(self, key: bytes, raw: bytes) -> None:
+        """Write a replica's copy of a manifest over the rotted bytes under ``key`` (the
+        caller checked that ``raw`` is the same store, version and kind)."""
+        if key[:2] not in (b"m:", b"o:"):
+            raise InvalidRequest(f"{key[:40]!r} is not a manifest's storage key")
+        self._write({key: raw})

@@ -1,15 +1,20 @@
-"""Reading a request's body within the node's limits (one place for every handler)."""
+"""Reading a request's body within the node's limits (one place for every handler), and the
+node-signature shell around it: who a signed request was addressed to, its body checked
+against its signed digest, and the proof a node signs onto its answer (core/identity)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from aiohttp import web
 
 from statestore.core.errors import SlowRequest
-from statestore.node.daemon import NODE
+from statestore.core.membership import is_self_alias
+from statestore.node.auth import Principal
+from statestore.node.daemon import NODE, Node
 
-__all__ = ["read_body"]
+__all__ = ["addressed_to", "prove_answer", "read_body", "read_signed_body"]
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -22,3 +27,32 @@ async def read_body(request: web.Request) -> bytes:
         raise SlowRequest(
             f"request body did not arrive within {limit:.0f}s: send it at once, or faster"
         ) from exc
+
+
+def addressed_to(node: Node) -> Callable[[str], bool]:
+    """Whether a signed request's destination (``HOST:PORT``) names ``node``: its advertised
+    address, or its port on one of its host's names and addresses or a loopback name
+    (core/membership.is_self_alias). Nothing names a node that has not started yet."""
+    membership = node.membership
+    if membership is None:
+        return lambda _address: False
+    return lambda address: is_self_alias(address, node.address, membership.own_hosts)
+
+
+async def read_signed_body(request: web.Request, who: Principal) -> None:
+    """For a request whose headers a node signed (``who``), read its body (cached for the
+    handler) and raise Unauthenticated unless it is the body the signature declared."""
+    if who.kind == "node":
+        request.app[NODE].access.check_body(who, request, await read_body(request))
+
+
+def prove_answer(
+    request: web.Request, who: Principal, resp: web.StreamResponse
+) -> web.StreamResponse:
+    """``resp`` with this node's proof of it (core/identity.answer_headers), when a signed
+    node asked for one; answers streamed or already sent cannot be, and carry none (the
+    asker then refuses them)."""
+    if isinstance(resp, web.Response) and not resp.prepared and isinstance(resp.body, bytes):
+        access = request.app[NODE].access
+        resp.headers.update(access.answer_proof(who, request, resp.status, resp.body))
+    return resp

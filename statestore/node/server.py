@@ -26,6 +26,7 @@ from statestore.node.handover import check_join, check_replace, drain, join_loop
 from statestore.node.hints import hint_loop
 from statestore.node.rebalance import auto_rebalance_loop, resume_loop
 from statestore.node.repair import repair_loop
+from statestore.node.scrub import scrub_loop
 from statestore.node.tombstones import tombstone_loop
 
 __all__ = ["run_node", "serve", "start_node", "stop_node", "tune_interpreter"]
@@ -38,6 +39,7 @@ LOOPS: tuple[tuple[str, Loop], ...] = (
     ("hints", hint_loop),
     ("auto-rebalance", auto_rebalance_loop),
     ("resume-tokens", resume_loop),
+    ("scrub", scrub_loop),
 )
 
 

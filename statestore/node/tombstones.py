@@ -61,6 +61,17 @@ class Dropping:
             if t is not None and t.get("state") == "purging":
                 self.queries.add(str(t["query"]))  # a drop that never sealed: still refused
 
+    def check(self, query: str) -> None:
+        """QueryDropping while ``query`` is between a drop's purge and its seal: the one check
+        every write path takes (the routes' middleware, the batched copies of node/copies.py),
+        run right before the write is queued, so that a purge (a barrier) deletes whatever
+        passed it."""
+        if query in self.queries:
+            raise QueryDropping(
+                f"query {query} is being dropped; nothing of it is written until the drop "
+                "finishes: retry after `statestore drop` returned"
+            )
+
 
 DROPPING = web.AppKey("dropping", Dropping)
 
@@ -206,14 +217,11 @@ async def list_tombstones(request: web.Request) -> web.Response:
 @web.middleware
 async def dropping_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse writes to a query between a drop's purge and its seal."""
-    queries = request.app[DROPPING].queries
-    if queries and request.method in ("PUT", "POST"):
+    dropping = request.app[DROPPING]
+    if dropping.queries and request.method in ("PUT", "POST"):
         parts = request.path.split("/", 4)  # "", "v1", area, query, rest
-        if len(parts) >= 4 and parts[2] in WRITE_AREAS and parts[3] in queries:
-            raise QueryDropping(
-                f"query {parts[3]} is being dropped; nothing of it is written until the drop "
-                "finishes: retry after `statestore drop` returned"
-            )
+        if len(parts) >= 4 and parts[2] in WRITE_AREAS:
+            dropping.check(parts[3])
     return await handler(request)
 
 
@@ -248,7 +256,10 @@ async def tombstone_loop(node: Node) -> None:
         peers.discard(node.address)
         answers = await asyncio.gather(
             *(
-                node.transport.request("GET", a, "/v1/tombstones", timeout=5.0)
+                # a purge on a peer's word: only an answer signed with the secret (identity)
+                node.transport.request(
+                    "GET", a, "/v1/tombstones", headers=node.access.prove_headers(), timeout=5.0
+                )
                 for a in sorted(peers)
             ),
             return_exceptions=True,

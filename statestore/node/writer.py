@@ -13,6 +13,12 @@ never removes anything, and whatever decided to drop an item ran on the ring's c
 this queue (a late copy of a dropped item is an extra copy that repair drops again). The one
 write that must see every write queued before it, a query's purge (node/tombstones.py), is a
 *barrier*: the background writes waiting when it is queued go ahead of it.
+
+Foreground first is not foreground only: under steady client writes a strict priority would
+starve repair and hand-over for as long as the writes last, and redundancy lost to a dead
+node would never come back. After :data:`FAIR_SHARE` foreground writes in a row while a copy
+waits, the oldest copy runs: copies get at least one write in ``FAIR_SHARE + 1`` under any
+load, clients at least ``FAIR_SHARE`` of them.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-__all__ = ["PriorityWriter"]
+__all__ = ["FAIR_SHARE", "PriorityWriter"]
 
 T = TypeVar("T")
+FAIR_SHARE = 8  # foreground writes in a row, while a copy waits, before the copy runs
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
@@ -38,6 +45,7 @@ class PriorityWriter(Executor):
         self._back: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._streak = 0  # foreground writes run in a row while a copy waited
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -80,11 +88,8 @@ class PriorityWriter(Executor):
             with self._cv:
                 while not self._fore and not self._back and not self._closed:
                     self._cv.wait()
-                if self._fore:
-                    job = self._fore.popleft()
-                elif self._back:
-                    job = self._back.popleft()
-                else:
+                job = self._next()
+                if job is None:
                     return  # closed and drained
             fut, fn, args, kwargs = job
             if not fut.set_running_or_notify_cancel():
@@ -93,6 +98,16 @@ class PriorityWriter(Executor):
                 fut.set_result(fn(*args, **kwargs))
             except BaseException as exc:  # handed to the awaiting caller
                 fut.set_exception(exc)
+
+    def _next(self) -> _Job | None:
+        """The next job (the condition held): foreground first, a copy after a fair share."""
+        if self._back and (not self._fore or self._streak >= FAIR_SHARE):
+            self._streak = 0
+            return self._back.popleft()
+        if self._fore:
+            self._streak = self._streak + 1 if self._back else 0
+            return self._fore.popleft()
+        return None
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._cv:

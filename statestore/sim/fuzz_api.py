@@ -97,7 +97,7 @@ class _SignedTransport(MemoryTransport):
     transport sends them (a node with tokens on calls itself as a signed node)."""
 
     def __init__(
-        self, network: MemoryNetwork, source: str, auth: Callable[[str, str, bytes], Any]
+        self, network: MemoryNetwork, source: str, auth: Callable[[str, str, str, bytes], Any]
     ) -> None:
         super().__init__(network, source, timeout=5.0)
         self.auth = auth
@@ -118,7 +118,7 @@ class _SignedTransport(MemoryTransport):
         if json_body is not None:
             body = json.dumps(json_body).encode()
             hdrs["Content-Type"] = "application/json"
-        hdrs.update(self.auth(method, path, body or b""))
+        hdrs.update(self.auth(method, address, path, body or b""))
         return await super().request(
             method, address, path, body=body, headers=hdrs, timeout=timeout, ok=ok
         )
@@ -129,10 +129,10 @@ class _SignedTransport(MemoryTransport):
         limit = self.timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
+                signed = self.auth("POST", address, path, body)
                 answer = await self.network.send(
-                    self.source, address, "POST", path, body, self.auth("POST", path, body),
-                    stream=True,
-                )  # fmt: skip
+                    self.source, address, "POST", path, body, signed, stream=True
+                )
                 status, _ = answer.status.result()
                 if status != 200:
                     raise error_from_answer(status, await answer.read_all(), address)
@@ -159,6 +159,9 @@ class _Harness:
         auth = os.path.join(self.root, "tokens.json")
         with open(auth, "w") as f:  # noqa: ASYNC230 - before the node exists, once
             json.dump(TOKENS, f)
+        secret = os.path.join(self.root, "cluster.secret")  # tokens need one (node/config.py)
+        with open(secret, "wb") as f:  # noqa: ASYNC230 - before the node exists, once
+            f.write(b"fuzz-cluster-secret-0123456789abcdef")
         config = NodeConfig(
             data_dir=os.path.join(self.root, "node"),
             storage="memory://",
@@ -168,6 +171,7 @@ class _Harness:
             dht=False,
             advertise=ADDRESS,
             auth_file=auth,
+            cluster_secret_file=secret,
             max_body=1 << 20,
             max_chunk=1 << 20,
             max_commit=4 << 20,

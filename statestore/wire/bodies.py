@@ -68,12 +68,12 @@ Epoch = Annotated[int, Meta(ge=0, le=MAX_EPOCH)]
 
 
 class GossipMember(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+    id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+\Z")]
     address: Annotated[str, Meta(min_length=3, max_length=300)]
     incarnation: Annotated[int, Meta(ge=0, le=MAX_INCARNATION)]
     heartbeat: Annotated[int, Meta(ge=0, le=MAX_HEARTBEAT)]
     zone: Annotated[str, Meta(max_length=64)] = ""
-    state: Annotated[str, Meta(pattern=r"^(joining|normal|leaving|left)$")] = "normal"
+    state: Annotated[str, Meta(pattern=r"^(joining|normal|leaving|left)\Z")] = "normal"
     # its token count (0: the ring's) and the count a rebalance moves it to (0: none)
     vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
     next_vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
@@ -99,6 +99,11 @@ class HaveRequest(msgspec.Struct, frozen=True):
     # (store, version, kind, epoch): held at that very epoch, replaced by a higher one or not
     # (core/manifest.py, "Lineage"); nodes that predate it ignore the field and answer none
     epochs: Annotated[list[tuple[Str, Version, Str, Epoch]], Meta(max_length=MAX_HAVE_ITEMS)] = []
+    # the asker's content digest of each of ``epochs`` (core/repair.content_digest; 0: not
+    # known): the answer's ``differ`` says where the node holds that epoch with other content
+    digests: Annotated[
+        list[Annotated[int, Meta(ge=0, le=2**63 - 1)]], Meta(max_length=MAX_HAVE_ITEMS)
+    ] = []
 
 
 class KeysRequest(msgspec.Struct, frozen=True):
@@ -152,7 +157,7 @@ class HandoverItemsRequest(msgspec.Struct, frozen=True):
     the token count ``node`` will own (0: the ring's; a rebalance that grows it sends its
     next count)."""
 
-    node: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+    node: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+\Z")]
     zone: Annotated[str, Meta(max_length=64)] = ""
     after: Str = ""
     limit: Annotated[int, Meta(ge=0, le=MAX_HAVE_ITEMS)] = 0

@@ -30,7 +30,7 @@ __all__ = [
 
 Token = Annotated[int, Meta(ge=0)]  # and at most TOKEN_MAX (msgspec bounds stop at int64)
 Count = Annotated[int, Meta(ge=0, le=2**40)]
-Xor = Annotated[str, Meta(min_length=1, max_length=32, pattern="^[0-9a-f]+$")]
+Xor = Annotated[str, Meta(min_length=1, max_length=32, pattern=r"^[0-9a-f]+\Z")]
 Pair = tuple[Count, Xor]
 Leaves = Annotated[list[Pair], Meta(max_length=LEAVES)]
 

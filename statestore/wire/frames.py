@@ -24,23 +24,39 @@ from typing import Any
 import msgpack
 import zstandard
 
-from statestore.core.errors import DecompressionBomb, InvalidRequest, MalformedData
-from statestore.core.ids import StoreId, check_version, chunk_key
+from statestore.core.errors import (
+    DecompressionBomb,
+    InvalidRequest,
+    MalformedData,
+    PayloadTooLarge,
+)
+from statestore.core.ids import StoreId, check_chunk_name, check_version, chunk_key
 from statestore.core.plan import ChunkTask, Hop
 
 __all__ = [
     "HEADER",
+    "MAX_HOP_CHUNKS",
+    "MAX_PLAN_BYTES",
+    "MAX_PLAN_CHUNKS",
     "decode_folded",
     "decode_hop",
     "decode_meta",
     "encode_folded",
     "encode_frame",
     "encode_hop",
+    "hop_store",
 ]
 
 HEADER = struct.Struct(">cII")
 MAX_META = 16 * 1024 * 1024
 KINDS = (b"C", b"F", b"D", b"E")
+# A relay plan decodes to ~70x its size in Python objects (issue 36, finding 13): its body, each
+# hop's chunk list and the chunk tasks of the whole plan are bounded before any is built. A
+# real plan names each chunk once, about 50 bytes a task: 1 MiB holds ~20,000 tasks (80 GiB of
+# 4 MiB chunks); past these a restorer's relay fails and it fetches the chunks star-wise.
+MAX_PLAN_BYTES = 1 << 20
+MAX_HOP_CHUNKS = 16384
+MAX_PLAN_CHUNKS = 32768
 
 
 def encode_frame(kind: bytes, meta: dict[str, Any], data: bytes = b"") -> bytes:
@@ -117,16 +133,35 @@ def encode_hop(store: StoreId, hop: Hop, fold: bool, depth: int = 0, groups: int
     return data
 
 
-def _hop_from(store: StoreId, obj: Any, budget: list[int]) -> Hop:
+def _hop_from(store: StoreId, obj: Any, budget: list[int], seen: set[str]) -> Hop:
+    """One hop of a plan. ``budget`` counts down [hops, chunk tasks] for the whole plan;
+    ``seen`` holds the chunk keys named so far: a chunk named again (in this hop or another)
+    is dropped, so a plan cannot make a node read and send one chunk many times."""
     budget[0] -= 1
     if budget[0] < 0:
         raise MalformedData("relay plan has too many hops")
     try:
+        tasks = obj["c"]
+        if not isinstance(tasks, list) or len(tasks) > MAX_HOP_CHUNKS:
+            raise PayloadTooLarge(
+                f"relay plan hop lists {len(tasks) if isinstance(tasks, list) else '?'} "
+                f"chunks: the limit is {MAX_HOP_CHUNKS} per hop; split the restore"
+            )
+        budget[1] -= len(tasks)
+        if budget[1] < 0:
+            raise PayloadTooLarge(
+                f"relay plan lists more than {MAX_PLAN_CHUNKS} chunks in all: split the restore"
+            )
         chunks = []
-        for pos, version, name, digest, size, raw_size, rows in obj["c"]:
+        for pos, version, name, digest, size, raw_size, rows in tasks:
             if not all(type(i) is int for i in (pos, version, digest, size, raw_size, rows)):
                 raise ValueError("chunk task fields must be integers")
-            key = chunk_key(store, check_version(version), str(name))
+            if type(name) is not str:
+                raise ValueError("chunk task names must be strings")
+            key = chunk_key(store, check_version(version), check_chunk_name(name))
+            if key in seen:
+                continue
+            seen.add(key)
             chunks.append(
                 ChunkTask(
                     key,
@@ -141,15 +176,50 @@ def _hop_from(store: StoreId, obj: Any, budget: list[int]) -> Hop:
                 )
             )
         return Hop(
-            str(obj["a"]), tuple(chunks), tuple(_hop_from(store, k, budget) for k in obj["k"])
+            str(obj["a"]),
+            tuple(chunks),
+            tuple(_hop_from(store, k, budget, seen) for k in obj["k"]),
         )
+    except PayloadTooLarge:
+        raise
     except (KeyError, TypeError, ValueError, OverflowError, InvalidRequest) as exc:
         raise MalformedData(f"relay plan hop is malformed ({exc!r:.200})") from exc
+
+
+def hop_store(data: bytes) -> StoreId:
+    """The store a hop plan is for, read without building the plan: the top-level map's
+    other values are skipped, not decoded, so a node can authorize the plan's query before
+    it spends memory on it. Raises MalformedData, PayloadTooLarge or InvalidStoreId."""
+    if len(data) > MAX_PLAN_BYTES:
+        raise PayloadTooLarge(
+            f"relay plan is {len(data)} bytes: the limit is {MAX_PLAN_BYTES}; split the restore"
+        )
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_PLAN_BYTES)
+    unpacker.feed(data)
+    try:
+        n = unpacker.read_map_header()
+        for _ in range(n):
+            key = unpacker.unpack()
+            if key == "store":
+                value = unpacker.unpack()
+                if not isinstance(value, str):
+                    break
+                return StoreId.parse(value)
+            unpacker.skip()
+    except InvalidRequest:
+        raise
+    except Exception as exc:
+        raise MalformedData(f"relay plan does not decode ({exc!r:.200})") from exc
+    raise MalformedData("relay plan names no store: a plan is a map with a store path")
 
 
 def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int, int]:
     """Parse a hop plan: (store, hop, fold, depth, key groups). Raises MalformedData or
     InvalidStoreId."""
+    if len(data) > MAX_PLAN_BYTES:
+        raise PayloadTooLarge(
+            f"relay plan is {len(data)} bytes: the limit is {MAX_PLAN_BYTES}; split the restore"
+        )
     obj = decode_meta(data)
     if obj.get("v") != 1:
         raise MalformedData(f"relay plan version {obj.get('v')!r} is not supported")
@@ -159,4 +229,5 @@ def decode_hop(data: bytes) -> tuple[StoreId, Hop, bool, int, int]:
         raise MalformedData("relay plan depth and groups must be integers")
     if not (0 <= depth <= 1024 and 0 <= groups <= 65536):
         raise MalformedData(f"relay plan depth {depth} or groups {groups} is out of range")
-    return store, _hop_from(store, obj.get("hop"), [4096]), bool(obj.get("fold")), depth, groups
+    hop = _hop_from(store, obj.get("hop"), [4096, MAX_PLAN_CHUNKS], set())
+    return store, hop, bool(obj.get("fold")), depth, groups

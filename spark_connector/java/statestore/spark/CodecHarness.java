@@ -47,6 +47,12 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *       from the ring by the direct path ({@link RingDirect#restore}); OUT per case {@code
  *       {rows: [[key, value]] sorted by key, version, epoch, positions}} or {@code {code,
  *       error}}.
+ *   <li>{@code fs IN OUT}: IN a list of {@code {seeds, name, ops: [[op, path, data?]]}}, each
+ *       run on a fresh {@link RingFileSystem} for {@code ring://name}; ops are {@code store}
+ *       (OUT {@code [store, old store or nil]} of the directory path), {@code write} (path,
+ *       bin; OUT true), {@code read} (OUT the bytes, or nil when there is no such file),
+ *       {@code list} (OUT the sorted child names, or nil when there is no such directory);
+ *       OUT per case the list of the ops' answers.
  *   <li>{@code bench IN}: IN is {@code [keys, values]} (two lists of bin, one commit's puts);
  *       then commands on stdin, one per line, each answered by one line on stdout, for
  *       {@code bench/jvm_codec.py}: {@code encode N} encodes the commit N times and answers
@@ -101,6 +107,11 @@ public final class CodecHarness {
       case "restore":
         for (Object o : list) {
           restoreOne(out, (Map<?, ?>) o);
+        }
+        break;
+      case "fs":
+        for (Object o : list) {
+          fsOne(out, (Map<?, ?>) o);
         }
         break;
       case "writeset":
@@ -239,6 +250,67 @@ public final class CodecHarness {
     out.mapHeader(1).str("chain").arrayHeader(chain.size());
     for (ManifestCodec.Manifest m : chain) {
       out.arrayHeader(3).integer(m.version()).integer(m.epoch()).str(m.kind());
+    }
+  }
+
+  @SuppressWarnings("unchecked")
+  private static void fsOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
+    org.apache.hadoop.conf.Configuration conf = new org.apache.hadoop.conf.Configuration(false);
+    conf.set(RingConfig.PREFIX + "seeds", String.join(",", (List<String>) (List<?>) c.get("seeds")));
+    String name = (String) c.get("name");
+    List<?> ops = (List<?>) c.get("ops");
+    RingFileSystem fs = new RingFileSystem();
+    fs.initialize(java.net.URI.create("ring://" + name), conf);
+    out.arrayHeader(ops.size());
+    for (Object o : ops) {
+      List<?> op = (List<?>) o;
+      String path = (String) op.get(1);
+      org.apache.hadoop.fs.Path p = new org.apache.hadoop.fs.Path("ring://" + name + path);
+      switch ((String) op.get(0)) {
+        case "store": {
+          String key = path.equals("/") ? "" : path;
+          String old = RingFileSystem.legacyDirStore(name, key);
+          out.arrayHeader(2).str(RingFileSystem.dirStore(name, key));
+          if (old == null) {
+            out.nil();
+          } else {
+            out.str(old);
+          }
+          break;
+        }
+        case "write":
+          try (java.io.OutputStream w = fs.create(p, true)) {
+            w.write((byte[]) op.get(2));
+          }
+          out.bool(true);
+          break;
+        case "read":
+          if (!fs.exists(p)) {
+            out.nil();
+          } else {
+            try (java.io.InputStream r = fs.open(p)) {
+              out.bin(r.readAllBytes());
+            }
+          }
+          break;
+        case "list":
+          if (!fs.exists(p)) {
+            out.nil();
+          } else {
+            List<String> names = new ArrayList<>();
+            for (org.apache.hadoop.fs.FileStatus st : fs.listStatus(p)) {
+              names.add(st.getPath().getName());
+            }
+            java.util.Collections.sort(names);
+            out.arrayHeader(names.size());
+            for (String n : names) {
+              out.str(n);
+            }
+          }
+          break;
+        default:
+          throw new IllegalArgumentException("unknown fs op " + op.get(0));
+      }
     }
   }
 

@@ -31,13 +31,15 @@ import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.util.Progressable;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * A Hadoop {@code FileSystem} for {@code ring://NAME/path}: a Spark checkpoint (offsets,
  * commits, metadata, source and sink logs, any provider's files) kept on the ring, durable at
  * W when a file is closed.
  *
- * <p>Each directory is one ring store ({@code fs-NAME/0/0/<dir>}, {@link StoreNaming}), its
+ * <p>Each directory is one ring store ({@code fs-NAME/0/0/<dir>}, {@link #dirStore}), its
  * rows the directory's entries: {@code f:<name>} a file's record (length, modification time,
  * blob id, parts), {@code b:<blob>:<i>} its bytes in parts of at most {@link #PART} bytes,
  * {@code d:<name>} a subdirectory. Every change of a directory is one delta commit of its
@@ -62,6 +64,11 @@ public final class RingFileSystem extends FileSystem {
   /** A directory's head asked this recently is not asked again (a load, then a listing). */
   static final long RECHECK_NANOS = 200_000_000L;
   private static final byte[] NOTHING = new byte[0];
+  private static final Logger LOG = LoggerFactory.getLogger(RingFileSystem.class);
+  /** A directory with more {@code ~} than this does not look for its data under the old name. */
+  static final int MAX_LEGACY_TILDES = 10;
+  /** The row a directory adopted from its old store writes first (not a file, not listed). */
+  static final String ADOPTED = "m:adopted";
 
   private URI uri;
   private String fsName;
@@ -128,11 +135,78 @@ public final class RingFileSystem extends FileSystem {
     return new Path(uri.toString() + (key.isEmpty() ? "/" : key));
   }
 
+  /**
+   * The ring store of directory {@code key} ("" the root, else "/a/b") of file system
+   * {@code fsName}. A key without {@code ~} keeps the name it always had: {@code "d" + key}
+   * with {@code /} as {@code ~}. A key with {@code ~} is {@code "e" + key} with {@code %} as
+   * {@code %25}, {@code ~} as {@code %7E}, then {@code /} as {@code ~}: reversible, so no two
+   * directories share a store (the old naming mapped {@code /a/b} and {@code /a~b} to one).
+   * {@link StoreNaming#safeName} then hashes the whole name.
+   */
+  static String dirStore(String fsName, String key) {
+    if (key.isEmpty()) {
+      return storeOf(fsName, "root");
+    }
+    if (key.indexOf('~') < 0) {
+      return storeOf(fsName, "d" + key.replace('/', '~'));
+    }
+    return storeOf(fsName,
+        "e" + key.replace("%", "%25").replace("~", "%7E").replace('/', '~'));
+  }
+
+  /** The store the old naming gave {@code key}, when it differs from {@link #dirStore}. */
+  static String legacyDirStore(String fsName, String key) {
+    return key.indexOf('~') < 0 ? null : storeOf(fsName, "d" + key.replace('/', '~'));
+  }
+
+  private static String storeOf(String fsName, String dirName) {
+    return StoreNaming.queryName("ring-fs#" + fsName, "fs-" + fsName) + "/0/0/"
+        + StoreNaming.safeName(dirName);
+  }
+
+  /**
+   * Whether the old store of {@code key} (a key with {@code ~}) held this directory's data
+   * alone: the old naming gave the same store to every key that differs from it only by
+   * {@code /} in place of some {@code ~}, so none of those may be a directory now.
+   */
+  private boolean legacyIsOnlyMine(String key) throws IOException {
+    List<Integer> tildes = new ArrayList<>();
+    for (int i = 0; i < key.length(); i++) {
+      if (key.charAt(i) == '~') {
+        tildes.add(i);
+      }
+    }
+    if (tildes.size() > MAX_LEGACY_TILDES) {
+      return false;
+    }
+    for (int mask = 1; mask < (1 << tildes.size()); mask++) {
+      char[] v = key.toCharArray();
+      for (int b = 0; b < tildes.size(); b++) {
+        if ((mask & (1 << b)) != 0) {
+          v[tildes.get(b)] = '/';
+        }
+      }
+      String variant = new String(v);
+      if (variant.contains("//") || variant.endsWith("/")) {
+        continue; // not a path: no directory has it
+      }
+      if (isDir(variant)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   // -- directories as ring stores ------------------------------------------------------------
 
   /** One directory: its store's rows as this JVM last read or wrote them. */
   private final class Dir {
+    final String key;
     final String store;
+    /** The old naming's store of this directory (null: the same as {@link #store}). */
+    final String legacy;
+    /** Rows read from {@link #legacy}: the first commit writes them all to {@link #store}. */
+    boolean adopted;
     final TreeMap<String, byte[]> rows = new TreeMap<>();
     /** Rows of temporary files, in {@link #rows} but not on the ring (see {@link #isTemp}). */
     final Set<String> pending = new HashSet<>();
@@ -145,15 +219,44 @@ public final class RingFileSystem extends FileSystem {
     long epoch; // this JVM's, once it writes
 
     Dir(String key) {
-      this.store = StoreNaming.queryName("ring-fs#" + fsName, "fs-" + fsName) + "/0/0/"
-          + StoreNaming.safeName(key.isEmpty() ? "root" : "d" + key.replace('/', '~'));
+      this.key = key;
+      this.store = dirStore(fsName, key);
+      this.legacy = legacyDirStore(fsName, key);
     }
 
     void load() throws IOException {
       RingHttp.Head head = checkHead();
       if (head != null) {
         load(head);
+      } else if (legacy != null) {
+        adoptLegacy();
       }
+    }
+
+    /**
+     * A directory never written under its own store: read what the old naming stored for it,
+     * when that store was this directory's alone (no directory it collided with exists).
+     */
+    private void adoptLegacy() throws IOException {
+      RingHttp.Head old = RingHttp.shared(config).head(legacy);
+      if (old == null) {
+        return;
+      }
+      if (!legacyIsOnlyMine(key)) {
+        LOG.warn("ring://{}{}: its data under the old store name {} is shared with a directory "
+            + "whose name differs only by / for ~, so it is not read; the directory starts "
+            + "empty", fsName, key, legacy);
+        return;
+      }
+      TreeMap<String, byte[]> got = new TreeMap<>();
+      RingHttp.shared(config).restore(legacy, old.version, () -> {
+        got.clear();
+        return (k, v) -> got.put(new String(k, StandardCharsets.UTF_8), v);
+      });
+      rows.putAll(got);
+      adopted = true;
+      LOG.info("ring://{}{}: read {} rows from the old store name {}; the next change writes "
+          + "them to {}", fsName, key, got.size(), legacy, store);
     }
 
     private RingHttp.Head checkHead() throws IOException {
@@ -183,6 +286,7 @@ public final class RingFileSystem extends FileSystem {
       rows.putAll(kept);
       version = r.version;
       versionEpoch = r.writerEpoch > 0 ? r.writerEpoch : head.epoch;
+      adopted = false; // the directory's own store was written: its rows are the truth
     }
 
     /**
@@ -207,6 +311,18 @@ public final class RingFileSystem extends FileSystem {
         if (!pending.contains(d)) {
           ringDeletes.add(d);
         }
+      }
+      if (adopted) {
+        // the first write of a directory read from its old store: a snapshot of every row
+        Map<String, byte[]> all = new HashMap<>();
+        for (Map.Entry<String, byte[]> e : rows.entrySet()) {
+          if (!pending.contains(e.getKey()) && !deletes.contains(e.getKey())) {
+            all.put(e.getKey(), e.getValue());
+          }
+        }
+        all.putAll(puts);
+        all.put(ADOPTED, NOTHING);
+        puts = all;
       }
       if (puts.isEmpty() && ringDeletes.isEmpty()) { // only temporary rows go: nothing to send
         for (String d : deletes) {
@@ -261,6 +377,7 @@ public final class RingFileSystem extends FileSystem {
       pending.removeAll(puts.keySet());
       version = next;
       versionEpoch = epoch;
+      adopted = false;
     }
 
     /** A temporary file's rows: kept here only, until a rename commits them. */

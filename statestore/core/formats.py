@@ -1,0 +1,53 @@
+"""This build's version and the formats it speaks and keeps, each written once (pure).
+
+- :data:`VERSION`: the package version (pyproject.toml reads it from here).
+- :data:`WIRE_FORMAT`: what nodes of one ring must agree on to talk to each other: the
+  internal request and answer signatures (core/identity.py), gossip, repair and relay bodies.
+  Two builds with the same number may share a ring (docs/operations.md, "Versions and
+  upgrades"). 1: releases up to 0.1.0; 2: requests signed over their destination and body
+  digest, answers signed for the asker.
+- :data:`DISK_FORMAT`: the layout of a data directory (node.json, ring-state.json, the LMDB
+  keys and the encoded manifests). A data directory records the format it holds
+  (``disk_format`` in node.json, from the first start); a node refuses to open one whose
+  format is not in :data:`DISK_FORMATS_READ` (:func:`check_disk_format`). A data directory
+  without the field was written before formats were recorded: format 1.
+"""
+
+from __future__ import annotations
+
+from statestore.core.errors import UnknownDiskFormat
+
+__all__ = [
+    "DISK_FORMAT",
+    "DISK_FORMATS_READ",
+    "VERSION",
+    "WIRE_FORMAT",
+    "check_disk_format",
+]
+
+VERSION = "0.1.0"
+WIRE_FORMAT = 2
+DISK_FORMAT = 1
+DISK_FORMATS_READ = frozenset({1})  # the data directory formats this build opens
+
+
+def check_disk_format(recorded: object, where: str, written_by: object = None) -> int:
+    """The disk format a data directory records (``None``: not recorded, format 1), or
+    :class:`UnknownDiskFormat` naming both builds' formats when this build cannot read it."""
+    fmt = 1 if recorded is None else recorded
+    if type(fmt) is int and fmt in DISK_FORMATS_READ:
+        return fmt
+    by = f" (last started by statestore {written_by})" if isinstance(written_by, str) else ""
+    if type(fmt) is int and fmt > DISK_FORMAT:
+        raise UnknownDiskFormat(
+            f"data dir {where} holds disk format {fmt}{by}, newer than this build reads: "
+            f"statestore {VERSION} reads disk formats "
+            f"{', '.join(map(str, sorted(DISK_FORMATS_READ)))}. Run the newer statestore on "
+            "it (a downgrade is not supported: docs/operations.md, Versions and upgrades), or "
+            "give this node an empty --data-dir"
+        )
+    raise UnknownDiskFormat(
+        f"data dir {where} records disk format {fmt!r}{by}, which statestore {VERSION} does "
+        f"not know (it reads disk formats {', '.join(map(str, sorted(DISK_FORMATS_READ)))}): "
+        "do not start a node on it; give it an empty --data-dir"
+    )

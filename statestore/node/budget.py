@@ -1,0 +1,111 @@
+"""The node's memory budget: request bodies held at once, in bytes (``--memory-budget``).
+
+Every other limit is per request (``--max-body``, ``--max-commit``); a node that takes many
+requests at once needs one for their sum, or two 256 MiB coordinator commits take it past
+1.7 GiB. Before a request's body is read, :func:`budget_middleware` takes its declared
+``Content-Length`` from the budget (a body without one takes ``--max-body``), and gives it back
+when the answer is sent. A coordinator commit holds more than its body while it is chunked
+(the rows decoded, the chunks built): it takes :data:`COMMIT_FACTOR` times its body, as the
+body arrives. A request that does not fit waits for room up to the node's body timeout, then
+gets 429 with a Retry-After; one larger than the whole budget gets 413 at once. Requests
+without a body (reads) take nothing: what they hold is bounded by what they read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from statestore.core.errors import PayloadTooLarge, RateLimited
+
+__all__ = ["COMMIT_FACTOR", "LEASE", "Lease", "MemoryBudget", "budget_middleware", "is_commit"]
+
+# a coordinator commit's peak over its body: the body, the decoded rows, the chunks built
+COMMIT_FACTOR = 3
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class MemoryBudget:
+    """Bytes that requests in flight may hold in all (one event loop)."""
+
+    def __init__(self, limit: int, wait: float, max_body: int) -> None:
+        self.limit = limit
+        self.wait = wait  # seconds a request waits for room before it is refused
+        self.max_body = max_body  # what a body without a Content-Length may hold
+        self.used = 0
+        self.refused = 0  # requests refused for want of room (metrics)
+        self._room = asyncio.Condition()
+
+    async def take(self, nbytes: int, what: str) -> None:
+        """Take ``nbytes``, waiting up to :attr:`wait` seconds for room. Raises
+        PayloadTooLarge when they exceed the whole budget, RateLimited when no room came."""
+        if nbytes > self.limit:
+            raise PayloadTooLarge(
+                f"{what} needs {nbytes} bytes of memory, over this node's --memory-budget "
+                f"({self.limit}): send smaller bodies, or raise the budget"
+            )
+        async with self._room:
+            try:
+                async with asyncio.timeout(self.wait):
+                    await self._room.wait_for(lambda: self.used + nbytes <= self.limit)
+            except TimeoutError:
+                self.refused += 1
+                raise RateLimited(
+                    f"this node holds {self.used} bytes of requests, its --memory-budget is "
+                    f"{self.limit}: retry {what} in a moment",
+                    retry_after=1.0,
+                ) from None
+            self.used += nbytes
+
+    async def give(self, nbytes: int) -> None:
+        if nbytes:
+            async with self._room:
+                self.used -= nbytes
+                self._room.notify_all()
+
+
+class Lease:
+    """What one request took from the budget, given back at once when it ends."""
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+        self.held = 0
+
+    async def take(self, nbytes: int, what: str) -> None:
+        await self.budget.take(nbytes, what)
+        self.held += nbytes
+
+    async def close(self) -> None:
+        held, self.held = self.held, 0
+        await self.budget.give(held)
+
+
+LEASE = web.RequestKey("lease", Lease)
+
+
+def is_commit(request: web.Request) -> bool:
+    return request.method == "POST" and request.path.endswith("/commit")
+
+
+def budget_middleware(budget_of: Callable[[web.Request], MemoryBudget]) -> Middleware:
+    """A middleware that takes a request's body from its node's budget before anything
+    reads it (a commit takes its own, piece by piece: :data:`COMMIT_FACTOR` times)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        budget = budget_of(request)
+        lease = request[LEASE] = Lease(budget)
+        try:
+            if request.body_exists and not is_commit(request):
+                size = request.content_length
+                if size is None:  # chunked: up to --max-body
+                    size = budget.max_body
+                await lease.take(size, f"{request.method} {request.path:.80}")
+            return await handler(request)
+        finally:
+            await lease.close()
+
+    return middleware

@@ -1,0 +1,151 @@
+"""Scrub: what a node holds at rest, re-verified at a bounded rate (``--scrub-mbps``).
+
+A chunk is verified whenever it is read, so bit rot in a chunk nobody reads (an old
+version, a replica that is never the first to answer) stays hidden until a restore needs
+it, possibly after the other copies were lost too. The scrub loop walks every chunk this node
+holds in key order, re-computes its checksum (the one in its name) and decodes every manifest,
+reading at most ``--scrub-mbps`` MB/s (default 8; a pass over 10 GiB takes about 20 min)
+and resting ``--scrub-interval`` seconds between passes. A bad chunk is deleted (reads fail
+over at once and repair sees the copy missing) and fetched again, verified, from another
+replica of it; a manifest that no longer decodes is replaced by a replica's copy of the same
+version, kind and epoch. Counted in ``/metrics`` (``statestore_node_events``:
+``scrubbed``, ``scrub_corrupt``, ``scrub_replaced``).
+
+Manifests carry no checksum of their own on disk yet: a flipped bit that still decodes is
+found when the chunk checksums it lists disagree with the chunks, not by the scrub.
+
+Costs: one read of every byte held per pass (disk), one chunk in memory at a time, one
+checksum per byte (xxh3: a few GB/s a core), network only for what is bad.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from statestore.core.chunk import verify
+from statestore.core.errors import CorruptChunk, MalformedData, StateStoreError
+from statestore.core.ids import StoreId, parse_chunk_key
+from statestore.node.daemon import Node
+from statestore.wire.manifest import decode_manifest
+
+__all__ = ["scrub_loop", "scrub_pass"]
+
+log = logging.getLogger(__name__)
+
+
+async def scrub_loop(node: Node) -> None:
+    """Scrub passes forever (a supervised loop: node/server.py); off at ``--scrub-mbps 0``."""
+    if not node.config.scrub_mbps > 0:
+        return
+    await asyncio.sleep(node.config.down_after)  # let gossip find the replicas first
+    while True:
+        await scrub_pass(node, node.config.scrub_mbps * 1e6)
+        await asyncio.sleep(node.config.scrub_interval)
+
+
+async def scrub_pass(node: Node, rate: float) -> int:
+    """Verify everything held once, at ``rate`` bytes/s; returns the bad copies found."""
+    bad = 0
+    sizes = await asyncio.to_thread(node.store.chunk_sizes)
+    for key, size in sizes:
+        if not await _scrub_chunk(node, key):
+            bad += 1
+        await asyncio.sleep(size / rate)
+    for record in await asyncio.to_thread(node.store.manifest_records):
+        raw = await asyncio.to_thread(node.store.manifest_record, record)
+        if raw is None:
+            continue
+        if not await _scrub_manifest(node, record, raw):
+            bad += 1
+        await asyncio.sleep(len(raw) / rate)
+    return bad
+
+
+async def _scrub_chunk(node: Node, key: str) -> bool:
+    """Verify one chunk (True: good, or gone meanwhile); a bad one is replaced."""
+    try:
+        await asyncio.to_thread(node.store.get_chunk, key)  # re-verifies
+    except CorruptChunk as exc:
+        _found(node, f"chunk {key}", exc)
+        await node.write(node.store.delete_chunks, [key])
+        await _replace_chunk(node, key)
+        return False
+    node.stats["scrubbed"] = node.stats.get("scrubbed", 0) + 1
+    return True
+
+
+def _found(node: Node, what: str, exc: Exception) -> None:
+    node.stats["scrub_corrupt"] = node.stats.get("scrub_corrupt", 0) + 1
+    log.error("scrub: %s is corrupt on disk (%s); fetching a good copy", what, exc)
+
+
+async def _replace_chunk(node: Node, key: str) -> None:
+    """Fetch ``key`` from another replica, verified, and store it (as a copy)."""
+    _, _, name = parse_chunk_key(key)
+    checksum = int(name.split("-", 1)[1], 16)
+    for address in node.view().read_order(key):
+        if address == node.address:
+            continue
+        try:
+            resp = await node.transport.request("GET", address, f"/v1/chunks/{key}?copy=1")
+            verify(resp.body, checksum, key)
+            await node.write(node.store.put_chunk, key, resp.body, order="copy")
+        except StateStoreError as exc:
+            log.debug("scrub: %s from %s: %s", key, address, exc)
+            continue
+        node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1
+        return
+    log.warning("scrub: no replica had a good copy of %s yet; repair pushes one back", key)
+
+
+def _record_of(record: bytes) -> tuple[StoreId, int, str, int | None]:
+    """(store, version, kind, epoch) from a manifest's storage key (``m:``: no epoch)."""
+    parts = record[2:].decode().split("/")
+    if record.startswith(b"o:"):
+        *path, version, kind, epoch = parts
+        return StoreId.parse("/".join(path)), int(version), kind, int(epoch)
+    *path, version, kind = parts
+    return StoreId.parse("/".join(path)), int(version), kind, None
+
+
+def _matches(raw: bytes, store: StoreId, version: int, kind: str, epoch: int | None) -> bool:
+    m = decode_manifest(raw)
+    return (m.store, m.version, m.kind) == (store, version, kind) and epoch in (None, m.epoch)
+
+
+async def _scrub_manifest(node: Node, record: bytes, raw: bytes) -> bool:
+    """Decode one stored manifest (True: good); a bad one is replaced from a replica."""
+    store, version, kind, epoch = _record_of(record)
+    try:
+        if not _matches(raw, store, version, kind, epoch):
+            raise MalformedData("it names another store, version, kind or epoch")
+    except (MalformedData, ValueError) as exc:
+        _found(node, f"manifest {record.decode(errors='replace')}", exc)
+        await _replace_manifest(node, record, store, version, kind, epoch)
+        return False
+    node.stats["scrubbed"] = node.stats.get("scrubbed", 0) + 1
+    return True
+
+
+async def _replace_manifest(
+    node: Node, record: bytes, store: StoreId, version: int, kind: str, epoch: int | None
+) -> None:
+    """Fetch the manifest from another replica and write it over the rotted bytes."""
+    path = f"/v1/manifests/{store.path}/{version}/{kind}?copy=1"
+    if epoch is not None:
+        path += f"&epoch={epoch}"
+    for address in node.view().read_order(store.path):
+        if address == node.address:
+            continue
+        try:
+            resp = await node.transport.request("GET", address, path)
+            if not _matches(resp.body, store, version, kind, epoch):
+                continue
+            await node.write(node.store.restore_manifest_record, record, resp.body, order="copy")
+        except (StateStoreError, ValueError) as exc:
+            log.debug("scrub: manifest of %s v%d from %s: %s", store, version, address, exc)
+            continue
+        node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1
+        return
+    log.warning("scrub: no replica had manifest %s v%d/%s yet", store, version, kind)
