@@ -127,10 +127,18 @@ def test_resolve_chain_table() -> None:
         resolve_chain(SID, 3, gap, {})
 
 
-def test_local_chain_stops_at_snapshot_or_gap() -> None:
+def test_local_chain_stops_at_a_snapshot_and_goes_on_past_a_gap() -> None:
     deltas = {v: manifest(v) for v in (1, 2, 4, 5)}
     snaps = {2: manifest(2, "snapshot")}
-    assert [m.version for m in local_chain(deltas, snaps, 5)] == [5, 4]
+    # a gap (3: missed while down) does not hide what lies under it from the reader
+    assert [(m.version, m.kind) for m in local_chain(deltas, snaps, 5)] == [
+        (5, "delta"),
+        (4, "delta"),
+        (2, "snapshot"),
+        (2, "delta"),
+    ]
+    assert [m.version for m in local_chain({1: manifest(1), 5: manifest(5)}, {}, 5)] == [5, 1]
+    assert [m.version for m in local_chain({5: manifest(5)}, {}, 5)] == [5]
     # the manifests above the version asked come too: the reader finds the head's lineage
     assert [(m.version, m.kind) for m in local_chain(deltas, snaps, 2)] == [
         (4, "delta"),

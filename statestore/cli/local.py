@@ -14,14 +14,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from statestore.core.address import node_url
 from statestore.net.tls import client_context, tls_ca_file
+from statestore.node.settings import node_env_names
 
-__all__ = ["LocalRing", "NodeProcess", "http_json"]
+__all__ = ["LocalRing", "NodeProcess", "clean_node_env", "http_json"]
 
 
 def http_json(
@@ -47,6 +48,14 @@ def http_json(
         return json.loads(resp.read())
 
 
+def clean_node_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the node-setting variables (``STATESTORE_SEEDS``, ...: a node
+    reads them, node/settings.py): the nodes started here are described by their flags alone,
+    whatever the caller's shell holds."""
+    drop = node_env_names()
+    return {k: v for k, v in environ.items() if k not in drop}
+
+
 @dataclass
 class NodeProcess:
     data_dir: str
@@ -60,7 +69,10 @@ class NodeProcess:
     host: str = "127.0.0.1"  # the address it listens on (and advertises)
     # run the node under this command (e.g. ``ip netns exec NS``: the partition tests)
     prefix: list[str] = field(default_factory=list)
-    env: dict[str, str] | None = None  # the node's environment (default: ours)
+    # the node's environment (default: ours without node-setting variables, clean_node_env)
+    env: dict[str, str] | None = None
+    # the interpreter that runs it (default: ours; the upgrade test runs a previous build's)
+    python: str = ""
 
     def start(self, seeds: Sequence[str], timeout: float = 30.0) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -68,7 +80,7 @@ class NodeProcess:
         self.log_path = os.path.join(self.data_dir, "node.log")
         cmd = [
             *self.prefix,
-            sys.executable,
+            self.python or sys.executable,
             "-m",
             "statestore",
             "node",
@@ -81,8 +93,9 @@ class NodeProcess:
         if seeds:
             cmd += ["--seeds", ",".join(seeds)]
         with open(out_path, "wb") as out, open(self.log_path, "ab") as err:
+            env = self.env if self.env is not None else clean_node_env(os.environ)
             self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=err, start_new_session=True, env=self.env
+                cmd, stdout=out, stderr=err, start_new_session=True, env=env
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,6 +1,7 @@
 """The ``statestore`` command: ``node``, ``local``, ``ring``, ``restore``, ``demo``, the
-admin commands ``stores ls``, ``inspect`` and ``drop`` (cli/admin.py), and ``decommission``
-(cli/elastic.py).
+admin commands ``stores ls``, ``inspect`` and ``drop`` (cli/admin.py), ``decommission``
+(cli/elastic.py), ``removenode`` (cli/removenode.py), and ``backup`` and
+``restore-backup`` (cli/backup.py).
 
 Bad arguments end with a one-line message naming the problem and exit code 2, never a trace.
 """
@@ -17,20 +18,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from statestore.core.address import parse_address, parse_seeds
+from statestore.core.address import parse_seeds
 from statestore.core.errors import InvalidAddress, StateStoreError
-from statestore.core.placement import DEFAULT_VNODES
+from statestore.core.formats import DISK_FORMAT, DISK_FORMATS_READ, VERSION, WIRE_FORMAT
 from statestore.core.plan import PLANS
-from statestore.node.config import NodeConfig
+from statestore.node.settings import HELP_EPILOG, add_node_arguments
+from statestore.node.settings import resolve as resolve_settings
 
 __all__ = ["build_parser", "main"]
-
-
-def _address(text: str) -> tuple[str, int]:
-    try:
-        return parse_address(text, bind=True)
-    except InvalidAddress as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _seeds(text: str) -> list[str]:
@@ -65,176 +60,33 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def version_text() -> str:
+    """``statestore --version``: the package version and the formats (core/formats.py)."""
+    return (
+        f"statestore {VERSION} (wire format {WIRE_FORMAT}, disk format {DISK_FORMAT}; reads "
+        f"disk formats {', '.join(map(str, sorted(DISK_FORMATS_READ)))})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statestore", description="DHT-backed state store")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=version_text(),
+        help="print the version and the wire and disk formats it speaks and keeps, and exit",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    n = sub.add_parser("node", help="run one ring node daemon")
-    n.add_argument("--listen", type=_address, default=("127.0.0.1", 7400), metavar="HOST:PORT")
-    n.add_argument("--data-dir", required=True, help="node id and data live here")
-    n.add_argument("--seeds", type=_seeds, default=[], metavar="HOST:PORT,...")
-    n.add_argument("--replicas", type=_positive, default=3, help="copies of every chunk (R)")
-    n.add_argument("--write-quorum", type=_positive, default=None, help="W (default R//2+1)")
-    n.add_argument("--vnodes", type=_positive, default=DEFAULT_VNODES)
-    n.add_argument("--zone", default="")
-    n.add_argument(
-        "--advertise",
-        type=_address,
-        default=None,
-        metavar="HOST:PORT",
-        help="address other nodes and clients use (default: --listen)",
+    n = sub.add_parser(
+        "node",
+        help="run one ring node daemon",
+        description="Run one ring node daemon. Its settings (statestore/node/settings.py) come "
+        "from flags, STATESTORE_ variables and a TOML file: flag > environment > file > "
+        "default.",
+        epilog=HELP_EPILOG,
     )
-    n.add_argument("--storage", default="", help="memory:// or lmdb:///dir (default: data dir)")
-    n.add_argument("--max-body", type=_positive, default=64 * 2**20, help="bytes per request")
-    n.add_argument(
-        "--max-chunk",
-        type=_positive,
-        default=256 * 2**20,
-        help="largest decompressed chunk accepted",
-    )
-    n.add_argument(
-        "--max-commit",
-        type=_positive,
-        default=256 * 2**20,
-        help="bytes per coordinator commit body (it holds 3x that while it is chunked)",
-    )
-    n.add_argument(
-        "--memory-budget",
-        type=_positive,
-        default=2**30,
-        help="bytes that requests in flight may hold in all; more wait, then get 429",
-    )
-    n.add_argument(
-        "--scrub-mbps",
-        type=float,
-        default=8.0,
-        help="MB/s of held chunks and manifests re-verified at rest (0: no scrub)",
-    )
-    n.add_argument(
-        "--scrub-interval", type=float, default=3600.0, help="seconds between scrub passes"
-    )
-    n.add_argument(
-        "--hint-ttl",
-        type=_positive_float,
-        default=3600.0,
-        help="seconds an undecidable hint is kept before it is dropped",
-    )
-    n.add_argument("--snapshot-every", type=_positive, default=10)
-    n.add_argument("--retain", type=_positive, default=100, help="versions kept per store")
-    n.add_argument("--gossip-interval", type=float, default=0.5)
-    n.add_argument("--suspect-after", type=float, default=2.0)
-    n.add_argument("--down-after", type=float, default=5.0)
-    n.add_argument(
-        "--inject-delay",
-        type=float,
-        default=0.0,
-        help="testing only: seconds of delay added to every chunk read",
-    )
-    n.add_argument("--no-dht", action="store_true", help="gossip through seeds only")
-    n.add_argument(
-        "--cluster-secret-file",
-        default="",
-        metavar="F",
-        help="node identity: the same secret file on every node; internal requests are "
-        "signed with it and unsigned ones refused (docs/security.md)",
-    )
-    n.add_argument(
-        "--auth-file",
-        default="",
-        metavar="F",
-        help='client tokens: JSON {"TOKEN": {"queries": ["q1", "etl-*"], "rights": '
-        '["read", "write", "admin"]}}, re-read when it changes (docs/security.md)',
-    )
-    n.add_argument(
-        "--quota-file",
-        default="",
-        metavar="F",
-        help='per-query storage quotas: JSON {"q1": {"max_bytes": N}, "etl-*": {...}}, the '
-        "bytes each query may hold on this node, re-read when it changes (docs/security.md)",
-    )
-    n.add_argument(
-        "--tls-cert",
-        default="",
-        metavar="F",
-        help="serve HTTPS only with this PEM certificate (it must name the advertised host)",
-    )
-    n.add_argument("--tls-key", default="", metavar="F", help="the certificate's private key")
-    n.add_argument(
-        "--tls-ca",
-        default="",
-        metavar="F",
-        help="PEM CA the nodes this one calls are verified against (default: the system's)",
-    )
-    n.add_argument(
-        "--join",
-        action="store_true",
-        help="join a running ring with hand-over: take tokens as pending, stream what this "
-        "node will own, then serve reads (docs/operations.md)",
-    )
-    n.add_argument(
-        "--stream-mbps",
-        type=_positive_float,
-        default=25.0,
-        metavar="MB/S",
-        help="budget of a join or decommission hand-over on this node (default 25)",
-    )
-    n.add_argument(
-        "--switch-interval-ms",
-        type=_positive_float,
-        default=1.0,
-        metavar="MS",
-        help="how long a worker thread may hold the interpreter while the event loop waits "
-        "for it (default 1; Python's own is 5: docs/operations.md)",
-    )
-    n.add_argument(
-        "--gc-freeze",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="once started, freeze what the node holds out of the garbage collector's "
-        "full passes: a tenth of the time in them (default on; docs/operations.md)",
-    )
-    n.add_argument(
-        "--no-repair-digests",
-        action="store_true",
-        help="list every item to peers in repair and hand-over instead of comparing token "
-        "ranges by digest first (to measure what digests save: docs/reliability.md)",
-    )
-    n.add_argument(
-        "--auto-rebalance",
-        type=_positive_float,
-        default=0.0,
-        metavar="RATIO",
-        help="move tokens on its own when max/mean bytes held passes RATIO, e.g. 1.25 (the "
-        "live member with the lowest id decides; default off: docs/operations.md)",
-    )
-    n.add_argument(
-        "--rebalance-interval",
-        type=_positive_float,
-        default=60.0,
-        metavar="S",
-        help="seconds between two checks of --auto-rebalance (default 60)",
-    )
-    n.add_argument(
-        "--drain-on-stop",
-        action="store_true",
-        help="on SIGTERM, decommission this node (hand every copy to its next owners) "
-        "before exiting; a second SIGTERM or SIGINT stops at once (docs/operations.md)",
-    )
-    n.add_argument(
-        "--drain-timeout",
-        type=_positive_float,
-        default=600.0,
-        metavar="S",
-        help="seconds a --drain-on-stop drain may take before the node exits non-zero",
-    )
-    n.add_argument(
-        "--replace",
-        default="",
-        metavar="ID",
-        help="take over the tokens of the dead node ID: stream what it owned from the "
-        "surviving replicas, then serve (needs an empty --data-dir; docs/operations.md)",
-    )
-    n.add_argument("--log-level", default="WARNING")
+    add_node_arguments(n)
 
     loc = sub.add_parser("local", help="run N nodes on loopback until Ctrl-C")
     loc.add_argument("--nodes", type=_positive, default=3)
@@ -259,6 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait (the node keeps going after)",
     )
     _client_tls(dc)
+
+    rn = sub.add_parser(
+        "removenode",
+        help="remove a dead (down) node for good: re-make its share from the surviving "
+        "copies, then drop it from the ring",
+    )
+    rn.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    rn.add_argument("--node", required=True, metavar="ID", help="the dead node's id (or address)")
+    rn.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=3600.0,
+        help="seconds to wait (the removal keeps going after)",
+    )
+    _client_tls(rn)
 
     rb = sub.add_parser(
         "rebalance",
@@ -351,6 +218,37 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     _client_tls(dr)
 
+    bk = sub.add_parser(
+        "backup",
+        help="write a checksummed backup of every store of a query to a new directory",
+    )
+    bk.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    bk.add_argument("--query", required=True)
+    bk.add_argument("--out", required=True, metavar="DIR", help="a new (or empty) directory")
+    bk.add_argument(
+        "--version-at",
+        type=_positive,
+        default=None,
+        metavar="V",
+        help="one point in time: for each store its latest version <= V (a store version "
+        "number, as commits count them; Spark: batch id + 1); default every retained version",
+    )
+    _client_tls(bk)
+
+    rbk = sub.add_parser(
+        "restore-backup",
+        help="verify a backup, then load it into a ring (nothing loaded if it is not whole)",
+    )
+    rbk.add_argument("--seeds", type=_seeds, required=True, metavar="HOST:PORT,...")
+    rbk.add_argument("--from", dest="source", required=True, metavar="DIR")
+    rbk.add_argument("--as", dest="as_query", default=None, metavar="Q2", help="another query name")
+    rbk.add_argument(
+        "--force",
+        action="store_true",
+        help="load even when the target query holds stores (not dropped on failure then)",
+    )
+    _client_tls(rbk)
+
     sj = sub.add_parser(
         "spark-jar", help="print the Spark provider jar's path (built on first use)"
     )
@@ -394,59 +292,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _node(args: argparse.Namespace) -> int:
+    try:  # flag > STATESTORE_ variable > --config file > default (node/settings.py)
+        settings = resolve_settings(args, os.environ)
+    except ValueError as exc:  # names the setting and where it came from
+        print(f"statestore node: {exc}", file=sys.stderr)
+        return 2
     from statestore.node.server import run_node
 
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    w = args.write_quorum or args.replicas // 2 + 1
-    try:
-        config = NodeConfig(
-            host=args.listen[0],
-            port=args.listen[1],
-            data_dir=args.data_dir,
-            seeds=args.seeds,
-            replicas=args.replicas,
-            write_quorum=w,
-            vnodes=args.vnodes,
-            zone=args.zone,
-            advertise=f"{args.advertise[0]}:{args.advertise[1]}" if args.advertise else "",
-            storage=args.storage,
-            max_body=args.max_body,
-            max_chunk=args.max_chunk,
-            max_commit=args.max_commit,
-            memory_budget=args.memory_budget,
-            scrub_mbps=args.scrub_mbps,
-            scrub_interval=args.scrub_interval,
-            hint_ttl=args.hint_ttl,
-            snapshot_every=args.snapshot_every,
-            retain_versions=args.retain,
-            gossip_interval=args.gossip_interval,
-            suspect_after=args.suspect_after,
-            down_after=args.down_after,
-            dht=not args.no_dht,
-            inject_delay=args.inject_delay,
-            cluster_secret_file=args.cluster_secret_file,
-            auth_file=args.auth_file,
-            quota_file=args.quota_file,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_ca=args.tls_ca,
-            join=args.join,
-            stream_mbps=args.stream_mbps,
-            switch_interval_ms=args.switch_interval_ms,
-            gc_freeze=args.gc_freeze,
-            repair_digests=not args.no_repair_digests,
-            drain_on_stop=args.drain_on_stop,
-            drain_timeout=args.drain_timeout,
-            replace=args.replace,
-            auto_rebalance=args.auto_rebalance,
-            rebalance_interval=args.rebalance_interval,
-        )
-    except ValueError as exc:
-        print(f"statestore node: {exc}", file=sys.stderr)
-        return 2
-    return run_node(config)
+    return run_node(settings.config)
 
 
 def _local(args: argparse.Namespace) -> int:
@@ -472,6 +328,41 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+BUILD_FIELDS = ("version", "wire_format", "disk_format")
+
+
+def member_builds(
+    view: dict[str, object], timeout: float = 2.0, tls_ca: str | None = None
+) -> dict[str, dict[str, object]]:
+    """Each member's version and formats, asked of the member itself (``GET /v1/health``,
+    open, in parallel; the ring's gossip does not carry them). A member that does not answer
+    is left out; one that answers without them (a build from before they were reported)
+    has them as None."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from statestore.cli.local import http_json
+
+    members = view.get("members")
+    if not isinstance(members, list):
+        return {}
+    asked = [m for m in members if isinstance(m, dict) and m.get("status") != "down"]
+
+    def ask(m: dict[str, object]) -> dict[str, object] | None:
+        try:
+            health = http_json(str(m["address"]), "/v1/health", timeout=timeout, tls_ca=tls_ca)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(health, dict):
+            return None
+        return {k: health.get(k) for k in BUILD_FIELDS}
+
+    if not asked:
+        return {}
+    with ThreadPoolExecutor(min(16, len(asked))) as pool:
+        answers = list(pool.map(ask, asked))
+    return {str(m["id"]): a for m, a in zip(asked, answers, strict=True) if a is not None}
+
+
 def _ring(args: argparse.Namespace) -> int:
     from statestore.cli.local import http_json
 
@@ -489,9 +380,11 @@ def _ring(args: argparse.Namespace) -> int:
     from statestore.cli.elastic import describe_move, member_moves
 
     moves = member_moves(view, tls_ca=args.tls_ca)
+    builds = member_builds(view, tls_ca=args.tls_ca)
     for m in view["members"]:
         if m["id"] in moves:
             m["move"] = moves[m["id"]]
+        m.update(builds.get(m["id"], dict.fromkeys(BUILD_FIELDS)))
     if args.json:
         print(json.dumps(view, indent=2))
         return 0
@@ -503,9 +396,10 @@ def _ring(args: argparse.Namespace) -> int:
     )
     # the tokens column only once a rebalance gave a member its own count (it widens the table)
     counts = any(m.get("vnodes") or m.get("next_vnodes") for m in view["members"])
-    for col in ("id", "address", "status", "state", "zone", "tokens", "share", "move"):
+    for col in ("id", "address", "status", "state", "zone", "version", "tokens", "share", "move"):
         if col != "tokens" or counts:
             table.add_column(col, no_wrap=col == "id")
+    wires = {m["wire_format"] for m in view["members"] if m["wire_format"] is not None}
     for m in view["members"]:
         share = f"{100 * m.get('share', 0):.1f}%"
         move = describe_move(m["move"]) if m.get("move") else "-"
@@ -513,8 +407,13 @@ def _ring(args: argparse.Namespace) -> int:
         if m.get("next_vnodes"):
             tokens += f" -> {m['next_vnodes']}"
         cells = [m["id"], m["address"], m["status"], m.get("state", "normal"), m.get("zone") or "-"]
-        table.add_row(*cells, *([tokens] if counts else []), share, move)
+        version = m["version"] or "?"
+        if len(wires) > 1 and m["wire_format"] is not None:  # a mixed ring: say who speaks what
+            version += f" (wire {m['wire_format']})"
+        table.add_row(*cells, version, *([tokens] if counts else []), share, move)
     Console().print(table)
+    for ident, r in sorted((view.get("removals") or {}).items()):  # statestore removenode
+        print(f"{r['mark']}: {ident} (was {r['address']}; by {r['by']})")
     return 0
 
 
@@ -643,6 +542,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from statestore.cli.elastic import decommission
 
             return decommission(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca)
+        if args.command == "removenode":
+            from statestore.cli.removenode import removenode
+
+            return removenode(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca)
         if args.command == "rebalance":
             from statestore.cli.rebalance import rebalance
 
@@ -663,6 +566,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "inspect":
                 return admin.inspect(args.seeds, args.store, args.json, tls_ca=args.tls_ca)
             return admin.drop_query(args.seeds, args.query, args.yes, tls_ca=args.tls_ca)
+        if args.command in ("backup", "restore-backup"):
+            from statestore.cli import backup
+
+            if args.command == "backup":
+                return backup.backup(
+                    args.seeds, args.query, args.out, version_at=args.version_at, tls_ca=args.tls_ca
+                )
+            return backup.restore_backup(
+                args.seeds,
+                args.source,
+                as_query=args.as_query,
+                force=args.force,
+                tls_ca=args.tls_ca,
+            )
         if args.command == "spark-jar":
             from spark_connector import main as spark_jar
 

@@ -4,8 +4,8 @@
 - :data:`WIRE_FORMAT`: what nodes of one ring must agree on to talk to each other: the
   internal request and answer signatures (core/identity.py), gossip, repair and relay bodies.
   Two builds with the same number may share a ring (docs/operations.md, "Versions and
-  upgrades"). 1: releases up to 0.1.0; 2: requests signed over their destination and body
-  digest, answers signed for the asker.
+  upgrades"). 1: the builds before formats were numbered; 2: requests signed over their
+  destination and body digest, answers signed for the asker.
 - :data:`DISK_FORMAT`: the layout of a data directory (node.json, ring-state.json, the LMDB
   keys and the encoded manifests). A data directory records the format it holds
   (``disk_format`` in node.json, from the first start); a node refuses to open one whose
@@ -25,7 +25,7 @@ __all__ = [
     "check_disk_format",
 ]
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 WIRE_FORMAT = 2
 DISK_FORMAT = 1
 DISK_FORMATS_READ = frozenset({1})  # the data directory formats this build opens

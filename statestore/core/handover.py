@@ -47,6 +47,7 @@ __all__ = [
     "copy_order",
     "pull_plan",
     "push_plan",
+    "remove_plan",
     "replace_plan",
 ]
 
@@ -95,7 +96,8 @@ class RoundResult:
 
 @dataclass(frozen=True)
 class Handover:
-    """One node's move (``kind`` join, leave, or rebalance: a change of its token count) as a
+    """One node's move (``kind`` join, leave, or rebalance: a change of its token count; or
+    remove: a survivor's share of writing a dead member off, ``statestore removenode``) as a
     state machine: rounds in, phase out.
 
     Nothing here waits: the shell runs a round, feeds its :class:`RoundResult` to
@@ -113,8 +115,10 @@ class Handover:
     last: RoundResult | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("join", "leave", "rebalance"):
-            raise ValueError(f"a hand-over is a join, a leave or a rebalance, not {self.kind!r}")
+        if self.kind not in ("join", "leave", "rebalance", "remove"):
+            raise ValueError(
+                f"a hand-over is a join, a leave, a rebalance or a removal, not {self.kind!r}"
+            )
 
     def after_round(self, r: RoundResult) -> Handover:
         """The machine after a round. A clean round verifies the copy; any other keeps it
@@ -265,6 +269,8 @@ class Sighting:
     state: str
     incarnation: int
     zone: str = ""
+    removal: str = ""  # a removal's mark ("removing", "removed": statestore removenode)
+    removed_by: str = ""
 
 
 def replace_plan(
@@ -293,6 +299,12 @@ def replace_plan(
             f"no member of the ring knows a node {target} ({len(sightings)} answered): "
             "give the id `statestore ring` shows for the dead node"
         ), 0
+    for s in seen.values():
+        if s.removal:
+            return (
+                f"node {target} is {s.removal} from the ring (statestore removenode): its id "
+                "is written off for good; add this node with --join instead"
+            ), 0
     for member, s in sorted(seen.items()):
         if s.status != "down":
             return (
@@ -314,3 +326,56 @@ def replace_plan(
             "and zone)"
         ), 0
     return None, max(s.incarnation for s in seen.values()) + 1
+
+
+# -- removing a dead node for good ------------------------------------------------------------
+
+
+def remove_plan(
+    target: str,
+    sightings: Mapping[str, Sighting | None],
+    asked: int,
+    survivors: int,
+    replicas: int,
+) -> str | None:
+    """Why dead node ``target`` may not be removed for good now (``statestore removenode``;
+    None: it may).
+
+    Args:
+        target: the dead node's id.
+        sightings: per member that answered, how it sees ``target`` (None: unknown to it).
+        asked: how many members were asked.
+        survivors: the live ``normal`` members that would keep its share.
+        replicas: R.
+
+    Refused: no member answered; nobody knows ``target``; it was removed already; any member
+    sees it up or suspect (a live node is decommissioned instead); it left the ring already;
+    fewer than R survivors would hold its share. A removal under way (``removing``) is the
+    shell's to judge: it knows whether the survivor running it still does."""
+    if not sightings:
+        return f"none of the {asked} member(s) asked answered: cannot tell if {target} is dead"
+    seen = {m: s for m, s in sightings.items() if s is not None}
+    if not seen:
+        return (
+            f"no member of the ring knows a node {target} ({len(sightings)} answered): "
+            "give the id `statestore ring` shows for the dead node"
+        )
+    for s in seen.values():
+        if s.removal == "removed":
+            return f"node {target} was removed from the ring already (by {s.removed_by})"
+    for member, s in sorted(seen.items()):
+        if s.status != "down":
+            return (
+                f"node {target} is {s.status} as {member} sees it: only a dead (down) node is "
+                f"removed; a live node is decommissioned instead (statestore decommission "
+                f"--node {target}), or stop it and wait until `statestore ring` shows it down"
+            )
+    if all(s.state == NodeState.LEFT for s in seen.values()):
+        return f"node {target} left the ring already (decommissioned): there is nothing to remove"
+    if survivors < replicas:
+        return (
+            f"the ring would keep {survivors} normal live node(s), fewer than the R={replicas} "
+            "copies of its share need: add a node first (statestore node --join), or give the "
+            f"dead node's place to a new one (statestore node --replace {target})"
+        )
+    return None

@@ -30,6 +30,7 @@ the writer's real base instead of whichever epoch is highest at each version
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -259,7 +260,11 @@ def local_chain(deltas: Candidates, snapshots: Candidates, version: int) -> list
     - from ``version`` down, every manifest of each version, for as long as some line of
       descent through ``version`` may still need a lower one: each epoch followed at a version
       ends at its snapshot or goes on to its delta's base (every epoch when this replica does
-      not hold the manifest that would say which); it stops at the first gap.
+      not hold the manifest that would say which). At a gap (versions it missed while it
+      was down, not yet repaired) it goes on from the next version it holds below, every
+      epoch: another replica may hold the gap but not what lies under it, and the merged
+      answers of a read quorum must hold every acknowledged version of the chain (a rolling
+      restart under a writer left each replica a different gap: tests/test_upgrade.py).
     """
     out: list[Manifest] = []
     for t in (deltas, snapshots):
@@ -268,10 +273,17 @@ def local_chain(deltas: Candidates, snapshots: Candidates, version: int) -> list
                 out.extend(manifests_at(t, v))
     follow: set[int | None] | None = None  # None: every epoch; None in the set: the highest
     v = version
+    below: list[int] | None = None  # the versions held under ``version``, on the first gap
     while v >= 1 and follow != set():
         ds, snaps = manifests_at(deltas, v), manifests_at(snapshots, v)
         if not ds and not snaps:
-            break
+            if below is None:
+                below = sorted({u for t in (deltas, snapshots) for u in t if u < version})
+            i = bisect.bisect_left(below, v)
+            if i == 0:
+                break  # nothing held under the gap
+            v, follow = below[i - 1], None
+            continue
         out.extend(snaps)
         out.extend(ds)
         epochs = {m.epoch for m in (*ds, *snaps)}

@@ -17,6 +17,16 @@ the count it is moving to (``next_vnodes``): :meth:`Membership.set_vnodes`.
 A newer life of our own id is refuted (we take a higher incarnation) when it names our address,
 and is *not* when it names another one: that is a replacement (``statestore node --replace``)
 that took our id, and :attr:`Membership.superseded` says so; the node then stands aside.
+
+**Removal** (``statestore removenode``, node/removal.py): a dead member that will not come
+back is written off by a survivor, which writes that member's entry itself with a
+``removal`` mark: ``removing`` while the survivors re-replicate its share, then ``removed``
+(ring state ``left``). A marked entry is always down, and the mark orders entries before
+``(incarnation, heartbeat)`` does (``removed`` > ``removing`` > none), so it wins every merge
+whatever the dead member's own entries say: a node that missed the removal (partitioned, or
+restarted from a data dir that kept the mark) converges on it, and the removed member's own
+gossip, even from a new incarnation, is ignored: its id never comes back. A node that sees
+its *own* id marked (:attr:`Membership.removed_self`) stands aside like a superseded one.
 """
 
 from __future__ import annotations
@@ -31,7 +41,15 @@ from statestore.core.errors import InvalidAddress, MalformedData
 from statestore.core.handover import READ_STATES, NodeState
 from statestore.core.placement import Member
 
-__all__ = ["MAX_EPOCH_STEP", "MAX_INCARNATION_STEP", "MemberState", "Membership", "Status"]
+__all__ = [
+    "MAX_EPOCH_STEP",
+    "MAX_INCARNATION_STEP",
+    "REMOVED",
+    "REMOVING",
+    "MemberState",
+    "Membership",
+    "Status",
+]
 
 MAX_RING_EPOCH = 2**53 - 1
 MAX_EPOCH_STEP = 2**32  # far more live-set changes than a ring sees between two gossips
@@ -39,6 +57,9 @@ MAX_INCARNATION = 2**31 - 1
 MAX_INCARNATION_STEP = 1024  # restarts of one member between two gossips
 MAX_HEARTBEAT = 2**53 - 1
 MAX_VNODES = 4096  # a member's token count (core/view.MAX_VIEW_VNODES)
+REMOVING = "removing"  # a removal's marks (module docstring), in the order they win
+REMOVED = "removed"
+_REMOVAL_RANK = {"": 0, REMOVING: 1, REMOVED: 2}
 _LOOPBACK = ("localhost", "0.0.0.0", "[::]", "[::1]", "[0:0:0:0:0:0:0:1]", "ip6-localhost")
 
 
@@ -60,9 +81,11 @@ class MemberState:
     state: NodeState = NodeState.NORMAL
     vnodes: int = 0
     next_vnodes: int = 0
+    removal: str = ""  # "", REMOVING or REMOVED (statestore removenode)
+    removed_by: str = ""  # the survivor that marked it
 
     def wire(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": self.id,
             "address": self.address,
             "zone": self.zone,
@@ -72,6 +95,14 @@ class MemberState:
             "vnodes": self.vnodes,
             "next_vnodes": self.next_vnodes,
         }
+        if self.removal:  # only then: a ring that never removed a node gossips as before
+            out |= {"removal": self.removal, "removed_by": self.removed_by}
+        return out
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        """What orders two entries of one member: the removal mark, then its life."""
+        return _REMOVAL_RANK[self.removal], self.incarnation, self.heartbeat
 
 
 @dataclass(frozen=True)
@@ -84,6 +115,12 @@ class _Entry:
     state: NodeState
     vnodes: int
     next_vnodes: int
+    removal: str = ""
+    removed_by: str = ""
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        return _REMOVAL_RANK[self.removal], self.incarnation, self.heartbeat
 
 
 def _parse_entry(obj: Any) -> _Entry:
@@ -92,11 +129,12 @@ def _parse_entry(obj: Any) -> _Entry:
         inc, hb = obj["incarnation"], obj["heartbeat"]
         state = obj.get("state", "normal")
         vnodes, next_vnodes = obj.get("vnodes", 0), obj.get("next_vnodes", 0)
+        removal, removed_by = obj.get("removal", ""), obj.get("removed_by", "")
     except (KeyError, TypeError, AttributeError) as exc:
         raise MalformedData(f"gossip entry {obj!r:.200} is malformed") from exc
-    if not all(isinstance(x, str) for x in (ident, addr, zone, state)) or not all(
-        type(x) is int for x in (inc, hb, vnodes, next_vnodes)
-    ):
+    if not all(
+        isinstance(x, str) for x in (ident, addr, zone, state, removal, removed_by)
+    ) or not all(type(x) is int for x in (inc, hb, vnodes, next_vnodes)):
         raise MalformedData(f"gossip entry {obj!r:.200} has fields of the wrong type")
     if not (0 <= inc <= MAX_INCARNATION and 0 <= hb <= MAX_HEARTBEAT):
         raise MalformedData(f"gossip entry {ident!r:.80}: incarnation or heartbeat out of range")
@@ -108,7 +146,11 @@ def _parse_entry(obj: Any) -> _Entry:
         raise MalformedData(
             f"gossip entry {ident!r:.80}: unknown ring state {state!r:.40}"
         ) from exc
-    return _Entry(ident, addr, zone, inc, hb, ring_state, vnodes, next_vnodes)
+    if removal not in _REMOVAL_RANK:
+        raise MalformedData(f"gossip entry {ident!r:.80}: unknown removal mark {removal!r:.40}")
+    return _Entry(
+        ident, addr, zone, inc, hb, ring_state, vnodes, next_vnodes, removal, removed_by[:64]
+    )
 
 
 def is_self_alias(address: str, own: str, own_hosts: frozenset[str] = frozenset()) -> bool:
@@ -154,6 +196,8 @@ class Membership:
         # (address, incarnation) of a newer life of our id at another address: a
         # replacement (``statestore node --replace``) took our place; we do not refute it
         self.superseded: tuple[str, int] | None = None
+        # (mark, by) once gossip says a survivor removed our id (statestore removenode)
+        self.removed_self: tuple[str, str] | None = None
         self.own_hosts = frozenset(h.lower() for h in own_hosts)
         self.suspect_after = suspect_after
         self.down_after = down_after
@@ -171,6 +215,10 @@ class Membership:
 
     def get(self, node_id: str) -> MemberState | None:
         return self._members.get(node_id)
+
+    def removals(self) -> list[MemberState]:
+        """The members marked ``removing`` or ``removed`` (statestore removenode)."""
+        return [m for m in self.members() if m.removal]
 
     def live(self) -> list[MemberState]:
         return [m for m in self.members() if m.status is not Status.DOWN]
@@ -197,7 +245,7 @@ class Membership:
         me = self._members[self.self_id]
         self._members[self.self_id] = replace(me, heartbeat=me.heartbeat + 1, last_advance=now)
         for ident, m in list(self._members.items()):
-            if ident == self.self_id:
+            if ident == self.self_id or m.removal:  # a removal's mark is down for good
                 continue
             age = now - m.last_advance
             status = (
@@ -249,6 +297,10 @@ class Membership:
             ident, addr, inc, hb = e.id, e.address, e.incarnation, e.heartbeat
             if ident == self.self_id:
                 me = self._members[ident]
+                if e.removal:  # a survivor removed us: never refuted (module docstring)
+                    if self.removed_self is None or e.removal == REMOVED:
+                        self.removed_self = (e.removal, e.removed_by)
+                    continue
                 if (inc, hb) > (me.incarnation, me.heartbeat) and addr != me.address:
                     # another process lives our id elsewhere, newer: we were replaced.
                     # Refuting would make the two fight over the id (and its tokens).
@@ -259,23 +311,80 @@ class Membership:
                     # refute: a peer claims a newer life of ours than we lived
                     self._members[ident] = replace(me, incarnation=inc + 1, last_advance=now)
                 continue
-            if self._refusal(ident, addr, inc) is not None:
+            if self._refusal(ident, addr, inc, e.removal) is not None:
                 continue
             cur = self._members.get(ident)
-            if cur is None or (inc, hb) > (cur.incarnation, cur.heartbeat):
+            if cur is None or e.rank > cur.rank:  # a removal's mark wins over any life
                 self._members[ident] = MemberState(
                     ident,
                     addr,
                     e.zone,
                     inc,
                     hb,
-                    Status.UP,
+                    Status.DOWN if e.removal else Status.UP,
+                    cur.last_advance if cur is not None and e.removal else now,
+                    e.state,
+                    e.vnodes,
+                    e.next_vnodes,
+                    e.removal,
+                    e.removed_by,
+                )
+        self.epoch = max(self.epoch, int(digest.get("epoch", 0)))
+        return self._recompute()
+
+    def mark_removal(self, target: str, mark: str, by: str, now: float) -> bool:
+        """Write member ``target`` off (``statestore removenode``): its entry, marked
+        ``mark`` (REMOVING, then REMOVED: ring state ``left``) by member ``by``, down for
+        good; it wins every merge (module docstring). True if the epoch moved (it does:
+        views drop a removed member). Raises ValueError for ourselves or an unknown id."""
+        if target == self.self_id:
+            raise ValueError("a node does not remove itself")
+        if mark not in (REMOVING, REMOVED):
+            raise ValueError(f"a removal's mark is {REMOVING} or {REMOVED}, not {mark!r}")
+        cur = self._members.get(target)
+        if cur is None:
+            raise ValueError(f"no member {target}")
+        self._members[target] = replace(
+            cur,
+            status=Status.DOWN,
+            removal=mark,
+            removed_by=by,
+            heartbeat=min(cur.heartbeat + 1, MAX_HEARTBEAT),
+            state=NodeState.LEFT if mark == REMOVED else cur.state,
+        )
+        return self._recompute()
+
+    def remember(self, entries: Iterable[Any], now: float) -> bool:
+        """Take back removal marks kept in the data dir (``MemberState.wire`` objects) as if
+        gossiped: a restarted node does not forget a removed member, so that member cannot
+        come back through it. Entries without a mark, or that do not parse, are skipped.
+        True if the epoch moved."""
+        for obj in entries:
+            try:
+                e = _parse_entry(obj)
+            except MalformedData:
+                continue
+            if not e.removal:
+                continue
+            if e.id == self.self_id:
+                self.removed_self = (e.removal, e.removed_by)
+                continue
+            cur = self._members.get(e.id)
+            if cur is None or e.rank > cur.rank:
+                self._members[e.id] = MemberState(
+                    e.id,
+                    e.address,
+                    e.zone,
+                    e.incarnation,
+                    e.heartbeat,
+                    Status.DOWN,
                     now,
                     e.state,
                     e.vnodes,
                     e.next_vnodes,
+                    e.removal,
+                    e.removed_by,
                 )
-        self.epoch = max(self.epoch, int(digest.get("epoch", 0)))
         return self._recompute()
 
     def check(self, digest: Mapping[str, Any]) -> list[str]:
@@ -296,19 +405,25 @@ class Membership:
         for obj in entries:
             e = _parse_entry(obj)
             if e.id != self.self_id:
-                why = self._refusal(e.id, e.address, e.incarnation)
+                why = self._refusal(e.id, e.address, e.incarnation, e.removal)
                 if why is not None:
                     out.append(why)
         return out
 
-    def _refusal(self, ident: str, addr: str, inc: int) -> str | None:
+    def _refusal(self, ident: str, addr: str, inc: int, removal: str = "") -> str | None:
         try:
             parse_address(addr)
         except InvalidAddress:
             return f"member {ident} has no usable HOST:PORT address ({addr!r:.80})"
+        if removal:
+            # a removal's mark names a dead member's last address, which a new node (or
+            # this one) may use now: it claims nothing there, it only writes the id off
+            return None
+        cur = self._members.get(ident)
+        if cur is not None and cur.removal:
+            return None  # a removed member's own entries lose every merge, silently
         if is_self_alias(addr, self.address, self.own_hosts):
             return f"member {ident} at {addr} is an alias of this node ({self.address})"
-        cur = self._members.get(ident)
         if cur is not None and inc > cur.incarnation + MAX_INCARNATION_STEP:
             return (
                 f"member {ident} incarnation {inc} leaps past {cur.incarnation} + "
@@ -322,11 +437,13 @@ class Membership:
         return None
 
     def _live_set(self) -> frozenset[tuple[str, str, str, int, int]]:
+        """What moves the epoch: the live members' places, and the removals' marks (a view
+        drops a removed member, so clients must refresh theirs)."""
         return frozenset(
             (m.id, m.address, m.state.value, m.vnodes, m.next_vnodes)
             for m in self._members.values()
             if m.status is not Status.DOWN
-        )
+        ) | frozenset((m.id, "", m.removal, -1, -1) for m in self._members.values() if m.removal)
 
     def _recompute(self) -> bool:
         live = self._live_set()

@@ -155,8 +155,9 @@ class RingView:
         for m in self.members:
             if m.status == "down" and m.state in READ_STATES:
                 return (
-                    f"member {m.id} is down: its copies are one short until repair or "
-                    "`statestore node --replace` restores them; move tokens after that"
+                    f"member {m.id} is down: its copies are one short until it comes back, "
+                    "is replaced (`statestore node --replace`) or is removed for good "
+                    "(`statestore removenode`); move tokens after that"
                 )
             if m.status != "down" and (
                 m.state in (NodeState.JOINING, NodeState.LEAVING) or m.next_vnodes

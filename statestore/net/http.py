@@ -21,7 +21,14 @@ from typing import Any
 import aiohttp
 
 from statestore.core.address import node_url
-from statestore.core.errors import NodeUnavailable, RequestTimeout, Unauthenticated
+from statestore.core.errors import (
+    AccessDenied,
+    NodeUnavailable,
+    RequestTimeout,
+    StateStoreError,
+    Unauthenticated,
+    Unavailable,
+)
 from statestore.core.identity import PROVE_HEADER
 from statestore.net.tls import TLS_CA_ENV, tls_failure
 from statestore.net.transport import Response, error_from_answer
@@ -41,8 +48,10 @@ class HttpTransport:
     client's bearer token, or a node's signature for that destination (core/identity).
     ``prove(sent headers, status, headers, body)`` checks every successful answer and raises
     (Unauthenticated) for one not to be believed: a node's check that a peer signed the
-    answer its request asked to be proven (``X-Statestore-Prove``); a request asking for a
-    proof through a transport without ``prove`` is refused. With ``tls``
+    answer its request asked to be proven (``X-Statestore-Prove``), and every refusal that
+    states a fact (:meth:`_refused`); a request asking for a proof through a transport
+    without ``prove`` is refused. Streamed answers (:meth:`open_stream`) are never asked to
+    be proven: their body is not known when their headers are sent. With ``tls``
     (net/tls.client_context) every call is HTTPS, verified by that context; without it,
     plain HTTP.
     """
@@ -140,10 +149,31 @@ class HttpTransport:
         if epoch > self.seen_epoch:
             self.seen_epoch = epoch
         if resp.status not in ok:
-            raise error_from_answer(resp.status, data, address)
+            raise self._refused(hdrs, resp.status, answered, data, address)
         if self._prove is not None:
             self._prove(hdrs, resp.status, answered, data)
         return Response(resp.status, data, epoch)
+
+    def _refused(
+        self,
+        sent: Mapping[str, str],
+        status: int,
+        answered: Mapping[str, str],
+        data: bytes,
+        address: str,
+    ) -> StateStoreError:
+        """The error a refusal stands for. To a request asking for a proof, a refusal that
+        states a fact (not found, a stale epoch, a conflict, ...) is believed only when
+        proven; one that says "no answer now" (unavailable, busy, access denied) is taken
+        as it is, since nothing is believed from it."""
+        err = error_from_answer(status, data, address)
+        if self._prove is None or isinstance(err, Unavailable | AccessDenied):
+            return err
+        try:
+            self._prove(sent, status, answered, data)
+        except Unauthenticated as exc:
+            return Unauthenticated(f"{address} answered {status} ({err.code}) unproven: {exc}")
+        return err
 
     async def open_stream(
         self, address: str, path: str, body: bytes, *, timeout: float | None = None
@@ -158,6 +188,9 @@ class HttpTransport:
         url = node_url(address, path, tls=self._tls is not None)
         limit = self.timeout if timeout is None else timeout
         hdrs = self._auth("POST", address, path, body) if self._auth is not None else {}
+        # a streamed answer cannot be proven (its body is not known when its headers are
+        # sent): its frames' chunks are checked against the checksums in their names
+        hdrs.pop(PROVE_HEADER, None)
         try:
             async with asyncio.timeout(limit):
                 resp = await self._session.post(url, data=body, headers=hdrs)

@@ -87,9 +87,9 @@ async def _ask_replicas(
     body it refuses is not an answer (:func:`_ask`)."""
     need = _needed(view, answers)
     owners = view.store_replicas(store)
-    homes = view.previous_replicas(store.path) if home else []
-    need_home = _home_need(view, answers) if home else 0
-    if not need_home or set(homes) <= set(owners):
+    homes = _live_homes(view, store) if home else []
+    need_home = min(_home_need(view, answers), len(homes)) if home else 0
+    if not need_home or set(view.previous_replicas(store.path)) <= set(owners):
         return await _ask(transport, owners, path, need, rest="run", valid=valid)
     targets = owners + [a for a in homes if a not in owners]
 
@@ -101,6 +101,14 @@ async def _ask_replicas(
 
 def _among(addresses: Sequence[str], answered: set[str]) -> int:
     return sum(1 for a in addresses if a in answered)
+
+
+def _live_homes(view: RingView, store: StoreId) -> list[str]:
+    """The store's home replicas (:func:`_home_need`) that ``view`` does not call down: a
+    home replica called down is asked by no read, and one lost for good (its share
+    re-replicated to the owners that replaced it) must not stop reads for ever."""
+    live = set(view.live_addresses())
+    return [a for a in view.previous_replicas(store.path) if a in live]
 
 
 def _home_need(view: RingView, answers: int | None = None) -> int:
@@ -238,10 +246,10 @@ def _need_home(
     answers: int | None = None,
 ) -> None:
     """A read quorum of the store's home replicas answered too (:func:`_home_need`)."""
-    homes = view.previous_replicas(store.path)
-    if set(homes) <= set(view.store_replicas(store)):
+    if set(view.previous_replicas(store.path)) <= set(view.store_replicas(store)):
         return  # its owners' read quorum is one of them
-    need = _home_need(view, answers)
+    homes = _live_homes(view, store)
+    need = min(_home_need(view, answers), len(homes))
     got = _among(homes, answered)
     if got < need:
         raise QuorumNotReached(

@@ -32,7 +32,7 @@ from statestore.core.errors import (
     StoreNotFound,
     VersionNotFound,
 )
-from statestore.core.identity import NODE_HEADER
+from statestore.core.identity import ANSWER_HEADER, NODE_HEADER
 from statestore.core.ids import (
     MAX_EPOCH,
     MAX_VERSION,
@@ -122,6 +122,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         log.exception("unhandled error on %s %s", request.method, request.path)
         resp = _error(500, "internal", f"node error: {type(exc).__name__}: {exc}")
     resp.headers[EPOCH_HEADER] = str(node.epoch)
+    if resp.status >= 400 and ANSWER_HEADER not in resp.headers:
+        # a refusal is proven too (a peer believes "not found" or "stale epoch" only so)
+        resp = prove_answer(request, principal(request), resp)
     return resp
 
 
@@ -156,6 +159,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 f"node {node.id} was replaced by the node at {replaced[0]} (statestore node "
                 "--replace): this process serves nothing; stop it"
             )
+        removed = node.removed_reason()  # statestore removenode wrote it off: the same
+        if removed is not None and request.path != "/metrics":
+            raise NodeUnavailable(removed)
         # credentials from the headers alone: no body is read for a caller without them
         who = request[PRINCIPAL] = node.access.authenticate(request, addressed_to(node))
         await read_signed_body(request, who)  # a node's: the body its signature declared
@@ -189,6 +195,27 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(request.app[NODE].health())
 
 
+async def live(request: web.Request) -> web.Response:
+    """``GET /v1/health/live``: 200 whenever the process answers (its event loop runs: a
+    blocked loop or a dead process does not answer at all, and the probe times out)."""
+    node = request.app[NODE]
+    return web.json_response({"status": "live", "id": node.id})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """``GET /v1/health/ready``: 200 when the node is a normal member of the ring, serving
+    and not degraded; 503 with the reasons otherwise (docs/operations.md, Probes)."""
+    node = request.app[NODE]
+    reasons = node.unready()
+    body = {
+        "status": "not_ready" if reasons else "ready",
+        "reasons": reasons,
+        "id": node.id,
+        "state": node.membership.state.value if node.membership is not None else "starting",
+    }
+    return web.json_response(body, status=503 if reasons else 200)
+
+
 async def ring(request: web.Request) -> web.Response:
     node = request.app[NODE]
     view = node.view()
@@ -199,6 +226,12 @@ async def ring(request: web.Request) -> web.Response:
     body["self"] = node.id
     if node.move is not None:
         body["move"] = node.move.to_json(node.clock())
+    if node.membership is not None and node.membership.removals():
+        # dead members written off (statestore removenode): removed ones are no members
+        body["removals"] = {
+            m.id: {"mark": m.removal, "by": m.removed_by, "address": m.address}
+            for m in node.membership.removals()
+        }
     return web.json_response(body)
 
 
@@ -637,6 +670,8 @@ def build_app(node: Node) -> web.Application:
     app[NODE] = node
     s = "/v1/stores/{query}/{operator}/{partition}/{name}"
     app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/health/live", live)
+    app.router.add_get("/v1/health/ready", ready)
     app.router.add_get("/v1/ring", ring)
     app.router.add_post("/v1/gossip", gossip)
     app.router.add_post("/v1/sync/have", have)

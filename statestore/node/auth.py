@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -40,12 +41,14 @@ from statestore.core.identity import (
 )
 from statestore.core.ids import parse_chunk_key
 from statestore.core.ratelimit import Limiter
+from statestore.net.http import HttpTransport
 from statestore.node.policy import Policy, node_only
 from statestore.node.watched import WatchedFile
 
 __all__ = ["Access", "Principal", "allow", "enforce", "principal"]
 
 log = logging.getLogger(__name__)
+UNPROVEN_PATH = "/v1/health"  # open routes, only hints (a seed's DHT port): never proven
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -98,10 +101,21 @@ class Access:
 
     def outbound(self, method: str, address: str, path: str, body: bytes) -> dict[str, str]:
         """Headers that sign one outbound request of this node to ``address`` (``HOST:PORT``
-        as this node addresses it: the signature is valid at that node only)."""
-        return signed_headers(
+        as this node addresses it: the signature is valid at that node only). With the
+        secret on, every request but ``/v1/health...`` (open routes, only hints) also asks
+        for a proven answer, which :meth:`check_answer` checks (net/http.py: answers that
+        are streamed cannot be proven, and are not asked to be)."""
+        headers = signed_headers(
             self._key, method, path, body, self.node_id, time.time(), destination=address
         )
+        if not path.startswith(UNPROVEN_PATH):
+            headers.update(self.prove_headers())
+        return headers
+
+    def transport(self, timeout: float, tls: ssl.SSLContext | None) -> HttpTransport:
+        """An HTTP transport that signs this node's requests and believes only the answers
+        proven for them (with the secret on)."""
+        return HttpTransport(timeout, auth=self.outbound, prove=self.check_answer, tls=tls)
 
     def prove_headers(self) -> dict[str, str]:
         """Headers asking a peer to sign its answer (with a cluster secret; without one no

@@ -32,11 +32,11 @@ from aiohttp import web
 
 from statestore.core.balance import ServedMeter
 from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError
+from statestore.core.formats import DISK_FORMAT, VERSION, WIRE_FORMAT, check_disk_format
 from statestore.core.handover import Handover, NodeState
-from statestore.core.membership import MAX_VNODES, Membership, Status
+from statestore.core.membership import MAX_VNODES, REMOVED, Membership, Status
 from statestore.core.quota import Quotas, parse_quotas
 from statestore.core.view import MemberInfo, RingView
-from statestore.net.http import HttpTransport
 from statestore.net.restorer import Restorer
 from statestore.net.tls import client_context
 from statestore.net.transport import Transport
@@ -115,20 +115,33 @@ def stored_ring_state(data_dir: str) -> str:
 
 def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple[str, int]:
     """The node id kept in the data dir, and a new incarnation (one more than last start).
-    ``adopt`` (``--replace``): a new data dir takes that id, at least at that incarnation."""
+    ``adopt`` (``--replace``): a new data dir takes that id, at least at that incarnation.
+    The data dir's disk format is recorded here at its first start; one this build cannot
+    read is :class:`UnknownDiskFormat` before anything in the dir is opened or written
+    (core/formats.py)."""
     os.makedirs(data_dir, exist_ok=True)
     path = os.path.join(data_dir, "node.json")
     ident: dict[str, Any] = {}
+    disk_format = DISK_FORMAT  # a new data dir
     if os.path.exists(path):
         with open(path) as f:
             ident = json.load(f)
+        disk_format = check_disk_format(ident.get("disk_format"), data_dir, ident.get("version"))
     elif adopt is not None:
         ident = {"id": adopt[0], "incarnation": adopt[1] - 1}
     node_id = str(ident.get("id") or uuid.uuid4().hex[:16])
     incarnation = int(ident.get("incarnation", 0)) + 1
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"id": node_id, "incarnation": incarnation}, f)
+        json.dump(
+            {
+                "id": node_id,
+                "incarnation": incarnation,
+                "disk_format": disk_format,
+                "version": VERSION,  # the last build that started on it
+            },
+            f,
+        )
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -277,8 +290,8 @@ class Node:
         # before the lock: a CA file it cannot use is a ValueError with nothing to release
         tls = client_context(config.tls_ca or None) if config.tls_cert else None
         self._lock = _lock_data_dir(config.data_dir)
-        self.id, self.incarnation = _load_identity(config.data_dir, adopt)
         try:
+            self.id, self.incarnation = _load_identity(config.data_dir, adopt)
             self.access = Access(
                 self.id, config.cluster_secret_file or None, config.auth_file or None
             )
@@ -303,18 +316,15 @@ class Node:
         self.writer = writer or PriorityWriter()
         self.foreground = ForegroundGate()  # client requests in flight, for copies to yield to
         self.budget = MemoryBudget(config.memory_budget, config.body_timeout, config.max_body)
-        self.transport: Transport = transport or HttpTransport(
-            timeout=10.0,
-            auth=self.access.outbound,
-            prove=self.access.check_answer,
-            tls=tls,
-        )
+        # signed, and with the secret every answer proven (node/auth.Access.transport)
+        self.transport: Transport = transport or self.access.transport(10.0, tls)
         self.address = f"{config.host}:{config.port}"
         self.membership: Membership | None = None
         self.discovery: Discovery | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # loop name -> (failures so far, the last error, clock time of the last failure)
         self.loop_failures: dict[str, tuple[int, str, float]] = {}
+        self.loops: list[str] = []  # the background loops started, by name (for /metrics)
         self.storage_errors: tuple[int, str, float] = (0, "", 0.0)
         # a write that failed for want of room: (error, bytes free then, clock time)
         self.storage_full: tuple[str, int | None, float] | None = None
@@ -428,6 +438,7 @@ class Node:
                 backoff = min(backoff * 2, 30.0)
 
         self._tasks.append(asyncio.create_task(supervised(), name=f"statestore-{name}"))
+        self.loops.append(name)
 
     async def stop(self) -> None:
         for task in reversed(self._tasks):
@@ -562,6 +573,7 @@ class Node:
                     m.next_vnodes,
                 )
                 for m in self.membership.members()
+                if m.removal != REMOVED  # written off for good (statestore removenode)
             )
             self._view = RingView(
                 self.membership.epoch,
@@ -597,12 +609,16 @@ class Node:
         view), and the API answers only health and metrics (node/api.py: a client that
         reached us would otherwise be given a view routing the id's share here)."""
         assert self.membership is not None
-        if self.membership.superseded is not None and not self._superseded_logged:
+        aside = self.membership.superseded or self.membership.removed_self
+        if aside is not None and not self._superseded_logged:
             self._superseded_logged = True
             me = asyncio.current_task()
             for task in self._tasks:
                 if task is not me:
                     task.cancel()
+            if self.membership.superseded is None:  # removed (statestore removenode)
+                log.error("%s", self.removed_reason())
+                return
             addr, inc = self.membership.superseded
             log.error(
                 "node %s was replaced by the node at %s (incarnation %d, statestore node "
@@ -612,6 +628,18 @@ class Node:
                 addr,
                 inc,
             )
+
+    def removed_reason(self) -> str | None:
+        """Why this node stands aside when the ring removed it (None: it did not)."""
+        if self.membership is None or self.membership.removed_self is None:
+            return None
+        mark, by = self.membership.removed_self
+        return (
+            f"node {self.id} was {'removed' if mark == REMOVED else 'being removed'} from the "
+            f"ring by node {by} (statestore removenode): this process serves nothing and "
+            "takes no part in the ring; stop it, wipe its data dir, and add the machine back "
+            "as a new node with --join"
+        )
 
     def _gossip_targets(self, extra: list[str]) -> list[str]:
         assert self.membership is not None
@@ -633,7 +661,7 @@ class Node:
         # a target whose exchange is still running is skipped until it ends.
         inflight: dict[str, asyncio.Task[None]] = {}
         try:
-            while self.membership.superseded is None:
+            while self.membership.superseded is None and self.membership.removed_self is None:
                 if self.membership.tick(self.clock()):
                     log.info(
                         "ring epoch %d: %d live",
@@ -688,6 +716,9 @@ class Node:
         if self.membership is not None and self.membership.superseded is not None:
             addr, _ = self.membership.superseded
             out.append(f"replaced by the node at {addr} (--replace): stop this process")
+        removed = self.removed_reason()
+        if removed is not None:
+            out.append(removed)
         if self.quotas is not None and self.quotas.error:
             out.append(self.quotas.error)
         out += self.storage_problems()
@@ -711,6 +742,9 @@ class Node:
             "id": self.id,
             "address": self.address,
             "zone": self.config.zone,
+            "version": VERSION,
+            "wire_format": WIRE_FORMAT,
+            "disk_format": DISK_FORMAT,
             "incarnation": self.incarnation,
             "epoch": self.epoch,
             "state": self.membership.state.value if self.membership is not None else "normal",
@@ -719,6 +753,24 @@ class Node:
             # hints: the tentative commits held now (the hint loop may be waiting on the owners)
             "stats": dict(self.stats) | {"hints": self.store.hint_count()},
         }
+
+    def unready(self) -> list[str]:
+        """Why this node should not be sent traffic now (empty: ready, ``GET
+        /v1/health/ready``): it is not a normal member of the ring yet or any more (joining,
+        leaving, left, replaced, not started) or it is degraded (:meth:`problems`)."""
+        out = []
+        if self.membership is None:
+            out.append("not started: the node has not joined the ring's gossip yet")
+        elif self.membership.state is not NodeState.NORMAL:
+            state = self.membership.state.value
+            why = {
+                "joining": "it is streaming the ranges it will own (--join or --replace) and "
+                "serves no reads until that finishes",
+                "leaving": "it is handing its copies to their next owners (decommission)",
+                "left": "it left the ring (decommissioned)",
+            }.get(state, "")
+            out.append(f"ring state is {state}" + (f": {why}" if why else ""))
+        return out + self.problems()
 
 
 Loop = Callable[[Node], Awaitable[None]]

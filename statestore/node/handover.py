@@ -35,6 +35,7 @@ from statestore.core.errors import (
     CorruptChunk,
     InvalidRequest,
     StateStoreError,
+    Unauthenticated,
 )
 from statestore.core.handover import (
     FUTURE_STATES,
@@ -362,6 +363,9 @@ async def handover_items(request: web.Request) -> web.Response:
                 "incarnation": seen.incarnation,
                 "zone": seen.zone,
             }
+            | (  # only when marked: the answer of a ring that never removed a node is as before
+                {"removal": seen.removal, "removed_by": seen.removed_by} if seen.removal else {}
+            )
         )
         return web.json_response(
             {"state": state, "member": member, "items": [], "next": None} | counts
@@ -548,24 +552,41 @@ async def _sighting(transport: HttpTransport, address: str, target: str) -> Sigh
     m = resp.json().get("member")
     if m is None:
         return None
-    return Sighting(str(m["status"]), str(m["state"]), int(m["incarnation"]), str(m["zone"]))
+    return Sighting(
+        str(m["status"]),
+        str(m["state"]),
+        int(m["incarnation"]),
+        str(m["zone"]),
+        str(m.get("removal", "")),  # statestore removenode wrote it off
+        str(m.get("removed_by", "")),
+    )
 
 
 def _startup_transport(config: NodeConfig, node_id: str) -> HttpTransport:
     """A transport for asking the seeds before the node starts, signed as ``node_id``."""
     tls = client_context(config.tls_ca or None) if config.tls_cert else None
     access = Access(node_id, config.cluster_secret_file or None, config.auth_file or None)
-    return HttpTransport(timeout=5.0, auth=access.outbound, tls=tls)
+    return access.transport(5.0, tls)  # believes only proven answers (with the secret)
 
 
 async def _seeds_view(transport: HttpTransport, seeds: Sequence[str], why: str) -> RingView | None:
-    """The ring as the first seed that answers sees it (None: no seed answered)."""
+    """The ring as the first seed that answers sees it (None: no seed answered). Raises
+    ValueError when none did and a seed answered without proof of being a ring node (with
+    the secret on): not a node of this ring, or one with another secret."""
+    unproven: list[str] = []
     for seed in seeds:
         try:
             answer = (await transport.request("GET", seed, "/v1/ring", timeout=5.0)).json()
             return RingView.from_json(answer)
+        except Unauthenticated as exc:
+            unproven.append(f"{seed} ({exc})")
         except (StateStoreError, KeyError, TypeError, ValueError) as exc:
             log.warning("%s: seed %s gave no ring view: %s", why, seed, exc)
+    if unproven:
+        raise ValueError(
+            f"cannot {why}: no seed proved it is a node of this ring: {'; '.join(unproven)}; "
+            "check --seeds and that every node has the same --cluster-secret-file"
+        )
     return None
 
 

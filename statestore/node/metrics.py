@@ -25,11 +25,19 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from statestore.core.errors import SetupError, StateStoreError
+from statestore.core.formats import DISK_FORMAT, VERSION, WIRE_FORMAT
 from statestore.core.view import STATUSES
 from statestore.node.activity import ACTIVITY, Operation
 from statestore.node.daemon import NODE, Node
@@ -68,6 +76,7 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {
     ("POST", "/v1/chunks"): ("chunk", "batch"),
     ("GET", _S + "/key"): ("point_read", ""),
 }
+READY_PATH = "/v1/health/ready"
 # what /v1/activity lists as in flight (chunk traffic is too fine-grained to be worth it)
 IN_FLIGHT = {"commit", "restore", "point_read"}
 
@@ -125,7 +134,8 @@ def loop_restarts(node: Node) -> dict[str, int]:
     failures = getattr(node, "loop_failures", None)
     if not isinstance(failures, dict):
         return {}
-    out: dict[str, int] = {}
+    # every loop started, at 0 until it fails (node/daemon.py Node.loops)
+    out: dict[str, int] = dict.fromkeys(map(str, getattr(node, "loops", ())), 0)
     for name, record in failures.items():
         n = record[0] if isinstance(record, tuple) and record else record
         if isinstance(n, int):
@@ -144,6 +154,14 @@ class NodeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         node = self._app[NODE]
         f = self.storage
+        build = GaugeMetricFamily(
+            "statestore_build_info",
+            "1, labelled with this node's version and the wire and disk formats it speaks "
+            "and keeps (docs/operations.md, Versions and upgrades)",
+            labels=["version", "wire_format", "disk_format"],
+        )
+        build.add_metric([VERSION, str(WIRE_FORMAT), str(DISK_FORMAT)], 1)
+        yield build
         yield _gauge("statestore_chunks_held", "Chunks stored on this node", f.chunks)
         yield _gauge("statestore_manifests_held", "Manifests stored on this node", f.manifests)
         yield _gauge("statestore_stores_held", "Stores with a head on this node", f.stores)
@@ -363,6 +381,20 @@ class NodeMetrics:
             ["status", "code"],
             registry=r,
         )
+        # every label value known in advance is exported at 0 from the start, so that a
+        # rate() or an alert on it has a series before the first event
+        for status, code in KNOWN_ERRORS:
+            (self.refusals if status < 500 else self.failures).labels(str(status), code)
+        for direction in ("in", "out"):
+            self.bytes.labels(direction)
+        for operation, label in ROUTES.values():
+            if operation == "restore":
+                self.restore_seconds.labels(label)
+            elif operation == "chunk":
+                self.chunk_seconds.labels(label)
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        # (read from /proc at each scrape; every node of one process reports that process)
+        ProcessCollector(registry=r)
         self.collector = NodeCollector(app)
         r.register(self.collector)
 
@@ -385,6 +417,24 @@ class NodeMetrics:
 
 
 METRICS = web.AppKey("metrics", NodeMetrics)
+
+
+def _errors(cls: type[StateStoreError]) -> list[type[StateStoreError]]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _errors(sub))]
+
+
+# (status, code) of every answer the API can refuse or fail with: the error tree's classes
+# (core/errors.py; setup errors never reach the wire) and the errors middleware's own codes
+KNOWN_ERRORS: tuple[tuple[int, str], ...] = tuple(
+    sorted(
+        {
+            (c.status, c.code)
+            for c in _errors(StateStoreError)
+            if not issubclass(c, SetupError) and c.__module__ == StateStoreError.__module__
+        }
+        | {(404, "http_error"), (405, "http_error"), (500, "internal")}
+    )
+)
 
 
 def _error_code(resp: web.StreamResponse) -> str:
@@ -434,7 +484,8 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     sent = resp.content_length if isinstance(resp, web.Response) else resp.body_length
     metrics.bytes.labels("out").inc(sent or 0)
     node.served.add(sent or 0, node.clock())
-    metrics.answered(resp)
+    if request.path != READY_PATH:  # its 503 is an answer (not ready), not a failed request
+        metrics.answered(resp)
     return resp
 
 

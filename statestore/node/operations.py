@@ -23,6 +23,7 @@ from statestore.node import (
     metrics,
     quotas,
     rebalance,
+    removal,
     tombstones,
 )
 
@@ -43,3 +44,4 @@ def install(app: web.Application) -> None:
     digests.register(app)
     copies.register(app)
     rebalance.register(app)
+    removal.register(app)  # statestore removenode (/v1/handover/remove)

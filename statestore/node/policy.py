@@ -6,7 +6,8 @@ The auth middleware (node/api.py) and :meth:`Access.authenticate` (node/auth.py)
 nothing else; tests/test_hostile_access.py walks the real router and fails on a route that
 is not here. The kinds:
 
-- ``open``: no credential (health, the dashboard's static files, which hold no data).
+- ``open``: no credential (health and its probes, the dashboard's static files, which
+  hold no data).
 - ``any``: any authenticated caller (a valid token when the node has a tokens file).
 - ``right``: a token with the right (``read``, ``write``, ``admin``) on the query the request
   names: the path's ``{query}`` (``on="path"``), the query of the path's chunk key
@@ -86,6 +87,8 @@ def _r(right: str, on: Where = "", node_if: tuple[str, ...] = ()) -> Policy:
 ROUTES: dict[tuple[str, str], Policy] = {
     # node and ring
     ("GET", "/v1/health"): OPEN,
+    ("GET", "/v1/health/live"): OPEN,  # probes (docs/operations.md, Probes)
+    ("GET", "/v1/health/ready"): OPEN,
     ("GET", "/dashboard"): OPEN,
     ("GET", "/dashboard/{name}"): OPEN,
     ("GET", "/v1/ring"): ANY,
@@ -98,6 +101,8 @@ ROUTES: dict[tuple[str, str], Policy] = {
     ("GET", "/v1/inventory"): _r("admin"),  # filtered to the token's queries
     ("POST", "/v1/handover/leave"): RING,
     ("POST", "/v1/handover/tokens"): RING,
+    ("POST", "/v1/handover/remove"): RING,  # statestore removenode
+    ("GET", "/v1/handover/remove"): _r("read"),
     # between nodes
     ("POST", "/v1/gossip"): NODE,
     ("POST", "/v1/sync/have"): NODE,
@@ -105,6 +110,7 @@ ROUTES: dict[tuple[str, str], Policy] = {
     ("POST", "/v1/sync/manifests"): NODE,
     ("POST", "/v1/sync/manifests/read"): NODE,
     ("POST", "/v1/handover/items"): NODE,
+    ("POST", "/v1/handover/remove/sweep"): NODE,
     ("POST", "/v1/queries/{query}/purge"): NODE,
     ("POST", STORE + "/outcomes"): NODE,
     # chunks and manifests

@@ -16,7 +16,7 @@ import sys
 
 from aiohttp import web
 
-from statestore.core.errors import DataDirInUse
+from statestore.core.errors import DataDirInUse, UnknownDiskFormat
 from statestore.net.tls import server_context
 from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
@@ -25,6 +25,7 @@ from statestore.node.gcpause import PAUSES, freeze
 from statestore.node.handover import check_join, check_replace, drain, join_loop
 from statestore.node.hints import hint_loop
 from statestore.node.rebalance import auto_rebalance_loop, resume_loop
+from statestore.node.removal import check_removed, removal_loop
 from statestore.node.repair import repair_loop
 from statestore.node.scrub import scrub_loop
 from statestore.node.tombstones import tombstone_loop
@@ -49,6 +50,7 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
     a ``--join`` or ``--replace`` the ring refuses."""
     tls = server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
     adopt = None
+    await check_removed(config)  # raises ValueError for a node the ring removed for good
     if config.join or config.replace:  # raises ValueError while a member moves tokens
         await check_join(config)
     if config.replace:  # raises ValueError when the node may not be replaced
@@ -72,7 +74,9 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
         await runner.cleanup()
         node.release()
         raise
-    await node.start(int(runner.addresses[0][1]), (*LOOPS, ("tombstones", tombstone_loop)))
+    # removals: statestore removenode's marks, kept in the data dir (node/removal.py)
+    loops = (*LOOPS, ("tombstones", tombstone_loop), ("removals", removal_loop))
+    await node.start(int(runner.addresses[0][1]), loops)
     return node, runner
 
 
@@ -157,7 +161,8 @@ def run_node(config: NodeConfig) -> int:
 
     try:
         return asyncio.run(main())
-    except (DataDirInUse, ValueError) as exc:  # ValueError: a secret, tokens or TLS file
+    # ValueError: a secret, tokens or TLS file; UnknownDiskFormat: a newer build's data dir
+    except (DataDirInUse, UnknownDiskFormat, ValueError) as exc:
         print(f"statestore node: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

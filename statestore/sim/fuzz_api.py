@@ -292,13 +292,15 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             "chain", "gc", "commit", "state", "relay", "metrics", "dashboard", "activity",
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
             "put-hint", "get-hint", "outcomes", "post-outcomes", "load", "tokens", "copies",
-            "read-copies",
+            "read-copies", "live", "ready", "remove", "remove-sweep", "removals",
         )
     )  # fmt: skip
     j = "json"
     r: Request
     if route == "health":
         r = Request(route, "GET", "/v1/health", {}, {}, b"")
+    elif route in ("live", "ready"):  # the probes (open, like health)
+        r = Request(route, "GET", f"/v1/health/{route}", {}, {}, b"")
     elif route == "ring":
         r = Request(route, "GET", "/v1/ring", {}, {}, b"")
     elif route == "gossip":
@@ -409,6 +411,12 @@ def _template(rng: random.Random, h: _Harness) -> Request:
     elif route == "tokens":  # the count it owns: no move, unless a mutation makes one
         obj = {"vnodes": h.node.vnodes or h.node.config.vnodes}
         r = Request(route, "POST", "/v1/handover/tokens", {}, {}, b"", obj, j)
+    elif route in ("remove", "remove-sweep"):  # statestore removenode: no such member, or us
+        obj = {"node": rng.choice(("nobody", h.node.id, "a" * 64))}
+        path = "/v1/handover/remove" + ("/sweep" if route == "remove-sweep" else "")
+        r = Request(route, "POST", path, {}, {}, b"", obj, j)
+    elif route == "removals":
+        r = Request(route, "GET", "/v1/handover/remove", {}, {}, b"")
     elif route == "inventory":
         r = Request(route, "GET", "/v1/inventory", {"scope": rng.choice(("node", "ring"))}, {}, b"")
     elif route == "store-inventory":

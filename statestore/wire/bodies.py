@@ -37,6 +37,7 @@ __all__ = [
     "ManifestCopiesAck",
     "ManifestsRequest",
     "PurgeRequest",
+    "RemoveRequest",
     "RoomRequest",
     "StoresRequest",
     "TokensRequest",
@@ -77,6 +78,9 @@ class GossipMember(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     # its token count (0: the ring's) and the count a rebalance moves it to (0: none)
     vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
     next_vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
+    # a survivor wrote this dead member off (statestore removenode; core/membership.py)
+    removal: Annotated[str, Meta(pattern=r"^(removing|removed)?\Z")] = ""
+    removed_by: Annotated[str, Meta(max_length=64)] = ""
 
 
 class GossipDigest(msgspec.Struct, frozen=True):
@@ -162,6 +166,13 @@ class HandoverItemsRequest(msgspec.Struct, frozen=True):
     after: Str = ""
     limit: Annotated[int, Meta(ge=0, le=MAX_HAVE_ITEMS)] = 0
     vnodes: Annotated[int, Meta(ge=0, le=MAX_VNODES)] = 0
+
+
+class RemoveRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/handover/remove`` and ``/v1/handover/remove/sweep``: the dead member
+    ``node`` to remove for good (statestore removenode), or whose share to sweep."""
+
+    node: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+\Z")]
 
 
 class TokensRequest(msgspec.Struct, frozen=True):
