@@ -10,6 +10,7 @@ Unit tests (no process) but for one node started from a config file.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -111,7 +112,13 @@ def test_flag_beats_environment_beats_file_beats_default(tmp_path: Path) -> None
     env = {"STATESTORE_REPLICAS": "1", "STATESTORE_ZONE": "env", "STATESTORE_SEEDS": "e:1,e:2"}
     got = settings(["--config", path, "--zone", "flag"], env)
     c = got.config
-    assert (c.data_dir, c.replicas, c.zone, c.vnodes, c.down_after) == ("from-file", 1, "flag", 64, 9.0)
+    assert (c.data_dir, c.replicas, c.zone, c.vnodes, c.down_after) == (
+        "from-file",
+        1,
+        "flag",
+        64,
+        9.0,
+    )
     assert c.seeds == ["e:1", "e:2"] and c.suspect_after == 2.0  # env list; a default
     assert got.sources["zone"] == "--zone"
     assert got.sources["replicas"] == "STATESTORE_REPLICAS"
@@ -121,7 +128,9 @@ def test_flag_beats_environment_beats_file_beats_default(tmp_path: Path) -> None
     assert settings([], {"STATESTORE_CONFIG": path}).config.data_dir == "from-file"
     other = tmp_path / "other.toml"
     other.write_text('data-dir = "other"\n')
-    assert settings(["--config", str(other)], {"STATESTORE_CONFIG": path}).config.data_dir == "other"
+    assert (
+        settings(["--config", str(other)], {"STATESTORE_CONFIG": path}).config.data_dir == "other"
+    )
 
 
 def test_booleans_in_all_three_sources(tmp_path: Path) -> None:
@@ -216,7 +225,7 @@ def test_each_kind_of_bad_value_is_refused_wherever_it_comes_from(tmp_path: Path
     for var, (value, message) in bad_env.items():
         with pytest.raises(SettingError, match=re.escape(message)):
             settings(["--data-dir", "d"], {var: value})
-    with pytest.raises(SettingError, match="--data-dir is required: .*STATESTORE_DATA_DIR"):
+    with pytest.raises(SettingError, match=r"--data-dir is required: .*STATESTORE_DATA_DIR"):
         settings([])
     with pytest.raises(SettingError, match="not valid TOML"):
         settings(["--config", toml(tmp_path, "data-dir = \n")])
@@ -319,40 +328,43 @@ def test_a_node_started_from_a_config_file_with_a_variable_overriding_it(tmp_pat
     path = toml(
         tmp_path,
         f'listen = "127.0.0.1:0"\ndata-dir = "{tmp_path / "data"}"\nreplicas = 1\n'
-        "vnodes = 16\nno-dht = true\nzone = \"file-zone\"\n",
+        'vnodes = 16\nno-dht = true\nzone = "file-zone"\n',
     )
-    env = clean_node_env(__import__("os").environ)
+    env = clean_node_env(os.environ)
     env["STATESTORE_VNODES"] = "24"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "statestore", "node", "--config", path],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=tmp_path,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        assert " listening on " in line, (line, proc.stderr.read() if proc.poll() else "")
-        address = line.split()[5]
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                ring = http_json(address, "/v1/ring", timeout=2.0)
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-        assert isinstance(ring, dict)
-        assert ring["replicas"] == 1 and ring["write_quorum"] == 1  # from the file
-        assert ring["vnodes"] == 24  # STATESTORE_VNODES over the file's 16
-        (member,) = ring["members"]
-        assert member["zone"] == "file-zone"
-        assert (tmp_path / "data" / "node.json").exists()
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    with (
+        open(tmp_path / "node.err", "wb") as err,
+        subprocess.Popen(
+            [sys.executable, "-m", "statestore", "node", "--config", path],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            cwd=tmp_path,
+        ) as proc,
+    ):
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode()
+            assert " listening on " in line, (line, (tmp_path / "node.err").read_text())
+            address = line.split()[5]
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    ring = http_json(address, "/v1/ring", timeout=2.0)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+            assert isinstance(ring, dict)
+            assert ring["replicas"] == 1 and ring["write_quorum"] == 1  # from the file
+            assert ring["vnodes"] == 24  # STATESTORE_VNODES over the file's 16
+            (member,) = ring["members"]
+            assert member["zone"] == "file-zone"
+            assert (tmp_path / "data" / "node.json").exists()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -662,8 +662,10 @@ def build_app(node: Node) -> web.Application:
         client_max_size=node.config.max_body,
         middlewares=[
             errors_middleware,
-            budget_middleware(lambda request: request.app[NODE].budget),
+            # authenticated first (from headers alone): a caller without credentials takes
+            # nothing of the budget, so it cannot make others wait (node/budget.py)
             auth_middleware,
+            budget_middleware(lambda request: request.app[NODE].budget),
             foreground_middleware,
         ],
     )

@@ -2,9 +2,11 @@
 
 Every other limit is per request (``--max-body``, ``--max-commit``); a node that takes many
 requests at once needs one for their sum, or two 256 MiB coordinator commits take it past
-1.7 GiB. Before a request's body is read, :func:`budget_middleware` takes its declared
-``Content-Length`` from the budget (a body without one takes ``--max-body``), and gives it back
-when the answer is sent. A coordinator commit holds more than its body while it is chunked
+1.7 GiB. Once a request is authenticated (from its headers: a caller without credentials
+takes nothing; a ring node's signed body is read and checked by the auth middleware first)
+and before its body is read, :func:`budget_middleware` takes its declared ``Content-Length``
+from the budget (a body without one takes ``--max-body``), and gives it back when the
+answer is sent. A coordinator commit holds more than its body while it is chunked
 (the rows decoded, the chunks built): it takes :data:`COMMIT_FACTOR` times its body, as the
 body arrives. A request that does not fit waits for room up to the node's body timeout, then
 gets 429 with a Retry-After; one larger than the whole budget gets 413 at once. Requests

@@ -29,7 +29,7 @@ import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from statestore.core.address import parse_address, parse_seeds
@@ -40,6 +40,7 @@ from statestore.node.config import NodeConfig
 __all__ = [
     "CONFIG_ENV",
     "ENV_PREFIX",
+    "HELP_EPILOG",
     "INTERNAL_FIELDS",
     "NOT_SETTINGS",
     "SETTINGS",
@@ -49,7 +50,10 @@ __all__ = [
     "add_node_arguments",
     "env_name",
     "node_env_names",
+    "read_config_file",
+    "read_environment",
     "resolve",
+    "show_default",
 ]
 
 ENV_PREFIX = "STATESTORE_"
@@ -146,7 +150,7 @@ def _text(text: str) -> str:
 
 
 def _log_level(text: str) -> str:
-    if text.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    if text.upper() not in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL"):
         raise _fail(text, "a log level (DEBUG, INFO, WARNING, ERROR or CRITICAL)")
     return text.upper()
 
@@ -887,8 +891,3 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Resolved:
     except ValueError as exc:
         raise SettingError(_annotate(str(exc), sources)) from exc
     return Resolved(config, str(values["log-level"]), values, sources)
-
-
-def config_fields() -> set[str]:
-    """NodeConfig's fields (for the test that every one is reachable or internal)."""
-    return {f.name for f in fields(NodeConfig)}

@@ -350,7 +350,8 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             )
             for _ in range(rng.randrange(1, 4))
         ]  # fmt: skip
-        r = Request(route, "POST", "/v1/sync/manifests", {}, {}, b"", batch, "msgpack")
+        q = {"handoff": "1"} if rng.random() < 0.3 else {}  # charged to quotas (hand-offs)
+        r = Request(route, "POST", "/v1/sync/manifests", q, {}, b"", batch, "msgpack")
     elif route == "read-copies":
         obj = {"manifests": [[store.path, v, "delta", rng.choice((0, 1, 2))]]}
         r = Request(route, "POST", "/v1/sync/manifests/read", {}, {}, b"", obj, j)
@@ -398,7 +399,10 @@ def _template(rng: random.Random, h: _Harness) -> Request:
         kids = (Hop(rng.choice((ADDRESS, "n1:7400", "127.0.0.1:7400")), (task,)),)
         hop = Hop(ADDRESS, (task,), kids if rng.random() < 0.5 else ())
         obj = msgpack.unpackb(encode_hop(store, hop, rng.random() < 0.5, 0, 128))
-        r = Request(route, "POST", "/v1/relay", {}, {}, b"", obj, "msgpack")
+        # the plan's store named in the URL (authorized before the body), or another's
+        named = rng.choice((None, store.path, _store(rng).path, "q\n/0/0/s"))
+        q = {} if named is None else {"store": named}
+        r = Request(route, "POST", "/v1/relay", q, {}, b"", obj, "msgpack")
     elif route == "metrics":
         r = Request(route, "GET", "/metrics", {}, {}, b"")
     elif route == "dashboard":
