@@ -1,5 +1,6 @@
-"""What range digests save a repair pass (issue 8, item 3): the same pass of the same node
-with digests and without, alternated round by round on one ring, as the data grows.
+"""What range digests save a repair pass (docs/operations.md, Range digests): the same pass of
+the same node with digests and without, alternated round by round on one ring, as the data
+grows.
 
 Three in-process nodes (real HTTP on loopback, in-memory storage, R = 3 so each holds every
 item) are filled with ``--items`` chunks (and a manifest per 100), at each size given. Per

@@ -1,5 +1,5 @@
 """Elastic ring benchmark: a node joins a loaded 3-node ring, then one node is decommissioned,
-under a steady foreground load of commits and restores (docs/benchmarks.md, issue 8).
+under a steady foreground load of commits and restores (docs/benchmarks.md, Elastic ring).
 
 ``--rounds`` times (default 3): a baseline window, a join, a baseline window, a
 decommission (a different old member each round, stopped once it left). Reported, measured

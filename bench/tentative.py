@@ -1,4 +1,4 @@
-"""Tentative commits under a real partition (issue 11; docs/reliability.md, "Tentative commits").
+"""Tentative commits under a real partition (docs/reliability.md, "Tentative commits").
 
 Usage (root: network namespaces and iptables, tests/partition/netns.py)::
 

@@ -225,9 +225,9 @@ class AsyncRingClient:
         """The view for the part of a call that runs within its delay bound (hints, a read of
         what answers): the one at hand, not refreshed first when an answer carried a newer
         epoch. A refresh asks the members the view names one at a time, each for up to 3 s,
-        so a paused one asked first ate a 0.3 s bound whole (issue 36, #19); a stale view's
-        owners and stand-ins still take hints, which the hand-off routes to the owners of the
-        day. The next call refreshes as usual (:meth:`view`)."""
+        so a paused one asked first ate a 0.3 s bound whole (docs/reliability.md, What the runs
+        found); a stale view's owners and stand-ins still take hints, which the hand-off routes
+        to the owners of the day. The next call refreshes as usual (:meth:`view`)."""
         if self._view is None:
             return await self.view()
         return self._view

@@ -1,5 +1,6 @@
-"""A hostile client on the same network (issue 10): every attack gets a 4xx naming the
-problem, and nothing the ring holds changes. Real nodes on loopback port 0."""
+"""A hostile client on the same network: every attack gets a 4xx naming the problem, and
+nothing the ring holds changes (docs/security.md, Hardened endpoints). Real nodes on loopback
+port 0."""
 
 from __future__ import annotations
 

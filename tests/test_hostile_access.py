@@ -1,4 +1,4 @@
-"""Access policy against a hostile client or process (issue 36, findings 7, 8 and 9), on real
+"""Access policy against a hostile client or process, on real
 nodes on loopback port 0 (docs/security.md, Trust model):
 
 - 7: tokens need the cluster secret, even on the first node of a ring, so a process that

@@ -1,4 +1,4 @@
-"""No answer from a seed or a peer believed without proof (issue 36), on real node processes.
+"""No answer from a seed or a peer believed without proof, on real node processes.
 
 With the cluster secret on, a node asks every peer to prove its answer (docs/security.md,
 "Proven answers"): the node's transport refuses an answer, or a refusal that states a fact

@@ -1,4 +1,5 @@
-"""Issue 36, the findings that lost or resurrected data, on real nodes (in-process, port 0):
+"""The second hostile review's findings that lost or resurrected data (docs/security.md), on
+real nodes (in-process, port 0):
 
 - 1: a drop's purge stops batched manifest copies (``POST /v1/sync/manifests``) as it stops a
   single ``?copy=1``, and repair never pushes a manifest to a target whose push of one of its

@@ -1,4 +1,4 @@
-"""Hostile review, second round (issue 36), the hints' findings, on real nodes (port 0):
+"""Hostile review, second round (docs/security.md), the hints' findings, on real nodes (port 0):
 
 - #4: a leftover hint of a failed attempt, handed off after its writer retried with other
   content, never installs its content beside the acknowledged one; and a replica left

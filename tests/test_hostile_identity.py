@@ -1,4 +1,4 @@
-"""Node identity under attack (issue 36, findings 2, 3 and 12), on real node processes.
+"""Node identity under attack (docs/security.md, Node identity), on real node processes.
 
 - A fake seed's unsigned ``GET /v1/tombstones`` answer purges nothing: with the cluster
   secret on, a node believes a peer's answer only when it is signed for its request.

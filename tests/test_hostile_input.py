@@ -1,4 +1,4 @@
-"""Hostile input, second round (issue 36): findings 5, 11, 13 and 17, each against real nodes
+"""Hostile input, second round (docs/security.md, Hardened endpoints), each against real nodes
 on loopback port 0 (the ring:// file system through the Java provider's own classes).
 
 - 11: a name, number or chunk name ending in a newline is refused (``$`` matched before it).

@@ -1,5 +1,6 @@
-"""Load-aware balancing (issue 8, item 4): token counts per member, the BPM planner, and
-``statestore rebalance`` moving tokens through the hand-over on real node processes.
+"""Load-aware balancing (docs/operations.md, Load-aware rebalancing): token counts per member,
+the BPM planner, and ``statestore rebalance`` moving tokens through the hand-over on real node
+processes.
 
 The pure parts are checked from tables and random rings; the end-to-end test skews a loaded
 5-node ring (one node takes four times the tokens of the others through

@@ -1,7 +1,7 @@
-"""Node settings written once (issue 39, part 4): one table (statestore/node/settings.py) makes
-the ``statestore node`` flags, the TOML config file's keys and the ``STATESTORE_*`` variables;
-precedence flag > environment > file > default; a bad value names the setting and its source;
-the CLI reference in the docs is generated from the parser.
+"""Node settings written once (docs/operations.md, Configuration): one table
+(statestore/node/settings.py) makes the ``statestore node`` flags, the TOML config file's keys and
+the ``STATESTORE_*`` variables; precedence flag > environment > file > default; a bad value names
+the setting and its source; the CLI reference in the docs is generated from the parser.
 
 Every test here fails on the code before the table: ``statestore.node.settings``,
 ``statestore.cli.reference``, ``--config``, the variables and docs/cli.md did not exist.

@@ -197,12 +197,12 @@ def test_a_writer_whose_view_predates_the_pause_is_tentative_within_its_bound(
     ring: LocalRing,
 ) -> None:
     """A writer connected before two of the three replicas were paused, and which has not
-    talked to the ring since, commits within a short bound after the pause moved the ring's
-    epoch (the paused nodes declared down). The commit's first answers carry the new epoch,
-    so its view is stale; the hints used to refresh the view first, asking the members it
-    names one at a time for up to 3 s each, and a paused one asked first ate the whole bound:
-    DelayBoundExceeded with a reachable node that could take the hint (issue 36, #19: once
-    in four runs, as the node ids fell). The hints now go out on the view at hand."""
+    talked to the ring since, commits within a short bound after the pause moved the ring's epoch
+    (the paused nodes declared down). The commit's first answers carry the new epoch, so its view is
+    stale; the hints used to refresh the view first, asking the members it names one at a time for
+    up to 3 s each, and a paused one asked first ate the whole bound: DelayBoundExceeded with a
+    reachable node that could take the hint (docs/reliability.md, What the runs found: once in four
+    runs, as the node ids fell). The hints now go out on the view at hand."""
     sid = StoreId("tent", 0, 4)
     bound = 0.5
     with RingClient(ring.seeds, timeout=BOUND) as w:

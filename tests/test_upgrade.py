@@ -1,4 +1,5 @@
-"""Rolling upgrade from the previous release to this build (issue 39, part 2), real processes.
+"""Rolling upgrade from the previous release to this build, real processes (docs/operations.md,
+Versions and upgrades).
 
 The previous release (tag ``v0.1.0``, or its commit for a clone without tags) is built from the
 git history into its own venv, cached outside the project tree under

@@ -12,37 +12,69 @@ that serves TLS, nodes are verified against ``--tls-ca`` or ``STATESTORE_TLS_CA`
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from statestore.cli.command import Subparsers, add_client_tls, add_seeds
+from statestore.cli.http import token_headers
 from statestore.core.errors import NodeUnavailable, StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.inventory import inspect_store, merge_listings, summaries_json
 from statestore.core.view import RingView
-from statestore.net.http import HttpTransport
 from statestore.net.tls import client_context, tls_ca_file
 
-__all__ = ["drop_query", "inspect", "list_stores", "token_headers"]
+__all__ = ["add_parser", "drop_query", "inspect", "list_stores"]
 
 
-def token_headers() -> dict[str, str]:
-    """``Authorization`` from ``STATESTORE_TOKEN`` or ``STATESTORE_TOKEN_FILE`` (or none)."""
-    token = os.environ.get("STATESTORE_TOKEN", "").strip()
-    path = os.environ.get("STATESTORE_TOKEN_FILE", "")
-    if not token and path:
-        with open(path) as f:
-            token = f.read().strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def add_parser(sub: Subparsers) -> None:
+    st = sub.add_parser("stores", help="stores on the ring (admin)")
+    st_sub = st.add_subparsers(dest="stores_command", required=True)
+    ls = st_sub.add_parser("ls", help="every store with its head and versions count")
+    add_seeds(ls)
+    ls.add_argument("--query", default=None, help="only this query's stores")
+    ls.add_argument("--json", action="store_true")
+    add_client_tls(ls)
+    ls.set_defaults(run=_run_ls)
+
+    ins = sub.add_parser(
+        "inspect", help="one store: versions, chain, sizes, replicas and their copies"
+    )
+    add_seeds(ins)
+    ins.add_argument("--store", required=True, metavar="QUERY/OPERATOR/PARTITION/NAME")
+    ins.add_argument("--json", action="store_true")
+    add_client_tls(ins)
+    ins.set_defaults(run=_run_inspect)
+
+    dr = sub.add_parser("drop", help="remove every store of a finished query everywhere")
+    add_seeds(dr)
+    dr.add_argument("--query", required=True)
+    dr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_client_tls(dr)
+    dr.set_defaults(run=_run_drop)
+
+
+def _run_ls(args: argparse.Namespace) -> int:
+    return list_stores(args.seeds, args.query, args.json, tls_ca=args.tls_ca)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    return inspect(args.seeds, args.store, args.json, tls_ca=args.tls_ca)
+
+
+def _run_drop(args: argparse.Namespace) -> int:
+    return drop_query(args.seeds, args.query, args.yes, tls_ca=args.tls_ca)
 
 
 class Admin:
     """One HTTP transport and the ring's view, for one command."""
 
     def __init__(self, seeds: Sequence[str], tls_ca: str | None = None) -> None:
+        from statestore.net.http import HttpTransport  # aiohttp: only when a command runs
+
         self.seeds = list(seeds)
         ca = tls_ca_file(tls_ca)
         self.transport = HttpTransport(timeout=10.0, tls=client_context(ca) if ca else None)

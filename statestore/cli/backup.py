@@ -29,6 +29,7 @@ token: a backup needs ``read`` on the query, a restore ``write`` on the target q
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import os
@@ -40,7 +41,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from statestore.cli.admin import token_headers
+from statestore.cli.command import Subparsers, add_client_tls, add_seeds, positive
+from statestore.cli.http import token_headers
 from statestore.core.chunk import EncodedChunk, verify
 from statestore.core.errors import (
     CorruptChunk,
@@ -54,7 +56,6 @@ from statestore.core.formats import VERSION
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
 from statestore.core.view import RingView
-from statestore.net.http import HttpTransport
 from statestore.net.reads import ReadStats, fetch_chunk, read_chains, read_versions
 from statestore.net.tls import client_context, tls_ca_file
 from statestore.net.writes import write_commit
@@ -77,17 +78,64 @@ from statestore.wire.backup import (
 )
 from statestore.wire.manifest import decode_manifest, encode_manifest
 
-__all__ = ["backup", "restore_backup", "verify_backup"]
+__all__ = ["add_parser", "backup", "restore_backup", "verify_backup"]
 
 T = TypeVar("T")
 PARTIAL = ".partial-backup"
 BATCH = 200  # (store, version) pairs per batched chain read
 
 
+def add_parser(sub: Subparsers) -> None:
+    bk = sub.add_parser(
+        "backup",
+        help="write a checksummed backup of every store of a query to a new directory",
+    )
+    add_seeds(bk)
+    bk.add_argument("--query", required=True)
+    bk.add_argument("--out", required=True, metavar="DIR", help="a new (or empty) directory")
+    bk.add_argument(
+        "--version-at",
+        type=positive,
+        default=None,
+        metavar="V",
+        help="one point in time: for each store its latest version <= V (a store version "
+        "number, as commits count them; Spark: batch id + 1); default every retained version",
+    )
+    add_client_tls(bk)
+    bk.set_defaults(run=_run_backup)
+
+    rbk = sub.add_parser(
+        "restore-backup",
+        help="verify a backup, then load it into a ring (nothing loaded if it is not whole)",
+    )
+    add_seeds(rbk)
+    rbk.add_argument("--from", dest="source", required=True, metavar="DIR")
+    rbk.add_argument("--as", dest="as_query", default=None, metavar="Q2", help="another query name")
+    rbk.add_argument(
+        "--force",
+        action="store_true",
+        help="load even when the target query holds stores (not dropped on failure then)",
+    )
+    add_client_tls(rbk)
+    rbk.set_defaults(run=_run_restore_backup)
+
+
+def _run_backup(args: argparse.Namespace) -> int:
+    return backup(args.seeds, args.query, args.out, version_at=args.version_at, tls_ca=args.tls_ca)
+
+
+def _run_restore_backup(args: argparse.Namespace) -> int:
+    return restore_backup(
+        args.seeds, args.source, as_query=args.as_query, force=args.force, tls_ca=args.tls_ca
+    )
+
+
 class _Ring:
     """One transport (bearer token, TLS) and the ring's view, refreshed on a newer epoch."""
 
     def __init__(self, seeds: Sequence[str], tls_ca: str | None) -> None:
+        from statestore.net.http import HttpTransport  # aiohttp: only when a command runs
+
         self.seeds = list(seeds)
         ca = tls_ca_file(tls_ca)
         headers = token_headers()

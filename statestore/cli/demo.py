@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import argparse
 import random
+import tempfile
 import time
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
+from statestore.cli.command import Subparsers
 from statestore.cli.local import LocalRing
 
-__all__ = ["run_demo"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["add_parser", "run", "run_demo"]
+
+
+def add_parser(sub: Subparsers) -> None:
+    d = sub.add_parser(
+        "demo", help="local 3-node ring: commit, kill -9 a node, restore; then the Spark demo"
+    )
+    d.add_argument("--no-spark", action="store_true", help="skip the Spark streaming part")
+    d.add_argument("--data-dir", default=None)
+    d.add_argument("--base-port", type=int, default=0)
+    d.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir or tempfile.mkdtemp(prefix="statestore-demo-")
+    return run_demo(data_dir, args.base_port, spark=not args.no_spark)
 
 
 def _spark_demo(ring: LocalRing, console: Console) -> int:
@@ -25,6 +44,9 @@ def _spark_demo(ring: LocalRing, console: Console) -> int:
 
 
 def run_demo(data_dir: str, base_port: int = 0, *, spark: bool = True) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     from client import RingClient, StoreId
 
     console = Console()

@@ -9,71 +9,53 @@ early (Ctrl-C, ``--timeout``) does not stop it; running the command again follow
 
 from __future__ import annotations
 
-import json
-import sys
+import argparse
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from statestore.cli.admin import token_headers
-from statestore.core.address import node_url
-from statestore.net.tls import client_context, tls_ca_file
+from statestore.cli.command import (
+    Subparsers,
+    add_client_tls,
+    add_seeds,
+    failer,
+    positive_float,
+)
+from statestore.cli.http import first_view, request_json
+from statestore.core.errors import StateStoreError
 
 __all__ = [
+    "add_parser",
     "decommission",
     "describe_move",
-    "failer",
     "follow_move",
     "member_moves",
-    "request_json",
-    "ring_view",
+    "run",
 ]
 
 MOVING = ("joining", "leaving")
+SILENT = 30.0  # seconds a moving node may not answer before the command gives up
 
 
-def request_json(
-    address: str,
-    path: str,
-    body: object = None,
-    timeout: float = 5.0,
-    tls_ca: str | None = None,
-) -> Any:
-    """GET (or POST ``body`` as JSON) and decode the answer, over HTTPS verified against
-    ``tls_ca`` (default ``STATESTORE_TLS_CA``) when one is given; an HTTP error's JSON body
-    is raised as RuntimeError with the node's message."""
-    ca = tls_ca_file(tls_ca)
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        node_url(address, path, tls=ca is not None),
-        data=data,
-        method="GET" if body is None else "POST",
-        headers={"Content-Type": "application/json", **token_headers()},
+def add_parser(sub: Subparsers) -> None:
+    dc = sub.add_parser(
+        "decommission",
+        help="hand a node's copies to their next owners, then take it out of the ring",
     )
-    try:
-        context = client_context(ca) if ca else None
-        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read())["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = str(exc)
-        raise RuntimeError(message) from exc
+    add_seeds(dc)
+    dc.add_argument("--node", required=True, metavar="ID", help="node id (or its address)")
+    dc.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600.0,
+        help="seconds to wait (the node keeps going after)",
+    )
+    add_client_tls(dc)
+    dc.set_defaults(run=run)
 
 
-def ring_view(seeds: Sequence[str], tls_ca: str | None) -> dict[str, Any]:
-    errors = []
-    for seed in seeds:
-        try:
-            view = request_json(seed, "/v1/ring", timeout=3.0, tls_ca=tls_ca)
-            if isinstance(view, dict):
-                return view
-        except (OSError, RuntimeError, ValueError) as exc:
-            errors.append(f"{seed}: {exc}")
-    raise RuntimeError("no seed answered (" + "; ".join(errors) + "); check --seeds")
+def run(args: argparse.Namespace) -> int:
+    return decommission(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca)
 
 
 def member_moves(
@@ -86,7 +68,7 @@ def member_moves(
         if (m.get("state") in MOVING or m.get("next_vnodes")) and m.get("status") != "down":
             try:
                 answer = request_json(m["address"], "/v1/handover", timeout=timeout, tls_ca=tls_ca)
-            except (OSError, RuntimeError, ValueError):
+            except StateStoreError:
                 continue
             if isinstance(answer, dict) and answer.get("move"):
                 out[m["id"]] = answer["move"]
@@ -140,10 +122,10 @@ def follow_move(
             try:
                 answer = request_json(address, "/v1/handover", timeout=5.0, tls_ca=tls_ca)
                 silent_since = None
-            except (OSError, RuntimeError, ValueError) as exc:
+            except StateStoreError as exc:  # not answering now: a restart, a busy node
                 now = time.monotonic()
                 silent_since = silent_since or now
-                if now - silent_since > 30.0:
+                if now - silent_since > SILENT:
                     return (
                         f"node {node_id} stopped answering mid-{kind} ({exc}): restart it "
                         f"and run the command again to finish the hand-over",
@@ -180,16 +162,6 @@ def follow_move(
             time.sleep(poll)
 
 
-def failer(command: str) -> Callable[[str], int]:
-    """``fail(why)``: print ``statestore <command>: why`` on stderr and return exit code 1."""
-
-    def fail(why: str) -> int:
-        print(f"statestore {command}: {why}", file=sys.stderr)
-        return 1
-
-    return fail
-
-
 def decommission(
     seeds: Sequence[str],
     node: str,
@@ -197,16 +169,14 @@ def decommission(
     poll: float = 0.5,
     tls_ca: str | None = None,
 ) -> int:
-    """Run ``statestore decommission``; returns the exit code (0: the node left)."""
+    """Run ``statestore decommission``; returns the exit code (0: the node left). Raises
+    from the error tree when no seed answers or the node refuses to leave."""
     from rich.console import Console
 
     console = Console(stderr=True)
     fail = failer("decommission")
 
-    try:
-        view = ring_view(seeds, tls_ca)
-    except RuntimeError as exc:
-        return fail(str(exc))
+    _, view = first_view(seeds, tls_ca)
     member = _find(view, node)
     if member is None:
         ids = ", ".join(m["id"] for m in view.get("members", []))
@@ -220,10 +190,7 @@ def decommission(
             "over (repair re-makes the copies of a dead node on its own)"
         )
     address = member["address"]
-    try:
-        request_json(address, "/v1/handover/leave", body={}, timeout=10.0, tls_ca=tls_ca)
-    except (OSError, RuntimeError) as exc:
-        return fail(str(exc))
+    request_json(address, "/v1/handover/leave", body={}, timeout=10.0, tls_ca=tls_ca)
     why, last = follow_move(
         member["id"],
         address,

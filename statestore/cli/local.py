@@ -6,23 +6,22 @@ on a given or OS-chosen port; its first stdout line announces the address it bou
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statestore.core.address import node_url
-from statestore.net.tls import client_context, tls_ca_file
+from statestore.cli.command import Subparsers, positive
+from statestore.cli.http import open_node
 from statestore.node.settings import node_env_names
 
-__all__ = ["LocalRing", "NodeProcess", "clean_node_env", "http_json"]
+__all__ = ["LocalRing", "NodeProcess", "add_parser", "clean_node_env", "http_json", "run"]
 
 
 def http_json(
@@ -33,19 +32,14 @@ def http_json(
     tls_ca: str | None = None,
     token: str | None = None,
 ) -> object:
-    """GET a node's JSON answer, with ``token`` (default ``STATESTORE_TOKEN``) if set, over
-    HTTPS verified against ``tls_ca`` (default ``STATESTORE_TLS_CA``) when one is given.
+    """GET a node's JSON answer (cli/http.py's request, with ``token`` or the environment's,
+    over HTTPS verified against ``tls_ca`` or ``STATESTORE_TLS_CA`` when one is given).
 
-    Raises OSError (``urllib.error.URLError``) when the node cannot be reached or verified.
+    For the harness and its tests, which read statuses: raises urllib's errors (an
+    ``HTTPError`` for an error answer, another OSError when the node cannot be reached or
+    verified), not the error tree's (the operator commands use ``request_json``).
     """
-    ca = tls_ca_file(tls_ca)
-    req = urllib.request.Request(node_url(address, path, tls=ca is not None))
-    token = token or os.environ.get("STATESTORE_TOKEN")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    context = client_context(ca) if ca else None
-    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
-        return json.loads(resp.read())
+    return json.loads(open_node(address, path, timeout=timeout, tls_ca=tls_ca, token=token))
 
 
 def clean_node_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -204,7 +198,7 @@ class LocalRing:
                 last = (counts, epochs)
                 if all(c == up for c in counts) and len(epochs) == 1:
                     return
-            except (OSError, urllib.error.URLError, ValueError) as exc:
+            except (OSError, ValueError) as exc:  # not up yet, or not answering JSON yet
                 last = exc
             time.sleep(0.2)
         raise TimeoutError(f"ring did not settle on {up} up members: {last}")
@@ -212,3 +206,33 @@ class LocalRing:
     def stop(self) -> None:
         for p in self.procs:
             p.stop()
+
+
+def add_parser(sub: Subparsers) -> None:
+    loc = sub.add_parser("local", help="run N nodes on loopback until Ctrl-C")
+    loc.add_argument("--nodes", type=positive, default=3)
+    loc.add_argument("--base-port", type=int, default=7400)
+    loc.add_argument("--data-dir", default="data/local")
+    loc.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``statestore local``: the ring up until Ctrl-C (or SIGTERM), then stopped."""
+    ring = LocalRing(os.path.abspath(args.data_dir), args.nodes, args.base_port)
+    stop = {"now": False}
+
+    def handler(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        ring.start()
+        print(f"local ring of {args.nodes} nodes up; seeds: {','.join(ring.seeds)}", flush=True)
+        print("Ctrl-C stops them.", flush=True)
+        while not stop["now"]:
+            time.sleep(0.2)
+    finally:
+        ring.stop()
+        print("local ring stopped", flush=True)
+    return 0

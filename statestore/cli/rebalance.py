@@ -10,18 +10,69 @@ fails. The moves run on the nodes (node/rebalance.py): stopping the command stop
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from statestore.cli.elastic import failer, follow_move, request_json, ring_view
+from statestore.cli.command import (
+    Subparsers,
+    add_client_tls,
+    add_seeds,
+    failer,
+    positive_float,
+)
+from statestore.cli.elastic import follow_move
+from statestore.cli.http import first_view, request_json
 from statestore.core.balance import NodeLoad, Plan, plan
-from statestore.core.errors import MalformedData
+from statestore.core.errors import MalformedData, StateStoreError
 from statestore.core.view import RingView
 
-__all__ = ["rebalance"]
+__all__ = ["add_parser", "rebalance", "run"]
+
+
+def add_parser(sub: Subparsers) -> None:
+    rb = sub.add_parser(
+        "rebalance",
+        help="move virtual-node tokens from the most to the least loaded nodes (BPM)",
+    )
+    add_seeds(rb)
+    rb.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
+    rb.add_argument(
+        "--metric",
+        choices=("bytes", "requests", "served"),
+        default="bytes",
+        help="the load to even out: bytes held (default), requests or bytes served per second",
+    )
+    rb.add_argument(
+        "--bound",
+        type=positive_float,
+        default=1.15,
+        help="max/mean load to reach (default 1.15)",
+    )
+    rb.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600.0,
+        help="seconds to wait for each node's move (it keeps going after)",
+    )
+    rb.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_client_tls(rb)
+    rb.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return rebalance(
+        args.seeds,
+        dry_run=args.dry_run,
+        metric=args.metric,
+        bound=args.bound,
+        timeout=args.timeout,
+        as_json=args.json,
+        tls_ca=args.tls_ca,
+    )
 
 
 def _unit(metric: str, value: float) -> str:
@@ -99,7 +150,7 @@ def _wait_still(address: str, timeout: float, poll: float, tls_ca: str | None) -
     while time.monotonic() < deadline:
         try:
             why = _blocker(request_json(address, "/v1/ring", timeout=5.0, tls_ca=tls_ca))
-        except (OSError, RuntimeError, ValueError) as exc:
+        except StateStoreError as exc:  # not answering now: asked again until the deadline
             why = str(exc)
         if why is None:
             return None
@@ -118,16 +169,14 @@ def rebalance(
     tls_ca: str | None = None,
     poll: float = 0.5,
 ) -> int:
-    """Run ``statestore rebalance``; returns the exit code (module docstring)."""
+    """Run ``statestore rebalance``; returns the exit code (module docstring). Raises
+    NodeUnavailable when no seed answers."""
     from rich.console import Console
 
     console = Console(stderr=True)
     fail = failer("rebalance")
 
-    try:
-        view = ring_view(seeds, tls_ca)
-    except RuntimeError as exc:
-        return fail(str(exc))
+    _, view = first_view(seeds, tls_ca)
     why = _blocker(view)
     if why is not None:
         return fail(why)
@@ -142,7 +191,7 @@ def rebalance(
         try:
             a = request_json(m["address"], "/v1/load", timeout=5.0, tls_ca=tls_ca)
             loads.append(NodeLoad.from_report(a))
-        except (OSError, RuntimeError, ValueError) as exc:
+        except (StateStoreError, ValueError) as exc:  # ValueError: a malformed load report
             return fail(f"node {m['id']} at {m['address']} gave no load report: {exc}")
     try:
         p = plan(loads, int(view["replicas"]), metric, bound)
@@ -173,7 +222,7 @@ def rebalance(
                 timeout=10.0,
                 tls_ca=tls_ca,
             )
-        except (OSError, RuntimeError) as exc:
+        except StateStoreError as exc:
             return fail(f"node {node} did not start its move: {exc}")
         if answer.get("move") is None:
             continue

@@ -11,15 +11,46 @@ with the reason otherwise. The removal runs on the node: stopping the command st
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from statestore.cli.elastic import failer, request_json, ring_view
+from statestore.cli.command import (
+    Subparsers,
+    add_client_tls,
+    add_seeds,
+    failer,
+    positive_float,
+)
+from statestore.cli.http import first_view, request_json
+from statestore.core.errors import StateStoreError
 
-__all__ = ["removenode"]
+__all__ = ["add_parser", "removenode", "run"]
 
 SILENT = 30.0  # seconds the remover may not answer before the command gives up
+
+
+def add_parser(sub: Subparsers) -> None:
+    rn = sub.add_parser(
+        "removenode",
+        help="remove a dead (down) node for good: re-make its share from the surviving "
+        "copies, then drop it from the ring",
+    )
+    add_seeds(rn)
+    rn.add_argument("--node", required=True, metavar="ID", help="the dead node's id (or address)")
+    rn.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600.0,
+        help="seconds to wait (the removal keeps going after)",
+    )
+    add_client_tls(rn)
+    rn.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return removenode(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca)
 
 
 def _find(view: dict[str, Any], node: str) -> dict[str, Any] | None:
@@ -39,18 +70,6 @@ def _remover(view: dict[str, Any], seed: str, target: str) -> str:
     return seed
 
 
-def _first_seed(seeds: Sequence[str], tls_ca: str | None) -> tuple[str, dict[str, Any]]:
-    """The first seed that answers, and its view."""
-    errors = []
-    for seed in seeds:
-        try:
-            view = ring_view([seed], tls_ca)
-            return seed, view
-        except RuntimeError as exc:
-            errors.append(str(exc))
-    raise RuntimeError("; ".join(errors))
-
-
 def removenode(
     seeds: Sequence[str],
     node: str,
@@ -58,16 +77,14 @@ def removenode(
     poll: float = 0.5,
     tls_ca: str | None = None,
 ) -> int:
-    """Run ``statestore removenode``; returns the exit code (0: the node is removed)."""
+    """Run ``statestore removenode``; returns the exit code (0: the node is removed). Raises
+    from the error tree when no seed answers or the remover refuses (its reason)."""
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
     fail = failer("removenode")
-    try:
-        seed, view = _first_seed(seeds, tls_ca)
-    except RuntimeError as exc:
-        return fail(str(exc))
+    seed, view = first_view(seeds, tls_ca)
     member = _find(view, node)
     removal = (view.get("removals") or {}).get(node)
     if member is None and removal and removal.get("mark") == "removed":
@@ -88,12 +105,9 @@ def removenode(
     if member.get("state") == "left":
         return fail(f"node {target} left the ring already (decommissioned): nothing to remove")
     address = _remover(view, seed, target)
-    try:
-        started = request_json(
-            address, "/v1/handover/remove", body={"node": target}, timeout=30.0, tls_ca=tls_ca
-        )
-    except (OSError, RuntimeError, ValueError) as exc:
-        return fail(str(exc))
+    started = request_json(
+        address, "/v1/handover/remove", body={"node": target}, timeout=30.0, tls_ca=tls_ca
+    )
     remover = str(started.get("id", address)) if isinstance(started, dict) else address
     deadline = time.monotonic() + timeout
     silent_since: float | None = None
@@ -110,7 +124,7 @@ def removenode(
             try:
                 answer = request_json(address, "/v1/handover/remove", timeout=5.0, tls_ca=tls_ca)
                 silent_since = None
-            except (OSError, RuntimeError, ValueError) as exc:
+            except StateStoreError as exc:  # not answering now: a restart, a busy node
                 now = time.monotonic()
                 silent_since = silent_since or now
                 if now - silent_since > SILENT:

@@ -4,15 +4,62 @@ line when done). The work is ``spark_connector.repartition``."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
 from collections.abc import Sequence
 
-from spark_connector import SparkConnectorError, configure, repartition
+from statestore.cli.command import Subparsers, add_client_tls, positive, seeds
+
+__all__ = ["add_parser", "repartition_query", "run"]
 
 
-def run(
+def add_parser(sub: Subparsers) -> None:
+    sr = sub.add_parser(
+        "spark-repartition",
+        help="change a stopped ring-backed Spark query's number of state partitions",
+    )
+    sr.add_argument(
+        "--seeds",
+        type=seeds,
+        default=os.environ.get("STATESTORE_SEEDS") or "127.0.0.1:7400",
+        metavar="HOST:PORT,...",
+        help="the ring the query's state is on (default: $STATESTORE_SEEDS, else "
+        "127.0.0.1:7400, where statestore local starts)",
+    )
+    sr.add_argument("--checkpoint", required=True, help="the query's checkpointLocation")
+    sr.add_argument("--partitions", type=positive, required=True, help="the new partition count")
+    sr.add_argument(
+        "--skip-failed-batch",
+        action="store_true",
+        help="go on when the last batch did not commit (its input is read again)",
+    )
+    sr.add_argument("--threads", type=positive, default=4, help="partitions moved at once (1-64)")
+    sr.add_argument("--token-file", default=None, help="the ring's client token, in a file")
+    sr.add_argument(
+        "--driver-memory",
+        default="2g",
+        help="the local Spark driver's heap (it holds one store's rows at a time; default 2g)",
+    )
+    add_client_tls(sr)
+    sr.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return repartition_query(
+        args.seeds,
+        args.checkpoint,
+        args.partitions,
+        skip_failed_batch=args.skip_failed_batch,
+        threads=args.threads,
+        token_file=args.token_file,
+        tls_ca=args.tls_ca,
+        driver_memory=args.driver_memory,
+    )
+
+
+def repartition_query(
     seeds: Sequence[str],
     checkpoint: str,
     partitions: int,
@@ -39,6 +86,8 @@ def run(
         return 2
     from pyspark.sql import SparkSession
     from rich.progress import Progress
+
+    from spark_connector import SparkConnectorError, configure, repartition
 
     spark = None
     try:

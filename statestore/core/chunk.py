@@ -40,7 +40,8 @@ DEFAULT_KEY_GROUPS = 128
 DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
 MAX_CHUNK_RAW = 256 * 1024 * 1024
 # Rows per chunk, on both sides: a 268-byte frame of msgpack nils would otherwise decode to
-# hundreds of millions of Python objects (issue 10); the encoder cuts chunks at this count.
+# hundreds of millions of Python objects (docs/security.md, Hardened endpoints); the encoder
+# cuts chunks at this count.
 MAX_CHUNK_ROWS = 1 << 20
 _FORMAT = b"\x01"
 _ROW_OVERHEAD = 10

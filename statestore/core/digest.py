@@ -12,7 +12,7 @@ the messages grow with the ring's ranges and with what differs; each side still 
 own item names once per exchange (a key scan, no values but the manifests' epochs).
 
 A digest is the count and the XOR of 128-bit hashes of the item names (``c:<chunk key>``,
-``m:<store>/<version>/<kind>/<epoch>``, core/repair.py), seeded per exchange by the asker,
+``m:<store>/<version>/<kind>/<epoch>``, core/items.py), seeded per exchange by the asker,
 so names cannot be chosen to make two different sets collide. Equal digests mean the peer
 holds every item the asker holds in that range (it may hold more: a more and a fewer never
 match, and a difference only costs the listing it would have cost anyway).
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from statestore.core.items import placement_key
 from statestore.core.placement import item_token
 
 __all__ = [
@@ -60,9 +61,7 @@ class Digest:
 
 def token_of(item: str) -> int:
     """An item's ring token: a chunk's key, or a manifest's store path."""
-    if item.startswith("m:"):
-        return item_token(item[2:].rsplit("/", 3)[0])
-    return item_token(item[2:])
+    return item_token(placement_key(item))
 
 
 def item_hash(item: str, seed: int) -> int:

@@ -22,6 +22,7 @@
     ├── QuotaExceeded                a write that would take a query past its quota (HTTP 507)
     ├── CorruptChunk                 checksum mismatch or undecodable chunk
     │   └── DecompressionBomb        a zstd frame that would decompress past the limit
+    ├── Unsupported                  a peer predates a route this build calls (its 404)
     ├── Unavailable                  availability, not semantics: retrying may help
     │   ├── NodeUnavailable          a node did not answer
     │   │   └── TlsFailed            its TLS handshake or certificate did not verify
@@ -73,6 +74,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UnknownDiskFormat",
+    "Unsupported",
     "VersionConflict",
     "VersionNotFound",
     "error_from_code",
@@ -184,6 +186,16 @@ class CorruptChunk(StateStoreError):
 
 class DecompressionBomb(CorruptChunk):
     code = "decompression_bomb"
+
+
+class Unsupported(StateStoreError):
+    """A peer that predates a route this build calls: it answered 404 for the route itself.
+    Final for that peer, not an Unavailable: the caller falls back to the older way (the
+    batched manifest copies of node/copies.py to one copy at a time). Nodes raise it for
+    each other; it is never sent on the wire."""
+
+    code = "unsupported"
+    status = 404
 
 
 class Unavailable(StateStoreError):

@@ -2,7 +2,7 @@
 
 A chain is applied oldest first; within it a put replaces the key's value and a delete
 removes the key. Rows may also arrive tagged with their chain position (a tree hop's folded
-frames, DESIGN.md Recovery plans): then, per key, the row of the latest position wins, which
+frames, docs/design.md, Recovery plans): then, per key, the row of the latest position wins, which
 is the same rule applied out of order.
 """
 

@@ -22,7 +22,8 @@ round finds nothing missing, every source answered and every source already rout
 mover's new state; then ``verified``; the shell gossips the new state (``normal`` for a join,
 ``left`` for a leave) and the move is ``switched``. Old owners drop what they no longer own
 only afterwards, through repair, which keeps a copy until every owner confirmed it
-(``core/repair.decide``). DESIGN.md, Elasticity; the incremental migration paper's hand-over.
+(``core/repair.decide``). docs/design.md, "Moves are hand-overs with two rings"; the
+incremental migration paper's hand-over.
 """
 
 from __future__ import annotations

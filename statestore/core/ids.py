@@ -30,7 +30,7 @@ MAX_PART = 2**31 - 1
 MAX_VERSION = 2**62
 MAX_EPOCH = 2**63 - 1  # what a Java long holds: the Spark provider reads epochs too
 # Every pattern here is used with fullmatch: ``$`` would also match before a trailing newline,
-# so "q1\n" would pass as a name (issue 36, finding 11).
+# so "q1\n" would pass as a name (docs/security.md, Hardened endpoints).
 _UINT = re.compile(r"[0-9]{1,19}")  # ASCII digits only: int("²") would be a 500
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _CHUNK_NAME = re.compile(r"[ds][0-9]{1,6}-[0-9a-f]{16}")

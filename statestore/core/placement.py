@@ -6,7 +6,7 @@ a member given more tokens keeps the ones it had and takes the next ones, so a c
 moves only the ranges of the tokens added or removed). An item's token is
 ``xxh3_64(key)``; its replicas are the first ``R`` distinct physical nodes met walking the ring
 clockwise from that token. When nodes declare zones, the walk first takes nodes of zones not
-yet used and fills up from the rest only when there are fewer zones than ``R`` (DESIGN.md,
+yet used and fills up from the rest only when there are fewer zones than ``R`` (docs/design.md,
 Placement). ``preference`` continues the same walk over every node, which is the order in
 which a reader tries holders.
 """

@@ -2,7 +2,7 @@
 
 From the chain's chunks, the live holders of each, what is known of the links (throughput and
 latency measured from recent transfers) and the restorer's limits, build one of SR3's three
-shapes (DESIGN.md, Recovery plans; papers.md, SR3):
+shapes (docs/design.md, Recovery plans):
 
 - **star**: the restorer pulls every chunk from its assigned source, ``fan_in`` at a time;
 - **line**: the sources form a path; each hop streams what it receives plus its own chunks to

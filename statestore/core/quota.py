@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from statestore.core.errors import QuotaExceeded
 from statestore.core.ids import MAX_NAME_LEN
+from statestore.core.items import Prefix
 
 __all__ = [
     "COUNTED_PREFIXES",
@@ -47,8 +48,9 @@ __all__ = [
 ]
 
 MAX_QUOTA_BYTES = 2**62
-# storage keys whose values count against their query (node/replica.py's key layout)
-COUNTED_PREFIXES = (b"c:", b"m:", b"o:", b"n:")  # n: a tentative commit's hint
+# storage keys whose values count against their query (node/replica.py's key layout):
+# chunks, manifests, the replaced epochs kept beside them, tentative commits' hints
+COUNTED_PREFIXES = (Prefix.CHUNK, Prefix.MANIFEST, Prefix.REPLACED, Prefix.HINT)
 _NAME = re.compile(r"[A-Za-z0-9._-]*")  # fullmatch: "$" passes a trailing newline
 
 
@@ -127,7 +129,8 @@ def parse_quotas(raw: bytes) -> Quotas:
 
 
 def query_of_key(key: bytes) -> str | None:
-    """The query a counted storage key belongs to (None: a key that is not counted)."""
+    """The query a counted storage key belongs to (None: a key that is not counted). Every
+    prefix is two bytes (core/items.Prefix), the rest starts with a store path."""
     if key[:2] not in COUNTED_PREFIXES:
         return None
     query, sep, _ = key[2:].partition(b"/")

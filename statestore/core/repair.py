@@ -2,7 +2,7 @@
 
 When a node is lost, each lost copy is made by exactly one surviving holder, chosen by
 rendezvous hashing over the item's previous replicas that are still alive, so that the work
-spreads evenly and nobody needs to coordinate (DESIGN.md, Repair).
+spreads evenly and nobody needs to coordinate (docs/design.md, Repair).
 
 :func:`decide` is one repair pass of a node as a function of its inputs: the items it holds
 with their current and previous replicas, the live set, what each replica reported it lacks,
@@ -63,11 +63,12 @@ def _mine(key: str, previous: Sequence[str], live: Collection[str], me: str) -> 
 class Holding:
     """One item this node holds and where the ring puts it.
 
-    ``item`` names it (``c:<chunk key>`` or ``m:<store>/<version>/<kind>/<epoch>``); ``key`` is what
-    placement hashes (the chunk key, or the store path for a manifest); ``owners`` are its
-    replicas at the current epoch, ``previous`` its replicas on the ring that still counted
-    the down nodes; ``pending`` its pending owners while nodes join or leave (future owners
-    that do not own it yet, core/handover.py): a pending owner keeps its copy.
+    ``item`` is its name (``c:<chunk key>`` or ``m:<store>/<version>/<kind>/<epoch>``,
+    core/items.py; opaque here); ``key`` is what placement hashes (the chunk key, or the
+    store path for a manifest: the item's ``placement_key``); ``owners`` are its replicas at
+    the current epoch, ``previous`` its replicas on the ring that still counted the down
+    nodes; ``pending`` its pending owners while nodes join or leave (future owners that do
+    not own it yet, core/handover.py): a pending owner keeps its copy.
     """
 
     item: str

@@ -4,7 +4,7 @@ A line or tree plan streams the whole chain through one ``POST /v1/relay``; a st
 by ``run_many`` first reads its chunks in batched streams. Either can stop short: a hop dies
 and its parent reports it in an ``E`` frame, the stream is cut mid-way, a chunk arrives
 corrupt. The restorer then fetches only what is missing from the other replicas, the hops
-that failed last (DESIGN.md, Recovery plans). This module is that decision, over the events
+that failed last (docs/design.md, Recovery plans). This module is that decision, over the events
 the restorer saw; ``net/restorer.py`` performs it.
 
 The rules:

@@ -4,7 +4,7 @@ The leader of a store folds its delta chain into a snapshot once the head's chai
 ``snapshot_every`` deltas above the last snapshot, so a reader never fetches more than that
 many deltas. Retention keeps the last ``retain`` versions (Spark's minBatchesToRetain): the
 floor is the newest *usable* snapshot at or below the oldest kept version, so that every kept
-version stays restorable; everything below the floor is dropped (DESIGN.md, Compaction).
+version stays restorable; everything below the floor is dropped (docs/design.md, Compaction).
 When commits outran compaction and no snapshot lies close below the retention line, one is
 written at the oldest kept version and becomes the floor. ``node/compaction.py`` writes the
 snapshots and sends the floor.

@@ -3,7 +3,7 @@
 Two implementations carry the same calls: ``net/http.py`` (aiohttp over TCP, the real thing)
 and ``net/memory.py`` (in-process nodes, with seeded drops, delays, duplicates, partitions and
 stream cuts, for the simulator). Reads, writes, the restorer, the client and the node take a
-:class:`Transport` and never know which one they hold (STYLE.md, habit 6).
+:class:`Transport` and never know which one they hold (docs/design.md, Layers).
 
 Both map failures onto the error tree the same way: an unreachable node or a broken stream is
 ``NodeUnavailable``, a deadline is ``RequestTimeout``, and an error body

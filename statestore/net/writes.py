@@ -2,8 +2,8 @@
 
 Each chunk goes to its own R replicas (its key has its own token, so a store's chunks spread
 over the whole ring); the manifest goes to the store's R replicas last, so a manifest that
-any node holds only ever names chunks that were already acknowledged at W (DESIGN.md, Write
-path). A fencing refusal from any replica fails the commit with StaleEpoch.
+any node holds only ever names chunks that were already acknowledged at W (docs/design.md,
+Writes). A fencing refusal from any replica fails the commit with StaleEpoch.
 
 Once a chunk has W acknowledgements the commit goes on to the next step, and the chunk's
 replicas still writing get their grace period *behind* it (``REST``, net/quorate.py): a

@@ -6,7 +6,7 @@ once it holds ``snapshot_every`` deltas above the last snapshot, the leader rest
 reader must fetch. Retention keeps the last ``retain_versions`` versions (Spark's
 minBatchesToRetain is 100): the floor is the newest usable snapshot at or below the oldest
 kept version, so every kept version stays restorable; the floor is sent to every live node,
-which drops the manifests and chunks below it (DESIGN.md, Compaction). Which snapshots and
+which drops the manifests and chunks below it (docs/design.md, Compaction). Which snapshots and
 which floor is decided by :func:`statestore.core.retention.plan_compaction`; this module
 restores, writes and sends.
 """

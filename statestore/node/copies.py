@@ -29,8 +29,14 @@ from collections.abc import Iterator, Sequence
 
 from aiohttp import web
 
-from statestore.core.errors import InvalidRequest, QueryDropping, StateStoreError
+from statestore.core.errors import (
+    InvalidRequest,
+    QueryDropping,
+    StateStoreError,
+    Unsupported,  # the peer predates these routes (404): copy one manifest at a time
+)
 from statestore.core.ids import StoreId, chunk_key
+from statestore.core.items import ManifestItem, parse_manifest
 from statestore.core.manifest import Manifest
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
@@ -49,17 +55,7 @@ __all__ = ["Unsupported", "fetch_manifests", "push_manifests", "register"]
 
 log = logging.getLogger(__name__)
 MSGPACK = {"Content-Type": "application/msgpack"}
-# An item is "m:<store path>/<version>/<kind>/<epoch>" (node/repair.py)
-Item = str
-
-
-def _split(item: Item) -> tuple[StoreId, int, str, int]:
-    path, version, kind, epoch = item[2:].rsplit("/", 3)
-    return StoreId.parse(path), int(version), kind, int(epoch)
-
-
-def _name(m: Manifest) -> Item:
-    return f"m:{m.store.path}/{m.version}/{m.kind}/{m.epoch}"
+# the manifests copied are named as repair names them (core/items.py)
 
 
 # -- the receiving side ------------------------------------------------------------------
@@ -155,12 +151,8 @@ def register(app: web.Application) -> None:
 # -- the sending side --------------------------------------------------------------------
 
 
-class Unsupported(Exception):
-    """The peer predates these routes (404): copy one manifest at a time."""
-
-
 async def push_manifests(
-    node: Node, address: str, items: Sequence[Item], *, handoff: bool = False
+    node: Node, address: str, items: Sequence[str], *, handoff: bool = False
 ) -> list[int | None]:
     """Copy the manifests ``items`` we hold to ``address``, as many per request as the
     limits allow; per item, the bytes sent, or None when it did not land (or we lack it).
@@ -178,8 +170,8 @@ async def push_manifests(
         batch, raws, size = [], [], 0
 
     for i, item in enumerate(items):
-        store, version, kind, epoch = _split(item)
-        raw = node.store.raw_manifest(store, version, kind, epoch)
+        it = parse_manifest(item)
+        raw = node.store.raw_manifest(it.store, it.version, it.kind, it.epoch)
         if raw is None:
             continue
         if batch and (len(batch) == MAX_COPIES or size + len(raw) > MAX_COPIES_BYTES - 1024):
@@ -226,17 +218,17 @@ async def _send(
             out[i] = len(raw)
 
 
-async def fetch_manifests(node: Node, source: str, items: Sequence[Item]) -> list[int | None]:
+async def fetch_manifests(node: Node, source: str, items: Sequence[str]) -> list[int | None]:
     """Copy the manifests ``items`` from ``source`` into our store; per item, the bytes
     copied, or None when it did not land (not held there, not answered, not written, or not a
     manifest's name); one below our retention floor counts as landed, as a single copy does.
     Raises Unsupported when ``source`` predates the route."""
     out: list[int | None] = [None] * len(items)
-    named: list[tuple[int, tuple[StoreId, int, str, int]]] = []
+    named: list[tuple[int, ManifestItem]] = []
     for i, item in enumerate(items):
         try:  # names from a source's listing
-            named.append((i, _split(item)))
-        except (StateStoreError, ValueError):
+            named.append((i, parse_manifest(item)))
+        except StateStoreError:
             log.warning("%s listed %r, not a manifest's name", source, item[:200])
     start = 0
     while start < len(named):
@@ -272,7 +264,7 @@ async def fetch_manifests(node: Node, source: str, items: Sequence[Item]) -> lis
 
 
 def _landing(
-    node: Node, source: str, items: Sequence[Item], body: bytes
+    node: Node, source: str, items: Sequence[str], body: bytes
 ) -> list[tuple[int | None, Manifest | None]]:
     """Per answered item: (its bytes, the manifest to keep); (None, None) when the source did
     not hold it, (bytes, None) when it is below our floor (nothing to keep). Raises nothing:
@@ -285,8 +277,8 @@ def _landing(
                 out.append((None, None))
                 continue
             m = decode_manifest(raw)
-            if _name(m) != item:
-                raise InvalidRequest(f"answered {item} with {_name(m)}")
+            if (got := ManifestItem.of(m).name()) != item:
+                raise InvalidRequest(f"answered {item} with {got}")
             keep = m.version >= node.store.floor(m.store)
             out.append((len(raw), m if keep else None))
         return out

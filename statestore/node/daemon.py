@@ -3,8 +3,8 @@
 ``Node`` is a thin async shell: placement, quorum, chunk and membership decisions come from the
 pure core; this module only waits (on sockets, the disk thread and timers). Every background
 task (gossip, discovery, repair, compaction) is started in :meth:`Node.start` and cancelled and
-awaited in :meth:`Node.stop`, in reverse order (STYLE.md, owned tasks). Storage writes run on a
-single writer thread (node/writer.py: foreground first), which is what makes the fencing
+awaited in :meth:`Node.stop`, in reverse order (docs/security.md, Supervised loops). Storage writes
+run on a single writer thread (node/writer.py: foreground first), which is what makes the fencing
 check atomic with the write.
 """
 

@@ -21,6 +21,7 @@ from statestore.core.digest import MAX_DIGEST_RANGES, Digest, answer, fold, grou
 from statestore.core.digest import narrow as by_leaves
 from statestore.core.errors import InvalidRequest, StateStoreError
 from statestore.core.identity import NODE_HEADER
+from statestore.core.items import ChunkItem, is_manifest
 from statestore.core.view import RingView
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
@@ -37,14 +38,14 @@ def held_items(node: Node) -> list[str]:
     """Every item this node holds, named as repair names them, a manifest's name with its
     content digest (core/repair.content_digest): two owners holding one version and epoch
     with different content differ in that range, so its items get listed and compared."""
-    out = [f"c:{k}" for k in node.store.chunk_keys()]
+    out = [ChunkItem(k).name() for k in node.store.chunk_keys()]
     out += [_named(item, d) for item, d in node.store.manifest_digests().items()]
     return out
 
 
 def _named(item: str, digest: int | None) -> str:
     """An item's name as digested: a manifest's with its content digest."""
-    return item if digest is None or item[0] != "m" else f"{item}#{digest:x}"
+    return item if digest is None or not is_manifest(item) else f"{item}#{digest:x}"
 
 
 async def digest(request: web.Request) -> web.Response:

@@ -2,7 +2,7 @@
 
 The DHT is the node directory and the entry point, never the data path: it can stall for
 seconds on dead peers, so every call here runs in a background task with a timeout and only
-feeds addresses to the gossip loop (DESIGN.md, Membership). Each node bootstraps from its
+feeds addresses to the gossip loop (docs/design.md, Membership). Each node bootstraps from its
 seeds' DHT ports (learned over HTTP from ``/v1/health``), then merges itself into the directory
 value under ``statestore/directory`` (a JSON map id -> HTTP address, kept under the DHT's
 ~8 KB value size by dropping the entries it has heard least from).

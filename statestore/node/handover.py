@@ -34,6 +34,7 @@ from statestore.core.bucket import TokenBucket
 from statestore.core.errors import (
     CorruptChunk,
     InvalidRequest,
+    MalformedData,
     StateStoreError,
     Unauthenticated,
 )
@@ -51,6 +52,8 @@ from statestore.core.handover import (
     replace_plan,
 )
 from statestore.core.ids import StoreId
+from statestore.core.items import ChunkItem, ManifestItem, is_manifest
+from statestore.core.items import parse as parse_item
 from statestore.core.placement import Member, Ring
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
@@ -190,8 +193,9 @@ def _pace(items: Sequence[str]) -> tuple[Pace, list[int]]:
     index: list[int] = []
     n = 0
     for item in items:
-        index.append(n if item[0] == "m" else -1)
-        n += item[0] == "m"
+        manifest = is_manifest(item)
+        index.append(n if manifest else -1)
+        n += manifest
     return Pace(len(items) - n, n), index
 
 
@@ -327,13 +331,13 @@ def items_for(node: Node, target: str, zone: str, vnodes: int = 0) -> list[str]:
     }
     ring = Ring(members | {Member(target, zone, vnodes)}, view.vnodes)
     r = view.replicas
-    out = [f"c:{k}" for k in node.store.chunk_keys() if target in ring.replicas(k, r)]
+    out = [ChunkItem(k).name() for k in node.store.chunk_keys() if target in ring.replicas(k, r)]
     owns: dict[StoreId, bool] = {}
-    for store, version, kind, epoch in node.store.manifest_items():
-        if store not in owns:
-            owns[store] = target in ring.replicas(store.path, r)
-        if owns[store]:
-            out.append(f"m:{store.path}/{version}/{kind}/{epoch}")
+    for it in node.store.manifest_items():
+        if it.store not in owns:
+            owns[it.store] = target in ring.replicas(it.placement_key, r)
+        if owns[it.store]:
+            out.append(it.name())
     out.sort()
     return out
 
@@ -425,32 +429,38 @@ async def _listing(node: Node, address: str, vnodes: int) -> tuple[list[str], di
 
 
 def _held(node: Node, items: set[str]) -> set[str]:
-    chunks = sorted(i for i in items if i[0] == "c")
-    flags = node.store.has_chunks([c[2:] for c in chunks])
-    out = {i for i, has in zip(chunks, flags, strict=True) if has}
-    for i in items:
-        if i[0] == "m":
-            path, version, kind, epoch = i[2:].rsplit("/", 3)
-            store = StoreId.parse(path)
-            if node.store.raw_manifest(store, int(version), kind, int(epoch)) is not None:
-                out.add(i)
+    """The listed items we hold already. A name that is no item's is not held: its fetch
+    fails (MalformedData), and the round with it."""
+    chunks: list[tuple[str, str]] = []
+    out: set[str] = set()
+    for name in sorted(items):
+        try:
+            it = parse_item(name)
+        except MalformedData:
+            continue
+        if isinstance(it, ChunkItem):
+            chunks.append((name, it.key))
+        elif node.store.raw_manifest(it.store, it.version, it.kind, it.epoch) is not None:
+            out.add(name)
+    flags = node.store.has_chunks([key for _, key in chunks])
+    out.update(name for (name, _), has in zip(chunks, flags, strict=True) if has)
     return out
 
 
 async def _fetch(node: Node, source: str, item: str) -> int:
     """Copy ``item`` from ``source`` into our store; returns its bytes. Raises
     StateStoreError (CorruptChunk when the bytes fail their checksum) when it did not land."""
-    key = item[2:]
-    if item[0] == "c":
+    it = parse_item(item)  # a name from a source's listing
+    if isinstance(it, ChunkItem):
         # ?copy=1: the source serves it after its clients' requests (node/foreground.py)
-        resp = await node.transport.request("GET", source, f"/v1/chunks/{key}?copy=1")
-        await node.write(node.store.put_chunk, key, resp.body, order="copy")
+        resp = await node.transport.request("GET", source, f"/v1/chunks/{it.key}?copy=1")
+        await node.write(node.store.put_chunk, it.key, resp.body, order="copy")
         return len(resp.body)
-    path, epoch = key.rsplit("/", 1)
-    resp = await node.transport.request("GET", source, f"/v1/manifests/{path}?epoch={epoch}&copy=1")
+    path = f"/v1/manifests/{it.store.path}/{it.version}/{it.kind}?epoch={it.epoch}&copy=1"
+    resp = await node.transport.request("GET", source, path)
     m = decode_manifest(resp.body)
-    if f"{m.store.path}/{m.version}/{m.kind}/{m.epoch}" != key:
-        raise CorruptChunk(f"{source} answered manifest {key} with another one")
+    if ManifestItem.of(m) != it:
+        raise CorruptChunk(f"{source} answered manifest {item} with another one")
     if m.version >= node.store.floor(m.store):
         # every epoch held is kept, replaced ones as side keys (core/manifest.py, "Lineage")
         await node.write(node.store.copy_manifest, m, order="copy")
@@ -666,10 +676,9 @@ def _leave_targets(node: Node, view: RingView) -> dict[str, list[str]]:
     me = node.address
     targets: dict[str, list[str]] = {}
     for key in node.store.chunk_keys():
-        targets[f"c:{key}"] = [a for a in view.future_replicas_of(key) if a != me]
-    for store, version, kind, epoch in node.store.manifest_items():
-        owners = [a for a in view.future_replicas_of(store.path) if a != me]
-        targets[f"m:{store.path}/{version}/{kind}/{epoch}"] = owners
+        targets[ChunkItem(key).name()] = [a for a in view.future_replicas_of(key) if a != me]
+    for it in node.store.manifest_items():
+        targets[it.name()] = [a for a in view.future_replicas_of(it.placement_key) if a != me]
     return targets
 
 

@@ -71,6 +71,7 @@ from statestore.core.hints import (
     pass_order,
 )
 from statestore.core.ids import MAX_EPOCH, MAX_VERSION, StoreId, chunk_key, parse_uint
+from statestore.core.items import KINDS, ManifestItem
 from statestore.core.manifest import Manifest
 from statestore.core.quorum import read_quorum
 from statestore.core.tentative import (
@@ -434,7 +435,9 @@ async def _base_held(node: Node, view: RingView, m: Manifest) -> bool:
     if node.store.floor(m.store) > m.version - 1:
         return True
     e = m.base_epoch
-    items = [f"m:{m.store.path}/{m.version - 1}/{k}/{e}" for k in ("delta", "snapshot")]
+    if e is None:  # _decide asks only about a delta that names its base
+        return False
+    items = [ManifestItem(m.store, m.version - 1, k, e).name() for k in KINDS]
     owners = view.store_replicas(m.store)
     others = [a for a in owners if a != node.address]
     answers = await ask_have(node, {a: items for a in others})

@@ -52,8 +52,7 @@ def local_detail(node: Node, store: StoreId) -> dict[str, Any]:
     deltas, snaps = node.store.manifests(store)
     manifests = [manifest_to_json(m) for t in (deltas, snaps) for ms in t.values() for m in ms]
     manifests.sort(key=lambda m: (m["version"], m["kind"], -m["epoch"]))
-    prefix = f"c:{store.path}/".encode()
-    chunks = [k[2:].decode() for k in node.store.backend.scan_keys(prefix)]
+    chunks = node.store.store_chunk_keys(store)
     return {
         "node": node.id,
         "address": node.address,

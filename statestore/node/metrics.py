@@ -111,12 +111,10 @@ def _dir_usage(path: str) -> int:
 def read_storage(node: Node) -> StorageFigures:
     """Count what the node holds and measure its data dir; runs in a worker thread (the
     backends are safe to read from any thread)."""
-    backend = node.store.backend
     f = StorageFigures()
-    f.chunks = len(backend.scan_keys(b"c:"))  # keys only: values would be copied out
-    f.manifests = len(backend.scan_keys(b"m:"))
-    f.stores = len(backend.scan_keys(b"h:"))
-    f.tombstones = len(backend.scan_keys(b"t:"))
+    held = node.store.counts()  # key scans only: values would be copied out
+    f.chunks, f.manifests = held["chunks"], held["manifests"]
+    f.stores, f.tombstones = held["stores"], held["tombstones"]
     f.disk_used = _dir_usage(node.config.data_dir)
     try:
         vfs = os.statvfs(node.config.data_dir)

@@ -16,7 +16,7 @@ charged, and serves the room check writers ask before they send a commit's first
   /v1/sync/manifests?handoff=1``), repair's push of an item by a node that does not own it
   (it took a writer's write as a stand-in, or under an older view). Without this a writer
   could put data on a non-owner, within that node's quota, and have repair move it to the
-  owners uncharged, again and again (issue 36, finding 10). A refused hand-off loses
+  owners uncharged, again and again (docs/security.md, Per-query quotas). A refused hand-off loses
   nothing: the sender drops its copy only once every owner confirmed holding it
   (core/repair.decide), so it keeps it, charged to its own quota.
 - ``POST /v1/queries/{query}/room`` (``write``, body wire/bodies.RoomRequest: the chunks it

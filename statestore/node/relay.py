@@ -1,4 +1,4 @@
-"""Executing a line or tree hop on a node: ``POST /v1/relay`` (DESIGN.md, Recovery plans).
+"""Executing a line or tree hop on a node: ``POST /v1/relay`` (docs/design.md, Recovery plans).
 
 A hop receives its part of the plan, opens streams from its children (each gets its own
 sub-plan), and answers with one stream of frames (frames.py):
@@ -242,7 +242,8 @@ async def _tree(
 def check_plan_hops(node: Node, hop: Hop, depth: int) -> None:
     """Refuse a plan that would make this node call anything but live ring members, or fan
     out past the bounds (each hop's children, the depth, the hops in all): otherwise
-    ``/v1/relay`` is a request forgery and amplification service (issue 10)."""
+    ``/v1/relay`` is a request forgery and amplification service
+    (docs/security.md, Hardened endpoints)."""
     live = set(node.view().live_addresses())
     count = 0
     stack = [(hop, depth)]
@@ -287,9 +288,9 @@ async def _read_plan(request: web.Request, limit: float) -> bytes:
 
 
 async def relay_handler(request: web.Request) -> web.StreamResponse:
-    """A hop: the plan's query is authorized before the plan is decoded (issue 36, finding
-    13), from ``?store=`` before a byte of it is read, else from the plan's store field read
-    alone (:func:`hop_store`); the plan must then be for that store."""
+    """A hop: the plan's query is authorized before the plan is decoded (docs/security.md,
+    Hardened endpoints), from ``?store=`` before a byte of it is read, else from the plan's
+    store field read alone (:func:`hop_store`); the plan must then be for that store."""
     node = request.app[NODE]
     claimed = request.query.get("store")
     named = StoreId.parse(claimed) if claimed is not None else None

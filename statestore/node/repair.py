@@ -10,7 +10,7 @@ half-formed view never costs a copy. A pass runs when who owns what changes
 (``RingView.placement``: not for a member that only starts joining or leaving, whose copies
 the hand-over moves), while handoffs are pending, and every ``full_every`` seconds as a
 safety net on a per-node grid. When a pass is due and how it runs is the pure
-``core/repair_clock.RepairClock`` (DESIGN.md, Write path).
+``core/repair_clock.RepairClock`` (docs/design.md, Repair).
 
 A pass walks everything held, on every node at once when ownership changes. At 1 GiB it
 was most of the CPU in a decommission's first seconds, when it ran for the ``leaving``
@@ -28,7 +28,9 @@ from typing import Any
 from statestore.core.chunk import verify
 from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
 from statestore.core.handover import NodeState
-from statestore.core.ids import MAX_VERSION, StoreId, chunk_key, parse_chunk_key
+from statestore.core.ids import MAX_VERSION, StoreId, chunk_key
+from statestore.core.items import ChunkItem, Item, ManifestItem, is_manifest, parse_manifest
+from statestore.core.items import parse as parse_item
 from statestore.core.manifest import Manifest
 from statestore.core.repair import Holding, acknowledged, content_digest, decide
 from statestore.core.repair_clock import RepairClock, phase_of
@@ -45,46 +47,53 @@ __all__ = ["ask_have", "check_floor", "push_item", "repair_loop", "repair_pass"]
 log = logging.getLogger(__name__)
 BATCH = 1000
 RECONCILE_BUDGET = 64  # same-epoch divergences a pass reconciles (reconcile)
-# An item is "c:<chunk key>" or "m:<store path>/<version>/<kind>/<epoch>" (core/repair.Holding):
-# every epoch of a version a replica keeps is an item of its own, so a manifest that a higher
-# epoch replaced here is copied to the owners that lack it too (core/manifest.py, "Lineage").
+# Items are named as core/items.py names them (core/repair.Holding carries the names): every
+# epoch of a version a replica keeps is an item of its own, so a manifest that a higher epoch
+# replaced here is copied to the owners that lack it too (core/manifest.py, "Lineage").
 
 
 async def push_item(node: Node, address: str, item: str, *, handoff: bool = False) -> int | None:
     """Copy one item we hold to ``address``; returns the bytes sent, None if it did not land
     (or we lack it). ``handoff``: we do not own the item, so ``address`` charges it to its
     quota (node/quotas.py); a copy between owners never is."""
-    kind, key = item[0], item[2:]
     copy = "copy=1&handoff=1" if handoff else "copy=1"
     try:
-        if kind == "c":
-            data = node.store.get_chunk(key)
-            if data is None:
-                return None
-            await node.transport.request("PUT", address, f"/v1/chunks/{key}?{copy}", body=data)
-            return len(data)
-        else:
-            path, version, mkind, epoch = key.rsplit("/", 3)
-            raw = node.store.raw_manifest(StoreId.parse(path), int(version), mkind, int(epoch))
-            if raw is None:
-                return None
-            try:  # a copy, kept at any epoch (a node that predates copies fences it)
-                await node.transport.request(
-                    "PUT",
-                    address,
-                    f"/v1/manifests/{path}/{version}/{mkind}?{copy}",
-                    body=raw,
-                    headers={"Content-Type": "application/msgpack"},
-                )
-            except (StaleEpoch, VersionConflict):
-                pass  # an older target holds a newer manifest and refused ours: fine there
-            return len(raw)
+        it = parse_item(item)
+        if isinstance(it, ChunkItem):
+            return await _push_chunk(node, address, it.key, copy)
+        return await _push_manifest(node, address, it, copy)
+    except StateStoreError as exc:
+        log.debug("push of %s to %s failed: %s", item, address, exc)
+        return None
+
+
+async def _push_chunk(node: Node, address: str, key: str, copy: str) -> int | None:
+    try:
+        data = node.store.get_chunk(key)
+        if data is None:
+            return None
+        await node.transport.request("PUT", address, f"/v1/chunks/{key}?{copy}", body=data)
+        return len(data)
     except CorruptChunk:
         node.store.delete_chunks([key])  # our copy rotted: drop it, a replica will push back
         return None
-    except StateStoreError as exc:
-        log.debug("push of %s to %s failed: %s", key, address, exc)
+
+
+async def _push_manifest(node: Node, address: str, it: ManifestItem, copy: str) -> int | None:
+    raw = node.store.raw_manifest(it.store, it.version, it.kind, it.epoch)
+    if raw is None:
         return None
+    try:  # a copy, kept at any epoch (a node that predates copies fences it)
+        await node.transport.request(
+            "PUT",
+            address,
+            f"/v1/manifests/{it.store.path}/{it.version}/{it.kind}?{copy}",
+            body=raw,
+            headers={"Content-Type": "application/msgpack"},
+        )
+    except (StaleEpoch, VersionConflict):
+        pass  # an older target holds a newer manifest and refused ours: fine there
+    return len(raw)
 
 
 async def ask_have(
@@ -107,15 +116,17 @@ async def ask_have(
     for address, items in want.items():
         for i in range(0, len(items), BATCH):
             batch = items[i : i + BATCH]
-            exact = [it[2:].rsplit("/", 3) for it in batch if it[0] == "m"]
+            parsed = [parse_item(it) for it in batch]
+            exact = [it for it in parsed if isinstance(it, ManifestItem)]
             body: dict[str, Any] = {
-                "chunks": [it[2:] for it in batch if it[0] == "c"],
-                # by version and kind for nodes that predate epochs, and by epoch too
-                "manifests": [[p, v, k] for p, v, k, _ in exact],
-                "epochs": [[p, int(v), k, int(e)] for p, v, k, e in exact],
+                "chunks": [it.key for it in parsed if isinstance(it, ChunkItem)],
+                # by version and kind for nodes that predate epochs (the version in digits,
+                # as it was read from the name), and by epoch too
+                "manifests": [[m.store.path, str(m.version), m.kind] for m in exact],
+                "epochs": [[m.store.path, m.version, m.kind, m.epoch] for m in exact],
             }
             if digests is not None:
-                body["digests"] = [digests.get(it, 0) for it in batch if it[0] == "m"]
+                body["digests"] = [digests.get(it, 0) for it in batch if is_manifest(it)]
             try:
                 resp = await node.transport.request(  # floors and drops follow: proven
                     "POST",
@@ -128,12 +139,13 @@ async def ask_have(
                 continue
             node.stats["have_asked"] += len(batch)  # items listed to a peer that answered
             answer = resp.json()
-            await _apply_floors(node, address, batch, answer.get("floors"))
+            await _apply_floors(node, address, parsed, answer.get("floors"))
             flags = iter(answer["chunks"]), iter(answer.get("epochs", answer["manifests"]))
-            for it in batch:
-                answers[(address, it)] = bool(next(flags[0] if it[0] == "c" else flags[1]))
+            for it, p in zip(batch, parsed, strict=True):
+                flag = flags[0] if isinstance(p, ChunkItem) else flags[1]
+                answers[(address, it)] = bool(next(flag))
             if differ is not None and "differ" in answer:
-                ms = [it for it in batch if it[0] == "m"]
+                ms = [it for it in batch if is_manifest(it)]
                 differ.update(
                     (address, it) for it, d in zip(ms, answer["differ"], strict=False) if d
                 )
@@ -152,17 +164,12 @@ async def check_floor(node: Node, store: StoreId, floor: int) -> None:
     floor_allowed(store, floor, head.version, held)
 
 
-async def _apply_floors(node: Node, address: str, batch: list[str], floors: object) -> None:
+async def _apply_floors(node: Node, address: str, batch: list[Item], floors: object) -> None:
     """Apply the floors in a peer's ``sync/have`` answer (a GC we missed while down): only
     of stores the batch named, and only those :func:`check_floor` allows."""
-    if not isinstance(floors, dict):
+    if not isinstance(floors, dict) or not floors:
         return
-    asked: set[str] = set()
-    for it in batch:
-        try:
-            asked.add(parse_chunk_key(it[2:])[0].path if it[0] == "c" else it[2:].rsplit("/", 3)[0])
-        except (StateStoreError, ValueError):
-            continue
+    asked = {it.store.path for it in batch}
     for path, floor in floors.items():
         if path not in asked:
             continue  # a floor for a store not asked about: not this answer's to give
@@ -189,8 +196,8 @@ async def reconcile(node: Node, view: RingView, item: str, mine: int) -> bool:
     the content W owners hold (core/repair.acknowledged), its chunks first. Each node fixes
     only its own copy, so no node is told by another what to overwrite. True when it did;
     False when it holds the acknowledged content already, or none is at W yet."""
-    path, version, kind, epoch = item[2:].rsplit("/", 3)
-    store, v, e = StoreId.parse(path), int(version), int(epoch)
+    store, v, kind, e = parse_manifest(item)
+    path = store.path
     owners = view.store_replicas(store)
     got: dict[str, Manifest] = {}
     for a in owners:
@@ -265,13 +272,12 @@ def _holdings(
         if key in hinted:
             continue
         owners = tuple(view.replicas_of(key))
-        holdings.append(Holding(f"c:{key}", key, owners, previous(key), pending(key, owners)))
-    for store, version, kind, epoch in node.store.manifest_items():
-        owners = tuple(view.store_replicas(store))
-        item = f"m:{store.path}/{version}/{kind}/{epoch}"
-        holdings.append(
-            Holding(item, store.path, owners, previous(store.path), pending(store.path, owners))
-        )
+        name = ChunkItem(key).name()
+        holdings.append(Holding(name, key, owners, previous(key), pending(key, owners)))
+    for it in node.store.manifest_items():
+        owners = tuple(view.store_replicas(it.store))
+        key = it.placement_key
+        holdings.append(Holding(it.name(), key, owners, previous(key), pending(key, owners)))
     want: dict[str, list[str]] = defaultdict(list)
     for h in holdings:
         for t in h.owners:
@@ -320,7 +326,7 @@ async def repair_pass(
         handoff = push.item not in owned
         if push.item in differ_items:
             failed.append((push.target, push.item))  # until reconciled
-        elif push.item[0] == "m":
+        elif is_manifest(push.item):
             manifests[(push.target, handoff)].append(push.item)
         elif await push_item(node, push.target, push.item, handoff=handoff) is not None:
             node.stats["repaired"] += 1
@@ -356,13 +362,11 @@ async def repair_pass(
             failed=failed,
         )
     for item in decision.drops:
-        if item[0] == "c":
-            await node.write(node.store.delete_chunks, [item[2:]])
+        it = parse_item(item)
+        if isinstance(it, ChunkItem):
+            await node.write(node.store.delete_chunks, [it.key])
         else:
-            path, ver, kind, held = item[2:].rsplit("/", 3)
-            await node.write(
-                node.store.delete_manifest, StoreId.parse(path), int(ver), kind, int(held)
-            )
+            await node.write(node.store.delete_manifest, it.store, it.version, it.kind, it.epoch)
         node.stats["handed_off"] += 1
     return decision.outstanding
 
@@ -371,17 +375,17 @@ def _lacking_chunks(failed: list[tuple[str, str]]) -> dict[str, set[str]]:
     """Per target, the chunk keys whose push to it failed."""
     out: dict[str, set[str]] = defaultdict(set)
     for target, item in failed:
-        if item[0] == "c":
-            out[target].add(item[2:])
+        it = parse_item(item)
+        if isinstance(it, ChunkItem):
+            out[target].add(it.key)
     return out
 
 
 def _complete(node: Node, item: str, lacking: set[str]) -> bool:
     """Whether the manifest ``item`` names none of the chunks in ``lacking`` (False when we
     no longer hold it: nothing to send)."""
-    path, version, kind, epoch = item[2:].rsplit("/", 3)
-    store = StoreId.parse(path)
-    m = node.store.get_manifest(store, int(version), kind, int(epoch))
+    store, version, kind, epoch = parse_manifest(item)
+    m = node.store.get_manifest(store, version, kind, epoch)
     return m is not None and all(
         chunk_key(store, m.version, ref.name) not in lacking for ref in m.chunks
     )

@@ -5,7 +5,7 @@ re-commits, checksums verified on read.
 Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, re-verified on read)
        ``m:<store>/<version, 20 digits>/<kind>``  manifest (msgpack, wire/manifest.py): the
                                              highest epoch held of that version and kind
-       ``o:<store>/<version>/<kind>/<epoch, 20 digits>``  a manifest of a lower epoch that a
+       ``o:<store>/<version, 20>/<kind>/<epoch, 20>``  a manifest of a lower epoch that a
                                              higher one replaced: kept, never destroyed, until
                                              retention drops the version (core/manifest.py,
                                              "Lineage": a later version may be built on it)
@@ -16,6 +16,12 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
        ``n:<store>/<epoch, 20>/<version, 20>/<kind>``  hint: a tentative commit's manifest
                                              and its holders, until handed off (node/hints.py)
        ``x:<store>/<epoch, 20>/<version, 20>``  outcome of a tentative commit (core/tentative)
+
+Only this class builds or reads these keys, from the prefixes of core/items.Prefix; other
+modules ask it (:meth:`NodeStore.manifest_items`, :meth:`NodeStore.counts`, ...). A chunk's
+key is its replication item's name (core/items.py); a manifest's is not (its version
+zero-padded, its epoch in the value or in an ``o:`` key): :meth:`NodeStore.manifest_items`
+translates.
 
 Every write goes through :meth:`NodeStore._write`, which keeps the bytes each query holds
 (chunks and manifests, replaced epochs included: core/quota.py) up to date and, for a
@@ -41,7 +47,8 @@ from statestore.core.errors import (
     VersionConflict,
 )
 from statestore.core.hints import MAX_HINTS, MAX_HINTS_PER_QUERY, admit
-from statestore.core.ids import StoreId, parse_chunk_key
+from statestore.core.ids import StoreId, chunk_key, parse_chunk_key
+from statestore.core.items import ManifestItem, Prefix
 from statestore.core.manifest import Head, Manifest
 from statestore.core.quota import COUNTED_PREFIXES, Usage, charges, check, query_of_key
 from statestore.core.repair import content_digest
@@ -54,25 +61,61 @@ from statestore.wire.tentative import decode_hint, decode_outcomes, encode_hint,
 __all__ = ["NodeStore"]
 
 
+# Every storage key is built and read here, from core/items.Prefix; core/quota.py reads
+# which of them count against a query.
+_MANIFESTS = (Prefix.MANIFEST, Prefix.REPLACED)  # a version's highest epoch, and the others
+
+
+def _key(prefix: bytes, text: str) -> bytes:
+    return prefix + text.encode()
+
+
+def _under(prefix: bytes, path: str) -> bytes:
+    """The prefix of every key of ``prefix``'s kind under ``path`` (a store, or a query)."""
+    return _key(prefix, f"{path}/")
+
+
+def _ckey(key: str) -> bytes:
+    return _key(Prefix.CHUNK, key)
+
+
 def _mkey(store: StoreId, version: int, kind: str) -> bytes:
-    return f"m:{store.path}/{version:020d}/{kind}".encode()
+    return _key(Prefix.MANIFEST, f"{store.path}/{version:020d}/{kind}")
 
 
 def _okey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
-    return f"o:{store.path}/{version:020d}/{kind}/{epoch:020d}".encode()
+    return _key(Prefix.REPLACED, f"{store.path}/{version:020d}/{kind}/{epoch:020d}")
 
 
 def _nkey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
-    return f"n:{store.path}/{epoch:020d}/{version:020d}/{kind}".encode()
+    return _key(Prefix.HINT, f"{store.path}/{epoch:020d}/{version:020d}/{kind}")
 
 
 def _xkey(store: str, version: int, epoch: int) -> bytes:
-    return f"x:{store}/{epoch:020d}/{version:020d}".encode()
+    return _key(Prefix.OUTCOME, f"{store}/{epoch:020d}/{version:020d}")
+
+
+def _skey(prefix: bytes, store: StoreId) -> bytes:
+    """A per-store record's key: head, floor, retention."""
+    return _key(prefix, store.path)
+
+
+def _text(key: bytes) -> str:
+    """A key without its (two-byte) prefix."""
+    return key[len(Prefix.CHUNK) :].decode()
 
 
 def _version_of(key: bytes) -> int:
-    """The version in an ``m:`` or ``o:`` key (the store path holds exactly three slashes)."""
+    """The version in a chunk's or manifest's key (the store path holds exactly three
+    slashes)."""
     return int(key.decode().split("/")[4])
+
+
+def _manifest_parts(key: bytes) -> tuple[StoreId, int, str, list[str]]:
+    """(store, version, kind, the rest) of an ``m:`` or ``o:`` key (the rest: an ``o:``
+    key's epoch)."""
+    parts = _text(key).split("/")
+    return StoreId.parse("/".join(parts[:4])), int(parts[4]), parts[5], parts[6:]
 
 
 class NodeStore:
@@ -88,10 +131,10 @@ class NodeStore:
         self.usage = Usage.from_sizes(
             item for prefix in COUNTED_PREFIXES for item in backend.scan_sizes(prefix)
         )
-        self._hints = len(backend.scan_keys(b"n:"))
+        self._hints = len(backend.scan_keys(Prefix.HINT))
         # hints held per query (core/hints.admit: a query's fair share)
         self._hint_queries: Counter[str] = Counter(
-            q for k in backend.scan_keys(b"n:") if (q := query_of_key(k)) is not None
+            q for k in backend.scan_keys(Prefix.HINT) if (q := query_of_key(k)) is not None
         )
 
     def _write(
@@ -114,11 +157,11 @@ class NodeStore:
             self.usage.apply(deltas)
             # hint keys are counted keys, so ``old`` says which existed
             for k in puts:
-                if k[:2] == b"n:" and old.get(k) is None:
+                if k.startswith(Prefix.HINT) and old.get(k) is None:
                     self._hints += 1
                     self._hint_queries[query_of_key(k) or ""] += 1
             for k in deletes:
-                if k[:2] == b"n:" and old.get(k) is not None and k not in puts:
+                if k.startswith(Prefix.HINT) and old.get(k) is not None and k not in puts:
                     self._hints -= 1
                     q = query_of_key(k) or ""
                     self._hint_queries[q] -= 1
@@ -135,12 +178,12 @@ class NodeStore:
         repair's copies)."""
         _, _, name = parse_chunk_key(key)
         verify(data, int(name.split("-", 1)[1], 16), key)
-        self._write({b"c:" + key.encode(): data}, limit=limit)
+        self._write({_ckey(key): data}, limit=limit)
 
     def get_chunk(self, key: str) -> bytes | None:
         """The chunk's bytes, re-verified; raises CorruptChunk if they rotted on disk."""
         _, _, name = parse_chunk_key(key)
-        data = self.backend.get(b"c:" + key.encode())
+        data = self.backend.get(_ckey(key))
         if data is not None:
             verify(data, int(name.split("-", 1)[1], 16), key)
         return data
@@ -148,18 +191,22 @@ class NodeStore:
     def has_chunks(self, keys: Sequence[str]) -> list[bool]:
         """Whether each chunk is held: one read of the keys, no chunk's bytes copied (a
         hand-over's check of 1 GiB took 2 s on the event loop when it read every value)."""
-        sizes = self.backend.sizes([b"c:" + k.encode() for k in keys])
-        return [sizes[b"c:" + k.encode()] is not None for k in keys]
+        sizes = self.backend.sizes([_ckey(k) for k in keys])
+        return [sizes[_ckey(k)] is not None for k in keys]
 
     def chunk_keys(self) -> list[str]:
-        return [k[2:].decode() for k in self.backend.scan_keys(b"c:")]
+        return [_text(k) for k in self.backend.scan_keys(Prefix.CHUNK)]
+
+    def store_chunk_keys(self, store: StoreId) -> list[str]:
+        """The keys of the chunks held of ``store`` (a key scan)."""
+        return [_text(k) for k in self.backend.scan_keys(_under(Prefix.CHUNK, store.path))]
 
     def chunk_sizes(self) -> list[tuple[str, int]]:
         """Every chunk held, with its size (a key scan: no value is read)."""
-        return [(k[2:].decode(), n) for k, n in self.backend.scan_sizes(b"c:")]
+        return [(_text(k), n) for k, n in self.backend.scan_sizes(Prefix.CHUNK)]
 
     def delete_chunks(self, keys: Sequence[str]) -> None:
-        self._write({}, [b"c:" + k.encode() for k in keys])
+        self._write({}, [_ckey(k) for k in keys])
 
     # -- manifests -----------------------------------------------------------------------
     def put_manifest(self, m: Manifest, limit: int | None = None) -> bool:
@@ -193,7 +240,7 @@ class NodeStore:
         if raw_old is not None:
             puts[_okey(m.store, m.version, m.kind, old.epoch)] = raw_old
         if head is None or (m.epoch, m.version) > head.key():
-            puts[b"h:" + m.store.path.encode()] = encode_stored(Head(m.version, m.epoch))
+            puts[_skey(Prefix.HEAD, m.store)] = encode_stored(Head(m.version, m.epoch))
         self._write(puts, limit=limit)
         return True
 
@@ -240,7 +287,7 @@ class NodeStore:
                     puts[_okey(m.store, m.version, m.kind, main_epoch)] = raw_main
             else:
                 puts[_okey(m.store, m.version, m.kind, m.epoch)] = raw
-            hkey = b"h:" + m.store.path.encode()
+            hkey = _skey(Prefix.HEAD, m.store)
             raw_head = get(hkey)
             head = None if raw_head is None else decode_stored(raw_head)
             if head is None or (m.epoch, m.version) > head.key():
@@ -278,8 +325,8 @@ class NodeStore:
         highest epoch first, then the ones it replaced (side keys), highest first."""
         deltas: dict[int, list[Manifest]] = {}
         snaps: dict[int, list[Manifest]] = {}
-        for prefix in ("m", "o"):
-            for _, raw in self.backend.scan(f"{prefix}:{store.path}/".encode()):
+        for prefix in _MANIFESTS:
+            for _, raw in self.backend.scan(_under(prefix, store.path)):
                 m = decode_manifest(raw)
                 (deltas if m.kind == "delta" else snaps).setdefault(m.version, []).append(m)
         for table in (deltas, snaps):
@@ -289,48 +336,48 @@ class NodeStore:
 
     def versions(self, store: StoreId) -> list[int]:
         out = set()
-        for k in self.backend.scan_keys(f"m:{store.path}/".encode()):
-            out.add(int(k.decode().rsplit("/", 2)[1]))
+        for k in self.backend.scan_keys(_under(Prefix.MANIFEST, store.path)):
+            out.add(_version_of(k))
         return sorted(out)
 
     def manifest_names(self, store: StoreId) -> list[bytes]:
         """The keys of every manifest held of ``store`` (no decoding): they change whenever
         what :meth:`manifests` returns does."""
         return [
-            k
-            for prefix in ("m", "o")
-            for k in self.backend.scan_keys(f"{prefix}:{store.path}/".encode())
+            k for prefix in _MANIFESTS for k in self.backend.scan_keys(_under(prefix, store.path))
         ]
 
     def head(self, store: StoreId) -> Head | None:
-        raw = self.backend.get(b"h:" + store.path.encode())
+        raw = self.backend.get(_skey(Prefix.HEAD, store))
         if raw is None:
             return None
         return decode_stored(raw)
 
     def stores(self) -> list[StoreId]:
-        return [StoreId.parse(k[2:].decode()) for k in self.backend.scan_keys(b"h:")]
+        return [StoreId.parse(_text(k)) for k in self.backend.scan_keys(Prefix.HEAD)]
 
     def manifest_keys(self) -> list[tuple[StoreId, int, str]]:
+        """(store, version, kind) of every version and kind held (one per main key)."""
         out = []
-        for k in self.backend.scan_keys(b"m:"):
-            path, version, kind = k[2:].decode().rsplit("/", 2)
-            out.append((StoreId.parse(path), int(version), kind))
+        for k in self.backend.scan_keys(Prefix.MANIFEST):
+            store, version, kind, _ = _manifest_parts(k)
+            out.append((store, version, kind))
         return out
 
-    def manifest_items(self) -> list[tuple[StoreId, int, str, int]]:
-        """(store, version, kind, epoch) of every manifest held, replaced ones included."""
+    def manifest_items(self) -> list[ManifestItem]:
+        """Every manifest held as repair names it (core/items.py), replaced ones included:
+        a version's highest epoch first (read from its value), then the replaced ones."""
         out = []
-        for k, raw in self.backend.scan(b"m:"):
-            path, version, kind = k[2:].decode().rsplit("/", 2)
+        for k, raw in self.backend.scan(Prefix.MANIFEST):
+            store, version, kind, _ = _manifest_parts(k)
             try:
                 held = manifest_epoch(raw)
             except MalformedData:  # rotted on disk: the scrub replaces it (node/scrub.py)
                 continue
-            out.append((StoreId.parse(path), int(version), kind, held))
-        for k in self.backend.scan_keys(b"o:"):
-            path, version, kind, epoch = k[2:].decode().rsplit("/", 3)
-            out.append((StoreId.parse(path), int(version), kind, int(epoch)))
+            out.append(ManifestItem(store, version, kind, held))
+        for k in self.backend.scan_keys(Prefix.REPLACED):
+            store, version, kind, (epoch,) = _manifest_parts(k)
+            out.append(ManifestItem(store, version, kind, int(epoch)))
         return out
 
     def raw_manifest(
@@ -347,13 +394,13 @@ class NodeStore:
         """The content digest (core/repair.content_digest) of every manifest held, replaced
         ones included, by repair's item name ``m:<store>/<version>/<kind>/<epoch>``."""
         out = {}
-        for prefix in (b"m:", b"o:"):
+        for prefix in _MANIFESTS:
             for _, raw in self.backend.scan(prefix):
                 try:
                     m = decode_manifest(raw)
                 except (MalformedData, InvalidStoreId, ValueError):
                     continue
-                item = f"m:{m.store.path}/{m.version}/{m.kind}/{m.epoch}"
+                item = ManifestItem(m.store, m.version, m.kind, m.epoch).name()
                 out[item] = content_digest(m.kind, [c.checksum for c in m.chunks])
         return out
 
@@ -379,15 +426,15 @@ class NodeStore:
     # -- retention -----------------------------------------------------------------------
     def retain(self, store: StoreId) -> int | None:
         """How many versions the store's writer asked to keep (None: the node's default)."""
-        raw = self.backend.get(b"r:" + store.path.encode())
+        raw = self.backend.get(_skey(Prefix.RETAIN, store))
         return int(raw) if raw is not None else None
 
     def set_retain(self, store: StoreId, versions: int) -> None:
         if self.retain(store) != versions:
-            self._write({b"r:" + store.path.encode(): str(versions).encode()}, [])
+            self._write({_skey(Prefix.RETAIN, store): str(versions).encode()}, [])
 
     def floor(self, store: StoreId) -> int:
-        raw = self.backend.get(b"f:" + store.path.encode())
+        raw = self.backend.get(_skey(Prefix.FLOOR, store))
         return int(raw) if raw is not None else 0
 
     def apply_floor(self, store: StoreId, floor: int) -> int:
@@ -395,14 +442,14 @@ class NodeStore:
         if floor <= self.floor(store):
             floor = self.floor(store)
         drop: list[bytes] = []
-        for prefix in ("m", "o"):
-            for k in self.backend.scan_keys(f"{prefix}:{store.path}/".encode()):
+        for prefix in _MANIFESTS:
+            for k in self.backend.scan_keys(_under(prefix, store.path)):
                 if _version_of(k) < floor:
                     drop.append(k)
-        for k in self.backend.scan_keys(f"c:{store.path}/".encode()):
-            if int(k.decode().rsplit("/", 2)[1]) < floor:
+        for k in self.backend.scan_keys(_under(Prefix.CHUNK, store.path)):
+            if _version_of(k) < floor:
                 drop.append(k)
-        self._write({b"f:" + store.path.encode(): str(floor).encode()}, drop)
+        self._write({_skey(Prefix.FLOOR, store): str(floor).encode()}, drop)
         return len(drop)
 
     def check_not_corrupt(self, key: str) -> None:
@@ -422,7 +469,9 @@ class NodeStore:
         raw = self.backend.get(main)
         puts: dict[bytes, bytes] = {}
         if raw is not None and (epoch is None or manifest_epoch(raw) == epoch):
-            side = self.backend.scan_keys(f"o:{store.path}/{version:020d}/{kind}/".encode())
+            side = self.backend.scan_keys(
+                _under(Prefix.REPLACED, f"{store.path}/{version:020d}/{kind}")
+            )
             if side:
                 top = max(side)  # the epoch is zero-padded: the highest sorts last
                 puts[main] = self.backend.get(top) or b""
@@ -435,12 +484,12 @@ class NodeStore:
             return
         left = [
             k
-            for prefix in ("m", "o")
-            for k in self.backend.scan_keys(f"{prefix}:{store.path}/".encode())
+            for prefix in _MANIFESTS
+            for k in self.backend.scan_keys(_under(prefix, store.path))
             if k not in deletes
         ]
         if not left:
-            deletes.append(b"h:" + store.path.encode())
+            deletes.append(_skey(Prefix.HEAD, store))
         self._write(puts, deletes)
 
     # -- tentative commits (core/tentative.py) ------------------------------------------
@@ -499,10 +548,10 @@ class NodeStore:
         """(query, store, epoch, version, kind) of every hint held, in hand-off order (by
         store, epoch, version): a key scan, no record decoded."""
         out = []
-        for k in self.backend.scan_keys(b"n:"):
+        for k in self.backend.scan_keys(Prefix.HINT):
             try:
-                path, epoch, version, kind = k[2:].decode().rsplit("/", 3)
-                store = StoreId.parse(path)
+                *path, epoch, version, kind = _text(k).split("/")
+                store = StoreId.parse("/".join(path))
                 out.append((store.query, store, int(epoch), int(version), kind))
             except (InvalidStoreId, InvalidRequest, ValueError):
                 continue
@@ -542,7 +591,7 @@ class NodeStore:
         """Every hint held (manifest, holders), in key order: by store, epoch, version. A
         record that does not decode (a disk fault) is left out, not a failure of every pass."""
         out = []
-        for _, raw in self.backend.scan(b"n:"):
+        for _, raw in self.backend.scan(Prefix.HINT):
             try:
                 out.append(decode_hint(raw))
             except (MalformedData, InvalidStoreId, ValueError):
@@ -552,7 +601,7 @@ class NodeStore:
     def store_hints(self, store: StoreId) -> list[Manifest]:
         """The hints held of ``store`` (one prefix scan; undecodable records left out)."""
         out = []
-        for _, raw in self.backend.scan(f"n:{store.path}/".encode()):
+        for _, raw in self.backend.scan(_under(Prefix.HINT, store.path)):
             try:
                 out.append(decode_hint(raw)[0])
             except (MalformedData, InvalidStoreId, ValueError):
@@ -567,7 +616,7 @@ class NodeStore:
     def hinted_chunks(self) -> set[str]:
         """Chunk keys that a held hint names: repair leaves them to the hand-off."""
         return {
-            f"{m.store.path}/{m.version}/{ref.name}" for m, _ in self.hints() for ref in m.chunks
+            chunk_key(m.store, m.version, ref.name) for m, _ in self.hints() for ref in m.chunks
         }
 
     def delete_hint(self, m: Manifest) -> None:
@@ -589,7 +638,8 @@ class NodeStore:
 
     def outcomes(self, store: StoreId) -> list[Outcome]:
         return [
-            decode_outcomes(raw)[0] for _, raw in self.backend.scan(f"x:{store.path}/".encode())
+            decode_outcomes(raw)[0]
+            for _, raw in self.backend.scan(_under(Prefix.OUTCOME, store.path))
         ]
 
     # -- whole queries (drop) ------------------------------------------------------------
@@ -598,21 +648,18 @@ class NodeStore:
         heads, floors, retention. A store path starts with its query and a ``/``, so a prefix
         scan finds exactly its keys."""
         return {
-            kind: self.backend.scan_keys(f"{prefix}:{query}/".encode())
+            kind: self.backend.scan_keys(_under(prefix, query))
             for kind, prefix in (
-                ("chunks", "c"),
-                ("manifests", "m"),
-                ("heads", "h"),
-                ("floors", "f"),
-                ("retention", "r"),
-                ("hints", "n"),
-                ("outcomes", "x"),
+                ("chunks", Prefix.CHUNK),
+                ("manifests", Prefix.MANIFEST),
+                ("heads", Prefix.HEAD),
+                ("floors", Prefix.FLOOR),
+                ("retention", Prefix.RETAIN),
+                ("hints", Prefix.HINT),
+                ("outcomes", Prefix.OUTCOME),
             )
         } | {  # with the manifests that a higher epoch replaced
-            "manifests": [
-                *self.backend.scan_keys(f"m:{query}/".encode()),
-                *self.backend.scan_keys(f"o:{query}/".encode()),
-            ]
+            "manifests": [k for p in _MANIFESTS for k in self.backend.scan_keys(_under(p, query))]
         }
 
     def purge_query(self, query: str, tombstone: bytes) -> dict[str, int]:
@@ -620,29 +667,49 @@ class NodeStore:
         Returns how many keys of each kind went."""
         keys = self.query_keys(query)
         drop = [k for ks in keys.values() for k in ks]
-        self._write({b"t:" + query.encode(): tombstone}, drop)
+        self._write({_key(Prefix.TOMBSTONE, query): tombstone}, drop)
         return {kind: len(ks) for kind, ks in keys.items()}
 
     def tombstone(self, query: str) -> bytes | None:
-        return self.backend.get(b"t:" + query.encode())
+        return self.backend.get(_key(Prefix.TOMBSTONE, query))
 
     def put_tombstone(self, query: str, tombstone: bytes) -> None:
-        self._write({b"t:" + query.encode(): tombstone})
+        self._write({_key(Prefix.TOMBSTONE, query): tombstone})
 
     def tombstones(self) -> list[bytes]:
-        return [v for _, v in self.backend.scan(b"t:")]
+        return [v for _, v in self.backend.scan(Prefix.TOMBSTONE)]
+
+    # -- figures (node/metrics.py) --------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """How many chunks, manifests (a version and kind's highest epoch: replaced ones
+        not counted), stores (heads) and tombstones are held: key scans, no value read."""
+        return {
+            what: len(self.backend.scan_keys(prefix))
+            for what, prefix in (
+                ("chunks", Prefix.CHUNK),
+                ("manifests", Prefix.MANIFEST),
+                ("stores", Prefix.HEAD),
+                ("tombstones", Prefix.TOMBSTONE),
+            )
+        }
 
     # -- scrub (node/scrub.py) -------------------------------------------------------------
     def manifest_records(self) -> list[bytes]:
         """The storage keys of every manifest held (``m:`` and replaced ``o:`` ones)."""
-        return self.backend.scan_keys(b"m:") + self.backend.scan_keys(b"o:")
+        return [k for prefix in _MANIFESTS for k in self.backend.scan_keys(prefix)]
 
     def manifest_record(self, key: bytes) -> bytes | None:
         return self.backend.get(key)
 
+    def manifest_record_names(self, key: bytes) -> tuple[StoreId, int, str, int | None]:
+        """(store, version, kind, epoch) that the record ``key`` holds the manifest of; the
+        epoch is None for a version's main record (it is in the value, not the key)."""
+        store, version, kind, rest = _manifest_parts(key)
+        return store, version, kind, int(rest[0]) if key.startswith(Prefix.REPLACED) else None
+
     def restore_manifest_record(self, key: bytes, raw: bytes) -> None:
         """Write a replica's copy of a manifest over the rotted bytes under ``key`` (the
         caller checked that ``raw`` is the same store, version and kind)."""
-        if key[:2] not in (b"m:", b"o:"):
+        if not key.startswith(_MANIFESTS):
             raise InvalidRequest(f"{key[:40]!r} is not a manifest's storage key")
         self._write({key: raw})

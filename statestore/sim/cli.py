@@ -4,6 +4,7 @@
 
     statestore-sim --schedules 1000 --seed 1    # progress bar, findings, a summary line
     statestore-sim --replay 8417395             # one schedule by its own seed, with its log
+    statestore-sim --schedules 1000 --seed 36 --disk-faults 0.1 --skew 5   # disk faults, skew
 
 Schedule ``i`` of a run uses the seed ``derive(seed, i)``, printed with each finding, so a
 finding replays on its own with ``--replay``. The exit status is 1 when anything was found.
@@ -16,12 +17,13 @@ import logging
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from statestore.sim.schedule import Outcome, run_schedule
+from statestore.sim.schedule import DISK_FAULTS, Outcome, run_schedule
 
 __all__ = ["derive", "main"]
 
@@ -54,15 +56,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="share of the writers' commits allowed to be tentative (delay bound 1 s); "
         "0 (the default) keeps every seed's schedule as it was before tentative commits",
     )
+    parser.add_argument(
+        "--disk-faults",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of the steps that also hit one node's disk: lost writes, torn writes, "
+        "flipped bits, a wiped data dir (sim/disk.py); 0 (the default) keeps every seed's "
+        "schedule",
+    )
+    parser.add_argument(
+        "--skew",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="each node's clock is off by up to this many seconds (and runs up to 0.1%% fast "
+        "or slow); 0 (the default): every node reads the simulated time",
+    )
     args = parser.parse_args(argv)
-    if not 0.0 <= args.tentative <= 1.0:
-        parser.error("--tentative must be a share in [0, 1]")
+    for name in ("tentative", "disk_faults"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be a share in [0, 1]")
+    if not 0.0 <= args.skew <= 3600.0:
+        parser.error("--skew must be in [0, 3600] seconds")
+    options = {"tentative": args.tentative, "disk_faults": args.disk_faults, "skew": args.skew}
     # the nodes log what they route around (warnings); the findings are what matters here
     logging.getLogger("statestore").setLevel(logging.CRITICAL)
     console = Console(highlight=False, soft_wrap=True)
 
     if args.replay is not None:
-        outcome = run_schedule(args.replay, tentative=args.tentative)
+        outcome = run_schedule(args.replay, **options)
         for line in outcome.log:
             console.print(line, markup=False)
         _report(console, outcome)
@@ -84,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as progress:
         task = progress.add_task("run", total=args.schedules, found=0)
         for i in range(args.schedules):
-            outcome = run_schedule(derive(args.seed, i), tentative=args.tentative)
+            outcome = run_schedule(derive(args.seed, i), **options)
             outcomes.append(outcome)
             if outcome.violations:
                 progress.console.print(f"schedule {i}:", end=" ")
@@ -110,7 +133,23 @@ def _summary(outcomes: list[Outcome], seconds: float) -> str:
         )
         + f"), {sum(o.reads for o in outcomes)} reads, "
         f"{sum(o.sim_seconds for o in outcomes):.0f} simulated seconds; "
-        f"{found} violation(s) in {bad} schedule(s){rate}"
+        + _disk(outcomes)
+        + f"{found} violation(s) in {bad} schedule(s){rate}"
+    )
+
+
+def _disk(outcomes: list[Outcome]) -> str:
+    faults: Counter[str] = Counter()
+    scrub: Counter[str] = Counter()
+    for o in outcomes:
+        faults.update(o.disk_faults)
+        scrub.update(o.scrub)
+    if not faults:
+        return ""
+    kinds = ", ".join(f"{faults[k]} {k}" for k in (*DISK_FAULTS, "lost batches"))
+    return (
+        f"disk faults: {kinds}; scrub: {scrub['scrubbed']} verified, "
+        f"{scrub['scrub_corrupt']} corrupt found, {scrub['scrub_replaced']} replaced; "
     )
 
 

@@ -4,7 +4,7 @@ When every task waits on a timer, the loop jumps its clock straight to the earli
 of sleeping, so ``asyncio.sleep``, ``asyncio.timeout`` and every interval, TTL and failure
 detector that reads ``loop.time()`` run on simulated seconds: a minute of gossip, repair and
 timeouts takes milliseconds, and the order in which callbacks run depends only on the program
-and its seed, never on the machine (FoundationDB's deterministic simulation; DESIGN.md).
+and its seed, never on the machine (FoundationDB's deterministic simulation; docs/reliability.md).
 
 Work that would go to a thread (``asyncio.to_thread``, a node's storage writer) runs inline
 instead (:class:`InlineExecutor`), since a thread finishing "whenever" would make a run depend

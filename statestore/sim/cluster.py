@@ -6,6 +6,12 @@ simulated time), a seeded RNG, a ``MemoryTransport`` named by its address, an in
 writer and a ``MemoryBackend`` that outlives it: a crash drops the node and everything it was
 doing, a restart builds a new ``Node`` over the same data (its id and incarnation come from its
 data dir, as after a real restart).
+
+The storage is a :class:`~statestore.sim.disk.Disk` (a ``MemoryBackend`` that can also lose,
+tear and rot what it holds, and be wiped: ``--disk-faults``). With ``skew``, each node's clock
+is the simulated time times a rate within 1 +- 0.1 %, plus an offset within +-``skew``
+seconds of a common 1,000 s, drawn again at every start (a reboot restarts a monotonic
+clock): nodes never agree on the time, as real ones don't.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -21,13 +28,15 @@ from aiohttp import web
 
 from statestore.net.memory import MemoryNetwork
 from statestore.node.api import build_app
-from statestore.node.backends import MemoryBackend
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Loop, Node
 from statestore.node.server import LOOPS
 from statestore.sim.clock import InlineExecutor
+from statestore.sim.disk import Disk
 
-__all__ = ["SIM_CONFIG", "AppFactory", "Cluster"]
+__all__ = ["SCRUB_COUNTS", "SIM_CONFIG", "AppFactory", "Cluster"]
+
+SCRUB_COUNTS = ("scrubbed", "scrub_corrupt", "scrub_replaced")  # node stats summed per run
 
 AppFactory = Callable[[Node], web.Application]
 
@@ -49,12 +58,23 @@ SIM_CONFIG = NodeConfig(
 )
 
 
+def _sim_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 class _Slot:
     def __init__(self, address: str, data_dir: str) -> None:
         self.address = address
         self.data_dir = data_dir
-        self.backend = MemoryBackend()
+        self.backend = Disk(_sim_time)
         self.node: Node | None = None
+        self.started_at = 0.0  # simulated time of the last start
+        self.wipes = 0
+
+
+def _write_identity(data_dir: str, node_id: str) -> None:
+    with open(os.path.join(data_dir, "node.json"), "w") as f:
+        json.dump({"id": node_id, "incarnation": 0}, f)  # the same ids every run
 
 
 class Cluster:
@@ -63,6 +83,9 @@ class Cluster:
     Args:
         app_factory: builds a node's application (a test passes a broken one).
         loops: the background loops each node runs besides gossip.
+        skew: the bound of each node's clock offset (0: every node reads the loop's time).
+        skew_rng: draws the offsets and rates (its own generator, so ``skew`` 0 changes no
+            schedule).
     """
 
     def __init__(
@@ -75,19 +98,23 @@ class Cluster:
         config: NodeConfig = SIM_CONFIG,
         app_factory: AppFactory = build_app,
         loops: Sequence[tuple[str, Loop]] = LOOPS,
+        skew: float = 0.0,
+        skew_rng: random.Random | None = None,
     ) -> None:
         self.network = network
         self.rng = rng
         self.config = config
         self.app_factory = app_factory
         self.loops = tuple(loops)
+        self.skew = skew
+        self.skew_rng = skew_rng or random.Random(0)
+        self.scrub: dict[str, int] = dict.fromkeys(SCRUB_COUNTS, 0)
         self.slots: dict[str, _Slot] = {}
         for i in range(size):
             address = f"n{i}:7400"
             data_dir = os.path.join(data_root, f"n{i}")
             os.makedirs(data_dir)
-            with open(os.path.join(data_dir, "node.json"), "w") as f:
-                json.dump({"id": f"n{i}", "incarnation": 0}, f)  # the same ids every run
+            _write_identity(data_dir, f"n{i}")
             self.slots[address] = _Slot(address, data_dir)
 
     @property
@@ -103,6 +130,35 @@ class Cluster:
     def node(self, address: str) -> Node | None:
         return self.slots[address].node
 
+    def disk(self, address: str) -> Disk:
+        return self.slots[address].backend
+
+    def started_at(self, address: str) -> float:
+        return self.slots[address].started_at
+
+    def wipe(self, address: str) -> str:
+        """The crashed node's data dir is gone (its disk too): the next start is a new node
+        at the same address, with a new id as a real one would take (a fixed one here);
+        returns that id."""
+        slot = self.slots[address]
+        assert slot.node is None, "wipe a crashed node"
+        slot.backend.wipe()
+        slot.wipes += 1
+        shutil.rmtree(slot.data_dir)
+        os.makedirs(slot.data_dir)
+        node_id = f"{address.split(':')[0]}w{slot.wipes}"
+        _write_identity(slot.data_dir, node_id)
+        self.network.note(f"wipe {address}: its data dir is empty, it starts as {node_id}")
+        return node_id
+
+    def _clock(self) -> Callable[[], float]:
+        loop = asyncio.get_running_loop()
+        if not self.skew:
+            return loop.time
+        offset = 1000.0 + self.skew_rng.uniform(-self.skew, self.skew)
+        rate = 1.0 + self.skew_rng.uniform(-1e-3, 1e-3)
+        return lambda: offset + rate * loop.time()
+
     async def start(self, address: str) -> None:
         """Start (or restart) the node at ``address`` over the data it kept."""
         slot = self.slots[address]
@@ -117,7 +173,7 @@ class Cluster:
         )
         node = Node(
             config,
-            clock=loop.time,
+            clock=self._clock(),
             rng=random.Random(self.rng.getrandbits(64)),
             transport=self.network.transport(address, timeout=5.0),
             backend=slot.backend,
@@ -125,6 +181,7 @@ class Cluster:
         )
         self.network.attach(address, self.app_factory(node), config.max_body)
         slot.node = node
+        slot.started_at = loop.time()
         self.network.note(f"start {address}")
         await node.start(7400, self.loops)
 
@@ -138,6 +195,8 @@ class Cluster:
         self.network.note(f"crash {address}")
         await self.network.detach(address)
         await node.stop()
+        for name in SCRUB_COUNTS:
+            self.scrub[name] += node.stats.get(name, 0)
 
     async def start_all(self) -> None:
         for address in self.slots:

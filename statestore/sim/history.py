@@ -1,4 +1,4 @@
-"""The history of a simulated run, and the checker that judges it (DESIGN.md, sim/).
+"""The history of a simulated run, and the checker that judges it (docs/reliability.md).
 
 Every client operation is recorded with the logical time it began and ended (a counter, so
 "A ended before B began" is exact): commit attempts with their version, epoch, delta digest and

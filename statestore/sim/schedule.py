@@ -13,6 +13,16 @@ acknowledged version in its retention window are restored, and sim/history.py ju
 
 Everything random comes from ``random.Random(seed)`` and time is simulated (sim/clock.py), so
 a seed replays exactly: the same operations, faults, outcomes and findings.
+
+With ``disk_faults`` (a share of the steps), a step may also hit one node's disk
+(sim/disk.py): crash it losing the writes of its last seconds (**lost**), crash it tearing
+the last chunk or manifest it wrote (**torn**), flip bits in one chunk or manifest it holds
+(**flip**, the node stays up), or crash it and wipe its data dir (**wipe**: it restarts as a
+new, empty node at the same address). The fault budget: a node with a disk fault counts as
+out (as a crashed or isolated one) until :data:`RECOVERY` seconds after it is up again, and
+one node is out at a time. The scrub (node/scrub.py) then runs every
+:data:`SCRUB_INTERVAL` seconds. With ``skew``, the nodes' clocks disagree (sim/cluster.py).
+Both draw from generators of their own: off, a seed's schedule is what it was before them.
 """
 
 from __future__ import annotations
@@ -20,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
+from collections import Counter
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from client import AsyncRingClient
@@ -33,7 +44,7 @@ from statestore.sim.cluster import SIM_CONFIG, AppFactory, Cluster
 from statestore.sim.history import History, Violation, check
 from statestore.sim.ops import ClientOps, Writer
 
-__all__ = ["Outcome", "run_schedule"]
+__all__ = ["DISK_FAULTS", "RECOVERY", "Outcome", "run_schedule"]
 
 NODES = 5
 STORES = tuple(StoreId("sim", 0, p, "s") for p in range(2))
@@ -50,6 +61,10 @@ ACTIONS = {
     "heal": 1.0,
     "faults": 1.0,
 }
+# disk faults by kind (sim/disk.py), weighted
+DISK_FAULTS = {"lost": 1.0, "torn": 1.0, "flip": 2.0, "wipe": 0.5}
+RECOVERY = 20.0  # a disk-faulted node is out this long after it is up again (repair's time)
+SCRUB_INTERVAL = 5.0  # between scrub passes when disk faults are on
 
 
 @dataclass
@@ -66,25 +81,42 @@ class Outcome:
     refused: int = 0
     reads: int = 0
     sim_seconds: float = 0.0
+    disk_faults: Counter[str] = field(default_factory=Counter)  # by kind, and "lost batches"
+    scrub: dict[str, int] = field(default_factory=dict)  # node stats: scrubbed, corrupt, ...
 
 
 class _Run(ClientOps):
     def __init__(
-        self, seed: int, app_factory: AppFactory, data_root: str, tentative: float = 0.0
+        self,
+        seed: int,
+        app_factory: AppFactory,
+        data_root: str,
+        tentative: float = 0.0,
+        disk_faults: float = 0.0,
+        skew: float = 0.0,
     ) -> None:
         self.rng = random.Random(seed)
-        # tentative commits draw from their own generator: with ``tentative`` 0 a seed's
-        # schedule is what it was before they existed (the regression seeds of tests/test_sim)
+        # tentative commits, disk faults and clock skew draw from generators of their own:
+        # off, a seed's schedule is what it was before they existed (the regression seeds of
+        # tests/test_sim)
         self.tentative = tentative
         self.trng = random.Random(seed ^ 0x7E47)
+        self.disk_faults = disk_faults
+        self.drng = random.Random(seed ^ 0xD15C)
         self.network = MemoryNetwork(random.Random(self.rng.getrandbits(64)))
+        config = replace(SIM_CONFIG, scrub_interval=SCRUB_INTERVAL) if disk_faults else SIM_CONFIG
         self.cluster = Cluster(
             self.network,
             NODES,
             random.Random(self.rng.getrandbits(64)),
             data_root,
+            config=config,
             app_factory=app_factory,
+            skew=skew,
+            skew_rng=random.Random(seed ^ 0x5CE3),
         )
+        self.faulted: dict[str, float] = {}  # address -> simulated time of its disk fault
+        self.fault_counts: Counter[str] = Counter()
         self.history = History()
         self.clients: list[AsyncRingClient] = []
         self.writers: dict[StoreId, list[Writer]] = {s: [] for s in STORES}
@@ -167,9 +199,45 @@ class _Run(ClientOps):
             net.note(f"faults {net.faults}")
 
     def _out(self) -> bool:
-        """A node is crashed or isolated already: the schedule takes out one node at a time,
-        the failures R=3, W=2 promises to survive (docs/reliability.md)."""
-        return bool(self.cluster.down()) or self.isolated is not None
+        """A node is crashed or isolated already, or its disk fault is not repaired yet: the
+        schedule takes out one node at a time, the failures R=3, W=2 promises to survive
+        (docs/reliability.md)."""
+        return bool(self.cluster.down()) or self.isolated is not None or self._disk_out()
+
+    def _disk_out(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        down = self.cluster.down()
+        return any(
+            a in down or now < max(at, self.cluster.started_at(a)) + RECOVERY
+            for a, at in self.faulted.items()
+        )
+
+    def _disk_step(self) -> None:
+        """Maybe hit one node's disk (sim/disk.py), within the fault budget."""
+        if not self.disk_faults or self.drng.random() >= self.disk_faults or self._out():
+            return
+        kind = self.drng.choices(list(DISK_FAULTS), list(DISK_FAULTS.values()))[0]
+        address = self.drng.choice(self.cluster.up())
+        self.faulted[address] = asyncio.get_running_loop().time()
+        self.spawn(self._disk_fault(kind, address))
+
+    async def _disk_fault(self, kind: str, address: str) -> None:
+        cluster, note, disk = self.cluster, self.network.note, self.cluster.disk(address)
+        self.fault_counts[kind] += 1
+        if kind == "flip":
+            key = disk.flip(self.drng)
+            note(f"disk flip {address}: {key!r}")
+            return
+        since = asyncio.get_running_loop().time() - self.drng.uniform(0.2, 3.0)
+        await cluster.crash(address)
+        if kind == "lost":
+            lost = disk.lose(since)
+            self.fault_counts["lost batches"] += lost
+            note(f"disk lost {address}: {lost} write batches acknowledged since {since:.3f}")
+        elif kind == "torn":
+            note(f"disk torn {address}: {disk.tear(self.drng)!r}")
+        else:
+            cluster.wipe(address)
 
     @staticmethod
     async def _void(coro: Coroutine[Any, Any, Any]) -> None:
@@ -184,6 +252,7 @@ class _Run(ClientOps):
             await self.new_writer(store)
         names, weights = list(ACTIONS), list(ACTIONS.values())
         for _ in range(steps):
+            self._disk_step()
             self._step(self.rng.choices(names, weights)[0])
             await asyncio.sleep(self.rng.uniform(0.05, 3.0))
         # the end: heal everything, let the ring repair, then check every acknowledged version
@@ -220,6 +289,8 @@ class _Run(ClientOps):
             refused=sum(1 for c in commits if c.outcome == "refused"),
             reads=len(self.history.reads),
             sim_seconds=loop.time(),
+            disk_faults=self.fault_counts,
+            scrub=dict(self.cluster.scrub),
         )
 
 
@@ -229,11 +300,15 @@ def run_schedule(
     steps: int | None = None,
     app_factory: AppFactory = build_app,
     tentative: float = 0.0,
+    disk_faults: float = 0.0,
+    skew: float = 0.0,
 ) -> Outcome:
     """Run the schedule of ``seed`` to the end and judge it (sim/history.py); ``tentative``:
-    the share of the writers' commits allowed to be tentative (core/tentative.py)."""
+    the share of the writers' commits allowed to be tentative (core/tentative.py);
+    ``disk_faults``: the share of steps that also hit a node's disk; ``skew``: the bound of
+    the nodes' clock offsets, in seconds."""
     with tempfile.TemporaryDirectory(prefix="statestore-sim-") as root:
-        run = _Run(seed, app_factory, root, tentative)
+        run = _Run(seed, app_factory, root, tentative, disk_faults, skew)
         n = steps if steps is not None else run.rng.randint(15, 40)
         outcome = run_simulated(lambda: run.main(n))
     outcome.seed = seed

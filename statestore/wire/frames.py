@@ -50,10 +50,10 @@ __all__ = [
 HEADER = struct.Struct(">cII")
 MAX_META = 16 * 1024 * 1024
 KINDS = (b"C", b"F", b"D", b"E")
-# A relay plan decodes to ~70x its size in Python objects (issue 36, finding 13): its body, each
-# hop's chunk list and the chunk tasks of the whole plan are bounded before any is built. A
-# real plan names each chunk once, about 50 bytes a task: 1 MiB holds ~20,000 tasks (80 GiB of
-# 4 MiB chunks); past these a restorer's relay fails and it fetches the chunks star-wise.
+# A relay plan decodes to ~70x its size in Python objects (docs/security.md, Hardened endpoints):
+# its body, each hop's chunk list and the chunk tasks of the whole plan are bounded before any is
+# built. A real plan names each chunk once, about 50 bytes a task: 1 MiB holds ~20,000 tasks (80 GiB
+# of 4 MiB chunks); past these a restorer's relay fails and it fetches the chunks star-wise.
 MAX_PLAN_BYTES = 1 << 20
 MAX_HOP_CHUNKS = 16384
 MAX_PLAN_CHUNKS = 32768

@@ -1,4 +1,4 @@
-"""The provider under stress (issue 13), driven outside Spark's scheduler.
+"""The provider under stress (docs/spark.md), driven outside Spark's scheduler.
 
 ``java/statestore/spark/ProviderHarness.java`` opens stores of a real RingStateStoreProvider
 the way Spark's tasks do, against real ring nodes (LocalRing), to stage what a local-mode
