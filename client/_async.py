@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -32,6 +31,7 @@ from statestore.core.plan import Plan
 from statestore.core.quorum import check_consistency, read_answers, write_acks
 from statestore.core.tentative import ROLLED_BACK, Correction, Outcome, corrections, merge
 from statestore.core.view import RingView
+from statestore.net.credentials import client_token
 from statestore.net.http import HttpTransport
 from statestore.net.quorate import finish_left
 from statestore.net.reads import (
@@ -98,7 +98,9 @@ class AsyncRingClient:
             it either way.
         clock: the restorer's clock (link measurements, the ingress cap).
         token: the bearer token sent with every request to nodes started with
-            ``--auth-file`` (default: the ``STATESTORE_TOKEN`` environment variable).
+            ``--auth-file`` (default: the ``STATESTORE_TOKEN`` environment variable, else
+            the content of the file ``STATESTORE_TOKEN_FILE`` names; SetupError when that
+            file cannot be read).
         tls_ca: a PEM file of the CA that signed the nodes' certificates, for a ring started
             with ``--tls-cert`` (default: the file named by ``STATESTORE_TLS_CA``); every
             request is then HTTPS, each node verified against it. Unset: plain HTTP.
@@ -126,7 +128,7 @@ class AsyncRingClient:
     ) -> None:
         self.seeds = parse_seeds(seeds)
         ca = tls_ca_file(tls_ca)
-        token = token or os.environ.get("STATESTORE_TOKEN") or None
+        token = client_token(token)  # or $STATESTORE_TOKEN, or $STATESTORE_TOKEN_FILE's
         bearer = {"Authorization": f"Bearer {token}"} if token else {}
         if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
             raise ValueError("concurrency and chunk_size must be positive, key_groups 1..65536")

@@ -1,10 +1,13 @@
 """A throwaway certificate authority for the TLS tests (``cryptography``): a CA, node
-certificates naming loopback, and a second CA that signed none of them."""
+certificates naming loopback, and a second CA that signed none of them; and the flags of a
+secured ring (TLS, client tokens, node identity)."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +16,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["TlsFiles", "make_tls"]
+__all__ = ["ADMIN", "TOKENS", "WRITER", "TlsFiles", "make_tls", "secured_args"]
+
+ADMIN = "tls-admin-token-000000001"
+WRITER = "tls-writer-token-00000001"
+TOKENS = {
+    ADMIN: {"queries": ["*"], "rights": ["read", "write", "admin"]},
+    WRITER: {"queries": ["tls-*"], "rights": ["read", "write"]},
+}
 
 
 @dataclass(frozen=True)
@@ -114,3 +124,20 @@ def make_tls(directory: Path) -> TlsFiles:
     )
     files.key.chmod(0o600)
     return files
+
+
+def secured_args(
+    tmp_path: Path, tls: TlsFiles, tokens: dict[str, dict[str, list[str]]] = TOKENS
+) -> list[str]:
+    """Every security flag of ``statestore node``: TLS, client tokens, node identity."""
+    secret = tmp_path / "cluster.secret"
+    secret.write_bytes(os.urandom(32).hex().encode())
+    auth = tmp_path / "tokens.json"
+    auth.write_text(json.dumps(tokens))
+    return [
+        *tls.node_args(),
+        "--auth-file",
+        str(auth),
+        "--cluster-secret-file",
+        str(secret),
+    ]

@@ -21,7 +21,7 @@ from typing import Any
 
 from statestore.cli.command import Subparsers, add_client_tls, add_seeds
 from statestore.cli.http import token_headers
-from statestore.core.errors import NodeUnavailable, StateStoreError
+from statestore.core.errors import AccessDenied, NodeUnavailable, StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.inventory import inspect_store, merge_listings, summaries_json
 from statestore.core.view import RingView
@@ -90,6 +90,8 @@ class Admin:
         for seed in self.seeds:
             try:
                 return seed, RingView.from_json(await self.get(seed, "/v1/ring"))
+            except AccessDenied:  # the ring answered: no token, or one without the right
+                raise
             except StateStoreError as exc:
                 errors.append(f"{seed}: {exc}")
         raise NodeUnavailable("no seed answered (" + "; ".join(errors) + "); check --seeds")
@@ -103,6 +105,8 @@ class Admin:
         got: dict[str, Any] = {}
         failed: list[str] = []
         for address, answer in zip(addresses, answers, strict=True):
+            if isinstance(answer, AccessDenied):  # not a node missing: the caller's rights
+                raise answer
             if isinstance(answer, StateStoreError):
                 failed.append(f"{address}: {answer}")
             elif isinstance(answer, BaseException):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import ssl
 import urllib.error
 import urllib.request
@@ -37,6 +36,7 @@ from statestore.core.errors import (
     SetupError,
     StateStoreError,
 )
+from statestore.net.credentials import client_token
 from statestore.net.tls import TLS_CA_ENV, client_context, tls_ca_file, tls_failure
 from statestore.net.transport import error_from_answer
 
@@ -46,17 +46,7 @@ __all__ = ["first_view", "open_node", "request_json", "token_headers"]
 def token_headers(token: str | None = None) -> dict[str, str]:
     """``Authorization`` from ``token``, ``STATESTORE_TOKEN`` or ``STATESTORE_TOKEN_FILE``
     (or none). Raises SetupError when the token file cannot be read."""
-    token = (token or os.environ.get("STATESTORE_TOKEN", "")).strip()
-    path = os.environ.get("STATESTORE_TOKEN_FILE", "")
-    if not token and path:
-        try:
-            with open(path) as f:
-                token = f.read().strip()
-        except OSError as exc:
-            raise SetupError(
-                f"cannot read the token file STATESTORE_TOKEN_FILE={path} ({exc}): give a "
-                "readable file holding the ring's client token"
-            ) from exc
+    token = client_token(token)  # the SDK's rule too (net/credentials.py)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

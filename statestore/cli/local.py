@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statestore.cli.command import Subparsers, positive
+from statestore.cli.command import Subparsers, failer, positive
 from statestore.cli.http import open_node
+from statestore.cli.node import missing_node_packages, node_install_hint
 from statestore.node.settings import node_env_names
 
 __all__ = ["LocalRing", "NodeProcess", "add_parser", "clean_node_env", "http_json", "run"]
@@ -210,14 +212,49 @@ class LocalRing:
 
 def add_parser(sub: Subparsers) -> None:
     loc = sub.add_parser("local", help="run N nodes on loopback until Ctrl-C")
-    loc.add_argument("--nodes", type=positive, default=3)
-    loc.add_argument("--base-port", type=int, default=7400)
-    loc.add_argument("--data-dir", default="data/local")
+    loc.add_argument("--nodes", type=positive, default=3, help="nodes to run (default: 3)")
+    loc.add_argument(
+        "--base-port",
+        type=int,
+        default=7400,
+        metavar="P",
+        help="node i listens on port P+i, TCP and UDP (default: 7400; 0: ports the OS picks)",
+    )
+    loc.add_argument(
+        "--data-dir",
+        default="data/local",
+        metavar="DIR",
+        help="node i keeps its data in DIR/node-i (default: data/local)",
+    )
     loc.set_defaults(run=run)
+
+
+def busy_ports(host: str, ports: Sequence[int]) -> list[int]:
+    """The ``ports`` some process already listens on (TCP) at ``host``."""
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a node binds
+            try:
+                s.bind((host, port))
+            except OSError:
+                busy.append(port)
+    return busy
 
 
 def run(args: argparse.Namespace) -> int:
     """``statestore local``: the ring up until Ctrl-C (or SIGTERM), then stopped."""
+    fail = failer("local")
+    if missing := missing_node_packages():  # its nodes would each fail the same way
+        return fail(node_install_hint(missing))
+    ports = [args.base_port + i for i in range(args.nodes)] if args.base_port else []
+    if busy := busy_ports("127.0.0.1", ports):
+        return fail(
+            f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} on 127.0.0.1 "
+            f"{'are' if len(busy) > 1 else 'is'} in use (another statestore local or node?); "
+            f"node i listens on --base-port + i: give a --base-port with {args.nodes} free "
+            "ports from it, or --base-port 0 for ports the OS picks"
+        )
     ring = LocalRing(os.path.abspath(args.data_dir), args.nodes, args.base_port)
     stop = {"now": False}
 
@@ -227,7 +264,12 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     try:
-        ring.start()
+        try:
+            ring.start()
+        except (RuntimeError, TimeoutError) as exc:  # a node that did not start, or no ring
+            why = str(exc).strip().splitlines()
+            hint = " (pick another --base-port)" if "cannot listen" in why[-1] else ""
+            return fail(f"{why[0]} {why[-1] if len(why) > 1 else ''}".strip() + hint)
         print(f"local ring of {args.nodes} nodes up; seeds: {','.join(ring.seeds)}", flush=True)
         print("Ctrl-C stops them.", flush=True)
         while not stop["now"]:

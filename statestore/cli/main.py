@@ -5,7 +5,8 @@ per command or family, each owning its subparser and its run, cli/command.py):
 (cli/elastic.py), ``removenode`` (cli/removenode.py), ``rebalance`` (cli/rebalance.py),
 ``restore`` (cli/restore.py), ``outcomes`` (cli/outcomes.py), ``stores ls``, ``inspect`` and
 ``drop`` (cli/admin.py), ``backup`` and ``restore-backup`` (cli/backup.py), ``spark-jar``
-(cli/spark_jar.py), ``spark-repartition`` (cli/spark_repartition.py), ``demo`` (cli/demo.py).
+(cli/spark_jar.py), ``spark-repartition`` (cli/spark_repartition.py), ``spark-savepoint`` and
+``spark-restore-savepoint`` (cli/savepoint.py), ``demo`` (cli/demo.py).
 
 Errors end here, at one place, as one line on stderr and never a trace: bad arguments with
 argparse's usage message and exit code 2; an error of the tree (core/errors.py) a command
@@ -30,6 +31,7 @@ from statestore.cli import (
     removenode,
     restore,
     ring,
+    savepoint,
     spark_jar,
     spark_repartition,
 )
@@ -52,6 +54,7 @@ COMMANDS = (
     backup,
     spark_jar,
     spark_repartition,
+    savepoint,
     demo,
 )
 

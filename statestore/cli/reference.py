@@ -4,7 +4,7 @@ settings table (``statestore.node.settings``).
 ``python -m statestore.cli.reference`` says whether the docs' generated blocks match the parser
 (exit 1 and the files to regenerate when they do not); ``--write`` rewrites the blocks. Each
 block sits between ``BEGIN`` and ``END`` markers; the text around it is written by hand.
-tests/test_settings.py fails when a block and the parser drift apart.
+tests/ring/test_settings.py fails when a block and the parser drift apart.
 """
 
 from __future__ import annotations

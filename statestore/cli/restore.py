@@ -65,13 +65,15 @@ def run(args: argparse.Namespace) -> int:
         ingress=ingress,
         tls_ca=args.tls_ca,
     ) as ring:
-        kind, total = args.plan, None
+        kind, total, why = args.plan, None, ""
         if args.explain or args.consistency == "quorum":  # the plan's head read is a quorum's
             plan = ring.explain(store, args.version, args.plan)
             if args.explain:
                 print(plan.explain())
                 return 0
-            kind, total = plan.kind, plan.bytes_in
+            # the restore is then asked for the shape auto chose (the bar's total is that
+            # plan's): its own reason would be "asked for star", so auto's is kept
+            kind, total, why = plan.kind, plan.bytes_in, plan.reason
         with Progress(
             "[progress.description]{task.description}",
             BarColumn(),
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"restored {store} v{st.version}: {len(st)} keys")
     table.add_column("what")
     table.add_column("value")
-    table.add_row("plan", f"{st.plan}: {s['reason']}")
+    table.add_row("plan", f"{st.plan}: {why if why and st.plan == kind else s['reason']}")
     table.add_row(
         "consistency",
         f"{args.consistency}"

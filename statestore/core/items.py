@@ -19,7 +19,7 @@ zeros, no trailing newline, numbers within their limits, a known kind, a valid s
 
 :class:`Prefix` holds the first bytes of a replica's storage keys (node/replica.py's
 layout). Only ``NodeStore`` builds keys from them (core/quota.py reads which count against
-a query). A chunk's storage key is its item name: ``tests/test_items.py`` holds the two
+a query). A chunk's storage key is its item name: ``tests/unit/test_items.py`` holds the two
 formats together through a real ``NodeStore``, so neither can drift alone.
 """
 

@@ -24,7 +24,7 @@ the writer's real base instead of whichever epoch is highest at each version
   take (that exact epoch: a base that no replica answered with is VersionNotFound, never a
   guess); a manifest without one (written before base_epoch existed, or by a writer that did
   not know its base) falls back to the highest epoch there (the Java provider ports this rule
-  as spark_connector/java/.../Lineage.java, cross-checked in tests/test_java_codec.py);
+  as spark_connector/java/.../Lineage.java, cross-checked in tests/ring/test_java_codec.py);
 - at one version and epoch a snapshot is preferred to the delta (same state, no chain below).
 """
 
@@ -264,7 +264,7 @@ def local_chain(deltas: Candidates, snapshots: Candidates, version: int) -> list
       was down, not yet repaired) it goes on from the next version it holds below, every
       epoch: another replica may hold the gap but not what lies under it, and the merged
       answers of a read quorum must hold every acknowledged version of the chain (a rolling
-      restart under a writer left each replica a different gap: tests/test_upgrade.py).
+      restart under a writer left each replica a different gap: tests/ring/test_upgrade.py).
     """
     out: list[Manifest] = []
     for t in (deltas, snapshots):

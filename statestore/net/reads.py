@@ -291,7 +291,7 @@ async def read_head(
         return _merge_head(view, store, heads, errors, answers)
     except StoreNotFound:
         # a quorum of owners never saw the store: before saying it does not exist, ask
-        # where its writes went while owners were down (tests/test_ring.py), and its home
+        # where its writes went while owners were down (tests/ring/test_ring.py), and its home
         # replicas, which this view may call down wrongly (:func:`_elsewhere`)
         more, at_home = await _elsewhere(transport, view, store, path, answered, answers)
         best = merge_heads(_heads(more, []))
@@ -442,7 +442,7 @@ def _merge_chain(
     # store's only replica, and its StoreNotFound ended a restore of a store with acknowledged
     # versions (statestore-sim seed 263719285619475, docs/reliability.md); a version missing
     # from fewer answers may be on the replicas that were silent. A chain that resolves is
-    # used as it comes (a restore from the last replica standing, tests/test_ring.py).
+    # used as it comes (a restore from the last replica standing, tests/ring/test_ring.py).
     not_found = [e for e in errors if isinstance(e, NotFound)]
     answered = len(bodies) + len(not_found)
     if answers is not None:  # a per-request consistency asks for this many answers first

@@ -88,8 +88,14 @@ class Access:
         self.node_id = node_id
         self.secret: bytes | None = None
         if secret_file:
-            with open(secret_file, "rb") as f:
-                self.secret = parse_secret(f.read(), f"--cluster-secret-file {secret_file}")
+            try:
+                with open(secret_file, "rb") as f:
+                    raw = f.read()
+            except OSError as exc:  # named here: the node's catch-all blames --data-dir
+                raise ValueError(
+                    f"--cluster-secret-file {secret_file}: cannot read it ({exc.strerror or exc})"
+                ) from exc
+            self.secret = parse_secret(raw, f"--cluster-secret-file {secret_file}")
         self._key = self.secret or secrets.token_bytes(32)
         self.tokens = TokenFile(auth_file) if auth_file else None
         self.limiter = Limiter()

@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 
 from statestore.core.balance import ServedMeter
-from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError
+from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError, Unavailable
 from statestore.core.formats import DISK_FORMAT, VERSION, WIRE_FORMAT, check_disk_format
 from statestore.core.handover import Handover, NodeState
 from statestore.core.membership import MAX_VNODES, REMOVED, Membership, Status
@@ -330,6 +330,8 @@ class Node:
         self.storage_full: tuple[str, int | None, float] | None = None
         self._view: RingView | None = None
         self._directory: list[str] = []
+        # seed -> why its last gossip exchange failed (gone once it answers): _seed_watch_loop
+        self._seed_errors: dict[str, str] = {}
         self.restorer: Restorer
         self.hints_arrived = asyncio.Event()  # wakes the hint loop (node/hints.py)
         self.stats: dict[str, int] = {
@@ -375,9 +377,18 @@ class Node:
             dport = port if self.config.dht_port is None else self.config.dht_port
             try:
                 await self.discovery.listen(dport)
-            except OSError:
-                await self.discovery.listen(0)
+            except OSError as exc:  # the first stdout line names the port it took
+                taken = await self.discovery.listen(0)
+                log.warning(
+                    "DHT: UDP port %d is taken (%s); listening on UDP %d instead (peers "
+                    "learn it from /v1/health)",
+                    dport,
+                    exc.strerror or exc,
+                    taken,
+                )
         self._spawn(self._gossip_loop, "gossip")
+        if self.config.seeds:
+            self._spawn(self._seed_watch_loop, "seed-watch")
         if self.discovery is not None:
             self._spawn(self._discovery_loop, "discovery")
         for name, loop in loops:
@@ -657,7 +668,7 @@ class Node:
         assert self.membership is not None
         # A round does not wait for its exchanges: a paused or silent peer would hold every
         # round, and with it our own heartbeat, for the request timeout, and our peers then
-        # saw us flap to suspect (tests/test_gray.py under load). An exchange runs on its own;
+        # saw us flap to suspect (tests/ring/test_gray.py under load). An exchange runs on its own;
         # a target whose exchange is still running is skipped until it ends.
         inflight: dict[str, asyncio.Task[None]] = {}
         try:
@@ -682,23 +693,72 @@ class Node:
     async def _exchange(self, address: str) -> None:
         try:
             await self.gossip_with(address)
-        except StateStoreError:
-            pass  # an unreachable or refusing peer: the failure detector speaks for it
+            self._seed_errors.pop(address, None)
+        except StateStoreError as exc:
+            # an unreachable or refusing peer: the failure detector speaks for it, and for a
+            # seed the seed watch (_seed_watch_loop)
+            if address in self.config.seeds:
+                self._seed_errors[address] = str(exc.__cause__ or exc)
         except Exception as exc:
             log.warning("gossip with %s failed: %r", address, exc)
 
-    async def _discovery_loop(self) -> None:
-        assert self.discovery is not None
+    def alone(self) -> bool:
+        """No other member known: none of the seeds (nor anyone) has answered yet."""
+        assert self.membership is not None
+        return all(m.id == self.id for m in self.membership.members())
+
+    async def _seed_watch_loop(self) -> None:
+        """While no seed has answered, say so: after ``--down-after`` seconds, then every six
+        times that (30 s by default), one warning naming the seeds, why each failed and what
+        to check. Quiet once the node hears from the ring."""
+        others = [seed for seed in self.config.seeds if seed != self.address]
+        if not others:  # its own address only: the first node of a ring
+            return
+        started = self.clock()
+        await asyncio.sleep(self.config.down_after)
+        while True:
+            if self.membership is not None and self.alone():
+                seeds = "; ".join(
+                    f"{seed}: {self._seed_errors.get(seed, 'no answer yet')}" for seed in others
+                )
+                log.warning(
+                    "node %s has heard from none of its seeds for %.0f s (%s); it serves "
+                    "alone until one answers. Check that they run, that --seeds gives their "
+                    "HTTP address (their --listen or --advertise HOST:PORT), that this host "
+                    "reaches them, and that they share this node's --cluster-secret-file and "
+                    "TLS settings; it keeps trying",
+                    self.id,
+                    self.clock() - started,
+                    seeds,
+                )
+            await asyncio.sleep(6 * self.config.down_after)
+
+    async def _seed_dht_ports(self, said: set[str]) -> list[tuple[str, int]]:
+        """The seeds' DHT addresses, from their ``/v1/health``. A seed that does not answer
+        is the seed watch's to report (_seed_watch_loop); one that answers without a DHT
+        port (``--no-dht``) is logged once (``said``)."""
         seeds: list[tuple[str, int]] = []
         for seed in self.config.seeds:
             try:
                 resp = await self.transport.request("GET", seed, "/v1/health", timeout=2.0)
                 host = seed.rsplit(":", 1)[0]
                 seeds.append((host, int(resp.json()["dht_port"])))
+            except Unavailable as exc:
+                log.debug("seed %s gave no DHT port: %s", seed, exc)
             except (StateStoreError, KeyError, ValueError, TypeError) as exc:
-                log.warning("seed %s gave no DHT port: %s", seed, exc)
-        await self.discovery.bootstrap(seeds)
+                if seed not in said:
+                    said.add(seed)
+                    log.warning("seed %s gave no DHT port: %s", seed, exc)
+        return seeds
+
+    async def _discovery_loop(self) -> None:
+        assert self.discovery is not None
+        said: set[str] = set()
         while True:
+            # bootstrapped from the seeds until the DHT knows a neighbour: a seed down when
+            # this node started is tried again each round, not given up on
+            if self.config.seeds and not self.discovery.has_neighbors():
+                await self.discovery.bootstrap(await self._seed_dht_ports(said))
             directory = await self.discovery.announce()
             self._directory = [a for i, a in directory.items() if i != self.id]
             await asyncio.sleep(5.0)

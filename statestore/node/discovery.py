@@ -48,8 +48,16 @@ class Discovery:
         except TimeoutError:
             log.warning("DHT bootstrap from %s timed out; gossip goes on", dht_seeds)
 
+    def has_neighbors(self) -> bool:
+        """Whether the DHT knows another node (it knows none before a bootstrap answers)."""
+        return bool(self.server.bootstrappable_neighbors())
+
     async def announce(self) -> dict[str, str]:
-        """Merge ourselves into the directory; returns the directory as read."""
+        """Merge ourselves into the directory; returns the directory as read (empty while
+        the DHT knows no other node: there is no one to read it from or store it on, and
+        the kademlia package would warn so every round)."""
+        if not self.has_neighbors():
+            return {}
         directory = await self.directory()
         directory[self.node_id] = self.http_address
         raw = json.dumps(directory, sort_keys=True)

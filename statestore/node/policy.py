@@ -3,7 +3,7 @@
 :data:`ROUTES` names every route the node serves (method and path template, as the router
 registers it; ``HEAD`` goes with ``GET``) and what it needs (docs/security.md, Trust model).
 The auth middleware (node/api.py) and :meth:`Access.authenticate` (node/auth.py) read it and
-nothing else; tests/test_hostile_access.py walks the real router and fails on a route that
+nothing else; tests/ring/test_hostile_access.py walks the real router and fails on a route that
 is not here. The kinds:
 
 - ``open``: no credential (health and its probes, the dashboard's static files, which

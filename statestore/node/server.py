@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import signal
 import sys
@@ -167,9 +168,13 @@ def run_node(config: NodeConfig) -> int:
         return 2
     except OSError as exc:
         if exc.filename:
+            # a file of the data dir; any other file a setting names says so itself (a
+            # ValueError naming its flag), so only the data dir's are blamed on --data-dir
+            data_dir, path = os.path.abspath(config.data_dir), os.path.abspath(exc.filename)
+            ours = os.path.commonpath([data_dir, path]) in (data_dir, path)  # in it, or above
+            hint = "give a --data-dir this user can write" if ours else "check that file"
             print(
-                f"statestore node: cannot use {exc.filename}: {exc.strerror}; "
-                "give a --data-dir this user can write",
+                f"statestore node: cannot use {exc.filename}: {exc.strerror}; {hint}",
                 file=sys.stderr,
             )
         else:

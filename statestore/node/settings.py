@@ -149,6 +149,12 @@ def _text(text: str) -> str:
     return text
 
 
+def _log_format(text: str) -> str:
+    if text.lower() not in ("text", "json"):
+        raise _fail(text, "a log format (text or json)")
+    return text.lower()
+
+
 def _log_level(text: str) -> str:
     if text.upper() not in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL"):
         raise _fail(text, "a log level (DEBUG, INFO, WARNING, ERROR or CRITICAL)")
@@ -208,7 +214,8 @@ SETTINGS: tuple[Setting, ...] = (
         "listen",
         "address",
         ("127.0.0.1", 7400),
-        "address the HTTP API listens on (port 0: any); the DHT takes the same number on UDP",
+        "address the HTTP API listens on (port 0: any); the DHT takes the same number on UDP "
+        "when it is free, else any (the first stdout line names it)",
         ("host", "port"),
         _listen,
         "HOST:PORT",
@@ -553,6 +560,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "log-level", "text", "WARNING", "DEBUG, INFO, WARNING or ERROR", (), _log_level, "LEVEL"
     ),
+    Setting(
+        "log-format",
+        "text",
+        "text",
+        "the logs on stderr: text (one line each) or json (one object per line: time, level, "
+        "logger, message, exc_info; docs/operations.md, Logs)",
+        (),
+        _log_format,
+        "FORMAT",
+    ),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
@@ -847,6 +864,7 @@ class Resolved:
     log_level: str
     values: dict[str, Any]  # setting name -> value
     sources: dict[str, str]  # setting name -> "--x", "STATESTORE_X", "FILE: x" or "default"
+    log_format: str = "text"  # "text" or "json" (cli/node.py sets up the logging)
 
 
 def _annotate(message: str, sources: Mapping[str, str]) -> str:
@@ -890,4 +908,4 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> Resolved:
         config = NodeConfig(**kwargs)
     except ValueError as exc:
         raise SettingError(_annotate(str(exc), sources)) from exc
-    return Resolved(config, str(values["log-level"]), values, sources)
+    return Resolved(config, str(values["log-level"]), values, sources, str(values["log-format"]))

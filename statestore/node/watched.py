@@ -31,7 +31,10 @@ class WatchedFile(Generic[T]):
         self._what = what
         self._stamp: tuple[int, int] | None = None
         self.error = ""
-        self.value: T = self._load(None)
+        try:
+            self.value: T = self._load(None)
+        except OSError as exc:  # at start: stop, naming the flag and the file
+            raise ValueError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from exc
 
     def _load(self, previous: T | None) -> T:
         st = os.stat(self.path)

@@ -292,7 +292,8 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             "chain", "gc", "commit", "state", "relay", "metrics", "dashboard", "activity",
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
             "put-hint", "get-hint", "outcomes", "post-outcomes", "load", "tokens", "copies",
-            "read-copies", "live", "ready", "remove", "remove-sweep", "removals",
+            "read-copies", "live", "ready", "remove", "remove-sweep", "removals", "handover",
+            "leave", "items", "room", "post-room", "hints",
         )
     )  # fmt: skip
     j = "json"
@@ -433,6 +434,21 @@ def _template(rng: random.Random, h: _Harness) -> Request:
         r = Request(route, "POST", f"/v1/queries/{store.query}/{route}", {}, {}, b"", obj, j)
     elif route == "query":
         r = Request(route, "GET", f"/v1/queries/{store.query}", {}, {}, b"")
+    elif route == "handover":  # the move in progress, if any
+        r = Request(route, "GET", "/v1/handover", {}, {}, b"")
+    elif route == "leave":  # statestore decommission: ring admin only, never a fuzzer's token
+        r = Request(route, "POST", "/v1/handover/leave", {}, {}, b"")
+    elif route == "items":  # a joining node's page of items (node only)
+        obj = {"node": rng.choice(("x1", h.node.id)), "limit": rng.choice((0, 5)), "after": ""}
+        r = Request(route, "POST", "/v1/handover/items", {}, {}, b"", obj, j)
+    elif route == "room":  # would a commit of this many bytes fit the query's quota?
+        q = {"bytes": str(rng.choice((0, 100, 1 << 30)))}
+        r = Request(route, "GET", f"/v1/queries/{store.query}/room", q, {}, b"")
+    elif route == "post-room":
+        obj = {"chunks": [[some_key, 100]], "bytes": rng.choice((0, 100, 1 << 30))}
+        r = Request(route, "POST", f"/v1/queries/{store.query}/room", {}, {}, b"", obj, j)
+    elif route == "hints":  # a store's hints (tentative commits)
+        r = Request(route, "GET", f"/v1/hints/{store.path}", {}, {}, b"")
     else:
         r = Request(route, "GET", "/v1/tombstones", {}, {}, b"")
     if r.body_kind == "json":

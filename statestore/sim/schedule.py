@@ -98,7 +98,7 @@ class _Run(ClientOps):
         self.rng = random.Random(seed)
         # tentative commits, disk faults and clock skew draw from generators of their own:
         # off, a seed's schedule is what it was before they existed (the regression seeds of
-        # tests/test_sim)
+        # tests/ring/test_sim.py)
         self.tentative = tentative
         self.trng = random.Random(seed ^ 0x7E47)
         self.disk_faults = disk_faults

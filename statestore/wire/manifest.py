@@ -5,7 +5,7 @@ The encoding is part of the on-disk format (nodes store the encoded manifest): i
 byte for byte what schema 1 wrote. ``base_epoch`` (core/manifest.py, "Lineage") came later, as
 an optional last key written only when set: a manifest without one encodes exactly as before,
 and readers that predate it (older nodes and clients) ignore it; the Java ``ManifestCodec``
-writes and reads it byte for byte as here (tests/test_java_codec.py).
+writes and reads it byte for byte as here (tests/ring/test_java_codec.py).
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ providers. Spec keys:
 - ``repartition_probes``: ``[{"name", "checkpoint", "partitions"}]``: after all queries,
   ``spark_connector.repartition`` of each, the batch or the error written to
   ``<base>/out/probes.json`` (name -> result)
+- ``ckpt_root``: where the checkpoints are (default ``<base>/ckpt``):
+  ``<ckpt_root>/<provider>/<op>``
 - ``read_state``: operator ids (a join: its left side) whose state the state data source
   (``spark.read.format("statestore")``) reads after each query, written as sorted JSON rows
   to ``<base>/out/<provider>/<op>/state-<id>.json``
@@ -61,7 +63,7 @@ for _name in list(PROVIDERS):
 def checkpoint(base: Path, spec: dict[str, Any], provider: str, op: str) -> str:
     if provider.endswith("@ringfs"):
         return f"ring://{spec['fs']}/ckpt/{provider.replace('@', '-')}/{op}"
-    return str(base / "ckpt" / provider / op)
+    return str(Path(spec.get("ckpt_root") or base / "ckpt") / provider / op)
 
 
 EVENTS = "user string, id long, ts timestamp, v long"

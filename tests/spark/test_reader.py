@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from statestore.cli.local import LocalRing
-from tests.conftest import FAST
-from tests.spark.test_spark_ring import log_tail, write_inputs
+from tests.ringkit import FAST
+from tests.spark.runs import log_tail, write_inputs
 
 JOB = Path(__file__).with_name("reader_job.py")
 OPS = ["agg", "dedup", "dedup_wm", "join", "session", "pandas", "dedup_count"]

@@ -19,8 +19,8 @@ import pytest
 
 from spark_connector import SparkConnectorError, repartition
 from statestore.cli.local import LocalRing
-from tests.conftest import FAST
-from tests.spark.test_spark_ring import final_output, log_tail, run_job, write_inputs
+from tests.ringkit import FAST
+from tests.spark.runs import final_output, log_tail, run_job, write_inputs
 
 OPS = ["agg", "dedup", "dedup_wm", "join", "session", "pandas"]
 

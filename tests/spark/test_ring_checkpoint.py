@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from statestore.cli.local import LocalRing
-from tests.spark.test_spark_ring import final_output, log_tail, run_job, write_inputs
+from tests.spark.runs import final_output, log_tail, run_job, write_inputs
 
 
 def _run(base: Path, spec: dict[str, Any], name: str) -> None:

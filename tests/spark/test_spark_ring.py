@@ -11,118 +11,24 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
-from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import spark_connector
 from statestore.cli.local import LocalRing
-from tests.conftest import FAST
+from tests.ringkit import FAST
+from tests.spark.runs import (
+    drop_partition_folders,
+    event_rows,
+    final_output,
+    log_tail,
+    run_job,
+    write_inputs,
+    write_rows,
+)
 
-JOBS = Path(__file__).with_name("jobs.py")
-T0 = datetime(2024, 1, 1)
 ALL_OPS = ["agg", "dedup", "dedup_wm", "join", "session", "pandas"]
-LAST_PER_KEY = {"agg": "user", "pandas": "user"}
-
-
-def _ts(seconds: float) -> str:
-    return (T0 + timedelta(seconds=seconds)).isoformat()
-
-
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _events(rng: random.Random, lo: int, hi: int, n: int = 24) -> list[dict[str, Any]]:
-    ids = [rng.randrange(lo, hi) for _ in range(n)]
-    return [
-        {"user": f"u{(i * 7 + rng.randrange(2)) % 5}", "id": i, "ts": _ts(i * 0.5), "v": i % 9 + 1}
-        for i in ids
-    ]
-
-
-def _side(prefix: str, ids: list[int]) -> list[dict[str, Any]]:
-    return [{"id": i, "ts": _ts(i), "x": f"{prefix}{i}"} for i in ids]
-
-
-def write_inputs(base: Path, phase: int) -> list[dict[str, Any]]:
-    """Two files per source and phase (one micro-batch each); returns the events written."""
-    rng = random.Random(phase)
-    inp = base / "input"
-    if phase == 1:
-        files = {"f0": _events(rng, 0, 60), "f1": _events(rng, 40, 120)}
-        left = {"l0": list(range(0, 30)), "l1": list(range(30, 60))}
-        right = {"r0": list(range(10, 20))}
-    elif phase == 2:
-        files = {"f2": _events(rng, 100, 180), "f3": _events(rng, 300, 400)}
-        left = {"l2": list(range(60, 70))}
-        right = {"r1": [*range(0, 10), *range(40, 50)], "r2": [*range(60, 65), *range(20, 26)]}
-    elif phase == 3:
-        files = {"f4": _events(rng, 150, 350), "f5": _events(rng, 380, 460)}
-        left = {"l3": list(range(70, 90))}
-        right = {"r3": [*range(26, 30), *range(66, 80)]}
-    else:
-        files = {"f6": _events(rng, 440, 520)}
-        left = {"l4": list(range(90, 95))}
-        right = {"r4": [*range(84, 96)]}
-    for name, rows in files.items():
-        _write(inp / "events" / f"{name}.json", rows)
-    for name, ids in left.items():
-        _write(inp / "left" / f"{name}.json", _side("l", ids))
-    for name, ids in right.items():
-        _write(inp / "right" / f"{name}.json", _side("r", ids))
-    return [r for rows in files.values() for r in rows]
-
-
-def run_job(base: Path, spec: dict[str, Any], name: str) -> subprocess.CompletedProcess[str]:
-    spec_path = base / f"{name}.json"
-    spec_path.write_text(json.dumps({"base": str(base), **spec}))
-    with open(base / f"{name}.log", "w") as log:
-        done = subprocess.run(
-            [sys.executable, str(JOBS), str(spec_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=1200,
-            check=False,
-        )
-    return done
-
-
-def log_tail(base: Path, name: str) -> str:
-    return (base / f"{name}.log").read_text(errors="replace")[-6000:]
-
-
-def final_output(base: Path, provider: str, op: str) -> Any:
-    out = base / "out" / provider / op
-    batches = sorted(out.glob("batch-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-    assert batches, f"{provider}/{op} wrote no batch"
-    if op in LAST_PER_KEY:
-        key = LAST_PER_KEY[op]
-        last: dict[str, Any] = {}
-        for b in batches:
-            for row in json.loads(b.read_text()):
-                last[row[key]] = row
-        return last
-    rows = [json.dumps(r, sort_keys=True) for b in batches for r in json.loads(b.read_text())]
-    return sorted(rows)
-
-
-def drop_partition_folders(ckpt: Path) -> int:
-    """Delete state/<op>/<partition> (keep state/<op>/_metadata): all the provider could
-    have left on local disk. Returns how many folders went."""
-    gone = 0
-    for op_dir in (ckpt / "state").iterdir():
-        for part in op_dir.iterdir():
-            if part.name.isdigit():
-                shutil.rmtree(part)
-                gone += 1
-    return gone
 
 
 def ring_metrics(base: Path, op: str) -> dict[str, int]:
@@ -198,7 +104,7 @@ def test_checkpoint_deleted_and_restarted_at_same_path_starts_fresh(tmp_path: Pa
     try:
         rng = random.Random(7)
         for i in range(8):
-            _write(tmp_path / "input" / "events" / f"e{i}.json", _events(rng, 0, 50, n=10))
+            write_rows(tmp_path / "input" / "events" / f"e{i}.json", event_rows(rng, 0, 50, n=10))
         spec = {"seeds": ring.seeds, "providers": ["ring"], "operators": ["agg", "dedup"]}
         done = run_job(tmp_path, spec, "first")
         assert done.returncode == 0, log_tail(tmp_path, "first")

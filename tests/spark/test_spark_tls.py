@@ -16,16 +16,15 @@ import pytest
 
 import spark_connector
 from statestore.cli.local import LocalRing
-from tests.certs import make_tls
-from tests.conftest import FAST
-from tests.spark.test_spark_ring import (
+from tests.certs import ADMIN, TOKENS, make_tls, secured_args
+from tests.ringkit import FAST
+from tests.spark.runs import (
     drop_partition_folders,
     final_output,
     log_tail,
     run_job,
     write_inputs,
 )
-from tests.test_tls import ADMIN, TOKENS, secured_args
 
 SPARK = "spark-job-token-000000001"
 

@@ -13,7 +13,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 
 /**
  * A command-line harness for the cross-language tests of the Java codec
- * ({@code tests/test_java_codec.py}); not used by the provider. Input and output are msgpack
+ * ({@code tests/ring/test_java_codec.py}); not used by the provider. Input and output are msgpack
  * files:
  *
  * <ul>

@@ -12,7 +12,7 @@ import java.util.Set;
  * Which manifests make up a chain, when replicas hold a version at several epochs: a port of
  * {@code statestore/core/manifest.py} ({@code candidates}, {@code lineage},
  * {@code resolve_chain}), rule for rule, so the direct path restores what Python's client and
- * the nodes restore (cross-checked on the same table by {@code tests/test_java_codec.py}).
+ * the nodes restore (cross-checked on the same table by {@code tests/ring/test_java_codec.py}).
  *
  * <p>The <em>head</em> is the manifest of the highest (epoch, version); its <em>lineage</em> is
  * the head, then the manifest of version - 1 at its {@code base_epoch}, and so on down. A

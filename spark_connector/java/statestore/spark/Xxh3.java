@@ -210,7 +210,7 @@ public final class Xxh3 {
    * one loop: written with a {@code long[]} accumulator and a stripe method (the reference's
    * shape), JDK 17's C2 now and then compiled it to a wrong sum for every long input hashed
    * after the compilation (chunk names differing from Python's, in 2-7% of the runs of
-   * tests/test_java_codec.py; never under C1, and not SuperWord's doing).
+   * tests/ring/test_java_codec.py; never under C1, and not SuperWord's doing).
    */
   private static long hashLong(byte[] in, int off, int len) {
     final int stripesPerBlock = (SECRET.length - STRIPE_LEN) / SECRET_CONSUME_RATE;

@@ -1,0 +1,229 @@
+"""Reads that find nothing at a store's owners ask where its writes went while the owners
+were down (net/reads.stand_ins): a partition heals, the owners are owners again at once, and
+until repair hands the data back a quorum of them answers "no such store" for a store with
+an acknowledged commit (tests/partition found it on 5 nodes, docs/reliability.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client import RingClient, StoreId, StoreNotFound
+from statestore.cli.local import LocalRing, http_json
+from statestore.core.commit import build_commit
+from statestore.core.view import RingView
+from statestore.net.http import HttpTransport
+from statestore.net.transport import Response
+from statestore.net.writes import write_commit
+from tests.ringkit import FAST
+
+
+@pytest.fixture
+def ring5(tmp_path: Path) -> Iterator[LocalRing]:
+    ring = LocalRing(str(tmp_path), 5, args=FAST).start()
+    yield ring
+    ring.stop()
+
+
+def _write_to_stand_ins(
+    view: RingView, sid: StoreId, rows: dict[bytes, bytes], positions: dict[str, int] | None = None
+) -> None:
+    """Commit v1 of ``sid`` as a writer that saw all three of its owners down (a split they
+    were cut off by) does: acknowledged by the stand-ins, no owner holds it."""
+    owners = view.store_replicas(sid)
+    seen = view.to_json()
+    for m in seen["members"]:
+        if m["address"] in owners:
+            m["status"] = "down"
+    partitioned = RingView.from_json(seen)
+    assert not set(partitioned.store_replicas(sid)) & set(owners)
+    manifest, chunks = build_commit(
+        sid, 1, rows, [], positions or {}, 1, False, key_groups=16, chunk_size=1024,
+        max_chunk=1 << 22,
+    )  # fmt: skip
+
+    async def write() -> None:
+        transport = HttpTransport(timeout=10.0)
+        try:
+            await write_commit(transport, partitioned, manifest, chunks)
+        finally:
+            await transport.close()
+
+    asyncio.run(write())
+
+
+def test_a_store_written_while_its_owners_were_down_is_found_after_they_return(
+    ring5: LocalRing,
+) -> None:
+    ring5.wait_ring(5)
+    sid = StoreId("standin", 0, 1, "default")
+    rows = {f"k{i}".encode(): f"v{i}".encode() * 20 for i in range(200)}
+    with RingClient(ring5.seeds) as client:
+        view = client.ring()
+        _write_to_stand_ins(view, sid, rows, positions={"src": 7})
+        if any(_held_by(view.store_replicas(sid), sid)):  # (a pass every 30 s at most here)
+            pytest.skip("repair handed the store back to its owners before it could be read")
+        # the owners were never down for the reader: its view is the whole ring
+        assert client.latest(sid).version == 1
+        st = client.restore(sid)
+        assert (st.version, dict(st), st.positions) == (1, rows, {"src": 7})
+        assert [dict(s) for s in client.restore_many([sid])] == [rows]
+        # a store nobody wrote is still not found (after asking the stand-ins too)
+        with pytest.raises(StoreNotFound, match=r"no committed version|no version"):
+            client.latest(StoreId("standin", 0, 2, "default"))
+
+
+def _held_by(addresses: list[str], sid: StoreId) -> list[bool]:
+    out = []
+    for a in addresses:
+        try:
+            http_json(a, f"/v1/stores/{sid.path}/head")
+            out.append(True)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
+            out.append(False)
+    return out
+
+
+def _called_down(view: RingView, down: set[str], extra: Sequence[dict[str, str]] = ()) -> RingView:
+    """``view`` as a node cut off from the others sees it: ``down`` called down (wrongly),
+    ``extra`` members added, the epoch raised."""
+    seen = view.to_json()
+    for m in seen["members"]:
+        if m["address"] in down:
+            m["status"] = "down"
+    seen["members"] += list(extra)
+    seen["epoch"] += 10
+    return RingView.from_json(seen)
+
+
+def test_a_view_that_calls_a_stores_owners_down_does_not_make_it_vanish(
+    ring5: LocalRing,
+) -> None:
+    """A node cut off from the others calls them down and raises its epoch; a client shown
+    that view asked owners that never held the store, and their quorum of "not found"
+    ended a restore of a store with acknowledged versions (statestore-sim seed
+    263719285619475, docs/reliability.md). A "not found" now takes a read quorum of the
+    store's home replicas (the ring counting every member) too."""
+    from statestore.core.errors import QuorumNotReached
+    from statestore.net.reads import read_chain, read_head, read_versions
+
+    ring5.wait_ring(5)
+    sid = StoreId("isolated", 0, 1, "default")
+    with RingClient(ring5.seeds) as client:
+        client.commit(sid, 1, {b"k": b"v"})
+        view = client.ring()
+    owners = view.store_replicas(sid)
+    lonely = _called_down(view, set(owners))
+    assert not set(lonely.store_replicas(sid)) & set(owners)
+    # two members that never answer (closed ports), two of a fresh store's three home
+    # replicas: that store's absence cannot be told from the other members
+    gone = [{"id": f"gone{i}", "address": f"127.0.0.1:{1 + i}", "status": "down"} for i in (0, 1)]
+    dark = _called_down(view, set(), gone)
+    far = {m["address"] for m in gone}
+    fresh = next(
+        s
+        for s in (StoreId("isolated", 1, p, "default") for p in range(500))
+        if len(far & set(dark.previous_replicas(s.path))) == 2
+    )
+
+    async def reads() -> list[object]:
+        transport = HttpTransport(timeout=5.0)
+        out: list[object] = []
+        try:
+            out.append((await read_head(transport, lonely, sid)).version)
+            out.append(len(await read_chain(transport, lonely, sid, 1)))
+            out.append(await read_versions(transport, lonely, sid))
+            for read in (read_head, read_versions):
+                try:
+                    await read(transport, dark, fresh)
+                except (QuorumNotReached, StoreNotFound) as exc:
+                    out.append(type(exc).__name__)
+        finally:
+            await transport.close()
+        return out
+
+    assert asyncio.run(reads()) == [1, 1, [1], "QuorumNotReached", "QuorumNotReached"]
+
+
+class _Replicas:
+    """A transport whose nodes answer a store's head from a table: a head, "no version"
+    (404), unreachable, after an optional delay (simulated nothing else)."""
+
+    timeout = 1.0
+    seen_epoch = 0
+
+    def __init__(self, heads: dict[str, tuple[float, tuple[int, int] | str | None]]) -> None:
+        self.heads = heads
+        self.asked: list[str] = []  # who was asked, in order
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def request(self, method: str, address: str, path: str, **kw: Any) -> Response:
+        from statestore.core.errors import NodeUnavailable
+
+        self.asked.append(address)
+        delay, head = self.heads[address]
+        await asyncio.sleep(delay)
+        if head == "down":
+            raise NodeUnavailable(f"{address} is unreachable")
+        if method == "POST":  # POST /v1/heads: one answer per store asked
+            asked = len(kw["json_body"]["stores"])
+            one = None if head is None else {"version": head[1], "epoch": head[0]}
+            return Response(200, json.dumps({"heads": [one] * asked}).encode(), 0)
+        if head is None:
+            raise StoreNotFound(f"no version on {address}")
+        assert isinstance(head, tuple)
+        return Response(200, json.dumps({"version": head[1], "epoch": head[0]}).encode(), 0)
+
+    async def open_stream(self, *a: Any, **kw: Any) -> Any:
+        raise NotImplementedError
+
+
+def test_a_head_read_needs_a_read_quorum_of_the_home_replicas_too() -> None:
+    """Writer w2 had v4 and v5 acknowledged at W=2 by two of the store's home replicas on a
+    view where all of them were live; a reader whose view called one of those two down read
+    a quorum of that view's owners: the home replica that missed v4 and v5 (it said v3) and
+    the stand-in that took the down one's place (it never held the store), and returned v3
+    (statestore-sim seed 197272725224341, head-went-back). A latest read now needs a read
+    quorum of the store's home replicas as well as of its owners: it waits for the other
+    home replica, which holds v5. Fails on the code before (v3)."""
+    from statestore.core.view import MemberInfo
+    from statestore.net.reads import read_head, read_heads
+
+    members = tuple(MemberInfo(f"n{i}", f"n{i}:7400") for i in range(5))
+    full = RingView(epoch=6, members=members)
+    sid = StoreId("sim", 0, 1, "s")
+    home = full.store_replicas(sid)
+    behind, ahead, gone = home  # the read quorum that acknowledged v5 was ahead and gone
+    seen = full.to_json()
+    for m in seen["members"]:
+        if m["address"] == gone:
+            m["status"] = "down"
+    seen["epoch"] = 7
+    reader = RingView.from_json(seen)
+    owners = reader.store_replicas(sid)
+    (stand_in,) = set(owners) - set(home)
+    heads: dict[str, tuple[float, tuple[int, int] | str | None]] = {
+        a: (0.0, None) for a in reader.live_addresses()
+    }
+    heads |= {behind: (0.0, (1, 3)), stand_in: (0.0, None), ahead: (0.05, (1, 5))}
+    heads[gone] = (0.0, "down")
+
+    async def reads() -> list[int]:
+        transport = _Replicas(heads)
+        single = await read_head(transport, reader, sid)
+        batched = await read_heads(transport, reader, [sid])
+        return [single.version, batched[0].version]
+
+    assert asyncio.run(reads()) == [5, 5]
