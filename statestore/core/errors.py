@@ -25,7 +25,8 @@
     ├── Unsupported                  a peer predates a route this build calls (its 404)
     ├── Unavailable                  availability, not semantics: retrying may help
     │   ├── NodeUnavailable          a node did not answer
-    │   │   └── TlsFailed            its TLS handshake or certificate did not verify
+    │   │   ├── TlsFailed            its TLS handshake or certificate did not verify
+    │   │   └── UnprovenAnswer       its answer was not signed with the ring's secret
     │   ├── QuorumNotReached         fewer than W (or the read quorum) replicas answered
     │   ├── RateLimited              a client token over its rate (HTTP 429, Retry-After)
     │   ├── RequestTimeout           an operation ran past its deadline
@@ -74,6 +75,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UnknownDiskFormat",
+    "UnprovenAnswer",
     "Unsupported",
     "VersionConflict",
     "VersionNotFound",
@@ -213,6 +215,14 @@ class TlsFailed(NodeUnavailable):
     like any other it cannot trust; a client raises it rather than "no node answered"."""
 
     code = "tls_failed"
+
+
+class UnprovenAnswer(NodeUnavailable):
+    """A peer's answer that a node asked to be proven (the cluster secret on) came without a
+    valid answer signature: not a node of this ring, or one with another secret. To the node
+    this peer did not answer: reads fail over to the other replicas, a quorum counts it out."""
+
+    code = "unproven_answer"
 
 
 class QuorumNotReached(Unavailable):

@@ -22,12 +22,12 @@ import aiohttp
 
 from statestore.core.address import node_url
 from statestore.core.errors import (
-    AccessDenied,
     NodeUnavailable,
     RequestTimeout,
     StateStoreError,
     Unauthenticated,
     Unavailable,
+    UnprovenAnswer,
 )
 from statestore.core.identity import PROVE_HEADER
 from statestore.net.tls import TLS_CA_ENV, tls_failure
@@ -151,7 +151,10 @@ class HttpTransport:
         if resp.status not in ok:
             raise self._refused(hdrs, resp.status, answered, data, address)
         if self._prove is not None:
-            self._prove(hdrs, resp.status, answered, data)
+            try:
+                self._prove(hdrs, resp.status, answered, data)
+            except Unauthenticated as exc:
+                raise UnprovenAnswer(f"{address} answered {resp.status} unproven: {exc}") from exc
         return Response(resp.status, data, epoch)
 
     def _refused(
@@ -167,12 +170,14 @@ class HttpTransport:
         proven; one that says "no answer now" (unavailable, busy, access denied) is taken
         as it is, since nothing is believed from it."""
         err = error_from_answer(status, data, address)
-        if self._prove is None or isinstance(err, Unavailable | AccessDenied):
+        if self._prove is None or isinstance(err, Unavailable):
             return err
         try:
             self._prove(sent, status, answered, data)
         except Unauthenticated as exc:
-            return Unauthenticated(f"{address} answered {status} ({err.code}) unproven: {exc}")
+            # a refusal we cannot believe, a 401 or 403 included (a peer without this ring's
+            # secret): that peer did not answer, and the read or write counts it out
+            return UnprovenAnswer(f"{address} answered {status} ({err.code}) unproven: {exc}")
         return err
 
     async def open_stream(

@@ -36,7 +36,7 @@ from statestore.core.errors import (
     InvalidRequest,
     MalformedData,
     StateStoreError,
-    Unauthenticated,
+    UnprovenAnswer,
 )
 from statestore.core.handover import (
     FUTURE_STATES,
@@ -588,7 +588,7 @@ async def _seeds_view(transport: HttpTransport, seeds: Sequence[str], why: str) 
         try:
             answer = (await transport.request("GET", seed, "/v1/ring", timeout=5.0)).json()
             return RingView.from_json(answer)
-        except Unauthenticated as exc:
+        except UnprovenAnswer as exc:
             unproven.append(f"{seed} ({exc})")
         except (StateStoreError, KeyError, TypeError, ValueError) as exc:
             log.warning("%s: seed %s gave no ring view: %s", why, seed, exc)

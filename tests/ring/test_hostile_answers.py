@@ -28,7 +28,7 @@ from aiohttp import web
 
 from client import AsyncRingClient, StoreId
 from statestore.cli.local import NodeProcess
-from statestore.core.errors import NotFound, Unauthenticated
+from statestore.core.errors import NotFound, UnprovenAnswer
 from statestore.net.http import HttpTransport
 from statestore.node.auth import Access
 from statestore.wire.rows import decode_rows, encode_rows
@@ -223,9 +223,9 @@ async def test_the_nodes_transport_believes_only_proven_answers(
     transport = HttpTransport(auth=access.outbound, prove=access.check_answer)
     try:
         for path in ("/v1/ring", "/v1/load", "/v1/handover", "/v1/sync/digest"):
-            with pytest.raises(Unauthenticated):
+            with pytest.raises(UnprovenAnswer):  # to the node: a peer that did not answer
                 await transport.request("GET", fake.address, path)
-        with pytest.raises(Unauthenticated):
+        with pytest.raises(UnprovenAnswer):
             await transport.request("GET", fake.address, "/v1/stores/q1/0/9/default/head")
         ring = (await transport.request("GET", real.address, "/v1/ring")).json()
         assert ring["self"] == real.id
