@@ -93,8 +93,13 @@ async def _ask_replicas(
         return await _ask(transport, owners, path, need, rest="run", valid=valid)
     targets = owners + [a for a in homes if a not in owners]
 
-    def enough(answered: set[str]) -> bool:
-        return _among(owners, answered) >= need and _among(homes, answered) >= need_home
+    def enough(answered: set[str], finished: set[str]) -> bool:
+        # the home quorum is waited for while it can still be met: a home replica that
+        # cannot be reached (killed, not yet called down) leaves the owners' quorum to
+        # decide, as it did before (two nodes out is more than R=3, W=2 promise)
+        if _among(owners, answered) < need:
+            return False
+        return _among(homes, answered) >= need_home or all(a in finished for a in homes)
 
     return await _ask(transport, targets, path, rest="run", enough=enough, valid=valid)
 
@@ -158,11 +163,12 @@ async def _ask(
     need: int = 1,
     *,
     rest: Rest = "wait",
-    enough: Callable[[set[str]], bool] | None = None,
+    enough: Callable[[set[str], set[str]], bool] | None = None,
     valid: Callable[[bytes], bool] | None = None,
 ) -> tuple[list[bytes], list[BaseException], set[str]]:
     """GET ``path`` from every target; after ``need`` answers (a body or NotFound), or once
-    ``enough(the targets that answered)`` holds, the others are treated as ``rest`` says
+    ``enough(the targets that answered, the targets done)`` holds, the others are treated as
+    ``rest`` says
     (net/quorate.until_enough). Returns the bodies, the errors and the targets that
     answered (with ``valid``: a body it refuses is returned but is not an answer)."""
 
@@ -173,7 +179,8 @@ async def _ask(
 
     def done_enough(done: dict[int, Response | BaseException]) -> bool:
         if enough is not None:
-            return enough({targets[i] for i, r in done.items() if answer(r)})
+            answered = {targets[i] for i, r in done.items() if answer(r)}
+            return enough(answered, {targets[i] for i in done})
         return sum(map(answer, done.values())) >= need
 
     results = await until_enough(
@@ -238,27 +245,6 @@ def _need(
         )
 
 
-def _need_home(
-    view: RingView,
-    store: StoreId,
-    answered: set[str],
-    errors: list[BaseException],
-    answers: int | None = None,
-) -> None:
-    """A read quorum of the store's home replicas answered too (:func:`_home_need`)."""
-    if set(view.previous_replicas(store.path)) <= set(view.store_replicas(store)):
-        return  # its owners' read quorum is one of them
-    homes = _live_homes(view, store)
-    need = min(_home_need(view, answers), len(homes))
-    got = _among(homes, answered)
-    if got < need:
-        raise QuorumNotReached(
-            f"reading {store} needs {need} answer(s) of its home replicas "
-            f"({', '.join(homes)}; this view calls some down), got {got}: "
-            + "; ".join(str(e) for e in errors)
-        )
-
-
 def _merge_head(
     view: RingView,
     store: StoreId,
@@ -287,7 +273,6 @@ async def read_head(
     heads = _heads(bodies, errors)
     try:
         _need(view, store, _among(view.store_replicas(store), answered), errors, answers)
-        _need_home(view, store, answered, errors, answers)
         return _merge_head(view, store, heads, errors, answers)
     except StoreNotFound:
         # a quorum of owners never saw the store: before saying it does not exist, ask
@@ -415,7 +400,6 @@ async def read_versions(transport: Transport, view: RingView, store: StoreId) ->
     path = f"/v1/stores/{store.path}/versions"
     bodies, errors, answered = await _ask_replicas(transport, view, store, path, home=True)
     _need(view, store, _among(view.store_replicas(store), answered), errors)
-    _need_home(view, store, answered, errors)
     if not bodies:  # as read_head: asked elsewhere before the store is said not to exist
         bodies, at_home = await _elsewhere(transport, view, store, path, answered)
         if not bodies:
