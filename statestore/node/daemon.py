@@ -300,8 +300,9 @@ class Node:
                 if config.quota_file
                 else None
             )
-            # a replacement streams the dead node's share before it serves: a join
-            join = config.join or bool(config.replace)
+            # a replacement (--replace, or node/handover.check_returning) streams the dead
+            # node's share before it serves: a join
+            join = config.join or bool(config.replace) or adopt is not None
             self.vnodes = _load_vnodes(config.data_dir)  # 0: the ring's --vnodes
             # a token move the last run did not finish (node/rebalance.resume_loop)
             self.resume_vnodes = _load_vnodes(config.data_dir, "next_vnodes")

@@ -54,10 +54,12 @@ from statestore.core.handover import (
 from statestore.core.ids import StoreId
 from statestore.core.items import ChunkItem, ManifestItem, is_manifest
 from statestore.core.items import parse as parse_item
+from statestore.core.membership import is_self_alias
 from statestore.core.placement import Member, Ring
 from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
 from statestore.net.tls import client_context
+from statestore.net.transport import Transport
 from statestore.node.auth import Access, allow, allow_ring
 from statestore.node.config import NodeConfig
 from statestore.node.copies import Unsupported, fetch_manifests, push_manifests
@@ -71,6 +73,7 @@ from statestore.wire.manifest import decode_manifest
 __all__ = [
     "check_join",
     "check_replace",
+    "check_returning",
     "copy_round",
     "drain",
     "join_loop",
@@ -551,7 +554,7 @@ async def join_loop(node: Node) -> None:
 # -- replace a dead node ------------------------------------------------------------------
 
 
-async def _sighting(transport: HttpTransport, address: str, target: str) -> Sighting | None:
+async def _sighting(transport: Transport, address: str, target: str) -> Sighting | None:
     resp = await transport.request(
         "POST",
         address,
@@ -579,7 +582,7 @@ def _startup_transport(config: NodeConfig, node_id: str) -> HttpTransport:
     return access.transport(5.0, tls)  # believes only proven answers (with the secret)
 
 
-async def _seeds_view(transport: HttpTransport, seeds: Sequence[str], why: str) -> RingView | None:
+async def _seeds_view(transport: Transport, seeds: Sequence[str], why: str) -> RingView | None:
     """The ring as the first seed that answers sees it (None: no seed answered). Raises
     ValueError when none did and a seed answered without proof of being a ring node (with
     the secret on): not a node of this ring, or one with another secret."""
@@ -629,14 +632,33 @@ async def check_join(config: NodeConfig) -> None:
         )
 
 
+async def _replace_verdict(
+    transport: Transport, config: NodeConfig, target: str
+) -> tuple[str | None, int, dict[str, Sighting | None]]:
+    """Asks the seeds and the members they know how they see ``target`` (``POST
+    /v1/handover/items``, ``limit`` 0) and decides with ``core/handover.replace_plan``:
+    ``(why not, incarnation, sightings)``."""
+    addresses = list(config.seeds)
+    view = await _seeds_view(transport, config.seeds, "replace")
+    if view is not None:  # every member a seed knows, so no single view decides
+        addresses += [m.address for m in view.members if m.id != target and m.status != "down"]
+    sightings: dict[str, Sighting | None] = {}
+    for address in dict.fromkeys(addresses):
+        try:
+            sightings[address] = await _sighting(transport, address, target)
+        except (StateStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("replace: %s did not say how it sees %s: %s", address, target, exc)
+    why, incarnation = replace_plan(target, config.zone, sightings, len(set(addresses)))
+    return why, incarnation, sightings
+
+
 async def check_replace(config: NodeConfig) -> int | None:
     """``statestore node --replace ID``: the incarnation to take ID's place at, or None when
     the data dir already holds ID (a replacement restarted: it resumes like ``--join``).
 
-    Asks the seeds and the members they know how they see ID (``POST /v1/handover/items``,
-    ``limit`` 0) and decides with ``core/handover.replace_plan``; raises ValueError saying why
-    not (ID alive, unknown, owning nothing, another zone, nobody answered), or when the data
-    dir holds another node."""
+    Decides from how the seeds and the members they know see ID (:func:`_replace_verdict`);
+    raises ValueError saying why not (ID alive, unknown, owning nothing, another zone,
+    nobody answered), or when the data dir holds another node."""
     target = config.replace
     held = stored_identity(config.data_dir)
     if held == target:
@@ -649,23 +671,86 @@ async def check_replace(config: NodeConfig) -> int | None:
     transport = _startup_transport(config, target)
     await transport.start()
     try:
-        addresses = list(config.seeds)
-        view = await _seeds_view(transport, config.seeds, "replace")
-        if view is not None:  # every member a seed knows, so no single view decides
-            addresses += [m.address for m in view.members if m.id != target and m.status != "down"]
-        sightings: dict[str, Sighting | None] = {}
-        for address in dict.fromkeys(addresses):
-            try:
-                sightings[address] = await _sighting(transport, address, target)
-            except (StateStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
-                log.warning("replace: %s did not say how it sees %s: %s", address, target, exc)
+        why, incarnation, _ = await _replace_verdict(transport, config, target)
     finally:
         await transport.close()
-    why, incarnation = replace_plan(target, config.zone, sightings, len(set(addresses)))
     if why is not None:
         raise ValueError(f"cannot replace node {target}: {why}")
     log.warning("replacing dead node %s at incarnation %d", target, incarnation)
     return incarnation
+
+
+async def check_returning(
+    config: NodeConfig,
+    transport: Transport | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> tuple[str, int] | None:
+    """A node started on an empty data dir, without ``--join`` or ``--replace``, at an
+    address the ring knows as member X's: a wiped or swapped disk coming back under the same
+    command line. It takes X's place as ``--replace X`` would (X's id, so X's tokens; it
+    streams X's share as ``joining`` before it serves). Started as a new member instead, it
+    would own X's ranges at once with nothing in them and leave X's copies unreplaced, and a
+    read answered by it and another new owner could miss an acknowledged version (the
+    simulator's seed 250014316491786, docs/reliability.md).
+
+    Waits while the ring does not call X down yet (a quick restart: X's old process cannot
+    answer for X any more, so the failure detector will), up to ``6 x --down-after`` plus
+    30 s, then raises ValueError. Returns ``(id, incarnation)`` to adopt, or None: not a
+    returning node (a data dir that holds an id, a port the OS picks, no seed answered, no
+    member at this address, or X may not be replaced: removed, joining or left when it
+    died, another zone), and the node starts as before. ``transport``: the simulator's
+    (default: HTTP, signed as the node to be)."""
+    address = config.advertise or (f"{config.host}:{config.port}" if config.port else "")
+    if stored_identity(config.data_dir) is not None or config.join or config.replace:
+        return None
+    if not address or not config.seeds:
+        return None
+    own = transport is None
+    transport = transport or _startup_transport(config, "returning")
+    if own:
+        await transport.start()
+    try:
+        deadline = 6 * config.down_after + 30.0
+        waited = 0.0
+        while True:
+            view = await _seeds_view(transport, config.seeds, "start")
+            if view is None:
+                return None
+            former = [m for m in view.members if is_self_alias(m.address, address)]
+            if not former:
+                return None
+            # several ids at one address (an older wipe): the one owning ranges first
+            target = min(former, key=lambda m: (m.state not in ("normal", "leaving"), m.id)).id
+            why, incarnation, sightings = await _replace_verdict(transport, config, target)
+            if why is None:
+                log.warning(
+                    "the data dir %s is empty and the ring knows node %s at %s: this node "
+                    "takes its place (as --replace %s) at incarnation %d and streams its "
+                    "share before it serves",
+                    config.data_dir,
+                    target,
+                    address,
+                    target,
+                    incarnation,
+                )
+                return target, incarnation
+            seen = [s for s in sightings.values() if s is not None]
+            alive = [s for s in seen if s.status != "down" and not s.removal]
+            if not alive:  # removed, owned nothing, another zone: a new member, as before
+                log.warning("starting as a new member at %s: %s", address, why)
+                return None
+            if waited >= deadline:
+                raise ValueError(
+                    f"the data dir {config.data_dir} is empty and the ring knows node "
+                    f"{target} at {address}, not yet down after {waited:.0f} s: {why}"
+                )
+            log.info("waiting for the ring to call node %s at %s down: %s", target, address, why)
+            step = max(config.down_after / 2, 0.5)
+            await sleep(step)
+            waited += step
+    finally:
+        if own:
+            await transport.close()
 
 
 # -- leave -----------------------------------------------------------------------------

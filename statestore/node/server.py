@@ -14,6 +14,7 @@ import os
 import resource
 import signal
 import sys
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -23,7 +24,13 @@ from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
 from statestore.node.gcpause import PAUSES, freeze
-from statestore.node.handover import check_join, check_replace, drain, join_loop
+from statestore.node.handover import (
+    check_join,
+    check_replace,
+    check_returning,
+    drain,
+    join_loop,
+)
 from statestore.node.hints import hint_loop
 from statestore.node.rebalance import auto_rebalance_loop, resume_loop
 from statestore.node.removal import check_removed, removal_loop
@@ -57,6 +64,8 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
     if config.replace:  # raises ValueError when the node may not be replaced
         incarnation = await check_replace(config)
         adopt = None if incarnation is None else (config.replace, incarnation)
+    elif adopt := await check_returning(config):  # an empty data dir at a member's address
+        await check_join(replace(config, replace=adopt[0]))
     node = Node(config, adopt=adopt)
     # keepalive_timeout doubles as the header read timeout: aiohttp arms it when a connection
     # opens and closes a connection still waiting for a whole request line and headers when

@@ -30,6 +30,7 @@ from statestore.net.memory import MemoryNetwork
 from statestore.node.api import build_app
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Loop, Node
+from statestore.node.handover import check_returning
 from statestore.node.server import LOOPS
 from statestore.sim.clock import InlineExecutor
 from statestore.sim.disk import Disk
@@ -70,6 +71,8 @@ class _Slot:
         self.node: Node | None = None
         self.started_at = 0.0  # simulated time of the last start
         self.wipes = 0
+        self.starting = False  # a start waits for the ring (Cluster.start after a wipe)
+        self.empty = False  # wiped, not started since
 
 
 def _write_identity(data_dir: str, node_id: str) -> None:
@@ -136,20 +139,17 @@ class Cluster:
     def started_at(self, address: str) -> float:
         return self.slots[address].started_at
 
-    def wipe(self, address: str) -> str:
-        """The crashed node's data dir is gone (its disk too): the next start is a new node
-        at the same address, with a new id as a real one would take (a fixed one here);
-        returns that id."""
+    def wipe(self, address: str) -> None:
+        """The crashed node's data dir is gone (its disk too): the next start is on an empty
+        data dir at the same address, as a real restart's (:meth:`start`)."""
         slot = self.slots[address]
         assert slot.node is None, "wipe a crashed node"
         slot.backend.wipe()
         slot.wipes += 1
         shutil.rmtree(slot.data_dir)
         os.makedirs(slot.data_dir)
-        node_id = f"{address.split(':')[0]}w{slot.wipes}"
-        _write_identity(slot.data_dir, node_id)
-        self.network.note(f"wipe {address}: its data dir is empty, it starts as {node_id}")
-        return node_id
+        slot.empty = True
+        self.network.note(f"wipe {address}: its data dir is empty")
 
     def _clock(self) -> Callable[[], float]:
         loop = asyncio.get_running_loop()
@@ -162,8 +162,15 @@ class Cluster:
     async def start(self, address: str) -> None:
         """Start (or restart) the node at ``address`` over the data it kept."""
         slot = self.slots[address]
-        if slot.node is not None:
+        if slot.node is not None or slot.starting:
             return
+        slot.starting = True
+        try:
+            await self._start(slot, address)
+        finally:
+            slot.starting = False
+
+    async def _start(self, slot: _Slot, address: str) -> None:
         loop = asyncio.get_running_loop()
         config = replace(
             self.config,
@@ -171,6 +178,20 @@ class Cluster:
             advertise=address,
             seeds=[a for a in self.slots if a != address],
         )
+        adopt = None
+        if slot.empty:  # wiped
+            # as the daemon's start (node/server.start_node): it takes the place of the
+            # member the ring knows at its address, else it is a new one (a fixed id here)
+            asking = self.network.transport(address, timeout=5.0)
+            try:
+                adopt = await check_returning(config, asking)
+            except ValueError as exc:  # the member never went down: a new one, as before
+                self.network.note(f"start {address}: {exc}")
+            finally:
+                await asking.close()
+            if adopt is None:
+                _write_identity(slot.data_dir, f"{address.split(':')[0]}w{slot.wipes}")
+            self.network.note(f"start {address} on its empty data dir: taking {adopt}")
         node = Node(
             config,
             clock=self._clock(),
@@ -178,9 +199,11 @@ class Cluster:
             transport=self.network.transport(address, timeout=5.0),
             backend=slot.backend,
             writer=InlineExecutor(),
+            adopt=adopt,
         )
         self.network.attach(address, self.app_factory(node), config.max_body)
         slot.node = node
+        slot.empty = False
         slot.started_at = loop.time()
         self.network.note(f"start {address}")
         await node.start(7400, self.loops)

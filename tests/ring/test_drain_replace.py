@@ -4,6 +4,7 @@ with real node processes: the checks a user would make, as in tests/ring/test_el
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from statestore.node import server
 from statestore.node.backends import MemoryBackend
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Node, stored_identity
-from statestore.node.handover import check_replace
+from statestore.node.handover import check_replace, check_returning
 from tests.ringkit import (
     ARGS,
     Copies,
@@ -234,6 +235,40 @@ def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> N
         ring.stop()
 
 
+def test_a_wiped_node_started_again_takes_its_old_place(tmp_path: Path) -> None:
+    """A node's disk is wiped and the node started again with the same command line (no
+    --join, no --replace), before the ring calls it down: it waits until it is down, takes
+    its old id and tokens, streams its share as ``joining`` and serves every version. (It
+    used to enter as a new member owning the old one's ranges with nothing in them:
+    docs/reliability.md, seed 250014316491786.)"""
+    ring = LocalRing(str(tmp_path), 4, args=ARGS).start()
+    stores = [StoreId("wiped", 0, p) for p in range(3)]
+    try:
+        with RingClient(ring.seeds, chunk_size=4096) as client:
+            states = load(client, stores, 6, seed=9)
+            keys, manifests = sample(client, stores, 6)
+            before = RingView.from_json(ring.ring())
+            wiped = ring.procs[3]
+            old_id, address = wiped.id, wiped.address
+            share = [k for k in keys if address in before.replicas_of(k)]
+            ring.kill(3)
+            shutil.rmtree(wiped.data_dir)
+            ring.restart(3)  # at once: it is not down yet
+            assert (wiped.id, wiped.address) == (old_id, address)
+            assert "takes its place" in log_of(wiped)
+            wait_state(wiped, "normal", timeout=90)
+            ring.wait_ring(4)
+            after = RingView.from_json(ring.ring(address))
+            assert sorted(m.id for m in after.members) == sorted(m.id for m in before.members)
+            owned = [m for m in manifests if address in after.replicas_of(m[0])]
+            held = post(address, "/v1/sync/have", {"chunks": share, "manifests": owned})
+            assert share and all(held["chunks"]) and all(held["manifests"])  # type: ignore[index]
+            for sid, state in states.items():
+                assert dict(client.restore(sid, 6)) == state
+    finally:
+        ring.stop()
+
+
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
@@ -323,6 +358,36 @@ async def test_how_a_member_is_seen_and_replace_refusals_in_process(
         await check_replace(config(solo.config.data_dir, "nobody"))
     # a replacement restarted (its data dir holds the id): it resumes, nothing is asked
     assert await check_replace(config(solo.config.data_dir, solo.id)) is None
+
+
+async def test_an_empty_data_dir_at_a_live_members_address_waits_then_refuses(
+    solo: Node, tmp_path: Path
+) -> None:
+    """node/handover.check_returning: an empty data dir advertising the address of a member
+    that stays up is refused once the wait is over (nothing taken); at an address the ring
+    does not know, or with a data dir that holds an id, it is an ordinary start."""
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    def config(data_dir: str, advertise: str) -> NodeConfig:
+        return NodeConfig(
+            data_dir=data_dir,
+            advertise=advertise,
+            seeds=[solo.address],
+            dht=False,
+            storage="memory://",
+            down_after=1.0,
+        )
+
+    fresh = config(str(tmp_path / "fresh"), solo.address)
+    with pytest.raises(ValueError, match=f"knows node {solo.id} at {solo.address}, not yet down"):
+        await check_returning(fresh, sleep=sleep)
+    assert waits and sum(waits) >= 6 * fresh.down_after + 30
+    assert stored_identity(fresh.data_dir) is None
+    assert await check_returning(config(str(tmp_path / "other"), "127.0.0.1:1")) is None
+    assert await check_returning(config(solo.config.data_dir, solo.address)) is None
 
 
 async def test_a_replaced_node_serves_nothing_but_health_and_stops_its_loops(solo: Node) -> None:

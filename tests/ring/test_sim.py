@@ -172,14 +172,11 @@ DISK = {"disk_faults": 0.15, "skew": 5.0}  # the 1,000-schedule run's options
         # decoded, and repair compares checksums only) left v2-v6 unreadable; the scrub now
         # checks that a manifest's chunk names and checksums agree (node/scrub.py)
         (265420417866632, DISK),
-        # open (docs/reliability.md): head-went-back after a wipe; the node restarted empty as
-        # a new member at the same address (the dead id's entries refused as its alias), the
-        # store's owners moved, and a read quorum of the new owners missed an acknowledged v2
-        pytest.param(
-            250014316491786,
-            DISK,
-            marks=pytest.mark.xfail(strict=True, reason="a wiped node's plain restart: open"),
-        ),
+        # head-went-back after a wipe: the node restarted empty as a new member at the same
+        # address, the store's owners moved with no hand-over, and a read quorum of the new
+        # owners missed an acknowledged v2; it now takes the old member's place and streams
+        # its share first (node/handover.check_returning)
+        (250014316491786, DISK),
     ],
 )  # fmt: skip
 def test_found_seeds_replay_clean(seed: int, options: dict[str, float]) -> None:
