@@ -50,13 +50,11 @@ class JavaCodec:
     """``CodecHarness bench`` in its own JVM, one timed round per request."""
 
     def __init__(self, puts: dict[bytes, bytes], work: Path) -> None:
-        import spark_connector._build as build
+        from tests.javakit import harness_classpath  # the harness is not in the product jar
 
-        home, _ = build.pyspark_home()
-        jar = build.jar_path()
         src = work / "bench.in"
         src.write_bytes(msgpack.packb([list(puts), list(puts.values())], use_bin_type=True))
-        cp = f"{jar}{os.pathsep}{home / 'jars' / '*'}"
+        cp = harness_classpath()
         self.proc = subprocess.Popen(
             ["java", "-cp", cp, "statestore.spark.CodecHarness", "bench", str(src)],
             stdin=subprocess.PIPE,

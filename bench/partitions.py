@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from statestore.sim.cli import derive
-from tests.partition.harness import PartitionRing, ScheduleOutcome, run_schedule
-from tests.partition.netns import unavailable_reason
+from statestore.testing.cli import derive
+from statestore.testing.netns import unavailable_reason
+from statestore.testing.partition import PartitionRing, ScheduleOutcome, run_schedule
 
 
 def _summary(outcomes: list[ScheduleOutcome], seconds: float) -> str:

@@ -1,6 +1,6 @@
 """Tentative commits under a real partition (docs/reliability.md, "Tentative commits").
 
-Usage (root: network namespaces and iptables, tests/partition/netns.py)::
+Usage (root: network namespaces and iptables, statestore/testing/netns.py)::
 
     python bench/tentative.py --rounds 5 --commits 40 --bound 0.1
 
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from client import AsyncRingClient, StoreId
 from statestore.cli.local import http_json
-from tests.partition.harness import PartitionRing
-from tests.partition.netns import unavailable_reason
+from statestore.testing.netns import unavailable_reason
+from statestore.testing.partition import PartitionRing
 
 
 def _rows(v: int, who: str) -> dict[bytes, bytes]:

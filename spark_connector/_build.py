@@ -131,38 +131,45 @@ def jar_path(rebuild: bool = False) -> str:
     return str(jar)
 
 
+def compile_java(javac: str, classpath: str, files: list[Path], classes: Path, what: str) -> None:
+    """Compile ``files`` (Java 17) against ``classpath`` into ``classes``; a
+    SparkConnectorError with javac's message, naming ``what`` was compiled, if that fails.
+    The provider's build, and the test harness's (tests/javakit.py) against its jar."""
+    cmd = [
+        javac,
+        "--release",
+        "17",
+        "-nowarn",
+        "-Xlint:-options",
+        "-encoding",
+        "UTF-8",
+        "-cp",
+        classpath,
+        "-d",
+        str(classes),
+        *map(str, files),
+    ]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except OSError as exc:
+        raise SparkConnectorError(f"could not run {javac}: {exc}") from exc
+    if done.returncode != 0:
+        out = (done.stderr or done.stdout).strip()
+        if "invalid target release" in out or "release version 17 not supported" in out:
+            raise SparkConnectorError(
+                f"{javac} is older than Java 17: install a JDK 17+ (Spark 4 needs it too)"
+            )
+        raise SparkConnectorError(
+            f"compiling {what} against pyspark's jars failed "
+            f"(is this pyspark supported?):\n{out[-3000:]}"
+        )
+
+
 def _compile(javac: str, home: Path, files: list[Path], jar: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="statestore-javac-") as tmp:
         classes = Path(tmp) / "classes"
         classes.mkdir()
-        cmd = [
-            javac,
-            "--release",
-            "17",
-            "-nowarn",
-            "-Xlint:-options",
-            "-encoding",
-            "UTF-8",
-            "-cp",
-            str(home / "jars" / "*"),
-            "-d",
-            str(classes),
-            *map(str, files),
-        ]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-        except OSError as exc:
-            raise SparkConnectorError(f"could not run {javac}: {exc}") from exc
-        if done.returncode != 0:
-            out = (done.stderr or done.stdout).strip()
-            if "invalid target release" in out or "release version 17 not supported" in out:
-                raise SparkConnectorError(
-                    f"{javac} is older than Java 17: install a JDK 17+ (Spark 4 needs it too)"
-                )
-            raise SparkConnectorError(
-                "compiling the ring provider against pyspark's jars failed "
-                f"(is this pyspark supported?):\n{out[-3000:]}"
-            )
+        compile_java(javac, str(home / "jars" / "*"), files, classes, "the ring provider")
         partial = jar.with_suffix(".jar.part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: statestore\n")

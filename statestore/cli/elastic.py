@@ -3,7 +3,7 @@
 ``decommission`` finds the node in a seed's ring view, asks it to leave
 (``POST /v1/handover/leave``), follows its progress (``GET /v1/handover``) with a progress bar,
 and returns 0 once the node has handed everything over and left, non-zero with the reason
-otherwise. The hand-over itself runs on the node (node/handover.py): a command that stops
+otherwise. The hand-over itself runs on the node (node/moves/): a command that stops
 early (Ctrl-C, ``--timeout``) does not stop it; running the command again follows it.
 """
 

@@ -5,7 +5,7 @@ Asks every normal member for its load (``GET /v1/load``), plans token counts wit
 nodes to move, one at a time (``POST /v1/handover/tokens``), following each move with a
 progress bar, and returns 0 once every move has switched; non-zero with the reason when the
 ring cannot move now (a member down or already moving), a node does not answer, or a move
-fails. The moves run on the nodes (node/rebalance.py): stopping the command stops none.
+fails. The moves run on the nodes (node/moves/rebalance.py): stopping the command stops none.
 """
 
 from __future__ import annotations

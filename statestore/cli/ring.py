@@ -13,7 +13,7 @@ from statestore.core.errors import StateStoreError
 
 __all__ = ["BUILD_FIELDS", "add_parser", "member_builds", "run"]
 
-BUILD_FIELDS = ("version", "wire_format", "disk_format")
+BUILD_FIELDS = ("version", "wire_format", "disk_format", "storage")
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -27,10 +27,10 @@ def add_parser(sub: Subparsers) -> None:
 def member_builds(
     view: dict[str, Any], timeout: float = 2.0, tls_ca: str | None = None
 ) -> dict[str, dict[str, object]]:
-    """Each member's version and formats, asked of the member itself (``GET /v1/health``,
-    open, in parallel; the ring's gossip does not carry them). A member that does not answer
-    is left out; one that answers without them (a build from before they were reported)
-    has them as None."""
+    """Each member's version, formats and storage figures, asked of the member itself
+    (``GET /v1/health``, open, in parallel; the ring's gossip does not carry them). A member
+    that does not answer is left out; one that answers without them (a build from before
+    they were reported) has them as None."""
     from concurrent.futures import ThreadPoolExecutor
 
     members = view.get("members")
@@ -52,6 +52,18 @@ def member_builds(
     with ThreadPoolExecutor(min(16, len(asked))) as pool:
         answers = list(pool.map(ask, asked))
     return {str(m["id"]): a for m, a in zip(asked, answers, strict=True) if a is not None}
+
+
+def _size(n: object) -> str:
+    """Bytes for a person (``-``: not said)."""
+    if not isinstance(n, int):
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return "-"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     )
     # the tokens column only once a rebalance gave a member its own count (it widens the table)
     counts = any(m.get("vnodes") or m.get("next_vnodes") for m in view["members"])
-    for col in ("id", "address", "status", "state", "zone", "version", "tokens", "share", "move"):
+    columns = ("id", "address", "status", "state", "zone", "version", "tokens", "share", "held")
+    for col in (*columns, "disk", "amp", "move"):
         if col != "tokens" or counts:
             table.add_column(col, no_wrap=col == "id")
     wires = {m["wire_format"] for m in view["members"] if m["wire_format"] is not None}
@@ -90,7 +103,14 @@ def run(args: argparse.Namespace) -> int:
         version = m["version"] or "?"
         if len(wires) > 1 and m["wire_format"] is not None:  # a mixed ring: say who speaks what
             version += f" (wire {m['wire_format']})"
-        table.add_row(*cells, version, *([tokens] if counts else []), share, move)
+        storage = m.get("storage") or {}
+        held, disk, amp = (
+            storage.get("held_bytes"),
+            storage.get("file_bytes"),
+            storage.get("amplification"),
+        )
+        space = [_size(held), _size(disk), "-" if amp is None else f"{amp:.2f}x"]
+        table.add_row(*cells, version, *([tokens] if counts else []), share, *space, move)
     Console().print(table)
     for ident, r in sorted((view.get("removals") or {}).items()):  # statestore removenode
         print(f"{r['mark']}: {ident} (was {r['address']}; by {r['by']})")

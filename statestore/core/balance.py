@@ -18,7 +18,7 @@ against the current one, a first-order guess (a hot store moves with its range; 
 command again corrects). Tokens are coarse when nodes own few of them: below about 16 per
 node a plan may stop short of the bound.
 
-The moves are carried out (node/rebalance.py) one node at a time, through the same hand-over
+The moves are carried out (node/moves/rebalance.py) one node at a time, through the same hand-over
 as a join (a node gaining tokens pulls what it will own) or a leave (a node losing tokens
 pushes what others will own); :meth:`Plan.steps` gives the order: gaining nodes first.
 """

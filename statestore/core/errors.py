@@ -193,7 +193,7 @@ class DecompressionBomb(CorruptChunk):
 class Unsupported(StateStoreError):
     """A peer that predates a route this build calls: it answered 404 for the route itself.
     Final for that peer, not an Unavailable: the caller falls back to the older way (the
-    batched manifest copies of node/copies.py to one copy at a time). Nodes raise it for
+    batched manifest copies of node/moves/copies.py to one copy at a time). Nodes raise it for
     each other; it is never sent on the wire."""
 
     code = "unsupported"

@@ -4,7 +4,7 @@ A pass walks everything the node holds, so it runs only when it can find work:
 
 - when who owns what changes (``RingView.placement``): a member declared down or back, a
   finished move. Not for a member that only starts joining or leaving: its owners are
-  unchanged, and the hand-over moves its copies (node/handover.py);
+  unchanged, and the hand-over moves its copies (node/moves/);
 - while the last pass left items waiting (hand-offs, copies left to a designated source);
 - once in every ``full_every`` seconds of this node's own grid, as a safety net. The grid is
   offset by a per-node ``phase``, so nodes started together do not all walk what they hold in

@@ -18,7 +18,7 @@ directional. What can go wrong on a link, decided per request from ``random.Rand
 
 Every fault is appended to ``log`` (simulated time, link, what happened), so a run's faults can
 be compared between two runs of one seed. Only the caller's deadline ends a lost request, so a
-simulation runs these on simulated time (sim/clock.py).
+simulation runs these on simulated time (testing/clock.py).
 """
 
 from __future__ import annotations

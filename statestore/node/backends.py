@@ -10,25 +10,100 @@ A write LMDB cannot complete (its map full, the disk full or failing at commit: 
 ``lmdb.Error``, not OSError) is InsufficientStorage (507) here, at the storage boundary, with
 the LMDB error as its cause; the node counts it and turns read-only (Node.write). The map is
 64 GiB; ``lmdb:///dir?map_size=BYTES`` sets another (tests fill a small one).
+
+**Space given back.** LMDB reuses the pages a delete frees but never shrinks its file, so a
+node's disk use is its high-water mark: after retention, ``gc`` or a drop freed most of
+what it held, the file stays as large. :meth:`LmdbBackend.compact` writes a compacted copy
+(``mdb_env_copy2`` with ``MDB_CP_COMPACT``: live pages only) beside the file, fsyncs it and
+swaps it in (``rename``, so a crash leaves either file, both whole). Reads go on during the
+copy (it reads a snapshot); writes wait behind it, since it runs on the node's one writer
+thread; the swap itself waits for the reads in flight and holds new ones for the close and
+reopen (milliseconds). node/space.py decides when (docs/operations.md, "Disk space").
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from statestore.core.errors import InsufficientStorage
 
-__all__ = ["DEFAULT_MAP_SIZE", "Backend", "LmdbBackend", "MemoryBackend", "open_backend"]
+__all__ = [
+    "DEFAULT_MAP_SIZE",
+    "Backend",
+    "LmdbBackend",
+    "MemoryBackend",
+    "Space",
+    "open_backend",
+]
 
 DEFAULT_MAP_SIZE = 64 * 2**30
+_COMPACT_DIR = "compact.tmp"  # the compacted copy, before it is swapped in
+
+
+@dataclass(frozen=True)
+class Space:
+    """How a backend's file is used: ``file`` bytes in all, ``used`` by live pages (the
+    rest is free pages LMDB reuses but does not give back)."""
+
+    file: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.file - self.used)
+
+
+class _Gate:
+    """Many readers or one swap: the swap waits for the reads in flight and holds new ones."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._swapping = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cv:
+            while self._swapping:
+                self._cv.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._readers -= 1
+                if not self._readers and self._swapping:
+                    self._cv.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cv:
+            while self._swapping:
+                self._cv.wait()
+            self._swapping = True
+            while self._readers:
+                self._cv.wait()
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._swapping = False
+                self._cv.notify_all()
 
 
 class Backend(ABC):
-    """Ordered bytes-to-bytes map with atomic, durable batches."""
+    """Ordered bytes-to-bytes map with atomic, durable batches. ``gives_space_back``: its
+    storage shrinks as data is freed (no compaction needed: node/space.py skips it)."""
+
+    gives_space_back = True
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None: ...
@@ -55,6 +130,17 @@ class Backend(ABC):
     def scan_sizes(self, prefix: bytes) -> list[tuple[bytes, int]]:
         """(key, size of its value) of every key starting with ``prefix``."""
         return [(k, len(v)) for k, v in self.scan(prefix)]
+
+    def space(self) -> Space:
+        """The bytes its storage takes and the bytes live data needs of them (a backend
+        that gives space back as it frees it: the two are the same)."""
+        used = sum(size for _, size in self.scan_sizes(b""))
+        return Space(used, used)
+
+    def compact(self) -> tuple[int, int]:
+        """Give free space back to the file system; ``(bytes before, bytes after)``."""
+        size = self.space().file
+        return size, size
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -85,6 +171,8 @@ class MemoryBackend(Backend):
 
 
 class LmdbBackend(Backend):
+    gives_space_back = False  # its file keeps freed pages: compact()
+
     def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE) -> None:
         import lmdb
 
@@ -92,18 +180,30 @@ class LmdbBackend(Backend):
         self._lmdb = lmdb
         self._path = path
         self._map_size = map_size
-        self._env = lmdb.open(
-            path, map_size=map_size, sync=True, metasync=True, max_readers=256, readahead=False
+        self._gate = _Gate()
+        # a compacted copy a crash left before its swap: the file in place is whole
+        shutil.rmtree(os.path.join(path, _COMPACT_DIR), ignore_errors=True)
+        self._env = self._open()
+
+    def _open(self) -> Any:
+        return self._lmdb.open(
+            self._path,
+            map_size=self._map_size,
+            sync=True,
+            metasync=True,
+            max_readers=256,
+            readahead=False,
         )
 
     def get(self, key: bytes) -> bytes | None:
-        with self._env.begin() as txn:
+        with self._gate.shared(), self._env.begin() as txn:
             value: bytes | None = txn.get(key)
             return value
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
         try:
-            with self._env.begin(write=True) as txn:  # aborted, nothing written, if it raises
+            # aborted, nothing written, if it raises
+            with self._gate.shared(), self._env.begin(write=True) as txn:
                 for k in deletes:
                     txn.delete(k)
                 for k, v in puts.items():
@@ -123,7 +223,7 @@ class LmdbBackend(Backend):
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         out = []
-        with self._env.begin() as txn:
+        with self._gate.shared(), self._env.begin() as txn:
             cur = txn.cursor()
             if cur.set_range(prefix):
                 for k, v in cur:
@@ -134,7 +234,7 @@ class LmdbBackend(Backend):
 
     def scan_keys(self, prefix: bytes) -> list[bytes]:
         out = []
-        with self._env.begin() as txn:
+        with self._gate.shared(), self._env.begin() as txn:
             cur = txn.cursor()
             if cur.set_range(prefix):
                 for k in cur.iternext(keys=True, values=False):
@@ -145,7 +245,8 @@ class LmdbBackend(Backend):
 
     def sizes(self, keys: Sequence[bytes]) -> dict[bytes, int | None]:
         out: dict[bytes, int | None] = {}
-        with self._env.begin(buffers=True) as txn:  # views into the map: nothing copied
+        # views into the map: nothing copied
+        with self._gate.shared(), self._env.begin(buffers=True) as txn:
             for k in keys:
                 v = txn.get(k)
                 out[k] = None if v is None else len(v)
@@ -153,7 +254,7 @@ class LmdbBackend(Backend):
 
     def scan_sizes(self, prefix: bytes) -> list[tuple[bytes, int]]:
         out = []
-        with self._env.begin(buffers=True) as txn:
+        with self._gate.shared(), self._env.begin(buffers=True) as txn:
             cur = txn.cursor()
             if cur.set_range(prefix):
                 for k, v in cur:
@@ -163,8 +264,60 @@ class LmdbBackend(Backend):
                     out.append((key, len(v)))
         return out
 
+    def space(self) -> Space:
+        """The file's size and its live pages (the main tree's branch, leaf and overflow
+        pages and the two meta pages; the free list's own pages count as free)."""
+        with self._gate.shared():
+            info, stat = self._env.info(), self._env.stat()
+        psize = stat["psize"]
+        pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"] + 2
+        try:
+            size = os.path.getsize(os.path.join(self._path, "data.mdb"))
+        except OSError:
+            size = (info["last_pgno"] + 1) * psize
+        return Space(size, min(size, pages * psize))
+
+    def compact(self) -> tuple[int, int]:
+        """Swap in a compacted copy of the file (module docstring, "Space given back").
+        Run it where writes run (the node's writer thread): a write that raced the copy
+        would be lost in the swap."""
+        data = os.path.join(self._path, "data.mdb")
+        before = os.path.getsize(data)
+        tmp = os.path.join(self._path, _COMPACT_DIR)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        try:
+            with self._gate.shared():
+                self._env.copy(tmp, compact=True)
+            copy = os.path.join(tmp, "data.mdb")
+            fd = os.open(copy, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._gate.exclusive():
+                self._env.close()
+                try:
+                    os.replace(copy, data)
+                    dir_fd = os.open(self._path, os.O_RDONLY)
+                    try:
+                        os.fsync(dir_fd)
+                    finally:
+                        os.close(dir_fd)
+                finally:
+                    self._env = self._open()  # the copy, or the old file if the swap failed
+        except self._lmdb.Error as exc:
+            raise InsufficientStorage(
+                f"compacting the storage under {self._path} failed ({type(exc).__name__}: "
+                f"{exc}); the file in place is unchanged"
+            ) from exc
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return before, os.path.getsize(data)
+
     def close(self) -> None:
-        self._env.close()
+        with self._gate.exclusive():
+            self._env.close()
 
 
 def open_backend(url: str) -> Backend:

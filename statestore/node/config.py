@@ -65,6 +65,10 @@ class NodeConfig:
     # scrub (node/scrub.py): MB/s of held data re-verified (0: off), seconds between passes
     scrub_mbps: float = 8.0
     scrub_interval: float = 3600.0
+    # space given back (node/space.py): compact the storage file when its free pages reach
+    # this share of it (0: never) and at least reclaim_min bytes
+    reclaim_at: float = 0.5
+    reclaim_min: int = 64 * 1024 * 1024
     drain_on_stop: bool = False  # SIGTERM decommissions the node before it exits
     drain_timeout: float = 600.0  # seconds such a drain may take before the node gives up
     replace: str = ""  # the id of a dead node whose tokens this (new) node takes over
@@ -95,6 +99,8 @@ class NodeConfig:
                 f"--memory-budget ({self.memory_budget}) is below --max-body ({self.max_body}): "
                 "a body of the largest size would never fit; raise the budget"
             )
+        if not 0 <= self.reclaim_at < 1 or self.reclaim_min < 0:
+            raise ValueError("--reclaim-at must be in [0, 1) and --reclaim-min not negative")
         if not self.scrub_mbps >= 0 or not self.scrub_interval >= 0:
             raise ValueError("--scrub-mbps and --scrub-interval must not be negative")
         if not self.stream_mbps > 0:

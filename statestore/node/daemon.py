@@ -270,7 +270,7 @@ class Node:
         writer: where storage writes run, one at a time (default: one thread; the simulator
             runs them inline so a run stays deterministic).
         adopt: ``(id, incarnation)`` a new data dir takes (``--replace``, checked by
-            node/handover.check_replace): the node enters as ``joining`` with that id.
+            node/moves/startup.check_replace): the node enters as ``joining`` with that id.
     """
 
     def __init__(
@@ -300,11 +300,11 @@ class Node:
                 if config.quota_file
                 else None
             )
-            # a replacement (--replace, or node/handover.check_returning) streams the dead
+            # a replacement (--replace, or node/moves/startup.check_returning) streams the dead
             # node's share before it serves: a join
             join = config.join or bool(config.replace) or adopt is not None
             self.vnodes = _load_vnodes(config.data_dir)  # 0: the ring's --vnodes
-            # a token move the last run did not finish (node/rebalance.resume_loop)
+            # a token move the last run did not finish (node/moves/rebalance.resume_loop)
             self.resume_vnodes = _load_vnodes(config.data_dir, "next_vnodes")
             self.initial_state = _load_ring_state(config.data_dir, join)
             if self.initial_state is NodeState.JOINING:
@@ -346,6 +346,8 @@ class Node:
             "tentative_rolled_back": 0,
             "have_asked": 0,  # items listed to peers (/v1/sync/have)
             "digest_confirmed": 0,  # items range digests showed a peer holds
+            "compactions": 0,  # storage file compactions (node/space.py)
+            "bytes_reclaimed": 0,  # bytes they gave back to the file system
         }
         self.move: MoveStatus | None = None  # a join, leave or token move, under way or done
         self.served = ServedMeter()  # requests and bytes served lately (GET /v1/load)
@@ -813,6 +815,18 @@ class Node:
             "dht_directory": len(self._directory),
             # hints: the tentative commits held now (the hint loop may be waiting on the owners)
             "stats": dict(self.stats) | {"hints": self.store.hint_count()},
+            "storage": self.storage_figures(),
+        }
+
+    def storage_figures(self) -> dict[str, Any]:
+        """Bytes held (chunks and manifests), the storage file's bytes and its free pages,
+        and file / held (``statestore ring``, docs/operations.md "Disk space")."""
+        held, space = self.store.held_bytes(), self.store.backend.space()
+        return {
+            "held_bytes": held,
+            "file_bytes": space.file,
+            "free_bytes": space.free,
+            "amplification": round(space.file / held, 2) if held else None,
         }
 
     def unready(self) -> list[str]:

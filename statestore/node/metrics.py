@@ -92,6 +92,8 @@ class StorageFigures:
     disk_used: int = 0
     disk_free: int = 0
     disk_total: int = 0
+    file_bytes: int = 0  # the storage file (LMDB: data.mdb)
+    free_bytes: int = 0  # its free pages (reused, not given back until compacted)
     per_query: dict[str, int] = field(default_factory=dict)
 
 
@@ -116,6 +118,8 @@ def read_storage(node: Node) -> StorageFigures:
     f.chunks, f.manifests = held["chunks"], held["manifests"]
     f.stores, f.tombstones = held["stores"], held["tombstones"]
     f.disk_used = _dir_usage(node.config.data_dir)
+    space = node.store.backend.space()
+    f.file_bytes, f.free_bytes = space.file, space.free
     try:
         vfs = os.statvfs(node.config.data_dir)
         f.disk_free = vfs.f_bavail * vfs.f_frsize
@@ -172,6 +176,28 @@ class NodeCollector(Collector):
         )
         yield _gauge(
             "statestore_disk_total_bytes", "Size of the data dir's filesystem", f.disk_total
+        )
+        held = node.store.held_bytes()
+        yield _gauge(
+            "statestore_held_bytes",
+            "Bytes of the chunks and manifests this node holds (what its storage must keep)",
+            held,
+        )
+        yield _gauge(
+            "statestore_storage_file_bytes",
+            "Bytes of the storage file (LMDB's data.mdb: live and free pages)",
+            f.file_bytes,
+        )
+        yield _gauge(
+            "statestore_storage_free_bytes",
+            "Free pages in the storage file: reused by writes, given back to the file system "
+            "by compaction (--reclaim-at, --reclaim-min)",
+            f.free_bytes,
+        )
+        yield _gauge(
+            "statestore_disk_amplification",
+            "Bytes the data dir occupies on disk / bytes held (0: nothing held)",
+            f.disk_used / held if held else 0.0,
         )
         errors = CounterMetricFamily(
             "statestore_storage_errors",
@@ -230,7 +256,9 @@ class NodeCollector(Collector):
             "scrub_replaced (items re-verified at rest, found rotted, replaced from a replica); "
             "hint_passes, hints_tried, hints_superseded and hints_expired (the hint loop's work "
             "and the hints it dropped); divergent and reconciled (manifests whose content "
-            "differed from what W owners hold at one version and epoch, and those replaced)",
+            "differed from what W owners hold at one version and epoch, and those replaced); "
+            "compactions and bytes_reclaimed (storage file compactions and the bytes they gave "
+            "back to the file system)",
             labels=["event"],
         )
         for name in (
@@ -252,6 +280,8 @@ class NodeCollector(Collector):
             "hints_expired",
             "divergent",
             "reconciled",
+            "compactions",
+            "bytes_reclaimed",
         ):
             events.add_metric([name], node.stats.get(name, 0))
         yield events

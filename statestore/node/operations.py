@@ -13,16 +13,14 @@ from aiohttp import web
 
 from statestore.node import (
     activity,
-    copies,
     dashboard,
     digests,
-    handover,
     hints,
     inventory,
     lookup,
     metrics,
+    moves,
     quotas,
-    rebalance,
     removal,
     tombstones,
 )
@@ -38,10 +36,8 @@ def install(app: web.Application) -> None:
     lookup.register(app)
     tombstones.register(app)
     dashboard.register(app)
-    handover.register(app)
+    moves.register(app)  # /v1/handover, /v1/load, /v1/sync/manifests (node/moves/routes.py)
     quotas.register(app)
     hints.register(app)
     digests.register(app)
-    copies.register(app)
-    rebalance.register(app)
     removal.register(app)  # statestore removenode (/v1/handover/remove)

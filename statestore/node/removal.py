@@ -16,7 +16,7 @@ asks a live member, the *remover*, to write ID off:
 3. Re-replication, in passes: the remover asks every live member (itself included) to *sweep*
    ID's share (``POST /v1/handover/remove/sweep``): the member pushes each item it holds to
    those of the item's owners (the ring without ID, which reads and writes have used since it
-   went down) that lack it, in the rounds of a decommission (``node/handover.leave_round``,
+   went down) that lack it, in the rounds of a decommission (``node/moves/leave.leave_round``,
    under ``--stream-mbps``), until a round finds nothing missing and every owner answered. Only
    copies are made: nothing is deleted here, and repair drops a copy only once every owner
    confirmed it, as always. A pass is done when every live member's sweep verified; a member
@@ -50,11 +50,10 @@ from aiohttp import web
 from statestore.core.errors import InvalidRequest, NotFound, StateStoreError
 from statestore.core.handover import Handover, NodeState, Phase, RoundResult, Sighting, remove_plan
 from statestore.core.membership import REMOVED, REMOVING, Status
-from statestore.net.tls import client_context
-from statestore.node.auth import Access, allow, allow_ring
+from statestore.node.auth import allow, allow_ring
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import NODE, MoveStatus, Node, stored_identity
-from statestore.node.handover import leave_round, pause, settle
+from statestore.node.moves import leave_round, pause, settle, sighting, startup_transport
 from statestore.node.request import read_body
 from statestore.wire.bodies import RemoveRequest, decode_json
 
@@ -175,14 +174,12 @@ async def check_removed(config: NodeConfig) -> None:
             raise ValueError(_refusal(node_id, str(e.get("removed_by", "?")), config.data_dir))
     if not config.seeds:
         return
-    tls = client_context(config.tls_ca or None) if config.tls_cert else None
-    access = Access(node_id, config.cluster_secret_file or None, config.auth_file or None)
-    transport = access.transport(ASK_TIMEOUT, tls)
+    transport = startup_transport(config, node_id)  # signed as the node, as a join asks
     await transport.start()
     try:
         for seed in config.seeds:
             try:
-                seen = await _sighting(transport, seed, node_id)
+                seen = await sighting(transport, seed, node_id)
             except (StateStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 log.info("seed %s did not say how it sees %s: %s", seed, node_id, exc)
                 continue
@@ -197,28 +194,6 @@ def _refusal(node_id: str, by: str, data_dir: str) -> str:
         f"node {node_id} was removed from the ring by node {by} (statestore removenode): it "
         f"may not come back with its old identity and data; wipe {data_dir} and start the "
         "machine as a new node with --join"
-    )
-
-
-async def _sighting(transport: Any, address: str, target: str) -> Sighting | None:
-    """How the member at ``address`` sees ``target`` (None: unknown to it)."""
-    resp = await transport.request(
-        "POST",
-        address,
-        "/v1/handover/items",
-        json_body={"node": target, "limit": 0},
-        timeout=ASK_TIMEOUT,
-    )
-    m = resp.json().get("member")
-    if m is None:
-        return None
-    return Sighting(
-        str(m["status"]),
-        str(m["state"]),
-        int(m["incarnation"]),
-        str(m["zone"]),
-        str(m.get("removal", "")),
-        str(m.get("removed_by", "")),
     )
 
 
@@ -297,7 +272,7 @@ async def start_removal(node: Node, target: str) -> MoveStatus:
 
         async def ask(address: str) -> None:
             try:
-                sightings[address] = await _sighting(node.transport, address, target)
+                sightings[address] = await sighting(node.transport, address, target)
             except (StateStoreError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 log.warning("removenode: %s did not say how it sees %s: %s", address, target, exc)
 
@@ -336,7 +311,7 @@ async def _confirm(
 
     async def one(address: str) -> bool:
         await node.gossip_with(address)
-        seen = await _sighting(node.transport, address, target)
+        seen = await sighting(node.transport, address, target)
         return seen is not None and seen.removal in marks
 
     done = False

@@ -3,10 +3,10 @@
 Every node walks what it holds: for each chunk and manifest it computes the replicas at the
 current epoch, asks each of them in one batched ``/v1/sync/have`` call which items they lack,
 and pushes those (chunks one at a time, then manifests in batches per target,
-node/copies.py). An item this node holds but no longer owns (the ring moved: a node joined,
-or came back after its writes were handed to us) is deleted locally only once every current
-replica has confirmed it, and only when the epoch has not moved since the previous pass, so a
-half-formed view never costs a copy. A pass runs when who owns what changes
+node/moves/copies.py). An item this node holds but no longer owns (the ring moved: a node
+joined, or came back after its writes were handed to us) is deleted locally only once every
+current replica has confirmed it, and only when the epoch has not moved since the previous
+pass, so a half-formed view never costs a copy. A pass runs when who owns what changes
 (``RingView.placement``: not for a member that only starts joining or leaving, whose copies
 the hand-over moves), while handoffs are pending, and every ``full_every`` seconds as a
 safety net on a per-node grid. When a pass is due and how it runs is the pure
@@ -37,9 +37,9 @@ from statestore.core.repair_clock import RepairClock, phase_of
 from statestore.core.retention import check_floor as floor_allowed
 from statestore.core.view import RingView
 from statestore.net.reads import read_head
-from statestore.node.copies import Unsupported, push_manifests
 from statestore.node.daemon import Node
 from statestore.node.digests import narrow
+from statestore.node.moves.copies import Unsupported, push_manifests
 from statestore.wire.manifest import decode_manifest
 
 __all__ = ["ask_have", "check_floor", "push_item", "repair_loop", "repair_pass"]

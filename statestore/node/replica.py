@@ -168,6 +168,10 @@ class NodeStore:
                     if self._hint_queries[q] <= 0:
                         del self._hint_queries[q]
 
+    def held_bytes(self) -> int:
+        """Bytes of chunks and manifests held, every query's."""
+        return sum(self.usage.snapshot().values())
+
     def query_bytes(self, query: str) -> int:
         """Bytes of chunks and manifests this node holds for ``query``."""
         return self.usage.of(query)
@@ -263,7 +267,7 @@ class NodeStore:
 
     def copy_manifests(self, ms: Sequence[Manifest], limit: int | None = None) -> list[bool]:
         """:meth:`copy_manifest` for each of ``ms``, in one atomic write (one fsync for a
-        hand-over's batch, node/copies.py); each sees the ones before it. ``limit``: a
+        hand-over's batch, node/moves/copies.py); each sees the ones before it. ``limit``: a
         hand-off's, charged to the quota (QuotaExceeded past it, nothing written)."""
         puts: dict[bytes, bytes] = {}
 
@@ -300,7 +304,7 @@ class NodeStore:
     def copy_manifests_charged(
         self, ms: Sequence[Manifest], limits: Mapping[str, int | None]
     ) -> list[bool | None]:
-        """A hand-off's batch (node/copies.py): each of ``ms`` copied alone, held to its
+        """A hand-off's batch (node/moves/copies.py): each of ``ms`` copied alone, held to its
         query's quota in ``limits``; None for one refused by it (nothing of it written)."""
         out: list[bool | None] = []
         for m in ms:

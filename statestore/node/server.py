@@ -3,7 +3,7 @@
 Graceful means: stop accepting connections, let in-flight requests (a chunk being fsynced, a
 manifest being written) finish, then cancel and await the background loops and close storage.
 With ``--drain-on-stop`` the first SIGTERM (or SIGINT) first decommissions the node
-(node/handover.py ``drain``) while it keeps serving; a second one abandons the drain.
+(node/moves/leave.py ``drain``) while it keeps serving; a second one abandons the drain.
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ from statestore.node.api import build_app
 from statestore.node.compaction import compaction_loop
 from statestore.node.daemon import Loop, Node, NodeConfig
 from statestore.node.gcpause import PAUSES, freeze
-from statestore.node.handover import (
+from statestore.node.hints import hint_loop
+from statestore.node.moves import (
+    auto_rebalance_loop,
     check_join,
     check_replace,
     check_returning,
     drain,
     join_loop,
+    resume_loop,
 )
-from statestore.node.hints import hint_loop
-from statestore.node.rebalance import auto_rebalance_loop, resume_loop
 from statestore.node.removal import check_removed, removal_loop
 from statestore.node.repair import repair_loop
 from statestore.node.scrub import scrub_loop
+from statestore.node.space import space_loop
 from statestore.node.tombstones import tombstone_loop
 
 __all__ = ["run_node", "serve", "start_node", "stop_node", "tune_interpreter"]
@@ -49,6 +51,7 @@ LOOPS: tuple[tuple[str, Loop], ...] = (
     ("auto-rebalance", auto_rebalance_loop),
     ("resume-tokens", resume_loop),
     ("scrub", scrub_loop),
+    ("space", space_loop),
 )
 
 

@@ -124,6 +124,19 @@ def _non_negative(text: str) -> float:
     return _number(text, positive=False)
 
 
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise _fail(text, "an integer >= 0")
+    return int(text)
+
+
+def _fraction(text: str) -> float:
+    value = _number(text, positive=False)
+    if value >= 1:
+        raise _fail(text, "a share in [0, 1)")
+    return value
+
+
 def _listen(text: str) -> tuple[str, int]:
     try:
         return parse_address(text, bind=True)
@@ -336,6 +349,26 @@ SETTINGS: tuple[Setting, ...] = (
         _non_negative,
         "S",
         "s",
+    ),
+    Setting(
+        "reclaim-at",
+        "number",
+        0.5,
+        "compact the storage file when this share of it is free pages (0: never)",
+        ("reclaim_at",),
+        _fraction,
+        "SHARE",
+        None,
+    ),
+    Setting(
+        "reclaim-min",
+        "int",
+        64 * MiB,
+        "and when at least this many bytes are free",
+        ("reclaim_min",),
+        _non_negative_int,
+        "BYTES",
+        "bytes",
     ),
     Setting(
         "hint-ttl",

@@ -63,7 +63,7 @@ class Dropping:
 
     def check(self, query: str) -> None:
         """QueryDropping while ``query`` is between a drop's purge and its seal: the one check
-        every write path takes (the routes' middleware, the batched copies of node/copies.py),
+        every write path takes (the routes' middleware, the batched copies of node/moves/copies.py),
         run right before the write is queued, so that a purge (a barrier) deletes whatever
         passed it."""
         if query in self.queries:

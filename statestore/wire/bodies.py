@@ -56,7 +56,7 @@ MAX_RING_EPOCH = 2**53 - 1
 MAX_INCARNATION = 2**31 - 1
 MAX_HEARTBEAT = 2**53 - 1
 MAX_VNODES = 4096  # a member's token count (core/view.MAX_VIEW_VNODES)
-# manifests copied in one request between nodes (node/copies.py): one writer job and one
+# manifests copied in one request between nodes (node/moves/copies.py): one writer job and one
 # fsync on the target for all of them; a sender keeps a batch to MAX_COPIES_BYTES (a larger
 # manifest goes alone, within the target's --max-body as a single copy is)
 MAX_COPIES = 256

@@ -1,4 +1,4 @@
-"""Partitions on real node processes (tests/partition/harness.py; docs/reliability.md).
+"""Partitions on real node processes (statestore/testing/partition.py; docs/reliability.md).
 
 Skipped, with the reason, where network namespaces or iptables are not available (not root).
 ``bench/partitions.py --schedules 200`` runs the long version.
@@ -15,11 +15,10 @@ import pytest
 
 from client import AsyncRingClient, StoreId
 from statestore.core.errors import Unavailable
-from statestore.sim.cli import derive
-from statestore.sim.history import CommitOp, History, ReadOp, check
-
-from .harness import NODE_ARGS, PartitionRing, run_schedule
-from .netns import unavailable_reason
+from statestore.testing.cli import derive
+from statestore.testing.history import CommitOp, History, ReadOp, check
+from statestore.testing.netns import unavailable_reason
+from statestore.testing.partition import NODE_ARGS, PartitionRing, run_schedule
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +90,7 @@ def test_random_partition_schedules_keep_every_promise(ring: PartitionRing) -> N
 def test_the_checker_catches_a_planted_violation() -> None:
     """The history format the harness records: a fenced writer acknowledged after a higher
     epoch's acknowledged commit, and an acknowledged version restored with other bytes, are
-    both reported (the checker is sim/history.py, shared with the simulator)."""
+    both reported (the checker is testing/history.py, shared with the simulator)."""
     h = History()
     good = {b"k": b"v1"}
     h.add_commit(CommitOp("w2", "q/0/0/s", 1, 2, "d1", good, 1, 2, "ack"))

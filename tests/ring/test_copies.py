@@ -1,4 +1,4 @@
-"""Manifests copied in batches between nodes (node/copies.py, ``/v1/sync/manifests``): the
+"""Manifests copied in batches between nodes (node/moves/copies.py, ``/v1/sync/manifests``): the
 batching is pure and covers every item once; a batch lands as one-at-a-time copies would;
 bad, oversized or unauthorized batches are refused whole with a 4xx and change nothing. Real
 nodes on loopback port 0."""
@@ -19,8 +19,8 @@ from statestore.core.handover import batches
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.node.backends import MemoryBackend
-from statestore.node.copies import Unsupported, fetch_manifests, push_manifests
 from statestore.node.daemon import Node, NodeConfig
+from statestore.node.moves.copies import Unsupported, fetch_manifests, push_manifests
 from statestore.node.replica import NodeStore
 from statestore.node.server import start_node, stop_node
 from statestore.wire.bodies import MAX_COPIES
@@ -142,7 +142,7 @@ async def test_a_manifest_larger_than_a_batch_goes_alone(
 ) -> None:
     """A sender keeps a batch to MAX_COPIES_BYTES; one manifest over it is sent alone, and
     the target takes it (bounded by --max-body, as a single copy), not refused every round."""
-    monkeypatch.setattr("statestore.node.copies.MAX_COPIES_BYTES", 4096)
+    monkeypatch.setattr("statestore.node.moves.copies.MAX_COPIES_BYTES", 4096)
     a, ra = await start_node(config(tmp_path, "a"))
     b, rb = await start_node(config(tmp_path, "b"))
     try:

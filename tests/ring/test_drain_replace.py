@@ -24,7 +24,7 @@ from statestore.node import server
 from statestore.node.backends import MemoryBackend
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Node, stored_identity
-from statestore.node.handover import check_replace, check_returning
+from statestore.node.moves import check_replace, check_returning
 from tests.ringkit import (
     ARGS,
     Copies,
@@ -363,7 +363,7 @@ async def test_how_a_member_is_seen_and_replace_refusals_in_process(
 async def test_an_empty_data_dir_at_a_live_members_address_waits_then_refuses(
     solo: Node, tmp_path: Path
 ) -> None:
-    """node/handover.check_returning: an empty data dir advertising the address of a member
+    """node/moves/startup.check_returning: an empty data dir advertising the address of a member
     that stays up is refused once the wait is over (nothing taken); at an address the ring
     does not know, or with a data dir that holds an id, it is an ordinary start."""
     waits: list[float] = []

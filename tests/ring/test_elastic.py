@@ -206,7 +206,7 @@ async def test_spread_is_confirmed_by_every_member_or_runs_out(tmp_path: Path) -
     in-process nodes (real HTTP)."""
     from statestore.core.handover import Handover, NodeState
     from statestore.node.daemon import MoveStatus
-    from statestore.node.handover import sees_state, spread
+    from statestore.node.moves import sees_state, spread
 
     async with nodes(tmp_path, 3, replicas=3) as live:
         node = live[2]

@@ -1,8 +1,9 @@
 """The Java chunk codec (spark_connector/java: Xxh3, ChunkCodec, ManifestCodec) against the
 Python one, byte for byte: XXH3-64 on every input-length path, chunks (names, key-group
 ranges, compressed bytes) and manifests of random commits encoded by both, and Python's
-chunks and manifests decoded by Java. Java runs as ``CodecHarness`` (msgpack in, msgpack
-out) from the provider jar; the tests skip, saying why, without a JDK or pyspark.
+chunks and manifests decoded by Java; the Java error table (RingErrors) against
+core/errors.py. Java runs as ``CodecHarness`` (msgpack in, msgpack out; tests/javakit.py
+compiles it against the provider jar); the tests skip, saying why, without a JDK or pyspark.
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ from statestore.core.errors import (
     PayloadTooLarge,
     QuorumNotReached,
     StaleEpoch,
+    StateStoreError,
+    Unavailable,
     VersionConflict,
     VersionNotFound,
+    error_from_code,
 )
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Manifest, candidates, local_chain, resolve_chain
 from statestore.core.quorum import check_write_sets
 from statestore.core.view import RingView
+from statestore.net.transport import error_from_answer
 from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
 from tests.corekit import LINEAGE_CASES, SID, lm
 from tests.javakit import Harness, harness_at
@@ -999,3 +1004,57 @@ def test_java_and_python_restores_skip_a_dead_branch(harness: Harness, ring3: Lo
     (r4,) = _java_restore(harness, seeds, store, [4])
     assert r4.get("code") == "version_not_found", r4
     assert "needs version 3 as written at epoch 6" in r4["error"]
+
+
+# --- the error table ---------------------------------------------------------------------
+
+
+def _error_tree(cls: type[StateStoreError]) -> list[type[StateStoreError]]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _error_tree(sub))]
+
+
+def test_java_error_table_is_pythons(harness: Harness) -> None:
+    """RingErrors.Kind holds core/errors.py class by class: name, code, status, parent, and
+    whether it is an Unavailable (what Java retries)."""
+    classes = _error_tree(StateStoreError)
+    names = [c.__name__ for c in classes]
+    *rows, java_names = harness("errors", [*names, "*"])
+    assert sorted(java_names) == sorted(names)
+    for cls, row in zip(classes, rows, strict=True):
+        assert row == {
+            "code": cls.code,
+            "status": cls.status,
+            "parent": None if cls is StateStoreError else cls.__bases__[0].__name__,
+            "unavailable": issubclass(cls, Unavailable),
+        }, cls.__name__
+
+
+def test_java_reads_error_answers_as_python_does(harness: Harness) -> None:
+    """A replica's non-OK answer is the error Python's error_from_answer makes of it (same
+    class, same message); a coordinator's keeps the code it names (http_STATUS without one),
+    retried when the table says Unavailable, or for a code it does not hold, on a 5xx/429."""
+
+    def err(code: str, message: str | None = None) -> bytes:
+        body = {"code": code} if message is None else {"code": code, "message": message}
+        return json.dumps({"error": body}).encode()
+
+    answers = [
+        (409, err("stale_epoch", "fenced"), "stale_epoch", False),
+        (503, err("quorum_not_reached", "1 of 2"), "quorum_not_reached", True),
+        (507, err("quota_exceeded", "over"), "quota_exceeded", False),
+        (507, err("insufficient_storage", "full"), "insufficient_storage", True),
+        (429, err("rate_limited", "slow down"), "rate_limited", True),
+        (500, err("internal", "node error"), "internal", True),
+        (404, err("http_error", "Not Found"), "http_error", False),
+        (502, b"<html>bad gateway</html>", "http_502", True),
+        (404, b"not json", "http_404", False),
+        (400, err("invalid_request"), "invalid_request", False),
+    ]
+    got = harness("answer", [{"status": s, "body": b} for s, b, _, _ in answers])
+    for (status, body, coordinator_code, retryable), out in zip(answers, got, strict=True):
+        py = error_from_answer(status, body, "n1")
+        code, message = out["replica"]
+        assert type(error_from_code(code, "")) is type(py), (status, body)
+        assert message == str(py)
+        assert out["coordinator"][0] == coordinator_code
+        assert out["retryable"] is retryable, (status, body)

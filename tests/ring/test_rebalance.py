@@ -393,7 +393,7 @@ async def test_auto_rebalance_moves_tokens_when_the_ring_passes_its_threshold(
     four times the tokens of the others; the lowest-id member's check plans and runs the
     moves, and the predicted max/mean falls within the bound. A member that is not the
     lowest id does nothing."""
-    from statestore.node.rebalance import auto_rebalance_once, start_tokens
+    from statestore.node.moves.rebalance import auto_rebalance_once, start_tokens
     from statestore.node.server import start_node, stop_node
 
     first, runner = await start_node(
@@ -455,7 +455,7 @@ async def test_a_join_is_refused_during_a_token_move_and_a_restart_resumes_the_m
     join then goes through. Four in-process nodes (real HTTP, LMDB), R=3."""
     from statestore.core.handover import NodeState
     from statestore.node.daemon import RING_STATE_FILE
-    from statestore.node.rebalance import start_tokens
+    from statestore.node.moves.rebalance import start_tokens
     from statestore.node.server import start_node, stop_node
 
     def cfg(name: str, **kw: object) -> Any:
@@ -524,7 +524,7 @@ async def test_a_move_asked_for_supersedes_or_cancels_one_a_restart_interrupted(
     for the count it owns cancels that move; a move to another count supersedes it, and
     the resume does not undo it afterwards. One in-process node (R=1)."""
     from statestore.node.daemon import RING_STATE_FILE
-    from statestore.node.rebalance import resume_loop, start_tokens
+    from statestore.node.moves.rebalance import resume_loop, start_tokens
     from statestore.node.server import start_node, stop_node
 
     node, runner = await start_node(

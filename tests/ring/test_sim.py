@@ -1,6 +1,6 @@
 """The simulator: seeded fault schedules over the real node code, and the history checker.
 
-No timing assertions: the schedules run on simulated time (statestore/sim/clock.py).
+No timing assertions: the schedules run on simulated time (statestore/testing/clock.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from statestore.core.errors import NodeUnavailable, RequestTimeout
 from statestore.net.memory import LinkFaults, MemoryNetwork
 from statestore.node.api import build_app
 from statestore.node.daemon import Node
-from statestore.sim.cli import derive, main
-from statestore.sim.clock import run_simulated
-from statestore.sim.disk import Disk
-from statestore.sim.history import CommitOp, History, ReadOp, check
-from statestore.sim.schedule import run_schedule
+from statestore.testing.cli import derive, main
+from statestore.testing.clock import run_simulated
+from statestore.testing.disk import Disk
+from statestore.testing.history import CommitOp, History, ReadOp, check
+from statestore.testing.schedule import run_schedule
 
 S = "sim/0/0/s"
 
@@ -51,7 +51,7 @@ def test_a_seed_replays_exactly_in_another_process() -> None:
 
     def replay(hash_seed: str) -> str:
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        args = [sys.executable, "-m", "statestore.sim.cli", "--replay", "263719285619475"]
+        args = [sys.executable, "-m", "statestore.testing.cli", "--replay", "263719285619475"]
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
         return done.stdout
 
@@ -175,7 +175,7 @@ DISK = {"disk_faults": 0.15, "skew": 5.0}  # the 1,000-schedule run's options
         # head-went-back after a wipe: the node restarted empty as a new member at the same
         # address, the store's owners moved with no hand-over, and a read quorum of the new
         # owners missed an acknowledged v2; it now takes the old member's place and streams
-        # its share first (node/handover.check_returning)
+        # its share first (node/moves/startup.check_returning)
         (250014316491786, DISK),
     ],
 )  # fmt: skip

@@ -1,7 +1,7 @@
 """The compaction loop plans a store again only when its inputs change (node/compaction.py).
 
 Real nodes (the daemon's ``Node`` with its own loops) on the in-memory network and simulated
-time (statestore/sim): a store is committed past ``snapshot_every``, the leader folds it into
+time (statestore/testing): a store is committed past ``snapshot_every``, the leader folds it into
 a snapshot, and then, with nothing new, no node decodes the store's manifests again; a new
 commit makes its leader plan (and compact) it again.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from client import AsyncRingClient, StoreId
 from statestore.net.memory import MemoryNetwork
-from statestore.sim.clock import run_simulated
-from statestore.sim.cluster import SIM_CONFIG, Cluster
+from statestore.testing.clock import run_simulated
+from statestore.testing.cluster import SIM_CONFIG, Cluster
 
 STORE = StoreId("compact", 0, 0)
 

@@ -19,9 +19,9 @@ from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
 from statestore.core.membership import Membership
 from statestore.core.view import RingView
-from statestore.sim.fuzz import TARGETS, fuzz_target
-from statestore.sim.fuzz_api import fuzz_endpoints
-from statestore.sim.fuzz_cli import main
+from statestore.testing.fuzz import TARGETS, fuzz_target
+from statestore.testing.fuzz_api import fuzz_endpoints
+from statestore.testing.fuzz_cli import main
 from statestore.wire import frames
 from statestore.wire.manifest import _to_obj, decode_manifest
 

@@ -17,7 +17,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from statestore.node.api import build_app
 from statestore.node.policy import route_key
-from statestore.sim import fuzz_api
+from statestore.testing import fuzz_api
 
 DRAWS = 1000  # templates drawn: each of the ~50 route names about 20 times (seeded)
 
@@ -43,7 +43,7 @@ async def test_every_registered_route_has_a_fuzzer_template(tmp_path: Path) -> N
     missing = sorted(k for k in registered - set(reached) if k is not None)
     assert not missing, (
         "routes the node registers with no endpoint-fuzzer template "
-        f"(statestore/sim/fuzz_api.py, _template): {missing}"
+        f"(statestore/testing/fuzz_api.py, _template): {missing}"
     )
     # and no template builds a request that no route takes (a path that drifted)
     dead = {name: paths for name, paths in unmatched.items() if name not in _names(reached)}

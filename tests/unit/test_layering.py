@@ -25,21 +25,23 @@ ALLOWED: dict[str, set[str]] = {
     "statestore.net": {"statestore.core", "statestore.wire"},
     "client": {"statestore.core", "statestore.wire", "statestore.net", "statestore"},
     "statestore.node": {"statestore.core", "statestore.wire", "statestore.net"},
-    "statestore.sim": {
-        "statestore.core",
-        "statestore.wire",
-        "statestore.net",
-        "statestore.node",
-        "client",
-    },
     "statestore.cli": {
         "statestore.core",
         "statestore.wire",
         "statestore.net",
         "statestore.node",
-        "statestore.sim",
         "client",
         "spark_connector",
+    },
+    # the simulator and the real-process partition harness, on top: they run the node in
+    # process and drive node processes through cli/local.py; nothing below imports them
+    "statestore.testing": {
+        "statestore.core",
+        "statestore.wire",
+        "statestore.net",
+        "statestore.node",
+        "statestore.cli",
+        "client",
     },
     "spark_connector": {"statestore.core", "client"},
 }

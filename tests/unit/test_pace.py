@@ -1,4 +1,4 @@
-"""A hand-over round's manifests go at its chunks' pace (node/pace.py, ``copy_round``).
+"""A hand-over round's manifests go at its chunks' pace (node/moves/pace.py, ``copy_round``).
 
 The copies here are stand-ins for the network (the rounds' real fetches and pushes run in
 tests/ring/test_elastic.py against node processes); what is checked is the order in which a
@@ -16,14 +16,14 @@ import pytest
 from statestore.core.handover import Handover, copy_order
 from statestore.node.daemon import MoveStatus, Node
 from statestore.node.foreground import ForegroundGate
-from statestore.node.handover import (
+from statestore.node.moves.pace import Pace
+from statestore.node.moves.rounds import (
     BATCHES_IN_FLIGHT,
     IN_FLIGHT,
     MANIFEST_BATCH,
     MANIFESTS_IN_FLIGHT,
     copy_round,
 )
-from statestore.node.pace import Pace
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ async def test_a_round_runs_a_fixed_number_of_copies_whatever_its_size() -> None
 
 
 async def test_a_batched_round_copies_each_manifest_once_in_paced_batches_of_one_target() -> None:
-    """With batches (node/copies.py), manifests go MANIFEST_BATCH at a time to one target,
+    """With batches (node/moves/copies.py), manifests go MANIFEST_BATCH at a time to one target,
     BATCHES_IN_FLIGHT at once, each once its last manifest's share of the chunks started;
     a manifest a batch did not land counts as failed, the chunks go one at a time."""
     chunks, manifests = 200, 1000

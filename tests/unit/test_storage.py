@@ -148,3 +148,65 @@ def test_chunk_cache_bounds_bytes_and_counts_hits() -> None:
     cache.put("huge", {}, 1000)
     assert cache.get("huge") is None
     assert (cache.hits, cache.misses) == (3, 2)
+
+
+def test_lmdb_compaction_gives_space_back_and_keeps_every_key(tmp_path: Path) -> None:
+    """Deletes leave LMDB's file at its high-water mark; compact() swaps in a copy holding
+    the live pages only, every key intact, while another thread reads throughout."""
+    import os
+    import threading
+
+    backend = LmdbBackend(str(tmp_path / "db"))
+    value = os.urandom(8000)
+    backend.write({b"k%05d" % i: value for i in range(1000)})
+    backend.write({}, [b"k%05d" % i for i in range(100, 1000)])
+    before = backend.space()
+    assert before.free > 0.8 * before.file  # the deletes freed pages, the file kept them
+    stop, seen, errors = threading.Event(), [0], []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                assert backend.get(b"k00007") == value
+                seen[0] += 1
+            except Exception as exc:  # any failure during the swap
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        size_before, size_after = backend.compact()
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors and seen[0] > 0
+    assert size_before == before.file and size_after < 0.2 * size_before
+    after = backend.space()
+    assert after.file == size_after and after.free < 0.2 * after.file
+    assert len(backend.scan_keys(b"k")) == 100 and backend.get(b"k00099") == value
+    backend.write({b"new": b"v"})  # still writable, and durable across a reopen
+    backend.close()
+    again = LmdbBackend(str(tmp_path / "db"))
+    assert again.get(b"new") == b"v" and len(again.scan_keys(b"k")) == 100
+    assert not (tmp_path / "db" / "compact.tmp").exists()
+    again.close()
+
+
+@pytest.mark.parametrize(
+    ("file", "used", "at", "min_bytes", "due"),
+    [
+        (100, 40, 0.5, 10, True),  # 60% free, over the floor
+        (100, 60, 0.5, 10, False),  # 40% free
+        (100, 40, 0.5, 70, False),  # 60 bytes free, under --reclaim-min
+        (100, 40, 0.0, 0, False),  # --reclaim-at 0: never
+        (100, 100, 0.5, 0, False),  # nothing free
+    ],
+)
+def test_when_space_is_given_back(
+    file: int, used: int, at: float, min_bytes: int, due: bool
+) -> None:
+    from statestore.node.backends import Space
+    from statestore.node.space import due as is_due
+
+    assert is_due(Space(file, used), at, min_bytes) is due

@@ -15,12 +15,15 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
-import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicInteger;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
+
+import statestore.spark.RingErrors.RingError;
+import statestore.spark.RingErrors.RingException;
+import statestore.spark.RingErrors.Unavailable;
 
 /**
  * The provider's direct data path ({@code spark.statestore.dataPath=direct}, the default): the
@@ -90,9 +93,9 @@ final class RingDirect {
       chunks = ChunkCodec.encode(keys, values, deletes, ChunkCodec.DEFAULT_KEY_GROUPS,
           ChunkCodec.DEFAULT_CHUNK_SIZE, snapshot ? 's' : 'd', ChunkCodec.MAX_CHUNK_RAW);
     } catch (ChunkCodec.PayloadTooLargeException e) {
-      throw new RingHttp.RingError(413, "payload_too_large", e.getMessage());
+      throw new RingError(413, RingErrors.Kind.PayloadTooLarge.code, e.getMessage());
     } catch (ChunkCodec.InvalidRequestException e) {
-      throw new RingHttp.RingError(400, "invalid_request", e.getMessage());
+      throw new RingError(400, RingErrors.Kind.InvalidRequest.code, e.getMessage());
     }
     ManifestCodec.Manifest manifest = ManifestCodec.of(storePath, version, snapshot, epoch,
         ChunkCodec.DEFAULT_KEY_GROUPS, chunks, positions, baseEpoch);
@@ -103,14 +106,14 @@ final class RingDirect {
       if (round > 0) {
         long left = (deadline - System.nanoTime()) / 1_000_000L;
         if (left <= 0 || round >= config.maxAttempts) {
-          throw new RingHttp.Unavailable(what + " failed for " + config.retryBudgetMs + " ms ("
+          throw new Unavailable(what + " failed for " + config.retryBudgetMs + " ms ("
               + round + " rounds): " + last.getMessage() + "; the ring may be down or overloaded"
               + " (raise " + RingConfig.PREFIX + "retryBudgetMs to wait longer)", last);
         }
-        backoff(round, left);
+        RingTransport.backoff(round, left);
         try {
           writer.refresh();
-        } catch (RingWriter.RingException e) {
+        } catch (RingException e) {
           last = e;
           continue;
         }
@@ -128,41 +131,12 @@ final class RingDirect {
         out.bytes = stats.bytes();
         out.chunks = stats.chunks();
         return out;
-      } catch (RingWriter.RingException e) {
+      } catch (RingException e) {
         if (!e.unavailable()) {
-          throw new RingHttp.RingError(status(e.code()), e.code(), e.getMessage());
+          throw RingErrors.asIo(e);
         }
         last = e;
       }
-    }
-  }
-
-  private static int status(String code) {
-    switch (code) {
-      case "stale_epoch":
-      case "version_conflict":
-        return 409;
-      case "payload_too_large":
-        return 413;
-      case "quota_exceeded":
-        return 507; // not retryable (RingHttp.RingError.retryable): the message names the quota
-      case "not_found":
-      case "store_not_found":
-      case "version_not_found":
-        return 404;
-      default:
-        return code.startsWith("corrupt") || code.equals("decompression_bomb") ? 422 : 400;
-    }
-  }
-
-  private static void backoff(int round, long leftMs) throws IOException {
-    long cap = Math.min(5_000L, 100L << Math.min(round - 1, 6));
-    long ms = Math.min(leftMs, ThreadLocalRandom.current().nextLong(cap / 2, cap + 1));
-    try {
-      Thread.sleep(ms);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      throw new IOException("interrupted while waiting to retry", e);
     }
   }
 
@@ -181,7 +155,7 @@ final class RingDirect {
 
   /** One attempt of a read against a view of the ring. */
   interface Attempt<T> {
-    T run(RingWriter.View v) throws IOException;
+    T run(RingView v) throws IOException;
   }
 
   /**
@@ -195,26 +169,26 @@ final class RingDirect {
       long left = (deadline - System.nanoTime()) / 1_000_000L;
       if (round > 0) {
         if (left <= 0 || round >= config.maxAttempts) {
-          throw new RingHttp.Unavailable(what + " did not finish within "
+          throw new Unavailable(what + " did not finish within "
               + config.restoreTimeoutMs + " ms (" + round + " attempts): "
               + (last == null ? "deadline passed" : last.getMessage()), last);
         }
-        backoff(round, left);
+        RingTransport.backoff(round, left);
         try {
           writer.refresh();
-        } catch (RingWriter.RingException e) {
+        } catch (RingException e) {
           last = new IOException(e.getMessage(), e);
           continue;
         }
       }
       try {
         return attempt.run(writer.view());
-      } catch (RingHttp.RingError e) {
+      } catch (RingError e) {
         if (!e.retryable()) {
           throw e;
         }
         last = e;
-      } catch (RingWriter.RingException e) {
+      } catch (RingException e) {
         last = new IOException(e.getMessage(), e);
       } catch (IOException e) {
         last = e;
@@ -280,7 +254,7 @@ final class RingDirect {
         });
   }
 
-  private RingHttp.Restored restoreOnce(RingWriter.View v, String storePath, long version,
+  private RingHttp.Restored restoreOnce(RingView v, String storePath, long version,
       long deadline, RingHttp.RestoreTarget target) throws IOException {
     List<ManifestCodec.Manifest> chain = readChain(v, storePath, version, deadline);
     RowFraming.RowSink sink = target.begin();
@@ -365,7 +339,7 @@ final class RingDirect {
   }
 
   /** One chunk's verified bytes from the first holder that has them. */
-  private byte[] fetchChunk(RingWriter.View v, String key, long checksum, long deadline)
+  private byte[] fetchChunk(RingView v, String key, long checksum, long deadline)
       throws IOException {
     List<String> errors = new ArrayList<>();
     for (String address : v.readOrder(key)) {
@@ -375,11 +349,10 @@ final class RingDirect {
         break;
       }
       try {
-        HttpRequest req = config.access.request(address, "/v1/chunks/" + key)
+        HttpRequest req = writer.transport().request(address, "/v1/chunks/" + key)
             .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
         HttpResponse<InputStream> resp =
-            writer.http().send(req, HttpResponse.BodyHandlers.ofInputStream());
-        epochOf(resp);
+            writer.transport().send(req, HttpResponse.BodyHandlers.ofInputStream());
         try (InputStream body = resp.body();
             Watchdog.Guard guard = Watchdog.watch(body, deadline, config.readTimeoutMs)) {
           byte[] data;
@@ -409,16 +382,6 @@ final class RingDirect {
         + String.join("; ", errors.subList(0, Math.min(3, errors.size()))));
   }
 
-  private void epochOf(HttpResponse<?> resp) {
-    resp.headers().firstValue("X-Statestore-Epoch").ifPresent(h -> {
-      try {
-        writer.sawEpoch(Long.parseLong(h.trim()));
-      } catch (NumberFormatException ignored) {
-        // a garbled header is not a newer epoch
-      }
-    });
-  }
-
   /** What the store's replicas answered for {@code GET .../chain?version=N}. */
   static final class Gathered {
     /** Every manifest answered, one per (version, kind, epoch). */
@@ -433,17 +396,17 @@ final class RingDirect {
    * of the versions the chain may need, core/manifest.py {@code local_chain}). A replica that
    * does not hold the store answers 404 and counts as answered with nothing.
    */
-  private Gathered gather(RingWriter.View v, String storePath, long version, long deadline)
+  private Gathered gather(RingView v, String storePath, long version, long deadline)
       throws IOException {
     Gathered g = new Gathered();
     List<String> targets = v.replicasOf(storePath);
     List<CompletableFuture<HttpResponse<byte[]>>> pending = new ArrayList<>();
     long left = Math.max(1, (deadline - System.nanoTime()) / 1_000_000L);
     for (String a : targets) {
-      HttpRequest req = config.access.request(
+      HttpRequest req = writer.transport().request(
               a, "/v1/stores/" + storePath + "/chain?version=" + version)
           .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
-      pending.add(writer.http().sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
+      pending.add(writer.transport().sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
     }
     for (int i = 0; i < pending.size(); i++) {
       String a = targets.get(i);
@@ -462,7 +425,7 @@ final class RingDirect {
         g.errors.add(a + ": " + e.getCause());
         continue;
       }
-      epochOf(resp);
+      writer.transport().sawEpoch(resp);
       if (resp.statusCode() == 404) {
         g.answered++;
         continue;
@@ -495,7 +458,7 @@ final class RingDirect {
    * nothing; a chain that does not resolve is {@code version_not_found} when every replica
    * answered, else a retryable failure (the missing manifest may be on a silent replica).
    */
-  List<ManifestCodec.Manifest> readChain(RingWriter.View v, String storePath, long version,
+  List<ManifestCodec.Manifest> readChain(RingView v, String storePath, long version,
       long deadline) throws IOException {
     Gathered g = gather(v, storePath, version, deadline);
     try {
@@ -506,7 +469,7 @@ final class RingDirect {
             + " resolve on the replicas that answered (" + e.getMessage() + "; "
             + String.join("; ", g.errors) + ")");
       }
-      throw new RingHttp.RingError(404, "version_not_found", e.getMessage());
+      throw new RingError(404, RingErrors.Kind.VersionNotFound.code, e.getMessage());
     }
   }
 }

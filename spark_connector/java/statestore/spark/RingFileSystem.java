@@ -359,7 +359,7 @@ public final class RingFileSystem extends FileSystem {
       try {
         RingDirect.shared(config).commit(store, next, epoch, next == 1 ? null : versionEpoch,
             snapshot, Map.of(), 0, keys, values, dels);
-      } catch (RingHttp.RingError e) {
+      } catch (RingErrors.RingError e) {
         if (!"stale_epoch".equals(e.code)) {
           throw e;
         }

@@ -1,51 +1,32 @@
 package statestore.spark;
 
-import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
-import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
-import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
-import java.util.concurrent.ThreadLocalRandom;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 
+import statestore.spark.RingErrors.RingError;
+import statestore.spark.RingErrors.Unavailable;
+
 /**
- * The ring as the provider sees it: the coordinator endpoints of docs/api.md over
- * java.net.http. Any live member coordinates; a request that cannot reach one (connection
- * error, 5xx) goes to the next member, and the member list is refreshed from
- * {@code GET /v1/ring} when a whole round failed.
+ * The ring as the provider sees it: the coordinator endpoints of docs/api.md, sent through
+ * {@link RingTransport} (errors by the table of {@link RingErrors}). Any live member
+ * coordinates; a request that cannot reach one (connection error, 5xx) goes to the next
+ * member, and the member list is refreshed from {@code GET /v1/ring} when a whole round
+ * failed.
  */
 final class RingHttp {
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final ConcurrentHashMap<String, RingHttp> SHARED = new ConcurrentHashMap<>();
-
-  /** A failure the ring reported in its own words (4xx/5xx with an error code). */
-  static final class RingError extends IOException {
-    final int status;
-    final String code;
-
-    RingError(int status, String code, String message) {
-      super(message);
-      this.status = status;
-      this.code = code;
-    }
-
-    boolean retryable() {
-      if ("quota_exceeded".equals(code)) {
-        return false; // 507: the query is over its quota; retrying stores nothing more
-      }
-      return status >= 500 || status == 429; // 429: the token is over its rate for now
-    }
-  }
 
   /** What a restore returned besides the rows. */
   static final class Restored {
@@ -57,16 +38,12 @@ final class RingHttp {
   }
 
   private final RingConfig config;
-  private final HttpClient client;
+  private final RingTransport transport;
   private volatile List<String> members;
 
   private RingHttp(RingConfig config) {
     this.config = config;
-    this.client =
-        config.access.configure(HttpClient.newBuilder())
-            .version(HttpClient.Version.HTTP_1_1)
-            .connectTimeout(Duration.ofMillis(config.connectTimeoutMs))
-            .build();
+    this.transport = new RingTransport(config.access, Duration.ofMillis(config.connectTimeoutMs));
     this.members = List.copyOf(config.seeds);
   }
 
@@ -95,11 +72,11 @@ final class RingHttp {
       }
       try {
         HttpRequest req =
-            config.access.request(address, "/v1/ring")
+            transport.request(address, "/v1/ring")
                 .timeout(Duration.ofMillis(Math.min(left, Math.min(config.requestTimeoutMs, 10_000))))
                 .GET()
                 .build();
-        HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
+        HttpResponse<byte[]> resp = transport.send(req, HttpResponse.BodyHandlers.ofByteArray());
         if (resp.statusCode() != 200) {
           errors.append(address).append(": HTTP ").append(resp.statusCode()).append("; ");
           continue;
@@ -120,7 +97,7 @@ final class RingHttp {
         Thread.currentThread().interrupt();
         throw new IOException("interrupted while asking the ring for its members", e);
       } catch (IOException | IllegalArgumentException e) {
-        errors.append(address).append(": ").append(describe(e)).append("; ");
+        errors.append(address).append(": ").append(RingTransport.describe(e)).append("; ");
       }
     }
     throw new IOException(
@@ -156,11 +133,11 @@ final class RingHttp {
   /**
    * Try {@code attempt} on each member in the store's order until one succeeds, for at most
    * {@code budgetMs}: after a round in which every member failed (unreachable, timed out,
-   * 5xx, cut mid-body), refresh the member list, sleep an exponential backoff with full
-   * jitter (100 ms doubling to 5 s, never past the deadline) and go again, at most
+   * 5xx, cut mid-body), refresh the member list, sleep the backoff of
+   * {@link RingTransport#backoff} (never past the deadline) and go again, at most
    * maxAttempts rounds. No attempt starts after the deadline; one in flight is bounded by
    * {@code attemptMs} (or the time left when {@code hard}). A 4xx is the ring's answer and
-   * is thrown at once.
+   * ({@link RingErrors#retryable}) is thrown at once.
    */
   private <T> T withRetries(
       String what, String storePath, long budgetMs, long attemptMs, boolean hard, Attempt<T> attempt)
@@ -174,8 +151,7 @@ final class RingHttp {
         if (left <= 0 || round >= config.maxAttempts) {
           break;
         }
-        long cap = Math.min(5_000L, 100L << Math.min(round - 1, 6));
-        sleepMs(Math.min(left, ThreadLocalRandom.current().nextLong(cap / 2, cap + 1)));
+        RingTransport.backoff(round, left);
         try {
           refresh(deadline);
         } catch (IOException e) {
@@ -200,23 +176,16 @@ final class RingHttp {
           }
           last = e;
         } catch (IOException e) {
-          last = new IOException(address + ": " + describe(e), e);
+          last = new IOException(address + ": " + RingTransport.describe(e), e);
         }
       }
       round++;
     }
     throw new Unavailable(
         what + " failed on every ring member for " + budgetMs + " ms (" + (round) + " rounds): "
-            + describe(last) + "; the ring may be down or overloaded (raise "
+            + RingTransport.describe(last) + "; the ring may be down or overloaded (raise "
             + RingConfig.PREFIX + "retryBudgetMs to wait longer)",
         last);
-  }
-
-  /** The ring could not be reached within a request's budget. */
-  static final class Unavailable extends IOException {
-    Unavailable(String message, Throwable cause) {
-      super(message, cause);
-    }
   }
 
   /**
@@ -237,17 +206,17 @@ final class RingHttp {
         "commit of " + storePath + " version " + version, storePath, config.retryBudgetMs,
         config.requestTimeoutMs, false, (address, timeoutMs) -> {
           HttpRequest req =
-              config.access.request(address, query)
+              transport.request(address, query)
                   .timeout(Duration.ofMillis(timeoutMs))
                   .header("Content-Type", "application/octet-stream")
                   .header("X-Statestore-Positions", positions)
                   .POST(HttpRequest.BodyPublishers.ofByteArray(body))
                   .build();
-          HttpResponse<byte[]> resp = client.send(req, HttpResponse.BodyHandlers.ofByteArray());
+          HttpResponse<byte[]> resp = transport.send(req, HttpResponse.BodyHandlers.ofByteArray());
           if (resp.statusCode() == 201 || resp.statusCode() == 200) {
             return JSON.readTree(resp.body());
           }
-          throw error(address, resp.statusCode(), resp.body());
+          throw RingErrors.fromAnswer(address, resp.statusCode(), resp.body());
         });
   }
 
@@ -271,15 +240,15 @@ final class RingHttp {
         what, storePath, config.restoreTimeoutMs, config.requestTimeoutMs, true,
         (address, timeoutMs) -> {
           HttpRequest req =
-              config.access.request(address, query)
+              transport.request(address, query)
                   .timeout(Duration.ofMillis(timeoutMs))
                   .GET()
                   .build();
           HttpResponse<InputStream> resp =
-              client.send(req, HttpResponse.BodyHandlers.ofInputStream());
+              transport.send(req, HttpResponse.BodyHandlers.ofInputStream());
           try (InputStream body = resp.body()) {
             if (resp.statusCode() != 200) {
-              throw error(address, resp.statusCode(), body.readAllBytes());
+              throw RingErrors.fromAnswer(address, resp.statusCode(), body.readAllBytes());
             }
             Restored out = new Restored();
             out.version = header(resp, "X-Statestore-Version", version);
@@ -333,11 +302,11 @@ final class RingHttp {
           List<CompletableFuture<HttpResponse<byte[]>>> pending = new ArrayList<>();
           for (String address : all) {
             HttpRequest req =
-                config.access.request(address, "/v1/stores/" + storePath + "/head")
+                transport.request(address, "/v1/stores/" + storePath + "/head")
                     .timeout(Duration.ofMillis(timeoutMs))
                     .GET()
                     .build();
-            pending.add(client.sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
+            pending.add(transport.sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()));
           }
           Head best = null;
           int answered = 0;
@@ -347,7 +316,8 @@ final class RingHttp {
             try {
               resp = pending.get(i).get();
             } catch (ExecutionException e) {
-              last = new IOException(all.get(i) + ": " + describe(e.getCause()), e.getCause());
+              last = new IOException(
+                  all.get(i) + ": " + RingTransport.describe(e.getCause()), e.getCause());
               continue;
             }
             if (resp.statusCode() == 200) {
@@ -361,7 +331,7 @@ final class RingHttp {
             } else if (resp.statusCode() == 404) {
               answered++;
             } else {
-              last = error(all.get(i), resp.statusCode(), resp.body());
+              last = RingErrors.fromAnswer(all.get(i), resp.statusCode(), resp.body());
             }
           }
           if (answered == 0) {
@@ -381,38 +351,5 @@ final class RingHttp {
     }).orElse(dflt);
   }
 
-  private static RingError error(String address, int status, byte[] body) {
-    String code = "http_" + status;
-    String message = new String(body, StandardCharsets.UTF_8);
-    try {
-      JsonNode err = JSON.readTree(body).path("error");
-      if (err.has("code")) {
-        code = err.path("code").asText();
-        message = err.path("message").asText();
-      }
-    } catch (IOException | RuntimeException e) {
-      // not our JSON: keep the raw text
-    }
-    return new RingError(status, code, address + " answered " + status + " " + code + ": " + message);
-  }
 
-  static String describe(Throwable e) {
-    if (e == null) {
-      return "no ring member reachable";
-    }
-    String msg = e.getMessage();
-    if (e instanceof EOFException) {
-      return "connection closed early";
-    }
-    return e.getClass().getSimpleName() + (msg == null ? "" : ": " + msg);
-  }
-
-  private static void sleepMs(long ms) throws IOException {
-    try {
-      Thread.sleep(Math.max(0, ms));
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      throw new IOException("interrupted while waiting to retry", e);
-    }
-  }
 }

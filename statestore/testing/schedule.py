@@ -1,6 +1,6 @@
 """One random fault schedule over a simulated ring, from one seed.
 
-A schedule starts five real nodes (sim/cluster.py) on the in-memory network, gives every store
+A schedule starts five real nodes (testing/cluster.py) on the in-memory network, gives every store
 a writer, and then for a random number of steps, a few simulated seconds apart, does one of:
 commit (the store's writer, or a fenced zombie that keeps going), take over a store with a
 higher epoch (restore the latest version, continue from it), restore or read a head, crash or
@@ -9,19 +9,19 @@ promises to survive), block a directed link or isolate a node, heal, or change t
 rates of dropped, delayed, duplicated and cut messages. Client operations run concurrently with
 the next steps and with the nodes' own gossip, repair and compaction loops. At the end every
 link heals, every node restarts and the ring repairs itself; then each store's head and every
-acknowledged version in its retention window are restored, and sim/history.py judges the run.
+acknowledged version in its retention window are restored, and testing/history.py judges the run.
 
-Everything random comes from ``random.Random(seed)`` and time is simulated (sim/clock.py), so
+Everything random comes from ``random.Random(seed)`` and time is simulated (testing/clock.py), so
 a seed replays exactly: the same operations, faults, outcomes and findings.
 
 With ``disk_faults`` (a share of the steps), a step may also hit one node's disk
-(sim/disk.py): crash it losing the writes of its last seconds (**lost**), crash it tearing
+(testing/disk.py): crash it losing the writes of its last seconds (**lost**), crash it tearing
 the last chunk or manifest it wrote (**torn**), flip bits in one chunk or manifest it holds
 (**flip**, the node stays up), or crash it and wipe its data dir (**wipe**: it restarts as a
 new, empty node at the same address). The fault budget: a node with a disk fault counts as
 out (as a crashed or isolated one) until :data:`RECOVERY` seconds after it is up again, and
 one node is out at a time. The scrub (node/scrub.py) then runs every
-:data:`SCRUB_INTERVAL` seconds. With ``skew``, the nodes' clocks disagree (sim/cluster.py).
+:data:`SCRUB_INTERVAL` seconds. With ``skew``, the nodes' clocks disagree (testing/cluster.py).
 Both draw from generators of their own: off, a seed's schedule is what it was before them.
 """
 
@@ -39,10 +39,10 @@ from client import AsyncRingClient
 from statestore.core.ids import StoreId
 from statestore.net.memory import LinkFaults, MemoryNetwork
 from statestore.node.api import build_app
-from statestore.sim.clock import run_simulated
-from statestore.sim.cluster import SIM_CONFIG, AppFactory, Cluster
-from statestore.sim.history import History, Violation, check
-from statestore.sim.ops import ClientOps, Writer
+from statestore.testing.clock import run_simulated
+from statestore.testing.cluster import SIM_CONFIG, AppFactory, Cluster
+from statestore.testing.history import History, Violation, check
+from statestore.testing.ops import ClientOps, Writer
 
 __all__ = ["DISK_FAULTS", "RECOVERY", "Outcome", "run_schedule"]
 
@@ -61,7 +61,7 @@ ACTIONS = {
     "heal": 1.0,
     "faults": 1.0,
 }
-# disk faults by kind (sim/disk.py), weighted
+# disk faults by kind (testing/disk.py), weighted
 DISK_FAULTS = {"lost": 1.0, "torn": 1.0, "flip": 2.0, "wipe": 0.5}
 RECOVERY = 20.0  # a disk-faulted node is out this long after it is up again (repair's time)
 SCRUB_INTERVAL = 5.0  # between scrub passes when disk faults are on
@@ -213,7 +213,7 @@ class _Run(ClientOps):
         )
 
     def _disk_step(self) -> None:
-        """Maybe hit one node's disk (sim/disk.py), within the fault budget."""
+        """Maybe hit one node's disk (testing/disk.py), within the fault budget."""
         if not self.disk_faults or self.drng.random() >= self.disk_faults or self._out():
             return
         kind = self.drng.choices(list(DISK_FAULTS), list(DISK_FAULTS.values()))[0]
@@ -303,7 +303,7 @@ def run_schedule(
     disk_faults: float = 0.0,
     skew: float = 0.0,
 ) -> Outcome:
-    """Run the schedule of ``seed`` to the end and judge it (sim/history.py); ``tentative``:
+    """Run the schedule of ``seed`` to the end and judge it (testing/history.py); ``tentative``:
     the share of the writers' commits allowed to be tentative (core/tentative.py);
     ``disk_faults``: the share of steps that also hit a node's disk; ``skew``: the bound of
     the nodes' clock offsets, in seconds."""

@@ -14,7 +14,7 @@ data dir) and, when it lost tokens, sweeps once more for a write that raced the 
 owners drop what they no longer own through repair, as after a join. One move at a time on a
 ring: refused while any member joins, leaves or moves tokens (the ring's two rings must differ
 by one node's change only, so every intermediate ring has R copies of every item); a new
-node's ``--join`` is refused while a member moves tokens (node/handover.check_join). The
+node's ``--join`` is refused while a member moves tokens (node/moves/startup.check_join). The
 target count is kept in the data dir: a node restarted mid-move starts the move again
 (:func:`resume_loop`).
 
@@ -38,18 +38,21 @@ from statestore.core.handover import Handover, NodeState, Phase
 from statestore.core.view import RingView
 from statestore.node.auth import allow, allow_ring
 from statestore.node.daemon import NODE, MoveStatus, Node
-from statestore.node.handover import (
-    FINAL_SWEEPS,
-    join_round,
-    leave_round,
-    pause,
-    settle,
-    spread,
-)
+from statestore.node.moves.join import join_round
+from statestore.node.moves.leave import leave_round
+from statestore.node.moves.rounds import FINAL_SWEEPS, pause, settle, spread
 from statestore.node.request import read_body
 from statestore.wire.bodies import TokensRequest, decode_json
 
-__all__ = ["auto_rebalance_loop", "load_json", "register", "resume_loop", "start_tokens"]
+__all__ = [
+    "auto_rebalance_loop",
+    "auto_rebalance_once",
+    "load_handler",
+    "load_json",
+    "resume_loop",
+    "start_tokens",
+    "tokens_handler",
+]
 
 log = logging.getLogger(__name__)
 
@@ -314,8 +317,3 @@ async def auto_rebalance_loop(node: Node) -> None:
         if await auto_rebalance_once(node):
             # the old owners drop what they gave up over the next repair passes: measure after
             await asyncio.sleep(10 * node.config.repair_interval)
-
-
-def register(app: web.Application) -> None:
-    app.router.add_get("/v1/load", load_handler)
-    app.router.add_post("/v1/handover/tokens", tokens_handler)

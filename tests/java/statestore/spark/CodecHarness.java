@@ -13,8 +13,9 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 
 /**
  * A command-line harness for the cross-language tests of the Java codec
- * ({@code tests/ring/test_java_codec.py}); not used by the provider. Input and output are msgpack
- * files:
+ * ({@code tests/ring/test_java_codec.py}); a test tool, not in the provider's jar:
+ * {@code tests/javakit.py} compiles it against that jar (it is in the provider's package for
+ * the package-private classes it drives). Input and output are msgpack files:
  *
  * <ul>
  *   <li>{@code xxh3 IN OUT}: IN a list of bin; OUT the list of their XXH3-64 (uint64).
@@ -53,6 +54,14 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *       bin; OUT true), {@code read} (OUT the bytes, or nil when there is no such file),
  *       {@code list} (OUT the sorted child names, or nil when there is no such directory);
  *       OUT per case the list of the ops' answers.
+ *   <li>{@code errors IN OUT}: IN a list of Python error class names (core/errors.py), or
+ *       {@code "*"}; OUT per name the row of {@link RingErrors.Kind} of that name, {@code
+ *       {code, status, parent, unavailable}} ({@code parent} nil at the root), or nil when
+ *       Java has none; for {@code "*"} the list of every name the Java table holds.
+ *   <li>{@code answer IN OUT}: IN a list of {@code {status, body}} (a node's non-OK answer);
+ *       OUT per answer what Java makes of it: {@code {replica: [code, message], coordinator:
+ *       [code, message], retryable}} ({@link RingErrors#replicaAnswer},
+ *       {@link RingErrors#fromAnswer}, {@link RingErrors#retryable}).
  *   <li>{@code bench IN}: IN is {@code [keys, values]} (two lists of bin, one commit's puts);
  *       then commands on stdin, one per line, each answered by one line on stdout, for
  *       {@code bench/jvm_codec.py}: {@code encode N} encodes the commit N times and answers
@@ -119,6 +128,23 @@ public final class CodecHarness {
           writeSetOne(out, (Map<?, ?>) o);
         }
         break;
+      case "errors":
+        for (Object o : list) {
+          errorKind(out, (String) o);
+        }
+        break;
+      case "answer":
+        for (Object o : list) {
+          Map<?, ?> c = (Map<?, ?>) o;
+          int status = (int) (long) (Long) c.get("status");
+          byte[] body = (byte[]) c.get("body");
+          RingErrors.RingException r = RingErrors.replicaAnswer("n1", status, body);
+          RingErrors.RingError e = RingErrors.fromAnswer("n1", status, body);
+          out.mapHeader(3).str("replica").arrayHeader(2).str(r.code()).str(r.getMessage());
+          out.str("coordinator").arrayHeader(2).str(e.code).str(e.getMessage());
+          out.str("retryable").bool(e.retryable());
+        }
+        break;
       case "write": {
         Map<List<?>, RingWriter> writers = new java.util.HashMap<>();
         for (Object o : list) {
@@ -140,6 +166,31 @@ public final class CodecHarness {
         System.exit(2);
     }
     Files.write(Path.of(args[2]), out.toByteArray());
+  }
+
+  private static void errorKind(Msgpack.Writer out, String name) {
+    if (name.equals("*")) {
+      RingErrors.Kind[] all = RingErrors.Kind.values();
+      out.arrayHeader(all.length);
+      for (RingErrors.Kind k : all) {
+        out.str(k.name());
+      }
+      return;
+    }
+    RingErrors.Kind k;
+    try {
+      k = RingErrors.Kind.valueOf(name);
+    } catch (IllegalArgumentException e) {
+      out.nil();
+      return;
+    }
+    out.mapHeader(4).str("code").str(k.code).str("status").integer(k.status).str("parent");
+    if (k.parent == null) {
+      out.nil();
+    } else {
+      out.str(k.parent.name());
+    }
+    out.str("unavailable").bool(k.unavailable());
   }
 
   private static void bench(byte[] in) throws IOException {
@@ -336,7 +387,7 @@ public final class CodecHarness {
               }
             };
           });
-    } catch (RingHttp.RingError e) {
+    } catch (RingErrors.RingError e) {
       out.mapHeader(2).str("code").str(e.code).str("error").str(e.getMessage());
       return;
     } catch (IOException e) {
@@ -353,7 +404,7 @@ public final class CodecHarness {
   }
 
   private static void placeOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
-    RingWriter.View view = RingWriter.View.fromJson(new ObjectMapper().readTree((String) c.get("view")));
+    RingView view = RingView.fromJson(new ObjectMapper().readTree((String) c.get("view")));
     List<?> keys = (List<?>) c.get("keys");
     out.mapHeader(3);
     out.str("replicas").arrayHeader(keys.size());
@@ -377,7 +428,7 @@ public final class CodecHarness {
   }
 
   private static void writeSetOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
-    RingWriter.View view = RingWriter.View.fromJson(new ObjectMapper().readTree((String) c.get("view")));
+    RingView view = RingView.fromJson(new ObjectMapper().readTree((String) c.get("view")));
     List<?> keys = (List<?>) c.get("keys");
     List<?> acked = (List<?>) c.get("acked");
     out.mapHeader(4);
@@ -401,10 +452,10 @@ public final class CodecHarness {
         acks.add((String) a);
       }
       try {
-        RingWriter.checkWriteSets("chunk " + key, acks, view.replicasOf(key),
+        RingView.checkWriteSets("chunk " + key, acks, view.replicasOf(key),
             view.futureReplicasOf(key), view.writeQuorum, List.of());
         out.str("ok");
-      } catch (RingWriter.RingException e) {
+      } catch (RingErrors.RingException e) {
         out.str(e.code() + ": " + e.getMessage());
       }
     }
@@ -442,7 +493,7 @@ public final class CodecHarness {
       out.mapHeader(4).str("chunks").integer(st.chunks()).str("bytes").integer(st.bytes())
           .str("replica_writes").integer(st.replicaWrites()).str("manifest_acks")
           .integer(st.manifestAcks());
-    } catch (RingWriter.RingException e) {
+    } catch (RingErrors.RingException e) {
       out.mapHeader(2).str("code").str(e.code()).str("error").str(e.getMessage());
     }
   }

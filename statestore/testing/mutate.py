@@ -1,4 +1,4 @@
-"""A seeded mutator of wire inputs, for the fuzzer (sim/fuzz.py).
+"""A seeded mutator of wire inputs, for the fuzzer (testing/fuzz.py).
 
 Two levels, both driven by one ``random.Random`` so that an input is reproduced by its seed:
 

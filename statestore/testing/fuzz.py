@@ -3,7 +3,7 @@
 Each target pairs a generator of valid encodings (random content: stores, rows, manifests,
 plans, bodies) with the decoder a node or a client runs on bytes from the network or the disk.
 An input is a valid encoding mutated at the byte level or at the value level
-(:mod:`statestore.sim.mutate`), a structure of another shape, raw random bytes, nesting
+(:mod:`statestore.testing.mutate`), a structure of another shape, raw random bytes, nesting
 thousands deep or a container declaring billions of elements. The promise checked for every
 input:
 
@@ -40,7 +40,7 @@ from statestore.core.membership import Membership
 from statestore.core.plan import ChunkTask, Hop
 from statestore.core.view import RingView
 from statestore.net.streams import read_frames
-from statestore.sim.mutate import Mutator, deep_json, deep_msgpack, huge_msgpack
+from statestore.testing.mutate import Mutator, deep_json, deep_msgpack, huge_msgpack
 from statestore.wire import bodies, frames, head, manifest, rows
 from statestore.wire.bodies import decode_json, decode_positions
 

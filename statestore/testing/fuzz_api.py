@@ -5,7 +5,7 @@ endpoints included) with tokens on, served in this process without sockets (``ne
 through the in-memory network), takes requests built from a valid template of each route and
 then mutated: paths (segments replaced, escaped, lengthened, unicode digits), query strings,
 headers (charsets, tokens, forged node signatures, positions), methods and bodies (the byte and
-value mutations of :mod:`statestore.sim.mutate`, nesting and huge counts).
+value mutations of :mod:`statestore.testing.mutate`, nesting and huge counts).
 
 **What "nothing committed changed" means here.** Before the run the harness commits stores of
 the queries ``prod`` and ``q1`` with a token the fuzzer never uses. The fuzzer holds a
@@ -50,8 +50,8 @@ from statestore.node.api import build_app
 from statestore.node.backends import MemoryBackend
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Node
-from statestore.sim.clock import InlineExecutor
-from statestore.sim.mutate import Mutator, deep_json, huge_msgpack
+from statestore.testing.clock import InlineExecutor
+from statestore.testing.mutate import Mutator, deep_json, huge_msgpack
 from statestore.wire.frames import encode_hop
 from statestore.wire.manifest import encode_manifest
 from statestore.wire.rows import decode_rows, encode_rows

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from statestore.sim.schedule import DISK_FAULTS, Outcome, run_schedule
+from statestore.testing.schedule import DISK_FAULTS, Outcome, run_schedule
 
 __all__ = ["derive", "main"]
 
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.0,
         metavar="SHARE",
         help="share of the steps that also hit one node's disk: lost writes, torn writes, "
-        "flipped bits, a wiped data dir (sim/disk.py); 0 (the default) keeps every seed's "
+        "flipped bits, a wiped data dir (testing/disk.py); 0 (the default) keeps every seed's "
         "schedule",
     )
     parser.add_argument(

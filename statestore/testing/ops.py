@@ -1,8 +1,8 @@
 """The client side of a fault schedule: writers, their commits, restores, head reads and
-take-overs, each recorded in a :class:`~statestore.sim.history.History` for the checker.
+take-overs, each recorded in a :class:`~statestore.testing.history.History` for the checker.
 
 One set of operations for both places schedules run: the simulated network
-(sim/schedule.py) and real node processes behind real network cuts (tests/partition). A
+(testing/schedule.py) and real node processes behind real network cuts (testing/partition.py). A
 schedule provides ``client(name)``, ``history``, ``writers``, ``rng`` and the retry
 settings; everything else is here.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from client import AsyncRingClient
 from statestore.core.errors import StaleEpoch, StateStoreError, VersionConflict
 from statestore.core.ids import StoreId
-from statestore.sim.history import CommitOp, History, ReadOp, digest
+from statestore.testing.history import CommitOp, History, ReadOp, digest
 
 __all__ = ["KEYS", "ClientOps", "Writer"]
 

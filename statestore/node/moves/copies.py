@@ -1,4 +1,5 @@
-"""Many manifests copied between nodes in one request, for hand-overs (node/handover.py).
+"""Many manifests copied between nodes in one request, for hand-overs' rounds
+(node/moves/rounds.py) and repair's hand-offs (node/repair.py).
 
 A manifest is a few hundred bytes to a few KB; copied one request at a time, a 1 GiB move's
 thousands of them cost about a quarter of its CPU on the nodes (HTTP, signatures, a writer
@@ -19,6 +20,7 @@ job and an fsync each, docs/benchmarks.md). Here up to :data:`MAX_COPIES` go at 
 
 Both are for ring nodes (or an admin token on the queries named): not a client's reads or
 writes. A node that predates them answers 404: the caller copies one at a time as before.
+node/moves/routes.py registers both with the package's other routes.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from statestore.wire.bodies import (
 )
 from statestore.wire.manifest import decode_copies, decode_manifest, encode_copies
 
-__all__ = ["Unsupported", "fetch_manifests", "push_manifests", "register"]
+__all__ = ["Unsupported", "fetch_manifests", "push_manifests", "put_copies", "read_copies"]
 
 log = logging.getLogger(__name__)
 MSGPACK = {"Content-Type": "application/msgpack"}
@@ -141,11 +143,6 @@ async def read_copies(request: web.Request) -> web.Response:
         return encode_copies(out)
 
     return web.Response(body=await asyncio.to_thread(read), headers=MSGPACK)
-
-
-def register(app: web.Application) -> None:
-    app.router.add_post("/v1/sync/manifests", put_copies)
-    app.router.add_post("/v1/sync/manifests/read", read_copies)
 
 
 # -- the sending side --------------------------------------------------------------------

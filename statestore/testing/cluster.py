@@ -7,7 +7,7 @@ writer and a ``MemoryBackend`` that outlives it: a crash drops the node and ever
 doing, a restart builds a new ``Node`` over the same data (its id and incarnation come from its
 data dir, as after a real restart).
 
-The storage is a :class:`~statestore.sim.disk.Disk` (a ``MemoryBackend`` that can also lose,
+The storage is a :class:`~statestore.testing.disk.Disk` (a ``MemoryBackend`` that can also lose,
 tear and rot what it holds, and be wiped: ``--disk-faults``). With ``skew``, each node's clock
 is the simulated time times a rate within 1 +- 0.1 %, plus an offset within +-``skew``
 seconds of a common 1,000 s, drawn again at every start (a reboot restarts a monotonic
@@ -30,10 +30,10 @@ from statestore.net.memory import MemoryNetwork
 from statestore.node.api import build_app
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Loop, Node
-from statestore.node.handover import check_returning
+from statestore.node.moves import check_returning
 from statestore.node.server import LOOPS
-from statestore.sim.clock import InlineExecutor
-from statestore.sim.disk import Disk
+from statestore.testing.clock import InlineExecutor
+from statestore.testing.disk import Disk
 
 __all__ = ["SCRUB_COUNTS", "SIM_CONFIG", "AppFactory", "Cluster"]
 

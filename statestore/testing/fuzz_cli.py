@@ -5,8 +5,8 @@
     statestore-fuzz --inputs 1000000 --requests 200000 --seed 1 --jobs 2
     statestore-fuzz --replay manifest:129 --seed 1      # one decoder input, shown and run
 
-Decoder inputs are split evenly over the targets of ``sim/fuzz.py`` (``--targets`` picks
-some); endpoint requests go to one node (``sim/fuzz_api.py``). The exit status is 1 when
+Decoder inputs are split evenly over the targets of ``testing/fuzz.py`` (``--targets`` picks
+some); endpoint requests go to one node (``testing/fuzz_api.py``). The exit status is 1 when
 anything was found: a crash, a broken contract, a slow or memory-hungry input, a hang, a 500,
 a 5xx on a committed store, or a change to committed state.
 """
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from statestore.core.errors import StateStoreError
-from statestore.sim.fuzz import TARGETS, TargetReport, fuzz_target, one_input
-from statestore.sim.fuzz_api import ApiReport, fuzz_endpoints
+from statestore.testing.fuzz import TARGETS, TargetReport, fuzz_target, one_input
+from statestore.testing.fuzz_api import ApiReport, fuzz_endpoints
 
 __all__ = ["main", "run_endpoints"]
 

@@ -1,7 +1,7 @@
 """Partition schedules on real node processes, judged by the simulator's history checker.
 
 A :class:`PartitionRing` runs ``n`` ``statestore node`` processes, each in its own network
-namespace (tests/partition/netns.py), the clients in the test's own namespace on the bridge.
+namespace (testing/netns.py), the clients in the test's own namespace on the bridge.
 A schedule (:func:`run_schedule`, one seed) gives each of its stores a writer (an
 ``AsyncRingClient`` of its own, epoch 1) and then, a fraction of a second apart, does one of:
 
@@ -17,7 +17,7 @@ A schedule (:func:`run_schedule`, one seed) gives each of its stores a writer (a
 At the end everything heals (rules cleared, paused nodes continued, killed ones restarted), the
 ring settles (every node sees every member up at one epoch), and every store's head and every
 acknowledged version are restored, retried while the ring answers "unavailable" (repair may
-still be copying) until a deadline; then ``statestore.sim.history.check`` holds the run to its
+still be copying) until a deadline; then ``statestore.testing.history.check`` holds the run to its
 promises: acknowledged commits restore byte for byte, heads never go back, no version is
 acknowledged with two contents, a fenced writer is never acknowledged.
 
@@ -42,8 +42,8 @@ from client import AsyncRingClient
 from statestore.cli.local import LocalRing, NodeProcess
 from statestore.core.errors import StateStoreError, Unavailable
 from statestore.core.ids import StoreId
-from statestore.sim.history import History, ReadOp, Violation, check
-from statestore.sim.ops import ClientOps, Writer
+from statestore.testing.history import History, ReadOp, Violation, check
+from statestore.testing.ops import ClientOps, Writer
 
 from .netns import Netns
 

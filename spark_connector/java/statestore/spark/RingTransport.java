@@ -1,0 +1,134 @@
+package statestore.spark;
+
+import java.io.EOFException;
+import java.io.IOException;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.net.http.HttpTimeoutException;
+import java.time.Duration;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * The transport seam of the provider, as Python's {@code net/transport.py}: every request
+ * either data path makes ({@link RingHttp}'s coordinator calls, {@link RingWriter}'s and
+ * {@link RingDirect}'s replica traffic) is built and sent here, over one java.net.http client
+ * per owner ({@link RingAccess}: token, HTTPS with a CA). The ring epoch header of the answers
+ * is noted ({@link #seenEpoch}: a newer one makes the writer refresh its view). Failures map
+ * onto the error table of {@link RingErrors}: an unreachable node is {@code node_unavailable},
+ * a deadline {@code timeout} ({@link #replicaSend}), an error body the code the node sent.
+ * The one backoff between retry rounds ({@link #backoff}) is here too.
+ */
+final class RingTransport {
+  static final String EPOCH_HEADER = "X-Statestore-Epoch";
+
+  private final RingAccess access;
+  private final HttpClient client;
+  private final AtomicLong seenEpoch = new AtomicLong();
+
+  RingTransport(RingAccess access, Duration connectTimeout) {
+    this.access = access;
+    this.client = access.configure(HttpClient.newBuilder())
+        .version(HttpClient.Version.HTTP_1_1)
+        .connectTimeout(connectTimeout)
+        .build();
+  }
+
+  /** A request to {@code path} (with its query) on the node at {@code address}, token set. */
+  HttpRequest.Builder request(String address, String path) {
+    return access.request(address, path);
+  }
+
+  /** Send and wait; the answer's epoch is noted. */
+  <T> HttpResponse<T> send(HttpRequest req, HttpResponse.BodyHandler<T> body)
+      throws IOException, InterruptedException {
+    HttpResponse<T> resp = client.send(req, body);
+    sawEpoch(resp);
+    return resp;
+  }
+
+  /**
+   * Send without waiting: the client's own future, so that cancelling it aborts the exchange;
+   * the caller notes the answer's epoch ({@link #sawEpoch(HttpResponse)}), a failure is the
+   * client's own exception.
+   */
+  <T> CompletableFuture<HttpResponse<T>> sendAsync(
+      HttpRequest req, HttpResponse.BodyHandler<T> body) {
+    return client.sendAsync(req, body);
+  }
+
+  /**
+   * Send to the replica at {@code address} without waiting, a failure to get an answer
+   * mapped onto the error table: a deadline is {@code timeout}, anything else (refused, reset,
+   * TLS) {@code node_unavailable}; both are {@link RingErrors.RingException}s.
+   */
+  CompletableFuture<HttpResponse<byte[]>> replicaSend(HttpRequest req, String address) {
+    return client.sendAsync(req, HttpResponse.BodyHandlers.ofByteArray()).handle((resp, err) -> {
+      if (err != null) {
+        Throwable cause = err instanceof CompletionException ? err.getCause() : err;
+        if (cause instanceof HttpTimeoutException) {
+          throw new RingErrors.RingException(RingErrors.Kind.RequestTimeout.code,
+              req.method() + " " + req.uri() + " took longer than "
+              + req.timeout().map(Duration::toString).orElse("its deadline")
+              + ": the node is slow or stuck");
+        }
+        throw new RingErrors.RingException(RingErrors.Kind.NodeUnavailable.code, "node " + address
+            + " is unreachable (" + cause.getClass().getSimpleName() + ": " + cause.getMessage()
+            + "); check that it runs, or let the ring route around it");
+      }
+      sawEpoch(resp);
+      return resp;
+    });
+  }
+
+  /** Note the ring epoch an answer carried (a garbled header is no newer epoch). */
+  void sawEpoch(HttpResponse<?> resp) {
+    resp.headers().firstValue(EPOCH_HEADER).ifPresent(h -> {
+      try {
+        sawEpoch(Long.parseLong(h.trim()));
+      } catch (NumberFormatException ignored) {
+        // a garbled header is not a newer epoch
+      }
+    });
+  }
+
+  /** Record a ring epoch a node reported. */
+  void sawEpoch(long epoch) {
+    seenEpoch.accumulateAndGet(epoch, Math::max);
+  }
+
+  /** The highest ring epoch any answer carried. */
+  long seenEpoch() {
+    return seenEpoch.get();
+  }
+
+  /**
+   * Sleep before retry round {@code round} (1, 2, ...): exponential backoff with full jitter
+   * over the upper half, 100 ms doubling to 5 s, never more than {@code leftMs}.
+   */
+  static void backoff(int round, long leftMs) throws IOException {
+    long cap = Math.min(5_000L, 100L << Math.min(round - 1, 6));
+    long ms = Math.min(leftMs, ThreadLocalRandom.current().nextLong(cap / 2, cap + 1));
+    try {
+      Thread.sleep(Math.max(0, ms));
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted while waiting to retry", e);
+    }
+  }
+
+  /** A failure in a few words for a message ({@code null}: nothing was reachable). */
+  static String describe(Throwable e) {
+    if (e == null) {
+      return "no ring member reachable";
+    }
+    String msg = e.getMessage();
+    if (e instanceof EOFException) {
+      return "connection closed early";
+    }
+    return e.getClass().getSimpleName() + (msg == null ? "" : ": " + msg);
+  }
+}

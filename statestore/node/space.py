@@ -1,0 +1,65 @@
+"""Disk space given back: compaction of the storage file while the node serves.
+
+LMDB reuses freed pages but never shrinks its file, so without this a node's data dir stays
+at its high-water mark after retention, ``gc``, ``statestore drop`` or a hand-over freed
+what it held. Every :data:`CHECK_EVERY` seconds the loop reads how the file is used (two
+LMDB calls, no scan) and, when the free pages reach ``--reclaim-at`` of the file and at
+least ``--reclaim-min`` bytes, swaps in a compacted copy (node/backends.LmdbBackend.compact)
+on the writer thread, as a copy-class write: foreground writes queued first go first.
+
+Costs: a check is O(1). A compaction reads and writes the live pages once (disk: the live
+bytes, briefly twice on disk while the copy is made; CPU: a page copy, no decode); writes
+wait for it (it runs where writes run: measured in docs/benchmarks.md, "Storage"), reads go
+on. With the defaults (half the file free, 64 MiB at least) a file is compacted at most once
+per halving of what it holds, so the write volume it adds is bounded by what was freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from statestore.node.backends import Space
+from statestore.node.daemon import Node
+
+__all__ = ["CHECK_EVERY", "due", "reclaim", "space_loop"]
+
+log = logging.getLogger(__name__)
+CHECK_EVERY = 5.0  # seconds between two looks at the file
+
+
+def due(space: Space, at: float, min_bytes: int) -> bool:
+    """Whether ``space``'s free pages are worth giving back: at least ``at`` of the file
+    and at least ``min_bytes`` (``at`` 0: never)."""
+    return at > 0 and space.free >= min_bytes and space.free >= at * space.file
+
+
+async def reclaim(node: Node) -> tuple[int, int] | None:
+    """One look, and a compaction when :func:`due`: ``(bytes before, after)`` or None."""
+    backend = node.store.backend
+    space = await asyncio.to_thread(backend.space)
+    if not due(space, node.config.reclaim_at, node.config.reclaim_min):
+        return None
+    started = time.monotonic()
+    before, after = await node.write(backend.compact, order="copy")
+    took = time.monotonic() - started
+    node.stats["compactions"] += 1
+    node.stats["bytes_reclaimed"] += max(0, before - after)
+    log.info(
+        "storage compacted: %d -> %d bytes (%d free pages given back) in %.2f s",
+        before,
+        after,
+        space.free,
+        took,
+    )
+    return before, after
+
+
+async def space_loop(node: Node) -> None:
+    """:func:`reclaim` every :data:`CHECK_EVERY` seconds (a supervised loop: node/server.py)."""
+    if not node.config.reclaim_at > 0 or node.store.backend.gives_space_back:
+        return
+    while True:
+        await asyncio.sleep(CHECK_EVERY)
+        await reclaim(node)
