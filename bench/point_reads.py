@@ -5,7 +5,11 @@ Both are driven by the same asyncio load generator (``--concurrency`` workers in
 ``AsyncRingClient.get(store, key)``: the head, the chain of manifests, then only the chunks of
 the key's key group along the chain, decoded on the client. It is measured on a store written
 with the default 4 MiB chunks and on one written with 256 KiB chunks (the ``chunk_size``
-option of the client). The constant handler runs in its own process, like the node.
+option of the client). ``AsyncRingClient.open(store)`` is measured too: the head and chain
+are read once when it opens, a read fetches only the chunks of its key's group; ``warm`` reads
+through one opened store whose cache of decoded key groups (64 MiB) holds the store after the
+warm-up, ``cold`` through one opened with ``cache_bytes=0`` (every read fetches, verifies and
+decodes its group's chunks). The constant handler runs in its own process, like the node.
 
     .venv/bin/python bench/point_reads.py [--seconds 10] [--rounds 2] [--concurrency 16]
 """
@@ -23,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 from _common import MiB, local_ring, machine, median, pct, rows, table
 
-from client import AsyncRingClient, StoreId
+from client import AsyncLazyState, AsyncRingClient, StoreId
 from statestore.net.http import HttpTransport
 
 
@@ -103,10 +107,24 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
 
             return op
 
+        def lazy_point(view: AsyncLazyState) -> Callable[[], Awaitable[None]]:
+            async def op() -> None:
+                k = rng.choice(keys)
+                got = await view.get(k)
+                assert got is not None and (got == expect[k] or any(k in d for d in deltas))
+
+            return op
+
+        warm = await client.open(stores["default"][0])
+        cold = await client.open(stores["default"][0], cache_bytes=0)
+        cold_small = await client.open(stores["small"][0], cache_bytes=0)
         phases: dict[str, Callable[[], Awaitable[None]]] = {
             "const": const,
             "default": point(stores["default"][0]),
             "small": point(stores["small"][0]),
+            "open-warm": lazy_point(warm),
+            "open-cold": lazy_point(cold),
+            "open-cold-small": lazy_point(cold_small),
         }
         results: dict[str, list[float]] = {p: [] for p in phases}
         rates: dict[str, list[float]] = {p: [] for p in phases}
@@ -128,6 +146,9 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
         "const": "bare aiohttp handler, constant body",
         "default": "RingClient.get, 4 MiB chunks (default)",
         "small": "RingClient.get, 256 KiB chunks",
+        "open-warm": "open() warm (groups cached), 4 MiB chunks",
+        "open-cold": "open() cold (cache_bytes=0), 4 MiB chunks",
+        "open-cold-small": "open() cold (cache_bytes=0), 256 KiB chunks",
     }
     body = []
     for name, label in labels.items():
@@ -144,7 +165,7 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
     print(table(["path", "reads/s", "p50 ms", "p99 ms"], body))
     base = median(rates["const"])
     print()
-    for name in ("default", "small"):
+    for name in ("default", "small", "open-warm", "open-cold", "open-cold-small"):
         share = median(rates[name]) / base
         print(f"{labels[name]}: {share:.3f}x the constant handler's rate (1/{1 / share:.0f})")
 

@@ -7,6 +7,8 @@
         sid = StoreId(query="q1", operator=0, partition=3, name="default")
         ring.commit(sid, version=1, puts={b"k": b"v"}, deletes=[], positions={"src-0": 42}, epoch=1)
         st = ring.restore(sid, version=1)
+        with ring.open(sid) as lazy:  # a Mapping that fetches key groups as they are read
+            lazy[b"k"]
 
 Errors come from one tree (``StateStoreError`` and below), re-exported here.
 """
@@ -43,10 +45,12 @@ from statestore.core.view import RingView
 
 from ._async import AsyncRingClient
 from ._core import CommitResult, RestoredState
+from ._open import AsyncLazyState, LazyState
 from ._sync import RingClient
 
 __all__ = [
     "AccessDenied",
+    "AsyncLazyState",
     "AsyncRingClient",
     "CommitResult",
     "Correction",
@@ -57,6 +61,7 @@ __all__ = [
     "Head",
     "InvalidRequest",
     "InvalidStoreId",
+    "LazyState",
     "MalformedData",
     "NodeUnavailable",
     "NotFound",

@@ -26,7 +26,7 @@ from statestore.core.errors import (
 )
 from statestore.core.ids import StoreId, check_version
 from statestore.core.keygroups import chain_for_groups, check_groups, only_groups
-from statestore.core.manifest import Head
+from statestore.core.manifest import ChunkRef, Head
 from statestore.core.plan import Plan
 from statestore.core.quorum import check_consistency, read_answers, write_acks
 from statestore.core.tentative import ROLLED_BACK, Correction, Outcome, corrections, merge
@@ -35,6 +35,8 @@ from statestore.net.credentials import client_token
 from statestore.net.http import HttpTransport
 from statestore.net.quorate import finish_left
 from statestore.net.reads import (
+    ReadStats,
+    fetch_chunk,
     read_chain,
     read_chains,
     read_head,
@@ -49,6 +51,7 @@ from statestore.net.transport import Transport
 from statestore.net.writes import write_commit
 
 from ._core import CommitResult, RestoredState, build_commit, check_plan, check_store, parse_seeds
+from ._open import DEFAULT_OPEN_CACHE, AsyncLazyState
 
 __all__ = ["AsyncRingClient"]
 
@@ -694,6 +697,48 @@ class AsyncRingClient:
             )
 
         return await self._routed(op, read=True, stores=[store])
+
+    async def open(
+        self,
+        store: StoreId,
+        version: int | None = None,
+        *,
+        cache_bytes: int = DEFAULT_OPEN_CACHE,
+    ) -> AsyncLazyState:
+        """A version (default: the latest) of ``store``, read lazily: nothing but its head
+        and chain of manifests is read now (once: the view stays on that version whatever is
+        committed later). ``await st.get(key)`` fetches only the chunks of the key's key
+        group along the chain (verified, folded newest-wins, deletes applied) and keeps the
+        folded groups in an LRU of ``cache_bytes`` (default 64 MiB); iterating streams the
+        version by key-group ranges (client/_open.py).
+
+        Raises StoreNotFound / VersionNotFound for what is not there. A pinned old version
+        whose chunks retention drops later fails its next fetch (NodeUnavailable).
+        """
+        check_store(store)
+        if version is not None:
+            check_version(version)
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
+        want = await self._version_or_latest(store, version)
+        chain = await self._routed(
+            lambda view: read_chain(self._transport, view, store, want), read=True, stores=[store]
+        )
+
+        async def fetch(version: int, ref: ChunkRef, stats: ReadStats) -> bytes:
+            return await self._routed(
+                lambda view: fetch_chunk(self._transport, view, store, version, ref, stats)
+            )
+
+        return AsyncLazyState(
+            store,
+            chain,
+            want,
+            fetch=fetch,
+            concurrency=self.concurrency,
+            max_chunk=self.max_chunk,
+            cache_bytes=cache_bytes,
+        )
 
     async def latest(self, store: StoreId) -> Head:
         """The store's head: latest version and the epoch that wrote it."""

@@ -21,6 +21,7 @@ from statestore.core.view import RingView
 
 from ._async import AsyncRingClient
 from ._core import CommitResult, RestoredState
+from ._open import DEFAULT_OPEN_CACHE, LazyState
 
 __all__ = ["RingClient"]
 
@@ -148,6 +149,18 @@ class RingClient:
 
     def get(self, store: StoreId, key: bytes, version: int | None = None) -> bytes | None:
         return self._call(self._async.get(store, key, version))
+
+    def open(
+        self,
+        store: StoreId,
+        version: int | None = None,
+        *,
+        cache_bytes: int = DEFAULT_OPEN_CACHE,
+    ) -> LazyState:
+        """:meth:`AsyncRingClient.open`: a version (default: the latest) of ``store`` as a
+        read-only ``Mapping[bytes, bytes]`` that fetches key groups as they are read."""
+        lazy = self._call(self._async.open(store, version, cache_bytes=cache_bytes))
+        return LazyState(lazy, self._call)
 
     def latest(self, store: StoreId) -> Head:
         return self._call(self._async.latest(store))

@@ -1,0 +1,634 @@
+"""Opened stores: a version of a store read lazily, key group by key group.
+
+``AsyncRingClient.open(store, version)`` resolves the head (or takes the version given) and the
+chain of manifests that rebuilds it, once: the result is pinned to that version (commits made
+after it was opened do not change what it reads). Nothing else is fetched up front. A read of a
+key fetches only the chunks whose key-group range ``[lo, hi]`` covers the key's group, along the
+chain (the snapshot or version 1, then the deltas above it), verifies them against the checksums
+the manifests give, and folds them oldest first: a put replaces, a delete removes (the rule
+every restore applies, core/fold.py). Every group the fetched chunks hold whole (not only the
+one asked for) is folded and kept in a bounded LRU of decoded key groups, so the next read of a
+key of any of them costs a dictionary look-up.
+
+Iteration streams the version by key-group ranges, one range of chunks at a time: at most the
+chunks of the range being folded (and those that reach past it into the next) are held decoded,
+besides the bounded cache, which a scan does not fill (it would evict the point reads' groups).
+
+:class:`AsyncLazyState` is the asyncio form; :class:`LazyState`, what ``RingClient.open`` gives,
+is a read-only ``collections.abc.Mapping[bytes, bytes]`` over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import OrderedDict
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    ItemsView,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
+from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
+from typing import Any, TypeVar
+
+import xxhash
+
+from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
+from statestore.core.fold import Row, apply
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import ChunkRef, Head, Manifest
+from statestore.net.reads import ReadStats
+
+__all__ = ["DEFAULT_OPEN_CACHE", "AsyncLazyState", "ChunkFetch", "LazyState"]
+
+T = TypeVar("T")
+
+DEFAULT_OPEN_CACHE = 64 * 1024 * 1024
+# What one decoded row costs in memory besides its key and value bytes: two bytes objects'
+# headers (33 bytes each) and a dictionary or list slot. The cache counts rows at this rate.
+ROW_COST = 100
+# A group known to hold no row, still worth remembering (it was fetched to learn that).
+EMPTY_GROUP_COST = 64
+
+Split = dict[int, list[Row]]  # a decoded chunk's rows by key group (None values: deletes)
+# Fetches one chunk of the store (version, ref), verified against ref's checksum, counting
+# what it fetched in the stats (the client's: net/reads.fetch_chunk on its ring view).
+ChunkFetch = Callable[[int, ChunkRef, ReadStats], Awaitable[bytes]]
+
+
+def _check_key(key: object) -> bytes:
+    if not isinstance(key, bytes):
+        raise TypeError(f"key must be bytes, got {type(key).__name__}")
+    return key
+
+
+def _decode_split(data: bytes, groups: int, max_raw: int, what: str) -> tuple[Split, int]:
+    """Decode one (verified) chunk and split its rows by key group; with the bytes that
+    holding them costs (:data:`ROW_COST`)."""
+    rows = decode_chunk(data, max_raw=max_raw, what=what)
+    if not rows:
+        return {}, 0
+    keys = [k for k, _ in rows]
+    gs = list(map(groups.__rmod__, map(xxhash.xxh3_64_intdigest, keys)))
+    out: Split = {}
+    start = 0
+    # a chunk's rows come in key-group order (core/chunk.py): one run per group, sliced
+    for g, run in itertools.groupby(gs):
+        n = sum(1 for _ in run)
+        out.setdefault(g, []).extend(rows[start : start + n])
+        start += n
+    cost = sum(len(k) + (len(v) if v else 0) for k, v in rows) + ROW_COST * len(rows)
+    return out, cost
+
+
+def _state_cost(state: Mapping[bytes, bytes]) -> int:
+    if not state:
+        return EMPTY_GROUP_COST
+    return sum(map(len, state)) + sum(map(len, state.values())) + ROW_COST * len(state)
+
+
+class _Lru:
+    """Values by key, least recently used evicted first, bounded by their declared bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+
+    def get(self, key: Any) -> Any | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: Any, value: Any, size: int) -> None:
+        if size > self.max_bytes:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._items[key] = (value, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, gone) = self._items.popitem(last=False)
+            self.bytes -= gone
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """What one key group's read fetches: per manifest of the chain (oldest first), the
+    chunks that cover the group; and the groups ``lo..hi`` those chunks hold whole (every
+    chunk of every manifest that holds rows of them is among the fetched)."""
+
+    parts: tuple[tuple[Manifest, tuple[ChunkRef, ...]], ...]
+    lo: int
+    hi: int
+
+    def chunks(self) -> Iterator[tuple[Manifest, ChunkRef]]:
+        for m, refs in self.parts:
+            for ref in refs:
+                yield m, ref
+
+
+class AsyncLazyState:
+    """A version of a store, read lazily (what :meth:`AsyncRingClient.open` returns).
+
+    ``await view.get(key)`` (None when absent), ``await view.has(key)``,
+    ``await view.get_many(keys)``, ``async for key in view`` / ``view.keys()``,
+    ``view.items()`` / ``view.values()`` (async iterators streaming key-group ranges),
+    ``await view.count()`` (the number of keys, by streaming). Keys are bytes (TypeError
+    otherwise).
+
+    Attributes: ``store``, ``version``, ``head`` (the version and the epoch that wrote it),
+    ``positions`` (the source positions it covers), ``chain`` (its manifests, oldest first),
+    ``key_groups``, ``stats`` (what it fetched: ``chunks``, ``bytes``, ``failovers``,
+    ``by_node``; also as ``chunks_fetched`` / ``bytes_fetched``), ``total_chunks`` (the chunks
+    of the chain, for comparison), ``cache_hits`` / ``cache_misses`` (key-group look-ups).
+
+    Chunks are fetched through the client that opened it (its ring view, transport and
+    failover): use it while the client is open. Closing it frees its cache.
+    """
+
+    def __init__(
+        self,
+        store: StoreId,
+        chain: Sequence[Manifest],
+        version: int,
+        *,
+        fetch: ChunkFetch,
+        concurrency: int = 16,
+        max_chunk: int = MAX_CHUNK_RAW,
+        cache_bytes: int = DEFAULT_OPEN_CACHE,
+    ) -> None:
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
+        top = chain[-1]
+        self._fetch_bytes = fetch
+        self._max_chunk = max_chunk
+        self.store = store
+        self.version = version
+        self.chain: tuple[Manifest, ...] = tuple(chain)
+        self.head = Head(version, top.epoch)
+        self.positions: dict[str, Any] = dict(top.positions)
+        self.key_groups = top.key_groups
+        self.stats = ReadStats(chain=len(self.chain))
+        self.cache_hits = 0
+        self.cache_misses = 0
+        # within cache_bytes: key group -> its folded rows (three quarters), and chunk key ->
+        # its decoded rows, for chunks that reach past the span they were fetched for
+        self._groups = _Lru(cache_bytes - cache_bytes // 4)
+        self._chunks = _Lru(cache_bytes // 4)
+        self._fetching: dict[str, asyncio.Future[Split]] = {}
+        self._loading: list[tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]] = []
+        self._sem = asyncio.Semaphore(concurrency)
+        self._count: int | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncLazyState({self.store}, version={self.version}, chain={len(self.chain)}, "
+            f"chunks_fetched={self.stats.chunks})"
+        )
+
+    # -- metrics ----------------------------------------------------------------------------
+    @property
+    def chunks_fetched(self) -> int:
+        return self.stats.chunks
+
+    @property
+    def bytes_fetched(self) -> int:
+        return self.stats.bytes
+
+    @property
+    def total_chunks(self) -> int:
+        return sum(len(m.chunks) for m in self.chain)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the cache of decoded key groups holds now (by the :data:`ROW_COST` rule)."""
+        return self._groups.bytes + self._chunks.bytes
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Free the cache; later reads raise RuntimeError."""
+        self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        self._groups.clear()
+        self._chunks.clear()
+
+    async def __aenter__(self) -> AsyncLazyState:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the opened state of {self.store} v{self.version} is closed")
+
+    # -- point reads ------------------------------------------------------------------------
+    async def get(self, key: bytes) -> bytes | None:
+        """The value of ``key`` in this version, or None if it has none."""
+        _check_key(key)
+        self._check_open()
+        return (await self._group(key_group(key, self.key_groups))).get(key)
+
+    async def has(self, key: bytes) -> bool:
+        """Whether ``key`` has a value in this version."""
+        return await self.get(key) is not None
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        """The values of those of ``keys`` present in this version. The key groups not in the
+        cache are fetched together: one span of chunks per range of groups, all at once
+        (within the client's ``concurrency``)."""
+        wanted = [_check_key(k) for k in keys]
+        self._check_open()
+        by_group: dict[int, list[bytes]] = {}
+        for k in wanted:
+            by_group.setdefault(key_group(k, self.key_groups), []).append(k)
+        found: dict[int, Mapping[bytes, bytes]] = {}
+        missing: list[int] = []
+        for g in sorted(by_group):
+            hit = self._cached(g)
+            if hit is None:
+                missing.append(g)
+            else:
+                found[g] = hit
+        # plan the spans: a group that an earlier span holds whole rides along with it
+        loads: list[tuple[int, int, Awaitable[dict[int, dict[bytes, bytes]]]]] = []
+        for g in missing:
+            if any(lo <= g <= hi for lo, hi, _ in loads):
+                continue
+            lo, hi, fut = self._span_load(g)
+            loads.append((lo, hi, fut))
+        results = await asyncio.gather(*(fut for _, _, fut in loads))
+        for g in missing:
+            for (lo, hi, _), groups in zip(loads, results, strict=True):
+                if lo <= g <= hi:
+                    found[g] = groups[g]
+                    break
+        return {
+            k: v for g, ks in by_group.items() for k in ks if (v := found[g].get(k)) is not None
+        }
+
+    def _cached(self, g: int) -> dict[bytes, bytes] | None:
+        hit: dict[bytes, bytes] | None = self._groups.get(g)
+        if hit is None:
+            self.cache_misses += 1
+        else:
+            self.cache_hits += 1
+        return hit
+
+    async def _group(self, g: int) -> Mapping[bytes, bytes]:
+        hit = self._cached(g)
+        if hit is not None:
+            return hit
+        _, _, fut = self._span_load(g)
+        return (await fut)[g]
+
+    def _span_load(self, g: int) -> tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]:
+        """The load of the span of group ``g``: one already under way that holds ``g`` whole
+        (shared: concurrent reads of one span fetch it once), else a new one."""
+        for lo, hi, fut in self._loading:
+            if lo <= g <= hi:
+                return lo, hi, _shared(fut)
+        span = self._span(g)
+        task = asyncio.ensure_future(self._load(span))
+        entry = (span.lo, span.hi, task)
+        self._loading.append(entry)
+        task.add_done_callback(lambda _t: self._loading.remove(entry))
+        return span.lo, span.hi, _shared(task)
+
+    async def _load(self, span: _Span) -> dict[int, dict[bytes, bytes]]:
+        """Fetch a span's chunks (at once), fold the groups it holds whole, cache them."""
+        splits = await asyncio.gather(*(self._chunk(m, ref, span) for m, ref in span.chunks()))
+        folded = _fold(span, splits, range(span.lo, span.hi + 1))
+        for g, state in folded.items():
+            self._groups.put(g, state, _state_cost(state))
+        return folded
+
+    def _span(self, g: int) -> _Span:
+        """The chunks of the chain to fetch for group ``g``, and the groups they hold whole."""
+        lo, hi = 0, self.key_groups - 1
+        parts = []
+        for m in self.chain:
+            if m.key_groups != self.key_groups:
+                # a manifest cut by another number of key groups (a writer with another
+                # key_groups option): its chunk ranges say nothing of ours, take them all
+                parts.append((m, tuple(c for c in m.chunks if c.rows)))
+                continue
+            refs = []
+            for c in m.chunks:
+                if not c.rows:  # an empty commit's chunk covers every group, holds none
+                    continue
+                if c.lo <= g <= c.hi:
+                    refs.append(c)
+                elif c.hi < g:
+                    lo = max(lo, c.hi + 1)
+                else:
+                    hi = min(hi, c.lo - 1)
+            parts.append((m, tuple(refs)))
+        return _Span(tuple(parts), lo, hi)
+
+    async def _chunk(self, m: Manifest, ref: ChunkRef, span: _Span | None = None) -> Split:
+        """One chunk of the chain, decoded and split by key group: from the cache of wide
+        chunks, from a fetch already under way, else fetched (verified against its checksum,
+        from the first holder that gives good bytes) and decoded off the event loop."""
+        ckey = chunk_key(self.store, m.version, ref.name)
+        hit: Split | None = self._chunks.get(ckey)
+        if hit is not None:
+            return hit
+        fut = self._fetching.get(ckey)
+        if fut is None:
+            fut = asyncio.ensure_future(self._fetch(m, ref, ckey, span))
+            self._fetching[ckey] = fut
+            fut.add_done_callback(lambda _f: self._fetching.pop(ckey, None))
+        return await _shared(fut)
+
+    async def _fetch(self, m: Manifest, ref: ChunkRef, ckey: str, span: _Span | None) -> Split:
+        async with self._sem:
+            data = await self._fetch_bytes(m.version, ref, self.stats)
+        split, cost = await asyncio.get_running_loop().run_in_executor(
+            None, partial(_decode_split, data, self.key_groups, self._max_chunk, ref.name)
+        )
+        # a chunk that reaches past the span it was fetched for holds part of the next one:
+        # kept (bounded) so that the next span's read does not fetch it again
+        if span is not None and (
+            m.key_groups != self.key_groups or ref.lo < span.lo or ref.hi > span.hi
+        ):
+            self._chunks.put(ckey, split, cost)
+        return split
+
+    # -- streaming --------------------------------------------------------------------------
+    async def spans(self) -> AsyncIterator[dict[bytes, bytes]]:
+        """The version's rows, one range of key groups at a time, in key-group order: each
+        a dict of the rows of the groups the chunks fetched for it hold whole."""
+        self._check_open()
+        scan = _Scan(self)
+        while True:
+            rows = await scan.next()
+            if rows is None:
+                return
+            yield rows
+
+    async def items(self) -> AsyncIterator[tuple[bytes, bytes]]:
+        async for rows in self.spans():
+            for kv in rows.items():
+                yield kv
+
+    async def keys(self) -> AsyncIterator[bytes]:
+        async for rows in self.spans():
+            for k in rows:
+                yield k
+
+    async def values(self) -> AsyncIterator[bytes]:
+        async for rows in self.spans():
+            for v in rows.values():
+                yield v
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.keys()
+
+    async def count(self) -> int:
+        """The number of keys of this version (streamed the first time, or known from a
+        whole scan, then remembered: the version is pinned)."""
+        if self._count is None:
+            n = 0
+            async for rows in self.spans():
+                n += len(rows)
+            self._count = n
+        return self._count
+
+
+def _shared(fut: asyncio.Future[T]) -> asyncio.Future[T]:
+    """Await ``fut`` without a waiter's cancellation cancelling it for the others."""
+    return asyncio.shield(fut)
+
+
+def _fold(span: _Span, splits: Sequence[Split], groups: range) -> dict[int, dict[bytes, bytes]]:
+    """The folded rows of ``groups`` (all held whole by ``span``'s chunks, whose decoded
+    rows ``splits`` are, in the order of :meth:`_Span.chunks`): oldest manifest first."""
+    out: dict[int, dict[bytes, bytes]] = {g: {} for g in groups}
+    for split in splits:
+        for g, rows in split.items():
+            state = out.get(g)
+            if state is not None:
+                apply(state, rows)
+    return out
+
+
+class _Scan:
+    """A cursor over the version by key-group ranges (:meth:`AsyncLazyState.spans`): each
+    step fetches the span of the first group not yet given and gives the groups it holds
+    whole. Decoded chunks that reach past a step are held for the next and let go once the
+    scan is past them; cached groups are given from the cache; the scan fills no cache."""
+
+    def __init__(self, lazy: AsyncLazyState) -> None:
+        self.lazy = lazy
+        self.next_group = 0
+        self.rows = 0
+        # decoded chunks that reach past the last step (None: the scan is over)
+        self.held: dict[tuple[int, str], tuple[ChunkRef, Split]] | None = {}
+
+    async def next(self) -> dict[bytes, bytes] | None:
+        lazy = self.lazy
+        lazy._check_open()
+        g = self.next_group
+        if g >= lazy.key_groups:
+            if self.held is not None:  # the first time past the end: the count is known
+                lazy._count = self.rows
+            self.held = None
+            return None
+        hit = lazy._groups.get(g)
+        if hit is not None:
+            self.next_group = g + 1
+            self.rows += len(hit)
+            return dict(hit)
+        span = lazy._span(g)
+
+        held = self.held or {}
+
+        async def one(m: Manifest, ref: ChunkRef) -> Split:
+            got = held.get((m.version, ref.name))
+            if got is not None:
+                return got[1]
+            return await lazy._chunk(m, ref)
+
+        splits = await asyncio.gather(*(one(m, ref) for m, ref in span.chunks()))
+        folded = _fold(span, splits, range(g, span.hi + 1))
+        self.next_group = span.hi + 1
+        self.held = {
+            (m.version, ref.name): (ref, split)
+            for (m, ref), split in zip(span.chunks(), splits, strict=True)
+            if m.key_groups != lazy.key_groups or ref.hi > span.hi
+        }
+        out: dict[bytes, bytes] = {}
+        for rows in folded.values():
+            out.update(rows)
+        self.rows += len(out)
+        return out
+
+
+class LazyState(Mapping[bytes, bytes]):
+    """A version of a store as a read-only ``Mapping[bytes, bytes]``, read lazily (what
+    :meth:`RingClient.open` returns; :class:`AsyncLazyState` does the reading).
+
+    ``state[key]`` (KeyError when absent), ``state.get(key)``, ``key in state``,
+    ``iter(state)`` / ``items()`` / ``values()`` (streamed by key-group ranges), ``len(state)``
+    (streamed once, then remembered), ``get_many(keys)``. Keys are bytes (TypeError
+    otherwise). ``version``, ``head``, ``positions``, ``stats``, ``chunks_fetched``,
+    ``bytes_fetched``, ``total_chunks`` as :class:`AsyncLazyState`'s. ``close()`` (or ``with``)
+    frees its cache.
+    """
+
+    def __init__(
+        self, lazy: AsyncLazyState, call: Callable[[Coroutine[Any, Any, Any]], Any]
+    ) -> None:
+        self._lazy = lazy
+        self._call = call
+        self.store = lazy.store
+        self.version = lazy.version
+        self.head = lazy.head
+        self.positions = lazy.positions
+        self.key_groups = lazy.key_groups
+
+    def __repr__(self) -> str:
+        return (
+            f"LazyState({self.store}, version={self.version}, chain={len(self._lazy.chain)}, "
+            f"chunks_fetched={self.chunks_fetched})"
+        )
+
+    @property
+    def lazy(self) -> AsyncLazyState:
+        """The asyncio view this one runs (on the client's loop thread)."""
+        return self._lazy
+
+    @property
+    def stats(self) -> ReadStats:
+        return self._lazy.stats
+
+    @property
+    def chunks_fetched(self) -> int:
+        return self._lazy.chunks_fetched
+
+    @property
+    def bytes_fetched(self) -> int:
+        return self._lazy.bytes_fetched
+
+    @property
+    def total_chunks(self) -> int:
+        return self._lazy.total_chunks
+
+    @property
+    def cache_hits(self) -> int:
+        return self._lazy.cache_hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self._lazy.cache_misses
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the client's loop thread; a closed view (or client) raises
+        RuntimeError without leaving it unawaited."""
+        try:
+            self._lazy._check_open()
+            result: T = self._call(coro)
+        except BaseException:
+            coro.close()
+            raise
+        return result
+
+    def __getitem__(self, key: bytes) -> bytes:
+        value: bytes | None = self._run(self._lazy.get(_check_key(key)))
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return bool(self._run(self._lazy.has(_check_key(key))))
+
+    def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        """:meth:`AsyncLazyState.get_many`: the values of those of ``keys`` present."""
+        return dict(self._run(self._lazy.get_many(list(keys))))
+
+    def _spans(self) -> Iterator[dict[bytes, bytes]]:
+        self._lazy._check_open()
+        scan = _Scan(self._lazy)
+        while True:
+            rows: dict[bytes, bytes] | None = self._run(scan.next())
+            if rows is None:
+                return
+            yield rows
+
+    def __iter__(self) -> Iterator[bytes]:
+        for rows in self._spans():
+            yield from rows
+
+    def __len__(self) -> int:
+        return int(self._run(self._lazy.count()))
+
+    def items(self) -> ItemsView[bytes, bytes]:
+        return _StreamedItems(self)
+
+    def values(self) -> ValuesView[bytes]:
+        return _StreamedValues(self)
+
+    def close(self) -> None:
+        """Free the cache (also after the client was closed); later reads raise
+        RuntimeError."""
+        self._lazy._release()
+
+    def __enter__(self) -> LazyState:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _StreamedItems(ItemsView[bytes, bytes]):
+    """``LazyState.items()``: pairs streamed span by span (not a look-up per key)."""
+
+    _mapping: LazyState
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        for rows in self._mapping._spans():
+            yield from rows.items()
+
+
+class _StreamedValues(ValuesView[bytes]):
+    """``LazyState.values()``: values streamed span by span."""
+
+    _mapping: LazyState
+
+    def __iter__(self) -> Iterator[bytes]:
+        for rows in self._mapping._spans():
+            yield from rows.values()

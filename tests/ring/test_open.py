@@ -1,0 +1,332 @@
+"""``ring.open(sid, version)``: a version read lazily, key group by key group, on real nodes.
+
+Every test writes stores of many small chunks (``chunk_size=512``: a key group spans several
+chunks, and chunks share boundary groups) through versions of puts and deletes, a snapshot in
+the middle, and compares what the opened version reads with what ``restore()`` rebuilds.
+The asyncio client runs against in-process nodes; the blocking one against node processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from client import (
+    AsyncLazyState,
+    AsyncRingClient,
+    InvalidRequest,
+    LazyState,
+    RingClient,
+    StoreId,
+    StoreNotFound,
+    VersionNotFound,
+)
+from statestore.cli.local import LocalRing
+from statestore.core.chunk import key_group
+from statestore.core.manifest import Manifest
+from tests.ringkit import local_ring, nodes
+
+CHUNK = 512  # raw bytes per chunk: hundreds of chunks for a few thousand keys
+Ref = dict[bytes, bytes]
+
+
+def _versions(seed: int) -> list[tuple[Ref, list[bytes], bool]]:
+    """Six commits: a snapshot of 2,000 keys, deltas that overwrite, add, delete, re-add what
+    was deleted and delete what was just added, a snapshot of the whole state at v4 and a
+    delta above it. Returns (puts, deletes, snapshot) per version."""
+    rng = random.Random(seed)
+
+    def val() -> bytes:
+        return rng.randbytes(rng.randrange(1, 60))
+
+    state: Ref = {f"key-{i:05d}".encode(): val() for i in range(2000)}
+    out: list[tuple[Ref, list[bytes], bool]] = [(dict(state), [], True)]
+    for v in (2, 3, 5, 6):
+        if v == 5:  # v4: the whole state as a snapshot
+            out.append((dict(state), [], True))
+        live = sorted(state)
+        puts = {k: val() for k in rng.sample(live, 200)}
+        puts.update({f"new-{v}-{i}".encode(): val() for i in range(150)})
+        dels = [k for k in rng.sample(live, 250) if k not in puts]
+        if v == 3:  # re-put some keys v2 deleted, delete some v2 added
+            puts.update({f"key-{i:05d}".encode(): val() for i in range(0, 2000, 7)})
+            dels += [f"new-2-{i}".encode() for i in range(0, 150, 3)]
+            dels = [k for k in dels if k not in puts]
+        out.append((puts, dels, False))
+        state.update(puts)
+        for k in dels:
+            state.pop(k, None)
+    return out
+
+
+def _expected(commits: list[tuple[Ref, list[bytes], bool]]) -> dict[int, Ref]:
+    state: Ref = {}
+    out: dict[int, Ref] = {}
+    for v, (puts, dels, _snap) in enumerate(commits, 1):
+        state.update(puts)
+        for k in dels:
+            state.pop(k, None)
+        out[v] = dict(state)
+    return out
+
+
+def _every_key(commits: list[tuple[Ref, list[bytes], bool]]) -> list[bytes]:
+    keys = {k for puts, dels, _ in commits for k in (*puts, *dels)}
+    return sorted(keys | {b"never-written", b""})
+
+
+def _chunks_for(chain: tuple[Manifest, ...], key: bytes) -> tuple[int, int]:
+    """The chunks (with rows) along ``chain`` whose group range covers ``key``'s group, and
+    their bytes: what a cold point read may fetch, no more."""
+    refs = [
+        c
+        for m in chain
+        for c in m.chunks
+        if c.rows and c.lo <= key_group(key, m.key_groups) <= c.hi
+    ]
+    return len(refs), sum(c.size for c in refs)
+
+
+# -- asyncio: in-process nodes ---------------------------------------------------------------
+async def _commit_all(
+    ring: AsyncRingClient, sid: StoreId, commits: list[tuple[Ref, list[bytes], bool]]
+) -> None:
+    for v, (puts, dels, snap) in enumerate(commits, 1):
+        await ring.commit(sid, v, puts, dels, {"src": v}, epoch=1, snapshot=snap)
+
+
+async def _scan(lazy: AsyncLazyState) -> Ref:
+    got: Ref = {}
+    async for k, v in lazy.items():
+        assert k not in got, f"{k!r} streamed twice"
+        got[k] = v
+    return got
+
+
+async def test_async_open_reads_what_restore_rebuilds(tmp_path: Path) -> None:
+    sid = StoreId("open", 0, 1, "default")
+    commits = _versions(seed=1)
+    expected = _expected(commits)
+    every = _every_key(commits)
+    async with (
+        nodes(tmp_path, 3) as live,
+        AsyncRingClient([live[0].address], chunk_size=CHUNK) as ring,
+    ):
+        await _commit_all(ring, sid, commits)
+        for version in (None, 6, 5, 4, 3, 2, 1):
+            restored = await ring.restore(sid, version)
+            assert dict(restored) == expected[version or 6]  # the reference itself is right
+            assert await (await ring.open(sid, version)).count() == len(restored)  # cold
+            lazy = await ring.open(sid, version)
+            assert lazy.version == restored.version and lazy.head.epoch == restored.epoch
+            assert lazy.positions == restored.positions
+            # a chain of several manifests, of many chunks, some of them wider than a group
+            assert lazy.total_chunks > 100
+            if version in (None, 6, 3):
+                assert len(lazy.chain) >= 2
+            # every key, present or not (half of them read through get_many)
+            half = every[::2]
+            many = await lazy.get_many(half)
+            assert many == {k: restored[k] for k in half if k in restored}
+            for key in every[1::2]:
+                want = restored.get(key)
+                assert await lazy.get(key) == want, (version, key)
+                assert await lazy.has(key) is (want is not None)
+            # iteration equals restore's items, each key once; and the count
+            assert await _scan(lazy) == dict(restored)
+            assert [k async for k in lazy] == [k async for k in lazy.keys()]
+            assert sorted([v async for v in lazy.values()]) == sorted(restored.values())
+            assert await lazy.count() == len(restored)
+            await lazy.close()
+
+
+async def test_async_point_read_fetches_only_its_groups_chunks(tmp_path: Path) -> None:
+    sid = StoreId("open", 0, 2, "default")
+    commits = _versions(seed=2)
+    expected = _expected(commits)
+    async with (
+        nodes(tmp_path, 3) as live,
+        AsyncRingClient([live[0].address], chunk_size=CHUNK) as ring,
+    ):
+        await _commit_all(ring, sid, commits)
+        # an empty commit: its one chunk covers every group and holds no row
+        await ring.commit(sid, 7, {}, [], {"src": 7}, epoch=1)
+        expected[7] = expected[6]
+        for version in (7, 3):
+            for key in (b"key-00042", b"new-2-7", b"key-01999", b"never-written"):
+                lazy = await ring.open(sid, version)
+                assert lazy.chunks_fetched == 0 and lazy.bytes_fetched == 0  # nothing up front
+                assert await lazy.get(key) == expected[version].get(key)
+                chunks, size = _chunks_for(lazy.chain, key)
+                assert lazy.chunks_fetched == chunks, (version, key)
+                assert lazy.bytes_fetched == size
+                assert 0 < chunks < lazy.total_chunks / 10
+                # warm: the folded group is cached, nothing more is fetched
+                assert await lazy.get(key) == expected[version].get(key)
+                assert lazy.chunks_fetched == chunks and lazy.cache_hits >= 1
+                # concurrent reads of keys of one group share the fetch
+                fresh = await ring.open(sid, version)
+                await asyncio.gather(*(fresh.get(key) for _ in range(8)))
+                assert fresh.chunks_fetched == chunks
+
+
+async def test_async_open_is_pinned_and_refuses_bad_input(tmp_path: Path) -> None:
+    sid = StoreId("open", 0, 3, "default")
+    commits = _versions(seed=3)
+    expected = _expected(commits)
+    async with (
+        nodes(tmp_path, 3) as live,
+        AsyncRingClient([live[0].address], chunk_size=CHUNK) as ring,
+    ):
+        await _commit_all(ring, sid, commits)
+        latest = await ring.open(sid)  # v6, nothing fetched yet
+        old = await ring.open(sid, 2, cache_bytes=0)  # no cache: every read fetches
+        changed = sorted(expected[6])[:300]
+        await ring.commit(sid, 7, {k: b"after" for k in changed}, [], {"src": 7}, epoch=1)
+        await ring.commit(sid, 8, {}, sorted(expected[6])[300:600], {"src": 8}, epoch=1)
+        assert (await ring.latest(sid)).version == 8
+        assert latest.version == 6
+        for key in (*changed[::10], *sorted(expected[6])[300:600:10]):
+            assert await latest.get(key) == expected[6][key]
+        assert await _scan(latest) == expected[6]
+        assert await _scan(old) == expected[2]
+        for key in sorted(expected[2])[::50]:
+            assert await old.get(key) == expected[2][key]
+        assert old.cache_bytes == 0
+        assert await _scan(await ring.open(sid)) == {
+            k: b"after" if k in changed else v
+            for k, v in expected[6].items()
+            if k not in set(sorted(expected[6])[300:600])
+        }
+
+        with pytest.raises(TypeError):
+            await latest.get("key-00001")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await latest.has(bytearray(b"key-00001"))  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await latest.get_many([b"ok", 1])  # type: ignore[list-item]
+        with pytest.raises(VersionNotFound):
+            await ring.open(sid, 99)
+        with pytest.raises(StoreNotFound):
+            await ring.open(StoreId("open", 0, 3, "nothing-here"))
+        with pytest.raises(InvalidRequest):
+            await ring.open(sid, 0)
+        with pytest.raises(ValueError):
+            await ring.open(sid, cache_bytes=-1)
+        async with await ring.open(sid, 6) as closing:
+            assert await closing.get(changed[0]) == expected[6][changed[0]]
+        with pytest.raises(RuntimeError):
+            await closing.get(changed[0])
+
+
+async def test_async_open_folds_deltas_cut_by_other_key_groups(tmp_path: Path) -> None:
+    """A delta written by a client with another ``key_groups`` in the middle of the chain:
+    its chunk ranges say nothing of the top's groups, so they are all read, and the rows
+    still fold by key."""
+    sid = StoreId("open", 0, 4, "default")
+    commits = _versions(seed=4)[:3]
+    expected = _expected(commits)
+    async with (
+        nodes(tmp_path, 3) as live,
+        AsyncRingClient([live[0].address], chunk_size=CHUNK) as ring,
+        AsyncRingClient([live[0].address], chunk_size=CHUNK, key_groups=16) as other,
+    ):
+        await _commit_all(ring, sid, commits[:1])
+        puts, dels, _ = commits[1]
+        await other.commit(sid, 2, puts, dels, {"src": 2}, epoch=1)
+        puts, dels, _ = commits[2]
+        await ring.commit(sid, 3, puts, dels, {"src": 3}, epoch=1)
+        for version in (2, 3):
+            lazy = await ring.open(sid, version)
+            assert {m.key_groups for m in lazy.chain} == {16, 128}
+            for key in _every_key(commits)[::3]:
+                assert await lazy.get(key) == expected[version].get(key)
+            assert await _scan(lazy) == expected[version]
+            assert dict(await ring.restore(sid, version)) == expected[version]
+
+
+# -- blocking: node processes ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRing]:
+    with local_ring(tmp_path_factory.mktemp("open"), 3) as ring:
+        yield ring
+
+
+def test_sync_open_is_a_mapping_of_the_version(procs: LocalRing) -> None:
+    sid = StoreId("open", 1, 1, "default")
+    commits = _versions(seed=5)
+    expected = _expected(commits)
+    every = _every_key(commits)
+    with RingClient(procs.seeds, chunk_size=CHUNK) as ring:
+        for v, (puts, dels, snap) in enumerate(commits, 1):
+            ring.commit(sid, v, puts, dels, {"src": v}, epoch=1, snapshot=snap)
+        for version in (None, 3):
+            restored = ring.restore(sid, version)
+            assert dict(restored) == expected[version or 6]
+            with ring.open(sid, version) as st:
+                assert isinstance(st, Mapping) and isinstance(st, LazyState)
+                assert st.version == restored.version == (version or 6)
+                assert st.head.version == st.version and st.head.epoch == restored.epoch
+                assert st.positions == restored.positions
+                for key in every[::3]:
+                    if key in restored:
+                        assert st[key] == restored[key]
+                        assert key in st
+                        assert st.get(key) == restored[key]
+                    else:
+                        with pytest.raises(KeyError):
+                            st[key]
+                        assert key not in st
+                        assert st.get(key) is None and st.get(key, b"d") == b"d"
+                assert list(st) == list(st.keys()) and len(set(st)) == len(list(st))
+                assert dict(st.items()) == dict(restored)
+                assert len(st.items()) == len(restored)
+                assert sorted(st.values()) == sorted(restored.values())
+                assert set(st) == set(restored)
+                assert len(st) == len(restored)
+                assert st == restored  # Mapping equality, through the streamed items
+                assert st.get_many(every[::5]) == {k: restored[k] for k in every[::5] if k in st}
+                with pytest.raises(TypeError):
+                    st["key-00001"]  # type: ignore[index]
+                with pytest.raises(TypeError):
+                    "key-00001" in st  # noqa: B015
+                with pytest.raises(TypeError):
+                    st.get(1)  # type: ignore[arg-type]
+                with pytest.raises(TypeError):
+                    st[bytearray(b"key-00001")]  # type: ignore[index]
+        with pytest.raises(VersionNotFound):
+            ring.open(sid, 99)
+
+
+def test_sync_open_fetches_little_and_stays_pinned(procs: LocalRing) -> None:
+    sid = StoreId("open", 1, 2, "default")
+    commits = _versions(seed=6)
+    expected = _expected(commits)
+    with RingClient(procs.seeds, chunk_size=CHUNK) as ring:
+        for v, (puts, dels, snap) in enumerate(commits, 1):
+            ring.commit(sid, v, puts, dels, {"src": v}, epoch=1, snapshot=snap)
+        assert len(ring.open(sid, 5)) == len(expected[5])  # cold: counted by streaming
+        st = ring.open(sid)
+        key = sorted(expected[6])[123]
+        ring.commit(sid, 7, {key: b"later"}, [sorted(expected[6])[124]], {"src": 7}, epoch=1)
+        assert st[key] == expected[6][key]  # fetched after the commit, still v6
+        chunks, size = _chunks_for(st.lazy.chain, key)
+        assert st.chunks_fetched == chunks < st.total_chunks / 10
+        assert st.bytes_fetched == size and st.stats.bytes == size
+        assert st[sorted(expected[6])[124]] == expected[6][sorted(expected[6])[124]]
+        assert dict(st) == expected[6]
+        assert ring.open(sid)[key] == b"later"
+        partial = iter(st)  # a scan left half way does not disturb the next one
+        next(partial)
+        assert dict(st.items()) == expected[6]
+        kept = ring.open(sid, 6)
+    st.close()  # after the client: it holds nothing of the client's
+    with pytest.raises(RuntimeError):
+        kept[key]  # the client that fetches for it is closed
+    kept.close()
+    with pytest.raises(RuntimeError):
+        st[key]

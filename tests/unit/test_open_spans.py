@@ -1,0 +1,164 @@
+"""The reading rules of ``ring.open`` (client/_open.py) without a ring: which chunks a key
+group's read fetches, which groups they hold whole, how they fold, how a scan walks the
+version and how the cache of decoded groups stays within its bytes.
+
+Chains are laid out by the real commit path (core/commit.py) with small chunks; the fetch
+of a chunk is replaced by a look-up in the encoded chunks (the ring tests,
+tests/ring/test_open.py, fetch them from nodes).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from client._open import AsyncLazyState, _decode_split, _fold, _Lru, _Scan
+from statestore.core.chunk import EncodedChunk, key_group, verify
+from statestore.core.commit import build_commit
+from statestore.core.fold import apply
+from statestore.core.ids import StoreId
+from statestore.core.manifest import ChunkRef, Manifest
+from statestore.net.reads import ReadStats
+
+SID = StoreId("unit", 0, 0, "open")
+Ref = dict[bytes, bytes]
+
+
+def _chain(
+    seed: int, versions: int, groups: int = 16, chunk_size: int = 300, mixed: bool = False
+) -> tuple[list[Manifest], dict[str, bytes], dict[int, Ref]]:
+    """A snapshot then deltas of puts and deletes (every third with another number of key
+    groups when ``mixed``); the manifests, the chunks' bytes by name, the states."""
+    rng = random.Random(seed)
+    state: Ref = {}
+    chain: list[Manifest] = []
+    data: dict[str, bytes] = {}
+    states: dict[int, Ref] = {}
+    for v in range(1, versions + 1):
+        puts = {
+            f"k{rng.randrange(600)}".encode(): rng.randbytes(rng.randrange(0, 30))
+            for _ in range(rng.randrange(0, 250))
+        }
+        dels = (
+            []
+            if v == 1
+            else [k for k in rng.sample(sorted(state), min(40, len(state))) if k not in puts]
+        )
+        g = groups if not (mixed and v % 3 == 2) else groups // 2 + 1
+        m, chunks = build_commit(
+            SID,
+            v,
+            puts,
+            dels,
+            {},
+            1,
+            v == 1,
+            key_groups=g,
+            chunk_size=chunk_size,
+            max_chunk=1 << 20,
+        )
+        m = _renamed(m, chunks, v, data)
+        chain.append(m)
+        state.update(puts)
+        for k in dels:
+            state.pop(k, None)
+        states[v] = dict(state)
+    return chain, data, states
+
+
+def _renamed(m: Manifest, chunks: list[EncodedChunk], v: int, data: dict[str, bytes]) -> Manifest:
+    for c in chunks:
+        data[f"{v}/{c.name}"] = c.data
+    return m
+
+
+def _lazy(chain: list[Manifest], data: dict[str, bytes], cache_bytes: int) -> AsyncLazyState:
+    async def fetch(version: int, ref: ChunkRef, stats: ReadStats) -> bytes:
+        body = data[f"{version}/{ref.name}"]
+        verify(body, ref.checksum, ref.name)
+        stats.chunks += 1
+        stats.bytes += len(body)
+        return body
+
+    return AsyncLazyState(SID, chain, chain[-1].version, fetch=fetch, cache_bytes=cache_bytes)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_each_span_holds_its_groups_whole_and_folds_to_the_state(seed: int, mixed: bool) -> None:
+    chain, data, states = _chain(seed, 5, mixed=mixed)
+    lazy = _lazy(chain, data, 1 << 20)
+    groups = lazy.key_groups
+    want = states[5]
+    for g in range(groups):
+        span = lazy._span(g)
+        assert span.lo <= g <= span.hi
+        for m, refs in span.parts:
+            if m.key_groups == groups:  # exactly the chunks with rows that cover g
+                assert list(refs) == [c for c in m.chunks if c.rows and c.lo <= g <= c.hi]
+            else:
+                assert list(refs) == [c for c in m.chunks if c.rows]
+        splits = [
+            _decode_split(data[f"{m.version}/{r.name}"], groups, 1 << 20, r.name)[0]
+            for m, r in span.chunks()
+        ]
+        folded = _fold(span, splits, range(span.lo, span.hi + 1))
+        for h in range(span.lo, span.hi + 1):
+            assert folded[h] == {k: v for k, v in want.items() if key_group(k, groups) == h}
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 2000, 1 << 20])
+@pytest.mark.parametrize("seed", range(2))
+async def test_reads_and_scans_equal_the_state(seed: int, cache_bytes: int) -> None:
+    chain, data, states = _chain(seed, 6, mixed=seed % 2 == 1)
+    lazy = _lazy(chain, data, cache_bytes)
+    want = states[6]
+    keys = [f"k{i}".encode() for i in range(650)]
+    for k in keys[::5]:
+        assert await lazy.get(k) == want.get(k)
+    assert await lazy.get_many(keys[1::2]) == {k: want[k] for k in keys[1::2] if k in want}
+    assert lazy.cache_bytes <= cache_bytes
+    scanned: Ref = {}
+    async for k, v in lazy.items():
+        assert k not in scanned
+        scanned[k] = v
+    assert scanned == want
+    assert await lazy.count() == len(want)
+    assert await lazy.get(b"absent") is None and not await lazy.has(b"absent")
+
+
+async def test_a_scan_holds_only_the_chunks_that_reach_past_its_step() -> None:
+    chain, data, states = _chain(11, 4, groups=64, chunk_size=200)
+    lazy = _lazy(chain, data, 0)
+    scan = _Scan(lazy)
+    got: Ref = {}
+    steps = 0
+    while (rows := await scan.next()) is not None:
+        steps += 1
+        got.update(rows)
+        for ref, _split in (scan.held or {}).values():
+            assert ref.hi >= scan.next_group, "a chunk the scan is past is still held"
+    assert got == states[4] and steps > 4
+    # each chunk fetched once: those held across steps are not fetched again
+    assert lazy.chunks_fetched == sum(1 for m in chain for c in m.chunks if c.rows)
+
+
+def test_lru_keeps_within_its_bytes_and_evicts_the_least_recent() -> None:
+    lru = _Lru(100)
+    lru.put("a", 1, 40)
+    lru.put("b", 2, 40)
+    assert lru.get("a") == 1  # a is now the most recent
+    lru.put("c", 3, 40)
+    assert lru.get("b") is None and lru.get("a") == 1 and lru.get("c") == 3
+    assert lru.bytes == 80 and len(lru) == 2
+    lru.put("big", 4, 101)  # larger than the whole cache: not kept
+    assert lru.get("big") is None and lru.bytes == 80
+    lru.put("a", 5, 10)  # replaced, not counted twice
+    assert lru.get("a") == 5 and lru.bytes == 50
+
+
+def test_apply_rule_is_the_restores() -> None:
+    state: Ref = {b"a": b"1", b"b": b"2"}
+    apply(state, [(b"a", None), (b"c", b"3")])
+    assert state == {b"b": b"2", b"c": b"3"}
