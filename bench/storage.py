@@ -18,8 +18,8 @@ pages, and prints, per node (median, min-max over the three):
 - ``disk / held``: the storage engine's amplification (LMDB's free pages and page slack),
   which node/space.py's compaction bounds (``--reclaim-at``, default half the file).
 
-It also times a compaction of one node's file, copied after the run (the pause writes
-see while it runs: node/space.py), with its bytes before and after.
+It also times a compaction of one node's file, copied after the run, with its bytes before
+and after and how long it held reads and writes (the swap: node/space.py).
 
     .venv/bin/python bench/storage.py [--live-mib 4 16] [--rates 0.01 0.2] [--versions 200]
 """
@@ -74,7 +74,7 @@ def run_case(live_mib: int, rate: float, versions: int, value: int) -> dict[str,
             backend = LmdbBackend(copy)
             t0 = time.monotonic()
             before, after = backend.compact()
-            pause = time.monotonic() - t0
+            took, pause = time.monotonic() - t0, backend.last_pause
             backend.close()
     live = n_keys * (KEY + value)
     retained = range(max(1, versions - RETAIN + 1), versions + 1)
@@ -87,7 +87,7 @@ def run_case(live_mib: int, rate: float, versions: int, value: int) -> dict[str,
         "disk": disk,
         "held": held,
         "write_s": wrote,
-        "compact": (before, after, pause),
+        "compact": (before, after, took, pause),
     }
 
 
@@ -107,7 +107,7 @@ def main() -> None:
     for live_mib in args.live_mib:
         for rate in args.rates:
             r = run_case(live_mib, rate, args.versions, args.value)
-            before, after, pause = r["compact"]
+            before, after, took, pause = r["compact"]
             out.append(
                 [
                     f"{live_mib} MiB",
@@ -117,7 +117,8 @@ def main() -> None:
                     spread([d / r["live"] for d in r["disk"]]),
                     spread([h / r["live"] for h in r["held"]]),
                     spread([d / h for d, h in zip(r["disk"], r["held"], strict=True)]),
-                    f"{before / MiB:.0f} -> {after / MiB:.0f} MiB in {pause:.2f} s",
+                    f"{before / MiB:.0f} -> {after / MiB:.0f} MiB in {took:.2f} s "
+                    f"(held {1000 * pause:.0f} ms)",
                     f"{r['write_s']:.0f} s",
                 ]
             )

@@ -14,11 +14,11 @@ the LMDB error as its cause; the node counts it and turns read-only (Node.write)
 **Space given back.** LMDB reuses the pages a delete frees but never shrinks its file, so a
 node's disk use is its high-water mark: after retention, ``gc`` or a drop freed most of
 what it held, the file stays as large. :meth:`LmdbBackend.compact` writes a compacted copy
-(``mdb_env_copy2`` with ``MDB_CP_COMPACT``: live pages only) beside the file, fsyncs it and
-swaps it in (``rename``, so a crash leaves either file, both whole). Reads go on during the
-copy (it reads a snapshot); writes wait behind it, since it runs on the node's one writer
-thread; the swap itself waits for the reads in flight and holds new ones for the close and
-reopen (milliseconds). node/space.py decides when (docs/operations.md, "Disk space").
+(``mdb_env_copy2`` with ``MDB_CP_COMPACT``: live pages only) beside the file while reads and
+writes go on; the writes made meanwhile are logged and replayed onto the copy, which is then
+fsynced and swapped in (``rename``, so a crash leaves either file, both whole). Only the last
+replay and the close and reopen hold reads and writes (milliseconds). node/space.py decides
+when (docs/operations.md, "Disk space").
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -46,6 +47,10 @@ __all__ = [
 
 DEFAULT_MAP_SIZE = 64 * 2**30
 _COMPACT_DIR = "compact.tmp"  # the compacted copy, before it is swapped in
+# writes made while a copy is made are kept in memory to be replayed onto it; past this
+# many bytes the compaction gives up (and is tried again later)
+MAX_COMPACT_LOG = 256 * 2**20
+_Batch = tuple[dict[bytes, bytes], list[bytes]]
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,12 @@ class LmdbBackend(Backend):
         self._path = path
         self._map_size = map_size
         self._gate = _Gate()
+        # writes since a compaction's copy began (None: no compaction under way)
+        self._log: list[_Batch] | None = None
+        self._logged = 0
+        self._log_lock = threading.Lock()
+        self._compacting = threading.Lock()
+        self.last_pause = 0.0  # seconds the last compaction held reads and writes
         # a compacted copy a crash left before its swap: the file in place is whole
         shutil.rmtree(os.path.join(path, _COMPACT_DIR), ignore_errors=True)
         self._env = self._open()
@@ -202,12 +213,13 @@ class LmdbBackend(Backend):
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
         try:
-            # aborted, nothing written, if it raises
-            with self._gate.shared(), self._env.begin(write=True) as txn:
-                for k in deletes:
-                    txn.delete(k)
-                for k, v in puts.items():
-                    txn.put(k, v)
+            with self._gate.shared():
+                with self._env.begin(write=True) as txn:  # aborted, nothing written, on error
+                    _apply(txn, puts, deletes)
+                with self._log_lock:  # a compaction's copy is being made: it replays this
+                    if self._log is not None:
+                        self._log.append((dict(puts), list(deletes)))
+                        self._logged += sum(map(len, puts.values())) + 64 * len(puts)
         except self._lmdb.MapFullError as exc:
             raise InsufficientStorage(
                 f"storage under {self._path} is full: its LMDB map of {self._map_size} bytes "
@@ -278,46 +290,94 @@ class LmdbBackend(Backend):
         return Space(size, min(size, pages * psize))
 
     def compact(self) -> tuple[int, int]:
-        """Swap in a compacted copy of the file (module docstring, "Space given back").
-        Run it where writes run (the node's writer thread): a write that raced the copy
-        would be lost in the swap."""
-        data = os.path.join(self._path, "data.mdb")
-        before = os.path.getsize(data)
-        tmp = os.path.join(self._path, _COMPACT_DIR)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        try:
-            with self._gate.shared():
-                self._env.copy(tmp, compact=True)
-            copy = os.path.join(tmp, "data.mdb")
-            fd = os.open(copy, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            with self._gate.exclusive():
-                self._env.close()
-                try:
-                    os.replace(copy, data)
-                    dir_fd = os.open(self._path, os.O_RDONLY)
-                    try:
-                        os.fsync(dir_fd)
-                    finally:
-                        os.close(dir_fd)
-                finally:
-                    self._env = self._open()  # the copy, or the old file if the swap failed
-        except self._lmdb.Error as exc:
-            raise InsufficientStorage(
-                f"compacting the storage under {self._path} failed ({type(exc).__name__}: "
-                f"{exc}); the file in place is unchanged"
-            ) from exc
-        finally:
+        """Swap in a compacted copy of the file (module docstring, "Space given back"):
+        ``(bytes before, bytes after)``. Any thread; one compaction at a time. Raises
+        InsufficientStorage when LMDB fails (the file in place is unchanged) or when more
+        than :data:`MAX_COMPACT_LOG` bytes were written while the copy was made."""
+        with self._compacting:
+            data = os.path.join(self._path, "data.mdb")
+            before = os.path.getsize(data)
+            tmp = os.path.join(self._path, _COMPACT_DIR)
             shutil.rmtree(tmp, ignore_errors=True)
-        return before, os.path.getsize(data)
+            os.makedirs(tmp)
+            with self._log_lock:
+                self._log, self._logged = [], 0
+            try:
+                with self._gate.shared():  # a snapshot: every later write is in the log
+                    self._env.copy(tmp, compact=True)
+                copy = self._lmdb.open(tmp, map_size=self._map_size, sync=False, max_readers=8)
+                try:
+                    for _ in range(8):  # catch up outside the gate while writes go on
+                        if not self._replay(copy, 64):
+                            break
+                    with self._gate.exclusive():  # no read or write until reopened
+                        held = time.monotonic()
+                        self._replay(copy, 0)
+                        with self._log_lock:
+                            self._log = None
+                        copy.sync(True)
+                        copy.close()
+                        self._swap(os.path.join(tmp, "data.mdb"), data)
+                        self.last_pause = time.monotonic() - held
+                finally:
+                    copy.close()  # a second close is a no-op
+            except self._lmdb.Error as exc:
+                raise InsufficientStorage(
+                    f"compacting the storage under {self._path} failed ({type(exc).__name__}: "
+                    f"{exc}); the file in place is unchanged"
+                ) from exc
+            finally:
+                with self._log_lock:
+                    self._log = None
+                shutil.rmtree(tmp, ignore_errors=True)
+            return before, os.path.getsize(data)
+
+    def _replay(self, copy: Any, keep: int) -> bool:
+        """Apply the logged writes onto ``copy``, unless fewer than ``keep`` wait; whether
+        any were applied. Raises InsufficientStorage past :data:`MAX_COMPACT_LOG`."""
+        with self._log_lock:
+            if self._log is None or len(self._log) < max(keep, 1):
+                return False
+            if self._logged > MAX_COMPACT_LOG:
+                raise InsufficientStorage(
+                    f"compaction of {self._path} given up: {self._logged} bytes were written "
+                    "while its copy was made; it is tried again later"
+                )
+            batch, self._log, self._logged = self._log, [], 0
+        with copy.begin(write=True) as txn:
+            for puts, deletes in batch:
+                _apply(txn, puts, deletes)
+        return True
+
+    def _swap(self, copy: str, data: str) -> None:
+        """The compacted file, fsynced, renamed over the old one and opened (the gate held
+        exclusively); the old file is opened again if the rename fails."""
+        fd = os.open(copy, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._env.close()
+        try:
+            os.replace(copy, data)
+            dir_fd = os.open(self._path, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        finally:
+            self._env = self._open()
 
     def close(self) -> None:
         with self._gate.exclusive():
             self._env.close()
+
+
+def _apply(txn: Any, puts: Mapping[bytes, bytes], deletes: Sequence[bytes]) -> None:
+    for k in deletes:
+        txn.delete(k)
+    for k, v in puts.items():
+        txn.put(k, v)
 
 
 def open_backend(url: str) -> Backend:
