@@ -310,6 +310,8 @@ class LmdbBackend(Backend):
                     for _ in range(8):  # catch up outside the gate while writes go on
                         if not self._replay(copy, 64):
                             break
+                    copy.sync(True)  # the bulk on disk now: the swap's fsync has little left
+                    _fsync(os.path.join(tmp, "data.mdb"))
                     with self._gate.exclusive():  # no read or write until reopened
                         held = time.monotonic()
                         self._replay(copy, 0)
@@ -352,25 +354,25 @@ class LmdbBackend(Backend):
     def _swap(self, copy: str, data: str) -> None:
         """The compacted file, fsynced, renamed over the old one and opened (the gate held
         exclusively); the old file is opened again if the rename fails."""
-        fd = os.open(copy, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(copy)
         self._env.close()
         try:
             os.replace(copy, data)
-            dir_fd = os.open(self._path, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            _fsync(self._path)
         finally:
             self._env = self._open()
 
     def close(self) -> None:
         with self._gate.exclusive():
             self._env.close()
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _apply(txn: Any, puts: Mapping[bytes, bytes], deletes: Sequence[bytes]) -> None:
