@@ -88,12 +88,15 @@ async def nodes(tmp_path: Path, n: int, **kw: Any) -> AsyncIterator[list[Node]]:
 
 
 @contextlib.contextmanager
-def local_ring(tmp_path: Path | str, n: int, args: list[str] | None = None) -> Iterator[LocalRing]:
+def local_ring(
+    tmp_path: Path | str, n: int, args: list[str] | None = None, **kw: Any
+) -> Iterator[LocalRing]:
     """``n`` node processes (``LocalRing`` on port 0, :data:`FAST` timers unless ``args``
-    says otherwise), stopped on the way out."""
-    ring = LocalRing(str(tmp_path), n, args=FAST if args is None else args).start()
+    says otherwise; ``kw`` sets its other fields: ``tls_ca``, ``token``, ...), stopped on
+    the way out, also when they never all came up."""
+    ring = LocalRing(str(tmp_path), n, args=FAST if args is None else args, **kw)
     try:
-        yield ring
+        yield ring.start()
     finally:
         ring.stop()
 

@@ -21,7 +21,7 @@ import pytest
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, http_json
 from statestore.wire.rows import encode_rows
-from tests.ringkit import FAST
+from tests.ringkit import FAST, local_ring
 
 DROP = [StoreId("q-drop", 0, p, "default") for p in range(2)] + [StoreId("q-drop", 1, 0, "agg")]
 KEEP = [StoreId("q-keep", 0, p, "default") for p in range(2)]
@@ -77,8 +77,7 @@ def assert_nothing_left(ring: LocalRing, query: str) -> None:
 
 
 def test_ls_inspect_drop_and_write_again(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 3) as ring:
         seeds = ",".join(ring.seeds)
         with RingClient(ring.seeds) as client:
             dropped = {sid: commit_versions(client, sid, 3, "old") for sid in DROP}
@@ -137,13 +136,10 @@ def test_ls_inspect_drop_and_write_again(tmp_path: Path) -> None:
         out = cli("inspect", "--seeds", seeds, "--store", DROP[0].path, "--json")
         assert out.returncode == 0, out.stdout
         assert json.loads(out.stdout)["head"] == {"version": 2, "epoch": 1}
-    finally:
-        ring.stop()
 
 
 def test_a_node_down_during_the_drop_purges_when_it_returns(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 3) as ring:
         with RingClient(ring.seeds) as client:
             for sid in DROP:
                 commit_versions(client, sid, 2, "old")
@@ -168,8 +164,6 @@ def test_a_node_down_during_the_drop_purges_when_it_returns(tmp_path: Path) -> N
         with RingClient(ring.seeds) as client:
             for sid, state in kept.items():
                 assert dict(client.restore(sid)) == state
-    finally:
-        ring.stop()
 
 
 def test_drop_needs_the_admin_right(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,8 +180,7 @@ def test_drop_needs_the_admin_right(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         )
     )
     auth = ["--cluster-secret-file", str(secret), "--auth-file", str(tokens)]
-    ring = LocalRing(str(tmp_path / "ring"), 3, args=[*FAST, *auth]).start()
-    try:
+    with local_ring(tmp_path / "ring", 3, [*FAST, *auth]) as ring:
         commit_rows(ring.seeds[0], DROP[0], "writer-token")
         seeds = ",".join(ring.seeds)
         env = {"STATESTORE_TOKEN": "writer-token"}
@@ -211,8 +204,6 @@ def test_drop_needs_the_admin_right(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             {"STATESTORE_TOKEN": "admin-token"}, "stores", "ls", "--seeds", seeds, "--json"
         )
         assert json.loads(listing.stdout)["stores"] == []
-    finally:
-        ring.stop()
 
 
 def request(address: str, method: str, path: str, token: str, body: bytes = b"") -> Any:
@@ -250,8 +241,7 @@ def test_a_drop_gives_the_disk_space_back(tmp_path: Path) -> None:
     while it serves (node/space.py), every kept store restores, and ``statestore ring
     --json`` and /metrics show the bytes held, the file and the compaction."""
     args = [*FAST, "--reclaim-at", "0.5", "--reclaim-min", "1048576"]
-    ring = LocalRing(str(tmp_path), 3, args=args).start()
-    try:
+    with local_ring(tmp_path, 3, args) as ring:
         seeds = ",".join(ring.seeds)
         with RingClient(ring.seeds, chunk_size=256 * 1024) as client:
             rng = __import__("random").Random(3)
@@ -286,5 +276,3 @@ def test_a_drop_gives_the_disk_space_back(tmp_path: Path) -> None:
             health = http_json(address, "/v1/health")
             assert isinstance(health, dict) and health["status"] == "ok", health
             assert health["storage"]["held_bytes"] > 0
-    finally:
-        ring.stop()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, http_json
-from tests.ringkit import FAST
+from tests.ringkit import FAST, local_ring
 
 Q = "q-bk"
 STORES = [StoreId(Q, 0, 0, "default"), StoreId(Q, 0, 1, "default"), StoreId(Q, 1, 0, "agg")]
@@ -85,8 +85,7 @@ def refused(ring: LocalRing, directory: Path, query: str, why: str) -> None:
 
 
 def test_backup_drop_restore_into_another_ring(tmp_path: Path) -> None:
-    a = LocalRing(str(tmp_path / "a"), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path / "a", 3) as a:
         with RingClient(a.seeds) as ring:
             write(ring)
             assert ring.versions(STORES[0])[-1] == 6 and ring.latest(STORES[0]).epoch == 2
@@ -102,8 +101,6 @@ def test_backup_drop_restore_into_another_ring(tmp_path: Path) -> None:
         r = cli("backup", "--seeds", a.seeds[0], "--query", Q, "--out", str(full))
         assert r.returncode == 2 and "not empty" in r.stderr
         assert cli("drop", "--seeds", a.seeds[0], "--query", Q, "--yes").returncode == 0
-    finally:
-        a.stop()
 
     index = json.loads((full / "backup.json").read_text())
     assert index["query"] == Q and len(index["stores"]) == 3
@@ -117,8 +114,7 @@ def test_backup_drop_restore_into_another_ring(tmp_path: Path) -> None:
 
     quota = tmp_path / "quota.json"
     quota.write_text(json.dumps({"q-small": {"max_bytes": 12000}}))
-    b = LocalRing(str(tmp_path / "b"), 3, args=[*FAST, "--quota-file", str(quota)]).start()
-    try:
+    with local_ring(tmp_path / "b", 3, [*FAST, "--quota-file", str(quota)]) as b:
         # damaged backups are refused before anything is written
         bad = tmp_path / "bad"
         shutil.copytree(full, bad)
@@ -169,8 +165,6 @@ def test_backup_drop_restore_into_another_ring(tmp_path: Path) -> None:
         assert r.returncode == 1, r.stdout
         assert "loading failed" in r.stderr and "dropped query q-small" in r.stderr, r.stderr
         assert held(b, "q-small") == []
-    finally:
-        b.stop()
 
 
 def test_the_format_s_pure_rules() -> None:

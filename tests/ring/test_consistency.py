@@ -19,8 +19,8 @@ from client import (
     StoreId,
     Unavailable,
 )
-from statestore.cli.local import LocalRing
 from statestore.wire.rows import encode_rows
+from tests.ringkit import local_ring
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,7 @@ ARGS = ["--no-dht", "--gossip-interval", "0.2", "--suspect-after", "1", "--down-
 def test_consistency_levels_on_a_ring_losing_nodes(tmp_path: Path) -> None:
     """3 nodes, R=3, W=2; the failure detector is slow (30 s), so killed nodes stay in the
     view as replicas that do not answer, as during a partition."""
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
         sid = StoreId("cons", 0, 0)
         with RingClient(ring.seeds, timeout=2.0) as c:
             r = c.commit(sid, 1, {b"a": b"1"}, epoch=1, consistency="all")
@@ -66,8 +65,6 @@ def test_consistency_levels_on_a_ring_losing_nodes(tmp_path: Path) -> None:
             ring.restart(1)
             ring.restart(2)
             ring.wait_ring(3)
-    finally:
-        ring.stop()
 
 
 def test_delay_bound_on_a_paused_replica(tmp_path: Path) -> None:
@@ -75,8 +72,7 @@ def test_delay_bound_on_a_paused_replica(tmp_path: Path) -> None:
     10 s request timeout. A restore of the latest returns, within its bound, the best
     version the nodes that answer hold, marked tentative; a restore of a given version and a
     commit fail with DelayBoundExceeded (an Unavailable)."""
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
         sid = StoreId("cons", 0, 1)
         with RingClient(ring.seeds, timeout=10.0) as c:
             c.commit(sid, 1, {b"a": b"1"}, epoch=1)
@@ -98,13 +94,10 @@ def test_delay_bound_on_a_paused_replica(tmp_path: Path) -> None:
                     c.commit(sid, 2, {b"b": b"2"}, epoch=1, consistency="all", delay_bound=0.5)
             finally:
                 ring.resume(2)
-    finally:
-        ring.stop()
 
 
 def test_http_coordinator_takes_consistency(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
         base = f"http://{ring.seeds[0]}/v1/stores/cons/0/2/default"
         body = b"".join(encode_rows([(b"k", b"v")]))
 
@@ -134,5 +127,3 @@ def test_http_coordinator_takes_consistency(tmp_path: Path) -> None:
         out = post("version=2&epoch=1&consistency=all&allow_tentative=1&delay_bound=2")
         assert out["tentative"] is True
         assert post("version=2&epoch=1")["version"] == 2
-    finally:
-        ring.stop()

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from client import RingClient, StoreId
-from statestore.cli.local import LocalRing
-from tests.ringkit import FAST
+from tests.ringkit import local_ring
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome", "headless_shell")
 BROWSER = next((b for b in map(shutil.which, BROWSERS) if b), None)
@@ -100,8 +99,7 @@ def ring_json(address: str) -> dict[str, object]:
 
 
 def test_dashboard_draws_the_ring_the_cli_shows(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path / "ring"), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path / "ring", 3) as ring:
         sid = StoreId("dash", 0, 1, "default")
         with RingClient(ring.seeds) as client:
             client.commit(sid, 1, {b"k": b"v"}, [], {}, epoch=1)
@@ -129,5 +127,3 @@ def test_dashboard_draws_the_ring_the_cli_shows(tmp_path: Path) -> None:
         assert shot.exists(), out.stderr[-2000:]
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert shot.stat().st_size > 10_000  # a drawn page, not a blank one
-    finally:
-        ring.stop()

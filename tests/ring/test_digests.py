@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from client import RingClient, StoreId
-from statestore.cli.local import LocalRing, http_json
+from statestore.cli.local import http_json
 from statestore.core.digest import (
     LEAVES,
     MAX_DIGEST_RANGES,
@@ -30,7 +30,7 @@ from statestore.core.digest import (
 )
 from statestore.core.errors import InvalidRequest, MalformedData
 from statestore.node.backends import LmdbBackend
-from tests.ringkit import FAST, chunk_keys, post, workload
+from tests.ringkit import chunk_keys, local_ring, post, workload
 
 
 def _items(rng: random.Random, n: int) -> list[str]:
@@ -144,8 +144,7 @@ def test_repair_after_a_few_lost_chunks_lists_a_few_items(tmp_path: Path) -> Non
     """Real processes: node 2 loses five chunks while stopped; when it is back, the other
     nodes' repair finds them by range digests and lists far fewer items than they hold, and
     node 2 holds every chunk again. Without digests (the flag) every item is listed."""
-    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 3) as ring:
         sid = StoreId("digests", 0, 0)
         with RingClient(ring.seeds, chunk_size=512) as client:
             expected = workload(sid, client, 10, seed=3)
@@ -178,5 +177,3 @@ def test_repair_after_a_few_lost_chunks_lists_a_few_items(tmp_path: Path) -> Non
         confirmed = sum(a["digest_confirmed"] - b["digest_confirmed"] for a, b in pairs)
         assert confirmed >= len(keys), (confirmed, len(keys))
         assert listed < len(keys) // 4, (listed, len(keys))
-    finally:
-        ring.stop()

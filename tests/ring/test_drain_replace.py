@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from client import RingClient, StoreId
-from statestore.cli.local import LocalRing, NodeProcess, http_json
+from statestore.cli.local import NodeProcess, http_json
 from statestore.cli.main import main
 from statestore.core.handover import NodeState
 from statestore.core.view import RingView
@@ -33,6 +33,7 @@ from tests.ringkit import (
     check_restores,
     eventually,
     load,
+    local_ring,
     post,
     sample,
     short_copies,
@@ -65,11 +66,10 @@ def wait_log(node: NodeProcess, text: str, timeout: float = 30.0) -> None:
 
 
 def test_sigterm_drains_a_node_before_it_exits(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    drained = ring.add_node(["--drain-on-stop", "--stream-mbps", "1"])
-    ring.wait_ring(4)
-    stores = [StoreId("drain", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
+        drained = ring.add_node(["--drain-on-stop", "--stream-mbps", "1"])
+        ring.wait_ring(4)
+        stores = [StoreId("drain", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             others = [p.address for p in ring.procs[:3]]
             states, writer, copies = under_load(ring, client, stores, 4, others)
@@ -114,15 +114,12 @@ def test_sigterm_drains_a_node_before_it_exits(tmp_path: Path) -> None:
                 timeout=60,
             )
             assert again.returncode == 2 and "decommissioned" in again.stderr
-    finally:
-        ring.stop()
 
 
 def test_drain_refused_or_abandoned_exits_non_zero(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 2, args=ARGS).start()
-    small = ring.add_node(["--drain-on-stop", "--drain-timeout", "2"])
-    ring.wait_ring(3)
-    try:
+    with local_ring(tmp_path, 2, ARGS) as ring:
+        small = ring.add_node(["--drain-on-stop", "--drain-timeout", "2"])
+        ring.wait_ring(3)
         # R=3 on 3 nodes: leaving would keep 2 normal nodes
         assert small.proc is not None
         small.proc.send_signal(signal.SIGTERM)
@@ -150,14 +147,11 @@ def test_drain_refused_or_abandoned_exits_non_zero(tmp_path: Path) -> None:
         slow.proc.send_signal(signal.SIGTERM)  # the second signal stops it at once
         assert wait_exit(slow, 40) == 1
         assert "drain was abandoned" in log_of(slow)
-    finally:
-        ring.stop()
 
 
 def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 4, args=ARGS).start()
-    stores = [StoreId("replace", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 4, ARGS) as ring:
+        stores = [StoreId("replace", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states = load(client, stores, 6, seed=6)
             keys, manifests = sample(client, stores, 6)
@@ -231,8 +225,6 @@ def test_replace_a_dead_node_takes_its_tokens_and_its_share(tmp_path: Path) -> N
                 view = ring.ring(address)
                 assert {m["id"]: m["address"] for m in view["members"]}[dead_id] == new.address
             assert http_json(new.address, "/v1/health")["status"] == "ok"  # type: ignore[index]
-    finally:
-        ring.stop()
 
 
 def test_a_wiped_node_started_again_takes_its_old_place(tmp_path: Path) -> None:
@@ -241,9 +233,8 @@ def test_a_wiped_node_started_again_takes_its_old_place(tmp_path: Path) -> None:
     its old id and tokens, streams its share as ``joining`` and serves every version. (It
     used to enter as a new member owning the old one's ranges with nothing in them:
     docs/reliability.md, seed 250014316491786.)"""
-    ring = LocalRing(str(tmp_path), 4, args=ARGS).start()
-    stores = [StoreId("wiped", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 4, ARGS) as ring:
+        stores = [StoreId("wiped", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states = load(client, stores, 6, seed=9)
             keys, manifests = sample(client, stores, 6)
@@ -265,8 +256,6 @@ def test_a_wiped_node_started_again_takes_its_old_place(tmp_path: Path) -> None:
             assert share and all(held["chunks"]) and all(held["manifests"])  # type: ignore[index]
             for sid, state in states.items():
                 assert dict(client.restore(sid, 6)) == state
-    finally:
-        ring.stop()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from client import RingClient, StoreId
-from statestore.cli.local import LocalRing, http_json
+from statestore.cli.local import http_json
 from statestore.core.view import RingView
 from tests.ringkit import (
     ARGS,
@@ -24,6 +24,7 @@ from tests.ringkit import (
     Writer,
     check_restores,
     load,
+    local_ring,
     nodes,
     post,
     sample,
@@ -35,9 +36,8 @@ from tests.ringkit import (
 
 
 def test_a_node_joins_a_loaded_ring_under_a_writer(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    stores = [StoreId("join", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
+        stores = [StoreId("join", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states, writer, copies = under_load(ring, client, stores, 1, ring.seeds)
             keys, manifests = copies.keys, copies.manifests
@@ -85,14 +85,11 @@ def test_a_node_joins_a_loaded_ring_under_a_writer(tmp_path: Path) -> None:
             check_restores(client, writer, states, 6)
             # after the switch the old owners drop what the newcomer now owns
             wait_exact(copies, ring.seeds, R)
-    finally:
-        ring.stop()
 
 
 def test_decommission_one_of_four_under_a_writer(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 4, args=ARGS).start()
-    stores = [StoreId("leave", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 4, ARGS) as ring:
+        stores = [StoreId("leave", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states, writer, copies = under_load(ring, client, stores, 2, ring.seeds[:2])
             leaving = ring.procs[3]
@@ -133,14 +130,11 @@ def test_decommission_one_of_four_under_a_writer(tmp_path: Path) -> None:
                 [*cmd, "--node", "no-such-node"], capture_output=True, text=True, timeout=60
             )
             assert nobody.returncode == 1 and "no member no-such-node" in nobody.stderr
-    finally:
-        ring.stop()
 
 
 def test_joining_node_killed_mid_join_leaves_the_ring_healthy(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    stores = [StoreId("killjoin", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
+        stores = [StoreId("killjoin", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states = load(client, stores, 6, seed=3)
             keys, manifests = sample(client, stores, 6)
@@ -168,16 +162,13 @@ def test_joining_node_killed_mid_join_leaves_the_ring_healthy(tmp_path: Path) ->
                 health = http_json(address, "/v1/health")
                 assert health["status"] == "ok", health  # type: ignore[index]
             check_restores(client, writer, states, 6)
-    finally:
-        ring.stop()
 
 
 def test_restores_during_a_leave_read_from_the_other_replicas(tmp_path: Path) -> None:
     """A leaving node streams everything it holds to its next owners; while it does, a
     restore reads each chunk from the store's other replicas (core/view.RingView.leaving)."""
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    stores = [StoreId("avoid", 0, p) for p in range(4)]
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
+        stores = [StoreId("avoid", 0, p) for p in range(4)]
         # the 4th node joins an empty ring at once; its tight budget keeps its leave going
         slow = ring.add_node(["--join", "--stream-mbps", "0.01"])
         wait_state(slow, "normal")
@@ -195,8 +186,6 @@ def test_restores_during_a_leave_read_from_the_other_replicas(tmp_path: Path) ->
                 assert restored.stats.bytes_by_node, restored.stats
                 assert slow.address not in restored.stats.bytes_by_node, restored.stats
         assert http_json(slow.address, "/v1/handover")["state"] == "leaving"  # type: ignore[index]
-    finally:
-        ring.stop()
 
 
 async def test_spread_is_confirmed_by_every_member_or_runs_out(tmp_path: Path) -> None:

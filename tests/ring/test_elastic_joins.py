@@ -21,6 +21,7 @@ from tests.ringkit import (
     Writer,
     check_restores,
     load,
+    local_ring,
     post,
     sample,
     stop_load,
@@ -95,9 +96,8 @@ def _start_both(ring: LocalRing, args: list[str]) -> tuple[NodeProcess, NodeProc
 
 
 def test_two_nodes_join_at_once_under_a_writer_and_a_reader(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    stores = [StoreId("twojoin", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
+        stores = [StoreId("twojoin", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states, writer, copies = under_load(ring, client, stores, 8, ring.seeds)
             reader = Reader(ring.seeds, writer, states)
@@ -123,14 +123,11 @@ def test_two_nodes_join_at_once_under_a_writer_and_a_reader(tmp_path: Path) -> N
             ring.wait_ring(5)
             check_restores(client, writer, states, 6)
             wait_exact(copies, ring.seeds, R)
-    finally:
-        ring.stop()
 
 
 def test_a_source_killed_mid_stream_the_join_finishes_from_the_others(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 4, args=ARGS).start()
-    stores = [StoreId("cutsource", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 4, ARGS) as ring:
+        stores = [StoreId("cutsource", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states = load(client, stores, 6, seed=9)
             keys, manifests = sample(client, stores, 6)
@@ -161,5 +158,3 @@ def test_a_source_killed_mid_stream_the_join_finishes_from_the_others(tmp_path: 
             check_restores(client, writer, states, 6)
             # the killed source's copies are made again: R on the live nodes
             wait_exact(Copies(ring, keys, manifests), ring.seeds, R, timeout=60)
-    finally:
-        ring.stop()

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from statestore.cli.local import LocalRing
 from statestore.node.gcpause import Pauses
-from tests.ringkit import FAST
+from tests.ringkit import FAST, local_ring
 
 
 def figures(address: str) -> dict[tuple[str, str], float]:
@@ -28,14 +27,12 @@ def figures(address: str) -> dict[tuple[str, str], float]:
 
 
 def test_gc_freeze_freezes_what_a_node_started_with_and_pauses_are_timed(tmp_path: Path) -> None:
-    on = LocalRing(str(tmp_path / "on"), 1, args=FAST).start()  # the default
-    off = LocalRing(str(tmp_path / "off"), 1, args=[*FAST, "--no-gc-freeze"]).start()
-    try:
+    with (
+        local_ring(tmp_path / "on", 1) as on,  # the default
+        local_ring(tmp_path / "off", 1, [*FAST, "--no-gc-freeze"]) as off,
+    ):
         frozen = figures(on.procs[0].address)
         kept = figures(off.procs[0].address)
-    finally:
-        on.stop()
-        off.stop()
     # a started node's modules, classes and app: tens of thousands of objects
     assert frozen[("statestore_gc_frozen_objects", "")] > 10_000
     assert kept[("statestore_gc_frozen_objects", "")] == 0

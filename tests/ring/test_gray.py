@@ -13,7 +13,6 @@ from typing import Any, cast
 import pytest
 
 from client import DelayBoundExceeded, RingClient, StoreId
-from statestore.cli.local import LocalRing
 from statestore.core.chunk import EncodedChunk
 from statestore.core.errors import NodeUnavailable, StaleEpoch, StoreNotFound
 from statestore.core.ids import chunk_key
@@ -22,13 +21,13 @@ from statestore.core.view import MemberInfo, RingView
 from statestore.net.quorate import GRACE, Rest, finish_left, until_enough
 from statestore.net.transport import Response, Transport
 from statestore.net.writes import check_fence, put_chunks, put_manifest
+from tests.ringkit import local_ring
 
 ARGS = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "6"]
 
 
 def test_a_paused_node_is_routed_around_and_a_short_pause_moves_no_epoch(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=ARGS).start()
-    try:
+    with local_ring(tmp_path, 3, ARGS) as ring:
         sid = StoreId("gray", 0, 1)
         acked: dict[int, dict[bytes, bytes]] = {}
         state: dict[bytes, bytes] = {}
@@ -67,8 +66,6 @@ def test_a_paused_node_is_routed_around_and_a_short_pause_moves_no_epoch(tmp_pat
             ring.wait_ring(3)
             for v, expected in acked.items():
                 assert dict(client.restore(sid, v)) == expected, v
-    finally:
-        ring.stop()
 
 
 def test_a_silent_replica_costs_a_grace_period_not_a_request_timeout(tmp_path: Path) -> None:
@@ -81,28 +78,27 @@ def test_a_silent_replica_costs_a_grace_period_not_a_request_timeout(tmp_path: P
     needs the silent one, so it cannot finish within its bound."""
     args = ["--no-dht", "--gossip-interval", "0.2", "--suspect-after", "30",
             "--down-after", "60"]  # fmt: skip
-    ring = LocalRing(str(tmp_path), 3, args=args).start()
-    try:
-        sid = StoreId("gray", 0, 2)
-        state: dict[bytes, bytes] = {}
-        with RingClient(ring.seeds, timeout=30.0) as client:
-            for v in (1, 2):
-                puts = {f"k{v}-{i}".encode(): f"v{v}".encode() * 30 for i in range(60)}
-                client.commit(sid, v, puts, epoch=1)
-                state |= puts
-            ring.pause(2)
-            for v in (3, 4, 5):
-                puts = {f"k{v}-{i}".encode(): f"v{v}".encode() * 30 for i in range(60)}
-                client.commit(sid, v, puts, epoch=1, delay_bound=6.0)
-                state |= puts
-                st = client.restore(sid, plan="star", delay_bound=6.0)
-                assert (st.version, dict(st)) == (v, state)
-            with pytest.raises(DelayBoundExceeded):
-                client.commit(sid, 6, {b"x": b"y"}, epoch=1, consistency="all", delay_bound=3.0)
+    with local_ring(tmp_path, 3, args) as ring:
+        try:
+            sid = StoreId("gray", 0, 2)
+            state: dict[bytes, bytes] = {}
+            with RingClient(ring.seeds, timeout=30.0) as client:
+                for v in (1, 2):
+                    puts = {f"k{v}-{i}".encode(): f"v{v}".encode() * 30 for i in range(60)}
+                    client.commit(sid, v, puts, epoch=1)
+                    state |= puts
+                ring.pause(2)
+                for v in (3, 4, 5):
+                    puts = {f"k{v}-{i}".encode(): f"v{v}".encode() * 30 for i in range(60)}
+                    client.commit(sid, v, puts, epoch=1, delay_bound=6.0)
+                    state |= puts
+                    st = client.restore(sid, plan="star", delay_bound=6.0)
+                    assert (st.version, dict(st)) == (v, state)
+                with pytest.raises(DelayBoundExceeded):
+                    client.commit(sid, 6, {b"x": b"y"}, epoch=1, consistency="all", delay_bound=3.0)
+                ring.resume(2)
+        finally:
             ring.resume(2)
-    finally:
-        ring.resume(2)
-        ring.stop()
 
 
 async def test_a_read_returns_at_its_quorum_and_leaves_the_slower_replica_running() -> None:

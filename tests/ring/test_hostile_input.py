@@ -46,7 +46,7 @@ from statestore.wire.frames import (
 )
 from statestore.wire.rows import encode_puts
 from tests.javakit import Harness, harness_at
-from tests.ringkit import FAST, assert_refused, call, state_of
+from tests.ringkit import FAST, assert_refused, call, local_ring, state_of
 
 SID = StoreId("q1", 0, 3, "default")
 BASE = f"/v1/stores/{SID.path}"
@@ -197,11 +197,10 @@ def guarded_node(tmp_path: Path) -> Iterator[tuple[LocalRing, int]]:
     secret.write_bytes(os.urandom(32).hex().encode())
     args = [*FAST, "--replicas", "1", "--write-quorum", "1", "--auth-file", str(tokens)]
     args += ["--cluster-secret-file", str(secret)]
-    ring = LocalRing(str(tmp_path), 1, args=args, token="admin-token-0123456789").start()
-    proc = ring.procs[0].proc
-    assert proc is not None
-    yield ring, proc.pid
-    ring.stop()
+    with local_ring(tmp_path, 1, args, token="admin-token-0123456789") as ring:
+        proc = ring.procs[0].proc
+        assert proc is not None
+        yield ring, proc.pid
 
 
 async def test_an_unauthorized_relay_plan_is_refused_before_it_is_decoded(
@@ -389,11 +388,8 @@ def fs_harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
 
 @pytest.fixture
 def ring1(tmp_path: Path) -> Iterator[LocalRing]:
-    ring = LocalRing(
-        str(tmp_path), 1, args=[*FAST, "--replicas", "1", "--write-quorum", "1"]
-    ).start()
-    yield ring
-    ring.stop()
+    with local_ring(tmp_path, 1, [*FAST, "--replicas", "1", "--write-quorum", "1"]) as ring:
+        yield ring
 
 
 def _fs(harness: Harness, ring: LocalRing, name: str, ops: list[list[Any]]) -> list[Any]:

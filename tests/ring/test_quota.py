@@ -36,7 +36,7 @@ from statestore.core.view import RingView
 from statestore.node.backends import MemoryBackend
 from statestore.node.replica import NodeStore
 from statestore.wire.rows import encode_rows
-from tests.ringkit import FAST, eventually
+from tests.ringkit import FAST, eventually, local_ring
 
 CLI = [sys.executable, "-m", "statestore"]
 NO_DHT = ["--no-dht", "--quota-file"]
@@ -237,8 +237,7 @@ def rows(tag: str, n: int, size: int) -> dict[bytes, bytes]:
 def test_quotas_on_a_real_ring(tmp_path: Path) -> None:
     qfile = tmp_path / "quotas.json"
     write_quotas(qfile, {"other-*": 10})
-    ring = LocalRing(str(tmp_path), 4, args=[*FAST, "--quota-file", str(qfile)]).start()
-    try:
+    with local_ring(tmp_path, 4, [*FAST, "--quota-file", str(qfile)]) as ring:
         a, b = StoreId("qa", 0, 0, "default"), StoreId("qb", 0, 0, "default")
         with RingClient(ring.seeds) as client:
             state = rows("v1", 20, 100)
@@ -373,8 +372,6 @@ def test_quotas_on_a_real_ring(tmp_path: Path) -> None:
             assert done.returncode == 1, done.stderr  # the dead member: said so
             assert set(usage(ring, "qa").values()) == {0}
             assert sum(usage(ring, "qb").values()) > 0
-    finally:
-        ring.stop()
 
 
 def test_a_malformed_quota_file_stops_the_node(tmp_path: Path) -> None:

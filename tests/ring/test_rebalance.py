@@ -26,7 +26,7 @@ import msgspec
 import pytest
 
 from client import AsyncRingClient, RingClient, StoreId
-from statestore.cli.local import LocalRing, http_json
+from statestore.cli.local import http_json
 from statestore.core.balance import DecayingRate, NodeLoad, Plan, histogram, imbalance, plan
 from statestore.core.errors import MalformedData
 from statestore.core.membership import Membership
@@ -39,6 +39,7 @@ from tests.ringkit import (
     check_restores,
     config,
     eventually,
+    local_ring,
     post,
     stop_load,
     under_load,
@@ -344,9 +345,8 @@ def _wait_switched(address: str, vnodes: int, timeout: float = 90.0) -> dict[str
 
 
 def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 5, args=[*ARGS, "--vnodes", "16"]).start()
-    stores = [StoreId("balance", 0, p) for p in range(4)]
-    try:
+    with local_ring(tmp_path, 5, [*ARGS, "--vnodes", "16"]) as ring:
+        stores = [StoreId("balance", 0, p) for p in range(4)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states, writer, copies = under_load(ring, client, stores, 3, ring.seeds[1:3])
             hot = ring.procs[0]
@@ -382,8 +382,6 @@ def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> Non
             assert after["ratio_before"] < before["ratio_before"], (before, after)
             load = http_json(hot.address, "/v1/load")
             assert load["vnodes"] == counts[hot.id] and load["requests_per_s"] > 0  # type: ignore[index]
-    finally:
-        ring.stop()
 
 
 async def test_auto_rebalance_moves_tokens_when_the_ring_passes_its_threshold(

@@ -7,6 +7,7 @@ import random
 import signal
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -14,7 +15,7 @@ import pytest
 
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing
-from tests.ringkit import FAST
+from tests.ringkit import FAST, local_ring
 
 Ref = dict[bytes, bytes]
 
@@ -38,13 +39,10 @@ def counts_workload(client: RingClient, sid: StoreId, versions: int, keys: int, 
 
 
 @pytest.fixture(scope="module")
-def ring5(tmp_path_factory: pytest.TempPathFactory) -> LocalRing:
-    ring = LocalRing(
-        str(tmp_path_factory.mktemp("ring5")), 5, args=[*FAST, "--snapshot-every", "1000"]
-    )
-    ring.start()
-    yield ring  # type: ignore[misc]
-    ring.stop()
+def ring5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRing]:
+    base = tmp_path_factory.mktemp("ring5")
+    with local_ring(base, 5, [*FAST, "--snapshot-every", "1000"]) as ring:
+        yield ring
 
 
 def test_every_plan_restores_exactly(ring5: LocalRing) -> None:
@@ -70,8 +68,7 @@ def test_every_plan_restores_exactly(ring5: LocalRing) -> None:
 
 
 def test_root_killed_mid_stream_reroutes_only_the_rest(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 4, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 4) as ring:
         sid = StoreId("midkill", 0, 0)
         with RingClient(ring.seeds, chunk_size=256 * 1024) as writer:
             state = counts_workload(writer, sid, 4, 300_000, seed=2)
@@ -96,13 +93,10 @@ def test_root_killed_mid_stream_reroutes_only_the_rest(tmp_path: Path) -> None:
                 assert 0 < st.stats["rerouted"] < st.stats["chunks"], st.stats
                 ring.restart(victim)
                 ring.wait_ring(4)
-    finally:
-        ring.stop()
 
 
 def test_dead_relay_in_the_plan_is_routed_around(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 5, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 5) as ring:
         sid = StoreId("deadhop", 0, 0)
         with RingClient(ring.seeds, chunk_size=16 * 1024) as client:
             state = counts_workload(client, sid, 6, 3000, seed=3)
@@ -124,13 +118,10 @@ def test_dead_relay_in_the_plan_is_routed_around(tmp_path: Path) -> None:
                 assert 0 < result.stats["rerouted"] < result.stats["chunks"]
                 ring.restart(victim)
                 ring.wait_ring(5)
-    finally:
-        ring.stop()
 
 
 def test_corrupted_replica_is_routed_around(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 3) as ring:
         sid = StoreId("corrupt", 0, 0)
         with RingClient(ring.seeds, chunk_size=16 * 1024) as client:
             state = counts_workload(client, sid, 3, 2000, seed=4)
@@ -158,13 +149,10 @@ def test_corrupted_replica_is_routed_around(tmp_path: Path) -> None:
             # fetched from the other replicas
             (many,) = client.restore_many([sid], plan="star")
             assert dict(many) == state and many.stats["batched"] < many.stats["chunks"]
-    finally:
-        ring.stop()
 
 
 def test_slow_node_is_routed_around_by_star(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 3) as ring:
         slow = ring.add_node(["--inject-delay", "3"])
         ring.wait_ring(4)
         sid = StoreId("slow", 0, 0)
@@ -176,8 +164,6 @@ def test_slow_node_is_routed_around_by_star(tmp_path: Path) -> None:
             assert slow.address not in st.stats["bytes_by_node"]
             (many,) = client.restore_many([sid], plan="star")
             assert dict(many) == state and slow.address not in many.stats["bytes_by_node"]
-    finally:
-        ring.stop()
 
 
 def test_restore_many_spreads_sources(ring5: LocalRing) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from client import RingClient, StoreId
-from statestore.cli.local import LocalRing, http_json
+from statestore.cli.local import http_json
 from statestore.cli.main import main
 from statestore.core.handover import NodeState, Sighting, remove_plan, replace_plan
 from statestore.core.membership import REMOVED, REMOVING, Membership, Status
@@ -29,6 +29,7 @@ from tests.ringkit import (
     Writer,
     check_restores,
     load,
+    local_ring,
     sample,
     short_copies,
     wait_exact,
@@ -170,9 +171,8 @@ def _member_ids(view: dict[str, Any]) -> dict[str, str]:
 def test_removenode_removes_a_dead_node_for_good_under_a_writer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ring = LocalRing(str(tmp_path), 4, args=ARGS).start()
-    stores = [StoreId("remove", 0, p) for p in range(3)]
-    try:
+    with local_ring(tmp_path, 4, ARGS) as ring:
+        stores = [StoreId("remove", 0, p) for p in range(3)]
         with RingClient(ring.seeds, chunk_size=4096) as client:
             states = load(client, stores, 6, seed=9)
             keys, manifests = sample(client, stores, 6)
@@ -288,5 +288,3 @@ def test_removenode_removes_a_dead_node_for_good_under_a_writer(
                 ["node", "--data-dir", dead_dir, "--listen", "127.0.0.1:0", "--no-dht"], timeout=60
             )
             assert alone.returncode == 2 and "was removed from the ring" in alone.stderr
-    finally:
-        ring.stop()

@@ -17,6 +17,7 @@ from client.rescale import groups_of, partition_of, rescale
 from statestore.cli.local import LocalRing
 from statestore.core.chunk import key_group
 from statestore.core.keygroups import check_groups, merge_positions
+from tests.ringkit import local_ring
 
 
 @given(st.integers(1, 128), st.binary(min_size=1, max_size=32))
@@ -64,11 +65,8 @@ def test_rescale_4_to_7_to_2_keeps_the_state_exact(tmp_path: object) -> None:
     for key, amount in events:
         expected[key] = str(int(expected.get(key, b"0")) + amount).encode()
 
-    local = LocalRing(str(tmp_path), 3).start()
-    try:
+    with local_ring(tmp_path, 3, []) as local:
         _scenario(local, events, expected)
-    finally:
-        local.stop()
 
 
 def _scenario(

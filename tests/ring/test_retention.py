@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from client import RingClient, StoreId, VersionNotFound
-from statestore.cli.local import LocalRing
 from statestore.wire.rows import encode_rows
-from tests.ringkit import FAST
+from tests.ringkit import FAST, local_ring
 
 
 def _commit(seed: str, store: StoreId, version: int, query: str = "") -> int:
@@ -33,8 +32,7 @@ def _commit(seed: str, store: StoreId, version: int, query: str = "") -> int:
 
 
 def test_a_writer_sets_how_many_versions_its_store_keeps(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=[*FAST, "--snapshot-every", "2"]).start()
-    try:
+    with local_ring(tmp_path, 3, [*FAST, "--snapshot-every", "2"]) as ring:
         short, long = StoreId("ret", 0, 0, "short"), StoreId("ret", 0, 0, "long")
         seed = ring.seeds[0]
         assert _commit(seed, short, 1, "&retain=0") == 400  # refused: nothing written
@@ -53,5 +51,3 @@ def test_a_writer_sets_how_many_versions_its_store_keeps(tmp_path: Path) -> None
             assert dict(state) == {f"k{v}".encode(): b"v" for v in range(1, 11)}
             with pytest.raises(VersionNotFound):
                 client.restore(short, 2)
-    finally:
-        ring.stop()

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from client import RingClient, StaleEpoch, StoreId, VersionNotFound
-from statestore.cli.local import LocalRing, http_json
+from statestore.cli.local import http_json
 from tests.ringkit import (
     FAST,
     assert_all_restore,
     chunk_keys,
+    local_ring,
     manifest_keys,
     post,
     wait_copies,
@@ -25,8 +26,7 @@ from tests.ringkit import (
 
 @pytest.mark.parametrize("nodes", [3, 5])
 def test_fifty_versions_restore_exactly(tmp_path: Path, nodes: int) -> None:
-    ring = LocalRing(str(tmp_path), nodes, args=[*FAST, "--snapshot-every", "8"]).start()
-    try:
+    with local_ring(tmp_path, nodes, [*FAST, "--snapshot-every", "8"]) as ring:
         sid = StoreId("it", 1, nodes, "default")
         with RingClient(ring.seeds[-1:], chunk_size=8192) as client:
             expected = workload(sid, client, 50, seed=nodes)
@@ -41,13 +41,10 @@ def test_fifty_versions_restore_exactly(tmp_path: Path, nodes: int) -> None:
                 assert time.monotonic() < deadline, "no snapshot was written"
                 time.sleep(0.5)
             assert dict(client.restore(sid, 50)) == expected[50]
-    finally:
-        ring.stop()
 
 
 def test_kill9_one_then_a_second_after_repair(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 5, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 5) as ring:
         sid = StoreId("kill", 0, 0)
         with RingClient(ring.seeds, chunk_size=4096) as client:
             expected = workload(sid, client, 12, seed=1)
@@ -61,13 +58,10 @@ def test_kill9_one_then_a_second_after_repair(tmp_path: Path) -> None:
             ring.wait_ring(3)
             assert_all_restore(client, sid, expected)
             assert dict(client.restore(StoreId("kill", 0, 1))) == more[3]
-    finally:
-        ring.stop()
 
 
 def test_restarted_node_rejoins_with_its_data_and_catches_up(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 3) as ring:
         sid = StoreId("restart", 2, 7)
         with RingClient(ring.seeds, chunk_size=4096) as client:
             first = workload(sid, client, 3, seed=3)
@@ -96,13 +90,10 @@ def test_restarted_node_rejoins_with_its_data_and_catches_up(tmp_path: Path) -> 
                 time.sleep(0.3)
             assert dict(alone.restore(sid, 7)) == state
             assert dict(alone.restore(sid, 3)) == first[3]
-    finally:
-        ring.stop()
 
 
 def test_new_node_found_through_one_seed_and_the_dht(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 3) as ring:
         newcomer = ring.add_node()
         ring.wait_ring(4)
         view = ring.ring(newcomer.address)
@@ -131,14 +122,10 @@ def test_new_node_found_through_one_seed_and_the_dht(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, health
             time.sleep(0.3)
-    finally:
-        ring.stop()
 
 
 def test_zombie_writer_is_fenced_and_retention_keeps_the_last_k(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=[*FAST, "--retain", "5", "--snapshot-every", "3"])
-    ring.start()
-    try:
+    with local_ring(tmp_path, 3, [*FAST, "--retain", "5", "--snapshot-every", "3"]) as ring:
         sid = StoreId("retain", 0, 0)
         with RingClient(ring.seeds) as client:
             expected = workload(sid, client, 20, seed=4)
@@ -155,17 +142,15 @@ def test_zombie_writer_is_fenced_and_retention_keeps_the_last_k(tmp_path: Path) 
             with pytest.raises(StaleEpoch):
                 client.commit(sid, 22, {b"old": b"zombie"}, [], {}, epoch=1)
             assert client.latest(sid).epoch == 2
-    finally:
-        ring.stop()
 
 
 def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 1, args=["--replicas", "1"]).start()
-    proc = ring.procs[0]
-    assert proc.proc is not None
-    popen = proc.proc
-    popen.send_signal(signal.SIGTERM)
-    assert popen.wait(30) == 0
+    with local_ring(tmp_path, 1, ["--replicas", "1"]) as ring:
+        proc = ring.procs[0]
+        assert proc.proc is not None
+        popen = proc.proc
+        popen.send_signal(signal.SIGTERM)
+        assert popen.wait(30) == 0
     out = (Path(proc.data_dir) / "node.out").read_text()
     assert "stopped" in out
 
@@ -174,8 +159,7 @@ def test_node_cli_refuses_bad_setups_with_a_message(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    ring = LocalRing(str(tmp_path), 1, args=["--replicas", "1"]).start()
-    try:
+    with local_ring(tmp_path, 1, ["--replicas", "1"]) as ring:
         node = [sys.executable, "-m", "statestore", "node"]
         busy_port = ring.procs[0].port
         cases = [
@@ -206,8 +190,6 @@ def test_node_cli_refuses_bad_setups_with_a_message(tmp_path: Path) -> None:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
             assert done.returncode == 2, (cmd, done.stderr)
             assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
-    finally:
-        ring.stop()
 
 
 def test_each_lost_copy_is_made_by_its_planned_source(tmp_path: Path) -> None:
@@ -215,8 +197,7 @@ def test_each_lost_copy_is_made_by_its_planned_source(tmp_path: Path) -> None:
     surviving holder the planner names (rendezvous), not by whichever holder runs first."""
     from statestore.core.repair import pick_source
 
-    ring = LocalRing(str(tmp_path), 4, args=FAST).start()
-    try:
+    with local_ring(tmp_path, 4) as ring:
         sid = StoreId("once", 0, 0)
         with RingClient(ring.seeds, chunk_size=2048) as client:
             expected = workload(sid, client, 8, seed=8)
@@ -243,5 +224,3 @@ def test_each_lost_copy_is_made_by_its_planned_source(tmp_path: Path) -> None:
                 done,
                 planned,
             )
-    finally:
-        ring.stop()

@@ -10,10 +10,9 @@ import urllib.request
 from pathlib import Path
 
 from client import RingClient, StoreId
-from statestore.cli.local import LocalRing
 from statestore.core.chunk import checksum
 from statestore.wire.manifest import decode_chain
-from tests.ringkit import FAST
+from tests.ringkit import FAST, local_ring
 
 SID = StoreId("scrubbed", 0, 0, "default")
 SCRUB = ["--scrub-mbps", "100", "--scrub-interval", "0.3"]
@@ -65,8 +64,7 @@ def flip_a_byte(data_file: Path, needle: bytes) -> None:
 def test_a_rotted_chunk_is_found_by_the_scrub_and_replaced_from_a_replica(
     tmp_path: Path,
 ) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=[*FAST, *SCRUB]).start()
-    try:
+    with local_ring(tmp_path, 3, [*FAST, *SCRUB]) as ring:
         with RingClient(ring.seeds) as client:
             rows = {os.urandom(8): os.urandom(64) for _ in range(2000)}
             client.commit(SID, 1, rows, epoch=1, consistency="all")
@@ -81,13 +79,10 @@ def test_a_rotted_chunk_is_found_by_the_scrub_and_replaced_from_a_replica(
             time.sleep(0.2)
         assert metric(victim.address, "statestore_node_events_total", "scrub_corrupt") >= 1
         assert read_chunk(victim.address, key) == good  # the node's own copy is good again
-    finally:
-        ring.stop()
 
 
 def test_a_manifest_that_no_longer_decodes_is_replaced_from_a_replica(tmp_path: Path) -> None:
-    ring = LocalRing(str(tmp_path), 3, args=[*FAST, *SCRUB]).start()
-    try:
+    with local_ring(tmp_path, 3, [*FAST, *SCRUB]) as ring:
         with RingClient(ring.seeds) as client:
             client.commit(SID, 1, {b"k": b"v" * 100}, epoch=1, consistency="all")
         victim = ring.procs[2]
@@ -106,5 +101,3 @@ def test_a_manifest_that_no_longer_decodes_is_replaced_from_a_replica(tmp_path: 
             time.sleep(0.2)
         with urllib.request.urlopen(f"http://{victim.address}{path}", timeout=5) as r:
             assert r.read() == good
-    finally:
-        ring.stop()

@@ -21,14 +21,13 @@ from statestore.core.view import RingView
 from statestore.net.http import HttpTransport
 from statestore.net.transport import Response
 from statestore.net.writes import write_commit
-from tests.ringkit import FAST
+from tests.ringkit import local_ring
 
 
 @pytest.fixture
 def ring5(tmp_path: Path) -> Iterator[LocalRing]:
-    ring = LocalRing(str(tmp_path), 5, args=FAST).start()
-    yield ring
-    ring.stop()
+    with local_ring(tmp_path, 5) as ring:
+        yield ring
 
 
 def _write_to_stand_ins(

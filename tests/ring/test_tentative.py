@@ -36,24 +36,23 @@ from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.tentative import tentative_line
 from statestore.node.backends import MemoryBackend
 from statestore.node.replica import NodeStore
-from tests.ringkit import FAST
+from tests.ringkit import local_ring
 
 BOUND = 1.0
 
 
 @pytest.fixture
 def ring(tmp_path: Path) -> Iterator[LocalRing]:
-    r = LocalRing(str(tmp_path), 3, args=FAST).start()
-    try:
-        r.wait_ring(3)
-        yield r
-    finally:
-        for i in range(3):
-            try:
-                r.resume(i)
-            except Exception:
-                pass
-        r.stop()
+    with local_ring(tmp_path, 3) as r:
+        try:
+            r.wait_ring(3)
+            yield r
+        finally:
+            for i in range(3):
+                try:
+                    r.resume(i)
+                except Exception:
+                    pass
 
 
 def rows(v: int, who: str = "w1") -> dict[bytes, bytes]:

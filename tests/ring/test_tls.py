@@ -29,7 +29,7 @@ from statestore.cli.local import LocalRing
 from statestore.core.errors import Unauthenticated
 from statestore.wire.rows import decode_rows, encode_puts
 from tests.certs import ADMIN, WRITER, TlsFiles, make_tls, secured_args
-from tests.ringkit import FAST
+from tests.ringkit import FAST, local_ring
 
 SID = StoreId("tls-q", 0, 1, "default")
 
@@ -45,13 +45,9 @@ def secured_ring(
 ) -> Iterator[LocalRing]:
     monkeypatch.delenv("STATESTORE_TLS_CA", raising=False)
     monkeypatch.setenv("STATESTORE_TOKEN", ADMIN)  # LocalRing's own ring reads
-    ring = LocalRing(
-        str(tmp_path / "ring"), 3, args=[*FAST, *secured_args(tmp_path, tls)], tls_ca=str(tls.ca)
-    )
-    try:
-        yield ring.start()
-    finally:
-        ring.stop()
+    secured = [*FAST, *secured_args(tmp_path, tls)]
+    with local_ring(tmp_path / "ring", 3, secured, tls_ca=str(tls.ca)) as ring:
+        yield ring
     monkeypatch.delenv("STATESTORE_TOKEN")
 
 
