@@ -10,10 +10,7 @@ accepts and hangs, an outage of a few seconds.
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,48 +20,15 @@ from typing import Any
 import pytest
 
 from client import RingClient
-from spark_connector import SparkConnectorError, _build, ring_conf
+from spark_connector import SparkConnectorError, ring_conf
 from statestore.cli.local import LocalRing
 from statestore.core.ids import StoreId
 from statestore.wire.manifest import decode_manifest
 
 from .faults import FaultPlan, FaultProxy, start_proxies
-from .jvm import JVM_FLAGS
+from .harness import harness
 
-HARNESS = Path(__file__).with_name("java")
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
-
-
-@pytest.fixture(scope="module")
-def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The harness compiled against pyspark's jars and the provider jar."""
-    home, _ = _build.pyspark_home()
-    jar = _build.jar_path()
-    out = tmp_path_factory.mktemp("harness")
-    cp = f"{jar}:{home / 'jars' / '*'}"
-    sources = [str(p) for p in HARNESS.rglob("*.java")]
-    javac = shutil.which("javac")
-    assert javac is not None
-    subprocess.run(
-        [javac, "--release", "17", "-nowarn", "-cp", cp, "-d", str(out), *sources],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return f"{out}:{cp}"
-
-
-def harness(
-    classpath: str, scenario: str, root: Path, timeout: float = 240, **conf: Any
-) -> dict[str, Any]:
-    cmd = ["java", "-Xmx1g", *JVM_FLAGS, "-cp", classpath, "statestore.spark.ProviderHarness"]
-    cmd += [scenario, str(root), *(f"{k}={v}" for k, v in conf.items())]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    tail = f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    assert lines, f"harness failed ({done.returncode}):\n{tail}"
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-    return result
 
 
 @pytest.fixture
@@ -77,11 +41,17 @@ def proxied(ring3: LocalRing) -> Iterator[tuple[list[FaultProxy], FaultPlan]]:
         p.server_close()
 
 
+# each scenario also with every version and overlay spilled to the local RocksDB store
+# (cacheBytes=0, docs/spark.md "Memory per partition")
+SPILL = pytest.mark.parametrize("spill", [{}, {"cacheBytes": 0}], ids=["heap", "spilled"])
+
+
+@SPILL
 def test_attempts_and_read_stores_are_isolated_and_the_stale_attempt_is_fenced(
-    tmp_path: Path, ring3: LocalRing, classpath: str
+    tmp_path: Path, ring3: LocalRing, classpath: str, spill: dict[str, int]
 ) -> None:
     seeds = ",".join(ring3.seeds)
-    r = harness(classpath, "isolation", tmp_path / "ckpt" / "state", seeds=seeds)
+    r = harness(classpath, "isolation", tmp_path / "ckpt" / "state", seeds=seeds, **spill)
     # neither the read store nor the other attempt sees attempt a's uncommitted rows
     assert r["read_sees_a"] == 1
     assert r["b_sees_a"] == 1
@@ -96,10 +66,12 @@ def test_attempts_and_read_stores_are_isolated_and_the_stale_attempt_is_fenced(
     assert (r["ring_v2"], r["ring_v2_key2"]) == (2, None)
 
 
+@SPILL
 def test_cached_version_recommitted_elsewhere_is_not_trusted(
-    tmp_path: Path, ring3: LocalRing, classpath: str
+    tmp_path: Path, ring3: LocalRing, classpath: str, spill: dict[str, int]
 ) -> None:
-    r = harness(classpath, "cache", tmp_path / "ckpt" / "state", seeds=",".join(ring3.seeds))
+    seeds = ",".join(ring3.seeds)
+    r = harness(classpath, "cache", tmp_path / "ckpt" / "state", seeds=seeds, **spill)
     assert r["p2_commit"] == "ok"
     assert r["p1_v2"] == 50
     assert r["p1_hit"] == 0
@@ -133,10 +105,12 @@ def test_commits_name_the_epoch_of_the_version_they_were_loaded_from(
     assert got == {1: (e1, None), 2: (e2, e1), 3: (e3, e2), 4: (e4, None)}
 
 
+@SPILL
 def test_load_empty_starts_empty_and_old_rows_do_not_come_back(
-    tmp_path: Path, ring3: LocalRing, classpath: str
+    tmp_path: Path, ring3: LocalRing, classpath: str, spill: dict[str, int]
 ) -> None:
-    r = harness(classpath, "empty", tmp_path / "ckpt" / "state", seeds=",".join(ring3.seeds))
+    seeds = ",".join(ring3.seeds)
+    r = harness(classpath, "empty", tmp_path / "ckpt" / "state", seeds=seeds, **spill)
     assert r["empty_sees_old"] is None and r["empty_rows"] == 0
     assert (r["cached_v2_old"], r["cached_v2_new"]) == (None, 2)
     assert (r["ring_v2_old"], r["ring_v2_new"]) == (None, 2)
@@ -200,8 +174,9 @@ def test_commit_larger_than_max_commit_is_split(tmp_path: Path, classpath: str, 
     assert r["restored_sum"] == sum(range(rows * versions))
 
 
+@SPILL
 def test_change_feed_and_replay_read_each_versions_own_changes(
-    tmp_path: Path, ring3: LocalRing, classpath: str
+    tmp_path: Path, ring3: LocalRing, classpath: str, spill: dict[str, int]
 ) -> None:
     # maxCommitBytes small enough that version 4 (3,000 rows of ~130 bytes) is re-split
     r = harness(
@@ -211,6 +186,7 @@ def test_change_feed_and_replay_read_each_versions_own_changes(
         seeds=",".join(ring3.seeds),
         maxCommitBytes=200000,
         rows=3000,
+        **spill,
     )
     assert r["batch0"] == sorted(f"{i}={i}" for i in range(10))
     # one change per key: the last put; nothing for key 10 (added and removed), nor key 99

@@ -34,6 +34,8 @@ final class RingConfig {
   final boolean direct;
   /** The token and TLS of every request ({@code token}, {@code tokenFile}, {@code tlsCa}). */
   final RingAccess access;
+  /** The executor's heap cache of state ({@link StateBudget}); the rest spills to disk. */
+  long cacheBytes = StateBudget.defaultLimit();
 
   private RingConfig(
       List<String> seeds,
@@ -102,7 +104,7 @@ final class RingConfig {
       throw new IllegalArgumentException(
           "RingStateStoreProvider: " + PREFIX + "dataPath '" + path + "' is not direct or coordinator");
     }
-    return new RingConfig(
+    RingConfig out = new RingConfig(
         List.copyOf(seeds),
         plan,
         (int) number(hadoopConf, storeConf, "snapshotInterval", 0, 0, 1_000_000),
@@ -118,6 +120,9 @@ final class RingConfig {
             get(hadoopConf, storeConf, "token", ""),
             get(hadoopConf, storeConf, "tokenFile", ""),
             get(hadoopConf, storeConf, "tlsCa", "")));
+    out.cacheBytes = number(hadoopConf, storeConf, "cacheBytes", StateBudget.defaultLimit(), 0,
+        Long.MAX_VALUE);
+    return out;
   }
 
   private static long number(

@@ -28,7 +28,14 @@ final class RingMetrics {
   static final StateStoreCustomSumMetric HEAD_READS =
       new StateStoreCustomSumMetric("ringHeadReads", "reads of the ring's head (one per task)");
 
+  static final StateStoreCustomSumMetric BYTES_FETCHED =
+      new StateStoreCustomSumMetric("ringBytesFetched", "bytes read from the ring");
+  static final StateStoreCustomSumMetric CACHE_BYTES =
+      new StateStoreCustomSumMetric("cacheBytes", "bytes of state in the executor's heap cache");
+  static final StateStoreCustomSumMetric SPILL_BYTES =
+      new StateStoreCustomSumMetric("spillBytes", "bytes of state in the local spill store");
+
   static final List<StateStoreCustomMetric> ALL =
       List.of(BYTES_COMMITTED, COMMIT_TIME, RESTORE_TIME, RESTORED_ROWS, CACHE_HITS, CACHE_MISSES,
-          SNAPSHOTS, HEAD_READS);
+          SNAPSHOTS, HEAD_READS, BYTES_FETCHED, CACHE_BYTES, SPILL_BYTES);
 }

@@ -166,6 +166,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       }
     }
     this.config = RingConfig.from(hadoopConf, storeConf);
+    StateBudget.setLimit(config.cacheBytes);
     this.ring = RingHttp.shared(config);
     this.direct = config.direct ? RingDirect.shared(config) : null;
     String queryId = StoreNaming.queryId(stateStoreId.checkpointRootLocation(), hadoopConf);
@@ -182,7 +183,19 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
 
   @Override
   public synchronized void close() {
+    StateData old = cached;
     cached = null;
+    drop(old);
+  }
+
+  /**
+   * A version that no store holds and this provider no longer caches leaves the executor's
+   * cache (and its spill store is deleted).
+   */
+  private void drop(StateData data) {
+    if (data != null && data != cached && data.unheld()) {
+      data.retire();
+    }
   }
 
   @Override
@@ -210,6 +223,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     long headReads;
     long restoreMs;
     long restoredRows;
+    /** Bytes read from the ring for the load ({@code ringBytesFetched}). */
+    long restoredBytes;
   }
 
   private static long taskId() {
@@ -232,6 +247,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
         l.hit = false;
         l.restoreMs = l.data.pendingRestoreMs;
         l.restoredRows = l.data.pendingRestoredRows;
+        l.restoredBytes = l.data.pendingRestoredBytes;
         l.data.pendingMiss = false;
       }
       long epoch = nextEpoch(head, l.data.epoch);
@@ -414,7 +430,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   /** The whole state of {@code version}, restored from the ring (not cached). */
   private StateData whole(long version) {
     if (version == 0) {
-      return new StateData(prefixTypes);
+      return new StateData(prefixTypes, keyFields, valueFields);
     }
     return restore(version, new Loaded(), legacySource(version, head()));
   }
@@ -471,7 +487,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   private Loaded load(long version, boolean loadEmpty, RingHttp.Head head, long task, Loaded l) {
     StateData data;
     if (loadEmpty || version == 0) {
-      data = new StateData(prefixTypes);
+      data = new StateData(prefixTypes, keyFields, valueFields);
       data.version = version;
       if (cached != null && cached.shards > 1) {
         data.shards = cached.shards;
@@ -486,7 +502,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
             storePath, version, cached.epoch, head);
       }
       data = restore(version, l, legacySource(version, head));
+      StateData old = cached;
       cached = data;
+      drop(old);
     }
     data.hold(task);
     l.data = data;
@@ -517,7 +535,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   }
 
   private StateData restore(long version, Loaded l, String source) {
-    StateData data = new StateData(prefixTypes);
+    StateData data = new StateData(prefixTypes, keyFields, valueFields);
     data.version = version;
     long started = System.nanoTime();
     long rows = 0;
@@ -537,7 +555,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
             if (n == 1) {
               data.clear();
             } else {
-              data.map.keySet().removeIf(k -> StateCommit.shardOf(k, n) == s);
+              data.removeIf(k -> StateCommit.shardOf(k, n) == s);
             }
           }
           return (k, v) -> {
@@ -581,8 +599,10 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     }
     l.restoreMs = (System.nanoTime() - started) / 1_000_000;
     l.restoredRows = rows;
+    l.restoredBytes = bytes;
     data.pendingRestoreMs = l.restoreMs;
     data.pendingRestoredRows = rows;
+    data.pendingRestoredBytes = bytes;
     data.pendingMiss = true;
     data.legacy = !source.equals(storePath);
     // the epochs of another store's chain are no base under this one
@@ -648,17 +668,24 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     java.util.Arrays.fill(next.shardEpochs, store.epoch); // every shard at the store's epoch
     next.pendingMiss = false;
     next.legacy = false;
+    StateData old = cached;
     cached = next;
+    drop(base);
+    if (old != base) {
+      drop(old);
+    }
     return next;
   }
 
   /** A write store ended without a commit. */
   synchronized void finished(WriteStore store) {
     store.data.release(store.task);
+    drop(store.data);
   }
 
   synchronized void released(ReadStore store) {
     store.data.release(store.task);
+    drop(store.data);
   }
 
   // -- what the stores call back -------------------------------------------------------

@@ -137,7 +137,7 @@ final class StateCommit {
     int shards = store.data.shards;
     for (int round = 0; ; round++) {
       long limit = limit(provider);
-      long[] sizes = sizes(snapshot ? store.merged() : store.overlay.entrySet().iterator(), shards);
+      long[] sizes = sizes(snapshot ? store.merged() : store.overlay.entries(), shards);
       if (max(sizes) > limit) {
         snapshot = true;
         sizes = sizes(store.merged(), shards);
@@ -210,7 +210,7 @@ final class StateCommit {
     List<byte[]> deletes = new ArrayList<>();
     long framed = 0;
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
-        snapshot ? store.merged() : store.overlay.entrySet().iterator();
+        snapshot ? store.merged() : store.overlay.entries();
     while (rows.hasNext()) {
       Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
       if (shardOf(e.getKey(), shards) == shard) {
@@ -239,7 +239,7 @@ final class StateCommit {
     ByteArrayOutputStream buf = new ByteArrayOutputStream(Math.max(1024, size));
     DataOutputStream out = new DataOutputStream(buf);
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
-        snapshot ? store.merged() : store.overlay.entrySet().iterator();
+        snapshot ? store.merged() : store.overlay.entries();
     while (rows.hasNext()) {
       Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
       if (shardOf(e.getKey(), shards) == shard) {

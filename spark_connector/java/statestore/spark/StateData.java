@@ -1,8 +1,11 @@
 package statestore.spark;
 
+import java.lang.ref.Cleaner;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.Collections;
 import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.Set;
@@ -26,13 +29,31 @@ import scala.runtime.BoxedUnit;
  * in place only when the committing store is the version's sole holder (or shares it only
  * with stores of the same task attempt), else to a copy. So every read store, and every
  * other attempt, sees a fixed version.
+ *
+ * <p>Rows are on the heap ({@link #map}) while the executor's cache has room
+ * ({@link StateBudget}, {@code spark.statestore.cacheBytes}); a put that takes the cache past
+ * its limit moves this version's rows to a local {@link SpillStore} ({@link #spill}), where
+ * they stay. Reads and writes go through this class either way; a copy of a spilled
+ * version is a RocksDB checkpoint. {@link #retire} gives the bytes back to the cache and
+ * deletes the spill when no store holds the version and the provider no longer caches it
+ * (a cleaner does the same for a version that is dropped without it).
  */
 final class StateData {
   /** The overlay's mark for a removed key (compared by identity). */
   static final UnsafeRow TOMBSTONE = new UnsafeRow(0);
 
+  private static final Cleaner CLEANER = Cleaner.create();
+
   final ConcurrentHashMap<UnsafeRow, UnsafeRow> map = new ConcurrentHashMap<>();
   private final DataType[] prefixTypes;
+  private final int keyFields;
+  private final int valueFields;
+  /** Where the rows are once this version outgrew the cache (null: in {@link #map}). */
+  private volatile SpillStore spill;
+  /** Rows in {@link #spill}. */
+  private final AtomicLong spilledRows = new AtomicLong();
+  private final Release release = new Release();
+  private final Cleaner.Cleanable cleanable;
   /** Ring stores the version is spread over (key hash shards, {@link StateCommit}). */
   volatile int shards = 1;
   /** Task attempts holding this version through an open store (provider lock). */
@@ -52,12 +73,34 @@ final class StateData {
   // how this map was loaded, reported by the first write store that uses it
   long pendingRestoreMs;
   long pendingRestoredRows;
+  long pendingRestoredBytes;
   boolean pendingMiss;
   /** Restored from the store's legacy name: its first commit must be a snapshot. */
   boolean legacy;
 
-  StateData(DataType[] prefixTypes) {
+  /** What this version holds of the executor: its bytes in the cache, its spill. */
+  private static final class Release implements Runnable {
+    final AtomicLong heapBytes = new AtomicLong();
+    volatile SpillStore spill;
+    volatile boolean done;
+
+    @Override
+    public synchronized void run() {
+      done = true;
+      StateBudget.add(-heapBytes.getAndSet(0));
+      SpillStore s = spill;
+      spill = null;
+      if (s != null) {
+        s.close();
+      }
+    }
+  }
+
+  StateData(DataType[] prefixTypes, int keyFields, int valueFields) {
     this.prefixTypes = prefixTypes;
+    this.keyFields = keyFields;
+    this.valueFields = valueFields;
+    this.cleanable = CLEANER.register(this, release);
     if (prefixTypes != null) {
       prefixIndex = new ConcurrentHashMap<>();
       prefixProjection = UnsafeProjection.create(prefixTypes);
@@ -67,11 +110,27 @@ final class StateData {
     }
   }
 
+  /** An empty map of the same kind (an overlay). */
+  StateData emptyLike() {
+    return new StateData(prefixTypes, keyFields, valueFields);
+  }
+
   /** An independent copy (rows are immutable and shared). */
   StateData copy() {
-    StateData out = new StateData(prefixTypes);
-    for (Map.Entry<UnsafeRow, UnsafeRow> e : map.entrySet()) {
-      out.put(e.getKey(), e.getValue());
+    StateData out = new StateData(prefixTypes, keyFields, valueFields);
+    SpillStore s = spill;
+    if (s != null) {
+      out.spill = s.copy();
+      if (Trace.ON) {
+        Trace.log("spill copy v%d rows=%d", version, spilledRows.get());
+      }
+      out.release.spill = out.spill;
+      out.spilledRows.set(spilledRows.get());
+      out.bytes.set(bytes.get());
+    } else {
+      for (Map.Entry<UnsafeRow, UnsafeRow> e : map.entrySet()) {
+        out.put(e.getKey(), e.getValue());
+      }
     }
     out.version = version;
     out.epoch = epoch;
@@ -81,8 +140,10 @@ final class StateData {
   }
 
   /** Apply an overlay (value {@link #TOMBSTONE} = remove). */
-  void apply(Map<UnsafeRow, UnsafeRow> overlay) {
-    for (Map.Entry<UnsafeRow, UnsafeRow> e : overlay.entrySet()) {
+  void apply(StateData overlay) {
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = overlay.entries();
+    while (it.hasNext()) {
+      Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
       if (e.getValue() == TOMBSTONE) {
         remove(e.getKey());
       } else {
@@ -93,11 +154,141 @@ final class StateData {
 
   /** Empty the map (a restore attempt starting again). */
   void clear() {
+    SpillStore s = spill;
+    if (s != null) {
+      removeIf(k -> true);
+      return;
+    }
     map.clear();
     if (prefixIndex != null) {
       prefixIndex.clear();
     }
-    bytes.set(0);
+    account(-bytes.getAndSet(0));
+  }
+
+  /** Remove every key that {@code which} accepts. */
+  void removeIf(java.util.function.Predicate<UnsafeRow> which) {
+    if (spill == null) {
+      List<UnsafeRow> gone = new ArrayList<>();
+      for (UnsafeRow k : map.keySet()) {
+        if (which.test(k)) {
+          gone.add(k);
+        }
+      }
+      for (UnsafeRow k : gone) {
+        remove(k);
+      }
+      return;
+    }
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = entries();
+    while (it.hasNext()) {
+      UnsafeRow k = it.next().getKey();
+      if (which.test(k)) {
+        remove(k);
+      }
+    }
+  }
+
+  // -- the executor's cache ----------------------------------------------------------------
+
+  /** Count a change of this version's heap bytes; spill when the cache is over its limit. */
+  private void account(long delta) {
+    if (spill != null || release.done) {
+      return;
+    }
+    release.heapBytes.addAndGet(delta);
+    if (StateBudget.add(delta) && delta > 0 && bytes.get() >= StateBudget.minSpill()) {
+      spillNow();
+    }
+  }
+
+  /** Move every row to a new spill store: the heap keeps none of this version. */
+  private synchronized void spillNow() {
+    if (spill != null) {
+      return;
+    }
+    long t0 = System.nanoTime();
+    SpillStore s = SpillStore.create(keyFields, valueFields);
+    release.spill = s;
+    java.util.function.Function<UnsafeRow, UnsafeRow> prefixer =
+        prefixIndex == null ? null : this::prefixOf;
+    for (Map.Entry<UnsafeRow, UnsafeRow> e : map.entrySet()) {
+      s.put(e.getKey(), e.getValue(), prefixer);
+    }
+    spilledRows.set(map.size());
+    spill = s;
+    map.clear();
+    if (prefixIndex != null) {
+      prefixIndex.clear();
+    }
+    StateBudget.add(-release.heapBytes.getAndSet(0));
+    SPILLS.incrementAndGet();
+    if (Trace.ON) {
+      Trace.log("spill v%d rows=%d bytes=%d %.1fms cache=%d/%d", version, spilledRows.get(),
+          bytes.get(), (System.nanoTime() - t0) / 1e6, StateBudget.used(), StateBudget.limit());
+    }
+    org.slf4j.LoggerFactory.getLogger(StateData.class).info(
+        "version {}: {} rows, {} bytes moved to the spill store in {} ms (cache {} of {} bytes)",
+        version, spilledRows.get(), bytes.get(), (System.nanoTime() - t0) / 1_000_000,
+        StateBudget.used(), StateBudget.limit());
+  }
+
+  /** How many versions moved to a spill store in this JVM (tests). */
+  static final AtomicLong SPILLS = new AtomicLong();
+
+  boolean spilled() {
+    return spill != null;
+  }
+
+  /** Bytes of this version on the heap (in the cache). */
+  long heapBytes() {
+    return spill != null ? 0 : bytes.get();
+  }
+
+  /** Bytes of this version in its spill store (rows as counted on the heap). */
+  long spillBytes() {
+    return spill != null ? bytes.get() : 0;
+  }
+
+  /**
+   * No store holds this version and the provider does not cache it: its bytes leave the
+   * cache and its spill store is deleted. Nothing reads it afterwards.
+   */
+  void retire() {
+    cleanable.clean();
+  }
+
+  boolean unheld() {
+    return holders.isEmpty();
+  }
+
+  // -- reads -----------------------------------------------------------------------------
+
+  /** The value under {@code key} (an overlay's may be {@link #TOMBSTONE}), else null. */
+  UnsafeRow get(UnsafeRow key) {
+    SpillStore s = spill;
+    return s != null ? s.get(key) : map.get(key);
+  }
+
+  boolean containsKey(UnsafeRow key) {
+    SpillStore s = spill;
+    return s != null ? s.containsKey(key) : map.containsKey(key);
+  }
+
+  long size() {
+    return spill != null ? spilledRows.get() : map.size();
+  }
+
+  /** Every entry (an overlay's values may be {@link #TOMBSTONE}). */
+  Iterator<Map.Entry<UnsafeRow, UnsafeRow>> entries() {
+    SpillStore s = spill;
+    return s != null ? s.entries() : map.entrySet().iterator();
+  }
+
+  /** The keys with {@code prefix} (null or empty when none). */
+  Collection<UnsafeRow> keysWithPrefix(UnsafeRow prefix) {
+    SpillStore s = spill;
+    return s != null ? s.keysWithPrefix(prefix) : prefixIndex.get(prefix);
   }
 
   void hold(long task) {
@@ -125,22 +316,48 @@ final class StateData {
   }
 
   UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+    SpillStore s = spill;
+    if (s != null) {
+      UnsafeRow prev = s.put(key, value, prefixIndex == null ? null : this::prefixOf);
+      if (prev == null) {
+        spilledRows.incrementAndGet();
+        bytes.addAndGet(key.getSizeInBytes() + value.getSizeInBytes() + 64L);
+      } else {
+        bytes.addAndGet(value.getSizeInBytes() - prev.getSizeInBytes());
+      }
+      return prev;
+    }
     UnsafeRow prev = map.put(key, value);
+    long delta;
     if (prev == null) {
-      bytes.addAndGet(key.getSizeInBytes() + value.getSizeInBytes() + 64L);
+      delta = key.getSizeInBytes() + value.getSizeInBytes() + 64L;
+      bytes.addAndGet(delta);
       if (prefixIndex != null) {
         prefixIndex.computeIfAbsent(prefixOf(key), p -> ConcurrentHashMap.newKeySet()).add(key);
       }
     } else {
-      bytes.addAndGet(value.getSizeInBytes() - prev.getSizeInBytes());
+      delta = value.getSizeInBytes() - prev.getSizeInBytes();
+      bytes.addAndGet(delta);
     }
+    account(delta);
     return prev;
   }
 
   UnsafeRow remove(UnsafeRow key) {
+    SpillStore s = spill;
+    if (s != null) {
+      UnsafeRow prev = s.remove(key, prefixIndex == null ? null : this::prefixOf);
+      if (prev != null) {
+        spilledRows.decrementAndGet();
+        bytes.addAndGet(-(key.getSizeInBytes() + prev.getSizeInBytes() + 64L));
+      }
+      return prev;
+    }
     UnsafeRow prev = map.remove(key);
     if (prev != null) {
-      bytes.addAndGet(-(key.getSizeInBytes() + prev.getSizeInBytes() + 64L));
+      long delta = -(key.getSizeInBytes() + prev.getSizeInBytes() + 64L);
+      bytes.addAndGet(delta);
+      account(delta);
       if (prefixIndex != null) {
         UnsafeRow prefix = prefixOf(key);
         Set<UnsafeRow> keys = prefixIndex.get(prefix);
@@ -156,8 +373,8 @@ final class StateData {
   }
 
   StateStoreIterator<UnsafeRowPair> iterator() {
-    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = map.entrySet().iterator();
-    return wrap(new Iterator<UnsafeRowPair>() {
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = entries();
+    return wrap(it, new Iterator<UnsafeRowPair>() {
       @Override
       public boolean hasNext() {
         return it.hasNext();
@@ -176,7 +393,7 @@ final class StateData {
       throw new UnsupportedOperationException(
           "prefix scan on a state store created without a prefix key encoding");
     }
-    Set<UnsafeRow> keys = prefixIndex.get(prefixKey);
+    Collection<UnsafeRow> keys = keysWithPrefix(prefixKey);
     if (keys == null) {
       return wrap(Collections.emptyIterator());
     }
@@ -187,7 +404,7 @@ final class StateData {
       private UnsafeRowPair advance() {
         while (it.hasNext()) {
           UnsafeRow k = it.next();
-          UnsafeRow v = map.get(k);
+          UnsafeRow v = get(k);
           if (v != null) {
             return new UnsafeRowPair(k, v);
           }
@@ -214,5 +431,16 @@ final class StateData {
 
   static StateStoreIterator<UnsafeRowPair> wrap(Iterator<UnsafeRowPair> it) {
     return new StateStoreIterator<>(CollectionConverters.asScala(it), () -> BoxedUnit.UNIT);
+  }
+
+  /** {@link #wrap} that closes {@code source} (a spill store's iterator) when Spark does. */
+  static StateStoreIterator<UnsafeRowPair> wrap(Object source, Iterator<UnsafeRowPair> it) {
+    if (!(source instanceof SpillStore.CloseableIterator<?> c)) {
+      return wrap(it);
+    }
+    return new StateStoreIterator<>(CollectionConverters.asScala(it), () -> {
+      c.close();
+      return BoxedUnit.UNIT;
+    });
   }
 }

@@ -47,7 +47,7 @@ abstract class StoreBase implements ReadStateStore {
   @Override
   public UnsafeRow get(UnsafeRow key, String colFamilyName) {
     defaultFamily(colFamilyName);
-    return data.map.get(key);
+    return data.get(key);
   }
 
   @Override

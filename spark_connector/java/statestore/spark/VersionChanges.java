@@ -87,19 +87,25 @@ final class VersionChanges {
     StateData before = version > 1 ? whole.load(version - 1) : null;
     StateData after = whole.load(version);
     List<Change> out = new ArrayList<>();
-    for (Map.Entry<UnsafeRow, UnsafeRow> e : after.map.entrySet()) {
-      UnsafeRow old = before == null ? null : before.map.get(e.getKey());
+    java.util.Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows = after.entries();
+    while (rows.hasNext()) {
+      Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+      UnsafeRow old = before == null ? null : before.get(e.getKey());
       if (old == null || !old.equals(e.getValue())) {
         out.add(new Change(e.getKey(), e.getValue()));
       }
     }
     if (before != null) {
-      for (UnsafeRow key : before.map.keySet()) {
-        if (!after.map.containsKey(key)) {
+      rows = before.entries();
+      while (rows.hasNext()) {
+        UnsafeRow key = rows.next().getKey();
+        if (!after.containsKey(key)) {
           out.add(new Change(key, null));
         }
       }
+      before.retire();
     }
+    after.retire();
     return out;
   }
 

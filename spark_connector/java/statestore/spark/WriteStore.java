@@ -3,6 +3,7 @@ package statestore.spark;
 import java.io.IOException;
 import java.util.AbstractMap;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
@@ -43,8 +44,8 @@ final class WriteStore extends StoreBase implements StateStore {
   final long task;
   final boolean forceSnapshot;
   private final RingStateStoreProvider.Loaded loaded;
-  final ConcurrentHashMap<UnsafeRow, UnsafeRow> overlay = new ConcurrentHashMap<>();
-  private final ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> overlayPrefix;
+  /** The batch's changes; like a version, it moves to a spill store when the cache is full. */
+  final StateData overlay;
   private volatile int state = UPDATING;
   private long keyDelta;
   private long bytesDelta;
@@ -67,7 +68,7 @@ final class WriteStore extends StoreBase implements StateStore {
     this.epoch = epoch;
     this.baseEpochs = data.version == version ? data.shardEpochs : null;
     this.task = task;
-    this.overlayPrefix = data.prefixIndex == null ? null : new ConcurrentHashMap<>();
+    this.overlay = data.emptyLike();
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
       ctx.addTaskCompletionListener(c -> {
@@ -92,7 +93,7 @@ final class WriteStore extends StoreBase implements StateStore {
     if (o != null) {
       return o == StateData.TOMBSTONE ? null : o;
     }
-    return data.map.get(key);
+    return data.get(key);
   }
 
   @Override
@@ -109,9 +110,6 @@ final class WriteStore extends StoreBase implements StateStore {
     if (before == null) {
       keyDelta++;
       bytesDelta += k.getSizeInBytes() + v.getSizeInBytes() + 64L;
-      if (overlayPrefix != null && !data.map.containsKey(k)) {
-        overlayPrefix.computeIfAbsent(data.prefixOf(k), p -> ConcurrentHashMap.newKeySet()).add(k);
-      }
     } else {
       bytesDelta += v.getSizeInBytes() - before.getSizeInBytes();
     }
@@ -126,16 +124,10 @@ final class WriteStore extends StoreBase implements StateStore {
       return;
     }
     UnsafeRow k = key.copy();
-    if (data.map.containsKey(k)) {
+    if (data.containsKey(k)) {
       overlay.put(k, StateData.TOMBSTONE);
     } else {
       overlay.remove(k);
-      if (overlayPrefix != null) {
-        Set<UnsafeRow> keys = overlayPrefix.get(data.prefixOf(k));
-        if (keys != null) {
-          keys.remove(k);
-        }
-      }
     }
     keyDelta--;
     bytesDelta -= k.getSizeInBytes() + before.getSizeInBytes() + 64L;
@@ -143,8 +135,8 @@ final class WriteStore extends StoreBase implements StateStore {
 
   /** Every row of version + 1 as it stands: the loaded version under the overlay. */
   Iterator<Map.Entry<UnsafeRow, UnsafeRow>> merged() {
-    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> base = data.map.entrySet().iterator();
-    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> added = overlay.entrySet().iterator();
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> base = data.entries();
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> added = overlay.entries();
     return new Iterator<Map.Entry<UnsafeRow, UnsafeRow>>() {
       private Map.Entry<UnsafeRow, UnsafeRow> next = advance();
 
@@ -161,7 +153,7 @@ final class WriteStore extends StoreBase implements StateStore {
         }
         while (added.hasNext()) {
           Map.Entry<UnsafeRow, UnsafeRow> e = added.next();
-          if (e.getValue() != StateData.TOMBSTONE && !data.map.containsKey(e.getKey())) {
+          if (e.getValue() != StateData.TOMBSTONE && !data.containsKey(e.getKey())) {
             return e;
           }
         }
@@ -189,7 +181,7 @@ final class WriteStore extends StoreBase implements StateStore {
   public StateStoreIterator<UnsafeRowPair> iterator(String cf) {
     defaultFamily(cf);
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = merged();
-    return StateData.wrap(new Iterator<UnsafeRowPair>() {
+    return StateData.wrap(it, new Iterator<UnsafeRowPair>() {
       @Override
       public boolean hasNext() {
         return it.hasNext();
@@ -211,13 +203,17 @@ final class WriteStore extends StoreBase implements StateStore {
           "prefix scan on a state store created without a prefix key encoding");
     }
     List<UnsafeRow> keys = new ArrayList<>();
-    Set<UnsafeRow> old = data.prefixIndex.get(prefixKey);
+    Collection<UnsafeRow> old = data.keysWithPrefix(prefixKey);
     if (old != null) {
       keys.addAll(old);
     }
-    Set<UnsafeRow> fresh = overlayPrefix.get(prefixKey);
+    Collection<UnsafeRow> fresh = overlay.keysWithPrefix(prefixKey);
     if (fresh != null) {
-      keys.addAll(fresh);
+      for (UnsafeRow k : fresh) {
+        if (!data.containsKey(k)) { // the base's keys are listed already
+          keys.add(k);
+        }
+      }
     }
     Iterator<UnsafeRow> it = keys.iterator();
     return StateData.wrap(new Iterator<UnsafeRowPair>() {
@@ -281,6 +277,7 @@ final class WriteStore extends StoreBase implements StateStore {
     state = COMMITTED;
     long t1 = System.nanoTime();
     committedData = provider.committed(this, newVersion);
+    overlay.retire();
     if (Trace.ON) {
       Trace.log("commit %s v%d overlay=%d send=%dms apply=%.1fms", storePath, newVersion,
           overlay.size(), commitMs, (System.nanoTime() - t1) / 1e6);
@@ -295,7 +292,10 @@ final class WriteStore extends StoreBase implements StateStore {
   public void abort() {
     if (state == UPDATING) {
       state = ABORTED;
-      overlay.clear();
+      if (!overlay.spilled()) {
+        overlay.clear();
+      }
+      overlay.retire();
       provider.finished(this);
     } else {
       state = ABORTED;
@@ -313,11 +313,19 @@ final class WriteStore extends StoreBase implements StateStore {
     custom.put(RingMetrics.CACHE_MISSES, loaded.hit ? 0L : 1L);
     custom.put(RingMetrics.SNAPSHOTS, snapshotSent ? 1L : 0L);
     custom.put(RingMetrics.HEAD_READS, loaded.headReads);
+    custom.put(RingMetrics.BYTES_FETCHED, loaded.restoredBytes);
     Map<StateStoreInstanceMetric, Object> none = new HashMap<>();
     StateData after = committedData;
+    // on the heap: the version (when not spilled) and, before a commit, the overlay
+    long heap = after != null ? after.heapBytes()
+        : (data.spilled() ? overlay.heapBytes() : Math.max(0, data.bytes.get() + bytesDelta));
+    long spilled = after != null ? after.spillBytes()
+        : (data.spilled() ? Math.max(0, data.bytes.get() + bytesDelta) : 0);
+    custom.put(RingMetrics.CACHE_BYTES, heap);
+    custom.put(RingMetrics.SPILL_BYTES, spilled);
     return new StateStoreMetrics(
-        after != null ? after.map.size() : Math.max(0, data.map.size() + keyDelta),
-        after != null ? after.bytes.get() : Math.max(0, data.bytes.get() + bytesDelta),
+        after != null ? after.size() : Math.max(0, data.size() + keyDelta),
+        heap,
         scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(custom)),
         scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(none)));
   }
