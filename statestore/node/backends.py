@@ -192,6 +192,7 @@ class LmdbBackend(Backend):
         self._log_lock = threading.Lock()
         self._compacting = threading.Lock()
         self.last_pause = 0.0  # seconds the last compaction held reads and writes
+        self._closed = False
         # a compacted copy a crash left before its swap: the file in place is whole
         shutil.rmtree(os.path.join(path, _COMPACT_DIR), ignore_errors=True)
         self._env = self._open()
@@ -313,6 +314,8 @@ class LmdbBackend(Backend):
                     copy.sync(True)  # the bulk on disk now: the swap's fsync has little left
                     _fsync(os.path.join(tmp, "data.mdb"))
                     with self._gate.exclusive():  # no read or write until reopened
+                        if self._closed:  # the node stopped meanwhile: nothing swapped
+                            return before, before
                         held = time.monotonic()
                         self._replay(copy, 0)
                         with self._log_lock:
@@ -364,6 +367,7 @@ class LmdbBackend(Backend):
 
     def close(self) -> None:
         with self._gate.exclusive():
+            self._closed = True
             self._env.close()
 
 

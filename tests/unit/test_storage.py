@@ -259,3 +259,24 @@ def test_writes_made_while_the_copy_is_made_are_kept(tmp_path: Path) -> None:
     again = LmdbBackend(str(tmp_path / "db"))
     assert again.get(b"during") == b"1" and again.get(written[-1]) == b"y" * 100
     again.close()
+
+
+def test_a_backend_closed_during_a_compaction_is_not_opened_again(tmp_path: Path) -> None:
+    """The node stops while a compaction's copy is made (it runs on a worker thread): the
+    compaction swaps nothing in and leaves the backend closed; the data dir opens whole."""
+
+    class Stopping(LmdbBackend):
+        def _replay(self, copy: object, keep: int) -> bool:
+            if keep:
+                self.close()
+            return super()._replay(copy, keep)
+
+    backend = Stopping(str(tmp_path / "db"))
+    backend.write({b"k%05d" % i: b"v" * 4000 for i in range(300)})
+    backend.write({}, [b"k%05d" % i for i in range(100, 300)])
+    before = backend.space().file
+    assert backend.compact() == (before, before)
+    again = LmdbBackend(str(tmp_path / "db"))
+    assert len(again.scan_keys(b"k")) == 100 and again.space().file == before
+    assert not (tmp_path / "db" / "compact.tmp").exists()
+    again.close()
