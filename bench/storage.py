@@ -1,12 +1,18 @@
-"""Storage amplification: bytes on each node's disk against the bytes a perfect store needs.
+"""Storage amplification: bytes on each node's disk against the bytes a perfect store needs,
+under two snapshot rules side by side.
 
-For each live-state size and change rate, a fresh 3-node ring (R=3, the default retention of
-100 versions and a snapshot every 10 versions) holds one store of ``--live-mib`` MiB (16-byte
-keys, ``--value``-byte random values: they do not compress, so raw bytes are stored bytes),
-then ``--versions`` commits each replace ``rate`` of the keys, chosen at random. Once repair,
-compaction and retention have settled, it reads from every node (``GET /v1/health``,
-``storage``) the storage file's bytes, the bytes held (chunks and manifests) and the free
-pages, and prints, per node (median, min-max over the three):
+For each live-state size and change rate, two fresh 3-node rings (R=3, the default retention
+of 100 versions) receive the same update stream: one store of ``--live-mib`` MiB (16-byte keys,
+``--value``-byte random values: they do not compress, so raw bytes are stored bytes), then
+``--versions`` commits each replacing ``rate`` of the keys, chosen at random. One ring runs
+the default (``--rebase-at 0``: a snapshot every 10 deltas), the other ``--rebase-at 0.5`` (a
+new base once the deltas above the last one also weigh half of it,
+core/retention.needs_snapshot). Commits alternate between the rings, version by version
+(which goes first alternates too). Once repair, compaction and retention have settled, it
+restores the latest and the oldest retained version from each ring, alternating over
+``--rounds`` rounds, and reads from every node (``GET /v1/health``, ``storage``) the storage
+file's bytes and the bytes held (chunks and manifests). Per rule and node (median, min-max
+over the three):
 
 - ``disk / perfect``: the file against what a store sharing every unchanged byte between
   versions must keep to restore each retained version exactly: the oldest retained
@@ -14,12 +20,13 @@ pages, and prints, per node (median, min-max over the three):
   new random bytes, so none is shared);
 - ``held / perfect``: the same for the bytes the layout holds (chunks and manifests);
 - ``disk / live``;
-- ``held / live``: what the layout keeps, before the storage engine's own overhead;
 - ``disk / held``: the storage engine's amplification (LMDB's free pages and page slack),
-  which node/space.py's compaction bounds (``--reclaim-at``, default half the file).
+  which node/space.py's compaction bounds (``--reclaim-at``, default half the file);
+- restore of the latest and of the oldest retained version, and commit time (summed over
+  five blocks of versions), as the median ratio to the ``every 10`` ring (min-max).
 
-It also times a compaction of one node's file, copied after the run, with its bytes before
-and after and how long it held reads and writes (the swap: node/space.py).
+It also times a compaction of one node's file (the ``rebase 0.5`` ring), copied after the
+run, with its bytes before and after and how long it held reads and writes (node/space.py).
 
     .venv/bin/python bench/storage.py [--live-mib 4 16] [--rates 0.01 0.2] [--versions 200]
 """
@@ -27,6 +34,7 @@ and after and how long it held reads and writes (the swap: node/space.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -45,29 +53,44 @@ KEY = 16
 RETAIN = 100  # the nodes' default --retain
 
 
-def run_case(live_mib: int, rate: float, versions: int, value: int) -> dict[str, Any]:
+LAYOUTS = {"every 10": [], "rebase 0.5": ["--rebase-at", "0.5"]}  # the default / the option
+
+
+def run_case(live_mib: int, rate: float, versions: int, value: int, rounds: int) -> dict[str, Any]:
+    """One update stream into two rings side by side: ``every 10`` (a snapshot every 10
+    deltas, the rule before ``--rebase-at``) and ``rebase 0.5`` (the default). Commits
+    alternate between them (which goes first too); restores of the latest and the oldest
+    retained version alternate over ``rounds`` rounds."""
     rng = random.Random(int(live_mib * 1000 + rate * 100))
     n_keys = live_mib * MiB // (KEY + value)
     keys = [rng.randbytes(KEY) for _ in range(n_keys)]
     changed_at: dict[int, set[int]] = {}  # version -> key indexes it changed
     sid = StoreId("bench-storage", 0, 0, "default")
-    with local_ring(3) as ring, RingClient(ring.seeds, timeout=120) as client:
-        started = time.monotonic()
-        client.commit(sid, 1, {k: rng.randbytes(value) for k in keys}, [], epoch=1)
-        changed_at[1] = set(range(n_keys))
+    names = list(LAYOUTS)
+    commit_s: dict[str, list[float]] = {n: [] for n in names}
+    restore_s: dict[tuple[str, str], list[float]] = {}
+    with contextlib.ExitStack() as stack:
+        rings = {n: stack.enter_context(local_ring(3, LAYOUTS[n])) for n in names}
+        clients = {n: stack.enter_context(RingClient(rings[n].seeds, timeout=120)) for n in names}
         per = max(1, int(rate * n_keys))
-        for v in range(2, versions + 1):
-            picked = rng.sample(range(n_keys), per)
-            client.commit(sid, v, {keys[i]: rng.randbytes(value) for i in picked}, [], epoch=1)
+        for v in range(1, versions + 1):
+            picked = list(range(n_keys)) if v == 1 else rng.sample(range(n_keys), per)
+            puts = {keys[i]: rng.randbytes(value) for i in picked}
             changed_at[v] = set(picked)
-        wrote = time.monotonic() - started
-        time.sleep(15)  # compaction, retention and the space loop have passes
-        figures = []
-        for address in ring.seeds:
-            health = http_json(address, "/v1/health")
-            assert isinstance(health, dict)
-            figures.append(health["storage"])
-        db = os.path.join(ring.procs[0].data_dir, "db")
+            for n in names if v % 2 else names[::-1]:
+                t0 = time.perf_counter()
+                clients[n].commit(sid, v, puts, [], epoch=1)
+                commit_s[n].append(time.perf_counter() - t0)
+        time.sleep(20)  # compaction, retention and the space loop have passes
+        oldest = max(1, versions - RETAIN + 1)
+        for r in range(rounds):
+            for which, version in (("latest", versions), ("oldest", oldest)):
+                for n in names if r % 2 else names[::-1]:
+                    t0 = time.perf_counter()
+                    clients[n].restore(sid, version)
+                    restore_s.setdefault((n, which), []).append(time.perf_counter() - t0)
+        # a compaction of one node's file (the default rule's ring), on a copy of it
+        db = os.path.join(rings[names[-1]].procs[0].data_dir, "db")
         with tempfile.TemporaryDirectory(prefix="statestore-bench-db-") as tmp:
             copy = os.path.join(tmp, "db")
             shutil.copytree(db, copy, ignore=shutil.ignore_patterns("lock.mdb"))
@@ -76,19 +99,36 @@ def run_case(live_mib: int, rate: float, versions: int, value: int) -> dict[str,
             before, after = backend.compact()
             took, pause = time.monotonic() - t0, backend.last_pause
             backend.close()
+        figures: dict[str, list[dict[str, Any]]] = {}
+        for n in names:
+            figures[n] = []
+            for address in rings[n].seeds:
+                health = http_json(address, "/v1/health")
+                assert isinstance(health, dict)
+                figures[n].append(health["storage"])
     live = n_keys * (KEY + value)
     retained = range(max(1, versions - RETAIN + 1), versions + 1)
     perfect = live + sum(len(changed_at[v]) for v in retained[1:]) * (KEY + value)
-    disk = [f["file_bytes"] for f in figures]
-    held = [f["held_bytes"] for f in figures]
     return {
         "live": live,
         "perfect": perfect,
-        "disk": disk,
-        "held": held,
-        "write_s": wrote,
+        "disk": {n: [f["file_bytes"] for f in figures[n]] for n in names},
+        "held": {n: [f["held_bytes"] for f in figures[n]] for n in names},
+        "commit_s": commit_s,
+        "restore_s": restore_s,
         "compact": (before, after, took, pause),
     }
+
+
+def ratio(new: list[float], old: list[float], blocks: int = 0) -> str:
+    """Median of the per-round ratios new/old (min-max); ``blocks`` > 0 first sums the
+    rounds into that many blocks (commit times of single versions are too short alone)."""
+    if blocks:
+        size = max(1, len(new) // blocks)
+        new = [sum(new[i : i + size]) for i in range(0, len(new) - size + 1, size)]
+        old = [sum(old[i : i + size]) for i in range(0, len(old) - size + 1, size)]
+    rs = [a / b for a, b in zip(new, old, strict=True)]
+    return f"{statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})"
 
 
 def spread(values: list[float]) -> str:
@@ -101,40 +141,56 @@ def main() -> None:
     p.add_argument("--rates", type=float, nargs="+", default=[0.01, 0.2])
     p.add_argument("--versions", type=int, default=200)
     p.add_argument("--value", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5, help="restore rounds (default 5)")
     args = p.parse_args()
     print(machine())
     out = []
+    old, new = LAYOUTS
     for live_mib in args.live_mib:
         for rate in args.rates:
-            r = run_case(live_mib, rate, args.versions, args.value)
+            r = run_case(live_mib, rate, args.versions, args.value, args.rounds)
+            for n in LAYOUTS:
+                disk, held = r["disk"][n], r["held"][n]
+                out.append(
+                    [
+                        f"{live_mib} MiB",
+                        f"{100 * rate:g}%",
+                        n,
+                        spread([d / r["perfect"] for d in disk]),
+                        spread([h / r["perfect"] for h in held]),
+                        spread([d / r["live"] for d in disk]),
+                        spread([d / h for d, h in zip(disk, held, strict=True)]),
+                        *(
+                            ["1.00x (baseline)"] * 3
+                            if n == old
+                            else [
+                                ratio(r["restore_s"][n, "latest"], r["restore_s"][old, "latest"]),
+                                ratio(r["restore_s"][n, "oldest"], r["restore_s"][old, "oldest"]),
+                                ratio(r["commit_s"][n], r["commit_s"][old], blocks=5),
+                            ]
+                        ),
+                    ]
+                )
+                print(out[-1], flush=True)
             before, after, took, pause = r["compact"]
-            out.append(
-                [
-                    f"{live_mib} MiB",
-                    f"{100 * rate:g}%",
-                    spread([d / r["perfect"] for d in r["disk"]]),
-                    spread([h / r["perfect"] for h in r["held"]]),
-                    spread([d / r["live"] for d in r["disk"]]),
-                    spread([h / r["live"] for h in r["held"]]),
-                    spread([d / h for d, h in zip(r["disk"], r["held"], strict=True)]),
-                    f"{before / MiB:.0f} -> {after / MiB:.0f} MiB in {took:.2f} s "
-                    f"(held {1000 * pause:.0f} ms)",
-                    f"{r['write_s']:.0f} s",
-                ]
+            print(
+                f"compaction of one file ({new}): {before / MiB:.0f} -> {after / MiB:.0f} MiB "
+                f"in {took:.2f} s, reads and writes held {1000 * pause:.0f} ms",
+                flush=True,
             )
-            print(out[-1], flush=True)
     print(
         table(
             [
                 "live",
                 "changed/version",
+                "rule",
                 "disk/perfect",
                 "held/perfect",
                 "disk/live",
-                "held/live",
                 "disk/held",
-                "compaction of one file",
-                "writes took",
+                "restore latest",
+                "restore oldest",
+                "commit",
             ],
             out,
         )

@@ -1,12 +1,21 @@
 """Compaction and retention decisions (pure): which snapshot to write, and the new floor.
 
-The leader of a store folds its delta chain into a snapshot once the head's chain holds
-``snapshot_every`` deltas above the last snapshot, so a reader never fetches more than that
-many deltas. Retention keeps the last ``retain`` versions (Spark's minBatchesToRetain): the
-floor is the newest *usable* snapshot at or below the oldest kept version, so that every kept
-version stays restorable; everything below the floor is dropped (docs/design.md, Compaction).
-When commits outran compaction and no snapshot lies close below the retention line, one is
-written at the oldest kept version and becomes the floor. ``node/compaction.py`` writes the
+The leader of a store folds its delta chain into a snapshot (a new *base*) when the deltas
+above the last one are worth it (:func:`needs_snapshot`): at least ``snapshot_every`` of them
+and, with ``rebase_at`` > 0, weighing at least that share of the base's bytes, or
+``MAX_DELTAS_FACTOR`` x ``snapshot_every`` of them whatever they weigh. The deltas are the
+layers above the base: they are kept anyway (the change feed and every retained version need
+them), so with ``rebase_at`` a base is rewritten only when reading it plus its layers would
+cost more than ``1 + rebase_at`` times the base alone. At 0.5 a store changing 1% of its keys a
+version writes a base about every 50 versions, not every 10: a full copy is most of what a
+retained version costs on disk, but the latest version's restore reads more
+(docs/operations.md, "Snapshots"). ``rebase_at`` 0, the nodes' default, is a snapshot every
+``snapshot_every`` deltas. Retention keeps the last ``retain`` versions (Spark's
+minBatchesToRetain): the floor is the newest *usable* snapshot at or below the oldest kept
+version, so that every kept version stays restorable; everything below the floor is dropped
+(docs/design.md, Compaction). When commits outran compaction and the oldest kept version's
+chain is one the rule would have cut, a snapshot is written at the oldest kept version and
+becomes the floor. ``node/compaction.py`` writes the
 snapshots and sends the floor.
 
 A snapshot is usable for its version only when it is the state the head's lineage has there
@@ -26,7 +35,32 @@ from statestore.core.errors import InvalidRequest, VersionNotFound
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Candidates, Manifest, lineage, manifests_at, resolve_chain
 
-__all__ = ["Compaction", "check_floor", "plan_compaction", "retention_floor"]
+__all__ = [
+    "MAX_DELTAS_FACTOR",
+    "Compaction",
+    "check_floor",
+    "needs_snapshot",
+    "plan_compaction",
+    "retention_floor",
+]
+
+# deltas a chain may hold above its base whatever they weigh, in units of ``snapshot_every``
+# (a store of tiny deltas still gets a base every 100 versions at the defaults)
+MAX_DELTAS_FACTOR = 10
+
+
+def needs_snapshot(chain: Sequence[Manifest], *, snapshot_every: int, rebase_at: float) -> bool:
+    """Whether the resolved ``chain`` (its base first) should be folded into a snapshot of its
+    top: it holds at least ``snapshot_every`` deltas and, when ``rebase_at`` > 0, the deltas
+    above the base weigh at least ``rebase_at`` of the base's bytes, or it holds
+    ``MAX_DELTAS_FACTOR`` x ``snapshot_every`` deltas."""
+    deltas = sum(1 for m in chain if m.kind == "delta")
+    if deltas < snapshot_every:
+        return False
+    if rebase_at <= 0 or deltas >= MAX_DELTAS_FACTOR * snapshot_every:
+        return True
+    layers = sum(m.bytes for m in chain[1:])
+    return layers >= rebase_at * chain[0].bytes
 
 
 def retention_floor(
@@ -94,6 +128,7 @@ def plan_compaction(
     snapshot_every: int,
     retain: int,
     floor: int,
+    rebase_at: float = 0.0,
 ) -> Compaction:
     """The snapshots to write and the new floor for ``store`` at ``head``.
 
@@ -102,9 +137,12 @@ def plan_compaction(
         head: its head version on this replica.
         deltas: the delta manifests this replica holds, by version (one, or every epoch's).
         snapshots: the snapshot manifests it holds, by version (likewise).
-        snapshot_every: the deltas a chain may hold above its snapshot.
+        snapshot_every: the deltas a chain may hold above its snapshot before one is
+            considered (:func:`needs_snapshot`).
         retain: how many versions to keep restorable (the last ``retain``).
         floor: the floor already applied here.
+        rebase_at: the share of the base's bytes the deltas above it must weigh before a
+            new base is written (0: every ``snapshot_every`` deltas).
 
     A chain this replica cannot resolve (a version missing: repair will bring it) yields
     nothing to do.
@@ -115,20 +153,26 @@ def plan_compaction(
         return Compaction((), None)
     todo: list[Manifest] = []
     snaps: dict[int, Sequence[Manifest]] = {v: manifests_at(snapshots, v) for v in snapshots}
-    if sum(1 for m in chain if m.kind == "delta") >= snapshot_every:
+
+    def worth(c: Sequence[Manifest]) -> bool:
+        return needs_snapshot(c, snapshot_every=snapshot_every, rebase_at=rebase_at)
+
+    if worth(chain):
         top = chain[-1]
         todo.append(top)
         snaps[top.version] = [*snaps.get(top.version, ()), _as_snapshot(top)]
     oldest_kept = head - retain + 1
     new_floor = retention_floor(head, snaps, retain, deltas)
     if oldest_kept > max(new_floor, floor, 1) + snapshot_every:
-        # no snapshot close below the retention line (commits outran compaction): make one
+        # the oldest kept version's chain from the floor's snapshot: one the rule would have
+        # cut (commits outran compaction) gets a snapshot at the retention line
         try:
-            base = resolve_chain(store, oldest_kept, deltas, snaps)[-1]
+            kept = resolve_chain(store, oldest_kept, deltas, snaps)
         except VersionNotFound:
             return Compaction(tuple(todo), None)
-        todo.append(base)
-        new_floor = base.version
+        if worth(kept):
+            todo.append(kept[-1])
+            new_floor = kept[-1].version
     return Compaction(tuple(todo), new_floor if new_floor > floor else None)
 
 

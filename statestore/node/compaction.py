@@ -1,14 +1,15 @@
 """Compaction and retention: fold delta chains into snapshots, drop versions past retention.
 
 The first live replica of a store (its leader at this epoch) checks the chain of the head:
-once it holds ``snapshot_every`` deltas above the last snapshot, the leader restores the head
-(star plan), writes it back as a snapshot of the same version and epoch, and so bounds what a
-reader must fetch. Retention keeps the last ``retain_versions`` versions (Spark's
-minBatchesToRetain is 100): the floor is the newest usable snapshot at or below the oldest
-kept version, so every kept version stays restorable; the floor is sent to every live node,
-which drops the manifests and chunks below it (docs/design.md, Compaction). Which snapshots and
-which floor is decided by :func:`statestore.core.retention.plan_compaction`; this module
-restores, writes and sends.
+once the deltas above the last snapshot are worth a new one (``snapshot_every`` of them, with
+``rebase_at`` also weighing that share of it: core/retention.needs_snapshot), the leader
+restores the head (star plan), writes it back as a snapshot of the same version and epoch,
+and so bounds what a reader must fetch. Retention keeps the last ``retain_versions``
+versions (Spark's minBatchesToRetain is 100): the floor is the newest usable snapshot at or
+below the oldest kept version, so every kept version stays restorable; the floor is sent to
+every live node, which drops the manifests and chunks below it (docs/design.md, Compaction).
+Which snapshots and which floor is decided by
+:func:`statestore.core.retention.plan_compaction`; this module restores, writes and sends.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         deltas,
         snaps,
         snapshot_every=node.config.snapshot_every,
+        rebase_at=node.config.rebase_at,
         retain=node.store.retain(store) or node.config.retain_versions,
         floor=node.store.floor(store),
     )

@@ -43,6 +43,9 @@ class NodeConfig:
     hint_ttl: float = 3600.0
     compact_interval: float = 2.0
     snapshot_every: int = 10
+    # and a snapshot only once the deltas above the last one weigh this share of it (0, the
+    # default: every snapshot_every deltas; core/retention.needs_snapshot)
+    rebase_at: float = 0.0
     retain_versions: int = 100
     dht: bool = True
     inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read
@@ -101,6 +104,8 @@ class NodeConfig:
             )
         if not 0 <= self.reclaim_at < 1 or self.reclaim_min < 0:
             raise ValueError("--reclaim-at must be in [0, 1) and --reclaim-min not negative")
+        if not 0 <= self.rebase_at <= 1000:
+            raise ValueError("--rebase-at must be a share in [0, 1000] of the snapshot's bytes")
         if not self.scrub_mbps >= 0 or not self.scrub_interval >= 0:
             raise ValueError("--scrub-mbps and --scrub-interval must not be negative")
         if not self.stream_mbps > 0:

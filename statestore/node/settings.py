@@ -390,6 +390,16 @@ SETTINGS: tuple[Setting, ...] = (
         "N",
     ),
     Setting(
+        "rebase-at",
+        "number",
+        0.0,
+        "and only once the deltas above the last snapshot weigh this share of it (0: every N)",
+        ("rebase_at",),
+        _non_negative,
+        "SHARE",
+        None,
+    ),
+    Setting(
         "retain",
         "int",
         100,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from client import AsyncRingClient, StoreId
@@ -19,6 +20,18 @@ from statestore.testing.clock import run_simulated
 from statestore.testing.cluster import SIM_CONFIG, Cluster
 
 STORE = StoreId("compact", 0, 0)
+
+
+async def _client(cluster: Cluster, network: MemoryNetwork, chunk_size: int) -> AsyncRingClient:
+    client = AsyncRingClient(
+        cluster.addresses,
+        chunk_size=chunk_size,
+        key_groups=8,
+        transport=network.transport("w1", timeout=5.0),
+        clock=asyncio.get_running_loop().time,
+    )
+    await client.connect()
+    return client
 
 
 def test_a_settled_store_is_not_planned_again(tmp_path: Path) -> None:
@@ -39,14 +52,7 @@ def test_a_settled_store_is_not_planned_again(tmp_path: Path) -> None:
                 return real(store)
 
             node.store.manifests = counted  # type: ignore[method-assign]
-        client = AsyncRingClient(
-            cluster.addresses,
-            chunk_size=256,
-            key_groups=8,
-            transport=network.transport("w1", timeout=5.0),
-            clock=asyncio.get_running_loop().time,
-        )
-        await client.connect()
+        client = await _client(cluster, network, 256)
         try:
             for v in range(1, 5):  # snapshot_every 3: version 4 gets folded
                 await client.commit(STORE, v, {f"k{v}".encode(): b"v"}, [], {"v": v})
@@ -69,3 +75,47 @@ def test_a_settled_store_is_not_planned_again(tmp_path: Path) -> None:
     assert not quiet  # ten intervals with nothing new: nobody decoded the store
     assert sum(again.values()) >= 1  # a new version: its leader planned it again
     assert sum(snapshots) >= 1, "the leader folded the chain into a snapshot"
+
+
+def test_light_deltas_stay_layers_until_they_weigh_rebase_at(tmp_path: Path) -> None:
+    """--rebase-at (core/retention.needs_snapshot) on real nodes: a big first version and
+    light deltas past snapshot_every (3 here) get no new base; a heavy delta that brings the
+    deltas to half the base does; every version restores exactly throughout."""
+    store = StoreId("rebase", 0, 0)
+
+    async def main() -> tuple[int, int, list[bool]]:
+        network = MemoryNetwork(random.Random(3))
+        config = replace(SIM_CONFIG, rebase_at=0.5)
+        cluster = Cluster(network, 3, random.Random(4), str(tmp_path), config=config)
+        await cluster.start_all()
+        await asyncio.sleep(SIM_CONFIG.down_after)
+        nodes = [n for n in map(cluster.node, cluster.addresses) if n]
+        client = await _client(cluster, network, 4096)
+        rng = random.Random(5)
+        states: dict[int, dict[bytes, bytes]] = {}
+        state: dict[bytes, bytes] = {}
+        try:
+            keys = [f"key-{i:05d}".encode() for i in range(2000)]
+            for v in range(1, 13):  # v1: every key; then 1% a version
+                puts = {k: rng.randbytes(24) for k in (keys if v == 1 else rng.sample(keys, 20))}
+                await client.commit(store, v, puts, [], {"v": v})
+                state.update(puts)
+                states[v] = dict(state)
+            await asyncio.sleep(10 * SIM_CONFIG.compact_interval)
+            light = sum(n.stats["snapshots"] for n in nodes)
+            puts = {k: rng.randbytes(24) for k in keys[:1200]}  # 60% of the keys: heavy
+            await client.commit(store, 13, puts, [], {"v": 13})
+            state.update(puts)
+            states[13] = dict(state)
+            await asyncio.sleep(10 * SIM_CONFIG.compact_interval)
+            heavy = sum(n.stats["snapshots"] for n in nodes)
+            exact = [dict(await client.restore(store, v)) == states[v] for v in states]
+            return light, heavy, exact
+        finally:
+            await client.close()
+            await cluster.stop_all()
+
+    light, heavy, exact = run_simulated(main)
+    assert light == 0, "11 deltas of 1% are layers over the base, not worth a new one"
+    assert heavy >= 1, "deltas weighing half the base: a new base"
+    assert all(exact)

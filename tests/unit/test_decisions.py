@@ -57,6 +57,8 @@ Output: ``push <target> <item>``, ``skip <target> <item>`` (left to its designat
                                       version may be held at several epochs); ``base``: the
                                       epoch of the version below each was built on
     snapshot <v>[-<v2>] e<epoch> [base=e<b>]   snapshots held
+    rebase <share>                    (optional) rebase_at; 0 (the default): every N deltas
+                                      ``bytes=<n>`` on a delta or snapshot line: each one's size
 
 Output: ``snapshot <version> e<epoch> (from <kind>)`` per snapshot to write, in order, then
 ``floor <n>`` or ``floor unchanged``.
@@ -97,7 +99,7 @@ from hypothesis import strategies as st
 from statestore.core.errors import QuorumNotReached, VersionNotFound
 from statestore.core.handover import Handover, RoundResult, pull_plan, push_plan
 from statestore.core.ids import StoreId
-from statestore.core.manifest import Manifest, resolve_chain
+from statestore.core.manifest import ChunkRef, Manifest, resolve_chain
 from statestore.core.plan import ChunkTask
 from statestore.core.quorum import check_write_sets
 from statestore.core.repair import Holding, decide, pick_source
@@ -330,33 +332,39 @@ def render_repair(lines: list[str]) -> list[str]:
 # -------------------------------------------------------------------------------- retention
 
 
-def _manifest(version: int, kind: str, epoch: int, base: int | None = None) -> Manifest:
-    return Manifest(SID, version, kind, epoch, 1, (), {}, base)
+def _manifest(
+    version: int, kind: str, epoch: int, base: int | None = None, size: int = 0
+) -> Manifest:
+    chunks = (ChunkRef("c", 0, 0, size, size, 1, 0),) if size else ()
+    return Manifest(SID, version, kind, epoch, 1, chunks, {}, base)
 
 
 def render_retention(lines: list[str]) -> list[str]:
-    conf: dict[str, int] = {}
+    conf: dict[str, float] = {}
     deltas: dict[int, list[Manifest]] = {}
     snaps: dict[int, list[Manifest]] = {}
     for line in lines:
         op, *args = line.split()
-        if op in ("every", "retain", "floor", "head"):
-            conf[op] = int(args[0])
+        if op in ("every", "retain", "floor", "head", "rebase"):
+            conf[op] = float(args[0])
         elif op in ("delta", "snapshot"):
             into = deltas if op == "delta" else snaps
-            base = _epoch(args[2].removeprefix("base=")) if len(args) > 2 else None
-            for v in _range(args[0]):
-                into.setdefault(v, []).append(_manifest(v, op, _epoch(args[1]), base))
+            plain, kv = _kv(args)
+            base = _epoch(kv["base"]) if "base" in kv else None
+            size = int(kv.get("bytes", 0))
+            for v in _range(plain[0]):
+                into.setdefault(v, []).append(_manifest(v, op, _epoch(plain[1]), base, size))
         else:
             raise ValueError(f"unknown retention input {line!r}")
     todo = plan_compaction(
         SID,
-        conf["head"],
+        int(conf["head"]),
         deltas,
         snaps,
-        snapshot_every=conf["every"],
-        retain=conf["retain"],
-        floor=conf.get("floor", 0),
+        snapshot_every=int(conf["every"]),
+        retain=int(conf["retain"]),
+        floor=int(conf.get("floor", 0)),
+        rebase_at=conf.get("rebase", 0.0),
     )
     out = [f"snapshot {m.version} e{m.epoch} (from {m.kind})" for m in todo.snapshots]
     out.append("floor unchanged" if todo.floor is None else f"floor {todo.floor}")
@@ -493,6 +501,8 @@ NODES = ["n1", "n2", "n3", "n4", "n5"]
     epochs=st.lists(st.integers(1, 3), min_size=40, max_size=40).map(sorted),
     snap_at=st.dictionaries(st.integers(1, 40), st.integers(1, 3), max_size=8),
     gone_below=st.integers(0, 40) | st.just(0),
+    rebase=st.sampled_from([0.0, 0.5, 2.0]),
+    sizes=st.lists(st.integers(1, 100), min_size=40, max_size=40),
 )
 def test_retention_keeps_the_last_versions_restorable(
     head: int,
@@ -502,14 +512,27 @@ def test_retention_keeps_the_last_versions_restorable(
     epochs: list[int],
     snap_at: dict[int, int],
     gone_below: int,
+    rebase: float,
+    sizes: list[int],
 ) -> None:
     """Oracle: apply the decision (write the snapshots, drop everything below the floor) and
     every one of the last ``retain`` versions that could be restored before still can.
-    Epochs rise with versions, as a writer that takes over re-commits from some version on."""
-    deltas = {v: _manifest(v, "delta", epochs[v - 1]) for v in range(gone_below + 1, head + 1)}
-    snaps = {v: _manifest(v, "snapshot", e) for v, e in snap_at.items() if v <= head}
+    Epochs rise with versions, as a writer that takes over re-commits from some version on;
+    deltas and snapshots weigh at random (``rebase``: core/retention.needs_snapshot)."""
+    deltas = {
+        v: _manifest(v, "delta", epochs[v - 1], size=sizes[v - 1])
+        for v in range(gone_below + 1, head + 1)
+    }
+    snaps = {v: _manifest(v, "snapshot", e, size=100) for v, e in snap_at.items() if v <= head}
     todo = plan_compaction(
-        SID, head, deltas, snaps, snapshot_every=every, retain=retain, floor=floor
+        SID,
+        head,
+        deltas,
+        snaps,
+        snapshot_every=every,
+        retain=retain,
+        floor=floor,
+        rebase_at=rebase,
     )
 
     def restorable(d: dict[int, Manifest], s: dict[int, Manifest]) -> set[int]:
