@@ -4,7 +4,9 @@ under two snapshot rules side by side.
 For each live-state size and change rate, two fresh 3-node rings (R=3, the default retention
 of 100 versions) receive the same update stream: one store of ``--live-mib`` MiB (16-byte keys,
 ``--value``-byte random values: they do not compress, so raw bytes are stored bytes), then
-``--versions`` commits each replacing ``rate`` of the keys, chosen at random. One ring runs
+``--versions`` commits each replacing ``rate`` of the keys, chosen at random, ``--pace``
+seconds apart (a streaming trigger: without it commits outrun compaction, and the snapshots
+written depend on how far it got). One ring runs
 the default (``--rebase-at 0``: a snapshot every 10 deltas), the other ``--rebase-at 0.5`` (a
 new base once the deltas above the last one also weigh half of it,
 core/retention.needs_snapshot). Commits alternate between the rings, version by version
@@ -56,7 +58,9 @@ RETAIN = 100  # the nodes' default --retain
 LAYOUTS = {"every 10": [], "rebase 0.5": ["--rebase-at", "0.5"]}  # the default / the option
 
 
-def run_case(live_mib: int, rate: float, versions: int, value: int, rounds: int) -> dict[str, Any]:
+def run_case(
+    live_mib: int, rate: float, versions: int, value: int, rounds: int, pace: float
+) -> dict[str, Any]:
     """One update stream into two rings side by side: ``every 10`` (a snapshot every 10
     deltas, the rule before ``--rebase-at``) and ``rebase 0.5`` (the default). Commits
     alternate between them (which goes first too); restores of the latest and the oldest
@@ -81,6 +85,7 @@ def run_case(live_mib: int, rate: float, versions: int, value: int, rounds: int)
                 t0 = time.perf_counter()
                 clients[n].commit(sid, v, puts, [], epoch=1)
                 commit_s[n].append(time.perf_counter() - t0)
+            time.sleep(pace)  # a streaming trigger: compaction runs between versions
         time.sleep(20)  # compaction, retention and the space loop have passes
         oldest = max(1, versions - RETAIN + 1)
         for r in range(rounds):
@@ -142,13 +147,14 @@ def main() -> None:
     p.add_argument("--versions", type=int, default=200)
     p.add_argument("--value", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5, help="restore rounds (default 5)")
+    p.add_argument("--pace", type=float, default=1.0, help="seconds between versions (default 1)")
     args = p.parse_args()
     print(machine())
     out = []
     old, new = LAYOUTS
     for live_mib in args.live_mib:
         for rate in args.rates:
-            r = run_case(live_mib, rate, args.versions, args.value, args.rounds)
+            r = run_case(live_mib, rate, args.versions, args.value, args.rounds, args.pace)
             for n in LAYOUTS:
                 disk, held = r["disk"][n], r["held"][n]
                 out.append(

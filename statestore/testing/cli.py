@@ -73,13 +73,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="each node's clock is off by up to this many seconds (and runs up to 0.1%% fast "
         "or slow); 0 (the default): every node reads the simulated time",
     )
+    parser.add_argument(
+        "--rebase-at",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="the nodes' --rebase-at (older snapshots thinned), with 20 versions retained and "
+        "a snapshot after every delta; 0 (the default): every snapshot kept, every seed's "
+        "schedule as it was",
+    )
     args = parser.parse_args(argv)
     for name in ("tentative", "disk_faults"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             parser.error(f"--{name.replace('_', '-')} must be a share in [0, 1]")
     if not 0.0 <= args.skew <= 3600.0:
         parser.error("--skew must be in [0, 3600] seconds")
-    options = {"tentative": args.tentative, "disk_faults": args.disk_faults, "skew": args.skew}
+    if not 0.0 <= args.rebase_at <= 1000.0:
+        parser.error("--rebase-at must be in [0, 1000]")
+    options = {
+        "tentative": args.tentative,
+        "disk_faults": args.disk_faults,
+        "skew": args.skew,
+        "rebase_at": args.rebase_at,
+    }
     # the nodes log what they route around (warnings); the findings are what matters here
     logging.getLogger("statestore").setLevel(logging.CRITICAL)
     console = Console(highlight=False, soft_wrap=True)

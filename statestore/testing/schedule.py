@@ -65,6 +65,9 @@ ACTIONS = {
 DISK_FAULTS = {"lost": 1.0, "torn": 1.0, "flip": 2.0, "wipe": 0.5}
 RECOVERY = 20.0  # a disk-faulted node is out this long after it is up again (repair's time)
 SCRUB_INTERVAL = 5.0  # between scrub passes when disk faults are on
+# versions retained when --rebase-at is on, with a snapshot after every delta: enough
+# snapshots to thin in a schedule's few versions per store
+REBASE_RETAIN = 20
 
 
 @dataclass
@@ -94,6 +97,7 @@ class _Run(ClientOps):
         tentative: float = 0.0,
         disk_faults: float = 0.0,
         skew: float = 0.0,
+        rebase_at: float = 0.0,
     ) -> None:
         self.rng = random.Random(seed)
         # tentative commits, disk faults and clock skew draw from generators of their own:
@@ -105,6 +109,10 @@ class _Run(ClientOps):
         self.drng = random.Random(seed ^ 0xD15C)
         self.network = MemoryNetwork(random.Random(self.rng.getrandbits(64)))
         config = replace(SIM_CONFIG, scrub_interval=SCRUB_INTERVAL) if disk_faults else SIM_CONFIG
+        if rebase_at:  # thinning needs more snapshots than SIM_CONFIG writes and keeps
+            config = replace(
+                config, rebase_at=rebase_at, retain_versions=REBASE_RETAIN, snapshot_every=1
+            )
         self.cluster = Cluster(
             self.network,
             NODES,
@@ -272,7 +280,7 @@ class _Run(ClientOps):
             # bring back what retention dropped before (seed 163285530910507)
             head = max([top.head[1] if top.head else 0, *acked])
             for v in acked:
-                if v > head - SIM_CONFIG.retain_versions:
+                if v > head - self.cluster.config.retain_versions:
                     await self.restore(checker, store, v, final=True)
         for c in self.clients:
             await c.close()
@@ -302,13 +310,16 @@ def run_schedule(
     tentative: float = 0.0,
     disk_faults: float = 0.0,
     skew: float = 0.0,
+    rebase_at: float = 0.0,
 ) -> Outcome:
     """Run the schedule of ``seed`` to the end and judge it (testing/history.py); ``tentative``:
     the share of the writers' commits allowed to be tentative (core/tentative.py);
     ``disk_faults``: the share of steps that also hit a node's disk; ``skew``: the bound of
-    the nodes' clock offsets, in seconds."""
+    the nodes' clock offsets, in seconds; ``rebase_at``: the nodes' ``--rebase-at`` (0 keeps
+    every snapshot, as before it existed; else with ``REBASE_RETAIN`` versions retained and a
+    snapshot after every delta)."""
     with tempfile.TemporaryDirectory(prefix="statestore-sim-") as root:
-        run = _Run(seed, app_factory, root, tentative, disk_faults, skew)
+        run = _Run(seed, app_factory, root, tentative, disk_faults, skew, rebase_at)
         n = steps if steps is not None else run.rng.randint(15, 40)
         outcome = run_simulated(lambda: run.main(n))
     outcome.seed = seed

@@ -387,3 +387,14 @@ def test_schedules_with_disk_faults_and_skew_keep_every_promise() -> None:
     assert len(kinds) >= 2, kinds  # every kind: the unit test above, and statestore-sim runs
     assert corrupt > 0
     assert run_schedule(derive(36, 0), disk_faults=0.3, skew=5.0).log == logs[0]
+
+
+def test_schedules_with_rebase_at_keep_every_promise() -> None:
+    """The nodes at --rebase-at 0.5 (a snapshot after every delta once the deltas weigh half
+    the last one, 20 versions retained: testing/schedule.py), with disk faults: every
+    acknowledged commit restores."""
+    found = []
+    for i in range(8):
+        outcome = run_schedule(derive(37, i), rebase_at=0.5, disk_faults=0.15)
+        found += [f"seed {outcome.seed}: {v}" for v in outcome.violations]
+    assert found == []
