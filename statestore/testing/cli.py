@@ -78,9 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=0.0,
         metavar="SHARE",
-        help="the nodes' --rebase-at (older snapshots thinned), with 20 versions retained and "
-        "a snapshot after every delta; 0 (the default): every snapshot kept, every seed's "
-        "schedule as it was",
+        help="the nodes' --rebase-at (a snapshot only once the deltas weigh this share of the "
+        "last one), with --snapshot-every 1 and 20 versions retained; 0 (the default): every "
+        "seed's schedule as it was",
     )
     args = parser.parse_args(argv)
     for name in ("tentative", "disk_faults"):

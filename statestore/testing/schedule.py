@@ -65,8 +65,8 @@ ACTIONS = {
 DISK_FAULTS = {"lost": 1.0, "torn": 1.0, "flip": 2.0, "wipe": 0.5}
 RECOVERY = 20.0  # a disk-faulted node is out this long after it is up again (repair's time)
 SCRUB_INTERVAL = 5.0  # between scrub passes when disk faults are on
-# versions retained when --rebase-at is on, with a snapshot after every delta: enough
-# snapshots to thin in a schedule's few versions per store
+# versions retained when --rebase-at is on, with snapshot_every 1: a schedule's few versions
+# per store then meet the rule (a snapshot only once the deltas weigh that share of the last)
 REBASE_RETAIN = 20
 
 
@@ -109,7 +109,7 @@ class _Run(ClientOps):
         self.drng = random.Random(seed ^ 0xD15C)
         self.network = MemoryNetwork(random.Random(self.rng.getrandbits(64)))
         config = replace(SIM_CONFIG, scrub_interval=SCRUB_INTERVAL) if disk_faults else SIM_CONFIG
-        if rebase_at:  # thinning needs more snapshots than SIM_CONFIG writes and keeps
+        if rebase_at:  # the weight decides, not snapshot_every, within what is retained
             config = replace(
                 config, rebase_at=rebase_at, retain_versions=REBASE_RETAIN, snapshot_every=1
             )
@@ -315,9 +315,9 @@ def run_schedule(
     """Run the schedule of ``seed`` to the end and judge it (testing/history.py); ``tentative``:
     the share of the writers' commits allowed to be tentative (core/tentative.py);
     ``disk_faults``: the share of steps that also hit a node's disk; ``skew``: the bound of
-    the nodes' clock offsets, in seconds; ``rebase_at``: the nodes' ``--rebase-at`` (0 keeps
-    every snapshot, as before it existed; else with ``REBASE_RETAIN`` versions retained and a
-    snapshot after every delta)."""
+    the nodes' clock offsets, in seconds; ``rebase_at``: the nodes' ``--rebase-at`` (0: every
+    seed's schedule as before it existed; else with ``REBASE_RETAIN`` versions retained and
+    ``snapshot_every`` 1, so the deltas' weight decides)."""
     with tempfile.TemporaryDirectory(prefix="statestore-sim-") as root:
         run = _Run(seed, app_factory, root, tentative, disk_faults, skew, rebase_at)
         n = steps if steps is not None else run.rng.randint(15, 40)

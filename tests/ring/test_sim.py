@@ -390,8 +390,8 @@ def test_schedules_with_disk_faults_and_skew_keep_every_promise() -> None:
 
 
 def test_schedules_with_rebase_at_keep_every_promise() -> None:
-    """The nodes at --rebase-at 0.5 (a snapshot after every delta once the deltas weigh half
-    the last one, 20 versions retained: testing/schedule.py), with disk faults: every
+    """The nodes at --rebase-at 0.5 (a snapshot only once the deltas weigh half the last one,
+    snapshot_every 1, 20 versions retained: testing/schedule.py), with disk faults: every
     acknowledged commit restores."""
     found = []
     for i in range(8):
