@@ -142,8 +142,9 @@ class Backend(ABC):
         used = sum(size for _, size in self.scan_sizes(b""))
         return Space(used, used)
 
-    def compact(self) -> tuple[int, int]:
-        """Give free space back to the file system; ``(bytes before, bytes after)``."""
+    def compact(self, max_log: int = 0) -> tuple[int, int]:
+        """Give free space back to the file system; ``(bytes before, bytes after)``;
+        ``max_log``: the bytes of writes it may hold meanwhile (0: the backend's default)."""
         size = self.space().file
         return size, size
 
@@ -189,6 +190,8 @@ class LmdbBackend(Backend):
         # writes since a compaction's copy began (None: no compaction under way)
         self._log: list[_Batch] | None = None
         self._logged = 0
+        self._max_log = MAX_COMPACT_LOG
+        self._overflowed = False  # more than _max_log was written: the log was let go
         self._log_lock = threading.Lock()
         self._compacting = threading.Lock()
         self.last_pause = 0.0  # seconds the last compaction held reads and writes
@@ -218,9 +221,11 @@ class LmdbBackend(Backend):
                 with self._env.begin(write=True) as txn:  # aborted, nothing written, on error
                     _apply(txn, puts, deletes)
                 with self._log_lock:  # a compaction's copy is being made: it replays this
-                    if self._log is not None:
+                    if self._log is not None and not self._overflowed:
                         self._log.append((dict(puts), list(deletes)))
                         self._logged += sum(map(len, puts.values())) + 64 * len(puts)
+                        if self._logged > self._max_log:  # let it go now: the copy is lost
+                            self._log, self._overflowed = [], True
         except self._lmdb.MapFullError as exc:
             raise InsufficientStorage(
                 f"storage under {self._path} is full: its LMDB map of {self._map_size} bytes "
@@ -290,11 +295,13 @@ class LmdbBackend(Backend):
             size = (info["last_pgno"] + 1) * psize
         return Space(size, min(size, pages * psize))
 
-    def compact(self) -> tuple[int, int]:
+    def compact(self, max_log: int = 0) -> tuple[int, int]:
         """Swap in a compacted copy of the file (module docstring, "Space given back"):
         ``(bytes before, bytes after)``. Any thread; one compaction at a time. Raises
         InsufficientStorage when LMDB fails (the file in place is unchanged) or when more
-        than :data:`MAX_COMPACT_LOG` bytes were written while the copy was made."""
+        than ``max_log`` bytes (default :data:`MAX_COMPACT_LOG`) were written while the copy
+        was made: the writes logged for the copy are let go as soon as they pass it, so a
+        compaction never holds more than that in memory."""
         with self._compacting:
             data = os.path.join(self._path, "data.mdb")
             before = os.path.getsize(data)
@@ -302,7 +309,8 @@ class LmdbBackend(Backend):
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
             with self._log_lock:
-                self._log, self._logged = [], 0
+                self._log, self._logged, self._overflowed = [], 0, False
+                self._max_log = max_log or MAX_COMPACT_LOG
             try:
                 with self._gate.shared():  # a snapshot: every later write is in the log
                     self._env.copy(tmp, compact=True)
@@ -339,15 +347,15 @@ class LmdbBackend(Backend):
 
     def _replay(self, copy: Any, keep: int) -> bool:
         """Apply the logged writes onto ``copy``, unless fewer than ``keep`` wait; whether
-        any were applied. Raises InsufficientStorage past :data:`MAX_COMPACT_LOG`."""
+        any were applied. Raises InsufficientStorage once the log passed its bound."""
         with self._log_lock:
+            if self._overflowed:
+                raise InsufficientStorage(
+                    f"compaction of {self._path} given up: more than {self._max_log} bytes "
+                    "were written while its copy was made; it is tried again later"
+                )
             if self._log is None or len(self._log) < max(keep, 1):
                 return False
-            if self._logged > MAX_COMPACT_LOG:
-                raise InsufficientStorage(
-                    f"compaction of {self._path} given up: {self._logged} bytes were written "
-                    "while its copy was made; it is tried again later"
-                )
             batch, self._log, self._logged = self._log, [], 0
         with copy.begin(write=True) as txn:
             for puts, deletes in batch:

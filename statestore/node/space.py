@@ -9,8 +9,9 @@ least ``--reclaim-min`` bytes, swaps in a compacted copy on a worker thread
 
 Costs: a check is O(1). A compaction reads and writes the live pages once (disk: the live
 bytes, briefly twice on disk while the copy is made; CPU: a page copy, no decode). Reads and
-writes go on while the copy is made; the writes made meanwhile are held in memory (at most
-256 MiB, else the compaction gives up until the next look) and replayed onto the copy, and
+writes go on while the copy is made; the writes made meanwhile are held in memory (at most a
+quarter of ``--memory-budget`` and 256 MiB: past it they are let go at once and the
+compaction gives up until the next look) and replayed onto the copy, and
 only the last replay and the swap hold them (measured in docs/benchmarks.md, "Storage").
 With the defaults (half the file free, 64 MiB at least) a file is compacted at most once per
 halving of what it holds, so the write volume it adds is bounded by what was freed.
@@ -23,7 +24,7 @@ import logging
 import time
 
 from statestore.core.errors import InsufficientStorage
-from statestore.node.backends import Space
+from statestore.node.backends import MAX_COMPACT_LOG, Space
 from statestore.node.daemon import Node
 
 __all__ = ["CHECK_EVERY", "due", "reclaim", "space_loop"]
@@ -38,6 +39,13 @@ def due(space: Space, at: float, min_bytes: int) -> bool:
     return at > 0 and space.free >= min_bytes and space.free >= at * space.file
 
 
+def compact_log_bytes(node: Node) -> int:
+    """What a compaction may hold of the writes made during its copy: a quarter of
+    ``--memory-budget``, at most :data:`MAX_COMPACT_LOG` (request bodies share the budget;
+    this is memory beside it, so it is kept to a share of it)."""
+    return max(1, min(MAX_COMPACT_LOG, node.config.memory_budget // 4))
+
+
 async def reclaim(node: Node) -> tuple[int, int] | None:
     """One look, and a compaction when :func:`due`: ``(bytes before, after)`` or None."""
     backend = node.store.backend
@@ -46,7 +54,7 @@ async def reclaim(node: Node) -> tuple[int, int] | None:
         return None
     started = time.monotonic()
     try:
-        before, after = await asyncio.to_thread(backend.compact)
+        before, after = await asyncio.to_thread(backend.compact, compact_log_bytes(node))
     except InsufficientStorage as exc:  # LMDB failed, or too much was written meanwhile
         log.warning("storage compaction skipped: %s", exc)
         return None

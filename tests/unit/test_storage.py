@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from statestore.core.chunk import encode_chunks
-from statestore.core.errors import CorruptChunk, StaleEpoch, VersionConflict
+from statestore.core.errors import (
+    CorruptChunk,
+    InsufficientStorage,
+    StaleEpoch,
+    VersionConflict,
+)
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
 from statestore.node.backends import LmdbBackend, open_backend
@@ -280,3 +285,33 @@ def test_a_backend_closed_during_a_compaction_is_not_opened_again(tmp_path: Path
     assert len(again.scan_keys(b"k")) == 100 and again.space().file == before
     assert not (tmp_path / "db" / "compact.tmp").exists()
     again.close()
+
+
+def test_a_compaction_lets_go_of_writes_past_its_log_bound(tmp_path: Path) -> None:
+    """More than ``max_log`` bytes written while the copy is made: the logged writes are let
+    go at once (a compaction never holds more than its bound in memory, node/space.py gives
+    it a quarter of --memory-budget), the compaction gives up, and every write is in the
+    file in place, which was not swapped."""
+
+    class Busy(LmdbBackend):
+        peak = 0
+
+        def _replay(self, copy: object, keep: int) -> bool:
+            if keep and not self.peak:
+                for i in range(40):  # 40 x 10 KB against a 64 KB bound
+                    self.write({b"busy%03d" % i: b"z" * 10_000})
+                    self.peak = max(self.peak, self._logged)
+            return super()._replay(copy, keep)
+
+    backend = Busy(str(tmp_path / "db"))
+    backend.write({b"k%05d" % i: b"v" * 4000 for i in range(300)})
+    backend.write({}, [b"k%05d" % i for i in range(100, 300)])
+    before = backend.space().file
+    with pytest.raises(InsufficientStorage, match="given up"):
+        backend.compact(max_log=64_000)
+    assert 0 < backend.peak <= 64_000 + 10_064  # let go as soon as one write passed it
+    assert backend.space().file >= before  # not swapped: it grew by the writes, if at all
+    assert all(backend.get(b"busy%03d" % i) == b"z" * 10_000 for i in range(40))
+    backend.write({b"after": b"1"})  # no compaction under way: nothing is logged
+    assert backend._log is None and backend.get(b"after") == b"1"
+    backend.close()
