@@ -5,10 +5,11 @@ above the last one are worth it (:func:`needs_snapshot`): at least ``snapshot_ev
 and, with ``rebase_at`` > 0, weighing at least that share of the base's bytes, or
 ``MAX_DELTAS_FACTOR`` x ``snapshot_every`` of them whatever they weigh. The deltas are the
 layers above the base: they are kept anyway (the change feed and every retained version need
-them), so with ``rebase_at`` a base is rewritten only when reading it plus its layers would
-cost more than ``1 + rebase_at`` times the base alone. At 0.5 a store changing 1% of its keys a
-version writes a base about every 50 versions, not every 10: a full copy is most of what a
-retained version costs on disk, but the latest version's restore reads more
+them), so with ``rebase_at`` a base is rewritten only once reading its layers costs
+``rebase_at`` times reading the base (and at least ``snapshot_every`` of them are there).
+At 0.5 a store changing 1% of its keys a version writes a base about every 50 versions, not
+every 10: a full copy is most of what a retained version costs on disk, but the latest
+version's restore reads more
 (docs/operations.md, "Snapshots"). ``rebase_at`` 0, the nodes' default, is a snapshot every
 ``snapshot_every`` deltas. Retention keeps the last ``retain`` versions (Spark's
 minBatchesToRetain): the floor is the newest *usable* snapshot at or below the oldest kept
@@ -44,8 +45,8 @@ __all__ = [
     "retention_floor",
 ]
 
-# deltas a chain may hold above its base whatever they weigh, in units of ``snapshot_every``
-# (a store of tiny deltas still gets a base every 100 versions at the defaults)
+# deltas a chain may hold above its base whatever they weigh with ``rebase_at`` on, in units of
+# ``snapshot_every`` (a store of tiny deltas still gets a base every 100 versions)
 MAX_DELTAS_FACTOR = 10
 
 

@@ -176,6 +176,12 @@ class MemoryBackend(Backend):
             return sorted(k for k in self._data if k.startswith(prefix))
 
 
+def _batch_bytes(puts: Mapping[bytes, bytes], deletes: Sequence[bytes]) -> int:
+    """What a logged write holds in memory, roughly: its keys and values, and 64 bytes of
+    bookkeeping per key."""
+    return sum(len(k) + len(v) + 64 for k, v in puts.items()) + sum(len(d) + 64 for d in deletes)
+
+
 class LmdbBackend(Backend):
     gives_space_back = False  # its file keeps freed pages: compact()
 
@@ -223,7 +229,7 @@ class LmdbBackend(Backend):
                 with self._log_lock:  # a compaction's copy is being made: it replays this
                     if self._log is not None and not self._overflowed:
                         self._log.append((dict(puts), list(deletes)))
-                        self._logged += sum(map(len, puts.values())) + 64 * len(puts)
+                        self._logged += _batch_bytes(puts, deletes)
                         if self._logged > self._max_log:  # let it go now: the copy is lost
                             self._log, self._overflowed = [], True
         except self._lmdb.MapFullError as exc:
@@ -356,10 +362,15 @@ class LmdbBackend(Backend):
                 )
             if self._log is None or len(self._log) < max(keep, 1):
                 return False
-            batch, self._log, self._logged = self._log, [], 0
+            # the batch stays counted until it is applied: the log that fills meanwhile and
+            # the batch together are what the bound holds
+            batch, self._log = self._log, []
+            done = sum(_batch_bytes(p, d) for p, d in batch)
         with copy.begin(write=True) as txn:
             for puts, deletes in batch:
                 _apply(txn, puts, deletes)
+        with self._log_lock:
+            self._logged = max(0, self._logged - done)
         return True
 
     def _swap(self, copy: str, data: str) -> None:

@@ -347,6 +347,7 @@ class Node:
             "have_asked": 0,  # items listed to peers (/v1/sync/have)
             "digest_confirmed": 0,  # items range digests showed a peer holds
             "compactions": 0,  # storage file compactions (node/space.py)
+            "compactions_given_up": 0,  # ... that gave up (written meanwhile, LMDB failed)
             "bytes_reclaimed": 0,  # bytes they gave back to the file system
         }
         self.move: MoveStatus | None = None  # a join, leave or token move, under way or done

@@ -257,8 +257,8 @@ class NodeCollector(Collector):
             "hint_passes, hints_tried, hints_superseded and hints_expired (the hint loop's work "
             "and the hints it dropped); divergent and reconciled (manifests whose content "
             "differed from what W owners hold at one version and epoch, and those replaced); "
-            "compactions and bytes_reclaimed (storage file compactions and the bytes they gave "
-            "back to the file system)",
+            "compactions, bytes_reclaimed and compactions_given_up (storage file compactions, "
+            "the bytes they gave back to the file system, and those given up)",
             labels=["event"],
         )
         for name in (
@@ -282,6 +282,7 @@ class NodeCollector(Collector):
             "reconciled",
             "compactions",
             "bytes_reclaimed",
+            "compactions_given_up",
         ):
             events.add_metric([name], node.stats.get(name, 0))
         yield events

@@ -393,7 +393,8 @@ SETTINGS: tuple[Setting, ...] = (
         "rebase-at",
         "number",
         0.0,
-        "and only once the deltas above the last snapshot weigh this share of it (0: every N)",
+        "and only once the deltas above the last snapshot weigh this share of it, or number "
+        "10 x N (0: every N)",
         ("rebase_at",),
         _non_negative,
         "SHARE",

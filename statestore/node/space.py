@@ -27,10 +27,11 @@ from statestore.core.errors import InsufficientStorage
 from statestore.node.backends import MAX_COMPACT_LOG, Space
 from statestore.node.daemon import Node
 
-__all__ = ["CHECK_EVERY", "due", "reclaim", "space_loop"]
+__all__ = ["CHECK_EVERY", "MAX_BACKOFF", "compact_log_bytes", "due", "reclaim", "space_loop"]
 
 log = logging.getLogger(__name__)
 CHECK_EVERY = 5.0  # seconds between two looks at the file
+MAX_BACKOFF = 300.0  # seconds between two tries at most, after compactions that gave up
 
 
 def due(space: Space, at: float, min_bytes: int) -> bool:
@@ -56,6 +57,7 @@ async def reclaim(node: Node) -> tuple[int, int] | None:
     try:
         before, after = await asyncio.to_thread(backend.compact, compact_log_bytes(node))
     except InsufficientStorage as exc:  # LMDB failed, or too much was written meanwhile
+        node.stats["compactions_given_up"] += 1
         log.warning("storage compaction skipped: %s", exc)
         return None
     took = time.monotonic() - started
@@ -74,9 +76,16 @@ async def reclaim(node: Node) -> tuple[int, int] | None:
 
 
 async def space_loop(node: Node) -> None:
-    """:func:`reclaim` every :data:`CHECK_EVERY` seconds (a supervised loop: node/server.py)."""
+    """:func:`reclaim` every :data:`CHECK_EVERY` seconds (a supervised loop: node/server.py);
+    after a compaction that gave up (too much written during its copy, or LMDB failed), the
+    next waits twice as long each time, up to :data:`MAX_BACKOFF` seconds: a steady writer
+    must not cost a copy of the whole file every few seconds."""
     if not node.config.reclaim_at > 0 or node.store.backend.gives_space_back:
         return
+    wait = CHECK_EVERY
     while True:
-        await asyncio.sleep(CHECK_EVERY)
+        await asyncio.sleep(wait)
+        gave_up = node.stats["compactions_given_up"]
         await reclaim(node)
+        failed = node.stats["compactions_given_up"] > gave_up
+        wait = min(wait * 2, MAX_BACKOFF) if failed else CHECK_EVERY

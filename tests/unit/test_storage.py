@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,8 +19,11 @@ from statestore.core.errors import (
 )
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
-from statestore.node.backends import LmdbBackend, open_backend
+from statestore.node.backends import LmdbBackend, Space, open_backend
+from statestore.node.config import NodeConfig
 from statestore.node.replica import NodeStore
+from statestore.node.space import CHECK_EVERY, MAX_BACKOFF, space_loop
+from statestore.testing.clock import run_simulated
 
 SID = StoreId("q", 1, 2, "agg")
 
@@ -294,13 +300,15 @@ def test_a_compaction_lets_go_of_writes_past_its_log_bound(tmp_path: Path) -> No
     file in place, which was not swapped."""
 
     class Busy(LmdbBackend):
-        peak = 0
+        peak = most = 0  # the counted bytes, and the bytes of values the log held
 
         def _replay(self, copy: object, keep: int) -> bool:
             if keep and not self.peak:
                 for i in range(40):  # 40 x 10 KB against a 64 KB bound
                     self.write({b"busy%03d" % i: b"z" * 10_000})
                     self.peak = max(self.peak, self._logged)
+                    held = sum(len(v) for p, _ in self._log or [] for v in p.values())
+                    self.most = max(self.most, held)
             return super()._replay(copy, keep)
 
     backend = Busy(str(tmp_path / "db"))
@@ -309,9 +317,44 @@ def test_a_compaction_lets_go_of_writes_past_its_log_bound(tmp_path: Path) -> No
     before = backend.space().file
     with pytest.raises(InsufficientStorage, match="given up"):
         backend.compact(max_log=64_000)
-    assert 0 < backend.peak <= 64_000 + 10_064  # let go as soon as one write passed it
+    assert 0 < backend.peak <= 64_000 + 10_100  # let go as soon as one write passed it
+    assert 0 < backend.most <= 64_000
     assert backend.space().file >= before  # not swapped: it grew by the writes, if at all
     assert all(backend.get(b"busy%03d" % i) == b"z" * 10_000 for i in range(40))
     backend.write({b"after": b"1"})  # no compaction under way: nothing is logged
     assert backend._log is None and backend.get(b"after") == b"1"
     backend.close()
+
+
+def test_compactions_that_give_up_back_off() -> None:
+    """node/space.space_loop: a compaction that gives up (a steady writer) is tried again
+    twice as late each time, up to MAX_BACKOFF, not every CHECK_EVERY seconds (each try
+    copies the whole file); simulated time."""
+    tries: list[float] = []
+
+    class Busy:
+        gives_space_back = False
+
+        def space(self) -> Space:
+            return Space(1 << 30, 1 << 20)  # almost all free: due
+
+        def compact(self, max_log: int = 0) -> tuple[int, int]:
+            tries.append(asyncio.get_running_loop().time())
+            raise InsufficientStorage("given up: written meanwhile")
+
+    node = SimpleNamespace(
+        config=NodeConfig(),
+        store=SimpleNamespace(backend=Busy()),
+        stats={"compactions": 0, "bytes_reclaimed": 0, "compactions_given_up": 0},
+    )
+
+    async def main() -> None:
+        task = asyncio.ensure_future(space_loop(node))  # type: ignore[arg-type]
+        await asyncio.sleep(1800)
+        task.cancel()
+
+    run_simulated(main)
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert node.stats["compactions_given_up"] == len(tries)
+    assert gaps[0] == 2 * CHECK_EVERY and max(gaps) == MAX_BACKOFF
+    assert len(tries) < 15  # not 1800 / CHECK_EVERY = 360

@@ -21,7 +21,7 @@ from typing import Any
 
 from statestore.core.errors import CorruptChunk, MalformedData, StateStoreError
 from statestore.core.handover import Handover, NodeState, Phase, RoundResult, pull_plan
-from statestore.core.ids import StoreId
+from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.items import ChunkItem, ManifestItem
 from statestore.core.items import parse as parse_item
 from statestore.node.daemon import MoveStatus, Node
@@ -66,11 +66,11 @@ async def _listing(node: Node, address: str, vnodes: int) -> tuple[list[str], di
 
 
 def _held(node: Node, items: set[str]) -> set[str]:
-    """The listed items we hold already, or do not want: a manifest below our retention
-    floor (a source whose floor is lower still lists it; a copy of it is not kept, so
-    fetching it again every round never ended the join, a hot loop the simulator found). A
-    name that is no item's is not held: its fetch fails (MalformedData), and the round with
-    it."""
+    """The listed items we hold already, or do not want: a manifest or chunk below our
+    retention floor (a source whose floor is lower still lists it; a copy of a manifest
+    there is not kept, so fetching it again every round never ended the join, a hot loop the
+    simulator found; a chunk there would be an orphan until the next gc). A name that is no
+    item's is not held: its fetch fails (MalformedData), and the round with it."""
     chunks: list[tuple[str, str]] = []
     out: set[str] = set()
     floors: dict[StoreId, int] = {}
@@ -79,19 +79,25 @@ def _held(node: Node, items: set[str]) -> set[str]:
             it = parse_item(name)
         except MalformedData:
             continue
-        if isinstance(it, ChunkItem):
+        store, version = _store_version(it)
+        if store not in floors:
+            floors[store] = node.store.floor(store)
+        if version < floors[store]:
+            out.add(name)  # below our floor: not wanted
+        elif isinstance(it, ChunkItem):
             chunks.append((name, it.key))
-            continue
-        if it.store not in floors:
-            floors[it.store] = node.store.floor(it.store)
-        if (
-            it.version < floors[it.store]
-            or node.store.raw_manifest(it.store, it.version, it.kind, it.epoch) is not None
-        ):
+        elif node.store.raw_manifest(it.store, it.version, it.kind, it.epoch) is not None:
             out.add(name)
     flags = node.store.has_chunks([key for _, key in chunks])
     out.update(name for (name, _), has in zip(chunks, flags, strict=True) if has)
     return out
+
+
+def _store_version(it: ChunkItem | ManifestItem) -> tuple[StoreId, int]:
+    if isinstance(it, ChunkItem):
+        store, version, _ = parse_chunk_key(it.key)
+        return store, version
+    return it.store, it.version
 
 
 async def _fetch(node: Node, source: str, item: str) -> int:
