@@ -17,6 +17,7 @@ __all__ = [
     "check_consistency",
     "check_write",
     "check_write_sets",
+    "home_need",
     "merge_heads",
     "read_answers",
     "read_quorum",
@@ -89,12 +90,18 @@ def check_write_sets(
     future: Sequence[str],
     write_quorum: int,
     errors: Sequence[BaseException],
+    homes: Sequence[str] = (),
 ) -> None:
     """Raise QuorumNotReached unless W of the current owners *and* W of the future owners
     acknowledged (``acked``: the addresses that did). While a node joins or leaves, a write
     goes to both sets (core/handover.py): W among the current owners keeps it readable by
     the quorum reads of today's ring, W among the future ones keeps it readable after the
-    switch. With nobody moving the two sets are one and this is :func:`check_write`."""
+    switch. With nobody moving the two sets are one and this is :func:`check_write`.
+
+    ``homes``: the item's live home replicas (core/view ``live_home_replicas``), of which a
+    manifest needs W too, or all when fewer are live: a stand-in's acknowledgement is a hint
+    that the down home replica gets later, and does not count toward what a read of the home
+    replicas must meet (:func:`home_need`)."""
     check_write(what, sum(1 for a in current if a in acked), write_quorum, len(current), errors)
     if list(future) != list(current):
         check_write(
@@ -104,6 +111,18 @@ def check_write_sets(
             len(future),
             errors,
         )
+    if homes and not set(homes) >= set(current):
+        need = home_need(homes, write_quorum)
+        got = sum(1 for a in homes if a in acked)
+        if got < need:
+            check_write(f"{what} (on its home replicas)", got, need, len(homes), errors)
+
+
+def home_need(homes: Sequence[str], write_quorum: int) -> int:
+    """Acknowledgements a manifest needs from the live home replicas ``homes``: W, or all of
+    them when fewer are live (a node lost for good, its share re-replicated to its stand-ins,
+    must not stop writes once a second one fails)."""
+    return min(write_quorum, len(homes))
 
 
 def merge_heads(heads: Iterable[Head | None]) -> Head | None:

@@ -232,6 +232,16 @@ class RingView:
         self.__dict__["_all_ring"] = ring
         return [self.address(n) for n in ring.replicas(key, self.replicas)]
 
+    def live_home_replicas(self, key: str) -> list[str]:
+        """``key``'s home replicas (:meth:`previous_replicas`) that this view does not call
+        down. A manifest write needs W of them as well as W of its owners (net/writes.py), and
+        a latest read waits for a read quorum of them (net/reads.py): a write acknowledged by a
+        stand-in (an owner only because a home replica is called down) and one home replica
+        would be missed by a read of the two other home replicas once the down one is back,
+        before repair brings it what it missed (statestore-sim seed 21317839338017)."""
+        live = set(self.live_addresses())
+        return [a for a in self.previous_replicas(key) if a in live]
+
     def store_replicas(self, store: StoreId) -> list[str]:
         return self.replicas_of(store.path)
 

@@ -87,7 +87,7 @@ async def _ask_replicas(
     body it refuses is not an answer (:func:`_ask`)."""
     need = _needed(view, answers)
     owners = view.store_replicas(store)
-    homes = _live_homes(view, store) if home else []
+    homes = view.live_home_replicas(store.path) if home else []
     need_home = min(_home_need(view, answers), len(homes)) if home else 0
     if not need_home or set(view.previous_replicas(store.path)) <= set(owners):
         return await _ask(transport, owners, path, need, rest="run", valid=valid)
@@ -106,14 +106,6 @@ async def _ask_replicas(
 
 def _among(addresses: Sequence[str], answered: set[str]) -> int:
     return sum(1 for a in addresses if a in answered)
-
-
-def _live_homes(view: RingView, store: StoreId) -> list[str]:
-    """The store's home replicas (:func:`_home_need`) that ``view`` does not call down: a
-    home replica called down is asked by no read, and one lost for good (its share
-    re-replicated to the owners that replaced it) must not stop reads for ever."""
-    live = set(view.live_addresses())
-    return [a for a in view.previous_replicas(store.path) if a in live]
 
 
 def _home_need(view: RingView, answers: int | None = None) -> int:

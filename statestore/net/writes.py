@@ -49,7 +49,7 @@ from statestore.core.errors import (
 )
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
-from statestore.core.quorum import check_write_sets
+from statestore.core.quorum import check_write_sets, home_need
 from statestore.core.view import RingView
 from statestore.net.quorate import Rest, until_enough
 from statestore.net.transport import Response, Transport
@@ -161,12 +161,14 @@ def _check(
     future: list[str],
     w: int,
     errors: list[BaseException],
+    homes: list[str] | None = None,
 ) -> None:
     """Refusals of the caller's credential and full disks first, then W of the current
-    owners and W of the future ones (core/quorum.check_write_sets)."""
+    owners and W of the future ones, and of the live home replicas for a manifest
+    (core/quorum.check_write_sets)."""
     acks = min(sum(1 for a in current if a in acked), sum(1 for a in future if a in acked))
     _full_disks(what, acks, w, errors)
-    check_write_sets(what, acked, current, future, w, errors)
+    check_write_sets(what, acked, current, future, w, errors, homes or ())
 
 
 def _full_disks(what: str, acks: int, quorum: int, errors: list[BaseException]) -> None:
@@ -183,12 +185,18 @@ def _full_disks(what: str, acks: int, quorum: int, errors: list[BaseException]) 
         )
 
 
-def _quorum_of(current: list[str], future: list[str], w: int) -> Callable[[set[str]], bool]:
-    """W acknowledgements from the current owners and W from the future ones."""
+def _quorum_of(
+    current: list[str], future: list[str], w: int, homes: list[str] | None = None
+) -> Callable[[set[str]], bool]:
+    """W acknowledgements from the current owners and W from the future ones (and from the
+    live home replicas, ``homes``, for a manifest: core/quorum.home_need)."""
     need_c, need_f = min(w, len(current)), min(w, len(future))
+    home = homes or []
+    need_h = home_need(home, w)
     return lambda acked: (
         sum(1 for a in current if a in acked) >= need_c
         and sum(1 for a in future if a in acked) >= need_f
+        and sum(1 for a in home if a in acked) >= need_h
     )
 
 
@@ -259,6 +267,9 @@ async def put_manifest(
     key = m.store.path
     w = view.write_quorum if acks is None else acks
     current, future = view.replicas_of(key), view.future_replicas_of(key)
+    # W of the live home replicas too: a stand-in's copy is a hint (core/quorum.home_need)
+    homes = view.live_home_replicas(key)
+    targets += [a for a in homes if a not in targets]
     acked, errors = await _put_everywhere(
         transport,
         targets,
@@ -266,14 +277,14 @@ async def put_manifest(
         encode_manifest(m),
         _manifest_ack,
         {"Content-Type": "application/msgpack"},
-        enough=_quorum_of(current, future, w),
+        enough=_quorum_of(current, future, w, homes),
         rest=REST["manifest"],
     )
     for e in errors:
         if isinstance(e, StaleEpoch | VersionConflict | QuotaExceeded):
             raise e
     what = f"manifest of {m.store} v{m.version}"
-    _check(what, acked, current, future, w, errors)
+    _check(what, acked, current, future, w, errors, homes)
     return len(acked)
 
 

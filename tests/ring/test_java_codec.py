@@ -534,16 +534,18 @@ def test_java_placement_is_pythons(harness: Harness) -> None:
     assert 10 < zoned < 50  # both kinds of ring were drawn
 
 
-def _python_check(view: RingView, key: str, acked: set[str]) -> str:
-    """Python's decision on a write of ``key`` acknowledged by ``acked``, as the harness's."""
+def _python_check(view: RingView, key: str, acked: set[str], manifest: bool = False) -> str:
+    """Python's decision on a write of ``key`` acknowledged by ``acked``, as the harness's
+    (``manifest``: W of the live home replicas too)."""
     try:
         check_write_sets(
-            f"chunk {key}",
+            f"manifest of {key}" if manifest else f"chunk {key}",
             acked,
             view.replicas_of(key),
             view.future_replicas_of(key),
             view.write_quorum,
             [],
+            view.live_home_replicas(key) if manifest else (),
         )
     except QuorumNotReached as exc:
         return f"quorum_not_reached: {exc}"
@@ -566,12 +568,16 @@ def test_java_write_sets_are_pythons(harness: Harness) -> None:
             targets = view.write_replicas_of(k)
             # mostly all but a few of the targets; now and then a stray member acknowledging
             got = [a for a in targets if rng.random() < 0.75]
+            # now and then every owner but a home replica (a stand-in's acknowledgement)
+            homes = view.live_home_replicas(k)
+            if homes and rng.random() < 0.2:
+                got = [a for a in targets if a != homes[0]]
             if rng.random() < 0.1:
                 got.append(rng.choice(everyone))
             acked.append(sorted(set(got)))
         cases.append({"view": json.dumps(v), "keys": keys, "acked": acked})
     got = harness("writeset", cases)
-    moving = refused_after_move = 0
+    moving = refused_after_move = refused_at_home = 0
     for v, case, java in zip(views, cases, got, strict=True):
         view = RingView.from_json(v)
         assert java["current"] == [view.replicas_of(k) for k in keys], v
@@ -579,9 +585,17 @@ def test_java_write_sets_are_pythons(harness: Harness) -> None:
         assert java["targets"] == [view.write_replicas_of(k) for k in keys], v
         want = [_python_check(view, k, set(a)) for k, a in zip(keys, case["acked"], strict=True)]
         assert java["checks"] == want, v
+        assert java["homes"] == [view.live_home_replicas(k) for k in keys], v
+        want = [
+            _python_check(view, k, set(a), manifest=True)
+            for k, a in zip(keys, case["acked"], strict=True)
+        ]
+        assert java["manifest_checks"] == want, v
         moving += view.moving
         refused_after_move += sum("(on its owners after the move)" in c for c in want)
-    assert 20 < moving < 75 and refused_after_move > 20  # both kinds of view, both refusals
+        refused_at_home += sum("(on its home replicas)" in c for c in want)
+    # both kinds of view, each refusal
+    assert 20 < moving < 75 and refused_after_move > 20 and refused_at_home > 5
 
 
 class _Member(http.server.BaseHTTPRequestHandler):

@@ -182,14 +182,9 @@ DISK = {"disk_faults": 0.15, "skew": 5.0}  # the 1,000-schedule run's options
         # so no round was clean and none paused: the join looped without end, and simulated
         # time stood still; what lies below the floor now counts as held (node/moves/join.py)
         (87846624326268, DISK),
-        # open (docs/reliability.md): head-went-back with link faults, a crashed node and
-        # skewed clocks (no disk fault): a restore of the latest saw v6 after v7 was
-        # acknowledged at the same epoch; found after the 1,000-schedule run (run seed 372000)
-        pytest.param(
-            21317839338017,
-            DISK,
-            marks=pytest.mark.xfail(strict=True, reason="a head read missed an acked v7: open"),
-        ),
+        # head-went-back: v7 acknowledged by one home replica and a stand-in, read from the
+        # two other home replicas once the crashed one was back (run seed 372000)
+        (21317839338017, DISK),
     ],
 )  # fmt: skip
 def test_found_seeds_replay_clean(seed: int, options: dict[str, float]) -> None:

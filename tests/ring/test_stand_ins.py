@@ -226,3 +226,63 @@ def test_a_head_read_needs_a_read_quorum_of_the_home_replicas_too() -> None:
         return [single.version, batched[0].version]
 
     assert asyncio.run(reads()) == [5, 5]
+
+
+class _CutFrom(HttpTransport):
+    """A writer's transport whose link to ``cut`` is down (connection refused)."""
+
+    def __init__(self, cut: str) -> None:
+        super().__init__(timeout=10.0)
+        self.cut = cut
+
+    async def request(self, method: str, address: str, path: str, **kw: Any) -> Response:
+        from statestore.core.errors import NodeUnavailable
+
+        if address == self.cut:
+            raise NodeUnavailable(f"node {address} is unreachable (the link is cut)")
+        return await super().request(method, address, path, **kw)
+
+
+def test_a_manifest_needs_w_of_the_live_home_replicas_not_a_stand_in(ring5: LocalRing) -> None:
+    """A writer whose view called home replica h0 down, and whose link to h1 was cut, had a
+    commit acknowledged by h2 and the stand-in that took h0's place. Once h0 was back, a read
+    quorum of the home replicas h0 and h1 missed it, and a restore went back a version
+    (statestore-sim seed 21317839338017, head-went-back). A manifest now needs W of the live
+    home replicas as well: that commit is refused, and one that is acknowledged is held by
+    two home replicas, which every read quorum of the three meets. Fails on the code before
+    (the commit was acknowledged with one home replica holding it)."""
+    from statestore.core.errors import QuorumNotReached
+
+    ring5.wait_ring(5)
+    sid = StoreId("homes", 0, 1, "default")
+    with RingClient(ring5.seeds) as client:
+        client.commit(sid, 1, {b"k": b"v1"})
+        view = client.ring()
+        epoch = client.latest(sid).epoch
+    homes = view.store_replicas(sid)
+    h0, h1, h2 = homes
+    seen = _called_down(view, {h0})
+    assert len(set(seen.store_replicas(sid)) - set(homes)) == 1  # a stand-in took h0's place
+    manifest, chunks = build_commit(
+        sid, 2, {b"k": b"v2"}, [], {}, epoch, False, key_groups=16, chunk_size=1024,
+        max_chunk=1 << 22, base_epoch=epoch,
+    )  # fmt: skip
+
+    async def write(transport: HttpTransport) -> None:
+        try:
+            await write_commit(transport, seen, manifest, chunks)
+        finally:
+            await transport.close()
+
+    with pytest.raises(QuorumNotReached, match="on its home replicas"):
+        asyncio.run(write(_CutFrom(h1)))
+    asyncio.run(write(HttpTransport(timeout=10.0)))
+    held = {a: _version(http_json(a, f"/v1/stores/{sid.path}/head")) for a in homes}
+    assert held[h1] == held[h2] == 2, held
+    with RingClient(ring5.seeds) as client:
+        assert client.restore(sid).version == 2
+
+
+def _version(head: object) -> int:
+    assert isinstance(head, dict)
+    return int(head["version"])

@@ -429,6 +429,7 @@ def render_handover(lines: list[str]) -> list[str]:
                     _names(kv["future"]),
                     int(kv["w"]),
                     [],
+                    _names(kv["homes"]) if "homes" in kv else (),
                 )
                 out.append("write ok")
             except QuorumNotReached as exc:

@@ -72,6 +72,8 @@ public final class RingView {
   public final int vnodes;
   private final RingPlacement ring;
   private final RingPlacement future;
+  /** The ring counting every member in a read state, down ones too (the items' homes). */
+  private final RingPlacement home;
   private final List<String> live;
   private final Map<String, String> address = new LinkedHashMap<>();
 
@@ -86,8 +88,12 @@ public final class RingView {
     this.vnodes = vnodes;
     List<RingPlacement.Member> now = new ArrayList<>();
     List<RingPlacement.Member> later = new ArrayList<>();
+    List<RingPlacement.Member> all = new ArrayList<>();
     TreeSet<String> liveIds = new TreeSet<>();
     for (MemberInfo m : members) {
+      if (READ_STATES.contains(m.state())) {
+        all.add(m.placed(vnodes));
+      }
       if (!m.status().equals("down") && !m.state().equals("left")) {
         if (READ_STATES.contains(m.state())) {
           now.add(m.placed(vnodes));
@@ -103,6 +109,8 @@ public final class RingView {
     future = new LinkedHashSet<>(later).equals(new LinkedHashSet<>(now))
         ? ring : new RingPlacement(later, vnodes);
     live = List.copyOf(liveIds);
+    home = new LinkedHashSet<>(all).equals(new LinkedHashSet<>(now))
+        ? ring : new RingPlacement(all, vnodes);
   }
 
   public static RingView fromJson(JsonNode obj) {
@@ -192,6 +200,21 @@ public final class RingView {
     return out;
   }
 
+  /**
+   * {@code key}'s home replicas (its owners on the ring counting down members too) that this
+   * view does not call down, as Python's {@code live_home_replicas}: a manifest needs W of
+   * them as well (a stand-in's copy is a hint; {@link #checkWriteSets}).
+   */
+  public List<String> liveHomeReplicasOf(String key) {
+    List<String> out = new ArrayList<>();
+    for (String id : home.replicas(key, replicas)) {
+      if (live.contains(id)) {
+        out.add(address.get(id));
+      }
+    }
+    return out;
+  }
+
   /** Replicas first, then every other live node in ring order (where it may have moved). */
   public List<String> readOrder(String key) {
     List<String> out = replicasOf(key);
@@ -230,6 +253,22 @@ public final class RingView {
     }
   }
 
+  /**
+   * {@link #checkWriteSets}, and W of the live home replicas {@code homes} (all of them when
+   * fewer are live): Python's {@code check_write_sets} with {@code homes}, for a manifest.
+   */
+  static void checkWriteSets(String what, Set<String> acked, List<String> current,
+      List<String> future, int w, List<RingException> errors, List<String> homes) {
+    checkWriteSets(what, acked, current, future, w, errors);
+    if (!homes.isEmpty() && !new LinkedHashSet<>(homes).containsAll(current)) {
+      int need = Math.min(w, homes.size());
+      int got = countIn(homes, acked);
+      if (got < need) {
+        checkWrite(what + " (on its home replicas)", got, need, homes.size(), errors);
+      }
+    }
+  }
+
   private static int countIn(List<String> addresses, Set<String> acked) {
     int n = 0;
     for (String a : addresses) {
@@ -263,5 +302,13 @@ public final class RingView {
     int needCurrent = Math.min(w, current.size());
     int needFuture = Math.min(w, future.size());
     return acked -> countIn(current, acked) >= needCurrent && countIn(future, acked) >= needFuture;
+  }
+
+  /** {@link #quorumOf}, and W of the live home replicas (all when fewer are live). */
+  static Predicate<Set<String>> quorumOf(List<String> current, List<String> future, int w,
+      List<String> homes) {
+    Predicate<Set<String>> owners = quorumOf(current, future, w);
+    int needHome = Math.min(w, homes.size());
+    return acked -> owners.test(acked) && countIn(homes, acked) >= needHome;
   }
 }

@@ -235,12 +235,20 @@ public final class RingWriter {
 
   /** {@link #putManifest(RingView, ManifestCodec.Manifest)} with {@code ?retain=N} when N > 0. */
   public int putManifest(RingView v, ManifestCodec.Manifest m, int retain) {
-    List<String> targets = v.writeReplicasOf(m.store());
+    List<String> targets = new ArrayList<>(v.writeReplicasOf(m.store()));
+    // W of the live home replicas too: a stand-in's copy is a hint (RingView.checkWriteSets)
+    List<String> homes = v.liveHomeReplicasOf(m.store());
+    for (String a : homes) {
+      if (!targets.contains(a)) {
+        targets.add(a);
+      }
+    }
     String path = "/v1/manifests/" + m.store() + "/" + m.version() + "/" + m.kind()
         + (retain > 0 ? "?retain=" + retain : "");
     Puts r = putEverywhere(targets, path, ManifestCodec.encode(m), "application/msgpack",
         RingWriter::manifestAck,
-        RingView.quorumOf(v.replicasOf(m.store()), v.futureReplicasOf(m.store()), v.writeQuorum),
+        RingView.quorumOf(v.replicasOf(m.store()), v.futureReplicasOf(m.store()), v.writeQuorum,
+            homes),
         MANIFEST_FINAL).join();
     for (RingException e : r.errors) {
       if (e.code().equals("stale_epoch") || e.code().equals("version_conflict")
@@ -249,7 +257,7 @@ public final class RingWriter {
       }
     }
     RingView.checkWriteSets("manifest of " + m.store() + " v" + m.version(), r.acked,
-        v.replicasOf(m.store()), v.futureReplicasOf(m.store()), v.writeQuorum, r.errors);
+        v.replicasOf(m.store()), v.futureReplicasOf(m.store()), v.writeQuorum, r.errors, homes);
     return r.acked.size();
   }
 

@@ -431,7 +431,7 @@ public final class CodecHarness {
     RingView view = RingView.fromJson(new ObjectMapper().readTree((String) c.get("view")));
     List<?> keys = (List<?>) c.get("keys");
     List<?> acked = (List<?>) c.get("acked");
-    out.mapHeader(4);
+    out.mapHeader(6);
     out.str("current").arrayHeader(keys.size());
     for (Object k : keys) {
       addresses(out, view.replicasOf((String) k));
@@ -454,6 +454,26 @@ public final class CodecHarness {
       try {
         RingView.checkWriteSets("chunk " + key, acks, view.replicasOf(key),
             view.futureReplicasOf(key), view.writeQuorum, List.of());
+        out.str("ok");
+      } catch (RingErrors.RingException e) {
+        out.str(e.code() + ": " + e.getMessage());
+      }
+    }
+    out.str("homes").arrayHeader(keys.size());
+    for (Object k : keys) {
+      addresses(out, view.liveHomeReplicasOf((String) k));
+    }
+    out.str("manifest_checks").arrayHeader(keys.size());
+    for (int i = 0; i < keys.size(); i++) {
+      String key = (String) keys.get(i);
+      java.util.Set<String> acks = new java.util.LinkedHashSet<>();
+      for (Object a : (List<?>) acked.get(i)) {
+        acks.add((String) a);
+      }
+      try {
+        RingView.checkWriteSets("manifest of " + key, acks, view.replicasOf(key),
+            view.futureReplicasOf(key), view.writeQuorum, List.of(),
+            view.liveHomeReplicasOf(key));
         out.str("ok");
       } catch (RingErrors.RingException e) {
         out.str(e.code() + ": " + e.getMessage());
