@@ -239,8 +239,11 @@ class RingView:
         stand-in (an owner only because a home replica is called down) and one home replica
         would be missed by a read of the two other home replicas once the down one is back,
         before repair brings it what it missed (statestore-sim seed 21317839338017)."""
-        live = set(self.live_addresses())
-        return [a for a in self.previous_replicas(key) if a in live]
+        self.previous_replicas(key)  # builds the ring counting every member
+        ring: Ring = self.__dict__["_all_ring"]
+        live = set(self.__dict__["_live"])
+        # by member id, not address: a down member's address may be a new member's now
+        return [self.address(n) for n in ring.replicas(key, self.replicas) if n in live]
 
     def store_replicas(self, store: StoreId) -> list[str]:
         return self.replicas_of(store.path)

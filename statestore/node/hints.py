@@ -73,7 +73,7 @@ from statestore.core.hints import (
 from statestore.core.ids import MAX_EPOCH, MAX_VERSION, StoreId, chunk_key, parse_uint
 from statestore.core.items import KINDS, ManifestItem
 from statestore.core.manifest import Manifest
-from statestore.core.quorum import read_quorum
+from statestore.core.quorum import home_need, read_quorum
 from statestore.core.tentative import (
     CONFIRMED,
     ROLLED_BACK,
@@ -279,25 +279,28 @@ async def _chunks(node: Node, view: RingView, m: Manifest) -> list[EncodedChunk]
     return out
 
 
-async def _owner_manifests(node: Node, view: RingView, m: Manifest) -> list[list[Manifest]]:
+async def _owner_manifests(
+    node: Node, view: RingView, m: Manifest
+) -> list[tuple[str, list[Manifest]]]:
     """What each owner that answers holds around ``m``: its chain answer for ``m.version``
     (every manifest above it, every epoch of it, and lines of descent below:
     core/manifest.local_chain); QuorumNotReached below a read quorum of answers."""
     path = f"/v1/stores/{m.store.path}/chain?version={m.version}"
+    owners = view.store_replicas(m.store)
     results = await asyncio.gather(
-        *(node.transport.request("GET", a, path) for a in view.store_replicas(m.store)),
+        *(node.transport.request("GET", a, path) for a in owners),
         return_exceptions=True,
     )
-    out: list[list[Manifest]] = []
-    for r in results:
+    out: list[tuple[str, list[Manifest]]] = []
+    for a, r in zip(owners, results, strict=True):
         if isinstance(r, BaseException):
             if isinstance(r, NotFound):
-                out.append([])
+                out.append((a, []))
             elif not isinstance(r, StateStoreError):
                 raise r
             continue
         try:
-            out.append(decode_chain(r.body))
+            out.append((a, decode_chain(r.body)))
         except StateStoreError:
             continue
     if len(out) < min(read_quorum(view.replicas, view.write_quorum), len(view.members)):
@@ -305,20 +308,33 @@ async def _owner_manifests(node: Node, view: RingView, m: Manifest) -> list[list
     return out
 
 
-def _holdings(m: Manifest, per_owner: list[list[Manifest]]) -> tuple[int, int, bool]:
+def _holdings(
+    view: RingView, m: Manifest, per_owner: list[tuple[str, list[Manifest]]]
+) -> tuple[int, int, bool]:
     """Owners holding ``m`` with its content, owners holding other content at its version,
     kind and epoch, and whether some owner holds a commit of version + 1 built on its epoch
-    (a writer that read it within a bound and went on from it)."""
+    (a writer that read it within a bound and went on from it). Owners holding ``m`` count
+    as W only once W of the store's live home replicas are among them (as a write is
+    acknowledged, core/quorum.check_write_sets): a stand-in's copy is a hint."""
     same = other = 0
     built_on = False
-    for held in per_owner:
+    holders: list[str] = []
+    for address, held in per_owner:
         mine = [h for h in held if (h.version, h.epoch, h.kind) == (m.version, m.epoch, m.kind)]
-        same += any(h.same_content(m) for h in mine)
+        if any(h.same_content(m) for h in mine):
+            same += 1
+            holders.append(address)
         other += any(not h.same_content(m) for h in mine)
         built_on |= any(
             h.version == m.version + 1 and h.kind == "delta" and h.base_epoch == m.epoch
             for h in held
         )
+    homes = view.live_home_replicas(m.store.path)
+    at_home = sum(1 for a in homes if a in holders)
+    if not set(homes) >= set(view.store_replicas(m.store)) and at_home < home_need(
+        homes, view.write_quorum
+    ):
+        same = min(same, view.write_quorum - 1)
     return same, other, built_on
 
 
@@ -370,7 +386,7 @@ async def _decide(
     # commit, then other content; one epoch is one writer, and a writer that was told
     # "tentative" goes on from it, never back): at W owners this hint is stale; at fewer, a
     # write in flight or a partial one, which repair completes or reconciles: it waits
-    same, other, _ = _holdings(m, await _owner_manifests(node, view, m))
+    same, other, _ = _holdings(view, m, await _owner_manifests(node, view, m))
     fate = handoff_fate(same, other, view.write_quorum)
     if fate == "stale":
         return STALE
@@ -382,7 +398,7 @@ async def _decide(
     except VersionConflict:
         # the other content arrived meanwhile (a race with the writer's retry): the content
         # at W owners wins; where ours landed beside it, repair reconciles it to that one
-        same, other, _ = _holdings(m, await _owner_manifests(node, view, m))
+        same, other, _ = _holdings(view, m, await _owner_manifests(node, view, m))
         fate = after_conflict(same, other, view.write_quorum)
         if fate == "stale":
             return STALE
@@ -391,7 +407,7 @@ async def _decide(
         return None
     except (StaleEpoch, InvalidRequest):
         # refused for good: a higher epoch, or below retention
-        same, other, built_on = _holdings(m, await _owner_manifests(node, view, m))
+        same, other, built_on = _holdings(view, m, await _owner_manifests(node, view, m))
         if same >= view.write_quorum:  # handed off another way already
             return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
         if built_on and not other:  # stable history built on it: make it whole
@@ -424,7 +440,7 @@ async def _copy_to_owners(node: Node, view: RingView, m: Manifest) -> None:
             raise r
     # an owner holding other content at this version and epoch answers but keeps its own:
     # count the owners that hold ours now
-    same, _, _ = _holdings(m, await _owner_manifests(node, view, m))
+    same, _, _ = _holdings(view, m, await _owner_manifests(node, view, m))
     if same < view.write_quorum:
         raise QuorumNotReached(f"copy of {m.store} v{m.version}: fewer than W owners hold it")
 

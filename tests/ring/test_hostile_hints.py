@@ -180,3 +180,32 @@ async def test_undecidable_hints_expire(tmp_path: Path) -> None:
         assert node.stats["hints_expired"] == 100
     finally:
         await stop_node(node, runner)
+
+
+def test_a_hint_held_by_one_home_replica_and_a_stand_in_is_not_at_w() -> None:
+    """A hand-off's verdict counts owners holding the hint's content as W only once W of the
+    store's live home replicas hold it too (node/hints._holdings, as core/quorum's write
+    rule): one home replica and the stand-in of a home replica called down are not W, so
+    the hint is not confirmed on their word. Fails on the code before (counted 2)."""
+    from statestore.core.view import MemberInfo, RingView
+    from statestore.node.hints import _holdings
+
+    full = RingView(epoch=3, members=tuple(MemberInfo(f"n{i}", f"n{i}:7400") for i in range(5)))
+    home = full.store_replicas(SID)
+    seen = full.to_json()
+    for m in seen["members"]:
+        if m["address"] == home[0]:
+            m["status"] = "down"
+    view = RingView.from_json(seen)
+    (stand_in,) = set(view.store_replicas(SID)) - set(home)
+    m, _ = build_commit(
+        SID, 1, {b"k": b"v"}, [], {}, 1, False, key_groups=4, chunk_size=1024, max_chunk=1 << 20
+    )
+    held = [(home[1], [m]), (stand_in, [m]), (home[2], [])]
+    assert _holdings(view, m, held)[0] == 1  # below W=2: not confirmed on their word
+    held = [(home[1], [m]), (stand_in, [m]), (home[2], [m])]
+    assert _holdings(view, m, held)[0] == 3
+    # a down member's address taken by a new member (another id) is no live home replica
+    seen["members"].append({"id": "fresh", "address": home[0], "status": "up", "state": "joining"})
+    reused = RingView.from_json(seen)
+    assert home[0] not in reused.live_home_replicas(SID.path)
