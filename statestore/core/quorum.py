@@ -98,10 +98,10 @@ def check_write_sets(
     the quorum reads of today's ring, W among the future ones keeps it readable after the
     switch. With nobody moving the two sets are one and this is :func:`check_write`.
 
-    ``homes``: the item's live home replicas (core/view ``live_home_replicas``), of which a
-    manifest needs W too, or all when fewer are live: a stand-in's acknowledgement is a hint
-    that the down home replica gets later, and does not count toward what a read of the home
-    replicas must meet (:func:`home_need`)."""
+    ``homes``: the item's home replicas (core/view ``write_homes``: its owners on the ring
+    counting down members), of which a manifest needs W too, down ones included: a stand-in's
+    acknowledgement is a hint that the down home replica gets later, and does not count
+    toward what a read quorum of the home replicas must meet (:func:`home_need`)."""
     check_write(what, sum(1 for a in current if a in acked), write_quorum, len(current), errors)
     if list(future) != list(current):
         check_write(
@@ -111,7 +111,7 @@ def check_write_sets(
             len(future),
             errors,
         )
-    if homes and not set(homes) >= set(current):
+    if homes and not set(current) <= set(homes):
         need = home_need(homes, write_quorum)
         got = sum(1 for a in homes if a in acked)
         if got < need:
@@ -119,9 +119,10 @@ def check_write_sets(
 
 
 def home_need(homes: Sequence[str], write_quorum: int) -> int:
-    """Acknowledgements a manifest needs from the live home replicas ``homes``: W, or all of
-    them when fewer are live (a node lost for good, its share re-replicated to its stand-ins,
-    must not stop writes once a second one fails)."""
+    """Acknowledgements a manifest needs from its home replicas ``homes`` (down ones
+    included): W, or all of them on a ring of fewer members. With R=3 and W=2, a store two of
+    whose home replicas are down takes no commit until one is back or is removed for good
+    (`statestore removenode`), as a quorum write in Cassandra counts no hint."""
     return min(write_quorum, len(homes))
 
 

@@ -232,18 +232,25 @@ class RingView:
         self.__dict__["_all_ring"] = ring
         return [self.address(n) for n in ring.replicas(key, self.replicas)]
 
-    def live_home_replicas(self, key: str) -> list[str]:
-        """``key``'s home replicas (:meth:`previous_replicas`) that this view does not call
-        down. A manifest write needs W of them as well as W of its owners (net/writes.py), and
-        a latest read waits for a read quorum of them (net/reads.py): a write acknowledged by a
-        stand-in (an owner only because a home replica is called down) and one home replica
-        would be missed by a read of the two other home replicas once the down one is back,
-        before repair brings it what it missed (statestore-sim seed 21317839338017)."""
+    def write_homes(self, key: str) -> list[str]:
+        """``key``'s home replicas as a manifest write counts them (core/quorum
+        ``check_write_sets``): a live one by its address, a down one as ``down:ID``, which no
+        answer ever matches. A write needs W of them however many are down, so a stand-in's
+        copy never stands for a home replica's (it is a hint), and a down member's address
+        taken by a new member is not that member's."""
         self.previous_replicas(key)  # builds the ring counting every member
         ring: Ring = self.__dict__["_all_ring"]
         live = set(self.__dict__["_live"])
-        # by member id, not address: a down member's address may be a new member's now
-        return [self.address(n) for n in ring.replicas(key, self.replicas) if n in live]
+        return [
+            self.address(n) if n in live else f"down:{n}" for n in ring.replicas(key, self.replicas)
+        ]
+
+    def live_home_replicas(self, key: str) -> list[str]:
+        """``key``'s home replicas (:meth:`previous_replicas`) that this view does not call
+        down, by member id (a down member's address may be a new member's now). A manifest
+        write goes to them (net/writes.py, :meth:`write_homes`) and a latest read waits for a
+        read quorum of them (net/reads.py)."""
+        return [a for a in self.write_homes(key) if not a.startswith("down:")]
 
     def store_replicas(self, store: StoreId) -> list[str]:
         return self.replicas_of(store.path)

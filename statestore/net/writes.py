@@ -164,7 +164,7 @@ def _check(
     homes: list[str] | None = None,
 ) -> None:
     """Refusals of the caller's credential and full disks first, then W of the current
-    owners and W of the future ones, and of the live home replicas for a manifest
+    owners and W of the future ones, and of the home replicas for a manifest
     (core/quorum.check_write_sets)."""
     acks = min(sum(1 for a in current if a in acked), sum(1 for a in future if a in acked))
     _full_disks(what, acks, w, errors)
@@ -189,7 +189,7 @@ def _quorum_of(
     current: list[str], future: list[str], w: int, homes: list[str] | None = None
 ) -> Callable[[set[str]], bool]:
     """W acknowledgements from the current owners and W from the future ones (and from the
-    live home replicas, ``homes``, for a manifest: core/quorum.home_need)."""
+    home replicas, ``homes``, for a manifest: core/quorum.home_need)."""
     need_c, need_f = min(w, len(current)), min(w, len(future))
     home = homes or []
     need_h = home_need(home, w)
@@ -267,9 +267,9 @@ async def put_manifest(
     key = m.store.path
     w = view.write_quorum if acks is None else acks
     current, future = view.replicas_of(key), view.future_replicas_of(key)
-    # W of the live home replicas too: a stand-in's copy is a hint (core/quorum.home_need)
-    homes = view.live_home_replicas(key)
-    targets += [a for a in homes if a not in targets]
+    # W of the home replicas too: a stand-in's copy is a hint (core/quorum.home_need)
+    homes = view.write_homes(key)
+    targets += [a for a in view.live_home_replicas(key) if a not in targets]
     acked, errors = await _put_everywhere(
         transport,
         targets,

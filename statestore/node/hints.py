@@ -314,7 +314,7 @@ def _holdings(
     """Owners holding ``m`` with its content, owners holding other content at its version,
     kind and epoch, and whether some owner holds a commit of version + 1 built on its epoch
     (a writer that read it within a bound and went on from it). Owners holding ``m`` count
-    as W only once W of the store's live home replicas are among them (as a write is
+    as W only once W of the store's home replicas are among them (as a write is
     acknowledged, core/quorum.check_write_sets): a stand-in's copy is a hint."""
     same = other = 0
     built_on = False
@@ -329,9 +329,9 @@ def _holdings(
             h.version == m.version + 1 and h.kind == "delta" and h.base_epoch == m.epoch
             for h in held
         )
-    homes = view.live_home_replicas(m.store.path)
+    homes = view.write_homes(m.store.path)
     at_home = sum(1 for a in homes if a in holders)
-    if not set(homes) >= set(view.store_replicas(m.store)) and at_home < home_need(
+    if not set(view.store_replicas(m.store)) <= set(homes) and at_home < home_need(
         homes, view.write_quorum
     ):
         same = min(same, view.write_quorum - 1)

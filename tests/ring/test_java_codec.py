@@ -545,7 +545,7 @@ def _python_check(view: RingView, key: str, acked: set[str], manifest: bool = Fa
             view.future_replicas_of(key),
             view.write_quorum,
             [],
-            view.live_home_replicas(key) if manifest else (),
+            view.write_homes(key) if manifest else (),
         )
     except QuorumNotReached as exc:
         return f"quorum_not_reached: {exc}"
@@ -585,7 +585,7 @@ def test_java_write_sets_are_pythons(harness: Harness) -> None:
         assert java["targets"] == [view.write_replicas_of(k) for k in keys], v
         want = [_python_check(view, k, set(a)) for k, a in zip(keys, case["acked"], strict=True)]
         assert java["checks"] == want, v
-        assert java["homes"] == [view.live_home_replicas(k) for k in keys], v
+        assert java["homes"] == [view.write_homes(k) for k in keys], v
         want = [
             _python_check(view, k, set(a), manifest=True)
             for k, a in zip(keys, case["acked"], strict=True)

@@ -33,13 +33,14 @@ def ring5(tmp_path: Path) -> Iterator[LocalRing]:
 def _write_to_stand_ins(
     view: RingView, sid: StoreId, rows: dict[bytes, bytes], positions: dict[str, int] | None = None
 ) -> None:
-    """Commit v1 of ``sid`` as a writer that saw all three of its owners down (a split they
-    were cut off by) does: acknowledged by the stand-ins, no owner holds it."""
+    """Commit v1 of ``sid`` as a writer whose view says all three of its owners left the ring
+    (a stale or wrong view) does: acknowledged by the stand-ins, no owner holds it. (A view
+    that calls them down takes no commit: a manifest needs W of its home replicas.)"""
     owners = view.store_replicas(sid)
     seen = view.to_json()
     for m in seen["members"]:
         if m["address"] in owners:
-            m["status"] = "down"
+            m["state"] = "left"
     partitioned = RingView.from_json(seen)
     assert not set(partitioned.store_replicas(sid)) & set(owners)
     manifest, chunks = build_commit(
@@ -247,10 +248,11 @@ def test_a_manifest_needs_w_of_the_live_home_replicas_not_a_stand_in(ring5: Loca
     """A writer whose view called home replica h0 down, and whose link to h1 was cut, had a
     commit acknowledged by h2 and the stand-in that took h0's place. Once h0 was back, a read
     quorum of the home replicas h0 and h1 missed it, and a restore went back a version
-    (statestore-sim seed 21317839338017, head-went-back). A manifest now needs W of the live
-    home replicas as well: that commit is refused, and one that is acknowledged is held by
-    two home replicas, which every read quorum of the three meets. Fails on the code before
-    (the commit was acknowledged with one home replica holding it)."""
+    (statestore-sim seed 21317839338017, head-went-back). A manifest now needs W of the
+    home replicas as well, down ones counted: that commit is refused, so is one on a view
+    calling two home replicas down, and one that is acknowledged is held by two home
+    replicas, which every read quorum of the three meets. Fails on the code before (the
+    commit was acknowledged with one home replica holding it)."""
     from statestore.core.errors import QuorumNotReached
 
     ring5.wait_ring(5)
@@ -268,14 +270,17 @@ def test_a_manifest_needs_w_of_the_live_home_replicas_not_a_stand_in(ring5: Loca
         max_chunk=1 << 22, base_epoch=epoch,
     )  # fmt: skip
 
-    async def write(transport: HttpTransport) -> None:
+    async def write(transport: HttpTransport, on: RingView = seen) -> None:
         try:
-            await write_commit(transport, seen, manifest, chunks)
+            await write_commit(transport, on, manifest, chunks)
         finally:
             await transport.close()
 
     with pytest.raises(QuorumNotReached, match="on its home replicas"):
         asyncio.run(write(_CutFrom(h1)))
+    # two home replicas called down: the one left and the stand-ins are not W of the homes
+    with pytest.raises(QuorumNotReached, match="on its home replicas"):
+        asyncio.run(write(HttpTransport(timeout=10.0), _called_down(view, {h0, h1})))
     asyncio.run(write(HttpTransport(timeout=10.0)))
     held = {a: _version(http_json(a, f"/v1/stores/{sid.path}/head")) for a in homes}
     assert held[h1] == held[h2] == 2, held

@@ -201,15 +201,25 @@ public final class RingView {
   }
 
   /**
-   * {@code key}'s home replicas (its owners on the ring counting down members too) that this
-   * view does not call down, as Python's {@code live_home_replicas}: a manifest needs W of
-   * them as well (a stand-in's copy is a hint; {@link #checkWriteSets}).
+   * {@code key}'s home replicas (its owners on the ring counting down members too) as a
+   * manifest write counts them, as Python's {@code write_homes}: a live one by its address, a
+   * down one as {@code down:ID}, which no answer matches. A manifest needs W of them, down
+   * ones included: a stand-in's copy is a hint ({@link #checkWriteSets}).
    */
-  public List<String> liveHomeReplicasOf(String key) {
+  public List<String> writeHomesOf(String key) {
     List<String> out = new ArrayList<>();
     for (String id : home.replicas(key, replicas)) {
-      if (live.contains(id)) {
-        out.add(address.get(id));
+      out.add(live.contains(id) ? address.get(id) : "down:" + id);
+    }
+    return out;
+  }
+
+  /** The live ones of {@link #writeHomesOf} (Python's {@code live_home_replicas}). */
+  public List<String> liveHomeReplicasOf(String key) {
+    List<String> out = new ArrayList<>();
+    for (String a : writeHomesOf(key)) {
+      if (!a.startsWith("down:")) {
+        out.add(a);
       }
     }
     return out;
@@ -254,8 +264,9 @@ public final class RingView {
   }
 
   /**
-   * {@link #checkWriteSets}, and W of the live home replicas {@code homes} (all of them when
-   * fewer are live): Python's {@code check_write_sets} with {@code homes}, for a manifest.
+   * {@link #checkWriteSets}, and W of the home replicas {@code homes} ({@link #writeHomesOf};
+   * all of them on a ring of fewer members): Python's {@code check_write_sets} with
+   * {@code homes}, for a manifest.
    */
   static void checkWriteSets(String what, Set<String> acked, List<String> current,
       List<String> future, int w, List<RingException> errors, List<String> homes) {
@@ -304,7 +315,7 @@ public final class RingView {
     return acked -> countIn(current, acked) >= needCurrent && countIn(future, acked) >= needFuture;
   }
 
-  /** {@link #quorumOf}, and W of the live home replicas (all when fewer are live). */
+  /** {@link #quorumOf}, and W of the home replicas (all on a ring of fewer members). */
   static Predicate<Set<String>> quorumOf(List<String> current, List<String> future, int w,
       List<String> homes) {
     Predicate<Set<String>> owners = quorumOf(current, future, w);

@@ -236,9 +236,9 @@ public final class RingWriter {
   /** {@link #putManifest(RingView, ManifestCodec.Manifest)} with {@code ?retain=N} when N > 0. */
   public int putManifest(RingView v, ManifestCodec.Manifest m, int retain) {
     List<String> targets = new ArrayList<>(v.writeReplicasOf(m.store()));
-    // W of the live home replicas too: a stand-in's copy is a hint (RingView.checkWriteSets)
-    List<String> homes = v.liveHomeReplicasOf(m.store());
-    for (String a : homes) {
+    // W of the home replicas too: a stand-in's copy is a hint (RingView.checkWriteSets)
+    List<String> homes = v.writeHomesOf(m.store());
+    for (String a : v.liveHomeReplicasOf(m.store())) {
       if (!targets.contains(a)) {
         targets.add(a);
       }

@@ -33,10 +33,11 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *       per case {@code {replicas: [[id]], addresses: [[host:port]], preference: [[id]]}}.
  *   <li>{@code writeset IN OUT}: IN a list of {@code {view: GET /v1/ring JSON, keys: [str],
  *       acked: [[host:port]] (per key)}}; OUT per case {@code {current: [[host:port]], future:
- *       [[host:port]], targets: [[host:port]], checks: [str]}} per key: the key's current
- *       owners, its owners once moves finish, where RingWriter sends a write of it, and
- *       whether that many acknowledgements make the write ({@code ok}, or the error's code and
- *       message as {@code code: message}).
+ *       [[host:port]], targets: [[host:port]], checks: [str], homes: [[str]],
+ *       manifest_checks: [str]}} per key: the key's current owners, its owners once moves
+ *       finish, where RingWriter sends a write of it, whether that many acknowledgements make
+ *       the write ({@code ok}, or the error's code and message as {@code code: message}), its
+ *       home replicas as a manifest write counts them, and the same decision for a manifest.
  *   <li>{@code write IN OUT}: IN a list of commits as for {@code encode} plus {@code seeds};
  *       each is written to the ring with {@link RingWriter}; OUT per commit {@code {chunks,
  *       bytes, replica_writes, manifest_acks}} or {@code {code, error}}.
@@ -461,7 +462,7 @@ public final class CodecHarness {
     }
     out.str("homes").arrayHeader(keys.size());
     for (Object k : keys) {
-      addresses(out, view.liveHomeReplicasOf((String) k));
+      addresses(out, view.writeHomesOf((String) k));
     }
     out.str("manifest_checks").arrayHeader(keys.size());
     for (int i = 0; i < keys.size(); i++) {
@@ -473,7 +474,7 @@ public final class CodecHarness {
       try {
         RingView.checkWriteSets("manifest of " + key, acks, view.replicasOf(key),
             view.futureReplicasOf(key), view.writeQuorum, List.of(),
-            view.liveHomeReplicasOf(key));
+            view.writeHomesOf(key));
         out.str("ok");
       } catch (RingErrors.RingException e) {
         out.str(e.code() + ": " + e.getMessage());
