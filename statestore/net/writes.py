@@ -167,6 +167,8 @@ def _check(
     owners and W of the future ones, and of the home replicas for a manifest
     (core/quorum.check_write_sets)."""
     acks = min(sum(1 for a in current if a in acked), sum(1 for a in future if a in acked))
+    if homes and not set(current) <= set(homes):  # below W of the home replicas: say why too
+        acks = min(acks, sum(1 for a in homes if a in acked) + w - home_need(homes, w))
     _full_disks(what, acks, w, errors)
     check_write_sets(what, acked, current, future, w, errors, homes or ())
 

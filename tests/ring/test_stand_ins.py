@@ -291,3 +291,35 @@ def test_a_manifest_needs_w_of_the_live_home_replicas_not_a_stand_in(ring5: Loca
 def _version(head: object) -> int:
     assert isinstance(head, dict)
     return int(head["version"])
+
+
+def test_a_manifest_short_of_home_replicas_for_full_disks_says_so() -> None:
+    """Below W of the home replicas because one's disk is full: the error is
+    InsufficientStorage (507, free space or add nodes), not "quorum not reached", as it is
+    below W of the owners. Fails on the code before (QuorumNotReached)."""
+    from statestore.core.errors import InsufficientStorage
+    from statestore.core.manifest import Manifest
+    from statestore.core.view import MemberInfo
+    from statestore.net.writes import put_manifest
+
+    full_view = RingView(
+        epoch=3, members=tuple(MemberInfo(f"n{i}", f"n{i}:7400") for i in range(5))
+    )
+    sid = StoreId("full", 0, 1, "default")
+    h0, h1, _ = full_view.store_replicas(sid)
+    view = _called_down(full_view, {h0})
+    m, _ = build_commit(
+        sid, 1, {b"k": b"v"}, [], {}, 1, False, key_groups=4, chunk_size=1024, max_chunk=1 << 20
+    )
+
+    class Disks:
+        async def request(self, method: str, address: str, path: str, **kw: Any) -> Response:
+            if address == h1:
+                raise InsufficientStorage(f"{address}: disk full")
+            return Response(201, b'{"stored": true}', 0)
+
+    async def write(manifest: Manifest) -> None:
+        await put_manifest(Disks(), view, manifest)  # type: ignore[arg-type]
+
+    with pytest.raises(InsufficientStorage, match="full disk"):
+        asyncio.run(write(m))
