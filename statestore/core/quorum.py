@@ -17,6 +17,7 @@ __all__ = [
     "check_consistency",
     "check_write",
     "check_write_sets",
+    "held_at_w",
     "home_need",
     "merge_heads",
     "read_answers",
@@ -124,6 +125,19 @@ def home_need(homes: Sequence[str], write_quorum: int) -> int:
     whose home replicas are down takes no commit until one is back or is removed for good
     (`statestore removenode`), as a quorum write in Cassandra counts no hint."""
     return min(write_quorum, len(homes))
+
+
+def held_at_w(
+    held: Collection[str], owners: Sequence[str], homes: Sequence[str], write_quorum: int
+) -> bool:
+    """Whether the replicas ``held`` that hold a manifest make it as acknowledged as a write
+    would (:func:`check_write_sets`): W of its ``owners``, and W of its ``homes``
+    (core/view ``write_homes``) among them when the owners are not all home replicas."""
+    if sum(1 for a in owners if a in held) < write_quorum:
+        return False
+    if not homes or set(owners) <= set(homes):
+        return True
+    return sum(1 for a in homes if a in held) >= home_need(homes, write_quorum)
 
 
 def merge_heads(heads: Iterable[Head | None]) -> Head | None:

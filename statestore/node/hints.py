@@ -73,7 +73,7 @@ from statestore.core.hints import (
 from statestore.core.ids import MAX_EPOCH, MAX_VERSION, StoreId, chunk_key, parse_uint
 from statestore.core.items import KINDS, ManifestItem
 from statestore.core.manifest import Manifest
-from statestore.core.quorum import home_need, read_quorum
+from statestore.core.quorum import held_at_w, read_quorum
 from statestore.core.tentative import (
     CONFIRMED,
     ROLLED_BACK,
@@ -329,11 +329,8 @@ def _holdings(
             h.version == m.version + 1 and h.kind == "delta" and h.base_epoch == m.epoch
             for h in held
         )
-    homes = view.write_homes(m.store.path)
-    at_home = sum(1 for a in homes if a in holders)
-    if not set(view.store_replicas(m.store)) <= set(homes) and at_home < home_need(
-        homes, view.write_quorum
-    ):
+    owners = view.store_replicas(m.store)
+    if not held_at_w(holders, owners, view.write_homes(m.store.path), view.write_quorum):
         same = min(same, view.write_quorum - 1)
     return same, other, built_on
 
@@ -457,13 +454,13 @@ async def _base_held(node: Node, view: RingView, m: Manifest) -> bool:
     owners = view.store_replicas(m.store)
     others = [a for a in owners if a != node.address]
     answers = await ask_have(node, {a: items for a in others})
-    held = sum(1 for a in others if any(answers.get((a, it)) for it in items))
+    held = {a for a in others if any(answers.get((a, it)) for it in items)}
     if node.address in owners and any(
         node.store.get_manifest(m.store, m.version - 1, k, e) is not None
         for k in ("delta", "snapshot")
     ):
-        held += 1
-    return held >= view.write_quorum
+        held.add(node.address)
+    return held_at_w(held, owners, view.write_homes(m.store.path), view.write_quorum)
 
 
 async def _reconciles(node: Node, m: Manifest, holders: list[str], live: list[str]) -> bool:

@@ -150,6 +150,25 @@ def test_quorum_rules() -> None:
     assert merge_heads([None]) is None
 
 
+@pytest.mark.parametrize(
+    ("held", "owners", "homes", "want"),
+    [
+        ("a,b", "a,b,c", "a,b,c", True),  # every owner a home replica: W owners
+        ("a", "a,b,c", "a,b,c", False),
+        ("a,d", "a,b,d", "a,b,down:c", False),  # one home and the stand-in of a down one
+        ("a,b", "a,b,d", "a,b,down:c", True),
+        ("a,d,e", "a,d,e", "a,down:b,down:c", False),  # two home replicas down
+        ("a", "a", "a", False),  # W=2 on a ring of one
+    ],
+)
+def test_held_at_w_needs_w_home_replicas(held: str, owners: str, homes: str, want: bool) -> None:
+    """Replicas holding a manifest count as W (a hint's hand-off, node/hints.py) only as a
+    write is acknowledged: W of the owners and W of the home replicas among them."""
+    from statestore.core.quorum import held_at_w
+
+    assert held_at_w(held.split(","), owners.split(","), homes.split(","), 2) is want
+
+
 @given(
     st.dictionaries(st.binary(max_size=30), st.binary(max_size=30), max_size=50),
     st.sets(st.binary(max_size=30), max_size=10),
