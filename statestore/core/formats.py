@@ -10,7 +10,9 @@
   keys and the encoded manifests). A data directory records the format it holds
   (``disk_format`` in node.json, from the first start); a node refuses to open one whose
   format is not in :data:`DISK_FORMATS_READ` (:func:`check_disk_format`). A data directory
-  without the field was written before formats were recorded: format 1.
+  without the field was written before formats were recorded: format 1. 2: manifests are
+  stored sealed (a checksum of their bytes, node/replica.py); format 1's unsealed ones are
+  still read, and a node that opens a format 1 dir records 2, so an older build refuses it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ __all__ = [
 
 VERSION = "0.2.0"
 WIRE_FORMAT = 2
-DISK_FORMAT = 1
-DISK_FORMATS_READ = frozenset({1})  # the data directory formats this build opens
+DISK_FORMAT = 2
+DISK_FORMATS_READ = frozenset({1, 2})  # the data directory formats this build opens
 
 
 def check_disk_format(recorded: object, where: str, written_by: object = None) -> int:

@@ -126,7 +126,9 @@ def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple
     if os.path.exists(path):
         with open(path) as f:
             ident = json.load(f)
-        disk_format = check_disk_format(ident.get("disk_format"), data_dir, ident.get("version"))
+        # one this build reads; it writes this build's format from now on (an older
+        # one: its records are still read), so it records that
+        check_disk_format(ident.get("disk_format"), data_dir, ident.get("version"))
     elif adopt is not None:
         ident = {"id": adopt[0], "incarnation": adopt[1] - 1}
     node_id = str(ident.get("id") or uuid.uuid4().hex[:16])

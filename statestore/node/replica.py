@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+
+import xxhash
 
 from statestore.core.chunk import verify
 from statestore.core.errors import (
@@ -85,6 +87,33 @@ def _mkey(store: StoreId, version: int, kind: str) -> bytes:
 
 def _okey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
     return _key(Prefix.REPLACED, f"{store.path}/{version:020d}/{kind}/{epoch:020d}")
+
+
+# A stored manifest is sealed: 0x70 (no manifest starts with it: an encoded one starts with a
+# msgpack map header, which is 4 or more flipped bits away), xxh3-64 of the manifest's
+# bytes, then the bytes. A bit flipped on disk then makes the record unreadable instead of
+# another manifest that decodes (another epoch, a chunk's checksum): such a manifest was
+# served, copied by repair over the good copies of the other replicas as a higher epoch, and
+# an acknowledged version was lost (statestore-sim seed 240856282107648). Records written
+# before seals (a msgpack map first) are read as they are.
+_SEAL = b"\x70"
+_SEALED = len(_SEAL) + 8
+
+
+def _seal(body: bytes) -> bytes:
+    return _SEAL + xxhash.xxh3_64_digest(body) + body
+
+
+def _opened(raw: bytes | None) -> bytes | None:
+    """The manifest bytes of a stored record, or None (absent, or rotted: the scrub replaces
+    it from a replica, node/scrub.py)."""
+    if raw is None:
+        return None
+    if raw[:1] == _SEAL:
+        body = raw[_SEALED:]
+        good = len(raw) >= _SEALED and xxhash.xxh3_64_digest(body) == raw[1:_SEALED]
+        return body if good else None
+    return raw if raw[:1] and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF)) else None
 
 
 def _nkey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
@@ -213,6 +242,17 @@ class NodeStore:
         self._write({}, [_ckey(k) for k in keys])
 
     # -- manifests -----------------------------------------------------------------------
+    def _mget(self, key: bytes) -> bytes | None:
+        """A manifest record's bytes (:func:`_opened`: None when absent or rotted)."""
+        return _opened(self.backend.get(key))
+
+    def _mscan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The manifest records under ``prefix`` with their bytes, rotted ones left out."""
+        for k, raw in self.backend.scan(prefix):
+            body = _opened(raw)
+            if body is not None:
+                yield k, body
+
     def put_manifest(self, m: Manifest, limit: int | None = None) -> bool:
         """Store ``m`` unless fenced (and within ``limit``, its query's quota, if given).
         Returns False when it was already there (idempotent).
@@ -225,7 +265,7 @@ class NodeStore:
         version has one; VersionConflict if the same version and epoch carry other content.
         """
         head = self._fence_head(m)
-        raw_old = self.backend.get(_mkey(m.store, m.version, m.kind))
+        raw_old = self._mget(_mkey(m.store, m.version, m.kind))
         if raw_old is not None:
             old = decode_manifest(raw_old)
             if old.epoch > m.epoch:
@@ -240,9 +280,9 @@ class NodeStore:
                     f"store {m.store} version {m.version} already holds other content at "
                     f"epoch {m.epoch}: commit a new version, or take a higher epoch to replace it"
                 )
-        puts = {_mkey(m.store, m.version, m.kind): encode_manifest(m)}
+        puts = {_mkey(m.store, m.version, m.kind): _seal(encode_manifest(m))}
         if raw_old is not None:
-            puts[_okey(m.store, m.version, m.kind, old.epoch)] = raw_old
+            puts[_okey(m.store, m.version, m.kind, old.epoch)] = _seal(raw_old)
         if head is None or (m.epoch, m.version) > head.key():
             puts[_skey(Prefix.HEAD, m.store)] = encode_stored(Head(m.version, m.epoch))
         self._write(puts, limit=limit)
@@ -272,7 +312,7 @@ class NodeStore:
         puts: dict[bytes, bytes] = {}
 
         def get(key: bytes) -> bytes | None:
-            return puts[key] if key in puts else self.backend.get(key)
+            return _opened(puts[key]) if key in puts else self._mget(key)
 
         out = []
         for m in ms:
@@ -284,11 +324,11 @@ class NodeStore:
             ):
                 out.append(False)
                 continue
-            raw = encode_manifest(m)
+            raw = _seal(encode_manifest(m))
             if main_epoch is None or main_epoch < m.epoch:
                 puts[main_key] = raw
                 if raw_main is not None and main_epoch is not None:
-                    puts[_okey(m.store, m.version, m.kind, main_epoch)] = raw_main
+                    puts[_okey(m.store, m.version, m.kind, main_epoch)] = _seal(raw_main)
             else:
                 puts[_okey(m.store, m.version, m.kind, m.epoch)] = raw
             hkey = _skey(Prefix.HEAD, m.store)
@@ -330,7 +370,7 @@ class NodeStore:
         deltas: dict[int, list[Manifest]] = {}
         snaps: dict[int, list[Manifest]] = {}
         for prefix in _MANIFESTS:
-            for _, raw in self.backend.scan(_under(prefix, store.path)):
+            for _, raw in self._mscan(_under(prefix, store.path)):
                 m = decode_manifest(raw)
                 (deltas if m.kind == "delta" else snaps).setdefault(m.version, []).append(m)
         for table in (deltas, snaps):
@@ -372,7 +412,7 @@ class NodeStore:
         """Every manifest held as repair names it (core/items.py), replaced ones included:
         a version's highest epoch first (read from its value), then the replaced ones."""
         out = []
-        for k, raw in self.backend.scan(Prefix.MANIFEST):
+        for k, raw in self._mscan(Prefix.MANIFEST):
             store, version, kind, _ = _manifest_parts(k)
             try:
                 held = manifest_epoch(raw)
@@ -389,17 +429,17 @@ class NodeStore:
     ) -> bytes | None:
         """The stored bytes of a manifest: the highest epoch of ``version`` and ``kind``, or
         the one of ``epoch``."""
-        raw = self.backend.get(_mkey(store, version, kind))
+        raw = self._mget(_mkey(store, version, kind))
         if epoch is None or raw is None or manifest_epoch(raw) == epoch:
             return raw
-        return self.backend.get(_okey(store, version, kind, epoch))
+        return self._mget(_okey(store, version, kind, epoch))
 
     def manifest_digests(self) -> dict[str, int]:
         """The content digest (core/repair.content_digest) of every manifest held, replaced
         ones included, by repair's item name ``m:<store>/<version>/<kind>/<epoch>``."""
         out = {}
         for prefix in _MANIFESTS:
-            for _, raw in self.backend.scan(prefix):
+            for _, raw in self._mscan(prefix):
                 try:
                     m = decode_manifest(raw)
                 except (MalformedData, InvalidStoreId, ValueError):
@@ -414,17 +454,17 @@ class NodeStore:
         owners hold: core/repair.acknowledged). False (nothing written) when what is held
         there is no longer that one."""
         main = _mkey(m.store, m.version, m.kind)
-        raw = self.backend.get(main)
+        raw = self._mget(main)
         key = main if raw is not None and manifest_epoch(raw) == m.epoch else None
         if key is None:
             key = _okey(m.store, m.version, m.kind, m.epoch)
-            raw = self.backend.get(key)
+            raw = self._mget(key)
         if raw is None:
             return False
         old = decode_manifest(raw)
         if content_digest(old.kind, [c.checksum for c in old.chunks]) != expected:
             return False
-        self._write({key: encode_manifest(m)})
+        self._write({key: _seal(encode_manifest(m))})
         return True
 
     # -- retention -----------------------------------------------------------------------
@@ -470,7 +510,7 @@ class NodeStore:
         ``kind``, or the one of ``epoch``; a replaced one takes the main key when the main one
         goes. The head goes with the last manifest."""
         main = _mkey(store, version, kind)
-        raw = self.backend.get(main)
+        raw = self._mget(main)
         puts: dict[bytes, bytes] = {}
         if raw is not None and (epoch is None or manifest_epoch(raw) == epoch):
             side = self.backend.scan_keys(
@@ -501,7 +541,7 @@ class NodeStore:
         """StaleEpoch if this replica's head of ``m.store``, or its manifest of the same
         version and kind, has a higher epoch than ``m`` (what put_manifest refuses)."""
         self._fence_head(m)
-        raw = self.backend.get(_mkey(m.store, m.version, m.kind))
+        raw = self._mget(_mkey(m.store, m.version, m.kind))
         if raw is not None and manifest_epoch(raw) > m.epoch:
             raise StaleEpoch(
                 f"store {m.store} version {m.version} was committed at epoch "
@@ -703,7 +743,13 @@ class NodeStore:
         return [k for prefix in _MANIFESTS for k in self.backend.scan_keys(prefix)]
 
     def manifest_record(self, key: bytes) -> bytes | None:
-        return self.backend.get(key)
+        """The manifest bytes under ``key`` (None: gone); MalformedData when its seal does
+        not match (rotted on disk)."""
+        raw = self.backend.get(key)
+        body = _opened(raw)
+        if raw is not None and body is None:
+            raise MalformedData("its seal (xxh3 of the stored bytes) does not match")
+        return body
 
     def manifest_record_names(self, key: bytes) -> tuple[StoreId, int, str, int | None]:
         """(store, version, kind, epoch) that the record ``key`` holds the manifest of; the
@@ -716,4 +762,4 @@ class NodeStore:
         caller checked that ``raw`` is the same store, version and kind)."""
         if not key.startswith(_MANIFESTS):
             raise InvalidRequest(f"{key[:40]!r} is not a manifest's storage key")
-        self._write({key: raw})
+        self._write({key: _seal(raw)})

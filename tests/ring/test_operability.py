@@ -149,14 +149,15 @@ async def test_a_data_dir_records_its_disk_format_and_an_old_one_is_read(tmp_pat
     kept = json.loads((tmp_path / "new" / "node.json").read_text())
     assert kept["disk_format"] == DISK_FORMAT and kept["version"] == VERSION
     assert kept["id"] == node.id
-    # a data dir from before formats were recorded (node.json without them) is format 1
+    # a data dir from before formats were recorded (node.json without them) is format 1:
+    # read, and recorded as this build's format from then on (it writes sealed manifests)
     old = tmp_path / "old"
     old.mkdir()
     (old / "node.json").write_text(json.dumps({"id": "0123456789abcdef", "incarnation": 4}))
     node, runner = await start_node(node_config(tmp_path, "old"))
     await stop_node(node, runner)
     kept = json.loads((old / "node.json").read_text())
-    assert (node.id, node.incarnation, kept["disk_format"]) == ("0123456789abcdef", 5, 1)
+    assert (node.id, node.incarnation, kept["disk_format"]) == ("0123456789abcdef", 5, 2)
 
 
 def test_a_newer_disk_format_is_refused_with_exit_2_and_nothing_written(tmp_path: Path) -> None:
@@ -175,7 +176,7 @@ def test_a_newer_disk_format_is_refused_with_exit_2_and_nothing_written(tmp_path
     err = done.stderr
     assert "Traceback" not in err, err
     assert f"disk format {DISK_FORMAT + 1}" in err and "9.0.0" in err, err
-    assert f"statestore {VERSION} reads disk formats 1" in err, err
+    assert f"statestore {VERSION} reads disk formats 1, 2" in err, err
     assert str(data) in err, err
     assert json.loads((data / "node.json").read_text()) == ident  # not rewritten
     assert not (data / "db").exists()  # storage never opened

@@ -82,6 +82,9 @@ def test_a_rotted_chunk_is_found_by_the_scrub_and_replaced_from_a_replica(
 
 
 def test_a_manifest_that_no_longer_decodes_is_replaced_from_a_replica(tmp_path: Path) -> None:
+    """A byte of a stored manifest rots: its seal (node/replica.py) no longer matches, so it
+    is never served, and the scrub or repair writes a replica's copy back. Fails on the code
+    before seals (the rotted bytes were served until the scrub came by)."""
     with local_ring(tmp_path, 3, [*FAST, *SCRUB]) as ring:
         with RingClient(ring.seeds) as client:
             client.commit(SID, 1, {b"k": b"v" * 100}, epoch=1, consistency="all")
@@ -95,9 +98,17 @@ def test_a_manifest_that_no_longer_decodes_is_replaced_from_a_replica(tmp_path: 
             assert at >= 0 and raw.find(good, at + 1) < 0
             f.seek(at)
             f.write(b"\xc1")  # msgpack's one never-used byte: nothing decodes past it
+        # the record's seal no longer matches: the scrub, or repair (to which the rotted
+        # record is absent), writes a replica's copy back
+        # back; meanwhile it is never served (404: readers ask another replica)
         deadline = time.monotonic() + 60
-        while metric(victim.address, "statestore_node_events_total", "scrub_replaced") < 1:
-            assert time.monotonic() < deadline, "the scrub never replaced the rotted manifest"
-            time.sleep(0.2)
-        with urllib.request.urlopen(f"http://{victim.address}{path}", timeout=5) as r:
-            assert r.read() == good
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{victim.address}{path}", timeout=5) as r:
+                    served = r.read()
+                    assert served == good, f"served a rotted manifest: {served[:20]!r}"
+                    break
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 404
+            assert time.monotonic() < deadline, "the rotted manifest was never replaced"
+            time.sleep(0.05)

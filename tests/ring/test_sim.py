@@ -185,6 +185,8 @@ DISK = {"disk_faults": 0.15, "skew": 5.0}  # the 1,000-schedule run's options
         # head-went-back: v7 acknowledged by one home replica and a stand-in, read from the
         # two other home replicas once the crashed one was back (run seed 372000)
         (21317839338017, DISK),
+        # lost: a rotted manifest of a higher epoch copied over the good ones (run 372005)
+        (240856282107648, DISK),
     ],
 )  # fmt: skip
 def test_found_seeds_replay_clean(seed: int, options: dict[str, float]) -> None:
