@@ -1,0 +1,281 @@
+"""Spark state larger than memory: the ring provider against Spark's RocksDB provider (changelog
+checkpointing on, bounded memory) and HDFS-backed, at several state sizes (issue 38).
+
+A count-and-max aggregation by key with a ``--payload``-byte string per row (the state keeps
+each key's count and largest string), 8 shuffle partitions, ``local[2]``, a small driver heap
+(``--memory``, 1 GiB by default). For each size in ``--sizes`` (MiB of state: key count =
+size / (payload + 48 bytes)):
+
+- **build**: every provider, in its own JVM, builds the state from two batches of distinct
+  keys (half the keys each); rows/s, or the error a provider failed with (HDFS-backed keeps
+  the whole state on the heap);
+- **restart**: then ``--rounds`` times, a new batch touching 1% of the keys at random is added
+  and every provider that built its state restarts in a fresh JVM with no local files (the
+  ring and RocksDB's local copies live in the JVM's temp dirs) and runs it; the query's time,
+  the JVM's wall time, and ``ringBytesFetched`` (the ring provider's bytes read from the ring
+  for the batch, against the state's nominal size). ``memoryUsedBytes`` is each provider's
+  own measure (the ring's counts its heap cache only, not what it spilled). Providers
+  alternate, the order reversed every round; medians with their range.
+
+    .venv/bin/python bench/spark_large_state.py [--sizes 100,400] [--rounds 3] [--memory 1g]
+        [--providers ring,rocksdb,hdfs] [--payload 200] [--partitions 8]
+
+One build per provider and size (a build at 400 MiB takes minutes on 2 cores): its rows/s is
+one run, not a median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from spark_state import PROVIDERS  # noqa: E402
+
+MiB = 1 << 20
+ROW_OVERHEAD = 48  # bytes of a state row besides its payload: key, count, framing
+
+
+def write_batch(path: Path, keys: Any, payload: int, seed: int) -> None:
+    """One Parquet file with a row per key in ``keys`` and a ``payload``-letter string."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    n = len(keys)
+    letters = rng.integers(97, 123, n * payload, dtype=np.uint8)
+    offsets = np.arange(0, n * payload + 1, payload, dtype=np.int64)
+    p = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(letters))
+    table = pa.table({"key": keys, "v": rng.integers(0, 100, n), "p": p.cast(pa.string())})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+# -- the JVM side --------------------------------------------------------------------------
+def worker(spec: dict[str, Any]) -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import spark_connector
+
+    provider = spec["provider"]
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-spark-large-state")
+        .config("spark.sql.shuffle.partitions", str(spec["partitions"]))
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", spec["memory"])
+        .config("spark.local.dir", spec["local"])  # a fresh one per JVM: no local files
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
+    )
+    spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    # after configure(), which names the ring's provider
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
+    df = (
+        spark.readStream.schema("key long, v long, p string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(spec["input"])
+    )
+    counted = df.groupBy("key").agg(F.count("*").alias("count"), F.max("p").alias("p"))
+    started = time.perf_counter()
+    q = (
+        counted.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", spec["ckpt"])
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    elapsed = time.perf_counter() - started
+    fetched = rows = state = 0
+    ring = False  # the ring's metrics in the progress: the provider that ran is the ring's
+    for p in q.recentProgress:
+        obj = json.loads(p.json) if hasattr(p, "json") else p
+        for op in obj.get("stateOperators", []):
+            ring |= "ringBytesFetched" in op.get("customMetrics", {})
+            fetched += int(op.get("customMetrics", {}).get("ringBytesFetched", 0))
+            rows = int(op.get("numRowsTotal", rows))
+            state = int(op.get("memoryUsedBytes", state))
+    spark.stop()
+    if ring != (provider == "ring"):
+        raise SystemExit(f"the query ran on another provider than {provider}")
+    out = {"seconds": elapsed, "fetched": fetched, "rows": rows, "state": state}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def call(spec: dict[str, Any], log: Path) -> tuple[dict[str, Any] | str, float]:
+    """Run one JVM; its result, or the first line of the error it failed with."""
+    local = Path(tempfile.mkdtemp(prefix="statestore-bench-local-"))
+    started = time.perf_counter()
+    try:
+        with open(log, "a") as f:
+            f.write(f"\n=== {spec['provider']} {spec['what']}\n")
+            f.flush()
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--worker", json.dumps({**spec, "local": str(local)})],
+                stdout=subprocess.PIPE,
+                stderr=f,
+                text=True,
+                env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+                start_new_session=True,  # its JVM too is killed at the timeout
+            )
+            try:
+                stdout, _ = proc.communicate(timeout=spec["timeout"])
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                return f"not done in {spec['timeout']:.0f} s", time.perf_counter() - started
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    wall = time.perf_counter() - started
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        text = log.read_text(errors="replace")
+        why = "OutOfMemoryError" if "OutOfMemoryError" in text.split("=== ")[-1] else "failed"
+        return why, wall
+    return json.loads(lines[-1][len("RESULT ") :]), wall
+
+
+def spread(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="100,400", help="MiB of state, comma-separated")
+    p.add_argument("--rounds", type=int, default=3, help="restart rounds (medians)")
+    p.add_argument("--memory", default="1g", help="the Spark driver's heap (local mode)")
+    p.add_argument("--providers", default="ring,rocksdb,hdfs")
+    p.add_argument("--payload", type=int, default=200)
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=1200, help="seconds a JVM may run")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = p.parse_args()
+    providers = [x for x in args.providers.split(",") if x]
+    unknown = [x for x in providers if x not in PROVIDERS]
+    if unknown or not providers:
+        raise SystemExit(f"unknown provider(s) {unknown}: choose from {list(PROVIDERS)}")
+    sizes = [int(x) for x in args.sizes.split(",")]
+    if any(s < 1 for s in sizes) or args.rounds < 1 or args.payload < 1:
+        raise SystemExit("--sizes, --rounds and --payload must be positive")
+
+    import numpy as np
+    from _common import local_ring, machine, table
+
+    print(machine(), flush=True)
+    work = Path(tempfile.mkdtemp(prefix="statestore-bench-large-"))
+    log = work / "spark.log"
+    print(f"log: {log}", flush=True)
+    rows_out = []
+    try:
+        with local_ring(3) as ring:
+            for size in sizes:
+                keys = size * MiB // (args.payload + ROW_OVERHEAD)
+                rng = np.random.default_rng(size)
+                order = rng.permutation(keys).astype(np.int64)
+                inp = work / f"input-{size}"
+                write_batch(inp / "part-0.parquet", order[: keys // 2], args.payload, 0)
+                write_batch(inp / "part-1.parquet", order[keys // 2 :], args.payload, 1)
+                built: dict[str, dict[str, Any] | str] = {}
+
+                def job(
+                    provider: str, what: str, inp: Path = inp, size: int = size
+                ) -> dict[str, Any]:
+                    return {
+                        "provider": provider,
+                        "what": what,
+                        "seeds": ring.seeds,
+                        "partitions": args.partitions,
+                        "memory": args.memory,
+                        "input": str(inp),
+                        "ckpt": str(work / f"ckpt-{size}" / provider),
+                        "timeout": args.timeout,
+                    }
+
+                for provider in providers:
+                    print(f"{size} MiB ({keys:,} keys): build {provider} ...", flush=True)
+                    got, wall = call(job(provider, f"build {size} MiB"), log)
+                    built[provider] = got
+                    print(f"  {got if isinstance(got, str) else round(got['seconds'], 1)}")
+                ok = [x for x in providers if not isinstance(built[x], str)]
+                restarts: dict[str, list[dict[str, Any]]] = {x: [] for x in ok}
+                for r in range(args.rounds):
+                    touched = rng.choice(keys, max(1, keys // 100), replace=False)
+                    write_batch(
+                        inp / f"part-{2 + r}.parquet", touched.astype(np.int64), args.payload, 2 + r
+                    )
+                    for provider in ok if r % 2 == 0 else ok[::-1]:
+                        got, wall = call(job(provider, f"restart {size} MiB round {r}"), log)
+                        if isinstance(got, str):
+                            raise SystemExit(f"{provider} restart failed ({got}); see {log}")
+                        restarts[provider].append({**got, "wall": wall})
+                        print(
+                            f"  restart {provider} round {r}: {got['seconds']:.1f} s "
+                            f"(JVM {wall:.1f} s), fetched {got['fetched'] / MiB:.1f} MiB",
+                            flush=True,
+                        )
+                base = "rocksdb" if "rocksdb" in ok else None
+                for provider in providers:
+                    b = built[provider]
+                    if isinstance(b, str):
+                        rows_out.append([size, provider, b] + ["-"] * 6)
+                        continue
+                    rs = restarts[provider]
+                    q = [x["seconds"] for x in rs]
+                    walls = [x["wall"] for x in rs]
+                    vs = (
+                        [a / c["seconds"] for a, c in zip(q, restarts[base], strict=True)]
+                        if base
+                        else []
+                    )
+                    fetched = [x["fetched"] / MiB for x in rs]
+                    rate = keys / b["seconds"]
+                    rate_vs = (
+                        f"{rate / (keys / built[base]['seconds']):.2f}x"  # type: ignore[index]
+                        if base
+                        else "-"
+                    )
+                    rows_out.append(
+                        [
+                            size,
+                            provider,
+                            f"{rate:,.0f}",
+                            rate_vs,
+                            f"{b['state'] / MiB:,.0f}",
+                            spread(q),
+                            spread(walls),
+                            spread(vs) + "x" if vs else "-",
+                            (spread(fetched) + f" of {size}") if provider == "ring" else "-",
+                        ]
+                    )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    headers = "MiB|provider|build rows/s|vs RocksDB|state MiB (memoryUsedBytes)|restart batch s"
+    headers += "|restart incl. JVM s|restart / RocksDB|ringBytesFetched MiB (of the state's MiB)"
+    print("\n" + table(headers.split("|"), rows_out))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker(json.loads(sys.argv[2]))
+    else:
+        main()
