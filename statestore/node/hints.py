@@ -517,9 +517,9 @@ async def hint_pass(node: Node, view: RingView) -> int:
         if line in waiting:
             continue
         raw = node.store.raw_hint(store, version, kind, epoch)
-        if raw is None:
-            continue
         try:
+            if raw is None:  # listed a moment ago: rotted on disk (its seal does not match)
+                raise MalformedData("its seal does not match")
             m, holders = decode_hint(raw)
         except (MalformedData, InvalidStoreId, ValueError):
             log.warning("hint of %s v%d (epoch %d) does not decode: dropped", store, version, epoch)

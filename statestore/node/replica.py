@@ -104,15 +104,18 @@ def _seal(body: bytes) -> bytes:
     return _SEAL + xxhash.xxh3_64_digest(body) + body
 
 
-def _opened(raw: bytes | None) -> bytes | None:
+def _opened(raw: bytes | None, hint: bool = False) -> bytes | None:
     """The manifest bytes of a stored record, or None (absent, or rotted: the scrub replaces
-    it from a replica, node/scrub.py)."""
+    it from a replica, node/scrub.py). ``hint``: a hint's record (core/tentative.py), sealed
+    the same way; unsealed ones start with a 2-array header (0x92, 4 bits from the seal)."""
     if raw is None:
         return None
     if raw[:1] == _SEAL:
         body = raw[_SEALED:]
         good = len(raw) >= _SEALED and xxhash.xxh3_64_digest(body) == raw[1:_SEALED]
         return body if good else None
+    if hint:
+        return raw if raw[:1] == b"\x92" else None
     return raw if raw[:1] and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF)) else None
 
 
@@ -574,9 +577,12 @@ class NodeStore:
         key = _nkey(m.store, m.version, m.kind, m.epoch)
         with self._lock:  # a consistent reading of the counters (the writer thread writes)
             query_held, total = self._hint_queries[m.store.query], self._hints
-        raw = self.backend.get(key)
-        if raw is not None:
+        stored = self.backend.get(key)
+        raw = _opened(stored, hint=True)
+        if stored is not None:
             try:
+                if raw is None:
+                    raise MalformedData("its seal does not match")
                 old, _ = decode_hint(raw)
             except (MalformedData, InvalidStoreId, ValueError):
                 old = None
@@ -585,7 +591,7 @@ class NodeStore:
             # replaces it: no hint more
         else:
             admit(m.store.query, query_held, total, cap, per_query)
-        self._write({key: encode_hint(m, holders)}, limit=limit)
+        self._write({key: _seal(encode_hint(m, holders))}, limit=limit)
         return True
 
     def hint_keys(self) -> list[tuple[str, StoreId, int, int, str]]:
@@ -629,14 +635,18 @@ class NodeStore:
         self._write({}, [_nkey(store, version, kind, epoch)])
 
     def raw_hint(self, store: StoreId, version: int, kind: str, epoch: int) -> bytes | None:
-        return self.backend.get(_nkey(store, version, kind, epoch))
+        """A hint's encoded bytes (None: not held, or rotted: its seal does not match)."""
+        return _opened(self.backend.get(_nkey(store, version, kind, epoch)), hint=True)
 
     def hints(self) -> list[tuple[Manifest, list[str]]]:
         """Every hint held (manifest, holders), in key order: by store, epoch, version. A
         record that does not decode (a disk fault) is left out, not a failure of every pass."""
         out = []
-        for _, raw in self.backend.scan(Prefix.HINT):
+        for _, stored in self.backend.scan(Prefix.HINT):
+            raw = _opened(stored, hint=True)
             try:
+                if raw is None:
+                    raise MalformedData("its seal does not match")
                 out.append(decode_hint(raw))
             except (MalformedData, InvalidStoreId, ValueError):
                 continue
@@ -645,8 +655,11 @@ class NodeStore:
     def store_hints(self, store: StoreId) -> list[Manifest]:
         """The hints held of ``store`` (one prefix scan; undecodable records left out)."""
         out = []
-        for _, raw in self.backend.scan(_under(Prefix.HINT, store.path)):
+        for _, stored in self.backend.scan(_under(Prefix.HINT, store.path)):
+            raw = _opened(stored, hint=True)
             try:
+                if raw is None:
+                    raise MalformedData("its seal does not match")
                 out.append(decode_hint(raw)[0])
             except (MalformedData, InvalidStoreId, ValueError):
                 continue

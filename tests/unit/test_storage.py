@@ -369,15 +369,19 @@ def test_a_stored_manifest_with_any_bit_flipped_is_never_read() -> None:
 
     from statestore.node.replica import _opened, _seal
     from statestore.wire.manifest import encode_manifest
+    from statestore.wire.tentative import encode_hint
 
-    body = encode_manifest(commit(7, 3))
-    sealed = _seal(body)
-    assert _opened(sealed) == body and _opened(body) == body
     rng = random.Random(5)
-    for _ in range(2000):
-        rotted = bytearray(sealed)
-        for _ in range(rng.randint(1, 3)):
-            i = rng.randrange(len(rotted) * 8)
-            rotted[i // 8] ^= 1 << (i % 8)
-        if bytes(rotted) != sealed:
-            assert _opened(bytes(rotted)) is None
+    for hint, body in (
+        (False, encode_manifest(commit(7, 3))),
+        (True, encode_hint(commit(7, 3), ["n1:7400"])),  # a hint's record, sealed the same way
+    ):
+        sealed = _seal(body)
+        assert _opened(sealed, hint) == body and _opened(body, hint) == body
+        for _ in range(2000):
+            rotted = bytearray(sealed)
+            for _ in range(rng.randint(1, 3)):
+                i = rng.randrange(len(rotted) * 8)
+                rotted[i // 8] ^= 1 << (i % 8)
+            if bytes(rotted) != sealed:
+                assert _opened(bytes(rotted), hint) is None
