@@ -11,8 +11,9 @@
   (``disk_format`` in node.json, from the first start); a node refuses to open one whose
   format is not in :data:`DISK_FORMATS_READ` (:func:`check_disk_format`). A data directory
   without the field was written before formats were recorded: format 1. 2: manifests and
-  hints are stored sealed (a checksum of their bytes, node/replica.py); format 1's unsealed ones are
-  still read, and a node that opens a format 1 dir records 2, so an older build refuses it.
+  hints are stored sealed (a checksum of their bytes, node/replica.py); format 1's unsealed
+  ones are still read, and a node that opens a format 1 dir records 2, so an older build
+  refuses it.
 """
 
 from __future__ import annotations
