@@ -28,7 +28,7 @@ __all__ = [
     "check_disk_format",
 ]
 
-VERSION = "0.2.0"
+VERSION = "0.3.0.dev0"
 WIRE_FORMAT = 2
 DISK_FORMAT = 2
 DISK_FORMATS_READ = frozenset({1, 2})  # the data directory formats this build opens

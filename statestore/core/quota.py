@@ -38,6 +38,7 @@ from statestore.core.items import Prefix
 __all__ = [
     "COUNTED_PREFIXES",
     "MAX_QUOTA_BYTES",
+    "RECORD_SEAL",
     "Quotas",
     "Rule",
     "Usage",
@@ -51,6 +52,9 @@ MAX_QUOTA_BYTES = 2**62
 # storage keys whose values count against their query (node/replica.py's key layout):
 # chunks, manifests, the replaced epochs kept beside them, tentative commits' hints
 COUNTED_PREFIXES = (Prefix.CHUNK, Prefix.MANIFEST, Prefix.REPLACED, Prefix.HINT)
+# bytes a stored manifest or hint record adds to its encoding: its seal (node/replica.py), so
+# a writer's room check (net/writes.check_room) asks for what the replica will charge
+RECORD_SEAL = 9
 _NAME = re.compile(r"[A-Za-z0-9._-]*")  # fullmatch: "$" passes a trailing newline
 
 

@@ -50,6 +50,7 @@ from statestore.core.errors import (
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
 from statestore.core.quorum import check_write_sets, home_need
+from statestore.core.quota import RECORD_SEAL
 from statestore.core.view import RingView
 from statestore.net.quorate import Rest, until_enough
 from statestore.net.transport import Response, Transport
@@ -342,7 +343,7 @@ async def check_room(
         key = chunk_key(manifest.store, manifest.version, chunk.name)
         for address in view.write_replicas_of(key):
             sends.setdefault(address, []).append((key, len(chunk.data)))
-    size = len(encode_manifest(manifest))
+    size = len(encode_manifest(manifest)) + RECORD_SEAL  # as the replica stores it
     extra = dict.fromkeys(view.store_write_replicas(manifest.store), size)
     query = manifest.store.query
     # the chunks each node would get (those it holds already, a retry's, count nothing there)

@@ -126,9 +126,9 @@ def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple
     if os.path.exists(path):
         with open(path) as f:
             ident = json.load(f)
-        # one this build reads; it writes this build's format from now on (an older
-        # one: its records are still read), so it records that
-        check_disk_format(ident.get("disk_format"), data_dir, ident.get("version"))
+        # one this build reads; once its storage opens, the node records this build's
+        # format (_record_disk_format): it writes that from then on
+        disk_format = check_disk_format(ident.get("disk_format"), data_dir, ident.get("version"))
     elif adopt is not None:
         ident = {"id": adopt[0], "incarnation": adopt[1] - 1}
     node_id = str(ident.get("id") or uuid.uuid4().hex[:16])
@@ -148,6 +148,24 @@ def _load_identity(data_dir: str, adopt: tuple[str, int] | None = None) -> tuple
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return node_id, incarnation
+
+
+def _record_disk_format(data_dir: str) -> None:
+    """Record this build's disk format in ``node.json`` once the node's storage opened on a
+    data dir of an older format it reads (core/formats.py): from then on it writes records
+    of this format there, which an older build must refuse."""
+    path = os.path.join(data_dir, "node.json")
+    with open(path) as f:
+        ident = json.load(f)
+    if ident.get("disk_format") == DISK_FORMAT:
+        return
+    ident["disk_format"] = DISK_FORMAT
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(ident, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 RING_STATE_FILE = "ring-state.json"
@@ -316,6 +334,7 @@ class Node:
             raise
         url = config.storage or f"lmdb://{os.path.abspath(os.path.join(config.data_dir, 'db'))}"
         self.store = NodeStore(backend or open_backend(url))
+        _record_disk_format(config.data_dir)
         self.writer = writer or PriorityWriter()
         self.foreground = ForegroundGate()  # client requests in flight, for copies to yield to
         self.budget = MemoryBudget(config.memory_budget, config.body_timeout, config.max_body)

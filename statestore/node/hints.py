@@ -517,8 +517,10 @@ async def hint_pass(node: Node, view: RingView) -> int:
         if line in waiting:
             continue
         raw = node.store.raw_hint(store, version, kind, epoch)
+        if raw is None and not node.store.hint_rotted(store, version, kind, epoch):
+            continue  # gone meanwhile
         try:
-            if raw is None:  # listed a moment ago: rotted on disk (its seal does not match)
+            if raw is None:  # rotted on disk: its seal does not match
                 raise MalformedData("its seal does not match")
             m, holders = decode_hint(raw)
         except (MalformedData, InvalidStoreId, ValueError):

@@ -44,6 +44,7 @@ from statestore.core.errors import (
     InvalidRequest,
     InvalidStoreId,
     MalformedData,
+    NodeUnavailable,
     QuotaExceeded,
     StaleEpoch,
     VersionConflict,
@@ -52,7 +53,14 @@ from statestore.core.hints import MAX_HINTS, MAX_HINTS_PER_QUERY, admit
 from statestore.core.ids import StoreId, chunk_key, parse_chunk_key
 from statestore.core.items import ManifestItem, Prefix
 from statestore.core.manifest import Head, Manifest
-from statestore.core.quota import COUNTED_PREFIXES, Usage, charges, check, query_of_key
+from statestore.core.quota import (
+    COUNTED_PREFIXES,
+    RECORD_SEAL,
+    Usage,
+    charges,
+    check,
+    query_of_key,
+)
 from statestore.core.repair import content_digest
 from statestore.core.tentative import Outcome
 from statestore.node.backends import Backend
@@ -97,11 +105,17 @@ def _okey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
 # an acknowledged version was lost (statestore-sim seed 240856282107648). Records written
 # before seals (a msgpack map first) are read as they are.
 _SEAL = b"\x70"
-_SEALED = len(_SEAL) + 8
+_SEALED = RECORD_SEAL  # the seal byte and the digest
 
 
 def _seal(body: bytes) -> bytes:
     return _SEAL + xxhash.xxh3_64_digest(body) + body
+
+
+def key_rotted(backend: Backend, key: bytes, puts: Mapping[bytes, bytes] | None = None) -> bool:
+    """Whether a sealed record is held under ``key`` whose seal does not match."""
+    raw = puts[key] if puts is not None and key in puts else backend.get(key)
+    return raw is not None and _opened(raw, key.startswith(Prefix.HINT)) is None
 
 
 def _opened(raw: bytes | None, hint: bool = False) -> bytes | None:
@@ -268,6 +282,11 @@ class NodeStore:
         version has one; VersionConflict if the same version and epoch carry other content.
         """
         head = self._fence_head(m)
+        if key_rotted(self.backend, _mkey(m.store, m.version, m.kind)):
+            raise NodeUnavailable(
+                f"this replica's record of {m.store} v{m.version} ({m.kind}) is rotted on disk "
+                "until the scrub puts a replica's copy back: it takes no write of that version"
+            )
         raw_old = self._mget(_mkey(m.store, m.version, m.kind))
         if raw_old is not None:
             old = decode_manifest(raw_old)
@@ -314,12 +333,15 @@ class NodeStore:
         hand-off's, charged to the quota (QuotaExceeded past it, nothing written)."""
         puts: dict[bytes, bytes] = {}
 
-        def get(key: bytes) -> bytes | None:
+        def get(key: bytes) -> bytes | None:  # a manifest record's bytes
             return _opened(puts[key]) if key in puts else self._mget(key)
 
         out = []
         for m in ms:
             main_key = _mkey(m.store, m.version, m.kind)
+            if key_rotted(self.backend, main_key, puts):
+                out.append(False)  # the scrub puts a replica's copy back first
+                continue
             raw_main = get(main_key)
             main_epoch = None if raw_main is None else manifest_epoch(raw_main)
             if main_epoch == m.epoch or (
@@ -335,7 +357,7 @@ class NodeStore:
             else:
                 puts[_okey(m.store, m.version, m.kind, m.epoch)] = raw
             hkey = _skey(Prefix.HEAD, m.store)
-            raw_head = get(hkey)
+            raw_head = puts[hkey] if hkey in puts else self.backend.get(hkey)  # not sealed
             head = None if raw_head is None else decode_stored(raw_head)
             if head is None or (m.epoch, m.version) > head.key():
                 puts[hkey] = encode_stored(Head(m.version, m.epoch))
@@ -433,7 +455,7 @@ class NodeStore:
         """The stored bytes of a manifest: the highest epoch of ``version`` and ``kind``, or
         the one of ``epoch``."""
         raw = self._mget(_mkey(store, version, kind))
-        if epoch is None or raw is None or manifest_epoch(raw) == epoch:
+        if epoch is None or (raw is not None and manifest_epoch(raw) == epoch):
             return raw
         return self._mget(_okey(store, version, kind, epoch))
 
@@ -634,6 +656,10 @@ class NodeStore:
         """Delete one hint by its key (a record that may not decode)."""
         self._write({}, [_nkey(store, version, kind, epoch)])
 
+    def hint_rotted(self, store: StoreId, version: int, kind: str, epoch: int) -> bool:
+        """Whether the hint's record is held and rotted (its seal does not match)."""
+        return key_rotted(self.backend, _nkey(store, version, kind, epoch))
+
     def raw_hint(self, store: StoreId, version: int, kind: str, epoch: int) -> bytes | None:
         """A hint's encoded bytes (None: not held, or rotted: its seal does not match)."""
         return _opened(self.backend.get(_nkey(store, version, kind, epoch)), hint=True)
@@ -769,6 +795,21 @@ class NodeStore:
         epoch is None for a version's main record (it is in the value, not the key)."""
         store, version, kind, rest = _manifest_parts(key)
         return store, version, kind, int(rest[0]) if key.startswith(Prefix.REPLACED) else None
+
+    def unsealed_record(self, key: bytes) -> bool:
+        """Whether the record ``key`` holds a manifest written before seals (disk format 1)."""
+        raw = self.backend.get(key)
+        return raw is not None and raw[:1] != _SEAL and _opened(raw) is not None
+
+    def seal_record(self, key: bytes) -> bool:
+        """Seal the manifest record ``key`` if it was written before seals (the scrub does,
+        once it verified it: node/scrub.py). False when it is sealed, rotted or gone."""
+        if not self.unsealed_record(key):
+            return False
+        raw = self.backend.get(key)
+        assert raw is not None
+        self._write({key: _seal(raw)})
+        return True
 
     def restore_manifest_record(self, key: bytes, raw: bytes) -> None:
         """Write a replica's copy of a manifest over the rotted bytes under ``key`` (the

@@ -11,12 +11,12 @@ replica of it; a manifest that no longer decodes is replaced by a replica's copy
 version, kind and epoch. Counted in ``/metrics`` (``statestore_node_events``:
 ``scrubbed``, ``scrub_corrupt``, ``scrub_replaced``).
 
-Manifests carry no checksum of their own on disk yet. A flipped bit that still decodes is
-found by the scrub when it lands in a chunk's name or checksum (a chunk's name ends with its
-checksum, so the two must agree: the simulator found a flip there that left acknowledged
-versions unreadable, every restore asking for a chunk no replica has, and repair, which
-compares checksums only, blind to it); elsewhere (key-group bounds, sizes, positions) it is
-found only when a read trips on it.
+Manifests are stored sealed with a checksum of their bytes (node/replica.py, disk format 2):
+one whose seal does not match is never read, and the scrub replaces it. One written before
+seals (disk format 1) is checked as before (it decodes, and its chunks' names and checksums
+agree: the simulator once found a flip there that left acknowledged versions unreadable) and
+then sealed, so a data dir from the previous build is sealed within one pass; a flip in such
+a record that still decodes and agrees is sealed as it is, as before seals it was kept.
 
 Costs: one read of every byte held per pass (disk), one chunk in memory at a time, one
 checksum per byte (xxh3: a few GB/s a core), network only for what is bad.
@@ -142,6 +142,9 @@ async def _scrub_manifest(node: Node, record: bytes, raw: bytes) -> bool:
         await _replace_manifest(node, record, store, version, kind, epoch)
         return False
     node.stats["scrubbed"] = node.stats.get("scrubbed", 0) + 1
+    if await asyncio.to_thread(node.store.unsealed_record, record):
+        # written before seals (disk format 1) and verified now: seal it (node/replica.py)
+        await node.write(node.store.seal_record, record, order="copy")
     return True
 
 

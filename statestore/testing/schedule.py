@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from client import AsyncRingClient
+from statestore.core.errors import NodeUnavailable
 from statestore.core.ids import StoreId
 from statestore.net.memory import LinkFaults, MemoryNetwork
 from statestore.node.api import build_app
@@ -141,7 +142,16 @@ class _Run(ClientOps):
             transport=self.network.transport(name, timeout=5.0),
             clock=asyncio.get_running_loop().time,
         )
-        await c.connect()
+        # a client that reaches no seed now tries again, as a real one would (run seed 372014
+        # ended here when every seed was slow); a schedule where it never does is unchanged
+        for attempt in range(30):
+            try:
+                await c.connect()
+                break
+            except NodeUnavailable:
+                if attempt == 29:
+                    raise
+                await asyncio.sleep(1.0)
         self.clients.append(c)
         return c
 

@@ -476,8 +476,9 @@ def test_rolling_upgrade_without_a_secret_under_writers_and_readers(
         assert len(result.acked) >= 2 * 20 and result.reads > 0, (len(result.acked), result.reads)
         restore_every_version(ring.seeds, result.acked)
 
-        # a downgrade the rule forbids: node 2's data dir as a newer build (disk format 2)
-        # would leave it. This build refuses it, names it, and changes nothing in it. (The
+        # a downgrade the rule forbids: node 2's data dir as a newer build (a disk format
+        # after this build's) would leave it. This build refuses it, names it, and changes
+        # nothing in it. (The
         # previous release predates the check: docs/operations.md, Versions and upgrades.)
         node = ring.procs[2]
         node.stop(signal.SIGTERM)

@@ -385,3 +385,52 @@ def test_a_stored_manifest_with_any_bit_flipped_is_never_read() -> None:
                 rotted[i // 8] ^= 1 << (i % 8)
             if bytes(rotted) != sealed:
                 assert _opened(bytes(rotted), hint) is None
+
+
+def test_a_copy_of_an_older_version_leaves_the_head_and_its_fence(store: NodeStore) -> None:
+    """Repair's copy of an older version keeps the head where it is, so a writer of a lower
+    epoch is still fenced (the head is stored unsealed; a first version of seals read it
+    as a rotted manifest and lowered it on every copy)."""
+    store.put_manifest(commit(10, 5))
+    assert store.copy_manifest(commit(2, 1))
+    assert store.head(SID) == Head(10, 5)
+    with pytest.raises(StaleEpoch):
+        store.put_manifest(commit(11, 1))
+
+
+def test_a_rotted_main_record_takes_no_write_and_hides_no_other_epoch(store: NodeStore) -> None:
+    """A version whose main record rotted: a commit of it is refused (node_unavailable, not
+    taken as if nothing were there), a copy waits for the scrub, and its other epochs are
+    still read."""
+    from statestore.core.errors import NodeUnavailable
+    from statestore.node.replica import _mkey
+
+    store.put_manifest(commit(3, 1))
+    store.put_manifest(commit(3, 2, b"w"))  # epoch 1 moves to a side key
+    key = _mkey(SID, 3, "delta")
+    raw = bytearray(store.backend.get(key) or b"")
+    raw[-1] ^= 1
+    store.backend.write({key: bytes(raw)})
+    with pytest.raises(NodeUnavailable, match="rotted"):
+        store.put_manifest(commit(3, 2, b"w"))
+    assert store.copy_manifest(commit(3, 4)) is False
+    assert store.raw_manifest(SID, 3, "delta") is None
+    side = store.get_manifest(SID, 3, "delta", epoch=1)
+    assert side is not None and side.epoch == 1
+
+
+def test_a_record_written_before_seals_is_read_and_sealed_once(store: NodeStore) -> None:
+    """A manifest record of disk format 1 (unsealed) is read as it is; the scrub seals it
+    once verified (seal_record), and sealing twice writes nothing."""
+    from statestore.node.replica import _mkey, _opened
+    from statestore.wire.manifest import encode_manifest
+
+    m = commit(4, 2)
+    key = _mkey(SID, 4, "delta")
+    store.backend.write({key: encode_manifest(m)})  # as the previous build wrote it
+    assert store.get_manifest(SID, 4, "delta") == m and store.unsealed_record(key)
+    assert store.seal_record(key) and not store.unsealed_record(key)
+    assert not store.seal_record(key)
+    sealed = store.backend.get(key)
+    assert sealed is not None and sealed != encode_manifest(m)
+    assert _opened(sealed) == encode_manifest(m) and store.get_manifest(SID, 4, "delta") == m
