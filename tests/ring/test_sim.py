@@ -87,7 +87,8 @@ def test_the_checker_catches_a_ring_that_acknowledges_without_storing() -> None:
 
 def _commit(version: int, epoch: int, delta: str, start: int, end: int, **kw: object) -> CommitOp:
     state = kw.pop("state", {b"k": delta.encode()})
-    return CommitOp("w", S, version, epoch, delta, state, start, end, "ack", **kw)  # type: ignore[arg-type]
+    outcome = str(kw.pop("outcome", "ack"))
+    return CommitOp("w", S, version, epoch, delta, state, start, end, outcome, **kw)  # type: ignore[arg-type]
 
 
 def _restore(version: int, start: int, **kw: object) -> ReadOp:
@@ -187,6 +188,8 @@ DISK = {"disk_faults": 0.15, "skew": 5.0}  # the 1,000-schedule run's options
         (21317839338017, DISK),
         # lost: a rotted manifest of a higher epoch copied over the good ones (run 372005)
         (240856282107648, DISK),
+        # the checker: a read of a new writer's in-flight v4, later built on (run 372015)
+        (248256219581612, DISK),
     ],
 )  # fmt: skip
 def test_found_seeds_replay_clean(seed: int, options: dict[str, float]) -> None:
@@ -217,6 +220,26 @@ def test_found_seeds_replay_clean(seed: int, options: dict[str, float]) -> None:
         ([_commit(1, 2, "b", 1, 2), _commit(1, 1, "a", 3, 4)], [], {"fenced-ack"}),
         # epoch 1's commit overlaps epoch 2's and ends later: it took effect first, no violation
         ([_commit(1, 1, "a", 1, 6), _commit(1, 2, "b", 2, 3)], [], set()),
+        # a new writer's v2 (epoch 2, in flight, told it failed) read while epoch 1's v2 was
+        # acknowledged, then built on by epoch 3's acknowledged v3: fencing at work
+        (
+            [
+                _commit(2, 1, "a", 1, 2),
+                _commit(2, 2, "b", 3, 8, state={b"k": b"b"}, base_epoch=1, outcome="failed"),
+                _commit(3, 3, "c", 9, 10, base_epoch=2),
+            ],
+            [_restore(2, 5, head=(2, 2), state={b"k": b"b"})],
+            set(),
+        ),
+        # the same read with no acknowledged commit built on epoch 2's v2: wrong bytes
+        (
+            [
+                _commit(2, 1, "a", 1, 2),
+                _commit(2, 2, "b", 3, 8, state={b"k": b"b"}, base_epoch=1, outcome="failed"),
+            ],
+            [_restore(2, 5, head=(2, 2), state={b"k": b"b"})],
+            {"wrong-bytes"},
+        ),
         # a higher epoch rewriting v1 after taking over is fencing at work, not a violation
         (
             [_commit(1, 1, "a", 1, 2), _commit(1, 2, "b", 3, 4, state={b"k": b"b"})],
