@@ -55,10 +55,16 @@ def closed_port() -> int:
 
 
 def run_node_for(
-    args: Sequence[str], until: str, count: int, limit: float, environ: dict[str, str]
+    args: Sequence[str],
+    until: str,
+    count: int,
+    limit: float,
+    environ: dict[str, str],
+    printed: str = "",
 ) -> tuple[str, str]:
     """Start ``statestore node args``, stop it once its stderr holds ``until`` ``count``
-    times (or after ``limit`` seconds); its stdout and stderr."""
+    times and its stdout holds ``printed`` (or after ``limit`` seconds); its stdout and
+    stderr."""
     with tempfile.TemporaryDirectory() as d:
         out_path, err_path = Path(d) / "out", Path(d) / "err"
         with out_path.open("wb") as out, err_path.open("wb") as err:
@@ -71,7 +77,9 @@ def run_node_for(
             )
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline and proc.poll() is None:
-            if err_path.read_text(errors="replace").count(until) >= count:
+            if err_path.read_text(errors="replace").count(until) >= count and (
+                printed in out_path.read_text(errors="replace")
+            ):
                 break
             time.sleep(0.2)
         proc.terminate()
@@ -264,6 +272,7 @@ def test_a_taken_udp_port_is_said_and_the_real_one_printed(tmp_path: Path) -> No
             count=1,
             limit=30.0,
             environ=env(),
+            printed="(dht udp ",  # stderr says "instead" before stdout's line is written
         )
     first = out.splitlines()[0]
     dht = int(first.split("(dht udp ")[1].split(")")[0].split(",")[0])
