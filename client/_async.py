@@ -10,7 +10,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from statestore.core.cache import ChunkCache
-from statestore.core.chunk import DEFAULT_CHUNK_SIZE, DEFAULT_KEY_GROUPS, MAX_CHUNK_RAW
+from statestore.core.chunk import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_KEY_GROUPS,
+    MAX_CHUNK_RAW,
+)
 from statestore.core.errors import (
     AccessDenied,
     DelayBoundExceeded,
@@ -37,6 +42,7 @@ from statestore.net.quorate import finish_left
 from statestore.net.reads import (
     ReadStats,
     fetch_chunk,
+    fetch_part,
     read_chain,
     read_chains,
     read_head,
@@ -89,6 +95,9 @@ class AsyncRingClient:
         timeout: seconds for one request to one node.
         concurrency: chunks in flight at once (the restorer's fan-in).
         chunk_size: target raw bytes per chunk.
+        block_size: target raw bytes per block of a chunk (each compressed and checksummed on
+            its own, so a point read fetches one block: core/chunk.py); 0 writes whole
+            chunks, the layout before 0.3.0.
         key_groups: key groups of newly written stores.
         max_chunk: the decompressed size past which a chunk is refused as a bomb.
         ingress: cap on the bytes per second this client takes in while restoring (a token
@@ -119,6 +128,7 @@ class AsyncRingClient:
         timeout: float = 10.0,
         concurrency: int = 16,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         key_groups: int = DEFAULT_KEY_GROUPS,
         max_chunk: int = MAX_CHUNK_RAW,
         ingress: float | None = None,
@@ -135,8 +145,11 @@ class AsyncRingClient:
         bearer = {"Authorization": f"Bearer {token}"} if token else {}
         if concurrency < 1 or chunk_size < 1 or not 1 <= key_groups <= 65536:
             raise ValueError("concurrency and chunk_size must be positive, key_groups 1..65536")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 0:
+            raise ValueError(f"block_size must be a non-negative int, got {block_size!r}")
         self.concurrency = concurrency
         self.chunk_size = chunk_size
+        self.block_size = block_size
         self.key_groups = key_groups
         self.max_chunk = max_chunk
         self._transport: Transport = transport or HttpTransport(
@@ -363,6 +376,7 @@ class AsyncRingClient:
                 chunk_size=self.chunk_size,
                 max_chunk=self.max_chunk,
                 base_epoch=base_epoch,
+                block_size=(await self.view()).block_size(self.block_size),
             )
         )
 
@@ -730,11 +744,21 @@ class AsyncRingClient:
                 lambda view: fetch_chunk(self._transport, view, store, version, ref, stats)
             )
 
+        async def fetch_part_of(
+            version: int, ref: ChunkRef, span: tuple[int, int], expected: int, stats: ReadStats
+        ) -> bytes:
+            return await self._routed(
+                lambda view: fetch_part(
+                    self._transport, view, store, version, ref, span, expected, stats
+                )
+            )
+
         return AsyncLazyState(
             store,
             chain,
             want,
             fetch=fetch,
+            fetch_part=fetch_part_of,
             concurrency=self.concurrency,
             max_chunk=self.max_chunk,
             cache_bytes=cache_bytes,

@@ -10,6 +10,14 @@ every restore applies, core/fold.py). Every group the fetched chunks hold whole 
 one asked for) is folded and kept in a bounded LRU of decoded key groups, so the next read of a
 key of any of them costs a dictionary look-up.
 
+A point read (``get``) of a key whose group is not cached reads blocks instead, where it can:
+when every chunk along the chain that covers the group is blocked (core/chunk.py, written since
+0.3.0), it walks the chain newest first and fetches, of each such chunk, its index and the one
+block the key can be in, each by range and verified, and stops at the first manifest that
+names the key (or at the snapshot). A cold read costs a few small fetches, not the chunks of
+a whole group; indexes and blocks are cached too. ``get_many`` and iteration load whole
+groups, as before (many keys of a group are cheaper fetched at once).
+
 Iteration streams the version by key-group ranges, one range of chunks at a time: at most the
 chunks of the range being folded (and those that reach past it into the next) are held decoded,
 besides the bounded cache, which a scan does not fill (it would evict the point reads' groups).
@@ -42,20 +50,18 @@ from typing import Any, TypeVar
 
 import xxhash
 
+from statestore.core.cache import ROW_COST, ChunkCache
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
-from statestore.net.reads import ReadStats
+from statestore.net.reads import ReadStats, read_block_rows
 
 __all__ = ["DEFAULT_OPEN_CACHE", "AsyncLazyState", "ChunkFetch", "LazyState"]
 
 T = TypeVar("T")
 
 DEFAULT_OPEN_CACHE = 64 * 1024 * 1024
-# What one decoded row costs in memory besides its key and value bytes: two bytes objects'
-# headers (33 bytes each) and a dictionary or list slot. The cache counts rows at this rate.
-ROW_COST = 100
 # A group known to hold no row, still worth remembering (it was fetched to learn that).
 EMPTY_GROUP_COST = 64
 
@@ -63,6 +69,9 @@ Split = dict[int, list[Row]]  # a decoded chunk's rows by key group (None values
 # Fetches one chunk of the store (version, ref), verified against ref's checksum, counting
 # what it fetched in the stats (the client's: net/reads.fetch_chunk on its ring view).
 ChunkFetch = Callable[[int, ChunkRef, ReadStats], Awaitable[bytes]]
+# Fetches bytes (offset, length) of one chunk, verified against the checksum given (the
+# client's: net/reads.fetch_part).
+PartFetch = Callable[[int, ChunkRef, tuple[int, int], int, ReadStats], Awaitable[bytes]]
 
 
 def _check_key(key: object) -> bytes:
@@ -173,6 +182,7 @@ class AsyncLazyState:
         version: int,
         *,
         fetch: ChunkFetch,
+        fetch_part: PartFetch | None = None,
         concurrency: int = 16,
         max_chunk: int = MAX_CHUNK_RAW,
         cache_bytes: int = DEFAULT_OPEN_CACHE,
@@ -181,6 +191,7 @@ class AsyncLazyState:
             raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
         top = chain[-1]
         self._fetch_bytes = fetch
+        self._fetch_part = fetch_part
         self._max_chunk = max_chunk
         self.store = store
         self.version = version
@@ -191,10 +202,12 @@ class AsyncLazyState:
         self.stats = ReadStats(chain=len(self.chain))
         self.cache_hits = 0
         self.cache_misses = 0
-        # within cache_bytes: key group -> its folded rows (three quarters), and chunk key ->
-        # its decoded rows, for chunks that reach past the span they were fetched for
-        self._groups = _Lru(cache_bytes - cache_bytes // 4)
+        # within cache_bytes: key group -> its folded rows (half), chunk key -> its decoded
+        # rows, for chunks that reach past the span they were fetched for (a quarter), and the
+        # blocks and indexes of blocked chunks a point read fetched (a quarter)
+        self._groups = _Lru(cache_bytes - 2 * (cache_bytes // 4))
         self._chunks = _Lru(cache_bytes // 4)
+        self._blocks = ChunkCache(cache_bytes // 4)
         self._fetching: dict[str, asyncio.Future[Split]] = {}
         self._loading: list[tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]] = []
         self._sem = asyncio.Semaphore(concurrency)
@@ -223,7 +236,7 @@ class AsyncLazyState:
     @property
     def cache_bytes(self) -> int:
         """Bytes the cache of decoded key groups holds now (by the :data:`ROW_COST` rule)."""
-        return self._groups.bytes + self._chunks.bytes
+        return self._groups.bytes + self._chunks.bytes + self._blocks.size_bytes
 
     # -- lifecycle --------------------------------------------------------------------------
     async def close(self) -> None:
@@ -234,6 +247,7 @@ class AsyncLazyState:
         self._closed = True
         self._groups.clear()
         self._chunks.clear()
+        self._blocks.clear()
 
     async def __aenter__(self) -> AsyncLazyState:
         return self
@@ -255,7 +269,46 @@ class AsyncLazyState:
         """The value of ``key`` in this version, or None if it has none."""
         _check_key(key)
         self._check_open()
-        return (await self._group(key_group(key, self.key_groups))).get(key)
+        g = key_group(key, self.key_groups)
+        if self._groups.get(g) is None and self._blocked(g):
+            return await self._block_get(g, key)
+        return (await self._group(g)).get(key)
+
+    def _blocked(self, g: int) -> bool:
+        """Whether group ``g`` can be read block by block: a part fetcher, and every chunk
+        along the chain that covers it blocked (and cut by this store's key groups)."""
+        return self._fetch_part is not None and all(
+            m.key_groups == self.key_groups
+            and all(c.blocked for c in m.chunks if c.lo <= g <= c.hi)
+            for m in self.chain
+        )
+
+    async def _block_get(self, g: int, key: bytes) -> bytes | None:
+        """``key``'s value read by blocks: the chain newest first, in each chunk covering
+        ``g`` the one block that can hold the key; the first manifest naming it decides."""
+        assert self._fetch_part is not None
+        part = self._fetch_part
+        self.cache_misses += 1
+        for m in reversed(self.chain):
+            for ref in m.chunks:
+                if not ref.rows or not ref.lo <= g <= ref.hi:
+                    continue
+
+                async def fetch(
+                    span: tuple[int, int], expected: int, m: Manifest = m, ref: ChunkRef = ref
+                ) -> bytes:
+                    async with self._sem:
+                        return await part(m.version, ref, span, expected, self.stats)
+
+                ckey = chunk_key(self.store, m.version, ref.name)
+                rows = await read_block_rows(
+                    fetch, ref, ckey, g, key, self._blocks, max_raw=self._max_chunk
+                )
+                if rows is not None and key in rows:
+                    return rows[key]
+            if m.kind == "snapshot":
+                break
+        return None
 
     async def has(self, key: bytes) -> bool:
         """Whether ``key`` has a value in this version."""

@@ -551,11 +551,7 @@ async def _load(
                     for ref in m.chunks:
                         data = (root / chunk_file(entry.store, ref.checksum)).read_bytes()
                         verify(data, ref.checksum, ref.name)
-                        chunks.append(
-                            EncodedChunk(
-                                ref.name, ref.lo, ref.hi, data, ref.checksum, ref.raw_size, ref.rows
-                            )
-                        )
+                        chunks.append(ref.encoded(data))
                     try:
                         await ring.routed(partial(_commit, ring, tm, chunks))
                     except VersionConflict:

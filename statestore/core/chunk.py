@@ -2,10 +2,19 @@
 
 A commit's rows are laid out by key group (``xxh3_64(key) % groups``), sorted, and cut into
 chunks of about ``target_size`` raw bytes. A chunk covers a contiguous key-group range
-``[lo, hi]`` (a group bigger than the target spans several chunks). Its payload is a format
-byte and a msgpack array of alternating keys and values (``None`` marks a delete), compressed
-with zstd level 1; its checksum is xxh3-64 of the compressed bytes, so a node can verify a
-chunk without decompressing it. Decoding refuses frames that would expand past a limit.
+``[lo, hi]`` (a group bigger than the target spans several chunks). Its checksum is xxh3-64
+of its bytes, so a node can verify a chunk without decompressing it. Decoding refuses frames
+that would expand past a limit. Two layouts, both read:
+
+- **Blocked** (format 2, written since 0.3.0): the rows are cut again into blocks of about
+  ``block_size`` raw bytes, each a msgpack array of alternating keys and values (``None``
+  marks a delete) compressed on its own with zstd level 1. The chunk is the byte ``0xb2``,
+  the blocks' frames one after another, the index, and the index's length (4 bytes, little
+  endian). The index is a msgpack array of ``[group, first key, frame length, xxh3-64 of the
+  frame, rows]``, one per block. The manifest names the index's length and checksum
+  (``ChunkRef.index_len``, ``index_checksum``), so a reader can fetch the index, then the one
+  block a key can be in, by range (``GET /v1/chunks/{key}?offset=&length=``), each verified.
+- **Whole** (format 1): one zstd frame of the format byte ``0x01`` and the msgpack array.
 """
 
 from __future__ import annotations
@@ -23,16 +32,21 @@ import zstandard
 from statestore.core.errors import CorruptChunk, DecompressionBomb, InvalidRequest, PayloadTooLarge
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_KEY_GROUPS",
     "MAX_CHUNK_RAW",
     "MAX_CHUNK_ROWS",
+    "BlockIndex",
     "EncodedChunk",
     "Row",
     "checksum",
+    "decode_block",
     "decode_chunk",
     "encode_chunks",
+    "index_span",
     "key_group",
+    "parse_index",
     "verify",
 ]
 
@@ -43,7 +57,10 @@ MAX_CHUNK_RAW = 256 * 1024 * 1024
 # hundreds of millions of Python objects (docs/security.md, Hardened endpoints); the encoder
 # cuts chunks at this count.
 MAX_CHUNK_ROWS = 1 << 20
+DEFAULT_BLOCK_SIZE = 16 * 1024
 _FORMAT = b"\x01"
+_BLOCKED = b"\xb2"
+_TRAILER = 4  # the index's length, little endian
 _ROW_OVERHEAD = 10
 
 Row = tuple[bytes, bytes | None]
@@ -60,6 +77,9 @@ class EncodedChunk:
     checksum: int
     raw_size: int
     rows: int
+    # a blocked chunk's index: its length and checksum (0, 0 for a whole chunk)
+    index_len: int = 0
+    index_checksum: int = 0
 
 
 def key_group(key: bytes, groups: int) -> int:
@@ -67,7 +87,7 @@ def key_group(key: bytes, groups: int) -> int:
     return xxhash.xxh3_64_intdigest(key) % groups
 
 
-def checksum(data: bytes) -> int:
+def checksum(data: bytes | memoryview) -> int:
     """xxh3-64 of ``data`` (the compressed chunk bytes)."""
     return xxhash.xxh3_64_intdigest(data)
 
@@ -98,10 +118,12 @@ def encode_chunks(
     target_size: int = DEFAULT_CHUNK_SIZE,
     kind: str = "d",
     max_raw: int = MAX_CHUNK_RAW,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> list[EncodedChunk]:
     """Lay rows out by key group and cut them into compressed chunks.
 
     ``kind`` is ``"d"`` for a delta and ``"s"`` for a snapshot; it prefixes chunk names.
+    ``block_size`` is the blocked layout's block size; 0 writes whole (format 1) chunks.
     Raises InvalidRequest for a key both put and deleted, PayloadTooLarge if one row is
     bigger than ``max_raw`` and TypeError for keys or values that are not bytes.
     """
@@ -148,28 +170,203 @@ def encode_chunks(
         stop = max(start + 1, bisect_right(ends, base + target_size, start))
         stop = min(stop, start + MAX_CHUNK_ROWS)
         n = len(keys[start:stop])
-        flat: list[bytes | None] = [None] * (2 * n)
-        flat[0::2] = keys[start:stop]
-        flat[1::2] = values[start:stop]
         lo, hi = (group_of[start], group_of[stop - 1]) if n else (0, groups - 1)
-        raw = _FORMAT + msgpack.packb(flat, use_bin_type=True)
-        data = cctx.compress(raw)
+        if block_size > 0:
+            data, raw_size, index_len, index_sum = _blocked(
+                keys, values, group_of, ends, start, start + n, block_size, cctx
+            )
+        else:
+            flat: list[bytes | None] = [None] * (2 * n)
+            flat[0::2] = keys[start:stop]
+            flat[1::2] = values[start:stop]
+            raw = _FORMAT + msgpack.packb(flat, use_bin_type=True)
+            data, raw_size, index_len, index_sum = cctx.compress(raw), len(raw), 0, 0
         digest = checksum(data)
         name = f"{kind}{len(chunks)}-{digest:016x}"
-        chunks.append(EncodedChunk(name, lo, hi, data, digest, len(raw), n))
+        chunks.append(EncodedChunk(name, lo, hi, data, digest, raw_size, n, index_len, index_sum))
         start = stop
     return chunks
+
+
+def _blocked(
+    keys: list[bytes],
+    values: list[bytes | None],
+    group_of: list[int],
+    ends: list[int],
+    start: int,
+    stop: int,
+    block_size: int,
+    cctx: zstandard.ZstdCompressor,
+) -> tuple[bytes, int, int, int]:
+    """Rows ``[start, stop)`` as one blocked chunk: (bytes, raw size, index length, index
+    checksum). Blocks are cut as chunks are: the rows whose running size stays within
+    ``block_size``, at least one."""
+    parts = [_BLOCKED]
+    index: list[list[object]] = []
+    raw_size = 0
+    at = start
+    while at < stop:
+        base = ends[at - 1] if at else 0
+        end = min(stop, max(at + 1, bisect_right(ends, base + block_size, at, stop)))
+        flat: list[bytes | None] = [None] * (2 * (end - at))
+        flat[0::2] = keys[at:end]
+        flat[1::2] = values[at:end]
+        raw = msgpack.packb(flat, use_bin_type=True)
+        frame = cctx.compress(raw)
+        raw_size += len(raw)
+        parts.append(frame)
+        index.append([group_of[at], keys[at], len(frame), checksum(frame), end - at])
+        at = end
+    packed = msgpack.packb(index, use_bin_type=True)
+    parts.append(packed)
+    parts.append(len(packed).to_bytes(_TRAILER, "little"))
+    return b"".join(parts), raw_size, len(packed), checksum(packed)
 
 
 def decode_chunk(
     data: bytes, *, max_raw: int = MAX_CHUNK_RAW, what: str = "", max_rows: int = MAX_CHUNK_ROWS
 ) -> list[Row]:
-    """Decompress and decode one chunk into its rows, in key-group order.
+    """Decompress and decode one chunk (either layout) into its rows, in key-group order.
 
-    Raises DecompressionBomb if the frame would expand past ``max_raw`` bytes or hold more
-    than ``max_rows`` rows, and CorruptChunk if it is not a chunk this version of statestore
+    Raises DecompressionBomb if it would expand past ``max_raw`` bytes or hold more than
+    ``max_rows`` rows, and CorruptChunk if it is not a chunk this version of statestore
     wrote (a key that is not bytes, a value that is neither bytes nor nil).
     """
+    if data[:1] != _BLOCKED:
+        raw = _decompress(data, max_raw, what)
+        if raw[:1] != _FORMAT:
+            raise CorruptChunk(f"chunk {what} has unknown format byte {raw[:1]!r}")
+        return _rows(memoryview(raw)[1:], max_rows, what)
+    if len(data) < 1 + _TRAILER:
+        raise CorruptChunk(f"chunk {what} is too short for a blocked chunk")
+    index_len = int.from_bytes(data[-_TRAILER:], "little")
+    if index_len > len(data) - 1 - _TRAILER:
+        raise CorruptChunk(f"chunk {what} names an index longer than itself")
+    end = len(data) - _TRAILER - index_len
+    index = parse_index(data[end : end + index_len], what=what, limit=end - 1)
+    if index.rows_total > max_rows:
+        raise DecompressionBomb(f"chunk {what} holds more than {max_rows} rows: refused as a bomb")
+    rows: list[Row] = []
+    view = memoryview(data)
+    budget = max_raw  # the raw bytes left for the blocks still to decode
+    for i in range(len(index.offsets)):
+        at = index.offsets[i]
+        frame = view[at : at + index.lengths[i]]
+        budget -= _declared(frame, budget, what)
+        rows += decode_block(frame, index, i, max_raw=max_raw, what=what)
+    return rows
+
+
+@dataclass(frozen=True)
+class BlockIndex:
+    """A blocked chunk's index, parsed and checked: where each block is, what it starts with
+    and how to verify it."""
+
+    starts: tuple[tuple[int, bytes], ...]  # each block's first (group, key)
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    checksums: tuple[int, ...]
+    rows: tuple[int, ...]
+    rows_total: int
+
+    def find(self, group: int, key: bytes) -> int | None:
+        """The one block that can hold ``key`` (of ``group``), or None if none can."""
+        i = bisect_right(self.starts, (group, key)) - 1
+        return None if i < 0 else i
+
+    @property
+    def nbytes(self) -> int:
+        """About the memory it takes, for a cache's budget."""
+        return sum(len(k) for _, k in self.starts) + 200 * len(self.offsets)
+
+
+def index_span(size: int, index_len: int) -> tuple[int, int]:
+    """(offset, length) of the index in a blocked chunk of ``size`` bytes."""
+    return size - _TRAILER - index_len, index_len
+
+
+def parse_index(data: bytes, *, what: str = "", limit: int | None = None) -> BlockIndex:
+    """A blocked chunk's index; ``limit`` is the bytes of frames it may cover (the chunk's
+    size less the format byte, index and trailer), checked when given. Raises CorruptChunk."""
+    try:
+        entries = msgpack.unpackb(
+            data,
+            use_list=True,
+            raw=True,
+            max_array_len=MAX_CHUNK_ROWS,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:
+        raise CorruptChunk(f"chunk {what} index does not decode ({exc})") from exc
+    if not isinstance(entries, list):
+        raise CorruptChunk(f"chunk {what} index is not a list")
+    starts: list[tuple[int, bytes]] = []
+    offsets, lengths, sums, counts = [], [], [], []
+    at = 1
+    for e in entries:
+        if not (
+            isinstance(e, list)
+            and len(e) == 5
+            and type(e[0]) is int
+            and type(e[1]) is bytes
+            and all(type(x) is int and 0 <= x < 2**64 for x in (e[0], *e[2:]))
+            and e[2] > 0
+            and e[4] > 0
+        ):
+            raise CorruptChunk(f"chunk {what} index entry {e!r:.120} is malformed")
+        first = (e[0], e[1])
+        if starts and first < starts[-1]:  # equal: a key deleted twice, cut between blocks
+            raise CorruptChunk(f"chunk {what} index is not in key order")
+        starts.append(first)
+        offsets.append(at)
+        lengths.append(e[2])
+        sums.append(e[3])
+        counts.append(e[4])
+        at += e[2]
+    if limit is not None and at - 1 != limit:
+        raise CorruptChunk(f"chunk {what} index covers {at - 1} bytes of frames, not {limit}")
+    return BlockIndex(
+        tuple(starts), tuple(offsets), tuple(lengths), tuple(sums), tuple(counts), sum(counts)
+    )
+
+
+def decode_block(
+    frame: bytes | memoryview,
+    index: BlockIndex,
+    i: int,
+    *,
+    max_raw: int = MAX_CHUNK_RAW,
+    what: str = "",
+) -> list[Row]:
+    """Verify and decode block ``i`` of a blocked chunk (its frame's bytes) into its rows."""
+    if len(frame) != index.lengths[i] or checksum(frame) != index.checksums[i]:
+        raise CorruptChunk(
+            f"chunk {what} block {i} is corrupt: it does not match its index entry; "
+            "it will be read from another replica"
+        )
+    raw = _decompress(frame, max_raw, f"{what} block {i}")
+    rows = _rows(memoryview(raw), index.rows[i], f"{what} block {i}")
+    if len(rows) != index.rows[i] or rows[0][0] != index.starts[i][1]:
+        raise CorruptChunk(f"chunk {what} block {i} does not hold what its index entry says")
+    return rows
+
+
+def _declared(frame: bytes | memoryview, budget: int, what: str) -> int:
+    """The raw size ``frame`` declares, refused past ``budget`` (blocked chunks declare it)."""
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunk(f"chunk {what} holds a block that is not a zstd frame ({exc})") from exc
+    if declared < 0 or declared > budget:
+        raise DecompressionBomb(
+            f"chunk {what} would decompress past the limit ({declared} more bytes with "
+            f"{budget} left); raise --max-chunk if this is real data"
+        )
+    return int(declared)
+
+
+def _decompress(data: bytes | memoryview, max_raw: int, what: str) -> bytes:
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as exc:
@@ -199,11 +396,13 @@ def decode_chunk(
             raw = b"".join(parts)
     except zstandard.ZstdError as exc:
         raise CorruptChunk(f"chunk {what} does not decompress ({exc})") from exc
-    if raw[:1] != _FORMAT:
-        raise CorruptChunk(f"chunk {what} has unknown format byte {raw[:1]!r}")
+    return raw
+
+
+def _rows(raw: memoryview, max_rows: int, what: str) -> list[Row]:
     try:
         flat = msgpack.unpackb(
-            memoryview(raw)[1:],
+            raw,
             use_list=True,
             raw=True,
             max_array_len=2 * max_rows,

@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statestore.core.chunk import EncodedChunk, encode_chunks
+from statestore.core.chunk import DEFAULT_BLOCK_SIZE, EncodedChunk, encode_chunks
 from statestore.core.errors import InvalidRequest, PayloadTooLarge
 from statestore.core.ids import StoreId, check_epoch, check_version
 from statestore.core.manifest import MAX_POSITIONS_BYTES, ChunkRef, Manifest
@@ -29,6 +29,7 @@ def build_commit(
     chunk_size: int,
     max_chunk: int,
     base_epoch: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> tuple[Manifest, list[EncodedChunk]]:
     """Check the arguments and lay the commit out in chunks. CPU only.
 
@@ -63,6 +64,7 @@ def build_commit(
             target_size=chunk_size,
             kind="s" if snapshot else "d",
             max_raw=max_chunk,
+            block_size=block_size,
         )
     except TypeError as exc:
         raise InvalidRequest(str(exc)) from exc

@@ -21,6 +21,7 @@ from __future__ import annotations
 from statestore.core.errors import UnknownDiskFormat
 
 __all__ = [
+    "CHUNK_FORMAT",
     "DISK_FORMAT",
     "DISK_FORMATS_READ",
     "VERSION",
@@ -29,6 +30,10 @@ __all__ = [
 ]
 
 VERSION = "0.3.0.dev0"
+# The newest chunk layout this build reads and writes (core/chunk.py: 1 whole, 2 blocked).
+# Each node gossips it; writers use blocked chunks only once every member of the ring reads
+# them (RingView.blocks), so a ring being upgraded from 0.2 keeps working throughout.
+CHUNK_FORMAT = 2
 WIRE_FORMAT = 2
 DISK_FORMAT = 2
 DISK_FORMATS_READ = frozenset({1, 2})  # the data directory formats this build opens

@@ -58,6 +58,7 @@ def manifest_to_json(m: Manifest) -> dict[str, Any]:
                 "rows": c.rows,
                 "checksum": c.checksum,
             }
+            | ({"index_len": c.index_len, "index_checksum": c.index_checksum} if c.blocked else {})
             for c in m.chunks
         ],
         "positions": dict(m.positions),
@@ -76,6 +77,8 @@ def manifest_from_json(store: StoreId, obj: Any) -> Manifest:
                 int(c["raw_size"]),
                 int(c["rows"]),
                 int(c["checksum"]),
+                int(c.get("index_len", 0)),
+                int(c.get("index_checksum", 0)),
             )
             for c in obj["chunks"]
         )

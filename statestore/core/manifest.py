@@ -66,6 +66,9 @@ class ChunkRef:
     raw_size: int
     rows: int
     checksum: int
+    # a blocked chunk's index (core/chunk.py): its length and xxh3-64; 0, 0 for a whole chunk
+    index_len: int = 0
+    index_checksum: int = 0
 
     @classmethod
     def of(cls, chunk: EncodedChunk) -> ChunkRef:
@@ -77,7 +80,28 @@ class ChunkRef:
             chunk.raw_size,
             chunk.rows,
             chunk.checksum,
+            chunk.index_len,
+            chunk.index_checksum,
         )
+
+    def encoded(self, data: bytes) -> EncodedChunk:
+        """The chunk this names, with its bytes (to send again: a hand-off, a backup's load)."""
+        return EncodedChunk(
+            self.name,
+            self.lo,
+            self.hi,
+            data,
+            self.checksum,
+            self.raw_size,
+            self.rows,
+            self.index_len,
+            self.index_checksum,
+        )
+
+    @property
+    def blocked(self) -> bool:
+        """Whether its blocks can be read one at a time (a blocked chunk with its index)."""
+        return self.index_len > 0
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from typing import Any
 
 from statestore.core.address import parse_address
 from statestore.core.errors import InvalidAddress, MalformedData
+from statestore.core.formats import CHUNK_FORMAT
 from statestore.core.handover import READ_STATES, NodeState
 from statestore.core.placement import Member
 
@@ -83,6 +84,7 @@ class MemberState:
     next_vnodes: int = 0
     removal: str = ""  # "", REMOVING or REMOVED (statestore removenode)
     removed_by: str = ""  # the survivor that marked it
+    chunk_format: int = 1  # the newest chunk layout it reads (core/formats.CHUNK_FORMAT)
 
     def wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -97,6 +99,8 @@ class MemberState:
         }
         if self.removal:  # only then: a ring that never removed a node gossips as before
             out |= {"removal": self.removal, "removed_by": self.removed_by}
+        if self.chunk_format > 1:  # builds before 0.3.0 say nothing: they read format 1
+            out["chunk_format"] = self.chunk_format
         return out
 
     @property
@@ -117,6 +121,7 @@ class _Entry:
     next_vnodes: int
     removal: str = ""
     removed_by: str = ""
+    chunk_format: int = 1
 
     @property
     def rank(self) -> tuple[int, int, int]:
@@ -130,11 +135,12 @@ def _parse_entry(obj: Any) -> _Entry:
         state = obj.get("state", "normal")
         vnodes, next_vnodes = obj.get("vnodes", 0), obj.get("next_vnodes", 0)
         removal, removed_by = obj.get("removal", ""), obj.get("removed_by", "")
+        chunk_format = obj.get("chunk_format", 1)
     except (KeyError, TypeError, AttributeError) as exc:
         raise MalformedData(f"gossip entry {obj!r:.200} is malformed") from exc
     if not all(
         isinstance(x, str) for x in (ident, addr, zone, state, removal, removed_by)
-    ) or not all(type(x) is int for x in (inc, hb, vnodes, next_vnodes)):
+    ) or not all(type(x) is int for x in (inc, hb, vnodes, next_vnodes, chunk_format)):
         raise MalformedData(f"gossip entry {obj!r:.200} has fields of the wrong type")
     if not (0 <= inc <= MAX_INCARNATION and 0 <= hb <= MAX_HEARTBEAT):
         raise MalformedData(f"gossip entry {ident!r:.80}: incarnation or heartbeat out of range")
@@ -148,8 +154,20 @@ def _parse_entry(obj: Any) -> _Entry:
         ) from exc
     if removal not in _REMOVAL_RANK:
         raise MalformedData(f"gossip entry {ident!r:.80}: unknown removal mark {removal!r:.40}")
+    if not 1 <= chunk_format <= 255:
+        raise MalformedData(f"gossip entry {ident!r:.80}: chunk format {chunk_format} is not 1-255")
     return _Entry(
-        ident, addr, zone, inc, hb, ring_state, vnodes, next_vnodes, removal, removed_by[:64]
+        ident,
+        addr,
+        zone,
+        inc,
+        hb,
+        ring_state,
+        vnodes,
+        next_vnodes,
+        removal,
+        removed_by[:64],
+        chunk_format,
     )
 
 
@@ -189,6 +207,7 @@ class Membership:
         own_hosts: frozenset[str] = frozenset(),
         state: NodeState = NodeState.NORMAL,
         vnodes: int = 0,
+        chunk_format: int = CHUNK_FORMAT,
     ) -> None:
         self.self_id = self_id
         self.address = address
@@ -204,7 +223,16 @@ class Membership:
         self.epoch = 1
         self._members: dict[str, MemberState] = {
             self_id: MemberState(
-                self_id, address, zone, incarnation, 0, Status.UP, now, state, vnodes
+                self_id,
+                address,
+                zone,
+                incarnation,
+                0,
+                Status.UP,
+                now,
+                state,
+                vnodes,
+                chunk_format=chunk_format,
             )
         }
         self._live = self._live_set()
@@ -328,6 +356,7 @@ class Membership:
                     e.next_vnodes,
                     e.removal,
                     e.removed_by,
+                    e.chunk_format,
                 )
         self.epoch = max(self.epoch, int(digest.get("epoch", 0)))
         return self._recompute()
@@ -384,6 +413,7 @@ class Membership:
                     e.next_vnodes,
                     e.removal,
                     e.removed_by,
+                    e.chunk_format,
                 )
         return self._recompute()
 
@@ -436,14 +466,14 @@ class Membership:
             return f"member {ident} moves to {addr} without a new incarnation"
         return None
 
-    def _live_set(self) -> frozenset[tuple[str, str, str, int, int]]:
+    def _live_set(self) -> frozenset[tuple[str, str, str, int, int, int]]:
         """What moves the epoch: the live members' places, and the removals' marks (a view
         drops a removed member, so clients must refresh theirs)."""
         return frozenset(
-            (m.id, m.address, m.state.value, m.vnodes, m.next_vnodes)
+            (m.id, m.address, m.state.value, m.vnodes, m.next_vnodes, m.chunk_format)
             for m in self._members.values()
             if m.status is not Status.DOWN
-        ) | frozenset((m.id, "", m.removal, -1, -1) for m in self._members.values() if m.removal)
+        ) | frozenset((m.id, "", m.removal, -1, -1, 0) for m in self._members.values() if m.removal)
 
     def _recompute(self) -> bool:
         live = self._live_set()

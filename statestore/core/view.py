@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from statestore.core.chunk import DEFAULT_BLOCK_SIZE
 from statestore.core.errors import MalformedData
 from statestore.core.handover import FUTURE_STATES, READ_STATES, NodeState
 from statestore.core.ids import StoreId
@@ -90,6 +91,14 @@ class RingView:
     vnodes: int = DEFAULT_VNODES
     # some node enforces per-query quotas (--quota-file): writers ask for room first
     quotas: bool = False
+    # every member reads blocked chunks (core/chunk.py, core/formats.CHUNK_FORMAT): writers
+    # may write them; until then (a ring being upgraded from 0.2) they write whole chunks
+    blocks: bool = False
+
+    def block_size(self, wanted: int = DEFAULT_BLOCK_SIZE) -> int:
+        """The block size a writer on this ring uses: ``wanted``, or 0 (whole chunks) while
+        some member does not read blocked chunks."""
+        return wanted if self.blocks else 0
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
@@ -263,6 +272,7 @@ class RingView:
             "vnodes": self.vnodes,
             "members": [m.to_json() for m in self.members],
             "quotas": self.quotas,
+            "blocks": self.blocks,
         }
 
     @classmethod
@@ -304,6 +314,7 @@ class RingView:
                 int(obj["write_quorum"]),
                 vnodes,
                 obj.get("quotas") is True,
+                obj.get("blocks") is True,
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise MalformedData(f"ring view is malformed ({exc!r})") from exc

@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import msgpack
 
-from statestore.core.cache import ChunkCache
-from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group, verify
+from statestore.core.cache import ChunkCache, rows_cost
+from statestore.core.chunk import (
+    MAX_CHUNK_RAW,
+    decode_block,
+    decode_chunk,
+    index_span,
+    key_group,
+    parse_index,
+    verify,
+)
 from statestore.core.errors import (
     InvalidRequest,
     MalformedData,
@@ -61,6 +69,7 @@ class ReadStats:
     """What a point read fetched: chunks and bytes, per node, and holders skipped."""
 
     chunks: int = 0
+    parts: int = 0  # parts of chunks (a blocked chunk's index or one block)
     bytes: int = 0
     failovers: int = 0
     chain: int = 0
@@ -531,6 +540,70 @@ async def fetch_chunk(
     return body
 
 
+async def fetch_part(
+    transport: Transport,
+    view: RingView,
+    store: StoreId,
+    version: int,
+    ref: ChunkRef,
+    span: tuple[int, int],
+    expected: int,
+    stats: ReadStats,
+) -> bytes:
+    """Fetch bytes ``span`` = (offset, length) of one chunk (a blocked chunk's index or one
+    block) from the first holder whose answer has checksum ``expected``."""
+    key = chunk_key(store, version, ref.name)
+    offset, length = span
+    what = f"{key} bytes {offset}+{length}"
+
+    async def read(address: str) -> bytes:
+        resp = await transport.request(
+            "GET", address, f"/v1/chunks/{key}?offset={offset}&length={length}"
+        )
+        verify(resp.body, expected, what)
+        return resp.body
+
+    def failed(_address: str, _exc: StateStoreError) -> None:
+        stats.failovers += 1
+
+    address, body = await first_holder(key, view.read_order(key), read, on_failover=failed)
+    stats.parts += 1
+    stats.bytes += len(body)
+    stats.by_node[address] = stats.by_node.get(address, 0) + len(body)
+    return body
+
+
+async def read_block_rows(
+    fetch: Callable[[tuple[int, int], int], Awaitable[bytes]],
+    ref: ChunkRef,
+    ckey: str,
+    group: int,
+    key: bytes,
+    cache: ChunkCache,
+    *,
+    max_raw: int = MAX_CHUNK_RAW,
+) -> dict[bytes, bytes | None] | None:
+    """The rows of the one block of blocked chunk ``ref`` that can hold ``key`` (None if no
+    block can): its index and that block, each fetched by ``fetch(span, checksum)`` unless
+    ``cache`` holds it, verified, and cached under ``ckey``."""
+    index = cache.get_index(ckey)
+    if index is None:
+        span = index_span(ref.size, ref.index_len)
+        raw = await fetch(span, ref.index_checksum)
+        index = parse_index(raw, what=ckey, limit=span[0] - 1)
+        cache.put_index(ckey, index)
+    i = index.find(group, key)
+    if i is None:
+        return None
+    bkey = f"{ckey}#{i}"
+    rows = cache.get(bkey)
+    if rows is None:
+        frame = await fetch((index.offsets[i], index.lengths[i]), index.checksums[i])
+        rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey))
+        cache.put(bkey, rows, rows_cost(rows))
+    return rows
+
+
 async def read_key(
     transport: Transport,
     view: RingView,
@@ -544,7 +617,8 @@ async def read_key(
     """The value of ``key`` at ``version`` (None if absent): a point read.
 
     Walks the chain from the newest manifest down and stops at the first that mentions the
-    key, fetching only the chunks of the key's key group; decoded chunks are cached.
+    key, fetching only the chunks of the key's key group, and of a blocked chunk only its
+    index and the one block the key can be in; what is fetched is cached decoded.
     """
     chain = await read_chain(transport, view, store, version)
     stats = ReadStats(chain=len(chain))
@@ -556,7 +630,12 @@ async def read_key(
                 continue
             ckey = chunk_key(store, m.version, ref.name)
             rows = cache.get(ckey)
-            if rows is None:
+            if rows is None and ref.blocked:
+                part = partial(fetch_part, transport, view, store, m.version, ref, stats=stats)
+                rows = await read_block_rows(part, ref, ckey, g, key, cache, max_raw=max_raw)
+                if rows is None:
+                    continue
+            elif rows is None:
                 data = await fetch_chunk(transport, view, store, m.version, ref, stats)
                 decoded = await loop.run_in_executor(
                     None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)

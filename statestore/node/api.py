@@ -272,10 +272,38 @@ async def get_chunk(request: web.Request) -> web.Response:
         await node.foreground.wait()
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
+    span = _byte_range(request)  # checked before any byte is read
     data = node.store.get_chunk(key)
     if data is None:
         raise NotFound(f"chunk {key} is not on this node; try another replica")
+    if span is not None:
+        offset, length = span
+        if offset + length > len(data):
+            raise InvalidRequest(
+                f"chunk {key} is {len(data)} bytes: bytes {offset}..{offset + length - 1} "
+                "are past its end"
+            )
+        data = data[offset : offset + length]
     return web.Response(body=data, content_type="application/octet-stream")
+
+
+def _byte_range(request: web.Request) -> tuple[int, int] | None:
+    """``?offset=N&length=M``: the part of a chunk a reader of one block wants (a blocked
+    chunk's index or one block, core/chunk.py), or None for the whole chunk. The chunk is
+    verified whole on the node before any part is answered."""
+    offset, length = request.query.get("offset"), request.query.get("length")
+    if offset is None and length is None:
+        return None
+    numbers = []
+    for name, text in (("offset", offset), ("length", length)):
+        if text is None or not (text.isascii() and text.isdigit() and len(text) <= 12):
+            raise InvalidRequest(
+                f"a part of a chunk is ?offset=N&length=M (both, decimal): {name} is {text!r:.40}"
+            )
+        numbers.append(int(text))
+    if numbers[1] < 1:
+        raise InvalidRequest("a part of a chunk is at least 1 byte long")
+    return numbers[0], numbers[1]
 
 
 STATE_WRITE_BYTES = 1 << 20  # bytes of rows per write of a streamed state

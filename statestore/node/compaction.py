@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 import xxhash
 
@@ -40,7 +41,11 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
     # the snapshot is of the chain the ring resolved (its epoch and base say whose state it
     # is: core/manifest.py, "Lineage"), which this replica's own manifests may not all show
     top = chain[-1]
-    chunks = await asyncio.to_thread(encode_chunks, state, [], groups=top.key_groups, kind="s")
+    chunks = await asyncio.to_thread(
+        partial(
+            encode_chunks, state, [], groups=top.key_groups, kind="s", block_size=view.block_size()
+        )
+    )
     snap = Manifest(
         top.store,
         top.version,

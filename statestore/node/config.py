@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from statestore.core.formats import CHUNK_FORMAT
 from statestore.core.placement import DEFAULT_VNODES
 from statestore.core.quorum import validate_rw
 
@@ -43,6 +44,8 @@ class NodeConfig:
     hint_ttl: float = 3600.0
     compact_interval: float = 2.0
     snapshot_every: int = 10
+    # the newest chunk layout this node lets writers use (--chunk-format; gossiped)
+    chunk_format: int = CHUNK_FORMAT
     # and a snapshot only once the deltas above the last one weigh this share of it (0, the
     # default: every snapshot_every deltas; core/retention.needs_snapshot)
     rebase_at: float = 0.0

@@ -81,6 +81,7 @@ async def coordinate_commit(
         chunk_size=DEFAULT_CHUNK_SIZE,
         max_chunk=node.config.max_chunk,
         base_epoch=base_epoch,
+        block_size=node.view().block_size(),
     )
     view = node.view()
     acks = write_acks(consistency, view.replicas, view.write_quorum)

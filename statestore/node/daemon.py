@@ -394,6 +394,7 @@ class Node:
             own_hosts=_own_hosts(host, self.config.host),
             state=self.initial_state,
             vnodes=self.vnodes,
+            chunk_format=self.config.chunk_format,
         )
         await self.transport.start()
         self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk, clock=self.clock)
@@ -598,6 +599,7 @@ class Node:
             or self._view.epoch != self.membership.epoch
             or self._view.quotas != quotas
         ):
+            kept = [m for m in self.membership.members() if m.removal != REMOVED]
             members = tuple(
                 MemberInfo(
                     m.id,
@@ -608,8 +610,7 @@ class Node:
                     m.vnodes,
                     m.next_vnodes,
                 )
-                for m in self.membership.members()
-                if m.removal != REMOVED  # written off for good (statestore removenode)
+                for m in kept  # not those written off for good (statestore removenode)
             )
             self._view = RingView(
                 self.membership.epoch,
@@ -618,6 +619,7 @@ class Node:
                 self.config.write_quorum,
                 self.config.vnodes,
                 quotas,
+                blocks=all(m.chunk_format >= 2 for m in kept),
             )
         return self._view
 

@@ -273,9 +273,7 @@ async def _chunks(node: Node, view: RingView, m: Manifest) -> list[EncodedChunk]
             _, fetched = await first_holder(key, view.read_order(key), read)
             verify(fetched, ref.checksum, key)
             data = fetched
-        out.append(
-            EncodedChunk(ref.name, ref.lo, ref.hi, data, ref.checksum, ref.raw_size, ref.rows)
-        )
+        out.append(ref.encoded(data))
     return out
 
 

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from statestore.core.address import parse_address, parse_seeds
 from statestore.core.errors import InvalidAddress
+from statestore.core.formats import CHUNK_FORMAT
 from statestore.core.placement import DEFAULT_VNODES
 from statestore.node.config import NodeConfig
 
@@ -103,6 +104,12 @@ def _fail(text: str, what: str) -> ValueError:
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise _fail(text, "a positive integer")
+    return int(text)
+
+
+def _chunk_format(text: str) -> int:
+    if text not in ("1", "2"):
+        raise _fail(text, "a chunk format: 1 (whole chunks) or 2 (blocked)")
     return int(text)
 
 
@@ -299,6 +306,17 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
         "BYTES",
         "bytes",
+    ),
+    Setting(
+        "chunk-format",
+        "int",
+        CHUNK_FORMAT,
+        "the newest chunk layout writers may use on this ring: 2 blocked (point reads fetch "
+        "one block), 1 whole, which SDKs and nodes before 0.3.0 read; the ring writes "
+        "blocked chunks only when every node allows 2",
+        ("chunk_format",),
+        _chunk_format,
+        "N",
     ),
     Setting(
         "max-chunk",

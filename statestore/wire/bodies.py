@@ -81,6 +81,8 @@ class GossipMember(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     # a survivor wrote this dead member off (statestore removenode; core/membership.py)
     removal: Annotated[str, Meta(pattern=r"^(removing|removed)?\Z")] = ""
     removed_by: Annotated[str, Meta(max_length=64)] = ""
+    # the newest chunk layout it reads (core/formats.CHUNK_FORMAT; 0.2 says nothing: 1)
+    chunk_format: Annotated[int, Meta(ge=1, le=255)] = 1
 
 
 class GossipDigest(msgspec.Struct, frozen=True):

@@ -2,7 +2,9 @@
 on decode (a manifest that does not decode is MalformedData, never a crash).
 
 The encoding is part of the on-disk format (nodes store the encoded manifest): it must stay
-byte for byte what schema 1 wrote. ``base_epoch`` (core/manifest.py, "Lineage") came later, as
+byte for byte what schema 1 wrote. A blocked chunk (core/chunk.py, 0.3.0) is named by nine
+fields, the last two its index's length and checksum; a whole chunk by seven, as before.
+``base_epoch`` (core/manifest.py, "Lineage") came later, as
 an optional last key written only when set: a manifest without one encodes exactly as before,
 and readers that predate it (older nodes and clients) ignore it; the Java ``ManifestCodec``
 writes and reads it byte for byte as here (tests/ring/test_java_codec.py).
@@ -43,12 +45,19 @@ def _to_obj(m: Manifest) -> dict[str, Any]:
         "kind": m.kind,
         "epoch": m.epoch,
         "key_groups": m.key_groups,
-        "chunks": [[c.name, c.lo, c.hi, c.size, c.raw_size, c.rows, c.checksum] for c in m.chunks],
+        "chunks": [_chunk_fields(c) for c in m.chunks],
         "positions": dict(m.positions),
     }
     if m.base_epoch is not None:
         obj["base_epoch"] = m.base_epoch
     return obj
+
+
+def _chunk_fields(c: ChunkRef) -> list[Any]:
+    fields: list[Any] = [c.name, c.lo, c.hi, c.size, c.raw_size, c.rows, c.checksum]
+    if c.blocked:
+        fields += [c.index_len, c.index_checksum]
+    return fields
 
 
 def _from_obj(obj: Any) -> Manifest:
@@ -84,19 +93,25 @@ def _from_obj(obj: Any) -> Manifest:
         version = check_version(obj["version"])
         chunks = []
         for c in obj["chunks"]:
-            name, lo, hi, size, raw_size, rows, digest = c
-            ints = (lo, hi, size, raw_size, rows, digest)
+            if not isinstance(c, list) or len(c) not in (7, 9):
+                raise MalformedData(f"manifest chunk {c!r:.200} is malformed")
+            name, lo, hi, size, raw_size, rows, digest = c[:7]
+            index_len, index_sum = c[7:] or (0, 0)
+            ints = (lo, hi, size, raw_size, rows, digest, index_len, index_sum)
             if not (
                 isinstance(name, str)
                 and all(type(i) is int and 0 <= i < 2**64 for i in ints)
                 and lo <= hi < groups
+                and (len(c) == 7 or 0 < index_len <= size - 5)
             ):
                 raise MalformedData(f"manifest chunk {c!r:.200} is malformed")
             try:  # a name a chunk can have: put_manifest and readers turn it into a key
                 parse_chunk_key(chunk_key(store, version, name))
             except InvalidStoreId as exc:
                 raise MalformedData(f"manifest chunk name {name!r:.80} is malformed") from exc
-            chunks.append(ChunkRef(name, lo, hi, size, raw_size, rows, digest))
+            chunks.append(
+                ChunkRef(name, lo, hi, size, raw_size, rows, digest, index_len, index_sum)
+            )
         return Manifest(
             store,
             version,

@@ -90,6 +90,38 @@ async def test_wrong_checksum_and_malformed_wire_data(solo: Node) -> None:
     assert (status, body["error"]["code"]) == (400, "malformed_data")  # type: ignore[index]
 
 
+async def test_a_part_of_a_chunk_is_answered_and_bad_ranges_are_400s(solo: Node) -> None:
+    """``GET /v1/chunks/{key}?offset=&length=``: the bytes asked for, and a clear 400 for a
+    range that is malformed, empty or past the chunk's end (never a 5xx, never a short read)."""
+    async with AsyncRingClient([solo.address]) as ring:
+        await ring.commit(SID, 1, {b"k%d" % i: b"v" * 100 for i in range(500)}, [], {}, epoch=1)
+        (ref,) = (await ring.open(SID)).chain[0].chunks
+    key = chunk_key(SID, 1, ref.name)
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://{solo.address}/v1/chunks/{key}") as r:
+            whole = await r.read()
+        async with s.get(f"http://{solo.address}/v1/chunks/{key}?offset=3&length=40") as r:
+            assert r.status == 200 and await r.read() == whole[3:43]
+        end = f"offset={len(whole) - 1}&length=1"
+        async with s.get(f"http://{solo.address}/v1/chunks/{key}?{end}") as r:
+            assert r.status == 200 and await r.read() == whole[-1:]
+    for query, words in [
+        (f"offset={len(whole) - 1}&length=2", "past its end"),
+        (f"offset={len(whole)}&length=1", "past its end"),
+        ("offset=0&length=0", "at least 1 byte"),
+        ("offset=-1&length=5", "offset is '-1'"),
+        ("offset=1", "length is None"),
+        ("length=1", "offset is None"),
+        ("offset=1e3&length=1", "offset"),
+        ("offset=0&length=" + "9" * 40, "length"),
+    ]:
+        got, body = await call(solo, "GET", f"/v1/chunks/{key}?{query}")
+        assert got == 400 and body["error"]["code"] == "invalid_request", (query, body)  # type: ignore[index]
+        assert words in body["error"]["message"], (query, body)  # type: ignore[index]
+    got, _ = await call(solo, "GET", f"/v1/chunks/{key[:-1]}0?offset=0&length=1")
+    assert got == 404
+
+
 async def test_chunk_batch_names_bad_requests_and_skips_missing_chunks(solo: Node) -> None:
     async with AsyncRingClient([solo.address]) as ring:
         await ring.commit(SID, 1, {b"a": b"1"}, [], {}, epoch=1)

@@ -25,9 +25,16 @@ import zstandard
 
 from client import RingClient
 from statestore.cli.local import LocalRing
-from statestore.core.chunk import decode_chunk
+from statestore.core.chunk import (
+    DEFAULT_BLOCK_SIZE,
+    MAX_CHUNK_RAW,
+    EncodedChunk,
+    decode_chunk,
+    encode_chunks,
+)
 from statestore.core.commit import build_commit
 from statestore.core.errors import (
+    CorruptChunk,
     InvalidRequest,
     MalformedData,
     PayloadTooLarge,
@@ -108,6 +115,7 @@ def _commit(
     snapshot: bool = False,
     max_chunk: int = 256 * 1024 * 1024,
     big: int | None = None,
+    block_size: int | None = None,
 ) -> dict[str, Any]:
     """A random commit; ``big`` bounds the rows meant to be bigger than a chunk (0: none)."""
     big = min(chunk_size, 20_000) if big is None else big
@@ -132,6 +140,9 @@ def _commit(
         "key_groups": groups,
         "chunk_size": chunk_size,
         "max_chunk": max_chunk,
+        "block_size": rng.choice([0, 1, 100, 3000, DEFAULT_BLOCK_SIZE])
+        if block_size is None
+        else block_size,
         "positions": rng.choice(
             [
                 {},
@@ -166,7 +177,23 @@ def _python_commit(c: dict[str, Any]) -> tuple[Manifest, list[Any]]:
         chunk_size=h["chunk_size"],
         max_chunk=h["max_chunk"],
         base_epoch=h.get("base_epoch"),
+        block_size=h["block_size"],
     )
+
+
+def _chunk_fields(ch: EncodedChunk) -> list[Any]:
+    """An encoded chunk as the harness's ``encode`` answers it."""
+    return [
+        ch.name,
+        ch.lo,
+        ch.hi,
+        ch.data,
+        ch.checksum,
+        ch.raw_size,
+        ch.rows,
+        ch.index_len,
+        ch.index_checksum,
+    ]
 
 
 def _to_java(c: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +212,7 @@ def _commits() -> list[dict[str, Any]]:
         _commit(rng, puts=0, deletes=40, groups=128, chunk_size=200),  # deletes only
         _commit(rng, puts=1, deletes=0, groups=65536, chunk_size=1),
         _commit(rng, puts=40_000, deletes=0, groups=128, chunk_size=4 << 20, big=0),  # array32
+        _commit(rng, puts=40_000, deletes=0, groups=128, chunk_size=4 << 20, big=0, block_size=0),
         _commit(rng, puts=40, deletes=0, groups=16, chunk_size=4 << 20, big=5 << 20),  # 5-15 MiB
         _commit(rng, puts=3000, deletes=500, groups=128, chunk_size=64 * 1024),
         _commit(rng, puts=2000, deletes=0, groups=4, chunk_size=64 * 1024, snapshot=True),
@@ -217,9 +245,7 @@ def test_java_encodes_commits_as_python_does(
     for i, (c, java) in enumerate(zip(commits, got, strict=True)):
         manifest, chunks = _python_commit(c)
         assert "error" not in java, (i, java.get("error"))
-        want = [
-            [ch.name, ch.lo, ch.hi, ch.data, ch.checksum, ch.raw_size, ch.rows] for ch in chunks
-        ]
+        want = [_chunk_fields(ch) for ch in chunks]
         assert [x[0] for x in java["chunks"]] == [x[0] for x in want], f"commit {i}: names"
         assert java["chunks"] == want, f"commit {i}: chunks differ"
         assert java["manifest"] == encode_manifest(manifest), f"commit {i}: manifest bytes"
@@ -271,9 +297,7 @@ def test_java_sorts_keys_as_python_does(harness: Harness) -> None:
     for i, (c, java) in enumerate(zip(cases, got, strict=True)):
         _, chunks = _python_commit(c)
         assert "error" not in java, (i, java.get("error"))
-        want = [
-            [ch.name, ch.lo, ch.hi, ch.data, ch.checksum, ch.raw_size, ch.rows] for ch in chunks
-        ]
+        want = [_chunk_fields(ch) for ch in chunks]
         assert java["chunks"] == want, f"case {i}: chunks differ"
 
 
@@ -313,7 +337,18 @@ def test_java_decodes_python_commits(harness: Harness, commits: list[dict[str, A
         assert java["rows"] == want_rows, f"commit {i}: rows"
         assert java["manifest"] == encode_manifest(manifest), f"commit {i}: re-encoded manifest"
         refs = [
-            [r.name, r.lo, r.hi, r.size, r.raw_size, r.rows, r.checksum] for r in manifest.chunks
+            [
+                r.name,
+                r.lo,
+                r.hi,
+                r.size,
+                r.raw_size,
+                r.rows,
+                r.checksum,
+                r.index_len,
+                r.index_checksum,
+            ]
+            for r in manifest.chunks
         ]
         assert java["chunk_refs"] == refs
         assert (java["store"], java["version"], java["kind"], java["epoch"]) == (
@@ -484,6 +519,31 @@ def test_java_decode_checks_and_limits(harness: Harness) -> None:
     assert got[9]["error"].startswith("CorruptChunkException: ")
     assert got[10]["error"].startswith("MalformedException: ") and "schema 2" in got[10]["error"]
     assert got[11]["error"].startswith("MalformedException: ")
+
+
+def test_java_decode_checks_blocked_chunks(harness: Harness) -> None:
+    """The blocked layout's own checks: a block that does not match its index entry (the
+    chunk's own checksum right), a bomb made of small blocks, a cut index, an index out of
+    key order; each refused as Python refuses it."""
+    puts = {b"k%05d" % i: b"\0" * 1000 for i in range(300)}
+    (c,) = encode_chunks(puts, [], groups=1, target_size=1 << 30, block_size=20_000)
+    flipped = bytearray(c.data)
+    flipped[30] ^= 0x01
+    out_of_order = msgpack.packb([[0, b"b", 5, 1, 1], [0, b"a", 5, 1, 1]])
+    bad_index = b"\xb2" + b"\0" * 10 + out_of_order + len(out_of_order).to_bytes(4, "little")
+    datas = [c.data, bytes(flipped), c.data, c.data[:-1], bad_index]
+    cases: list[dict[str, Any]] = [{"chunks": [d], "manifest": _manifest_for([d])} for d in datas]
+    cases[2]["max_raw"] = 100_000
+    got = harness("decode", cases)
+    assert got[0]["rows"] == [[[k, v] for k, v in decode_chunk(c.data)]]
+    for i, data in enumerate(datas[1:], 1):
+        with pytest.raises(CorruptChunk) as python:
+            decode_chunk(data, max_raw=cases[i].get("max_raw", MAX_CHUNK_RAW))
+        kind = type(python.value).__name__.replace("CorruptChunk", "CorruptChunkException")
+        kind = kind.replace("DecompressionBomb", "DecompressionBombException")
+        assert got[i]["error"].startswith(kind + ": "), (i, got[i], python.value)
+    assert "does not match its index entry" in got[1]["error"]
+    assert "not in key order" in got[4]["error"]
 
 
 # --- placement -------------------------------------------------------------------------------
@@ -769,7 +829,8 @@ def _state(c: dict[str, Any], before: dict[bytes, bytes]) -> dict[bytes, bytes]:
     return after
 
 
-LAYOUT = {"key_groups": 16, "chunk_size": 2048}  # of the commits below, for Python's client
+# of the commits below, for Python's client
+LAYOUT = {"key_groups": 16, "chunk_size": 2048, "block_size": 600}
 
 
 def _ring_commit(
@@ -781,8 +842,10 @@ def _ring_commit(
     *,
     snapshot: bool = False,
 ) -> dict[str, Any]:
-    c = _commit(rng, puts=rng.randrange(1, 200), deletes=0, groups=16, chunk_size=2048)
-    assert LAYOUT == {"key_groups": 16, "chunk_size": 2048}
+    c = _commit(
+        rng, puts=rng.randrange(1, 200), deletes=0, groups=16, chunk_size=2048, block_size=600
+    )
+    assert LAYOUT == {"key_groups": 16, "chunk_size": 2048, "block_size": 600}
     c["puts"] = {k: v for k, v in c["puts"].items() if len(v) < 30_000}  # under --max-body
     if not snapshot:
         c["deletes"] = rng.sample(sorted(state), min(len(state), rng.randrange(0, 20)))

@@ -160,7 +160,8 @@ async def test_async_point_read_fetches_only_its_groups_chunks(tmp_path: Path) -
             for key in (b"key-00042", b"new-2-7", b"key-01999", b"never-written"):
                 lazy = await ring.open(sid, version)
                 assert lazy.chunks_fetched == 0 and lazy.bytes_fetched == 0  # nothing up front
-                assert await lazy.get(key) == expected[version].get(key)
+                # get_many loads whole groups: exactly the chunks covering the key's group
+                assert await lazy.get_many([key]) == _present(expected[version], key)
                 chunks, size = _chunks_for(lazy.chain, key)
                 assert lazy.chunks_fetched == chunks, (version, key)
                 assert lazy.bytes_fetched == size
@@ -168,10 +169,53 @@ async def test_async_point_read_fetches_only_its_groups_chunks(tmp_path: Path) -
                 # warm: the folded group is cached, nothing more is fetched
                 assert await lazy.get(key) == expected[version].get(key)
                 assert lazy.chunks_fetched == chunks and lazy.cache_hits >= 1
+                assert lazy.stats.parts == 0
                 # concurrent reads of keys of one group share the fetch
                 fresh = await ring.open(sid, version)
-                await asyncio.gather(*(fresh.get(key) for _ in range(8)))
+                await asyncio.gather(*(fresh.get_many([key]) for _ in range(8)))
                 assert fresh.chunks_fetched == chunks
+
+
+def _present(state: Ref, key: bytes) -> Ref:
+    return {key: state[key]} if key in state else {}
+
+
+async def test_async_cold_point_read_fetches_an_index_and_one_block_per_chunk(
+    tmp_path: Path,
+) -> None:
+    """Chunks of the default size (4 MiB) cut into 16 KiB blocks: a cold ``get`` fetches,
+    of each chunk along the chain that covers the key's group, its index and the one block
+    that can hold the key, and stops at the newest manifest naming the key. A store written
+    whole (``block_size=0``, the layout before 0.3.0) is read by whole chunks, as before."""
+    rng = random.Random(5)
+    base = {f"key-{i:06d}".encode(): rng.randbytes(150) for i in range(30_000)}
+    delta = {k: rng.randbytes(150) for k in rng.sample(sorted(base), 300)}
+    gone = [k for k in rng.sample(sorted(base), 100) if k not in delta]
+    want = {**base, **delta}
+    for k in gone:
+        del want[k]
+    async with nodes(tmp_path, 3) as live:
+        for block_size in (16 * 1024, 0):
+            sid = StoreId("open", 0, 9, f"b{block_size}")
+            async with AsyncRingClient([live[0].address], block_size=block_size) as ring:
+                await ring.commit(sid, 1, base, [], {}, epoch=1, snapshot=True)
+                await ring.commit(sid, 2, delta, gone, {}, epoch=1)
+                keys = [*rng.sample(sorted(base), 20), *sorted(delta)[:5], *gone[:5], b"absent"]
+                for key in keys:
+                    lazy = await ring.open(sid)
+                    assert await lazy.get(key) == want.get(key), (block_size, key)
+                    chunks, size = _chunks_for(lazy.chain, key)
+                    if block_size == 0:
+                        assert (lazy.chunks_fetched, lazy.bytes_fetched) == (chunks, size)
+                        continue
+                    assert lazy.chunks_fetched == 0
+                    assert 1 <= lazy.stats.parts <= 2 * chunks, (key, lazy.stats)
+                    # an index and a block of each: a small part of the chunks' bytes
+                    assert lazy.bytes_fetched < size / 20, (key, lazy.bytes_fetched, size)
+                    parts = lazy.stats.parts
+                    assert await lazy.get(key) == want.get(key)  # warm: nothing fetched
+                    assert lazy.stats.parts == parts
+                    await lazy.close()
 
 
 async def test_async_open_is_pinned_and_refuses_bad_input(tmp_path: Path) -> None:
@@ -315,8 +359,10 @@ def test_sync_open_fetches_little_and_stays_pinned(procs: LocalRing) -> None:
         ring.commit(sid, 7, {key: b"later"}, [sorted(expected[6])[124]], {"src": 7}, epoch=1)
         assert st[key] == expected[6][key]  # fetched after the commit, still v6
         chunks, size = _chunks_for(st.lazy.chain, key)
-        assert st.chunks_fetched == chunks < st.total_chunks / 10
-        assert st.bytes_fetched == size and st.stats.bytes == size
+        assert chunks < st.total_chunks / 10
+        # blocked chunks: an index and a block of each chunk covering the key's group, at most
+        assert st.chunks_fetched == 0 and 1 <= st.stats.parts <= 2 * chunks
+        assert 0 < st.bytes_fetched == st.stats.bytes <= size
         assert st[sorted(expected[6])[124]] == expected[6][sorted(expected[6])[124]]
         assert dict(st) == expected[6]
         assert ring.open(sid)[key] == b"later"

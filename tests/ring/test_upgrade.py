@@ -406,10 +406,16 @@ def wait_ready(address: str, timeout: float = 90.0) -> None:
     raise TimeoutError(f"{address} not ready: {last}")
 
 
+# while clients of the previous release still read, the ring keeps writing whole chunks
+# (docs/operations.md, Versions and upgrades)
+WHOLE = ["--chunk-format", "1"]
+
+
 def start_this_build(ring: LocalRing, i: int, args: list[str]) -> None:
-    """Node ``i`` (stopped) started on this build, same data dir and port, until ready."""
+    """Node ``i`` (stopped) started on this build, same data dir and port, until ready,
+    letting writers use only whole chunks (:data:`WHOLE`)."""
     node = ring.procs[i]
-    node.python, node.env, node.args = "", None, list(args)
+    node.python, node.env, node.args = "", None, [*args, *WHOLE]
     node.start([p.address for p in ring.procs if p is not node and p.alive])
     wait_ready(node.address)
 
@@ -475,6 +481,8 @@ def test_rolling_upgrade_without_a_secret_under_writers_and_readers(
         assert result.failures == [], result.failures
         assert len(result.acked) >= 2 * 20 and result.reads > 0, (len(result.acked), result.reads)
         restore_every_version(ring.seeds, result.acked)
+        ring_view = http_json(ring.seeds[0], "/v1/ring")
+        assert isinstance(ring_view, dict) and ring_view["blocks"] is False
 
         # a downgrade the rule forbids: node 2's data dir as a newer build (a disk format
         # after this build's) would leave it. This build refuses it, names it, and changes

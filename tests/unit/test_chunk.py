@@ -8,7 +8,16 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statestore.core.chunk import checksum, decode_chunk, encode_chunks, key_group, verify
+from statestore.core.chunk import (
+    checksum,
+    decode_block,
+    decode_chunk,
+    encode_chunks,
+    index_span,
+    key_group,
+    parse_index,
+    verify,
+)
 from statestore.core.errors import CorruptChunk, DecompressionBomb, InvalidRequest, PayloadTooLarge
 
 kv = st.dictionaries(st.binary(min_size=1, max_size=20), st.binary(max_size=50), max_size=200)
@@ -19,10 +28,11 @@ kv = st.dictionaries(st.binary(min_size=1, max_size=20), st.binary(max_size=50),
     puts=kv,
     dels=st.sets(st.binary(min_size=1, max_size=20), max_size=30),
     target=st.integers(50, 5000),
+    block=st.sampled_from([0, 1, 60, 300, 16384]),
 )
-def test_round_trip(puts: dict[bytes, bytes], dels: set[bytes], target: int) -> None:
+def test_round_trip(puts: dict[bytes, bytes], dels: set[bytes], target: int, block: int) -> None:
     dels -= set(puts)
-    chunks = encode_chunks(puts, dels, groups=16, target_size=target)
+    chunks = encode_chunks(puts, dels, groups=16, target_size=target, block_size=block)
     got_puts: dict[bytes, bytes] = {}
     got_dels: set[bytes] = set()
     prev_hi = 0
@@ -102,14 +112,104 @@ def test_chunk_bytes_are_pinned() -> None:
     """Chunk names carry the checksum of their bytes, and re-committing a version is
     idempotent only if the same rows encode to the same chunks: a codec change that alters
     the bytes (order, cuts, msgpack layout) would turn a client's retry after an upgrade into
-    a VersionConflict. These names were produced by the first release of the codec."""
+    a VersionConflict. These names were produced by the first release of the codec, which
+    wrote whole chunks (``block_size=0``)."""
     puts = {b"key-%04d" % i: b"value-%d" % (i * i) for i in range(500)}
     deletes = [b"gone-%d" % i for i in range(20)]
-    chunks = encode_chunks(puts, deletes, groups=16, target_size=2000)
+    chunks = encode_chunks(puts, deletes, groups=16, target_size=2000, block_size=0)
     names = [c.name for c in chunks]
     assert len(names) == 8
     assert names[:3] == ["d0-1fed7890a650798e", "d1-bf2e047a51401454", "d2-d78d5ae9e8dbbd81"]
     assert names[-1] == "d7-5c367c43fe56a530"
     # a key deleted twice in one commit is laid out twice, as the first codec did
-    twice = encode_chunks(puts, deletes + deletes[:3], groups=16, target_size=2000)
+    twice = encode_chunks(puts, deletes + deletes[:3], groups=16, target_size=2000, block_size=0)
     assert [c.name for c in twice][::7] == ["d0-1b0799830ba1f6a2", "d7-3381ab5dbac635fc"]
+
+
+def test_blocked_chunk_bytes_are_pinned() -> None:
+    """The blocked layout (format 2, 0.3.0), pinned the same way: Java writes these bytes too
+    (tests/ring/test_java_codec.py)."""
+    puts = {b"key-%04d" % i: b"value-%d" % (i * i) for i in range(500)}
+    deletes = [b"gone-%d" % i for i in range(20)]
+    chunks = encode_chunks(puts, deletes, groups=16, target_size=2000, block_size=300)
+    assert [c.name for c in chunks][:3] == [
+        "d0-e2cdc0752581a550",
+        "d1-8e4a219336e457cd",
+        "d2-556446e66390b654",
+    ]
+    assert chunks[-1].name == "d7-1dae601cd108d9ab"
+    assert (chunks[0].index_len, chunks[0].index_checksum) == (162, 11447795641570320847)
+    default = encode_chunks(puts, deletes, groups=16, target_size=2000)
+    assert [c.name for c in default][::7] == ["d0-2f41cdbe8b112013", "d7-b8c4b327ab006bb6"]
+
+
+def _blocked_chunk() -> tuple[dict[bytes, bytes], bytes, int, int]:
+    puts = {b"k%05d" % i: b"v" * (i % 50) for i in range(3000)}
+    (c,) = encode_chunks(puts, [], groups=8, target_size=1 << 30, block_size=2000)
+    return puts, c.data, c.index_len, c.index_checksum
+
+
+def test_each_key_is_found_in_the_one_block_its_index_names() -> None:
+    puts, data, index_len, index_sum = _blocked_chunk()
+    at, n = index_span(len(data), index_len)
+    raw_index = data[at : at + n]
+    assert checksum(raw_index) == index_sum
+    index = parse_index(raw_index, limit=at - 1)
+    assert len(index.offsets) > 20
+    for key, value in list(puts.items())[::37]:
+        i = index.find(key_group(key, 8), key)
+        assert i is not None
+        frame = data[index.offsets[i] : index.offsets[i] + index.lengths[i]]
+        assert dict(decode_block(frame, index, i))[key] == value
+    # a key before the first block's first key is in no block
+    assert index.find(-1, b"") is None
+
+
+def test_a_block_that_does_not_match_its_index_is_refused() -> None:
+    _, data, index_len, _ = _blocked_chunk()
+    at, n = index_span(len(data), index_len)
+    index = parse_index(data[at : at + n])
+    frame = bytearray(data[index.offsets[3] : index.offsets[3] + index.lengths[3]])
+    frame[-1] ^= 1
+    with pytest.raises(CorruptChunk, match="block 3 is corrupt"):
+        decode_block(bytes(frame), index, 3)
+    other = data[index.offsets[4] : index.offsets[4] + index.lengths[4]]
+    with pytest.raises(CorruptChunk):
+        decode_block(other, index, 3)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        b"\x01",
+        msgpack.packb([[0, b"a", 0, 1, 1]]),  # an empty frame
+        msgpack.packb([[0, b"b", 5, 1, 1], [0, b"a", 5, 1, 1]]),  # out of key order
+        msgpack.packb([[0, 7, 5, 1, 1]]),  # a key that is not bytes
+        msgpack.packb([[0, b"a", 5, 1]]),
+        msgpack.packb({"a": 1}),
+    ],
+)
+def test_a_malformed_index_is_corrupt_not_a_crash(index: bytes) -> None:
+    with pytest.raises(CorruptChunk):
+        parse_index(index)
+    with pytest.raises(CorruptChunk):
+        decode_chunk(b"\xb2" + b"\x00" * 10 + index + len(index).to_bytes(4, "little"))
+
+
+def test_a_blocked_chunk_past_the_limit_is_a_bomb_across_blocks() -> None:
+    """Each block is small; the limit holds for their sum."""
+    puts = {b"k%05d" % i: b"\x00" * 1000 for i in range(2000)}
+    (c,) = encode_chunks(puts, [], groups=1, target_size=1 << 30, block_size=20_000)
+    assert len(c.data) < 200_000
+    with pytest.raises(DecompressionBomb):
+        decode_chunk(c.data, max_raw=1_000_000)
+    assert len(decode_chunk(c.data, max_raw=3_000_000)) == 2000
+    with pytest.raises(DecompressionBomb, match="rows"):
+        decode_chunk(c.data, max_rows=1999)
+
+
+def test_truncated_blocked_chunks_are_corrupt() -> None:
+    _, data, _, _ = _blocked_chunk()
+    for cut in (1, 3, 5, len(data) // 2, len(data) - 1):
+        with pytest.raises(CorruptChunk):
+            decode_chunk(data[:cut])

@@ -79,3 +79,39 @@ def test_stale_gossip_does_not_resurrect() -> None:
 def test_malformed_gossip(digest: dict[str, object]) -> None:
     with pytest.raises(MalformedData):
         cluster(1)[0].merge(digest, 0.0)
+
+
+def test_each_member_gossips_the_chunk_format_it_reads() -> None:
+    """A member of this build says it reads blocked chunks (chunk_format 2); one of 0.2 says
+    nothing, read as 1. Every node learns what every other reads, through third parties too:
+    writers use blocked chunks only when all of them do (RingView.blocks)."""
+    new, relay = cluster(2)
+    old = Membership("n9", "127.0.0.1:7409", "", 1, 0.0, chunk_format=1)
+    assert "chunk_format" not in old.digest()["members"][0]  # what 0.2 gossips, exactly
+    assert new.digest()["members"][0]["chunk_format"] == 2
+    for t in range(3):
+        for a, b in ((new, relay), (relay, old)):  # new hears of old only through relay
+            a.merge(b.digest(), float(t))
+            b.merge(a.digest(), float(t))
+    formats = {m.id: m.chunk_format for m in new.members()}
+    assert formats == {"n0": 2, "n1": 2, "n9": 1}
+    refused = Membership("n5", "127.0.0.1:7405", "", 1, 0.0)
+    for bad in (0, 256, "2", 2.0, None):
+        entry = {**new.digest()["members"][0], "id": "nx", "chunk_format": bad}
+        with pytest.raises(MalformedData, match=r"chunk format|wrong type"):
+            refused.check({"epoch": 0, "members": [entry]})
+        with pytest.raises(MalformedData):
+            refused.merge({"epoch": 0, "members": [entry]}, 0.0)
+        assert [m.id for m in refused.members()] == ["n5"]
+
+
+def test_a_view_allows_blocked_chunks_only_when_it_says_so() -> None:
+    from statestore.core.view import MemberInfo, RingView
+
+    view = RingView(1, (MemberInfo("n0", "127.0.0.1:7400"),), 1, 1)
+    assert view.to_json()["blocks"] is False and view.block_size() == 0
+    for said, blocks in ((True, True), (False, False), ("true", False), (1, False), (None, False)):
+        got = RingView.from_json({**view.to_json(), "blocks": said})
+        assert got.blocks is blocks and got.block_size(4096) == (4096 if blocks else 0)
+    del_blocks = {k: v for k, v in view.to_json().items() if k != "blocks"}  # a 0.2 node's view
+    assert RingView.from_json(del_blocks).block_size() == 0

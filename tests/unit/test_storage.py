@@ -81,7 +81,7 @@ def test_chunks_are_verified_on_write_and_read(store: NodeStore) -> None:
     store.put_chunk(key, c.data)
     assert store.get_chunk(key) == c.data
     assert store.has_chunks([key, key + "0"]) == [True, False]
-    store.backend.write({b"c:" + key.encode(): c.data[:-1] + b"\x00"})  # rot on disk
+    store.backend.write({b"c:" + key.encode(): c.data[:-1] + bytes([c.data[-1] ^ 1])})  # rot
     with pytest.raises(CorruptChunk):
         store.get_chunk(key)
 

@@ -22,6 +22,13 @@ import com.github.luben.zstd.ZstdInputStream;
  * msgpack array of alternating keys and values (bin; nil marks a delete), compressed with
  * zstd level 1 (content size in the frame header, no frame checksum); its checksum is
  * XXH3-64 of the compressed bytes and its name {@code <kind><index>-<checksum as 16 hex>}.
+ *
+ * <p>That is the whole layout (format 1, {@code blockSize} 0). The blocked layout (format 2,
+ * the default since 0.3.0) cuts a chunk's rows again into blocks by the same rule with
+ * {@code blockSize} as the target, each block's msgpack array (no format byte) compressed on
+ * its own; the chunk is {@code 0xb2}, the blocks' frames, the index (a msgpack array of
+ * {@code [group, first key, frame length, XXH3-64 of the frame, rows]} per block) and the
+ * index's length as 4 bytes little endian. Both layouts are read.
  */
 public final class ChunkCodec {
   private ChunkCodec() {}
@@ -30,6 +37,8 @@ public final class ChunkCodec {
   public static final int DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024;
   public static final int MAX_CHUNK_RAW = 256 * 1024 * 1024;
   static final int FORMAT = 0x01;
+  static final int BLOCKED = 0xb2;
+  public static final int DEFAULT_BLOCK_SIZE = 16 * 1024;
   static final int ROW_OVERHEAD = 10;
   private static final int ZSTD_LEVEL = 1;
 
@@ -69,7 +78,8 @@ public final class ChunkCodec {
   public record Row(byte[] key, byte[] value) {}
 
   /** One compressed chunk, ready to send (Python's EncodedChunk). */
-  public record Chunk(String name, int lo, int hi, byte[] data, long checksum, int rawSize, int rows) {}
+  public record Chunk(String name, int lo, int hi, byte[] data, long checksum, int rawSize, int rows,
+      int indexLen, long indexChecksum) {}
 
   /** XXH3-64 of the compressed chunk bytes, as an unsigned value in a long. */
   public static long checksum(byte[] data) {
@@ -92,10 +102,10 @@ public final class ChunkCodec {
     return Xxh3.keyGroup(key, groups);
   }
 
-  /** {@link #encode(List, List, int, int, char, int)} with the defaults (a delta). */
+  /** {@link #encode(List, List, List, int, int, char, int, int)} with the defaults (a delta). */
   public static List<Chunk> encode(List<byte[]> putKeys, List<byte[]> putValues, List<byte[]> deletes) {
-    return encode(
-        putKeys, putValues, deletes, DEFAULT_KEY_GROUPS, DEFAULT_CHUNK_SIZE, 'd', MAX_CHUNK_RAW);
+    return encode(putKeys, putValues, deletes, DEFAULT_KEY_GROUPS, DEFAULT_CHUNK_SIZE, 'd',
+        MAX_CHUNK_RAW, DEFAULT_BLOCK_SIZE);
   }
 
   /**
@@ -106,6 +116,7 @@ public final class ChunkCodec {
    * @param putValues their values, same length
    * @param deletes keys deleted; duplicates are kept, as Python keeps them
    * @param kind {@code 'd'} for a delta, {@code 's'} for a snapshot: it prefixes chunk names
+   * @param blockSize the blocked layout's block size; {@code 0} writes whole chunks
    * @throws InvalidRequestException a key both put and deleted, or put twice
    * @throws PayloadTooLargeException a put row bigger than {@code maxRaw}
    */
@@ -116,7 +127,8 @@ public final class ChunkCodec {
       int groups,
       int targetSize,
       char kind,
-      int maxRaw) {
+      int maxRaw,
+      int blockSize) {
     if (groups < 1 || groups > 65536) {
       throw new InvalidRequestException("key groups must be in 1..65536, got " + groups);
     }
@@ -192,8 +204,6 @@ public final class ChunkCodec {
     List<Chunk> chunks = new ArrayList<>();
     ZstdCompressCtx cctx = takeCtx();
     try {
-      byte[] raw = null;
-      byte[] dst = null;
       int start = 0;
       while (start < total || chunks.isEmpty()) {
         // the rows from start whose running size stays within the target (at least one, at
@@ -217,46 +227,132 @@ public final class ChunkCodec {
           }
         }
         int n = stop - start;
-        rawSize += arrayHeaderSize(2L * n);
-        if (rawSize > Integer.MAX_VALUE - 8) {
-          throw new PayloadTooLargeException("chunk of " + rawSize + " bytes is over 2 GiB");
-        }
-        int size = (int) rawSize;
-        if (raw == null || raw.length < size) {
-          raw = new byte[Math.max(size, raw == null ? 0 : raw.length + raw.length / 2)];
-        }
-        int at = 0;
-        raw[at++] = (byte) FORMAT;
-        at = putArrayHeader(raw, at, 2L * n);
-        for (int i = start; i < stop; i++) {
-          int r = order[i];
-          at = putBin(raw, at, keys[r]);
-          if (values[r] == null) {
-            raw[at++] = (byte) 0xc0;
-          } else {
-            at = putBin(raw, at, values[r]);
-          }
-        }
-        if (at != size) {
-          throw new IllegalStateException("chunk layout: wrote " + at + " of " + size + " bytes");
-        }
         int lo = n > 0 ? group[order[start]] : 0;
         int hi = n > 0 ? group[order[stop - 1]] : groups - 1;
-        int bound = (int) Math.min(Integer.MAX_VALUE - 8L, Zstd.compressBound(size));
-        if (dst == null || dst.length < bound) {
-          dst = new byte[bound];
+        Chunk chunk;
+        if (blockSize > 0) {
+          chunk = blocked(kind, chunks.size(), lo, hi, keys, values, group, order, start, stop,
+              blockSize, cctx);
+        } else {
+          rawSize += arrayHeaderSize(2L * n);
+          if (rawSize > Integer.MAX_VALUE - 8) {
+            throw new PayloadTooLargeException("chunk of " + rawSize + " bytes is over 2 GiB");
+          }
+          int size = (int) rawSize;
+          byte[] raw = new byte[size];
+          raw[0] = (byte) FORMAT;
+          int at = putRows(raw, 1, keys, values, order, start, stop);
+          if (at != size) {
+            throw new IllegalStateException("chunk layout: wrote " + at + " of " + size + " bytes");
+          }
+          byte[] data = compress(cctx, raw, size);
+          long digest = checksum(data);
+          String name = kind + Integer.toString(chunks.size()) + "-" + hex16(digest);
+          chunk = new Chunk(name, lo, hi, data, digest, size, n, 0, 0);
         }
-        int len = cctx.compressByteArray(dst, 0, dst.length, raw, 0, size);
-        byte[] data = Arrays.copyOf(dst, len);
-        long digest = checksum(data);
-        String name = kind + Integer.toString(chunks.size()) + "-" + hex16(digest);
-        chunks.add(new Chunk(name, lo, hi, data, digest, size, n));
+        chunks.add(chunk);
         start = stop;
       }
     } finally {
       giveCtx(cctx);
     }
     return chunks;
+  }
+
+  /** Rows {@code [from, to)} of {@code order} as msgpack bins (nil for a delete) at {@code at}. */
+  private static int putRows(byte[] raw, int at, byte[][] keys, byte[][] values, int[] order,
+      int from, int to) {
+    at = putArrayHeader(raw, at, 2L * (to - from));
+    for (int i = from; i < to; i++) {
+      int r = order[i];
+      at = putBin(raw, at, keys[r]);
+      if (values[r] == null) {
+        raw[at++] = (byte) 0xc0;
+      } else {
+        at = putBin(raw, at, values[r]);
+      }
+    }
+    return at;
+  }
+
+  private static long rowsSize(byte[][] keys, byte[][] values, int[] order, int from, int to) {
+    long size = arrayHeaderSize(2L * (to - from));
+    for (int i = from; i < to; i++) {
+      int r = order[i];
+      size += binSize(keys[r].length) + (values[r] == null ? 1 : binSize(values[r].length));
+    }
+    return size;
+  }
+
+  private static byte[] compress(ZstdCompressCtx cctx, byte[] raw, int size) {
+    int bound = (int) Math.min(Integer.MAX_VALUE - 8L, Zstd.compressBound(size));
+    byte[] dst = new byte[bound];
+    int len = cctx.compressByteArray(dst, 0, dst.length, raw, 0, size);
+    return Arrays.copyOf(dst, len);
+  }
+
+  /** Rows {@code [start, stop)} as one blocked chunk (Python's {@code _blocked}). */
+  private static Chunk blocked(char kind, int index, int lo, int hi, byte[][] keys, byte[][] values,
+      int[] group, int[] order, int start, int stop, int blockSize, ZstdCompressCtx cctx) {
+    List<byte[]> frames = new ArrayList<>();
+    Msgpack.Writer ix = new Msgpack.Writer(256);
+    int blocks = 0;
+    long rawTotal = 0;
+    long framed = 1;
+    Msgpack.Writer entries = new Msgpack.Writer(256);
+    int at = start;
+    while (at < stop) {
+      int end = at;
+      long used = 0;
+      while (end < stop) {
+        int r = order[end];
+        long row = (long) ROW_OVERHEAD + keys[r].length + (values[r] == null ? 0 : values[r].length);
+        if (end > at && used + row > blockSize) {
+          break;
+        }
+        used += row;
+        end++;
+        if (used > blockSize) {
+          break;
+        }
+      }
+      long size = rowsSize(keys, values, order, at, end);
+      if (size > Integer.MAX_VALUE - 8) {
+        throw new PayloadTooLargeException("block of " + size + " bytes is over 2 GiB");
+      }
+      byte[] raw = new byte[(int) size];
+      putRows(raw, 0, keys, values, order, at, end);
+      byte[] frame = compress(cctx, raw, raw.length);
+      frames.add(frame);
+      rawTotal += raw.length;
+      framed += frame.length;
+      entries.arrayHeader(5).integer(group[order[at]]).bin(keys[order[at]]).integer(frame.length)
+          .unsigned(checksum(frame)).integer(end - at);
+      blocks++;
+      at = end;
+    }
+    ix.arrayHeader(blocks);
+    ix.raw(entries.buffer(), 0, entries.size());
+    byte[] packed = ix.toByteArray();
+    if (framed + packed.length + 4 > Integer.MAX_VALUE - 8 || rawTotal > Integer.MAX_VALUE - 8) {
+      throw new PayloadTooLargeException("chunk of " + framed + " bytes is over 2 GiB");
+    }
+    byte[] data = new byte[(int) framed + packed.length + 4];
+    data[0] = (byte) BLOCKED;
+    int pos = 1;
+    for (byte[] f : frames) {
+      System.arraycopy(f, 0, data, pos, f.length);
+      pos += f.length;
+    }
+    System.arraycopy(packed, 0, data, pos, packed.length);
+    pos += packed.length;
+    for (int i = 0; i < 4; i++) {
+      data[pos++] = (byte) (packed.length >>> (8 * i));
+    }
+    long digest = checksum(data);
+    String name = kind + Integer.toString(index) + "-" + hex16(digest);
+    return new Chunk(name, lo, hi, data, digest, (int) rawTotal, stop - start, packed.length,
+        checksum(packed));
   }
 
   /** Rows per chunk at most (Python's MAX_CHUNK_ROWS). */
@@ -440,16 +536,164 @@ public final class ChunkCodec {
    * @throws CorruptChunkException not a chunk this codec writes
    */
   public static List<Row> decode(byte[] data, int maxRaw, String what) {
+    if (data.length > 0 && (data[0] & 0xff) == BLOCKED) {
+      return decodeBlocked(data, maxRaw, what);
+    }
     byte[] raw = decompress(data, maxRaw, what);
     if (raw.length < 1 || raw[0] != FORMAT) {
       throw new CorruptChunkException("chunk " + what + " has unknown format byte "
           + (raw.length < 1 ? "b''" : String.format("0x%02x", raw[0] & 0xff)));
     }
+    return rows(raw, 1, Long.MAX_VALUE, what);
+  }
+
+  /** A blocked chunk's index (Python's BlockIndex): each block's first key, place and checksum. */
+  public record Index(int[] groups, byte[][] firstKeys, long[] offsets, int[] lengths,
+      long[] checksums, int[] rows, long rowsTotal) {
+    /** The one block that can hold {@code key} of {@code group}, or -1 if none can. */
+    public int find(int group, byte[] key) {
+      int lo = 0;
+      int hi = groups.length; // first block whose start is past (group, key)
+      while (lo < hi) {
+        int mid = (lo + hi) >>> 1;
+        int c = groups[mid] != group ? Integer.compare(groups[mid], group)
+            : Arrays.compareUnsigned(firstKeys[mid], key);
+        if (c <= 0) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      return lo - 1;
+    }
+  }
+
+  /**
+   * Parses a blocked chunk's index ({@code len} bytes at {@code off}); {@code limit} is the
+   * bytes of frames it must cover (negative: not checked).
+   */
+  public static Index parseIndex(byte[] buf, int off, int len, long limit, String what) {
     try {
-      Msgpack.Reader in = new Msgpack.Reader(raw, 1, raw.length - 1, true);
+      Msgpack.Reader in = new Msgpack.Reader(buf, off, len, true);
+      long n = in.arrayHeader();
+      if (n > len) {
+        throw new Msgpack.FormatException("index of " + n + " entries in " + len + " bytes");
+      }
+      int count = (int) n;
+      Index ix = new Index(new int[count], new byte[count][], new long[count], new int[count],
+          new long[count], new int[count], 0);
+      long at = 1;
+      long total = 0;
+      for (int i = 0; i < count; i++) {
+        if (!(in.value() instanceof List<?> e) || e.size() != 5 || !(e.get(1) instanceof byte[] first)) {
+          throw new CorruptChunkException("chunk " + what + " index entry " + i + " is malformed");
+        }
+        long group = nonNegative(e.get(0), what);
+        long length = nonNegative(e.get(2), what);
+        long rows = nonNegative(e.get(4), what);
+        Object sum = e.get(3);
+        long checksum = sum instanceof java.math.BigInteger bi ? bi.longValue() : nonNegative(sum, what);
+        if (group > 65535 || length < 1 || length > Integer.MAX_VALUE || rows < 1
+            || rows > MAX_CHUNK_ROWS) {
+          throw new CorruptChunkException("chunk " + what + " index entry " + i + " is malformed");
+        }
+        if (i > 0 && (group < ix.groups[i - 1]
+            || group == ix.groups[i - 1] && Arrays.compareUnsigned(first, ix.firstKeys[i - 1]) < 0)) {
+          throw new CorruptChunkException("chunk " + what + " index is not in key order");
+        }
+        ix.groups[i] = (int) group;
+        ix.firstKeys[i] = first;
+        ix.offsets[i] = at;
+        ix.lengths[i] = (int) length;
+        ix.checksums[i] = checksum;
+        ix.rows[i] = (int) rows;
+        at += length;
+        total += rows;
+      }
+      if (!in.atEnd()) {
+        throw new Msgpack.FormatException("extra data after the index");
+      }
+      if (limit >= 0 && at - 1 != limit) {
+        throw new CorruptChunkException(
+            "chunk " + what + " index covers " + (at - 1) + " bytes of frames, not " + limit);
+      }
+      return new Index(ix.groups, ix.firstKeys, ix.offsets, ix.lengths, ix.checksums, ix.rows, total);
+    } catch (Msgpack.FormatException | IndexOutOfBoundsException e) {
+      throw new CorruptChunkException(
+          "chunk " + what + " index does not decode (" + e.getMessage() + ")", e);
+    }
+  }
+
+  private static long nonNegative(Object o, String what) {
+    if (o instanceof Long l && l >= 0) {
+      return l;
+    }
+    throw new CorruptChunkException("chunk " + what + " index holds " + o + ", not a count");
+  }
+
+  /** Verifies and decodes block {@code i} of a blocked chunk, its frame at {@code off}. */
+  public static List<Row> decodeBlock(byte[] buf, int off, Index ix, int i, int maxRaw, String what) {
+    String block = what + " block " + i;
+    byte[] frame = Arrays.copyOfRange(buf, off, off + ix.lengths()[i]);
+    if (checksum(frame) != ix.checksums()[i]) {
+      throw new CorruptChunkException("chunk " + block + " is corrupt: it does not match its index entry;"
+          + " it will be read from another replica");
+    }
+    long declared = Zstd.getFrameContentSize(frame, 0, frame.length);
+    if (declared < 0) {
+      throw new CorruptChunkException("chunk " + block + " is not a zstd frame declaring its size");
+    }
+    byte[] raw = decompress(frame, maxRaw, block);
+    List<Row> rows = rows(raw, 0, ix.rows()[i], block);
+    if (rows.size() != ix.rows()[i] || !Arrays.equals(rows.get(0).key(), ix.firstKeys()[i])) {
+      throw new CorruptChunkException("chunk " + block + " does not hold what its index entry says");
+    }
+    return rows;
+  }
+
+  private static List<Row> decodeBlocked(byte[] data, int maxRaw, String what) {
+    if (data.length < 5) {
+      throw new CorruptChunkException("chunk " + what + " is too short for a blocked chunk");
+    }
+    int t = data.length - 4;
+    long indexLen = (data[t] & 0xffL) | (data[t + 1] & 0xffL) << 8 | (data[t + 2] & 0xffL) << 16
+        | (data[t + 3] & 0xffL) << 24;
+    if (indexLen > data.length - 5) {
+      throw new CorruptChunkException("chunk " + what + " names an index longer than itself");
+    }
+    int end = (int) (t - indexLen);
+    Index ix = parseIndex(data, end, (int) indexLen, end - 1, what);
+    if (ix.rowsTotal() > MAX_CHUNK_ROWS) {
+      throw new DecompressionBombException("chunk " + what + " holds more than " + MAX_CHUNK_ROWS
+          + " rows: refused as a bomb");
+    }
+    long budget = maxRaw;
+    List<Row> out = new ArrayList<>((int) ix.rowsTotal());
+    for (int i = 0; i < ix.offsets().length; i++) {
+      int off = (int) ix.offsets()[i];
+      long declared = Zstd.getFrameContentSize(data, off, ix.lengths()[i]);
+      if (declared < 0 || declared > budget) {
+        throw new DecompressionBombException(String.format(
+            "chunk %s would decompress past the limit (%d more bytes with %d left); "
+                + "raise --max-chunk if this is real data", what, declared, budget));
+      }
+      budget -= declared;
+      out.addAll(decodeBlock(data, off, ix, i, maxRaw, what));
+    }
+    return out;
+  }
+
+  /** The rows of a msgpack array of keys and values at {@code off}, at most {@code maxRows}. */
+  private static List<Row> rows(byte[] raw, int off, long maxRows, String what) {
+    try {
+      Msgpack.Reader in = new Msgpack.Reader(raw, off, raw.length - off, true);
       long n = in.arrayHeader();
       if (n % 2 != 0) {
         throw new CorruptChunkException("chunk " + what + " payload is not a list of key/value pairs");
+      }
+      if (n / 2 > maxRows) {
+        throw new DecompressionBombException(
+            "chunk " + what + " holds more than " + maxRows + " rows: refused as a bomb");
       }
       if (n > raw.length) {
         throw new Msgpack.FormatException("array of " + n + " items in " + raw.length + " bytes");

@@ -39,9 +39,21 @@ public final class ManifestCodec {
   }
 
   /** Where one chunk of a version lives and how to check it (Python's ChunkRef). */
-  public record ChunkRef(String name, int lo, int hi, long size, long rawSize, long rows, long checksum) {
+  public record ChunkRef(String name, int lo, int hi, long size, long rawSize, long rows, long checksum,
+      long indexLen, long indexChecksum) {
+    /** A whole (format 1) chunk: no index. */
+    public ChunkRef(String name, int lo, int hi, long size, long rawSize, long rows, long checksum) {
+      this(name, lo, hi, size, rawSize, rows, checksum, 0, 0);
+    }
+
     public static ChunkRef of(ChunkCodec.Chunk c) {
-      return new ChunkRef(c.name(), c.lo(), c.hi(), c.data().length, c.rawSize(), c.rows(), c.checksum());
+      return new ChunkRef(c.name(), c.lo(), c.hi(), c.data().length, c.rawSize(), c.rows(), c.checksum(),
+          c.indexLen(), c.indexChecksum());
+    }
+
+    /** Whether it is a blocked chunk whose index the manifest names. */
+    public boolean blocked() {
+      return indexLen > 0;
     }
   }
 
@@ -172,7 +184,7 @@ public final class ManifestCodec {
     w.str("key_groups").integer(m.keyGroups());
     w.str("chunks").arrayHeader(m.chunks().size());
     for (ChunkRef c : m.chunks()) {
-      w.arrayHeader(7);
+      w.arrayHeader(c.blocked() ? 9 : 7);
       w.str(c.name());
       w.integer(c.lo());
       w.integer(c.hi());
@@ -180,6 +192,10 @@ public final class ManifestCodec {
       w.integer(c.rawSize());
       w.integer(c.rows());
       w.unsigned(c.checksum());
+      if (c.blocked()) {
+        w.integer(c.indexLen());
+        w.unsigned(c.indexChecksum());
+      }
     }
     w.str("positions").value(m.positions());
     if (m.baseEpoch() != null) {
@@ -220,6 +236,14 @@ public final class ManifestCodec {
       out.add(fromObject(o));
     }
     return out;
+  }
+
+  /** A uint64 (a checksum): past Long.MAX_VALUE it keeps its bits. */
+  private static long unsigned(Object o, String what) {
+    if (o instanceof BigInteger bi) {
+      return bi.longValue();
+    }
+    return integer(o, what);
   }
 
   private static long integer(Object o, String what) {
@@ -270,7 +294,8 @@ public final class ManifestCodec {
     }
     List<ChunkRef> chunks = new ArrayList<>(rawChunks.size());
     for (Object c : rawChunks) {
-      if (!(c instanceof List<?> f) || f.size() != 7 || !(f.get(0) instanceof String name)) {
+      if (!(c instanceof List<?> f) || (f.size() != 7 && f.size() != 9)
+          || !(f.get(0) instanceof String name)) {
         throw new MalformedException("manifest chunk " + c + " is malformed");
       }
       long lo = integer(f.get(1), "chunk lo");
@@ -278,15 +303,19 @@ public final class ManifestCodec {
       if (!(0 <= lo && lo <= hi && hi < groups)) {
         throw new MalformedException("manifest chunk " + c + " is malformed");
       }
-      Object digest = f.get(6);
-      long checksum;
-      if (digest instanceof BigInteger bi) {
-        checksum = bi.longValue(); // a uint64 past Long.MAX_VALUE: keep its bits
-      } else {
-        checksum = integer(digest, "chunk checksum");
+      long checksum = unsigned(f.get(6), "chunk checksum");
+      long size = integer(f.get(3), "chunk size");
+      long indexLen = 0;
+      long indexChecksum = 0;
+      if (f.size() == 9) {
+        indexLen = integer(f.get(7), "chunk index length");
+        indexChecksum = unsigned(f.get(8), "chunk index checksum");
+        if (indexLen <= 0 || indexLen > size - 5) {
+          throw new MalformedException("manifest chunk " + c + " names an index outside it");
+        }
       }
-      chunks.add(new ChunkRef(name, (int) lo, (int) hi, integer(f.get(3), "chunk size"),
-          integer(f.get(4), "chunk raw_size"), integer(f.get(5), "chunk rows"), checksum));
+      chunks.add(new ChunkRef(name, (int) lo, (int) hi, size, integer(f.get(4), "chunk raw_size"),
+          integer(f.get(5), "chunk rows"), checksum, indexLen, indexChecksum));
     }
     Object store = map.get("store");
     if (!(store instanceof String path) || path.split("/", -1).length != 4) {

@@ -70,6 +70,11 @@ public final class RingView {
   public final int replicas;
   public final int writeQuorum;
   public final int vnodes;
+  /**
+   * Every member reads blocked chunks (Python core/view.py {@code blocks}): a writer may write
+   * them; until then (a ring being upgraded from 0.2) it writes whole chunks.
+   */
+  public final boolean blocks;
   private final RingPlacement ring;
   private final RingPlacement future;
   /** The ring counting every member in a read state, down ones too (the items' homes). */
@@ -78,6 +83,11 @@ public final class RingView {
   private final Map<String, String> address = new LinkedHashMap<>();
 
   public RingView(long epoch, List<MemberInfo> members, int replicas, int writeQuorum, int vnodes) {
+    this(epoch, members, replicas, writeQuorum, vnodes, false);
+  }
+
+  public RingView(long epoch, List<MemberInfo> members, int replicas, int writeQuorum, int vnodes,
+      boolean blocks) {
     if (replicas < 1 || writeQuorum < 1 || writeQuorum > replicas) {
       throw new IllegalArgumentException("replicas " + replicas + " / write quorum " + writeQuorum);
     }
@@ -86,6 +96,7 @@ public final class RingView {
     this.replicas = replicas;
     this.writeQuorum = writeQuorum;
     this.vnodes = vnodes;
+    this.blocks = blocks;
     List<RingPlacement.Member> now = new ArrayList<>();
     List<RingPlacement.Member> later = new ArrayList<>();
     List<RingPlacement.Member> all = new ArrayList<>();
@@ -113,6 +124,11 @@ public final class RingView {
         ? ring : new RingPlacement(all, vnodes);
   }
 
+  /** The block size a writer on this ring uses: the default, or 0 (whole chunks). */
+  public int blockSize() {
+    return blocks ? ChunkCodec.DEFAULT_BLOCK_SIZE : 0;
+  }
+
   public static RingView fromJson(JsonNode obj) {
     List<MemberInfo> members = new ArrayList<>();
     for (JsonNode m : obj.get("members")) {
@@ -132,7 +148,8 @@ public final class RingView {
           count(m, "next_vnodes")));
     }
     return new RingView(obj.get("epoch").asLong(), members, obj.get("replicas").asInt(),
-        obj.get("write_quorum").asInt(), obj.get("vnodes").asInt());
+        obj.get("write_quorum").asInt(), obj.get("vnodes").asInt(),
+        obj.has("blocks") && obj.get("blocks").isBoolean() && obj.get("blocks").asBoolean());
   }
 
   /** A member's token count: absent is 0, else an integer from 0 to MAX_VIEW_VNODES. */

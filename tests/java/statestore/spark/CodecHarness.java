@@ -265,7 +265,7 @@ public final class CodecHarness {
       }
       chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
           ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
-          ((Number) h.get("max_chunk")).intValue());
+          ((Number) h.get("max_chunk")).intValue(), blockSize(h));
       m = ManifestCodec.of((String) h.get("store"), ((Number) h.get("version")).longValue(), snapshot,
           ((Number) h.get("epoch")).longValue(), groups, chunks, (Map<String, Object>) h.get("positions"),
           baseEpoch(h));
@@ -275,10 +275,16 @@ public final class CodecHarness {
     }
     out.mapHeader(2).str("chunks").arrayHeader(chunks.size());
     for (ChunkCodec.Chunk ch : chunks) {
-      out.arrayHeader(7).str(ch.name()).integer(ch.lo()).integer(ch.hi()).bin(ch.data())
-          .unsigned(ch.checksum()).integer(ch.rawSize()).integer(ch.rows());
+      out.arrayHeader(9).str(ch.name()).integer(ch.lo()).integer(ch.hi()).bin(ch.data())
+          .unsigned(ch.checksum()).integer(ch.rawSize()).integer(ch.rows()).integer(ch.indexLen())
+          .unsigned(ch.indexChecksum());
     }
     out.str("manifest").bin(ManifestCodec.encode(m));
+  }
+
+  private static int blockSize(Map<String, Object> header) {
+    Object b = header.get("block_size");
+    return b == null ? ChunkCodec.DEFAULT_BLOCK_SIZE : ((Number) b).intValue();
   }
 
   private static Long baseEpoch(Map<String, Object> header) {
@@ -506,7 +512,7 @@ public final class CodecHarness {
     try {
       List<ChunkCodec.Chunk> chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
           ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
-          ((Number) h.get("max_chunk")).intValue());
+          ((Number) h.get("max_chunk")).intValue(), blockSize(h));
       ManifestCodec.Manifest m = ManifestCodec.of((String) h.get("store"),
           ((Number) h.get("version")).longValue(), snapshot, ((Number) h.get("epoch")).longValue(),
           groups, chunks, (Map<String, Object>) h.get("positions"), baseEpoch(h));
@@ -551,8 +557,9 @@ public final class CodecHarness {
     out.str("manifest").bin(ManifestCodec.encode(m));
     out.str("chunk_refs").arrayHeader(m.chunks().size());
     for (ManifestCodec.ChunkRef r : m.chunks()) {
-      out.arrayHeader(7).str(r.name()).integer(r.lo()).integer(r.hi()).integer(r.size())
-          .integer(r.rawSize()).integer(r.rows()).unsigned(r.checksum());
+      out.arrayHeader(9).str(r.name()).integer(r.lo()).integer(r.hi()).integer(r.size())
+          .integer(r.rawSize()).integer(r.rows()).unsigned(r.checksum()).integer(r.indexLen())
+          .unsigned(r.indexChecksum());
     }
     out.str("store").str(m.store());
     out.str("version").integer(m.version());
