@@ -9,6 +9,10 @@ size / (payload + 48 bytes)):
 - **build**: every provider, in its own JVM, builds the state from two batches of distinct
   keys (half the keys each); rows/s, or the error a provider failed with (HDFS-backed keeps
   the whole state on the heap);
+- the ring provider runs twice, as ``ring`` (lazy restore, its default) and ``ring-whole``
+  (``lazyRestore=false``: every row restored up front), each with its own stores; its build
+  writes the second batch as a snapshot (``snapshotInterval=2``), the base a lazy restart
+  reads by blocks, as the ring's compaction makes one every ``--snapshot-every`` versions;
 - **restart**: then ``--rounds`` times, a new batch touching 1% of the keys at random is added
   and every provider that built its state restarts in a fresh JVM with no local files (the
   ring and RocksDB's local copies live in the JVM's temp dirs) and runs it; the query's time,
@@ -18,7 +22,7 @@ size / (payload + 48 bytes)):
   alternate, the order reversed every round; medians with their range.
 
     .venv/bin/python bench/spark_large_state.py [--sizes 100,400] [--rounds 3] [--memory 1g]
-        [--providers ring,rocksdb,hdfs] [--payload 200] [--partitions 8]
+        [--providers ring,ring-whole,rocksdb,hdfs] [--payload 200] [--partitions 8]
 
 One build per provider and size (a build at 400 MiB takes minutes on 2 cores): its rows/s is
 one run, not a median.
@@ -43,7 +47,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from spark_state import PROVIDERS  # noqa: E402
+from spark_state import PROVIDERS as _BASE  # noqa: E402
+
+# the ring provider restarting lazily (its default) and with a whole restore, side by side
+PROVIDERS = {
+    **_BASE,
+    "ring-whole": _BASE["ring"],
+}
+RING_CONF = {
+    "ring": {"spark.statestore.lazyRestore": "true"},
+    "ring-whole": {"spark.statestore.lazyRestore": "false"},
+}
 
 MiB = 1 << 20
 ROW_OVERHEAD = 48  # bytes of a state row besides its payload: key, count, framing
@@ -83,6 +97,8 @@ def worker(spec: dict[str, Any]) -> None:
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
     )
+    for k, v in {**RING_CONF.get(provider, {}), **spec.get("conf", {})}.items():
+        builder = builder.config(k, v)
     spark = spark_connector.configure(builder, seeds=spec["seeds"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     # after configure(), which names the ring's provider
@@ -113,7 +129,7 @@ def worker(spec: dict[str, Any]) -> None:
             rows = int(op.get("numRowsTotal", rows))
             state = int(op.get("memoryUsedBytes", state))
     spark.stop()
-    if ring != (provider == "ring"):
+    if ring != provider.startswith("ring"):
         raise SystemExit(f"the query ran on another provider than {provider}")
     out = {"seconds": elapsed, "fetched": fetched, "rows": rows, "state": state}
     print("RESULT " + json.dumps(out), flush=True)
@@ -163,7 +179,7 @@ def main() -> None:
     p.add_argument("--sizes", default="100,400", help="MiB of state, comma-separated")
     p.add_argument("--rounds", type=int, default=3, help="restart rounds (medians)")
     p.add_argument("--memory", default="1g", help="the Spark driver's heap (local mode)")
-    p.add_argument("--providers", default="ring,rocksdb,hdfs")
+    p.add_argument("--providers", default="ring,ring-whole,rocksdb,hdfs")
     p.add_argument("--payload", type=int, default=200)
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--timeout", type=float, default=1200, help="seconds a JVM may run")
@@ -185,6 +201,7 @@ def main() -> None:
     log = work / "spark.log"
     print(f"log: {log}", flush=True)
     rows_out = []
+    notes: list[str] = []
     try:
         with local_ring(3) as ring:
             for size in sizes:
@@ -197,9 +214,14 @@ def main() -> None:
                 built: dict[str, dict[str, Any] | str] = {}
 
                 def job(
-                    provider: str, what: str, inp: Path = inp, size: int = size
+                    provider: str,
+                    what: str,
+                    inp: Path = inp,
+                    size: int = size,
+                    conf: dict[str, str] | None = None,
                 ) -> dict[str, Any]:
                     return {
+                        "conf": conf or {},
                         "provider": provider,
                         "what": what,
                         "seeds": ring.seeds,
@@ -212,7 +234,15 @@ def main() -> None:
 
                 for provider in providers:
                     print(f"{size} MiB ({keys:,} keys): build {provider} ...", flush=True)
-                    got, wall = call(job(provider, f"build {size} MiB"), log)
+                    # the ring's second batch is written as a snapshot: the base a restart
+                    # loads lazily, as the ring's compaction (every --snapshot-every
+                    # versions) would make it in a longer run
+                    conf = (
+                        {"spark.statestore.snapshotInterval": "2"}
+                        if provider.startswith("ring")
+                        else {}
+                    )
+                    got, wall = call(job(provider, f"build {size} MiB", conf=conf), log)
                     built[provider] = got
                     print(f"  {got if isinstance(got, str) else round(got['seconds'], 1)}")
                 ok = [x for x in providers if not isinstance(built[x], str)]
@@ -232,6 +262,12 @@ def main() -> None:
                             f"(JVM {wall:.1f} s), fetched {got['fetched'] / MiB:.1f} MiB",
                             flush=True,
                         )
+                if "ring" in restarts and "ring-whole" in restarts:
+                    lazy_vs = [
+                        a["seconds"] / b["seconds"]
+                        for a, b in zip(restarts["ring"], restarts["ring-whole"], strict=True)
+                    ]
+                    notes.append(f"{size} MiB: restart ring (lazy) / ring-whole {spread(lazy_vs)}x")
                 base = "rocksdb" if "rocksdb" in ok else None
                 for provider in providers:
                     b = built[provider]
@@ -263,7 +299,9 @@ def main() -> None:
                             spread(q),
                             spread(walls),
                             spread(vs) + "x" if vs else "-",
-                            (spread(fetched) + f" of {size}") if provider == "ring" else "-",
+                            (spread(fetched) + f" of {size}")
+                            if provider.startswith("ring")
+                            else "-",
                         ]
                     )
     finally:
@@ -272,6 +310,8 @@ def main() -> None:
     headers = "MiB|provider|build rows/s|vs RocksDB|state MiB (memoryUsedBytes)|restart batch s"
     headers += "|restart incl. JVM s|restart / RocksDB|ringBytesFetched MiB (of the state's MiB)"
     print("\n" + table(headers.split("|"), rows_out))
+    for line in notes:
+        print(line)
 
 
 if __name__ == "__main__":

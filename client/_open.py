@@ -11,11 +11,12 @@ one asked for) is folded and kept in a bounded LRU of decoded key groups, so the
 key of any of them costs a dictionary look-up.
 
 A point read (``get``) of a key whose group is not cached reads blocks instead, where it can:
-when every chunk along the chain that covers the group is blocked (core/chunk.py, written since
-0.3.0), it walks the chain newest first and fetches, of each such chunk, its index and the one
-block the key can be in, each by range and verified, and stops at the first manifest that
-names the key (or at the snapshot). A cold read costs a few small fetches, not the chunks of
-a whole group; indexes and blocks are cached too. ``get_many`` and iteration load whole
+when every chunk along the chain (down to the newest snapshot) that covers the group is
+blocked (core/chunk.py, written since 0.3.0), it fetches, of each such chunk at once, its
+index and then the one block the key can be in, each by range and verified
+(net/reads.read_by_blocks), and the newest manifest naming the key decides. A cold read
+costs two rounds of small fetches, not the chunks of a whole group; indexes and blocks are
+cached too. ``get_many`` and iteration load whole
 groups, as before (many keys of a group are cheaper fetched at once).
 
 Iteration streams the version by key-group ranges, one range of chunks at a time: at most the
@@ -55,7 +56,7 @@ from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
-from statestore.net.reads import ReadStats, read_block_rows
+from statestore.net.reads import ReadStats, block_path, read_by_blocks
 
 __all__ = ["DEFAULT_OPEN_CACHE", "AsyncLazyState", "ChunkFetch", "LazyState"]
 
@@ -270,45 +271,27 @@ class AsyncLazyState:
         _check_key(key)
         self._check_open()
         g = key_group(key, self.key_groups)
-        if self._groups.get(g) is None and self._blocked(g):
-            return await self._block_get(g, key)
+        if self._groups.get(g) is None and self._fetch_part is not None:
+            path = block_path(self.chain, key)
+            if path is not None and path[0][0].key_groups == self.key_groups:
+                self.cache_misses += 1
+                return await read_by_blocks(
+                    path, self._part_fetch, self.store, key, self._blocks, max_raw=self._max_chunk
+                )
         return (await self._group(g)).get(key)
 
-    def _blocked(self, g: int) -> bool:
-        """Whether group ``g`` can be read block by block: a part fetcher, and every chunk
-        along the chain that covers it blocked (and cut by this store's key groups)."""
-        return self._fetch_part is not None and all(
-            m.key_groups == self.key_groups
-            and all(c.blocked for c in m.chunks if c.lo <= g <= c.hi)
-            for m in self.chain
-        )
-
-    async def _block_get(self, g: int, key: bytes) -> bytes | None:
-        """``key``'s value read by blocks: the chain newest first, in each chunk covering
-        ``g`` the one block that can hold the key; the first manifest naming it decides."""
-        assert self._fetch_part is not None
+    def _part_fetch(
+        self, m: Manifest, ref: ChunkRef
+    ) -> Callable[[tuple[int, int], int], Awaitable[bytes]]:
+        """Fetches parts of chunk ``ref`` of ``m`` (within the client's concurrency)."""
         part = self._fetch_part
-        self.cache_misses += 1
-        for m in reversed(self.chain):
-            for ref in m.chunks:
-                if not ref.rows or not ref.lo <= g <= ref.hi:
-                    continue
+        assert part is not None
 
-                async def fetch(
-                    span: tuple[int, int], expected: int, m: Manifest = m, ref: ChunkRef = ref
-                ) -> bytes:
-                    async with self._sem:
-                        return await part(m.version, ref, span, expected, self.stats)
+        async def fetch(span: tuple[int, int], expected: int) -> bytes:
+            async with self._sem:
+                return await part(m.version, ref, span, expected, self.stats)
 
-                ckey = chunk_key(self.store, m.version, ref.name)
-                rows = await read_block_rows(
-                    fetch, ref, ckey, g, key, self._blocks, max_raw=self._max_chunk
-                )
-                if rows is not None and key in rows:
-                    return rows[key]
-            if m.kind == "snapshot":
-                break
-        return None
+        return fetch
 
     async def has(self, key: bytes) -> bool:
         """Whether ``key`` has a value in this version."""

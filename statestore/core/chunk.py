@@ -10,8 +10,10 @@ that would expand past a limit. Two layouts, both read:
   ``block_size`` raw bytes, each a msgpack array of alternating keys and values (``None``
   marks a delete) compressed on its own with zstd level 1. The chunk is the byte ``0xb2``,
   the blocks' frames one after another, the index, and the index's length (4 bytes, little
-  endian). The index is a msgpack array of ``[group, first key, frame length, xxh3-64 of the
-  frame, rows]``, one per block. The manifest names the index's length and checksum
+  endian). The index is a msgpack array of two: the entries, ``[group, first key, frame
+  length, xxh3-64 of the frame, rows]`` one per block, and a Bloom filter of the chunk's keys
+  (a snapshot's; empty bytes for a delta's), so a read of a key the chunk does not hold
+  fetches no block (:func:`bloom`). The manifest names the index's length and checksum
   (``ChunkRef.index_len``, ``index_checksum``), so a reader can fetch the index, then the one
   block a key can be in, by range (``GET /v1/chunks/{key}?offset=&length=``), each verified.
 - **Whole** (format 1): one zstd frame of the format byte ``0x01`` and the msgpack array.
@@ -20,7 +22,7 @@ that would expand past a limit. Two layouts, both read:
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import cast
@@ -40,6 +42,7 @@ __all__ = [
     "BlockIndex",
     "EncodedChunk",
     "Row",
+    "bloom",
     "checksum",
     "decode_block",
     "decode_chunk",
@@ -58,6 +61,8 @@ MAX_CHUNK_RAW = 256 * 1024 * 1024
 # cuts chunks at this count.
 MAX_CHUNK_ROWS = 1 << 20
 DEFAULT_BLOCK_SIZE = 16 * 1024
+BLOOM_BITS_PER_KEY = 10
+BLOOM_PROBES = 3  # about 1.7% false positives at 10 bits a key
 _FORMAT = b"\x01"
 _BLOCKED = b"\xb2"
 _TRAILER = 4  # the index's length, little endian
@@ -173,7 +178,7 @@ def encode_chunks(
         lo, hi = (group_of[start], group_of[stop - 1]) if n else (0, groups - 1)
         if block_size > 0:
             data, raw_size, index_len, index_sum = _blocked(
-                keys, values, group_of, ends, start, start + n, block_size, cctx
+                keys, values, group_of, ends, start, start + n, block_size, cctx, kind == "s"
             )
         else:
             flat: list[bytes | None] = [None] * (2 * n)
@@ -197,10 +202,11 @@ def _blocked(
     stop: int,
     block_size: int,
     cctx: zstandard.ZstdCompressor,
+    filtered: bool,
 ) -> tuple[bytes, int, int, int]:
     """Rows ``[start, stop)`` as one blocked chunk: (bytes, raw size, index length, index
     checksum). Blocks are cut as chunks are: the rows whose running size stays within
-    ``block_size``, at least one."""
+    ``block_size``, at least one. ``filtered``: with a Bloom filter of its keys."""
     parts = [_BLOCKED]
     index: list[list[object]] = []
     raw_size = 0
@@ -217,10 +223,26 @@ def _blocked(
         parts.append(frame)
         index.append([group_of[at], keys[at], len(frame), checksum(frame), end - at])
         at = end
-    packed = msgpack.packb(index, use_bin_type=True)
+    keyed = bloom(keys[start:stop]) if filtered else b""
+    packed = msgpack.packb([index, keyed], use_bin_type=True)
     parts.append(packed)
     parts.append(len(packed).to_bytes(_TRAILER, "little"))
     return b"".join(parts), raw_size, len(packed), checksum(packed)
+
+
+def bloom(keys: Sequence[bytes]) -> bytes:
+    """A Bloom filter of ``keys``: :data:`BLOOM_BITS_PER_KEY` bits a key (at least 64, a
+    whole number of bytes), :data:`BLOOM_PROBES` probes ``(h1 + i * h2) mod m`` where h1 and
+    h2 are the low and high 32 bits of the key's xxh3-64; bit b is bit ``b & 7`` of byte
+    ``b >> 3``. Java's ChunkCodec writes the same bytes."""
+    m = max(64, -(-len(keys) * BLOOM_BITS_PER_KEY // 8) * 8)
+    bits = bytearray(m // 8)
+    for h in map(xxhash.xxh3_64_intdigest, keys):
+        h1, h2 = h & 0xFFFFFFFF, h >> 32
+        for i in range(BLOOM_PROBES):
+            b = (h1 + i * h2) % m
+            bits[b >> 3] |= 1 << (b & 7)
+    return bytes(bits)
 
 
 def decode_chunk(
@@ -268,16 +290,33 @@ class BlockIndex:
     checksums: tuple[int, ...]
     rows: tuple[int, ...]
     rows_total: int
+    keys: bytes = b""  # the Bloom filter of the chunk's keys (empty: none, may hold any)
 
     def find(self, group: int, key: bytes) -> int | None:
-        """The one block that can hold ``key`` (of ``group``), or None if none can."""
+        """The one block that can hold ``key`` (of ``group``), or None if none can (before
+        the first block, or not in the Bloom filter)."""
         i = bisect_right(self.starts, (group, key)) - 1
-        return None if i < 0 else i
+        if i < 0 or not self.may_hold(key):
+            return None
+        return i
+
+    def may_hold(self, key: bytes) -> bool:
+        """False only if the chunk surely does not hold ``key`` (its Bloom filter says so)."""
+        if not self.keys:
+            return True
+        m = len(self.keys) * 8
+        h = xxhash.xxh3_64_intdigest(key)
+        h1, h2 = h & 0xFFFFFFFF, h >> 32
+        for i in range(BLOOM_PROBES):
+            b = (h1 + i * h2) % m
+            if not self.keys[b >> 3] & (1 << (b & 7)):
+                return False
+        return True
 
     @property
     def nbytes(self) -> int:
         """About the memory it takes, for a cache's budget."""
-        return sum(len(k) for _, k in self.starts) + 200 * len(self.offsets)
+        return sum(len(k) for _, k in self.starts) + 200 * len(self.offsets) + len(self.keys)
 
 
 def index_span(size: int, index_len: int) -> tuple[int, int]:
@@ -289,7 +328,7 @@ def parse_index(data: bytes, *, what: str = "", limit: int | None = None) -> Blo
     """A blocked chunk's index; ``limit`` is the bytes of frames it may cover (the chunk's
     size less the format byte, index and trailer), checked when given. Raises CorruptChunk."""
     try:
-        entries = msgpack.unpackb(
+        top = msgpack.unpackb(
             data,
             use_list=True,
             raw=True,
@@ -299,8 +338,15 @@ def parse_index(data: bytes, *, what: str = "", limit: int | None = None) -> Blo
         )
     except Exception as exc:
         raise CorruptChunk(f"chunk {what} index does not decode ({exc})") from exc
-    if not isinstance(entries, list):
-        raise CorruptChunk(f"chunk {what} index is not a list")
+    if not (
+        isinstance(top, list)
+        and len(top) == 2
+        and isinstance(top[0], list)
+        and type(top[1]) is bytes
+        and (not top[1] or len(top[1]) >= 8)
+    ):
+        raise CorruptChunk(f"chunk {what} index is not [entries, filter]")
+    entries, keys = top
     starts: list[tuple[int, bytes]] = []
     offsets, lengths, sums, counts = [], [], [], []
     at = 1
@@ -327,7 +373,7 @@ def parse_index(data: bytes, *, what: str = "", limit: int | None = None) -> Blo
     if limit is not None and at - 1 != limit:
         raise CorruptChunk(f"chunk {what} index covers {at - 1} bytes of frames, not {limit}")
     return BlockIndex(
-        tuple(starts), tuple(offsets), tuple(lengths), tuple(sums), tuple(counts), sum(counts)
+        tuple(starts), tuple(offsets), tuple(lengths), tuple(sums), tuple(counts), sum(counts), keys
     )
 
 

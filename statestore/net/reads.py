@@ -604,6 +604,61 @@ async def read_block_rows(
     return rows
 
 
+def block_path(chain: Sequence[Manifest], key: bytes) -> list[tuple[Manifest, ChunkRef]] | None:
+    """The chunks a point read of ``key`` looks into, newest manifest first down to the
+    newest snapshot: those with rows whose group range covers the key's group. None if one
+    of them is not blocked (or the chain is cut by several key-group counts): then the read
+    goes chunk by chunk."""
+    out = []
+    for m in reversed(chain):
+        if m.key_groups != chain[-1].key_groups:
+            return None
+        g = key_group(key, m.key_groups)
+        for ref in m.chunks:
+            if ref.rows and ref.lo <= g <= ref.hi:
+                if not ref.blocked:
+                    return None
+                out.append((m, ref))
+        if m.kind == "snapshot":
+            break
+    return out
+
+
+async def read_by_blocks(
+    path: Sequence[tuple[Manifest, ChunkRef]],
+    fetch_for: Callable[[Manifest, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]],
+    store: StoreId,
+    key: bytes,
+    cache: ChunkCache,
+    *,
+    max_raw: int = MAX_CHUNK_RAW,
+) -> bytes | None:
+    """``key``'s value along ``path`` (:func:`block_path`): of every chunk at once, its index
+    then the one block that can hold the key (two round trips whatever the chain's length),
+    and the newest manifest naming the key decides."""
+    if not path:
+        return None
+    g = key_group(key, path[0][0].key_groups)
+    found = await asyncio.gather(
+        *(
+            read_block_rows(
+                fetch_for(m, ref),
+                ref,
+                chunk_key(store, m.version, ref.name),
+                g,
+                key,
+                cache,
+                max_raw=max_raw,
+            )
+            for m, ref in path
+        )
+    )
+    for rows in found:
+        if rows is not None and key in rows:
+            return rows[key]
+    return None
+
+
 async def read_key(
     transport: Transport,
     view: RingView,
@@ -616,12 +671,23 @@ async def read_key(
 ) -> bytes | None:
     """The value of ``key`` at ``version`` (None if absent): a point read.
 
-    Walks the chain from the newest manifest down and stops at the first that mentions the
-    key, fetching only the chunks of the key's key group, and of a blocked chunk only its
-    index and the one block the key can be in; what is fetched is cached decoded.
+    Of blocked chunks (:func:`read_by_blocks`), it fetches the index and the one block the key
+    can be in of every chunk covering the key's group down to the newest snapshot, all at
+    once. Else it walks the chain from the newest manifest down and stops at the first that
+    mentions the key, fetching only the chunks of the key's key group. What is fetched is
+    cached decoded.
     """
     chain = await read_chain(transport, view, store, version)
     stats = ReadStats(chain=len(chain))
+    path = block_path(chain, key)
+    if path is not None:
+
+        def fetch_for(
+            m: Manifest, ref: ChunkRef
+        ) -> Callable[[tuple[int, int], int], Awaitable[bytes]]:
+            return partial(fetch_part, transport, view, store, m.version, ref, stats=stats)
+
+        return await read_by_blocks(path, fetch_for, store, key, cache, max_raw=max_raw)
     loop = asyncio.get_running_loop()
     for m in reversed(chain):
         g = key_group(key, m.key_groups)
@@ -630,12 +696,7 @@ async def read_key(
                 continue
             ckey = chunk_key(store, m.version, ref.name)
             rows = cache.get(ckey)
-            if rows is None and ref.blocked:
-                part = partial(fetch_part, transport, view, store, m.version, ref, stats=stats)
-                rows = await read_block_rows(part, ref, ckey, g, key, cache, max_raw=max_raw)
-                if rows is None:
-                    continue
-            elif rows is None:
+            if rows is None:
                 data = await fetch_chunk(transport, view, store, m.version, ref, stats)
                 decoded = await loop.run_in_executor(
                     None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)

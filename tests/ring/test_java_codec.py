@@ -529,7 +529,7 @@ def test_java_decode_checks_blocked_chunks(harness: Harness) -> None:
     (c,) = encode_chunks(puts, [], groups=1, target_size=1 << 30, block_size=20_000)
     flipped = bytearray(c.data)
     flipped[30] ^= 0x01
-    out_of_order = msgpack.packb([[0, b"b", 5, 1, 1], [0, b"a", 5, 1, 1]])
+    out_of_order = msgpack.packb([[[0, b"b", 5, 1, 1], [0, b"a", 5, 1, 1]], b""])
     bad_index = b"\xb2" + b"\0" * 10 + out_of_order + len(out_of_order).to_bytes(4, "little")
     datas = [c.data, bytes(flipped), c.data, c.data[:-1], bad_index]
     cases: list[dict[str, Any]] = [{"chunks": [d], "manifest": _manifest_for([d])} for d in datas]

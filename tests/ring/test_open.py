@@ -185,7 +185,7 @@ async def test_async_cold_point_read_fetches_an_index_and_one_block_per_chunk(
 ) -> None:
     """Chunks of the default size (4 MiB) cut into 16 KiB blocks: a cold ``get`` fetches,
     of each chunk along the chain that covers the key's group, its index and the one block
-    that can hold the key, and stops at the newest manifest naming the key. A store written
+    that can hold the key, and the newest manifest naming the key decides. A store written
     whole (``block_size=0``, the layout before 0.3.0) is read by whole chunks, as before."""
     rng = random.Random(5)
     base = {f"key-{i:06d}".encode(): rng.randbytes(150) for i in range(30_000)}

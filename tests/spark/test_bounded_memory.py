@@ -10,67 +10,13 @@ makes each row of state about a kilobyte).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from statestore.cli.local import LocalRing
-from tests.ringkit import FAST
-from tests.spark.bounded_job import expect, write_input
-
-JOB = Path(__file__).resolve().parent / "bounded_job.py"
-
-
-@pytest.fixture
-def ring1(tmp_path: Path) -> Iterator[LocalRing]:
-    """One node process, one copy of each chunk (the test is about the JVM's heap)."""
-    ring = LocalRing(str(tmp_path / "ring"), 1, args=[*FAST, "--replicas", "1"]).start()
-    try:
-        yield ring
-    finally:
-        ring.stop()
-
-
-def run(base: Path, name: str, spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    spec_path = base / f"{name}.json"
-    spec_path.write_text(json.dumps({"base": str(base), **spec}))
-    with open(base / f"{name}.log", "w") as log:
-        return subprocess.run(
-            [sys.executable, str(JOB), str(spec_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=1500,
-            check=False,
-        )
-
-
-def log_of(base: Path, name: str) -> str:
-    return (base / f"{name}.log").read_text(errors="replace")
-
-
-def batch(base: Path, provider: str, batch_id: int) -> dict[str, int]:
-    out: dict[str, int] = json.loads(
-        (base / "out" / provider / f"batch-{batch_id}.json").read_text()
-    )
-    return out
-
-
-def progress(base: Path, provider: str) -> list[dict[str, Any]]:
-    lines = (base / "out" / provider / "progress.jsonl").read_text().splitlines()
-    return [json.loads(line)[0] for line in lines]
-
-
-def check_batches(base: Path, provider: str, keys: int, ids: range) -> None:
-    for i in ids:
-        got = batch(base, provider, i)
-        want = expect(keys, i + 1)
-        assert {k: got[k] for k in want} == want, (i, got)
-
+from tests.spark.bounded_job import write_input
+from tests.spark.boundedkit import check_batches, log_of, progress, run
 
 # 256 MiB is about the smallest heap in which Spark's own sort-based aggregation (max of a
 # string) runs its batches here; 10 batches of 110k new keys, each row of state ~1 KB
@@ -124,8 +70,12 @@ def test_spilled_state_is_exact_across_batches_and_a_restart(
         "keys": keys,
         "repeat": 4,
         "partitions": 2,
-        # a 1 MB cache: each partition's version (and the first batch's overlay) spills
-        "conf": {"spark.statestore.cacheBytes": str(1_000_000)},
+        # a 1 MB cache: each partition's version (and the first batch's overlay) spills; the
+        # restart restores every row (into the spill store), not lazily
+        "conf": {
+            "spark.statestore.cacheBytes": str(1_000_000),
+            "spark.statestore.lazyRestore": "false",
+        },
     }
     done = run(tmp_path, "first", spec)
     assert done.returncode == 0, log_of(tmp_path, "first")[-6000:]

@@ -26,9 +26,10 @@ import com.github.luben.zstd.ZstdInputStream;
  * <p>That is the whole layout (format 1, {@code blockSize} 0). The blocked layout (format 2,
  * the default since 0.3.0) cuts a chunk's rows again into blocks by the same rule with
  * {@code blockSize} as the target, each block's msgpack array (no format byte) compressed on
- * its own; the chunk is {@code 0xb2}, the blocks' frames, the index (a msgpack array of
- * {@code [group, first key, frame length, XXH3-64 of the frame, rows]} per block) and the
- * index's length as 4 bytes little endian. Both layouts are read.
+ * its own; the chunk is {@code 0xb2}, the blocks' frames, the index (a msgpack array of two:
+ * the entries, {@code [group, first key, frame length, XXH3-64 of the frame, rows]} per
+ * block, and a Bloom filter of a snapshot's keys, empty bytes for a delta's: Python's
+ * {@code bloom}) and the index's length as 4 bytes little endian. Both layouts are read.
  */
 public final class ChunkCodec {
   private ChunkCodec() {}
@@ -39,6 +40,8 @@ public final class ChunkCodec {
   static final int FORMAT = 0x01;
   static final int BLOCKED = 0xb2;
   public static final int DEFAULT_BLOCK_SIZE = 16 * 1024;
+  static final int BLOOM_BITS_PER_KEY = 10;
+  static final int BLOOM_PROBES = 3;
   static final int ROW_OVERHEAD = 10;
   private static final int ZSTD_LEVEL = 1;
 
@@ -291,6 +294,22 @@ public final class ChunkCodec {
     return Arrays.copyOf(dst, len);
   }
 
+  /** A Bloom filter of the keys of rows {@code [from, to)} of {@code order} (Python's bloom). */
+  static byte[] bloom(byte[][] keys, int[] order, int from, int to) {
+    long m = Math.max(64, ((long) (to - from) * BLOOM_BITS_PER_KEY + 7) / 8 * 8);
+    byte[] bits = new byte[(int) (m / 8)];
+    for (int i = from; i < to; i++) {
+      long h = Xxh3.hash(keys[order[i]]);
+      long h1 = h & 0xffffffffL;
+      long h2 = h >>> 32;
+      for (int p = 0; p < BLOOM_PROBES; p++) {
+        long b = (h1 + p * h2) % m;
+        bits[(int) (b >>> 3)] |= (byte) (1 << (b & 7));
+      }
+    }
+    return bits;
+  }
+
   /** Rows {@code [start, stop)} as one blocked chunk (Python's {@code _blocked}). */
   private static Chunk blocked(char kind, int index, int lo, int hi, byte[][] keys, byte[][] values,
       int[] group, int[] order, int start, int stop, int blockSize, ZstdCompressCtx cctx) {
@@ -331,8 +350,9 @@ public final class ChunkCodec {
       blocks++;
       at = end;
     }
-    ix.arrayHeader(blocks);
+    ix.arrayHeader(2).arrayHeader(blocks);
     ix.raw(entries.buffer(), 0, entries.size());
+    ix.bin(kind == 's' ? bloom(keys, order, start, stop) : new byte[0]);
     byte[] packed = ix.toByteArray();
     if (framed + packed.length + 4 > Integer.MAX_VALUE - 8 || rawTotal > Integer.MAX_VALUE - 8) {
       throw new PayloadTooLargeException("chunk of " + framed + " bytes is over 2 GiB");
@@ -549,7 +569,25 @@ public final class ChunkCodec {
 
   /** A blocked chunk's index (Python's BlockIndex): each block's first key, place and checksum. */
   public record Index(int[] groups, byte[][] firstKeys, long[] offsets, int[] lengths,
-      long[] checksums, int[] rows, long rowsTotal) {
+      long[] checksums, int[] rows, long rowsTotal, byte[] keys) {
+    /** False only if the chunk surely does not hold {@code key} (its Bloom filter says so). */
+    public boolean mayHold(byte[] key) {
+      if (keys.length == 0) {
+        return true;
+      }
+      long m = keys.length * 8L;
+      long h = Xxh3.hash(key);
+      long h1 = h & 0xffffffffL;
+      long h2 = h >>> 32;
+      for (int p = 0; p < BLOOM_PROBES; p++) {
+        long b = (h1 + p * h2) % m;
+        if ((keys[(int) (b >>> 3)] & (1 << (b & 7))) == 0) {
+          return false;
+        }
+      }
+      return true;
+    }
+
     /** The one block that can hold {@code key} of {@code group}, or -1 if none can. */
     public int find(int group, byte[] key) {
       int lo = 0;
@@ -564,7 +602,7 @@ public final class ChunkCodec {
           hi = mid;
         }
       }
-      return lo - 1;
+      return lo == 0 || !mayHold(key) ? -1 : lo - 1;
     }
   }
 
@@ -575,13 +613,16 @@ public final class ChunkCodec {
   public static Index parseIndex(byte[] buf, int off, int len, long limit, String what) {
     try {
       Msgpack.Reader in = new Msgpack.Reader(buf, off, len, true);
+      if (in.arrayHeader() != 2) {
+        throw new CorruptChunkException("chunk " + what + " index is not [entries, filter]");
+      }
       long n = in.arrayHeader();
       if (n > len) {
         throw new Msgpack.FormatException("index of " + n + " entries in " + len + " bytes");
       }
       int count = (int) n;
       Index ix = new Index(new int[count], new byte[count][], new long[count], new int[count],
-          new long[count], new int[count], 0);
+          new long[count], new int[count], 0, null);
       long at = 1;
       long total = 0;
       for (int i = 0; i < count; i++) {
@@ -610,6 +651,10 @@ public final class ChunkCodec {
         at += length;
         total += rows;
       }
+      byte[] keys = in.binOrNil();
+      if (keys == null || (keys.length > 0 && keys.length < 8)) {
+        throw new CorruptChunkException("chunk " + what + " index has no usable key filter");
+      }
       if (!in.atEnd()) {
         throw new Msgpack.FormatException("extra data after the index");
       }
@@ -617,7 +662,8 @@ public final class ChunkCodec {
         throw new CorruptChunkException(
             "chunk " + what + " index covers " + (at - 1) + " bytes of frames, not " + limit);
       }
-      return new Index(ix.groups, ix.firstKeys, ix.offsets, ix.lengths, ix.checksums, ix.rows, total);
+      return new Index(ix.groups, ix.firstKeys, ix.offsets, ix.lengths, ix.checksums, ix.rows, total,
+          keys);
     } catch (Msgpack.FormatException | IndexOutOfBoundsException e) {
       throw new CorruptChunkException(
           "chunk " + what + " index does not decode (" + e.getMessage() + ")", e);

@@ -36,6 +36,8 @@ final class RingConfig {
   final RingAccess access;
   /** The executor's heap cache of state ({@link StateBudget}); the rest spills to disk. */
   long cacheBytes = StateBudget.defaultLimit();
+  /** Load a version's base lazily, key by key ({@link LazyBase}): {@code lazyRestore}. */
+  boolean lazyRestore;
 
   private RingConfig(
       List<String> seeds,
@@ -122,6 +124,12 @@ final class RingConfig {
             get(hadoopConf, storeConf, "tlsCa", "")));
     out.cacheBytes = number(hadoopConf, storeConf, "cacheBytes", StateBudget.defaultLimit(), 0,
         Long.MAX_VALUE);
+    String lazy = get(hadoopConf, storeConf, "lazyRestore", "true").trim().toLowerCase(Locale.ROOT);
+    if (!lazy.equals("true") && !lazy.equals("false")) {
+      throw new IllegalArgumentException(
+          "RingStateStoreProvider: " + PREFIX + "lazyRestore '" + lazy + "' is not true or false");
+    }
+    out.lazyRestore = lazy.equals("true");
     return out;
   }
 

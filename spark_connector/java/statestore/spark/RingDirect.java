@@ -348,6 +348,41 @@ final class RingDirect {
   /** One chunk's verified bytes from the first holder that has them. */
   private byte[] fetchChunk(RingView v, String key, long checksum, long deadline)
       throws IOException {
+    return fetch(v, key, "", checksum, deadline);
+  }
+
+  /**
+   * Bytes {@code offset} to {@code offset + length - 1} of one chunk (a blocked chunk's index
+   * or one block), from the first holder whose answer has checksum {@code checksum}.
+   */
+  byte[] fetchPart(String key, long offset, long length, long checksum, long deadline)
+      throws IOException {
+    return retrying("reading " + key, deadline,
+        v -> fetch(v, key, "?offset=" + offset + "&length=" + length, checksum, deadline));
+  }
+
+  /** Every row of one chunk of {@code m} (a {@code null} value: a delete), with retries. */
+  List<ChunkCodec.Row> chunkRows(ManifestCodec.Manifest m, ManifestCodec.ChunkRef ref,
+      long deadline) throws IOException {
+    String key = RingWriter.chunkKey(m.store(), m.version(), ref.name());
+    byte[] data = retrying("reading " + key, deadline,
+        v -> fetch(v, key, "", ref.checksum(), deadline));
+    try {
+      return ChunkCodec.decode(data, ChunkCodec.MAX_CHUNK_RAW, key);
+    } catch (ChunkCodec.CorruptChunkException e) {
+      throw new IOException(e.getMessage(), e);
+    }
+  }
+
+  /** The chain of {@code version} of one store, oldest first, with retries. */
+  List<ManifestCodec.Manifest> chain(String storePath, long version, long deadline)
+      throws IOException {
+    return retrying("reading the chain of " + storePath + " version " + version, deadline,
+        v -> readChain(v, storePath, version, deadline));
+  }
+
+  private byte[] fetch(RingView v, String key, String query, long checksum, long deadline)
+      throws IOException {
     List<String> errors = new ArrayList<>();
     for (String address : v.readOrder(key)) {
       long left = (deadline - System.nanoTime()) / 1_000_000L;
@@ -356,7 +391,7 @@ final class RingDirect {
         break;
       }
       try {
-        HttpRequest req = writer.transport().request(address, "/v1/chunks/" + key)
+        HttpRequest req = writer.transport().request(address, "/v1/chunks/" + key + query)
             .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
         HttpResponse<InputStream> resp =
             writer.transport().send(req, HttpResponse.BodyHandlers.ofInputStream());
@@ -375,7 +410,7 @@ final class RingDirect {
                 + new String(data, 0, Math.min(200, data.length), StandardCharsets.UTF_8));
             continue;
           }
-          ChunkCodec.verify(data, checksum, key);
+          ChunkCodec.verify(data, checksum, key + query);
           return data;
         }
       } catch (InterruptedException e) {
@@ -385,7 +420,7 @@ final class RingDirect {
         errors.add(address + ": " + e.getMessage());
       }
     }
-    throw new IOException("chunk " + key + " could not be read from any live holder: "
+    throw new IOException("chunk " + key + query + " could not be read from any live holder: "
         + String.join("; ", errors.subList(0, Math.min(3, errors.size()))));
   }
 

@@ -1,7 +1,9 @@
 package statestore.spark;
 
 import java.io.IOException;
+import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
@@ -496,12 +498,21 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
         && head.version == version && head.epoch == cached.epoch) {
       data = cached;
       l.hit = true;
+      LazyBase base = data.remote;
+      if (base != null && version - base.oldest() >= lazyHorizon()) {
+        // its base nears the end of the ring's retention: read it whole while it is there
+        data.materialize();
+      }
     } else {
       if (cached != null && cached.version == version) {
         LOG.info("{}: cached version {} (epoch {}) is not the ring's head {}: restoring",
             storePath, version, cached.epoch, head);
       }
-      data = restore(version, l, legacySource(version, head));
+      String source = legacySource(version, head);
+      data = source.equals(storePath) ? lazyLoad(version, l) : null;
+      if (data == null) {
+        data = restore(version, l, source);
+      }
       StateData old = cached;
       cached = data;
       drop(old);
@@ -532,6 +543,135 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     LOG.info("{}: version {} comes from the store's name before query ids ({}); the next "
         + "commit is a snapshot under the new name", storePath, version, legacyPath);
     return legacyPath;
+  }
+
+  /**
+   * Version {@code version} loaded lazily ({@code spark.statestore.lazyRestore}), or null
+   * when it cannot be: the coordinator path or a relayed plan, an operator that scans by
+   * prefix, a version whose commit did not count its keys (before 0.3.0, or the coordinator
+   * path), or a base with whole chunks. Reads each shard's chain, the deltas above its base
+   * (folded into the version's map) and the indexes of the base's chunks; the base's rows
+   * stay on the ring until a key is read ({@link LazyBase}) or a scan needs them all.
+   */
+  private StateData lazyLoad(long version, Loaded l) {
+    if (!config.lazyRestore || !config.direct || config.relayed() || prefixTypes != null) {
+      return null;
+    }
+    long started = System.nanoTime();
+    long deadline = started + config.restoreTimeoutMs * 1_000_000L;
+    List<List<ManifestCodec.Manifest>> chains = new ArrayList<>();
+    long keys;
+    try {
+      List<ManifestCodec.Manifest> first = direct.chain(StateCommit.shardPath(storePath, 0),
+          version, deadline);
+      Map<String, Object> top = first.get(first.size() - 1).positions();
+      if (!(top.get("keys") instanceof Long count)) {
+        return null;
+      }
+      keys = count;
+      int shards = VersionChanges.shardsOf(top);
+      chains.add(first);
+      for (int shard = 1; shard < shards; shard++) {
+        chains.add(direct.chain(StateCommit.shardPath(storePath, shard), version, deadline));
+      }
+    } catch (IOException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
+          + " of " + storePath + " from the ring: " + e.getMessage(), e);
+    }
+    for (List<ManifestCodec.Manifest> chain : chains) {
+      for (ManifestCodec.ChunkRef ref : chain.get(0).chunks()) {
+        if (!ref.blocked()) {
+          return null;
+        }
+      }
+    }
+    StateData data = new StateData(prefixTypes, keyFields, valueFields);
+    data.version = version;
+    data.shards = chains.size();
+    long bytes = 0;
+    long rows = 0;
+    long[] epochs = new long[chains.size()];
+    List<ManifestCodec.Manifest> bases = new ArrayList<>();
+    List<List<LazyBase.Part>> parts = new ArrayList<>();
+    try {
+      for (int shard = 0; shard < chains.size(); shard++) {
+        List<ManifestCodec.Manifest> chain = chains.get(shard);
+        epochs[shard] = chain.get(chain.size() - 1).epoch();
+        for (ManifestCodec.Manifest m : chain.subList(1, chain.size())) {
+          for (ManifestCodec.ChunkRef ref : m.chunks()) {
+            bytes += ref.size();
+            for (ChunkCodec.Row row : direct.chunkRows(m, ref, deadline)) {
+              UnsafeRow key = new UnsafeRow(keyFields);
+              key.pointTo(row.key(), row.key().length);
+              if (row.value() == null) {
+                data.loadRemove(key);
+              } else {
+                UnsafeRow value = new UnsafeRow(valueFields);
+                value.pointTo(row.value(), row.value().length);
+                validate(key, value, version);
+                data.loadPut(key, value);
+                rows++;
+              }
+            }
+          }
+        }
+        ManifestCodec.Manifest base = chain.get(0);
+        List<LazyBase.Part> shardParts = new ArrayList<>();
+        for (ManifestCodec.ChunkRef ref : base.chunks()) {
+          String key = RingWriter.chunkKey(base.store(), base.version(), ref.name());
+          long at = ref.size() - 4 - ref.indexLen();
+          byte[] index = direct.fetchPart(key, at, ref.indexLen(), ref.indexChecksum(), deadline);
+          bytes += index.length;
+          shardParts.add(new LazyBase.Part(key, ref.lo(), ref.hi(),
+              ChunkCodec.parseIndex(index, 0, index.length, at - 1, key)));
+        }
+        bases.add(base);
+        parts.add(shardParts);
+      }
+    } catch (IOException | ChunkCodec.CorruptChunkException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
+          + " of " + storePath + " from the ring: " + e.getMessage(), e);
+    }
+    data.remote = new LazyBase(direct, config.restoreTimeoutMs, bases, parts);
+    if (!validated && storeConf.formatValidationEnabled()) {
+      // the first row of the base is checked, as a whole restore checks its first row
+      byte[][] row = data.remote.firstRow();
+      if (row != null) {
+        UnsafeRow key = new UnsafeRow(keyFields);
+        key.pointTo(row[0], row[0].length);
+        UnsafeRow value = new UnsafeRow(valueFields);
+        value.pointTo(row[1], row[1].length);
+        validate(key, value, version);
+      }
+    }
+    data.lazyCount.set(keys);
+    data.epoch = epochs[0];
+    data.shardEpochs = epochs;
+    loaded(l, data, started, rows, bytes);
+    LOG.info("loaded {} version {} lazily: {} keys, {} rows of deltas and {} bytes read, {} "
+        + "shards in {} ms", storePath, version, keys, rows, bytes, chains.size(), l.restoreMs);
+    return data;
+  }
+
+  /**
+   * Versions after which a lazily loaded version is made whole: half the versions the ring
+   * keeps for this query (Spark's {@code minBatchesToRetain}, 100 by default), so its base's
+   * chunks are still there when it is read whole.
+   */
+  private long lazyHorizon() {
+    int retain = StateCommit.retain(this);
+    return Math.max(1, (retain > 0 ? retain : 100) / 2);
+  }
+
+  /** What a load read, for the metrics of the store that uses it. */
+  private static void loaded(Loaded l, StateData data, long started, long rows, long bytes) {
+    l.restoreMs = (System.nanoTime() - started) / 1_000_000;
+    l.restoredRows = rows;
+    l.restoredBytes = bytes;
+    data.pendingRestoreMs = l.restoreMs;
+    data.pendingRestoredRows = rows;
+    data.pendingRestoredBytes = bytes;
+    data.pendingMiss = true;
   }
 
   private StateData restore(long version, Loaded l, String source) {
@@ -597,13 +737,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
               + " from the ring: " + e.getMessage(),
           e);
     }
-    l.restoreMs = (System.nanoTime() - started) / 1_000_000;
-    l.restoredRows = rows;
-    l.restoredBytes = bytes;
-    data.pendingRestoreMs = l.restoreMs;
-    data.pendingRestoredRows = rows;
-    data.pendingRestoredBytes = bytes;
-    data.pendingMiss = true;
+    loaded(l, data, started, rows, bytes);
     data.legacy = !source.equals(storePath);
     // the epochs of another store's chain are no base under this one
     data.shardEpochs = data.legacy ? null : epochs;

@@ -229,6 +229,9 @@ final class StateCommit {
     if (shards > 1) {
       positions.put("shards", (long) shards);
     }
+    if (shard == 0) { // the version's key count, for a lazy load's numKeys (RingStateStoreProvider)
+      positions.put("keys", store.keysAfter());
+    }
     provider.direct().commit(path, version, store.epoch, baseEpoch(store, version, shard),
         snapshot, positions, retain(provider), keys, values, deletes);
     return framed;

@@ -37,6 +37,14 @@ import scala.runtime.BoxedUnit;
  * version is a RocksDB checkpoint. {@link #retire} gives the bytes back to the cache and
  * deletes the spill when no store holds the version and the provider no longer caches it
  * (a cleaner does the same for a version that is dropped without it).
+ *
+ * <p>A version loaded lazily ({@code spark.statestore.lazyRestore}) has a {@link #remote}
+ * base still on the ring: its map (or spill) holds only the rows of the deltas above that
+ * base and what was changed since, {@link #removed} the keys deleted since the base, and
+ * {@link #lazyCount} the version's key count (from the commit that wrote it). A read of a
+ * key found in neither is answered from the base, one block fetched at most (a read changes
+ * nothing here: the block is cached by {@link LazyBase}); a scan first makes the version
+ * whole ({@link #materialize}).
  */
 final class StateData {
   /** The overlay's mark for a removed key (compared by identity). */
@@ -70,6 +78,12 @@ final class StateData {
    */
   volatile long[] shardEpochs;
   final AtomicLong bytes = new AtomicLong();
+  /** The rows still on the ring (null: every row is here). */
+  volatile LazyBase remote;
+  /** Keys deleted since {@link #remote}'s base (only while it is set). */
+  final Set<UnsafeRow> removed = ConcurrentHashMap.newKeySet();
+  /** The version's key count while {@link #remote} is set. */
+  final AtomicLong lazyCount = new AtomicLong();
   // how this map was loaded, reported by the first write store that uses it
   long pendingRestoreMs;
   long pendingRestoredRows;
@@ -136,7 +150,59 @@ final class StateData {
     out.epoch = epoch;
     out.shards = shards;
     out.shardEpochs = shardEpochs;
+    out.removed.addAll(removed);
+    out.lazyCount.set(lazyCount.get());
+    out.remote = remote;
     return out;
+  }
+
+  /**
+   * Make a lazily loaded version whole: every row of its base not changed or deleted since
+   * is added, and the version no longer reads the ring. Idempotent; concurrent readers see
+   * the same state throughout (rows are added before the base is let go).
+   */
+  synchronized void materialize() {
+    LazyBase base = remote;
+    if (base == null) {
+      return;
+    }
+    long started = System.nanoTime();
+    try {
+      base.forEachRow((k, v) -> {
+        UnsafeRow key = new UnsafeRow(keyFields);
+        key.pointTo(k, k.length);
+        if (!removed.contains(key) && localGet(key) == null) {
+          UnsafeRow value = new UnsafeRow(valueFields);
+          value.pointTo(v, v.length);
+          localPut(key, value);
+        }
+      });
+    } catch (java.io.IOException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot read version " + version
+          + " whole from the ring: " + e.getMessage(), e);
+    }
+    if (size() != lazyCount.get()) {
+      throw new IllegalStateException("RingStateStoreProvider: version " + version + " holds "
+          + size() + " keys once whole, but its commit counted " + lazyCount.get());
+    }
+    remote = null;
+    removed.clear();
+    if (Trace.ON) {
+      Trace.log("materialize v%d rows=%d %.1fms", version, size(),
+          (System.nanoTime() - started) / 1e6);
+    }
+  }
+
+  /** A row of the version as loaded (a delta's put above a lazy base): no count changes. */
+  void loadPut(UnsafeRow key, UnsafeRow value) {
+    removed.remove(key);
+    localPut(key, value);
+  }
+
+  /** A delete of a delta above a lazy base, as loaded: no count changes. */
+  void loadRemove(UnsafeRow key) {
+    localRemove(key);
+    removed.add(key);
   }
 
   /** Apply an overlay (value {@link #TOMBSTONE} = remove). */
@@ -266,27 +332,50 @@ final class StateData {
 
   /** The value under {@code key} (an overlay's may be {@link #TOMBSTONE}), else null. */
   UnsafeRow get(UnsafeRow key) {
+    UnsafeRow v = localGet(key);
+    LazyBase base = remote;
+    if (v != null || base == null || removed.contains(key)) {
+      return v;
+    }
+    byte[] b = base.lookup(key);
+    if (b == null) {
+      return null;
+    }
+    UnsafeRow value = new UnsafeRow(valueFields);
+    value.pointTo(b, b.length);
+    return value;
+  }
+
+  private UnsafeRow localGet(UnsafeRow key) {
     SpillStore s = spill;
     return s != null ? s.get(key) : map.get(key);
   }
 
   boolean containsKey(UnsafeRow key) {
+    if (remote != null) {
+      return get(key) != null;
+    }
     SpillStore s = spill;
     return s != null ? s.containsKey(key) : map.containsKey(key);
   }
 
   long size() {
+    if (remote != null) {
+      return lazyCount.get();
+    }
     return spill != null ? spilledRows.get() : map.size();
   }
 
   /** Every entry (an overlay's values may be {@link #TOMBSTONE}). */
   Iterator<Map.Entry<UnsafeRow, UnsafeRow>> entries() {
+    materialize();
     SpillStore s = spill;
     return s != null ? s.entries() : map.entrySet().iterator();
   }
 
   /** The keys with {@code prefix} (null or empty when none). */
   Collection<UnsafeRow> keysWithPrefix(UnsafeRow prefix) {
+    materialize();
     SpillStore s = spill;
     return s != null ? s.keysWithPrefix(prefix) : prefixIndex.get(prefix);
   }
@@ -316,6 +405,32 @@ final class StateData {
   }
 
   UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+    if (remote == null) {
+      return localPut(key, value);
+    }
+    UnsafeRow prev = get(key);
+    removed.remove(key);
+    localPut(key, value);
+    if (prev == null) {
+      lazyCount.incrementAndGet();
+    }
+    return prev;
+  }
+
+  UnsafeRow remove(UnsafeRow key) {
+    if (remote == null) {
+      return localRemove(key);
+    }
+    UnsafeRow prev = get(key);
+    localRemove(key);
+    if (prev != null) {
+      removed.add(key);
+      lazyCount.decrementAndGet();
+    }
+    return prev;
+  }
+
+  private UnsafeRow localPut(UnsafeRow key, UnsafeRow value) {
     SpillStore s = spill;
     if (s != null) {
       UnsafeRow prev = s.put(key, value, prefixIndex == null ? null : this::prefixOf);
@@ -343,7 +458,7 @@ final class StateData {
     return prev;
   }
 
-  UnsafeRow remove(UnsafeRow key) {
+  private UnsafeRow localRemove(UnsafeRow key) {
     SpillStore s = spill;
     if (s != null) {
       UnsafeRow prev = s.remove(key, prefixIndex == null ? null : this::prefixOf);
@@ -373,7 +488,7 @@ final class StateData {
   }
 
   StateStoreIterator<UnsafeRowPair> iterator() {
-    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = entries();
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = entries(); // whole first, if lazy
     return wrap(it, new Iterator<UnsafeRowPair>() {
       @Override
       public boolean hasNext() {

@@ -54,6 +54,9 @@ final class WriteStore extends StoreBase implements StateStore {
   private boolean snapshotSent;
   int shardsCommitted;
   private volatile StateData committedData;
+  /** The lazily loaded base this store reads through (null: none), and its reads so far. */
+  private final LazyBase lazy;
+  private final long lazyFetchedAtOpen;
 
   WriteStore(
       RingStateStoreProvider provider,
@@ -69,6 +72,8 @@ final class WriteStore extends StoreBase implements StateStore {
     this.baseEpochs = data.version == version ? data.shardEpochs : null;
     this.task = task;
     this.overlay = data.emptyLike();
+    this.lazy = data.remote;
+    this.lazyFetchedAtOpen = lazy == null ? 0 : lazy.fetched.get();
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
       ctx.addTaskCompletionListener(c -> {
@@ -302,6 +307,11 @@ final class WriteStore extends StoreBase implements StateStore {
     }
   }
 
+  /** The key count of the version this store commits (its base's and what it changed). */
+  long keysAfter() {
+    return Math.max(0, data.size() + keyDelta);
+  }
+
   @Override
   public StateStoreMetrics metrics() {
     Map<StateStoreCustomMetric, Object> custom = new HashMap<>();
@@ -313,7 +323,9 @@ final class WriteStore extends StoreBase implements StateStore {
     custom.put(RingMetrics.CACHE_MISSES, loaded.hit ? 0L : 1L);
     custom.put(RingMetrics.SNAPSHOTS, snapshotSent ? 1L : 0L);
     custom.put(RingMetrics.HEAD_READS, loaded.headReads);
-    custom.put(RingMetrics.BYTES_FETCHED, loaded.restoredBytes);
+    // the load's reads, and what this batch's reads of a lazily loaded version fetched
+    custom.put(RingMetrics.BYTES_FETCHED, loaded.restoredBytes
+        + (lazy == null ? 0 : lazy.fetched.get() - lazyFetchedAtOpen));
     Map<StateStoreInstanceMetric, Object> none = new HashMap<>();
     StateData after = committedData;
     // on the heap: the version (when not spilled) and, before a commit, the overlay
@@ -324,7 +336,7 @@ final class WriteStore extends StoreBase implements StateStore {
     custom.put(RingMetrics.CACHE_BYTES, heap);
     custom.put(RingMetrics.SPILL_BYTES, spilled);
     return new StateStoreMetrics(
-        after != null ? after.size() : Math.max(0, data.size() + keyDelta),
+        after != null ? after.size() : keysAfter(),
         heap,
         scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(custom)),
         scala.collection.immutable.Map$.MODULE$.from(CollectionConverters.asScala(none)));

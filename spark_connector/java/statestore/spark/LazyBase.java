@@ -1,0 +1,173 @@
+package statestore.spark;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BiConsumer;
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+
+/**
+ * The part of a lazily loaded version that is still on the ring: the first manifest of each
+ * shard's chain (its snapshot, or version 1), whose chunks are blocked ({@link ChunkCodec}:
+ * blocks of ~16 KiB, each compressed and checksummed on its own, with an index). Loading it
+ * read only the chunks' indexes (the manifests vouch for them); a key is then read by
+ * fetching the one block that can hold it, by range, verified against the index
+ * ({@link #lookup}). The deltas above the base were folded into the version's own map when
+ * it was loaded ({@link StateData}), so a key costs at most one block fetch per chunk of the
+ * base that covers its key group (one, unless a group spans chunks).
+ *
+ * <p>Decoded blocks are kept in an LRU shared by every lazily loaded version of the JVM
+ * ({@link #CACHE_BYTES}), so neighbouring keys and repeated reads fetch nothing; blocks
+ * never change (a chunk's name carries its checksum). Nothing here is written: a version's
+ * changes stay in its map, and a copy of the version shares its base.
+ */
+final class LazyBase {
+  /** Decoded blocks kept per JVM (raw key and value bytes plus 64 a row). */
+  static final long CACHE_BYTES = 32L << 20;
+
+  /** One chunk of a shard's base with its parsed index. */
+  record Part(String key, int lo, int hi, ChunkCodec.Index index) {}
+
+  private record Block(Map<ByteBuffer, byte[]> rows, long bytes) {}
+
+  private static final Object LOCK = new Object();
+  private static final LinkedHashMap<String, Block> BLOCKS = new LinkedHashMap<>(64, 0.75f, true);
+  private static long cached;
+
+  private final RingDirect direct;
+  private final long timeoutMs;
+  /** The base manifest of each shard. */
+  final List<ManifestCodec.Manifest> bases;
+  private final List<List<Part>> parts;
+  /** Bytes read from the ring by lookups (blocks), for {@code ringBytesFetched}. */
+  final AtomicLong fetched = new AtomicLong();
+
+  LazyBase(RingDirect direct, long timeoutMs, List<ManifestCodec.Manifest> bases,
+      List<List<Part>> parts) {
+    this.direct = direct;
+    this.timeoutMs = timeoutMs;
+    this.bases = List.copyOf(bases);
+    this.parts = List.copyOf(parts);
+  }
+
+  /** The first row of the first block of the base holding one ({key, value}), or null. */
+  byte[][] firstRow() {
+    for (List<Part> shard : parts) {
+      for (Part p : shard) {
+        if (p.index.offsets().length > 0) {
+          ChunkCodec.Index ix = p.index;
+          byte[] first = ix.firstKeys()[0];
+          byte[] v = block(p, 0).rows.get(ByteBuffer.wrap(first));
+          if (v != null) {
+            return new byte[][] {first, v};
+          }
+        }
+      }
+    }
+    return null;
+  }
+
+  /** The oldest version among the shards' bases. */
+  long oldest() {
+    long out = Long.MAX_VALUE;
+    for (ManifestCodec.Manifest m : bases) {
+      out = Math.min(out, m.version());
+    }
+    return out;
+  }
+
+  /** The value of {@code key} in the base, or null if the base does not hold it. */
+  byte[] lookup(UnsafeRow key) {
+    int shard = parts.size() == 1 ? 0 : StateCommit.shardOf(key, parts.size());
+    byte[] k = key.getBytes();
+    ManifestCodec.Manifest base = bases.get(shard);
+    int g = ChunkCodec.keyGroup(k, base.keyGroups());
+    for (Part p : parts.get(shard)) {
+      if (g < p.lo || g > p.hi) {
+        continue;
+      }
+      int i = p.index.find(g, k);
+      if (i < 0) {
+        continue;
+      }
+      byte[] v = block(p, i).rows.get(ByteBuffer.wrap(k));
+      if (v != null) {
+        return v;
+      }
+    }
+    return null;
+  }
+
+  private Block block(Part p, int i) {
+    String name = p.key + "#" + i;
+    synchronized (LOCK) {
+      Block hit = BLOCKS.get(name);
+      if (hit != null) {
+        return hit;
+      }
+    }
+    ChunkCodec.Index ix = p.index;
+    byte[] frame;
+    try {
+      frame = direct.fetchPart(p.key, ix.offsets()[i], ix.lengths()[i], ix.checksums()[i],
+          System.nanoTime() + timeoutMs * 1_000_000L);
+    } catch (IOException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot read block " + i + " of "
+          + p.key + " from the ring: " + e.getMessage(), e);
+    }
+    fetched.addAndGet(frame.length);
+    List<ChunkCodec.Row> rows = ChunkCodec.decodeBlock(frame, 0, ix, i, ChunkCodec.MAX_CHUNK_RAW,
+        p.key);
+    Map<ByteBuffer, byte[]> map = new HashMap<>(rows.size() * 2);
+    long bytes = 0;
+    for (ChunkCodec.Row r : rows) {
+      if (r.value() != null) {
+        map.put(ByteBuffer.wrap(r.key()), r.value());
+        bytes += r.key().length + r.value().length + 64L;
+      }
+    }
+    Block out = new Block(map, bytes);
+    synchronized (LOCK) {
+      if (BLOCKS.put(name, out) == null) {
+        cached += bytes;
+      }
+      var it = BLOCKS.values().iterator();
+      while (cached > CACHE_BYTES && it.hasNext()) {
+        cached -= it.next().bytes;
+        it.remove();
+      }
+    }
+    return out;
+  }
+
+  /**
+   * Every row of every shard's base, chunk by chunk (whole chunks, verified): what a version
+   * needs to become whole on this JVM ({@link StateData#materialize}).
+   */
+  void forEachRow(BiConsumer<byte[], byte[]> sink) throws IOException {
+    long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+    for (ManifestCodec.Manifest base : bases) {
+      for (ManifestCodec.ChunkRef ref : base.chunks()) {
+        List<ChunkCodec.Row> rows = direct.chunkRows(base, ref, deadline);
+        fetched.addAndGet(ref.size());
+        for (ChunkCodec.Row r : rows) {
+          if (r.value() != null) {
+            sink.accept(r.key(), r.value());
+          }
+        }
+      }
+    }
+  }
+
+  /** Bytes of decoded blocks this JVM holds now. */
+  static long cachedBytes() {
+    synchronized (LOCK) {
+      return cached;
+    }
+  }
+}

@@ -1,0 +1,61 @@
+"""Lazy restore (issue 38, item 2): with ``spark.statestore.lazyRestore=true`` a restarted query
+loads nothing of a partition's base but its chunks' indexes; a batch reads, of the keys it
+touches, the one block each can be in (blocked chunks, core/chunk.py).
+
+Real Spark (local mode) in a subprocess, a real ring node; the job is tests/spark/bounded_job.py
+(a count-and-max aggregation). Three batches in a first JVM, then a fresh JVM (no local
+state) runs batch 4, which revisits every thousandth earlier key, lazily; a third JVM runs
+batch 5 with a whole restore. Both outputs are exact and the lazy batch fetched a small part of
+what the whole restore did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from statestore.cli.local import LocalRing
+from tests.spark.bounded_job import write_input
+from tests.spark.boundedkit import check_batches, log_of, progress, run
+
+
+@pytest.mark.timeout(1200)
+def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, ring1: LocalRing) -> None:
+    keys = 20_000
+    write_input(tmp_path, keys, range(1, 4))
+    spec = {
+        "seeds": ring1.seeds,
+        "provider": "ring",
+        "heap": "512m",
+        "keys": keys,
+        "repeat": 2,
+        "partitions": 2,
+        # version 3 is a snapshot (the base the restart loads lazily), 4 and 5 deltas
+        "conf": {"spark.statestore.lazyRestore": "true", "spark.statestore.snapshotInterval": "3"},
+    }
+    done = run(tmp_path, "first", spec)
+    assert done.returncode == 0, log_of(tmp_path, "first")[-6000:]
+    check_batches(tmp_path, "ring", keys, range(3))
+
+    write_input(tmp_path, keys, range(4, 5))
+    done = run(tmp_path, "lazy", spec)
+    assert done.returncode == 0, log_of(tmp_path, "lazy")[-6000:]
+    check_batches(tmp_path, "ring", keys, range(3, 4))
+    (lazy,) = progress(tmp_path, "ring")
+    assert lazy["numRowsTotal"] == 4 * keys, lazy  # the count the commit recorded, kept
+    # loaded lazily: no row of the base (the snapshot of version 3) was restored
+    assert lazy["customMetrics"]["ringRestoredRows"] == 0, lazy
+
+    write_input(tmp_path, keys, range(5, 6))
+    whole_spec = {**spec, "conf": {**spec["conf"], "spark.statestore.lazyRestore": "false"}}
+    done = run(tmp_path, "whole", whole_spec)
+    assert done.returncode == 0, log_of(tmp_path, "whole")[-6000:]
+    check_batches(tmp_path, "ring", keys, range(4, 5))
+    (whole,) = progress(tmp_path, "ring")
+    assert whole["numRowsTotal"] == 5 * keys, whole
+    assert whole["customMetrics"]["ringRestoredRows"] >= 4 * keys, whole
+    fetched_lazy = lazy["customMetrics"]["ringBytesFetched"]
+    fetched_whole = whole["customMetrics"]["ringBytesFetched"]
+    # batch 4 read its deltas, the indexes and a block per revisited key; batch 5 everything
+    assert 0 < fetched_lazy < 0.25 * fetched_whole, (fetched_lazy, fetched_whole)
