@@ -624,6 +624,31 @@ def block_path(chain: Sequence[Manifest], key: bytes) -> list[tuple[Manifest, Ch
     return out
 
 
+def _cached_by_blocks(
+    path: Sequence[tuple[Manifest, ChunkRef]],
+    store: StoreId,
+    group: int,
+    key: bytes,
+    cache: ChunkCache,
+) -> tuple[bool, bytes | None]:
+    """(True, value) when ``cache`` holds every index and block :func:`read_by_blocks` would
+    fetch: the read costs no request and no task; else (False, None)."""
+    for m, ref in path:
+        ckey = chunk_key(store, m.version, ref.name)
+        index = cache.get_index(ckey)
+        if index is None:
+            return False, None
+        i = index.find(group, key)
+        if i is None:
+            continue
+        rows = cache.get(f"{ckey}#{i}")
+        if rows is None:
+            return False, None
+        if key in rows:
+            return True, rows[key]
+    return True, None
+
+
 async def read_by_blocks(
     path: Sequence[tuple[Manifest, ChunkRef]],
     fetch_for: Callable[[Manifest, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]],
@@ -639,6 +664,9 @@ async def read_by_blocks(
     if not path:
         return None
     g = key_group(key, path[0][0].key_groups)
+    hit, value = _cached_by_blocks(path, store, g, key, cache)
+    if hit:
+        return value
     found = await asyncio.gather(
         *(
             read_block_rows(

@@ -79,7 +79,7 @@ def test_the_old_flags_and_defaults_still_give_the_same_config() -> None:
         "--stream-mbps", "5", "--switch-interval-ms", "2", "--no-gc-freeze",
         "--no-repair-digests", "--auto-rebalance", "1.5", "--rebalance-interval", "30",
         "--drain-on-stop", "--drain-timeout", "60", "--replace", "n1", "--log-level", "info",
-        "--log-format", "json",
+        "--log-format", "json", "--chunk-format", "1",
     ]  # fmt: skip
     got = settings(argv)
     assert got.config == NodeConfig(
@@ -92,7 +92,7 @@ def test_the_old_flags_and_defaults_still_give_the_same_config() -> None:
         cluster_secret_file="s", auth_file="a", quota_file="q", tls_cert="c", tls_key="k",
         tls_ca="ca", join=True, stream_mbps=5.0, switch_interval_ms=2.0, gc_freeze=False,
         repair_digests=False, auto_rebalance=1.5, rebalance_interval=30.0,
-        drain_on_stop=True, drain_timeout=60.0, replace="n1",
+        drain_on_stop=True, drain_timeout=60.0, replace="n1", chunk_format=1,
     )  # fmt: skip
     assert (got.log_level, got.log_format) == ("INFO", "json")
     assert set(got.sources.values()) - {"default"} == {f"--{s.name}" for s in SETTINGS}
