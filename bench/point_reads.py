@@ -10,7 +10,8 @@ are read once when it opens, a read fetches only the chunks of its key's group; 
 through one opened store whose cache of decoded key groups (64 MiB) holds the store after the
 warm-up, ``cold`` through one opened with ``cache_bytes=0`` (every read fetches and verifies,
 of each chunk covering its key along the chain, the index and the one block that can hold it:
-blocked chunks, the layout since 0.3.0; the 256 KiB store too). The constant handler runs in its own process, like the node.
+blocked chunks, the layout since 0.3.0; the 256 KiB store too). The constant handler runs in
+its own process, like the node.
 
     .venv/bin/python bench/point_reads.py [--seconds 10] [--rounds 2] [--concurrency 16]
 """
