@@ -273,24 +273,27 @@ async def get_chunk(request: web.Request) -> web.Response:
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
     span = _byte_range(request)  # checked before any byte is read
+    if span is not None:
+        offset, length = span
+        part = node.store.get_chunk_part(key, offset, length)
+        if part is None:
+            raise NotFound(f"chunk {key} is not on this node; try another replica")
+        if offset + length > part[1]:
+            raise InvalidRequest(
+                f"chunk {key} is {part[1]} bytes: bytes {offset}..{offset + length - 1} "
+                "are past its end"
+            )
+        return web.Response(body=part[0], content_type="application/octet-stream")
     data = node.store.get_chunk(key)
     if data is None:
         raise NotFound(f"chunk {key} is not on this node; try another replica")
-    if span is not None:
-        offset, length = span
-        if offset + length > len(data):
-            raise InvalidRequest(
-                f"chunk {key} is {len(data)} bytes: bytes {offset}..{offset + length - 1} "
-                "are past its end"
-            )
-        data = data[offset : offset + length]
     return web.Response(body=data, content_type="application/octet-stream")
 
 
 def _byte_range(request: web.Request) -> tuple[int, int] | None:
     """``?offset=N&length=M``: the part of a chunk a reader of one block wants (a blocked
-    chunk's index or one block, core/chunk.py), or None for the whole chunk. The chunk is
-    verified whole on the node before any part is answered."""
+    chunk's index or one block, core/chunk.py), or None for the whole chunk. Only the part is
+    read from storage; its reader verifies it (NodeStore.get_chunk_part)."""
     offset, length = request.query.get("offset"), request.query.get("length")
     if offset is None and length is None:
         return None

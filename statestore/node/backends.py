@@ -113,6 +113,12 @@ class Backend(ABC):
     @abstractmethod
     def get(self, key: bytes) -> bytes | None: ...
 
+    def get_range(self, key: bytes, offset: int, length: int) -> tuple[bytes, int] | None:
+        """Bytes ``offset`` to ``offset + length - 1`` of a value (fewer at its end) and the
+        value's size; None if absent."""
+        value = self.get(key)
+        return None if value is None else (value[offset : offset + length], len(value))
+
     @abstractmethod
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
         """Apply puts and deletes atomically; durable when it returns."""
@@ -220,6 +226,14 @@ class LmdbBackend(Backend):
         with self._gate.shared(), self._env.begin() as txn:
             value: bytes | None = txn.get(key)
             return value
+
+    def get_range(self, key: bytes, offset: int, length: int) -> tuple[bytes, int] | None:
+        # a view of the map, sliced: only the part is copied (a block of a 4 MiB chunk)
+        with self._gate.shared(), self._env.begin(buffers=True) as txn:
+            value = txn.get(key)
+            if value is None:
+                return None
+            return bytes(value[offset : offset + length]), len(value)
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
         try:

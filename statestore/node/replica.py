@@ -238,6 +238,14 @@ class NodeStore:
             verify(data, int(name.split("-", 1)[1], 16), key)
         return data
 
+    def get_chunk_part(self, key: str, offset: int, length: int) -> tuple[bytes, int] | None:
+        """Bytes ``offset`` to ``offset + length - 1`` of a chunk, and its size (None if not
+        held). Not re-verified here: a part (a blocked chunk's index or block) is verified by
+        its reader against the checksum the manifest or the index gives, and the scrub
+        verifies whole chunks at rest; a bad part makes the reader fail over."""
+        parse_chunk_key(key)
+        return self.backend.get_range(_ckey(key), offset, length)
+
     def has_chunks(self, keys: Sequence[str]) -> list[bool]:
         """Whether each chunk is held: one read of the keys, no chunk's bytes copied (a
         hand-over's check of 1 GiB took 2 s on the event loop when it read every value)."""

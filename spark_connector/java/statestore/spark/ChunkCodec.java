@@ -40,7 +40,7 @@ public final class ChunkCodec {
   static final int FORMAT = 0x01;
   static final int BLOCKED = 0xb2;
   public static final int DEFAULT_BLOCK_SIZE = 16 * 1024;
-  static final int BLOOM_BITS_PER_KEY = 10;
+  static final int BLOOM_BITS_PER_KEY = 16;
   static final int BLOOM_PROBES = 3;
   static final int ROW_OVERHEAD = 10;
   private static final int ZSTD_LEVEL = 1;

@@ -46,6 +46,8 @@ final class LazyBase {
   private final List<List<Part>> parts;
   /** Bytes read from the ring by lookups (blocks), for {@code ringBytesFetched}. */
   final AtomicLong fetched = new AtomicLong();
+  /** Of {@link #fetched}, what write stores have reported already (one batch after another). */
+  final AtomicLong reported = new AtomicLong();
 
   LazyBase(RingDirect direct, long timeoutMs, List<ManifestCodec.Manifest> bases,
       List<List<Part>> parts) {

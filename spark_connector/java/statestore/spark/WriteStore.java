@@ -54,9 +54,10 @@ final class WriteStore extends StoreBase implements StateStore {
   private boolean snapshotSent;
   int shardsCommitted;
   private volatile StateData committedData;
-  /** The lazily loaded base this store reads through (null: none), and its reads so far. */
+  /** The lazily loaded base this store reads through (null: none). */
   private final LazyBase lazy;
-  private final long lazyFetchedAtOpen;
+  /** Bytes its base read for this batch (-1: not counted yet). */
+  private long lazyFetched = -1;
 
   WriteStore(
       RingStateStoreProvider provider,
@@ -73,7 +74,6 @@ final class WriteStore extends StoreBase implements StateStore {
     this.task = task;
     this.overlay = data.emptyLike();
     this.lazy = data.remote;
-    this.lazyFetchedAtOpen = lazy == null ? 0 : lazy.fetched.get();
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
       ctx.addTaskCompletionListener(c -> {
@@ -323,9 +323,13 @@ final class WriteStore extends StoreBase implements StateStore {
     custom.put(RingMetrics.CACHE_MISSES, loaded.hit ? 0L : 1L);
     custom.put(RingMetrics.SNAPSHOTS, snapshotSent ? 1L : 0L);
     custom.put(RingMetrics.HEAD_READS, loaded.headReads);
-    // the load's reads, and what this batch's reads of a lazily loaded version fetched
-    custom.put(RingMetrics.BYTES_FETCHED, loaded.restoredBytes
-        + (lazy == null ? 0 : lazy.fetched.get() - lazyFetchedAtOpen));
+    // the load's reads, and the blocks a lazily loaded version read since the last batch
+    // reported them (this batch's gets, read stores' included: they come before this store)
+    if (lazy != null && lazyFetched < 0) {
+      long now = lazy.fetched.get();
+      lazyFetched = Math.max(0, now - lazy.reported.getAndSet(now));
+    }
+    custom.put(RingMetrics.BYTES_FETCHED, loaded.restoredBytes + Math.max(0, lazyFetched));
     Map<StateStoreInstanceMetric, Object> none = new HashMap<>();
     StateData after = committedData;
     // on the heap: the version (when not spilled) and, before a commit, the overlay
