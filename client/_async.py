@@ -697,8 +697,10 @@ class AsyncRingClient:
     async def get(self, store: StoreId, key: bytes, version: int | None = None) -> bytes | None:
         """The value of ``key`` at ``version`` (default: latest), or None if it has none.
 
-        Walks the chain from the newest version down, fetching only the chunks of the key's
-        key group, and stops at the first version that mentions the key.
+        Of blocked chunks (the layout since 0.3.0), fetches the index and the one block the
+        key can be in of every chunk covering it down to the newest snapshot, at once; of
+        whole ones, walks the chain from the newest version down, fetching only the chunks of
+        the key's key group, and stops at the first version that mentions the key.
         """
         check_store(store)
         if not isinstance(key, bytes):
@@ -721,10 +723,11 @@ class AsyncRingClient:
     ) -> AsyncLazyState:
         """A version (default: the latest) of ``store``, read lazily: nothing but its head
         and chain of manifests is read now (once: the view stays on that version whatever is
-        committed later). ``await st.get(key)`` fetches only the chunks of the key's key
-        group along the chain (verified, folded newest-wins, deletes applied) and keeps the
-        folded groups in an LRU of ``cache_bytes`` (default 64 MiB); iterating streams the
-        version by key-group ranges (client/_open.py).
+        committed later). ``await st.get(key)`` fetches, of blocked chunks, the index and the
+        one block the key can be in of each chunk covering it; ``get_many`` fetches the chunks
+        of the keys' groups along the chain (verified, folded newest-wins, deletes applied)
+        and keeps the folded groups; both in LRUs within ``cache_bytes`` (default 64 MiB);
+        iterating streams the version by key-group ranges (client/_open.py).
 
         Raises StoreNotFound / VersionNotFound for what is not there. A pinned old version
         whose chunks retention drops later fails its next fetch (NodeUnavailable).

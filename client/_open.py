@@ -2,13 +2,14 @@
 
 ``AsyncRingClient.open(store, version)`` resolves the head (or takes the version given) and the
 chain of manifests that rebuilds it, once: the result is pinned to that version (commits made
-after it was opened do not change what it reads). Nothing else is fetched up front. A read of a
-key fetches only the chunks whose key-group range ``[lo, hi]`` covers the key's group, along the
-chain (the snapshot or version 1, then the deltas above it), verifies them against the checksums
-the manifests give, and folds them oldest first: a put replaces, a delete removes (the rule
-every restore applies, core/fold.py). Every group the fetched chunks hold whole (not only the
-one asked for) is folded and kept in a bounded LRU of decoded key groups, so the next read of a
-key of any of them costs a dictionary look-up.
+after it was opened do not change what it reads). Nothing else is fetched up front. A group
+load (``get_many``, and ``get`` of chunks written whole) fetches only the chunks whose
+key-group range ``[lo, hi]`` covers the key's group, along the chain (the snapshot or
+version 1, then the deltas above it), verifies them against the checksums the manifests
+give, and folds them oldest first: a put replaces, a delete removes (the rule every restore
+applies, core/fold.py). Every group the fetched chunks hold whole (not only the one asked
+for) is folded and kept in a bounded LRU of decoded key groups, so the next read of a key of
+any of them costs a dictionary look-up.
 
 A point read (``get``) of a key whose group is not cached reads blocks instead, where it can:
 when every chunk along the chain (down to the newest snapshot) that covers the group is

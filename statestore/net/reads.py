@@ -3,8 +3,9 @@
 A chain read asks the store's replicas for the manifests of a version, merges what they
 return (every epoch of a version is kept) and resolves it along the head's lineage (a snapshot
 plus the deltas above it, core/manifest.py). Whole-state restores build on it in recovery.py;
-a point read walks the chain newest first and fetches only the chunks of its key's key group,
-failing over to the next holder on error, timeout or checksum mismatch.
+a point read fetches, of blocked chunks, an index and one block of each chunk covering its key
+(of whole ones, the chunks of its key's key group, newest first), failing over to the next
+holder on error, timeout or checksum mismatch.
 """
 
 from __future__ import annotations
