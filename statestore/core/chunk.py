@@ -7,12 +7,13 @@ of its bytes, so a node can verify a chunk without decompressing it. Decoding re
 that would expand past a limit. Two layouts, both read:
 
 - **Blocked** (format 2, written since 0.3.0): the rows are cut again into blocks of about
-  ``block_size`` raw bytes, each a msgpack array of alternating keys and values (``None``
-  marks a delete) compressed on its own with zstd level 1. The chunk is the byte ``0xb2``,
-  the blocks' frames one after another, the index, and the index's length (4 bytes, little
-  endian). The index is a msgpack array of two: the entries, ``[group, first key, frame
-  length, xxh3-64 of the frame, rows]`` one per block, and a Bloom filter of the chunk's keys
-  (a snapshot's; empty bytes for a delta's), so a read of a key the chunk does not hold
+  ``block_size`` raw bytes (a snapshot's: a quarter of it, ``SNAPSHOT_BLOCKS``), each a
+  msgpack array of alternating keys and values (``None`` marks a delete) compressed on its
+  own with zstd level 1. The chunk is the byte ``0xb2``, the blocks' frames one after
+  another, the index, and the index's length (4 bytes, little endian). The index is a
+  msgpack array of two: the entries, ``[group, first key, frame length, xxh3-64 of the
+  frame, rows]`` one per block, and a Bloom filter of the chunk's keys (a snapshot's; empty
+  bytes for a delta's), so a read of a key the chunk does not hold
   fetches no block (:func:`bloom`). The manifest names the index's length and checksum
   (``ChunkRef.index_len``, ``index_checksum``), so a reader can fetch the index, then the one
   block a key can be in, by range (``GET /v1/chunks/{key}?offset=&length=``), each verified.
@@ -39,6 +40,7 @@ __all__ = [
     "DEFAULT_KEY_GROUPS",
     "MAX_CHUNK_RAW",
     "MAX_CHUNK_ROWS",
+    "SNAPSHOT_BLOCKS",
     "BlockIndex",
     "EncodedChunk",
     "Row",
@@ -61,6 +63,11 @@ MAX_CHUNK_RAW = 256 * 1024 * 1024
 # cuts chunks at this count.
 MAX_CHUNK_ROWS = 1 << 20
 DEFAULT_BLOCK_SIZE = 16 * 1024
+# A snapshot's blocks are ``block_size // SNAPSHOT_BLOCKS``: a snapshot is the base that lazy
+# restores and point reads fetch one block at a time, and a batch touching 1% of the keys at
+# random touches ~45% of 16 KiB blocks of 250-byte rows but ~14% of 4 KiB ones (for 5% more
+# bytes and ~1.5x the decode time of a whole read: docs/benchmarks.md); a delta is read whole.
+SNAPSHOT_BLOCKS = 4
 BLOOM_BITS_PER_KEY = 16
 BLOOM_PROBES = 3  # about 0.5% false positives at 16 bits a key
 _FORMAT = b"\x01"
@@ -128,7 +135,8 @@ def encode_chunks(
     """Lay rows out by key group and cut them into compressed chunks.
 
     ``kind`` is ``"d"`` for a delta and ``"s"`` for a snapshot; it prefixes chunk names.
-    ``block_size`` is the blocked layout's block size; 0 writes whole (format 1) chunks.
+    ``block_size`` is the blocked layout's block size (a snapshot's is a quarter of it); 0
+    writes whole (format 1) chunks.
     Raises InvalidRequest for a key both put and deleted, PayloadTooLarge if one row is
     bigger than ``max_raw`` and TypeError for keys or values that are not bytes.
     """
@@ -166,6 +174,8 @@ def encode_chunks(
     )
     ends = list(accumulate(map(_ROW_OVERHEAD.__add__, map(int.__add__, map(len, keys), sizes))))
 
+    if kind == "s" and block_size > 0:
+        block_size = max(1, block_size // SNAPSHOT_BLOCKS)
     chunks: list[EncodedChunk] = []
     cctx = zstandard.ZstdCompressor(level=1)
     start = 0

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statestore.core.chunk import (
+    DEFAULT_BLOCK_SIZE,
+    SNAPSHOT_BLOCKS,
     checksum,
     decode_block,
     decode_chunk,
@@ -186,6 +188,23 @@ def test_a_snapshots_bloom_filter_spares_the_blocks_of_absent_keys() -> None:
             assert 0 < passed < 0.01 * len(absent), passed
         else:
             assert passed > 0.9 * len(absent)
+
+
+def test_a_snapshots_blocks_are_a_quarter_of_a_deltas() -> None:
+    """A snapshot is what lazy restores and point reads fetch one block of, so its blocks are
+    ``block_size // SNAPSHOT_BLOCKS``: at 1% of its keys touched at random, a quarter of the
+    rows a block means about a third of the blocks read (docs/benchmarks.md)."""
+    puts = {b"k%05d" % i: b"v" * 200 for i in range(20_000)}
+    sizes = {}
+    for kind in "ds":
+        (c,) = encode_chunks(puts, [], groups=1, target_size=1 << 30, kind=kind)
+        at, n = index_span(len(c.data), c.index_len)
+        rows = parse_index(c.data[at : at + n]).rows
+        assert sum(rows) == 20_000
+        sizes[kind] = max(rows)
+    per_row = 200 + 6 + 10  # value, key, overhead
+    assert sizes["d"] == DEFAULT_BLOCK_SIZE // per_row
+    assert sizes["s"] == DEFAULT_BLOCK_SIZE // SNAPSHOT_BLOCKS // per_row
 
 
 def test_a_block_that_does_not_match_its_index_is_refused() -> None:

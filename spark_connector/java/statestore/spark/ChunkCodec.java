@@ -40,6 +40,8 @@ public final class ChunkCodec {
   static final int FORMAT = 0x01;
   static final int BLOCKED = 0xb2;
   public static final int DEFAULT_BLOCK_SIZE = 16 * 1024;
+  /** A snapshot's blocks are {@code blockSize / SNAPSHOT_BLOCKS} (Python's rule and reason). */
+  public static final int SNAPSHOT_BLOCKS = 4;
   static final int BLOOM_BITS_PER_KEY = 16;
   static final int BLOOM_PROBES = 3;
   static final int ROW_OVERHEAD = 10;
@@ -119,7 +121,8 @@ public final class ChunkCodec {
    * @param putValues their values, same length
    * @param deletes keys deleted; duplicates are kept, as Python keeps them
    * @param kind {@code 'd'} for a delta, {@code 's'} for a snapshot: it prefixes chunk names
-   * @param blockSize the blocked layout's block size; {@code 0} writes whole chunks
+   * @param blockSize the blocked layout's block size (a snapshot's is a quarter of it);
+   *     {@code 0} writes whole chunks
    * @throws InvalidRequestException a key both put and deleted, or put twice
    * @throws PayloadTooLargeException a put row bigger than {@code maxRaw}
    */
@@ -137,6 +140,9 @@ public final class ChunkCodec {
     }
     if (kind != 'd' && kind != 's') {
       throw new InvalidRequestException("chunk kind must be 'd' or 's', got " + kind);
+    }
+    if (kind == 's' && blockSize > 0) {
+      blockSize = Math.max(1, blockSize / SNAPSHOT_BLOCKS);
     }
     int nPuts = putKeys.size();
     if (putValues.size() != nPuts) {

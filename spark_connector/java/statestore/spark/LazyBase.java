@@ -22,13 +22,24 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * base that covers its key group (one, unless a group spans chunks).
  *
  * <p>Decoded blocks are kept in an LRU shared by every lazily loaded version of the JVM
- * ({@link #CACHE_BYTES}), so neighbouring keys and repeated reads fetch nothing; blocks
- * never change (a chunk's name carries its checksum). Nothing here is written: a version's
+ * ({@link #cacheBytes}: 1/8 of {@code spark.statestore.cacheBytes}), so neighbouring keys and
+ * repeated reads fetch nothing; blocks never change (a chunk's name carries its checksum).
+ * The LRU and the memo below count in the executor's cache ({@link StateBudget}), so the
+ * heap holds at most about {@code cacheBytes} of state, lazy or not. Nothing here is written: a version's
  * changes stay in its map, and a copy of the version shares its base.
+ *
+ * <p>A batch reads a key of the base more than once: the read store's {@code get}, then
+ * the write store's {@code get} before its {@code put} (after the whole partition was read,
+ * so its block may have left the LRU). The answers read from a block are kept in a memo of
+ * looked-up rows ({@link #memoBytes}, 1/16 of {@code cacheBytes}, least recently used
+ * dropped first; a key the indexes rule out costs nothing to ask again): a row costs a few
+ * hundred bytes where its block costs 16 KiB or more, so a key's block is fetched once a
+ * batch. The commit's apply reads nothing (the write store counted the keys it added and
+ * removed).
  */
 final class LazyBase {
-  /** Decoded blocks kept per JVM (raw key and value bytes plus 64 a row). */
-  static final long CACHE_BYTES = 32L << 20;
+  /** Neither the LRU nor the memo is smaller than this, whatever {@code cacheBytes} says. */
+  static final long MIN_BYTES = 256L << 10;
 
   /** One chunk of a shard's base with its parsed index. */
   record Part(String key, int lo, int hi, ChunkCodec.Index index) {}
@@ -44,6 +55,14 @@ final class LazyBase {
   /** The base manifest of each shard. */
   final List<ManifestCodec.Manifest> bases;
   private final List<List<Part>> parts;
+  /** The memo's mark for a key the base does not hold (compared by identity). */
+  private static final byte[] ABSENT = new byte[0];
+  /** A key of one base, in the memo. */
+  private record Looked(LazyBase base, ByteBuffer key) {}
+
+  /** Rows looked up lately, of every base of the JVM (value, or {@link #ABSENT}), LRU. */
+  private static final LinkedHashMap<Looked, byte[]> MEMO = new LinkedHashMap<>(256, 0.75f, true);
+  private static long memoUsed;
   /** Bytes read from the ring by lookups (blocks), for {@code ringBytesFetched}. */
   final AtomicLong fetched = new AtomicLong();
   /** Of {@link #fetched}, what write stores have reported already (one batch after another). */
@@ -83,12 +102,58 @@ final class LazyBase {
     return out;
   }
 
+  /** Decoded blocks kept per JVM (raw key and value bytes plus 64 a row): 1/8 of the cache. */
+  static long cacheBytes() {
+    return Math.max(MIN_BYTES, StateBudget.limit() / 8);
+  }
+
+  /** Bytes of the memo of looked-up rows (key + value + 64 a row): 1/16 of the cache. */
+  static long memoBytes() {
+    return Math.max(MIN_BYTES, StateBudget.limit() / 16);
+  }
+
   /** The value of {@code key} in the base, or null if the base does not hold it. */
   byte[] lookup(UnsafeRow key) {
+    // a copy: getBytes() may answer the row's own buffer, which its caller reuses
+    byte[] k = key.getBytes().clone();
+    Looked mk = new Looked(this, ByteBuffer.wrap(k));
+    synchronized (MEMO) {
+      byte[] seen = MEMO.get(mk);
+      if (seen != null) {
+        return seen == ABSENT ? null : seen;
+      }
+    }
+    byte[] v = find(key, k);
+    if (v == null) {
+      return null; // ruled out by the indexes: nothing to remember
+    }
+    synchronized (MEMO) {
+      long delta = 0;
+      if (MEMO.put(mk, v) == null) {
+        delta += k.length + v.length + 64L;
+      }
+      long limit = memoBytes();
+      var it = MEMO.entrySet().iterator();
+      while (memoUsed + delta > limit && it.hasNext()) {
+        var e = it.next();
+        delta -= e.getKey().key().remaining() + e.getValue().length + 64L;
+        it.remove();
+      }
+      memoUsed += delta;
+      StateBudget.add(delta);
+    }
+    return v == ABSENT ? null : v;
+  }
+
+  /**
+   * The value of {@code key} in the base; {@link #ABSENT} if a block that could hold it does
+   * not, null if no block can (the indexes and Bloom filters rule it out: nothing read).
+   */
+  private byte[] find(UnsafeRow key, byte[] k) {
     int shard = parts.size() == 1 ? 0 : StateCommit.shardOf(key, parts.size());
-    byte[] k = key.getBytes();
     ManifestCodec.Manifest base = bases.get(shard);
     int g = ChunkCodec.keyGroup(k, base.keyGroups());
+    byte[] out = null;
     for (Part p : parts.get(shard)) {
       if (g < p.lo || g > p.hi) {
         continue;
@@ -101,8 +166,9 @@ final class LazyBase {
       if (v != null) {
         return v;
       }
+      out = ABSENT;
     }
-    return null;
+    return out;
   }
 
   private Block block(Part p, int i) {
@@ -135,14 +201,18 @@ final class LazyBase {
     }
     Block out = new Block(map, bytes);
     synchronized (LOCK) {
+      long delta = 0;
       if (BLOCKS.put(name, out) == null) {
-        cached += bytes;
+        delta += bytes;
       }
+      long limit = cacheBytes();
       var it = BLOCKS.values().iterator();
-      while (cached > CACHE_BYTES && it.hasNext()) {
-        cached -= it.next().bytes;
+      while (cached + delta > limit && it.hasNext()) {
+        delta -= it.next().bytes;
         it.remove();
       }
+      cached += delta;
+      StateBudget.add(delta);
     }
     return out;
   }
@@ -163,13 +233,6 @@ final class LazyBase {
           }
         }
       }
-    }
-  }
-
-  /** Bytes of decoded blocks this JVM holds now. */
-  static long cachedBytes() {
-    synchronized (LOCK) {
-      return cached;
     }
   }
 }

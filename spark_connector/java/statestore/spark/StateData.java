@@ -207,8 +207,25 @@ final class StateData {
     removed.add(key);
   }
 
-  /** Apply an overlay (value {@link #TOMBSTONE} = remove). */
-  void apply(StateData overlay) {
+  /**
+   * Apply an overlay (value {@link #TOMBSTONE} = remove) whose store counted the version's
+   * keys after it ({@code keys}): a lazily loaded version then reads nothing from its base
+   * (the store read every key it put or removed already).
+   */
+  void apply(StateData overlay, long keys) {
+    if (remote != null) {
+      Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = overlay.entries();
+      while (it.hasNext()) {
+        Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
+        if (e.getValue() == TOMBSTONE) {
+          loadRemove(e.getKey());
+        } else {
+          loadPut(e.getKey(), e.getValue());
+        }
+      }
+      lazyCount.set(keys);
+      return;
+    }
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = overlay.entries();
     while (it.hasNext()) {
       Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
@@ -343,6 +360,9 @@ final class StateData {
     if (b == null) {
       return null;
     }
+    // a copy: a caller may write into the row it got (an aggregation's buffer), and the
+    // bytes are the base's, shared by every later read of the key
+    b = b.clone();
     UnsafeRow value = new UnsafeRow(valueFields);
     value.pointTo(b, b.length);
     return value;
