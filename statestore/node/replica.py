@@ -290,12 +290,13 @@ class NodeStore:
         version has one; VersionConflict if the same version and epoch carry other content.
         """
         head = self._fence_head(m)
-        if key_rotted(self.backend, _mkey(m.store, m.version, m.kind)):
+        stored = self.backend.get(_mkey(m.store, m.version, m.kind))  # one read for both checks
+        raw_old = _opened(stored)
+        if stored is not None and raw_old is None:
             raise NodeUnavailable(
                 f"this replica's record of {m.store} v{m.version} ({m.kind}) is rotted on disk "
                 "until the scrub puts a replica's copy back: it takes no write of that version"
             )
-        raw_old = self._mget(_mkey(m.store, m.version, m.kind))
         if raw_old is not None:
             old = decode_manifest(raw_old)
             if old.epoch > m.epoch:

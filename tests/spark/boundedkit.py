@@ -5,27 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from tests.spark.bounded_job import expect
+from tests.spark.runs import run_job
 
 JOB = Path(__file__).resolve().parent / "bounded_job.py"
 
 
 def run(base: Path, name: str, spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    spec_path = base / f"{name}.json"
-    spec_path.write_text(json.dumps({"base": str(base), **spec}))
-    with open(base / f"{name}.log", "w") as log:
-        return subprocess.run(
-            [sys.executable, str(JOB), str(spec_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=1500,
-            check=False,
-        )
+    return run_job(base, spec, name, job=JOB, timeout=1500)
 
 
 def log_of(base: Path, name: str) -> str:

@@ -68,16 +68,20 @@ def write_inputs(base: Path, phase: int) -> list[dict[str, Any]]:
     return [r for rows in files.values() for r in rows]
 
 
-def run_job(base: Path, spec: dict[str, Any], name: str) -> subprocess.CompletedProcess[str]:
+def run_job(
+    base: Path, spec: dict[str, Any], name: str, *, job: Path = JOBS, timeout: float = 1200
+) -> subprocess.CompletedProcess[str]:
+    """Run ``job`` (a Spark job script) in its own JVM on ``spec`` (written as
+    ``base/<name>.json``, with ``base`` added); its output goes to ``base/<name>.log``."""
     spec_path = base / f"{name}.json"
     spec_path.write_text(json.dumps({"base": str(base), **spec}))
     with open(base / f"{name}.log", "w") as log:
         done = subprocess.run(
-            [sys.executable, str(JOBS), str(spec_path)],
+            [sys.executable, str(job), str(spec_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=1200,
+            timeout=timeout,
             check=False,
         )
     return done

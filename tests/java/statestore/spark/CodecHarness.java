@@ -434,6 +434,22 @@ public final class CodecHarness {
     }
   }
 
+  /** "ok", or the error's code and message: RingView.checkWriteSets over {@code acked}. */
+  private static void check(Msgpack.Writer out, String what, RingView view, String key,
+      List<?> acked, List<String> homes) throws IOException {
+    java.util.Set<String> acks = new java.util.LinkedHashSet<>();
+    for (Object a : acked) {
+      acks.add((String) a);
+    }
+    try {
+      RingView.checkWriteSets(what, acks, view.replicasOf(key), view.futureReplicasOf(key),
+          view.writeQuorum, List.of(), homes);
+      out.str("ok");
+    } catch (RingErrors.RingException e) {
+      out.str(e.code() + ": " + e.getMessage());
+    }
+  }
+
   private static void writeSetOne(Msgpack.Writer out, Map<?, ?> c) throws IOException {
     RingView view = RingView.fromJson(new ObjectMapper().readTree((String) c.get("view")));
     List<?> keys = (List<?>) c.get("keys");
@@ -454,17 +470,7 @@ public final class CodecHarness {
     out.str("checks").arrayHeader(keys.size());
     for (int i = 0; i < keys.size(); i++) {
       String key = (String) keys.get(i);
-      java.util.Set<String> acks = new java.util.LinkedHashSet<>();
-      for (Object a : (List<?>) acked.get(i)) {
-        acks.add((String) a);
-      }
-      try {
-        RingView.checkWriteSets("chunk " + key, acks, view.replicasOf(key),
-            view.futureReplicasOf(key), view.writeQuorum, List.of());
-        out.str("ok");
-      } catch (RingErrors.RingException e) {
-        out.str(e.code() + ": " + e.getMessage());
-      }
+      check(out, "chunk " + key, view, key, (List<?>) acked.get(i), List.of());
     }
     out.str("homes").arrayHeader(keys.size());
     for (Object k : keys) {
@@ -473,18 +479,7 @@ public final class CodecHarness {
     out.str("manifest_checks").arrayHeader(keys.size());
     for (int i = 0; i < keys.size(); i++) {
       String key = (String) keys.get(i);
-      java.util.Set<String> acks = new java.util.LinkedHashSet<>();
-      for (Object a : (List<?>) acked.get(i)) {
-        acks.add((String) a);
-      }
-      try {
-        RingView.checkWriteSets("manifest of " + key, acks, view.replicasOf(key),
-            view.futureReplicasOf(key), view.writeQuorum, List.of(),
-            view.writeHomesOf(key));
-        out.str("ok");
-      } catch (RingErrors.RingException e) {
-        out.str(e.code() + ": " + e.getMessage());
-      }
+      check(out, "manifest of " + key, view, key, (List<?>) acked.get(i), view.writeHomesOf(key));
     }
   }
 
