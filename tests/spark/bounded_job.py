@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,17 @@ def main(spec_path: str) -> None:
         .start()
     )
     query.awaitTermination()
+    if spec.get("prefetch"):
+        # the ring provider's background prefetch (Prefetcher): wait for it to drain, then
+        # say how many chunks of lazy versions' bases it merged
+        prefetcher = jvm.statestore.spark.Prefetcher
+        for _ in range(600):
+            if prefetcher.idle():
+                break
+            time.sleep(0.2)
+        (out / "prefetch.json").write_text(
+            json.dumps({"idle": bool(prefetcher.idle()), "merged": int(prefetcher.merged())})
+        )
     with open(out / "progress.jsonl", "w") as f:
         for p in query.recentProgress:
             f.write(json.dumps(p["stateOperators"]) + "\n")

@@ -4,13 +4,15 @@ touches, the one block each can be in (blocked chunks, core/chunk.py).
 
 Real Spark (local mode) in a subprocess, a real ring node; the job is tests/spark/bounded_job.py
 (a count-and-max aggregation). Three batches in a first JVM, then a fresh JVM (no local
-state) runs batch 4, which revisits every thousandth earlier key, lazily; a third JVM runs
-batch 5 with a whole restore. Both outputs are exact and the lazy batch fetched a small part of
-what the whole restore did.
+state) runs batch 4, which revisits every thousandth earlier key, lazily without a prefetch;
+a third runs batch 5 lazily with the background prefetch (the default); a fourth runs batch 6
+with a whole restore. Every output is exact, the lazy batch fetched a small part of what the
+whole restore did, and the prefetch merged the base.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,7 +44,12 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, ring1: LocalRing
     # a small cache: its block LRU (1/8 of it, at least 256 KiB) holds fewer blocks than the
     # task touches, so a key's block must be read once, not again at the write store's get
     # and the commit (the memo of looked-up rows); the version spills to the local store
-    small = {**spec["conf"], "spark.statestore.cacheBytes": str(2 << 20)}
+    # (the background prefetch is off: it would read the whole base while the batch runs)
+    small = {
+        **spec["conf"],
+        "spark.statestore.cacheBytes": str(2 << 20),
+        "spark.statestore.prefetchBytesPerSec": "0",
+    }
     done = run(tmp_path, "lazy", {**spec, "conf": small})
     assert done.returncode == 0, log_of(tmp_path, "lazy")[-6000:]
     check_batches(tmp_path, "ring", keys, range(3, 4))
@@ -51,14 +58,28 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, ring1: LocalRing
     # loaded lazily: no row of the base (the snapshot of version 3) was restored
     assert lazy["customMetrics"]["ringRestoredRows"] == 0, lazy
 
+    # the default: lazy, and the base prefetched in the background while the batch runs (its
+    # merges race the batch's reads and its commit); the output is exact either way, and by
+    # the end the prefetch merged the base's chunks
     write_input(tmp_path, keys, range(5, 6))
+    done = run(tmp_path, "prefetch", {**spec, "prefetch": True})
+    assert done.returncode == 0, log_of(tmp_path, "prefetch")[-6000:]
+    check_batches(tmp_path, "ring", keys, range(4, 5))
+    (fetched,) = progress(tmp_path, "ring")
+    assert fetched["numRowsTotal"] == 5 * keys, fetched
+    # loaded lazily: the rows of version 4's delta, not the base's 60,000
+    assert fetched["customMetrics"]["ringRestoredRows"] < 2 * keys, fetched
+    prefetch = json.loads((tmp_path / "out" / "ring" / "prefetch.json").read_text())
+    assert prefetch["idle"] and prefetch["merged"] >= 2, prefetch  # a chunk a partition at least
+
+    write_input(tmp_path, keys, range(6, 7))
     whole_spec = {**spec, "conf": {**spec["conf"], "spark.statestore.lazyRestore": "false"}}
     done = run(tmp_path, "whole", whole_spec)
     assert done.returncode == 0, log_of(tmp_path, "whole")[-6000:]
-    check_batches(tmp_path, "ring", keys, range(4, 5))
+    check_batches(tmp_path, "ring", keys, range(5, 6))
     (whole,) = progress(tmp_path, "ring")
-    assert whole["numRowsTotal"] == 5 * keys, whole
-    assert whole["customMetrics"]["ringRestoredRows"] >= 4 * keys, whole
+    assert whole["numRowsTotal"] == 6 * keys, whole
+    assert whole["customMetrics"]["ringRestoredRows"] >= 5 * keys, whole
     fetched_lazy = lazy["customMetrics"]["ringBytesFetched"]
     fetched_whole = whole["customMetrics"]["ringBytesFetched"]
     # batch 4 read its deltas, the indexes and a block per revisited key; batch 5 everything

@@ -7,7 +7,6 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicLong;
-import java.util.function.BiConsumer;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 
@@ -217,22 +216,32 @@ final class LazyBase {
     return out;
   }
 
-  /**
-   * Every row of every shard's base, chunk by chunk (whole chunks, verified): what a version
-   * needs to become whole on this JVM ({@link StateData#materialize}).
-   */
-  void forEachRow(BiConsumer<byte[], byte[]> sink) throws IOException {
-    long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+  /** Chunks of the bases, every shard's in order: what {@link #chunk} numbers. */
+  int chunks() {
+    int n = 0;
     for (ManifestCodec.Manifest base : bases) {
-      for (ManifestCodec.ChunkRef ref : base.chunks()) {
-        List<ChunkCodec.Row> rows = direct.chunkRows(base, ref, deadline);
-        fetched.addAndGet(ref.size());
-        for (ChunkCodec.Row r : rows) {
-          if (r.value() != null) {
-            sink.accept(r.key(), r.value());
-          }
-        }
-      }
+      n += base.chunks().size();
     }
+    return n;
+  }
+
+  /**
+   * The rows of chunk {@code i} of the bases ({@link #chunks}), read whole and verified:
+   * what a version needs to become whole on this JVM, one chunk at a time
+   * ({@link StateData#mergeNext}). A row with a null value is a delete (version 1 may hold
+   * one: it deletes nothing).
+   */
+  List<ChunkCodec.Row> chunk(int i) throws IOException {
+    for (ManifestCodec.Manifest base : bases) {
+      if (i < base.chunks().size()) {
+        ManifestCodec.ChunkRef ref = base.chunks().get(i);
+        List<ChunkCodec.Row> rows =
+            direct.chunkRows(base, ref, System.nanoTime() + timeoutMs * 1_000_000L);
+        fetched.addAndGet(ref.size());
+        return rows;
+      }
+      i -= base.chunks().size();
+    }
+    throw new IndexOutOfBoundsException("chunk " + i + " past the bases' chunks");
   }
 }

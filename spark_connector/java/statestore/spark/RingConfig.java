@@ -38,6 +38,9 @@ final class RingConfig {
   long cacheBytes = StateBudget.defaultLimit();
   /** Load a version's base lazily, key by key ({@link LazyBase}): {@code lazyRestore}. */
   boolean lazyRestore;
+  /** Bytes a second the JVM reads to make lazy versions whole ({@link Prefetcher}; 0: off). */
+  long prefetchBytesPerSec = DEFAULT_PREFETCH;
+  static final long DEFAULT_PREFETCH = 32L << 20;
 
   private RingConfig(
       List<String> seeds,
@@ -130,6 +133,8 @@ final class RingConfig {
           "RingStateStoreProvider: " + PREFIX + "lazyRestore '" + lazy + "' is not true or false");
     }
     out.lazyRestore = lazy.equals("true");
+    out.prefetchBytesPerSec = number(hadoopConf, storeConf, "prefetchBytesPerSec",
+        DEFAULT_PREFETCH, 0, Long.MAX_VALUE);
     return out;
   }
 

@@ -512,6 +512,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       data = source.equals(storePath) ? lazyLoad(version, l) : null;
       if (data == null) {
         data = restore(version, l, source);
+      } else {
+        Prefetcher.schedule(data, config.prefetchBytesPerSec);
       }
       StateData old = cached;
       cached = data;
@@ -796,6 +798,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     StateData next = base.onlyHeldBy(store.task) ? base : base.copy();
     base.release(store.task);
     next.apply(store.overlay, keys);
+    if (next != base) {
+      Prefetcher.schedule(next, config.prefetchBytesPerSec); // a copy: its own merge
+    }
     next.version = newVersion;
     next.epoch = store.epoch;
     next.shards = store.shardsCommitted;

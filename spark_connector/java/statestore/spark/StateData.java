@@ -80,6 +80,8 @@ final class StateData {
   final AtomicLong bytes = new AtomicLong();
   /** The rows still on the ring (null: every row is here). */
   volatile LazyBase remote;
+  /** Chunks of {@link #remote}'s bases merged into the map so far ({@link #mergeNext}). */
+  private int merged;
   /** Keys deleted since {@link #remote}'s base (only while it is set). */
   final Set<UnsafeRow> removed = ConcurrentHashMap.newKeySet();
   /** The version's key count while {@link #remote} is set. */
@@ -130,7 +132,7 @@ final class StateData {
   }
 
   /** An independent copy (rows are immutable and shared). */
-  StateData copy() {
+  synchronized StateData copy() {
     StateData out = new StateData(prefixTypes, keyFields, valueFields);
     SpillStore s = spill;
     if (s != null) {
@@ -152,6 +154,7 @@ final class StateData {
     out.shardEpochs = shardEpochs;
     out.removed.addAll(removed);
     out.lazyCount.set(lazyCount.get());
+    out.merged = merged;
     out.remote = remote;
     return out;
   }
@@ -159,40 +162,87 @@ final class StateData {
   /**
    * Make a lazily loaded version whole: every row of its base not changed or deleted since
    * is added, and the version no longer reads the ring. Idempotent; concurrent readers see
-   * the same state throughout (rows are added before the base is let go).
+   * the same state throughout (rows are added before the base is let go), and the chunks a
+   * prefetch ({@link Prefetcher}) merged already are not read again.
    */
-  synchronized void materialize() {
-    LazyBase base = remote;
-    if (base == null) {
-      return;
-    }
+  void materialize() {
     long started = System.nanoTime();
+    boolean lazy = remote != null;
     try {
-      base.forEachRow((k, v) -> {
+      while (!mergeNext()) {
+        // one chunk of the base a step
+      }
+    } catch (java.io.IOException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot read version " + version
+          + " whole from the ring: " + e.getMessage(), e);
+    }
+    if (lazy && Trace.ON) {
+      Trace.log("materialize v%d rows=%d %.1fms", version, size(),
+          (System.nanoTime() - started) / 1e6);
+    }
+  }
+
+  /**
+   * Merge the next chunk of a lazy version's base into the map: its rows not changed or
+   * deleted since. The chunk is read outside the lock, merged under it (so a commit's
+   * {@link #apply} waits for one chunk at most); when another thread merged it meanwhile,
+   * what was read is dropped. Whether the version is whole now.
+   */
+  boolean mergeNext() throws java.io.IOException {
+    LazyBase base;
+    int at;
+    synchronized (this) {
+      base = remote;
+      if (base == null) {
+        return true;
+      }
+      at = merged;
+      if (at >= base.chunks()) {
+        whole(base);
+        return true;
+      }
+    }
+    List<ChunkCodec.Row> rows = base.chunk(at);
+    synchronized (this) {
+      if (remote != base || merged != at) {
+        return remote == null;
+      }
+      for (ChunkCodec.Row r : rows) {
+        byte[] v = r.value();
+        if (v == null) {
+          continue;
+        }
         UnsafeRow key = new UnsafeRow(keyFields);
-        key.pointTo(k, k.length);
+        key.pointTo(r.key(), r.key().length);
         if (!removed.contains(key) && localGet(key) == null) {
           UnsafeRow value = new UnsafeRow(valueFields);
           value.pointTo(v, v.length);
           localPut(key, value);
         }
-      });
-    } catch (java.io.IOException e) {
-      throw new IllegalStateException("RingStateStoreProvider: cannot read version " + version
-          + " whole from the ring: " + e.getMessage(), e);
+      }
+      merged = at + 1;
+      if (merged == base.chunks()) {
+        whole(base);
+      }
+      return remote == null;
     }
-    long whole = spill != null ? spilledRows.get() : map.size();
-    if (whole != lazyCount.get()) {
+  }
+
+  /** Every chunk of the base is merged: the version no longer reads the ring. */
+  private void whole(LazyBase base) {
+    long held = spill != null ? spilledRows.get() : map.size();
+    if (held != lazyCount.get()) {
       // the rows are what the ring holds (every chunk verified); only the count was off
       org.slf4j.LoggerFactory.getLogger(StateData.class).warn("version {} holds {} keys once "
-          + "whole, not the {} its commit counted", version, whole, lazyCount.get());
+          + "whole, not the {} its commit counted", version, held, lazyCount.get());
     }
     remote = null;
     removed.clear();
-    if (Trace.ON) {
-      Trace.log("materialize v%d rows=%d %.1fms", version, size(),
-          (System.nanoTime() - started) / 1e6);
-    }
+  }
+
+  /** Whether this version was let go (its bytes and spill released). */
+  boolean retired() {
+    return release.done;
   }
 
   /** A row of the version as loaded (a delta's put above a lazy base): no count changes. */
@@ -212,7 +262,7 @@ final class StateData {
    * keys after it ({@code keys}): a lazily loaded version then reads nothing from its base
    * (the store read every key it put or removed already).
    */
-  void apply(StateData overlay, long keys) {
+  synchronized void apply(StateData overlay, long keys) {
     if (remote != null) {
       Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = overlay.entries();
       while (it.hasNext()) {
