@@ -204,6 +204,9 @@ final class StateData {
     }
     List<ChunkCodec.Row> rows = base.chunk(at);
     synchronized (this) {
+      if (release.done) {
+        return true; // let go meanwhile: nothing to merge into
+      }
       if (remote != base || merged != at) {
         return remote == null;
       }
@@ -387,9 +390,10 @@ final class StateData {
 
   /**
    * No store holds this version and the provider does not cache it: its bytes leave the
-   * cache and its spill store is deleted. Nothing reads it afterwards.
+   * cache and its spill store is deleted. Nothing reads it afterwards. Under the version's
+   * lock: a prefetch's merge under way finishes first, and none starts after.
    */
-  void retire() {
+  synchronized void retire() {
     cleanable.clean();
   }
 
