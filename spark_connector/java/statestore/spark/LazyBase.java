@@ -13,26 +13,28 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 /**
  * The part of a lazily loaded version that is still on the ring: the first manifest of each
  * shard's chain (its snapshot, or version 1), whose chunks are blocked ({@link ChunkCodec}:
- * blocks of ~16 KiB, each compressed and checksummed on its own, with an index). Loading it
- * read only the chunks' indexes (the manifests vouch for them); a key is then read by
- * fetching the one block that can hold it, by range, verified against the index
+ * blocks of ~4 KiB in a snapshot, each compressed and checksummed on its own, with an
+ * index). Loading it read only the chunks' indexes (the manifests vouch for them); a key is
+ * then read by fetching the one block that can hold it, by range, verified against the index
  * ({@link #lookup}). The deltas above the base were folded into the version's own map when
  * it was loaded ({@link StateData}), so a key costs at most one block fetch per chunk of the
- * base that covers its key group (one, unless a group spans chunks).
+ * base that covers its key group (one, unless a group spans chunks). Its chunks are read
+ * whole, one at a time ({@link #chunk}), when the version is made whole (a scan, the
+ * {@link Prefetcher}).
  *
  * <p>Decoded blocks are kept in an LRU shared by every lazily loaded version of the JVM
  * ({@link #cacheBytes}: 1/8 of {@code spark.statestore.cacheBytes}), so neighbouring keys and
  * repeated reads fetch nothing; blocks never change (a chunk's name carries its checksum).
  * The LRU and the memo below count in the executor's cache ({@link StateBudget}), so the
- * heap holds at most about {@code cacheBytes} of state, lazy or not. Nothing here is written: a version's
- * changes stay in its map, and a copy of the version shares its base.
+ * heap holds at most about {@code cacheBytes} of state, lazy or not. Nothing here is written:
+ * a version's changes stay in its map, and a copy of the version shares its base.
  *
  * <p>A batch reads a key of the base more than once: the read store's {@code get}, then
  * the write store's {@code get} before its {@code put} (after the whole partition was read,
  * so its block may have left the LRU). The answers read from a block are kept in a memo of
  * looked-up rows ({@link #memoBytes}, 1/16 of {@code cacheBytes}, least recently used
  * dropped first; a key the indexes rule out costs nothing to ask again): a row costs a few
- * hundred bytes where its block costs 16 KiB or more, so a key's block is fetched once a
+ * hundred bytes where its block costs several KiB, so a key's block is fetched once a
  * batch. The commit's apply reads nothing (the write store counted the keys it added and
  * removed).
  */

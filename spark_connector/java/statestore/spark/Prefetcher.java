@@ -42,7 +42,7 @@ public final class Prefetcher {
     rate = bytesPerSec;
     PENDING.incrementAndGet();
     QUEUE.add(new WeakReference<>(data));
-    if (thread == null) {
+    if (thread == null || !thread.isAlive()) {
       thread = new Thread(Prefetcher::run, "statestore-prefetch");
       thread.setDaemon(true);
       thread.start();

@@ -414,9 +414,6 @@ final class StateData {
     if (b == null) {
       return null;
     }
-    // a copy: a caller may write into the row it got (an aggregation's buffer), and the
-    // bytes are the base's, shared by every later read of the key
-    b = b.clone();
     UnsafeRow value = new UnsafeRow(valueFields);
     value.pointTo(b, b.length);
     return value;
