@@ -64,10 +64,19 @@ final class LazyBase {
   /** Rows looked up lately, of every base of the JVM (value, or {@link #ABSENT}), LRU. */
   private static final LinkedHashMap<Looked, byte[]> MEMO = new LinkedHashMap<>(256, 0.75f, true);
   private static long memoUsed;
-  /** Bytes read from the ring by lookups (blocks), for {@code ringBytesFetched}. */
-  final AtomicLong fetched = new AtomicLong();
-  /** Of {@link #fetched}, what write stores have reported already (one batch after another). */
-  final AtomicLong reported = new AtomicLong();
+  /**
+   * Bytes a base's reads took from the ring, for {@code ringBytesFetched}: kept by the version
+   * after it is whole ({@link StateData#reads}), so what a prefetch read is reported too.
+   */
+  static final class Reads {
+    /** Bytes read (blocks, and chunks read whole). */
+    final AtomicLong fetched = new AtomicLong();
+    /** Of {@link #fetched}, what write stores have reported already (one batch after another). */
+    final AtomicLong reported = new AtomicLong();
+  }
+
+  /** What this base's reads took from the ring. */
+  final Reads reads = new Reads();
 
   LazyBase(RingDirect direct, long timeoutMs, List<ManifestCodec.Manifest> bases,
       List<List<Part>> parts) {
@@ -189,7 +198,7 @@ final class LazyBase {
       throw new IllegalStateException("RingStateStoreProvider: cannot read block " + i + " of "
           + p.key + " from the ring: " + e.getMessage(), e);
     }
-    fetched.addAndGet(frame.length);
+    reads.fetched.addAndGet(frame.length);
     List<ChunkCodec.Row> rows = ChunkCodec.decodeBlock(frame, 0, ix, i, ChunkCodec.MAX_CHUNK_RAW,
         p.key);
     Map<ByteBuffer, byte[]> map = new HashMap<>(rows.size() * 2);
@@ -239,7 +248,7 @@ final class LazyBase {
         ManifestCodec.ChunkRef ref = base.chunks().get(i);
         List<ChunkCodec.Row> rows =
             direct.chunkRows(base, ref, System.nanoTime() + timeoutMs * 1_000_000L);
-        fetched.addAndGet(ref.size());
+        reads.fetched.addAndGet(ref.size());
         return rows;
       }
       i -= base.chunks().size();

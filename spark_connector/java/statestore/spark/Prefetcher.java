@@ -90,9 +90,9 @@ public final class Prefetcher {
       if (base == null) {
         return;
       }
-      long before = base.fetched.get();
+      long before = base.reads.fetched.get();
       boolean whole = data.mergeNext();
-      long got = base.fetched.get() - before;
+      long got = base.reads.fetched.get() - before;
       if (got > 0) {
         MERGED.incrementAndGet();
       }

@@ -635,6 +635,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
           + " of " + storePath + " from the ring: " + e.getMessage(), e);
     }
     data.remote = new LazyBase(direct, config.restoreTimeoutMs, bases, parts);
+    data.reads = data.remote.reads;
     if (!validated && storeConf.formatValidationEnabled()) {
       // the first row of the base is checked, as a whole restore checks its first row
       byte[][] row = data.remote.firstRow();

@@ -80,6 +80,8 @@ final class StateData {
   final AtomicLong bytes = new AtomicLong();
   /** The rows still on the ring (null: every row is here). */
   volatile LazyBase remote;
+  /** What the base this version was loaded lazily from read (kept once it is whole). */
+  volatile LazyBase.Reads reads;
   /** Chunks of {@link #remote}'s bases merged into the map so far ({@link #mergeNext}). */
   private int merged;
   /** Keys deleted since {@link #remote}'s base (only while it is set). */
@@ -156,6 +158,7 @@ final class StateData {
     out.lazyCount.set(lazyCount.get());
     out.merged = merged;
     out.remote = remote;
+    out.reads = reads;
     return out;
   }
 

@@ -54,8 +54,8 @@ final class WriteStore extends StoreBase implements StateStore {
   private boolean snapshotSent;
   int shardsCommitted;
   private volatile StateData committedData;
-  /** The lazily loaded base this store reads through (null: none). */
-  private final LazyBase lazy;
+  /** What the lazily loaded base this store reads through read from the ring (null: none). */
+  private final LazyBase.Reads lazy;
   /** Bytes its base read for this batch (-1: not counted yet). */
   private long lazyFetched = -1;
 
@@ -73,7 +73,7 @@ final class WriteStore extends StoreBase implements StateStore {
     this.baseEpochs = data.version == version ? data.shardEpochs : null;
     this.task = task;
     this.overlay = data.emptyLike();
-    this.lazy = data.remote;
+    this.lazy = data.reads;
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
       ctx.addTaskCompletionListener(c -> {
@@ -323,8 +323,9 @@ final class WriteStore extends StoreBase implements StateStore {
     custom.put(RingMetrics.CACHE_MISSES, loaded.hit ? 0L : 1L);
     custom.put(RingMetrics.SNAPSHOTS, snapshotSent ? 1L : 0L);
     custom.put(RingMetrics.HEAD_READS, loaded.headReads);
-    // the load's reads, and the blocks a lazily loaded version read since the last batch
-    // reported them (this batch's gets, read stores' included: they come before this store)
+    // the load's reads, and what a lazily loaded version's base read since the last batch
+    // reported it (this batch's gets, read stores' included: they come before this store;
+    // and what the prefetch read, until the version was whole and after)
     if (lazy != null && lazyFetched < 0) {
       long now = lazy.fetched.get();
       lazyFetched = Math.max(0, now - lazy.reported.getAndSet(now));
