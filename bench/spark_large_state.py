@@ -87,7 +87,9 @@ def write_batch(path: Path, keys: Any, payload: int, seed: int) -> None:
     p = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(letters))
     table = pa.table({"key": keys, "v": rng.integers(0, 100, n), "p": p.cast(pa.string())})
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    # row groups of 128k rows (~30 MiB): Spark reads a row group at a time, and one group of
+    # the whole file would not fit a small heap at 2 GiB of state, whatever the provider
+    pq.write_table(table, path, row_group_size=128 * 1024)
 
 
 # -- the JVM side --------------------------------------------------------------------------
