@@ -1,5 +1,5 @@
 """Storage amplification: bytes on each node's disk against the bytes a perfect store needs,
-under two snapshot rules side by side.
+under three snapshot rules side by side.
 
 For each live-state size and change rate, two fresh 3-node rings (R=3, the default retention
 of 100 versions) receive the same update stream: one store of ``--live-mib`` MiB (16-byte keys,
@@ -7,10 +7,12 @@ of 100 versions) receive the same update stream: one store of ``--live-mib`` MiB
 ``--versions`` commits each replacing ``rate`` of the keys, chosen at random, ``--pace``
 seconds apart (a streaming trigger: without it commits outrun compaction, and the snapshots
 written depend on how far it got). One ring runs
-the default (``--rebase-at 0``: a snapshot every 10 deltas), the other ``--rebase-at 0.5`` (a
+the default (``--rebase-at 0``: a snapshot every 10 deltas), one ``--rebase-at 0.5`` (a
 new base once the deltas above the last one also weigh half of it,
-core/retention.needs_snapshot). Commits alternate between the rings, version by version
-(which goes first alternates too). Once repair, compaction and retention have settled, it
+core/retention.needs_snapshot), one ``--thin-snapshots 50`` (of the snapshots above the
+floor, the two newest and those at multiples of 50 are kept: core/retention.Thinning);
+``--layouts`` picks some. Commits go to the rings in turn, version by version (the order
+rotates). Once repair, compaction and retention have settled, it
 restores the latest and the oldest retained version from each ring, alternating over
 ``--rounds`` rounds, and reads from every node (``GET /v1/health``, ``storage``) the storage
 file's bytes and the bytes held (chunks and manifests). Per rule and node (median, min-max
@@ -55,22 +57,30 @@ KEY = 16
 RETAIN = 100  # the nodes' default --retain
 
 
-LAYOUTS = {"every 10": [], "rebase 0.5": ["--rebase-at", "0.5"]}  # the default / the option
+LAYOUTS = {  # the default first: the others' times are ratios to it
+    "every 10": [],
+    "rebase 0.5": ["--rebase-at", "0.5"],
+    "thin 50": ["--thin-snapshots", "50"],
+}
 
 
 def run_case(
-    live_mib: int, rate: float, versions: int, value: int, rounds: int, pace: float
+    live_mib: int,
+    rate: float,
+    versions: int,
+    value: int,
+    rounds: int,
+    pace: float,
+    names: list[str],
 ) -> dict[str, Any]:
-    """One update stream into two rings side by side: ``every 10`` (a snapshot every 10
-    deltas, the rule before ``--rebase-at``) and ``rebase 0.5`` (the default). Commits
-    alternate between them (which goes first too); restores of the latest and the oldest
-    retained version alternate over ``rounds`` rounds."""
+    """One update stream into a ring per rule of ``names``, side by side. Commits go to
+    them in turn (the order rotates); restores of the latest and the oldest retained
+    version too, over ``rounds`` rounds."""
     rng = random.Random(int(live_mib * 1000 + rate * 100))
     n_keys = live_mib * MiB // (KEY + value)
     keys = [rng.randbytes(KEY) for _ in range(n_keys)]
     changed_at: dict[int, set[int]] = {}  # version -> key indexes it changed
     sid = StoreId("bench-storage", 0, 0, "default")
-    names = list(LAYOUTS)
     commit_s: dict[str, list[float]] = {n: [] for n in names}
     restore_s: dict[tuple[str, str], list[float]] = {}
     with contextlib.ExitStack() as stack:
@@ -81,7 +91,7 @@ def run_case(
             picked = list(range(n_keys)) if v == 1 else rng.sample(range(n_keys), per)
             puts = {keys[i]: rng.randbytes(value) for i in picked}
             changed_at[v] = set(picked)
-            for n in names if v % 2 else names[::-1]:
+            for n in _turn(names, v):
                 t0 = time.perf_counter()
                 clients[n].commit(sid, v, puts, [], epoch=1)
                 commit_s[n].append(time.perf_counter() - t0)
@@ -90,11 +100,11 @@ def run_case(
         oldest = max(1, versions - RETAIN + 1)
         for r in range(rounds):
             for which, version in (("latest", versions), ("oldest", oldest)):
-                for n in names if r % 2 else names[::-1]:
+                for n in _turn(names, r):
                     t0 = time.perf_counter()
                     clients[n].restore(sid, version)
                     restore_s.setdefault((n, which), []).append(time.perf_counter() - t0)
-        # a compaction of one node's file (the default rule's ring), on a copy of it
+        # a compaction of one node's file (the last rule's ring), on a copy of it
         db = os.path.join(rings[names[-1]].procs[0].data_dir, "db")
         with tempfile.TemporaryDirectory(prefix="statestore-bench-db-") as tmp:
             copy = os.path.join(tmp, "db")
@@ -125,6 +135,12 @@ def run_case(
     }
 
 
+def _turn(names: list[str], i: int) -> list[str]:
+    """``names`` rotated by ``i``: who goes first changes from one round to the next."""
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
 def ratio(new: list[float], old: list[float], blocks: int = 0) -> str:
     """Median of the per-round ratios new/old (min-max); ``blocks`` > 0 first sums the
     rounds into that many blocks (commit times of single versions are too short alone)."""
@@ -148,14 +164,22 @@ def main() -> None:
     p.add_argument("--value", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5, help="restore rounds (default 5)")
     p.add_argument("--pace", type=float, default=1.0, help="seconds between versions (default 1)")
+    p.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=list(LAYOUTS),
+        default=list(LAYOUTS),
+        help="the rules to run (default all; the first is the baseline of the time ratios)",
+    )
     args = p.parse_args()
     print(machine())
     out = []
-    old, new = LAYOUTS
+    names = args.layouts
+    old, new = names[0], names[-1]
     for live_mib in args.live_mib:
         for rate in args.rates:
-            r = run_case(live_mib, rate, args.versions, args.value, args.rounds, args.pace)
-            for n in LAYOUTS:
+            r = run_case(live_mib, rate, args.versions, args.value, args.rounds, args.pace, names)
+            for n in names:
                 disk, held = r["disk"][n], r["held"][n]
                 out.append(
                     [

@@ -65,6 +65,7 @@ class Prefix:
     REPLACED: Final = b"o:"  # a manifest a higher epoch replaced, kept beside it
     HEAD: Final = b"h:"
     FLOOR: Final = b"f:"
+    THINNING: Final = b"l:"  # a store's thinning line (core/retention.Thinning)
     RETAIN: Final = b"r:"
     TOMBSTONE: Final = b"t:"
     HINT: Final = b"n:"  # a tentative commit's manifest and holders

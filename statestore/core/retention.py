@@ -19,6 +19,21 @@ chain is one the rule would have cut, a snapshot is written at the oldest kept v
 becomes the floor. ``node/compaction.py`` writes the
 snapshots and sends the floor.
 
+**Thinning** (``--thin-snapshots N``, off at 0). The bases between the floor and the newest
+ones serve only restores of the versions they sit under; the deltas are kept anyway, so
+each of them is a full copy of the state bought for speed. Thinning keeps, of the snapshots
+above the floor, the two newest (a restore of the latest version, and one that began just
+before the newest was written, read what they always read) and those at multiples of ``N``
+(the *rungs* the floor climbs by), and drops the others (:class:`Thinning`). A store then
+holds the floor's base, about ``retain / N`` rungs and two newest bases instead of a base
+every ``snapshot_every`` versions. When a snapshot is due and a multiple of ``N`` lies
+between the head's base and the head, compaction writes that rung instead of the head (no
+snapshot more), so the floor keeps rising; the forced snapshot at the retention line goes
+to the rung below it. Which
+snapshots go is a rule of version numbers, the floor and one number per store (the
+thinning line, ``below``): every node and every chunk holder applies it alike, and repair
+neither keeps nor brings back what it drops (node/replica.py, node/repair.py).
+
 A snapshot is usable for its version only when it is the state the head's lineage has there
 (:func:`statestore.core.manifest.lineage`): a snapshot of another epoch is the state of a dead
 branch or a stale one (a newer writer re-committed the version), and a floor on it would drop
@@ -39,6 +54,7 @@ from statestore.core.manifest import Candidates, Manifest, lineage, manifests_at
 __all__ = [
     "MAX_DELTAS_FACTOR",
     "Compaction",
+    "Thinning",
     "check_floor",
     "needs_snapshot",
     "plan_compaction",
@@ -64,17 +80,23 @@ def needs_snapshot(chain: Sequence[Manifest], *, snapshot_every: int, rebase_at:
     return layers >= rebase_at * chain[0].bytes
 
 
-def retention_floor(
-    head: int,
-    snapshots: Candidates,
-    retain: int,
-    deltas: Candidates | None = None,
-) -> int:
-    """The lowest version to keep (0: keep all): the newest snapshot at or below the oldest
-    kept version (``head - retain + 1``) that is usable: the head's lineage's state of its
-    version (or, off the lineage, not older in epoch than the delta of its version)."""
-    oldest_kept = head - retain + 1
-    deltas = deltas or {}
+@dataclass(frozen=True)
+class Thinning:
+    """Which snapshots a store keeps above its floor: every one at or above ``below`` (the
+    second newest snapshot when the line was drawn), and below it those at multiples of
+    ``every`` (the rungs); ``every`` 0 keeps all of them."""
+
+    below: int = 0
+    every: int = 0
+
+    def drops(self, version: int, floor: int) -> bool:
+        """Whether the snapshot of ``version`` goes, with the store's floor at ``floor``."""
+        return self.every > 0 and floor < version < self.below and version % self.every != 0
+
+
+def _usable(snapshots: Candidates, deltas: Candidates) -> list[int]:
+    """The versions of ``snapshots`` that are usable: the head's lineage's state of their
+    version (or, off the lineage, not older in epoch than the delta of their version)."""
     line = lineage(deltas, snapshots)
 
     def usable(v: int) -> bool:
@@ -84,7 +106,19 @@ def retention_floor(
         top = max((d.epoch for d in manifests_at(deltas, v)), default=-1)
         return any(s.epoch >= top for s in snaps)
 
-    below = [v for v in snapshots if v <= oldest_kept and usable(v)]
+    return sorted(v for v in snapshots if usable(v))
+
+
+def retention_floor(
+    head: int,
+    snapshots: Candidates,
+    retain: int,
+    deltas: Candidates | None = None,
+) -> int:
+    """The lowest version to keep (0: keep all): the newest usable snapshot at or below the
+    oldest kept version (``head - retain + 1``)."""
+    oldest_kept = head - retain + 1
+    below = [v for v in _usable(snapshots, deltas or {}) if v <= oldest_kept]
     return max(below) if below else 0
 
 
@@ -113,11 +147,14 @@ class Compaction:
     ``snapshots``: the manifests to write back as snapshots (same version and epoch), in
     order; if a write is fenced (a newer writer took over) the pass stops there. ``floor``:
     the retention floor to send to every live node once they are written, or None when it
-    would not rise above the current one (or the chain is incomplete here).
+    would not rise above the current one (or the chain is incomplete here). ``thin``: the
+    store's new thinning line (:class:`Thinning`), sent with the floor, or None when it
+    does not rise.
     """
 
     snapshots: tuple[Manifest, ...]
     floor: int | None
+    thin: Thinning | None = None
 
 
 def plan_compaction(
@@ -130,6 +167,7 @@ def plan_compaction(
     retain: int,
     floor: int,
     rebase_at: float = 0.0,
+    thin: Thinning = Thinning(),
 ) -> Compaction:
     """The snapshots to write and the new floor for ``store`` at ``head``.
 
@@ -144,6 +182,8 @@ def plan_compaction(
         floor: the floor already applied here.
         rebase_at: the share of the base's bytes the deltas above it must weigh before a
             new base is written (0: every ``snapshot_every`` deltas).
+        thin: the store's thinning as applied here, its ``every`` the node's
+            ``--thin-snapshots`` (0: every snapshot is kept).
 
     A chain this replica cannot resolve (a version missing: repair will bring it) yields
     nothing to do.
@@ -158,23 +198,59 @@ def plan_compaction(
     def worth(c: Sequence[Manifest]) -> bool:
         return needs_snapshot(c, snapshot_every=snapshot_every, rebase_at=rebase_at)
 
+    def write(m: Manifest) -> None:
+        todo.append(m)
+        snaps[m.version] = [*snaps.get(m.version, ()), _as_snapshot(m)]
+
+    every = thin.every
     if worth(chain):
-        top = chain[-1]
-        todo.append(top)
-        snaps[top.version] = [*snaps.get(top.version, ()), _as_snapshot(top)]
+        write(_rung(store, head, chain, deltas, snapshots, every) or chain[-1])
+    newest = _usable(snaps, deltas)
+    line = max(thin.below, newest[-2] if len(newest) >= 2 else 0) if every else 0
+    kept = Thinning(line, every)
+    held = {v: s for v, s in snaps.items() if not kept.drops(v, floor)}
     oldest_kept = head - retain + 1
-    new_floor = retention_floor(head, snaps, retain, deltas)
-    if oldest_kept > max(new_floor, floor, 1) + snapshot_every:
+    new_floor = retention_floor(head, held, retain, deltas)
+    slack = snapshot_every + every  # with thinning the floor climbs by rungs
+    if oldest_kept > max(new_floor, floor, 1) + slack:
         # the oldest kept version's chain from the floor's snapshot: one the rule would have
-        # cut (commits outran compaction) gets a snapshot at the retention line
+        # cut (commits outran compaction) gets a snapshot at the retention line (thinning:
+        # the rung below it, which thinning keeps)
+        at = oldest_kept - oldest_kept % every if every else oldest_kept
         try:
-            kept = resolve_chain(store, oldest_kept, deltas, snaps)
+            below = resolve_chain(store, at, deltas, held)
         except VersionNotFound:
-            return Compaction(tuple(todo), None)
-        if worth(kept):
-            todo.append(kept[-1])
-            new_floor = kept[-1].version
-    return Compaction(tuple(todo), new_floor if new_floor > floor else None)
+            return Compaction(tuple(todo), None, _risen(kept, thin))
+        if worth(below):
+            write(below[-1])
+            new_floor = below[-1].version
+    return Compaction(tuple(todo), new_floor if new_floor > floor else None, _risen(kept, thin))
+
+
+def _risen(kept: Thinning, thin: Thinning) -> Thinning | None:
+    return kept if kept.every and kept != thin and kept.below >= thin.below else None
+
+
+def _rung(
+    store: StoreId,
+    head: int,
+    chain: Sequence[Manifest],
+    deltas: Candidates,
+    snapshots: Candidates,
+    every: int,
+) -> Manifest | None:
+    """With thinning, the top of the chain to snapshot in place of the head's when a
+    multiple of ``every`` lies between the head's base and the head: a rung for the floor to
+    climb by, and the head's next snapshot comes ``snapshot_every`` deltas above it."""
+    if not every:
+        return None
+    at = head - head % every
+    if at <= chain[0].version or at == head:
+        return None  # no rung above the base, or the head is one
+    try:
+        return resolve_chain(store, at, deltas, snapshots)[-1]
+    except VersionNotFound:
+        return None
 
 
 def _as_snapshot(m: Manifest) -> Manifest:

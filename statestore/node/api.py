@@ -45,6 +45,7 @@ from statestore.core.ids import (
 from statestore.core.manifest import local_chain
 from statestore.core.quorum import check_consistency
 from statestore.core.repair import content_digest
+from statestore.core.retention import Thinning
 from statestore.node.auth import PRINCIPAL, allow, enforce, principal
 from statestore.node.budget import COMMIT_FACTOR, LEASE, budget_middleware
 from statestore.node.coordinator import (
@@ -63,7 +64,7 @@ from statestore.node.operations import install as install_operations
 from statestore.node.policy import policy_of
 from statestore.node.quotas import charged_limit
 from statestore.node.relay import relay_handler
-from statestore.node.repair import check_floor
+from statestore.node.repair import check_floor, check_thinning
 from statestore.node.request import addressed_to, prove_answer, read_body, read_signed_body
 from statestore.node.tombstones import DROPPING
 from statestore.wire.bodies import (
@@ -378,6 +379,7 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         store, _, _ = parse_chunk_key(key)
         if store.path not in floors:
             floors[store.path] = node.store.floor(store)
+    thins = {p: node.store.thinning(StoreId.parse(p)) for p in floors}
     return {
         "id": node.id,
         "chunks": node.store.has_chunks(chunks),
@@ -385,6 +387,7 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         "epochs": out_e,
         "differ": differ,
         "floors": {k: v for k, v in floors.items() if v},
+        "thinning": {p: [t.below, t.every] for p, t in thins.items() if t.every},
     }
 
 
@@ -404,6 +407,11 @@ async def put_manifest(request: web.Request) -> web.Response:
         )
     if version < node.store.floor(store):
         raise InvalidRequest(f"{store} version {version} is below retention; commit a newer one")
+    if kind == "snapshot" and node.store.thinned(store, version):
+        raise InvalidRequest(
+            f"{store} keeps no snapshot of version {version}: thinning dropped it "
+            "(core/retention.Thinning)"
+        )
     for ref in m.chunks:
         chunk_key(store, version, ref.name)  # validates chunk names
     retain = _retain(request)
@@ -535,17 +543,38 @@ async def chains(request: web.Request) -> web.Response:
 
 
 async def gc(request: web.Request) -> web.Response:
-    """A retention floor (from the store's compactor): a version, never above the store's
-    head, and where this node holds the store's manifests a version it holds a snapshot of
-    (so that every version at or above it stays restorable)."""
+    """A retention floor and/or a thinning line (from the store's compactor). A floor is a
+    version, never above the store's head, and where this node holds the store's manifests
+    a version it holds a snapshot of (so that every version at or above it stays
+    restorable). A thinning line is taken up to the second newest snapshot held here
+    (node/repair.check_thinning). Both are checked before either is applied."""
     node = request.app[NODE]
     store = _store(request)
     allow(request, "admin", store.query)
-    floor = decode_json(await read_body(request), GcRequest, "gc").floor
-    await check_floor(node, store, floor)  # the checks a floor from sync/have takes too
-    dropped = await node.write(node.store.apply_floor, store, floor)
+    body = decode_json(await read_body(request), GcRequest, "gc")
+    if (body.thin_below is None) != (body.thin_every is None):
+        raise InvalidRequest("gc: thin_below and thin_every go together")
+    if body.floor is None and body.thin_below is None:
+        raise InvalidRequest("gc: give a floor, a thinning line (thin_below, thin_every), or both")
+    if body.floor is not None:
+        await check_floor(node, store, body.floor)  # the checks a floor from sync/have takes
+    thin = None
+    if body.thin_below is not None and body.thin_every is not None:
+        thin = await check_thinning(node, store, Thinning(body.thin_below, body.thin_every))
+    dropped = 0
+    if body.floor is not None:
+        dropped += await node.write(node.store.apply_floor, store, body.floor)
+    if thin is not None:
+        dropped += await node.write(node.store.apply_thinning, store, thin)
     node.stats["gc"] += dropped
-    return web.json_response({"dropped": dropped, "floor": node.store.floor(store)})
+    t = node.store.thinning(store)
+    return web.json_response(
+        {
+            "dropped": dropped,
+            "floor": node.store.floor(store),
+            "thinning": {"below": t.below, "every": t.every},
+        }
+    )
 
 
 async def list_stores(request: web.Request) -> web.Response:

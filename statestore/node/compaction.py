@@ -24,7 +24,7 @@ from statestore.core.chunk import encode_chunks
 from statestore.core.errors import StaleEpoch, StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
-from statestore.core.retention import plan_compaction
+from statestore.core.retention import Thinning, plan_compaction
 from statestore.core.view import RingView
 from statestore.net.writes import write_commit
 from statestore.node.daemon import Node
@@ -72,6 +72,7 @@ def _inputs(node: Node, store: StoreId) -> tuple[object, ...]:
         node.store.head(store),
         xxhash.xxh64_intdigest(b"\0".join(node.store.manifest_names(store))),
         node.store.floor(store),
+        node.store.thinning(store),
         node.store.retain(store),
     )
 
@@ -92,21 +93,25 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         rebase_at=node.config.rebase_at,
         retain=node.store.retain(store) or node.config.retain_versions,
         floor=node.store.floor(store),
+        thin=Thinning(node.store.thinning(store).below, node.config.thin_snapshots),
     )
     for top in todo.snapshots:
         if await _snapshot(node, view, top) is None:
             return True  # fenced: a newer writer's commits decide
+    gc: dict[str, int] = {}
     if todo.floor is not None:
+        gc["floor"] = todo.floor
+    if todo.thin is not None:
+        gc |= {"thin_below": todo.thin.below, "thin_every": todo.thin.every}
+    if gc:
         await asyncio.gather(
             *(
-                node.transport.request(
-                    "POST", a, f"/v1/stores/{store.path}/gc", json_body={"floor": todo.floor}
-                )
+                node.transport.request("POST", a, f"/v1/stores/{store.path}/gc", json_body=gc)
                 for a in view.live_addresses()
             ),
             return_exceptions=True,
         )
-    return bool(todo.snapshots) or todo.floor is not None
+    return bool(todo.snapshots) or bool(gc)
 
 
 async def compaction_loop(node: Node) -> None:

@@ -49,6 +49,9 @@ class NodeConfig:
     # and a snapshot only once the deltas above the last one weigh this share of it (0, the
     # default: every snapshot_every deltas; core/retention.needs_snapshot)
     rebase_at: float = 0.0
+    # keep, of the snapshots above the floor, the two newest and those at multiples of this
+    # (0, the default: every snapshot; core/retention.Thinning)
+    thin_snapshots: int = 0
     retain_versions: int = 100
     dht: bool = True
     inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read
@@ -109,6 +112,8 @@ class NodeConfig:
             raise ValueError("--reclaim-at must be in [0, 1) and --reclaim-min not negative")
         if not 0 <= self.rebase_at <= 1000:
             raise ValueError("--rebase-at must be a share in [0, 1000] of the snapshot's bytes")
+        if not 0 <= self.thin_snapshots <= 1_000_000:
+            raise ValueError("--thin-snapshots must be a number of versions in [0, 1000000]")
         if not self.scrub_mbps >= 0 or not self.scrub_interval >= 0:
             raise ValueError("--scrub-mbps and --scrub-interval must not be negative")
         if not self.stream_mbps > 0:

@@ -34,6 +34,7 @@ from statestore.core.items import parse as parse_item
 from statestore.core.manifest import Manifest
 from statestore.core.repair import Holding, acknowledged, content_digest, decide
 from statestore.core.repair_clock import RepairClock, phase_of
+from statestore.core.retention import Thinning
 from statestore.core.retention import check_floor as floor_allowed
 from statestore.core.view import RingView
 from statestore.net.reads import read_head
@@ -42,7 +43,14 @@ from statestore.node.digests import narrow
 from statestore.node.moves.copies import Unsupported, push_manifests
 from statestore.wire.manifest import decode_manifest
 
-__all__ = ["ask_have", "check_floor", "push_item", "repair_loop", "repair_pass"]
+__all__ = [
+    "ask_have",
+    "check_floor",
+    "check_thinning",
+    "push_item",
+    "repair_loop",
+    "repair_pass",
+]
 
 log = logging.getLogger(__name__)
 BATCH = 1000
@@ -140,6 +148,7 @@ async def ask_have(
             node.stats["have_asked"] += len(batch)  # items listed to a peer that answered
             answer = resp.json()
             await _apply_floors(node, address, parsed, answer.get("floors"))
+            await _apply_thinning(node, address, parsed, answer.get("thinning"))
             flags = iter(answer["chunks"]), iter(answer.get("epochs", answer["manifests"]))
             for it, p in zip(batch, parsed, strict=True):
                 flag = flags[0] if isinstance(p, ChunkItem) else flags[1]
@@ -184,6 +193,46 @@ async def _apply_floors(node: Node, address: str, batch: list[Item], floors: obj
             continue
         if floor > node.store.floor(store):
             await node.write(node.store.apply_floor, store, floor)
+
+
+async def check_thinning(node: Node, store: StoreId, thin: Thinning) -> Thinning:
+    """The part of a thinning line from a compactor's ``gc`` or a peer's ``sync/have``
+    answer that this node takes: up to its own second newest snapshot where it holds the
+    store's manifests (a line above it would drop a base the newest reads are still served
+    from), else up to the store's head (this node, a chunk holder, only drops chunks)."""
+    snaps = node.store.snapshot_versions(store)
+    if node.store.head(store) is not None:
+        cap = snaps[-2] if len(snaps) >= 2 else 0
+    else:
+        cap = (await read_head(node.transport, node.view(), store)).version
+    return Thinning(min(thin.below, cap), thin.every)
+
+
+async def _apply_thinning(node: Node, address: str, batch: list[Item], lines: object) -> None:
+    """Apply the thinning lines in a peer's ``sync/have`` answer (a ``gc`` we missed while
+    down), as :func:`_apply_floors` does floors: only of stores the batch named, and only
+    what :func:`check_thinning` takes."""
+    if not isinstance(lines, dict) or not lines:
+        return
+    asked = {it.store.path for it in batch}
+    for path, line in lines.items():
+        if path not in asked:
+            continue
+        if (
+            not isinstance(line, list)
+            or len(line) != 2
+            or not all(type(x) is int and 0 < x <= MAX_VERSION for x in line)
+        ):
+            log.warning("%s answered thinning %r for %s: not two versions", address, line, path)
+            continue
+        store = StoreId.parse(path)
+        try:
+            thin = await check_thinning(node, store, Thinning(line[0], line[1]))
+        except StateStoreError as exc:
+            log.warning("thinning %r of %s from %s not applied: %s", line, path, address, exc)
+            continue
+        if thin.below > node.store.thinning(store).below:
+            await node.write(node.store.apply_thinning, store, thin)
 
 
 def _digest(m: Manifest) -> int:

@@ -11,6 +11,8 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
                                              "Lineage": a later version may be built on it)
        ``h:<store>``                         head, msgpack ``[epoch, version]`` (wire/head.py)
        ``f:<store>``                         retention floor: versions below it are gone
+       ``l:<store>``                         thinning line, ``<below> <every>``: the snapshots
+                                             core/retention.Thinning drops are gone
        ``r:<store>``                         versions to retain, set by the writer (else --retain)
        ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
        ``n:<store>/<epoch, 20>/<version, 20>/<kind>``  hint: a tentative commit's manifest
@@ -62,6 +64,7 @@ from statestore.core.quota import (
     query_of_key,
 )
 from statestore.core.repair import content_digest
+from statestore.core.retention import Thinning
 from statestore.core.tentative import Outcome
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
@@ -418,6 +421,16 @@ class NodeStore:
             out.add(_version_of(k))
         return sorted(out)
 
+    def snapshot_versions(self, store: StoreId) -> list[int]:
+        """The versions this node holds a snapshot manifest of (a key scan), in order."""
+        out = set()
+        for prefix in _MANIFESTS:
+            for k in self.backend.scan_keys(_under(prefix, store.path)):
+                _, version, kind, _ = _manifest_parts(k)
+                if kind == "snapshot":
+                    out.add(version)
+        return sorted(out)
+
     def manifest_names(self, store: StoreId) -> list[bytes]:
         """The keys of every manifest held of ``store`` (no decoding): they change whenever
         what :meth:`manifests` returns does."""
@@ -528,6 +541,36 @@ class NodeStore:
             if _version_of(k) < floor:
                 drop.append(k)
         self._write({_skey(Prefix.FLOOR, store): str(floor).encode()}, drop)
+        return len(drop)
+
+    def thinning(self, store: StoreId) -> Thinning:
+        raw = self.backend.get(_skey(Prefix.THINNING, store))
+        if raw is None:
+            return Thinning()
+        below, every = raw.split()
+        return Thinning(int(below), int(every))
+
+    def thinned(self, store: StoreId, version: int) -> bool:
+        """Whether a snapshot of ``version`` is one the store's thinning dropped."""
+        return self.thinning(store).drops(version, self.floor(store))
+
+    def apply_thinning(self, store: StoreId, thin: Thinning) -> int:
+        """Take ``thin`` as the store's thinning (its line never falls) and drop the snapshot
+        manifests (every epoch's) and snapshot chunks it drops. Returns items dropped."""
+        thin = Thinning(max(thin.below, self.thinning(store).below), thin.every)
+        floor = self.floor(store)
+        drop: list[bytes] = []
+        for prefix in _MANIFESTS:
+            for k in self.backend.scan_keys(_under(prefix, store.path)):
+                _, version, kind, _ = _manifest_parts(k)
+                if kind == "snapshot" and thin.drops(version, floor):
+                    drop.append(k)
+        for k in self.backend.scan_keys(_under(Prefix.CHUNK, store.path)):
+            _, version, name = parse_chunk_key(_text(k))
+            if name.startswith("s") and thin.drops(version, floor):
+                drop.append(k)
+        record = f"{thin.below} {thin.every}".encode()
+        self._write({_skey(Prefix.THINNING, store): record}, drop)
         return len(drop)
 
     def check_not_corrupt(self, key: str) -> None:
@@ -737,8 +780,8 @@ class NodeStore:
     # -- whole queries (drop) ------------------------------------------------------------
     def query_keys(self, query: str) -> dict[str, list[bytes]]:
         """Every key of ``query``'s stores, by kind: chunks, manifests (replaced ones too),
-        heads, floors, retention. A store path starts with its query and a ``/``, so a prefix
-        scan finds exactly its keys."""
+        heads, floors, thinning lines, retention. A store path starts with its query and a
+        ``/``, so a prefix scan finds exactly its keys."""
         return {
             kind: self.backend.scan_keys(_under(prefix, query))
             for kind, prefix in (
@@ -746,6 +789,7 @@ class NodeStore:
                 ("manifests", Prefix.MANIFEST),
                 ("heads", Prefix.HEAD),
                 ("floors", Prefix.FLOOR),
+                ("thinning", Prefix.THINNING),
                 ("retention", Prefix.RETAIN),
                 ("hints", Prefix.HINT),
                 ("outcomes", Prefix.OUTCOME),

@@ -419,6 +419,16 @@ SETTINGS: tuple[Setting, ...] = (
         None,
     ),
     Setting(
+        "thin-snapshots",
+        "int",
+        0,
+        "keep, of the snapshots above the retention floor, the two newest and those at "
+        "multiples of N, and drop the others (0: keep every one)",
+        ("thin_snapshots",),
+        _non_negative_int,
+        "N",
+    ),
+    Setting(
         "retain",
         "int",
         100,

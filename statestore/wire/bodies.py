@@ -131,9 +131,12 @@ class ChainsRequest(msgspec.Struct, frozen=True):
 
 
 class GcRequest(msgspec.Struct, frozen=True):
-    """``POST .../gc``: a retention floor, a version (``true`` is not one)."""
+    """``POST .../gc``: a retention floor, a version (``true`` is not one), and/or a
+    thinning line and its rung spacing (core/retention.Thinning), both or neither."""
 
-    floor: Version
+    floor: Version | None = None
+    thin_below: Version | None = None
+    thin_every: Version | None = None
 
 
 class PurgeRequest(msgspec.Struct, frozen=True):

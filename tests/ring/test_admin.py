@@ -68,6 +68,7 @@ def assert_nothing_left(ring: LocalRing, query: str) -> None:
             "manifests": 0,
             "heads": 0,
             "floors": 0,
+            "thinning": 0,
             "retention": 0,
             "hints": 0,
             "outcomes": 0,

@@ -15,7 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from client import AsyncRingClient, StoreId
+from statestore.core.ids import parse_chunk_key
 from statestore.net.memory import MemoryNetwork
+from statestore.node.daemon import Node
 from statestore.testing.clock import run_simulated
 from statestore.testing.cluster import SIM_CONFIG, Cluster
 
@@ -119,3 +121,69 @@ def test_light_deltas_stay_layers_until_they_weigh_rebase_at(tmp_path: Path) -> 
     assert light == 0, "11 deltas of 1% are layers over the base, not worth a new one"
     assert heavy >= 1, "deltas weighing half the base: a new base"
     assert all(exact)
+
+
+def _held(node: Node | None, store: StoreId) -> tuple[list[int], set[int]]:
+    """The versions a node holds a snapshot manifest of, and those it holds snapshot chunks
+    of (chunk names start with their kind)."""
+    assert node is not None
+    chunks = set()
+    for key in node.store.chunk_keys():
+        of, v, name = parse_chunk_key(key)
+        if of == store and name.startswith("s"):
+            chunks.add(v)
+    return node.store.snapshot_versions(store), chunks
+
+
+def test_thinning_drops_the_bases_between_rungs_on_every_node(tmp_path: Path) -> None:
+    """--thin-snapshots on real nodes (core/retention.Thinning): a store committed version
+    by version, one node down for a stretch of it. Every node ends up holding, above the
+    floor, only the two newest snapshots and those at multiples of N, manifests and chunks
+    alike (the node that was down too: repair brings it the line and brings nothing back);
+    every retained version restores exactly."""
+    store = StoreId("thin", 0, 0)
+    n = 4
+
+    async def main() -> tuple[dict[str, tuple[list[int], set[int]]], int, int, list[bool]]:
+        network = MemoryNetwork(random.Random(6))
+        config = replace(SIM_CONFIG, thin_snapshots=n, retain_versions=12, snapshot_every=2)
+        cluster = Cluster(network, 3, random.Random(7), str(tmp_path), config=config)
+        await cluster.start_all()
+        await asyncio.sleep(SIM_CONFIG.down_after)
+        client = await _client(cluster, network, 256)
+        rng = random.Random(8)
+        states: dict[int, dict[bytes, bytes]] = {}
+        state: dict[bytes, bytes] = {}
+        away = cluster.addresses[2]
+        try:
+            for v in range(1, 41):
+                if v == 12:
+                    await cluster.crash(away)
+                if v == 28:
+                    await cluster.start(away)
+                puts = {f"k{rng.randrange(30)}".encode(): rng.randbytes(8) for _ in range(3)}
+                await client.commit(store, v, puts, [], {"v": v})
+                state.update(puts)
+                states[v] = dict(state)
+                await asyncio.sleep(SIM_CONFIG.compact_interval)
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            held = {a: _held(cluster.node(a), store) for a in cluster.addresses}
+            some = cluster.node(cluster.addresses[0])
+            assert some is not None
+            floor, line = some.store.floor(store), some.store.thinning(store).below
+            exact = [dict(await client.restore(store, v)) == states[v] for v in range(29, 41)]
+            return held, floor, line, exact
+        finally:
+            await client.close()
+            await cluster.stop_all()
+
+    held, floor, line, exact = run_simulated(main)
+    assert all(exact)
+    assert floor >= 40 - 12 - 2 * n, floor
+    assert line > floor, (floor, line)
+    for address, (manifests, chunks) in held.items():
+        above = [v for v in manifests if v > floor]
+        thinned = [v for v in above if v < line and v % n]
+        assert not thinned, (address, manifests, floor, line)
+        assert len(above) <= 2 + (40 - floor) // n, (address, manifests)
+        assert not {v for v in chunks if floor < v < line and v % n}, (address, chunks)

@@ -113,7 +113,7 @@ from statestore.core.reroute import (
     StreamEvent,
     reroute,
 )
-from statestore.core.retention import plan_compaction, retention_floor
+from statestore.core.retention import Thinning, plan_compaction, retention_floor
 
 TESTDATA = Path(__file__).parents[1] / "testdata"
 REWRITE = os.environ.get("STATESTORE_REWRITE") == "1"
@@ -674,3 +674,56 @@ def test_reroute_partitions_the_plan(data: st.DataObject, n_tasks: int) -> None:
         assert set(r.order) == expected
         flags = [a in out.failed for a in r.order]
         assert flags == sorted(flags)  # sound holders first, failed hops last
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    every=st.integers(1, 6),
+    thin=st.integers(2, 25),
+    retain=st.integers(3, 40),
+    steps=st.lists(st.integers(1, 8), min_size=50, max_size=50),
+    fenced=st.lists(st.booleans(), min_size=50, max_size=50),
+)
+def test_thinning_keeps_every_retained_version_and_few_bases(
+    every: int, thin: int, retain: int, steps: list[int], fenced: list[bool]
+) -> None:
+    """A store's life under thinning (core/retention.Thinning): commits arrive ``steps`` at
+    a time, a compaction pass after each batch (its snapshots sometimes fenced: not
+    written), and its floor and thinning line are applied as the nodes apply them. After
+    every pass, every one of the last ``retain`` versions still resolves; the store holds at
+    most the floor's base, the two newest and a rung per ``thin`` versions; and the floor
+    keeps up with retention (the deltas held stay bounded)."""
+    deltas: dict[int, Manifest] = {}
+    snaps: dict[int, Manifest] = {}
+    floor, line, head = 0, Thinning(0, thin), 0
+    for step, skip in zip(steps, fenced, strict=True):
+        for _ in range(step):
+            head += 1
+            deltas[head] = _manifest(head, "delta", 1)
+        todo = plan_compaction(
+            SID,
+            head,
+            deltas,
+            snaps,
+            snapshot_every=every,
+            retain=retain,
+            floor=floor,
+            thin=line,
+        )
+        written = () if skip else todo.snapshots
+        for m in written:
+            snaps[m.version] = _manifest(m.version, "snapshot", m.epoch)
+        if skip and todo.snapshots:
+            continue  # fenced: the pass stops before its floor and line are sent
+        if todo.floor is not None:
+            floor = todo.floor
+            deltas = {v: m for v, m in deltas.items() if v >= floor}
+            snaps = {v: m for v, m in snaps.items() if v >= floor}
+        if todo.thin is not None:
+            line = Thinning(max(line.below, todo.thin.below), todo.thin.every)
+            snaps = {v: m for v, m in snaps.items() if not line.drops(v, floor)}
+        for v in range(max(1, head - retain + 1), head + 1):
+            resolve_chain(SID, v, deltas, snaps)  # VersionNotFound fails the test
+        above = [v for v in snaps if v > floor]
+        assert len(above) <= 3 + (head - floor) // thin, (floor, sorted(snaps), line)
+        assert head - floor <= retain + 2 * (every + thin) + 8, (floor, sorted(snaps))

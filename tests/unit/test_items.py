@@ -255,6 +255,6 @@ def test_items_round_trip_through_node_store_keys(
 
 def test_prefixes_are_two_distinct_bytes_and_quota_counts_data_only() -> None:
     prefixes = [v for k, v in vars(Prefix).items() if k.isupper()]
-    assert len(prefixes) == len(set(prefixes)) == 9
+    assert len(prefixes) == len(set(prefixes)) == 10
     assert all(len(p) == 2 and p.endswith(b":") for p in prefixes)
     assert set(COUNTED_PREFIXES) == {Prefix.CHUNK, Prefix.MANIFEST, Prefix.REPLACED, Prefix.HINT}
