@@ -84,14 +84,27 @@ def needs_snapshot(chain: Sequence[Manifest], *, snapshot_every: int, rebase_at:
 class Thinning:
     """Which snapshots a store keeps above its floor: every one at or above ``below`` (the
     second newest snapshot when the line was drawn), and below it those at multiples of
-    ``every`` (the rungs); ``every`` 0 keeps all of them."""
+    ``every`` (the rungs); ``every`` 0 keeps all of them. The manifests of the others go at
+    ``below``; their chunks at ``chunks`` (at most ``below``), which the compactor raises
+    only once every owner of the store's manifests has dropped them: a reader merges the
+    manifests of every replica that answers and takes the newest snapshot it finds, so one
+    owner still naming a dropped snapshot whose chunks were gone would fail its restore."""
 
     below: int = 0
     every: int = 0
+    chunks: int = 0
 
     def drops(self, version: int, floor: int) -> bool:
-        """Whether the snapshot of ``version`` goes, with the store's floor at ``floor``."""
-        return self.every > 0 and floor < version < self.below and version % self.every != 0
+        """Whether the manifests of the snapshot of ``version`` go (the floor at ``floor``)."""
+        return _thinned(version, floor, self.below, self.every)
+
+    def drops_chunks(self, version: int, floor: int) -> bool:
+        """Whether the chunks of the snapshot of ``version`` go."""
+        return _thinned(version, floor, min(self.chunks, self.below), self.every)
+
+
+def _thinned(version: int, floor: int, line: int, every: int) -> bool:
+    return every > 0 and floor < version < line and version % every != 0
 
 
 def _usable(snapshots: Candidates, deltas: Candidates) -> list[int]:
@@ -207,7 +220,7 @@ def plan_compaction(
         write(_rung(store, head, chain, deltas, snapshots, every) or chain[-1])
     newest = _usable(snaps, deltas)
     line = max(thin.below, newest[-2] if len(newest) >= 2 else 0) if every else 0
-    kept = Thinning(line, every)
+    kept = Thinning(line, every, thin.chunks)
     held = {v: s for v, s in snaps.items() if not kept.drops(v, floor)}
     oldest_kept = head - retain + 1
     new_floor = retention_floor(head, held, retain, deltas)
@@ -228,7 +241,7 @@ def plan_compaction(
 
 
 def _risen(kept: Thinning, thin: Thinning) -> Thinning | None:
-    return kept if kept.every and kept != thin and kept.below >= thin.below else None
+    return kept if kept.every and kept.below > thin.below else None
 
 
 def _rung(

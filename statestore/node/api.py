@@ -387,7 +387,7 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         "epochs": out_e,
         "differ": differ,
         "floors": {k: v for k, v in floors.items() if v},
-        "thinning": {p: [t.below, t.every] for p, t in thins.items() if t.every},
+        "thinning": {p: [t.below, t.every, t.chunks] for p, t in thins.items() if t.every},
     }
 
 
@@ -407,11 +407,6 @@ async def put_manifest(request: web.Request) -> web.Response:
         )
     if version < node.store.floor(store):
         raise InvalidRequest(f"{store} version {version} is below retention; commit a newer one")
-    if kind == "snapshot" and node.store.thinned(store, version):
-        raise InvalidRequest(
-            f"{store} keeps no snapshot of version {version}: thinning dropped it "
-            "(core/retention.Thinning)"
-        )
     for ref in m.chunks:
         chunk_key(store, version, ref.name)  # validates chunk names
     retain = _retain(request)
@@ -560,7 +555,9 @@ async def gc(request: web.Request) -> web.Response:
         await check_floor(node, store, body.floor)  # the checks a floor from sync/have takes
     thin = None
     if body.thin_below is not None and body.thin_every is not None:
-        thin = await check_thinning(node, store, Thinning(body.thin_below, body.thin_every))
+        thin = await check_thinning(
+            node, store, Thinning(body.thin_below, body.thin_every, body.thin_chunks)
+        )
     dropped = 0
     if body.floor is not None:
         dropped += await node.write(node.store.apply_floor, store, body.floor)
@@ -572,7 +569,7 @@ async def gc(request: web.Request) -> web.Response:
         {
             "dropped": dropped,
             "floor": node.store.floor(store),
-            "thinning": {"below": t.below, "every": t.every},
+            "thinning": {"below": t.below, "every": t.every, "chunks": t.chunks},
         }
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from functools import partial
+from typing import Any
 
 import xxhash
 
@@ -98,20 +99,50 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
     for top in todo.snapshots:
         if await _snapshot(node, view, top) is None:
             return True  # fenced: a newer writer's commits decide
+    held = node.store.thinning(store)
+    thin = todo.thin or (held if held.every and held.chunks < held.below else None)
     gc: dict[str, int] = {}
     if todo.floor is not None:
         gc["floor"] = todo.floor
-    if todo.thin is not None:
-        gc |= {"thin_below": todo.thin.below, "thin_every": todo.thin.every}
-    if gc:
-        await asyncio.gather(
-            *(
-                node.transport.request("POST", a, f"/v1/stores/{store.path}/gc", json_body=gc)
-                for a in view.live_addresses()
-            ),
-            return_exceptions=True,
-        )
-    return bool(todo.snapshots) or bool(gc)
+    if thin is not None:
+        gc |= {"thin_below": thin.below, "thin_every": thin.every}
+    if not gc:
+        return bool(todo.snapshots)
+    answers = await _send_gc(node, view, store, gc)
+    if thin is not None and all(
+        answers.get(a, {}).get("thinning", {}).get("below", 0) >= thin.below
+        for a in view.store_write_replicas(store)
+    ):
+        # every owner of the store's manifests dropped the thinned snapshots' manifests (a
+        # reader can no longer be sent to them): their chunks may go (core/retention.Thinning)
+        gc = {"thin_below": thin.below, "thin_every": thin.every, "thin_chunks": thin.below}
+        await _send_gc(node, view, store, gc)
+    return True
+
+
+async def _send_gc(
+    node: Node, view: RingView, store: StoreId, body: dict[str, int]
+) -> dict[str, dict[str, Any]]:
+    """``POST .../gc`` to every live node; their answers by address (those that gave one)."""
+    live = view.live_addresses()
+    got = await asyncio.gather(
+        *(
+            node.transport.request("POST", a, f"/v1/stores/{store.path}/gc", json_body=body)
+            for a in live
+        ),
+        return_exceptions=True,
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for address, r in zip(live, got, strict=True):
+        if isinstance(r, BaseException):
+            continue
+        try:
+            answer = r.json()
+        except ValueError:
+            continue
+        if isinstance(answer, dict):
+            out[address] = answer
+    return out
 
 
 async def compaction_loop(node: Node) -> None:

@@ -205,7 +205,8 @@ async def check_thinning(node: Node, store: StoreId, thin: Thinning) -> Thinning
         cap = snaps[-2] if len(snaps) >= 2 else 0
     else:
         cap = (await read_head(node.transport, node.view(), store)).version
-    return Thinning(min(thin.below, cap), thin.every)
+    below = min(thin.below, cap)
+    return Thinning(below, thin.every, min(thin.chunks, below))
 
 
 async def _apply_thinning(node: Node, address: str, batch: list[Item], lines: object) -> None:
@@ -220,18 +221,20 @@ async def _apply_thinning(node: Node, address: str, batch: list[Item], lines: ob
             continue
         if (
             not isinstance(line, list)
-            or len(line) != 2
-            or not all(type(x) is int and 0 < x <= MAX_VERSION for x in line)
+            or len(line) != 3
+            or not all(type(x) is int and 0 <= x <= MAX_VERSION for x in line)
+            or not line[1]
         ):
-            log.warning("%s answered thinning %r for %s: not two versions", address, line, path)
+            log.warning("%s answered thinning %r for %s: not three versions", address, line, path)
             continue
         store = StoreId.parse(path)
         try:
-            thin = await check_thinning(node, store, Thinning(line[0], line[1]))
+            thin = await check_thinning(node, store, Thinning(*line))
         except StateStoreError as exc:
             log.warning("thinning %r of %s from %s not applied: %s", line, path, address, exc)
             continue
-        if thin.below > node.store.thinning(store).below:
+        held = node.store.thinning(store)
+        if thin.below > held.below or thin.chunks > held.chunks:
             await node.write(node.store.apply_thinning, store, thin)
 
 

@@ -11,8 +11,8 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
                                              "Lineage": a later version may be built on it)
        ``h:<store>``                         head, msgpack ``[epoch, version]`` (wire/head.py)
        ``f:<store>``                         retention floor: versions below it are gone
-       ``l:<store>``                         thinning line, ``<below> <every>``: the snapshots
-                                             core/retention.Thinning drops are gone
+       ``l:<store>``                         thinning lines, ``<below> <every> <chunks>``: the
+                                             snapshots core/retention.Thinning drops are gone
        ``r:<store>``                         versions to retain, set by the writer (else --retain)
        ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
        ``n:<store>/<epoch, 20>/<version, 20>/<kind>``  hint: a tentative commit's manifest
@@ -293,6 +293,11 @@ class NodeStore:
         version has one; VersionConflict if the same version and epoch carry other content.
         """
         head = self._fence_head(m)
+        if m.kind == "snapshot" and self.thinned(m.store, m.version):
+            raise InvalidRequest(
+                f"{m.store} keeps no snapshot of version {m.version}: thinning dropped it "
+                "(core/retention.Thinning)"
+            )
         stored = self.backend.get(_mkey(m.store, m.version, m.kind))  # one read for both checks
         raw_old = _opened(stored)
         if stored is not None and raw_old is None:
@@ -351,6 +356,9 @@ class NodeStore:
         out = []
         for m in ms:
             main_key = _mkey(m.store, m.version, m.kind)
+            if m.kind == "snapshot" and self.thinned(m.store, m.version):
+                out.append(False)  # thinning dropped it here: not brought back
+                continue
             if key_rotted(self.backend, main_key, puts):
                 out.append(False)  # the scrub puts a replica's copy back first
                 continue
@@ -547,17 +555,19 @@ class NodeStore:
         raw = self.backend.get(_skey(Prefix.THINNING, store))
         if raw is None:
             return Thinning()
-        below, every = raw.split()
-        return Thinning(int(below), int(every))
+        below, every, chunks = raw.split()
+        return Thinning(int(below), int(every), int(chunks))
 
     def thinned(self, store: StoreId, version: int) -> bool:
         """Whether a snapshot of ``version`` is one the store's thinning dropped."""
         return self.thinning(store).drops(version, self.floor(store))
 
     def apply_thinning(self, store: StoreId, thin: Thinning) -> int:
-        """Take ``thin`` as the store's thinning (its line never falls) and drop the snapshot
-        manifests (every epoch's) and snapshot chunks it drops. Returns items dropped."""
-        thin = Thinning(max(thin.below, self.thinning(store).below), thin.every)
+        """Take ``thin`` as the store's thinning (its lines never fall) and drop the snapshot
+        manifests (every epoch's) and the snapshot chunks it drops. Returns items dropped."""
+        held = self.thinning(store)
+        below = max(thin.below, held.below)
+        thin = Thinning(below, thin.every, min(below, max(thin.chunks, held.chunks)))
         floor = self.floor(store)
         drop: list[bytes] = []
         for prefix in _MANIFESTS:
@@ -567,9 +577,9 @@ class NodeStore:
                     drop.append(k)
         for k in self.backend.scan_keys(_under(Prefix.CHUNK, store.path)):
             _, version, name = parse_chunk_key(_text(k))
-            if name.startswith("s") and thin.drops(version, floor):
+            if name.startswith("s") and thin.drops_chunks(version, floor):
                 drop.append(k)
-        record = f"{thin.below} {thin.every}".encode()
+        record = f"{thin.below} {thin.every} {thin.chunks}".encode()
         self._write({_skey(Prefix.THINNING, store): record}, drop)
         return len(drop)
 

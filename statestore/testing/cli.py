@@ -82,7 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "last one), with --snapshot-every 1 and 20 versions retained; 0 (the default): every "
         "seed's schedule as it was",
     )
+    parser.add_argument(
+        "--thin",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the nodes' --thin-snapshots (keep the two newest snapshots and those at "
+        "multiples of N), with --snapshot-every 1 and 20 versions retained; 0 (the default): "
+        "off",
+    )
     args = parser.parse_args(argv)
+    if not 0 <= args.thin <= 1000:
+        parser.error("--thin must be in [0, 1000]")
     for name in ("tentative", "disk_faults"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             parser.error(f"--{name.replace('_', '-')} must be a share in [0, 1]")
@@ -95,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "disk_faults": args.disk_faults,
         "skew": args.skew,
         "rebase_at": args.rebase_at,
+        "thin": args.thin,
     }
     # the nodes log what they route around (warnings); the findings are what matters here
     logging.getLogger("statestore").setLevel(logging.CRITICAL)

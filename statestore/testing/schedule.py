@@ -99,6 +99,7 @@ class _Run(ClientOps):
         disk_faults: float = 0.0,
         skew: float = 0.0,
         rebase_at: float = 0.0,
+        thin: int = 0,
     ) -> None:
         self.rng = random.Random(seed)
         # tentative commits, disk faults and clock skew draw from generators of their own:
@@ -113,6 +114,10 @@ class _Run(ClientOps):
         if rebase_at:  # the weight decides, not snapshot_every, within what is retained
             config = replace(
                 config, rebase_at=rebase_at, retain_versions=REBASE_RETAIN, snapshot_every=1
+            )
+        if thin:  # snapshots every version, most of them thinned, within what is retained
+            config = replace(
+                config, thin_snapshots=thin, retain_versions=REBASE_RETAIN, snapshot_every=1
             )
         self.cluster = Cluster(
             self.network,
@@ -321,15 +326,18 @@ def run_schedule(
     disk_faults: float = 0.0,
     skew: float = 0.0,
     rebase_at: float = 0.0,
+    thin: int = 0,
 ) -> Outcome:
     """Run the schedule of ``seed`` to the end and judge it (testing/history.py); ``tentative``:
     the share of the writers' commits allowed to be tentative (core/tentative.py);
     ``disk_faults``: the share of steps that also hit a node's disk; ``skew``: the bound of
     the nodes' clock offsets, in seconds; ``rebase_at``: the nodes' ``--rebase-at`` (0: every
     seed's schedule as before it existed; else with ``REBASE_RETAIN`` versions retained and
-    ``snapshot_every`` 1, so the deltas' weight decides)."""
+    ``snapshot_every`` 1, so the deltas' weight decides); ``thin``: the nodes'
+    ``--thin-snapshots`` (0: off; else likewise, a snapshot every version and most of them
+    thinned)."""
     with tempfile.TemporaryDirectory(prefix="statestore-sim-") as root:
-        run = _Run(seed, app_factory, root, tentative, disk_faults, skew, rebase_at)
+        run = _Run(seed, app_factory, root, tentative, disk_faults, skew, rebase_at, thin)
         n = steps if steps is not None else run.rng.randint(15, 40)
         outcome = run_simulated(lambda: run.main(n))
     outcome.seed = seed
