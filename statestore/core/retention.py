@@ -59,6 +59,7 @@ __all__ = [
     "needs_snapshot",
     "plan_compaction",
     "retention_floor",
+    "rung_spacing",
 ]
 
 # deltas a chain may hold above its base whatever they weigh with ``rebase_at`` on, in units of
@@ -101,6 +102,16 @@ class Thinning:
     def drops_chunks(self, version: int, floor: int) -> bool:
         """Whether the chunks of the snapshot of ``version`` go."""
         return _thinned(version, floor, min(self.chunks, self.below), self.every)
+
+
+def rung_spacing(thin_snapshots: int, retain: int, snapshot_every: int) -> int:
+    """The rung spacing of a store keeping ``retain`` versions on nodes at
+    ``--thin-snapshots`` (0: no thinning): that many versions, but at most half the retained
+    ones (and at least ``snapshot_every``), so that the floor, which climbs by rungs, lags
+    the retention line by at most half of it."""
+    if thin_snapshots <= 0:
+        return 0
+    return max(1, min(thin_snapshots, max(snapshot_every, retain // 2)))
 
 
 def _thinned(version: int, floor: int, line: int, every: int) -> bool:

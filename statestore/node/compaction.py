@@ -25,7 +25,7 @@ from statestore.core.chunk import encode_chunks
 from statestore.core.errors import StaleEpoch, StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
-from statestore.core.retention import Thinning, plan_compaction
+from statestore.core.retention import Thinning, plan_compaction, rung_spacing
 from statestore.core.view import RingView
 from statestore.net.writes import write_commit
 from statestore.node.daemon import Node
@@ -85,6 +85,8 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
     if head is None:
         return False
     deltas, snaps = node.store.manifests(store)
+    retain = node.store.retain(store) or node.config.retain_versions
+    every = rung_spacing(node.config.thin_snapshots, retain, node.config.snapshot_every)
     todo = plan_compaction(
         store,
         head.version,
@@ -92,9 +94,9 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         snaps,
         snapshot_every=node.config.snapshot_every,
         rebase_at=node.config.rebase_at,
-        retain=node.store.retain(store) or node.config.retain_versions,
+        retain=retain,
         floor=node.store.floor(store),
-        thin=Thinning(node.store.thinning(store).below, node.config.thin_snapshots),
+        thin=Thinning(node.store.thinning(store).below, every),
     )
     for top in todo.snapshots:
         if await _snapshot(node, view, top) is None:

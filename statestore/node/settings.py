@@ -423,7 +423,8 @@ SETTINGS: tuple[Setting, ...] = (
         "int",
         0,
         "keep, of the snapshots above the retention floor, the two newest and those at "
-        "multiples of N, and drop the others (0: keep every one)",
+        "multiples of N (at most half the versions the store retains), and drop the others "
+        "(0: keep every one)",
         ("thin_snapshots",),
         _non_negative_int,
         "N",
