@@ -1,16 +1,18 @@
 """Storage amplification: bytes on each node's disk against the bytes a perfect store needs,
-under three snapshot rules side by side.
+under snapshot and space rules side by side.
 
-For each live-state size and change rate, two fresh 3-node rings (R=3, the default retention
+For each live-state size and change rate, fresh 3-node rings (R=3, the default retention
 of 100 versions) receive the same update stream: one store of ``--live-mib`` MiB (16-byte keys,
 ``--value``-byte random values: they do not compress, so raw bytes are stored bytes), then
 ``--versions`` commits each replacing ``rate`` of the keys, chosen at random, ``--pace``
 seconds apart (a streaming trigger: without it commits outrun compaction, and the snapshots
-written depend on how far it got). One ring runs
-the default (``--rebase-at 0``: a snapshot every 10 deltas), one ``--rebase-at 0.5`` (a
+written depend on how far it got). One ring keeps every snapshot (``--thin-snapshots 0``:
+a snapshot every 10 deltas, the rule before thinning), one ``--rebase-at 0.5`` (a
 new base once the deltas above the last one also weigh half of it,
-core/retention.needs_snapshot), one ``--thin-snapshots 50`` (of the snapshots above the
-floor, the two newest and those at multiples of 50 are kept: core/retention.Thinning);
+core/retention.needs_snapshot), one the default ``--thin-snapshots 50`` (of the snapshots
+above the floor, the two newest and those at multiples of 50 are kept:
+core/retention.Thinning), and one at that default with its LMDB file compacted once a
+quarter of it is free (``--reclaim-at 0.25``, the default 0.5; node/space.py);
 ``--layouts`` picks some. Commits go to the rings in turn, version by version (the order
 rotates). Once repair, compaction and retention have settled, it
 restores the latest and the oldest retained version from each ring, alternating over
@@ -29,7 +31,7 @@ over the three):
 - restore of the latest and of the oldest retained version, and commit time (summed over
   five blocks of versions), as the median ratio to the ``every 10`` ring (min-max).
 
-It also times a compaction of one node's file (the ``rebase 0.5`` ring), copied after the
+It also times a compaction of one node's file (the last rule's ring), copied after the
 run, with its bytes before and after and how long it held reads and writes (node/space.py).
 
     .venv/bin/python bench/storage.py [--live-mib 4 16] [--rates 0.01 0.2] [--versions 200]
@@ -57,10 +59,19 @@ KEY = 16
 RETAIN = 100  # the nodes' default --retain
 
 
-LAYOUTS = {  # the default first: the others' times are ratios to it
-    "every 10": [],
-    "rebase 0.5": ["--rebase-at", "0.5"],
-    "thin 50": ["--thin-snapshots", "50"],
+LAYOUTS = {  # the rule before thinning first: the others' times are ratios to it
+    "every 10": ["--thin-snapshots", "0"],
+    "rebase 0.5": ["--rebase-at", "0.5", "--thin-snapshots", "0"],
+    "thin 50": ["--thin-snapshots", "50"],  # the default
+    # the default, its file compacted once a quarter of it is free (not half, the default)
+    "thin 50, reclaim 0.25": [
+        "--thin-snapshots",
+        "50",
+        "--reclaim-at",
+        "0.25",
+        "--reclaim-min",
+        "0",
+    ],
 }
 
 
@@ -120,7 +131,7 @@ def run_case(
             for address in rings[n].seeds:
                 health = http_json(address, "/v1/health")
                 assert isinstance(health, dict)
-                figures[n].append(health["storage"])
+                figures[n].append(health["storage"] | {"stats": health["stats"]})
     live = n_keys * (KEY + value)
     retained = range(max(1, versions - RETAIN + 1), versions + 1)
     perfect = live + sum(len(changed_at[v]) for v in retained[1:]) * (KEY + value)
@@ -129,6 +140,9 @@ def run_case(
         "perfect": perfect,
         "disk": {n: [f["file_bytes"] for f in figures[n]] for n in names},
         "held": {n: [f["held_bytes"] for f in figures[n]] for n in names},
+        "compactions": {
+            n: sum(f["stats"].get("compactions", 0) for f in figures[n]) for n in names
+        },
         "commit_s": commit_s,
         "restore_s": restore_s,
         "compact": (before, after, took, pause),
@@ -201,7 +215,7 @@ def main() -> None:
                         ),
                     ]
                 )
-                print(out[-1], flush=True)
+                print(out[-1], f"file compactions: {r['compactions'][n]}", flush=True)
             before, after, took, pause = r["compact"]
             print(
                 f"compaction of one file ({new}): {before / MiB:.0f} -> {after / MiB:.0f} MiB "

@@ -8,7 +8,12 @@ and so bounds what a reader must fetch. Retention keeps the last ``retain_versio
 versions (Spark's minBatchesToRetain is 100): the floor is the newest usable snapshot at or
 below the oldest kept version, so every kept version stays restorable; the floor is sent to
 every live node, which drops the manifests and chunks below it (docs/design.md, Compaction).
-Which snapshots and which floor is decided by
+Thinning (``--thin-snapshots``, core/retention.Thinning) drops the snapshots between the
+floor and the two newest that are not rungs, in two steps: the line goes to every live node,
+which drops their manifests; once every owner of the store's manifests answered that it took
+it, the line of their chunks follows (a reader merges the owners' manifests: one still naming
+a snapshot whose chunks were gone would fail its restore).
+Which snapshots, which floor and which line is decided by
 :func:`statestore.core.retention.plan_compaction`; this module restores, writes and sends.
 """
 
@@ -67,14 +72,20 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
 
 def _inputs(node: Node, store: StoreId) -> tuple[object, ...]:
     """What :func:`compact_store` decides from, cheaply: the head, the manifests' keys (kept
-    as one hash, not a copy of every key), the floor and the retention. Equal inputs, equal
-    decision."""
+    as one hash, not a copy of every key), the floor, the thinning lines and the retention
+    (and the live members, while a thinning line's chunks wait for an owner). Equal inputs,
+    equal decision."""
+    thin = node.store.thinning(store)
+    # a thinning line whose chunks wait for an owner that is down: tried again once the
+    # live members change (node/compaction.compact_store), not every pass
+    waiting = thin.every and thin.chunks < thin.below
     return (
         node.store.head(store),
         xxhash.xxh64_intdigest(b"\0".join(node.store.manifest_names(store))),
         node.store.floor(store),
-        node.store.thinning(store),
+        thin,
         node.store.retain(store),
+        tuple(node.view().live_addresses()) if waiting else (),
     )
 
 
@@ -119,7 +130,9 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         # reader can no longer be sent to them): their chunks may go (core/retention.Thinning)
         gc = {"thin_below": thin.below, "thin_every": thin.every, "thin_chunks": thin.below}
         await _send_gc(node, view, store, gc)
-    return True
+    # a second step still waiting on an owner is not work done: the store settles, and is
+    # planned again when its inputs (the live members among them) change
+    return bool(todo.snapshots) or todo.floor is not None or todo.thin is not None
 
 
 async def _send_gc(

@@ -50,8 +50,8 @@ class NodeConfig:
     # default: every snapshot_every deltas; core/retention.needs_snapshot)
     rebase_at: float = 0.0
     # keep, of the snapshots above the floor, the two newest and those at multiples of this
-    # (0, the default: every snapshot; core/retention.Thinning)
-    thin_snapshots: int = 0
+    # (at most half the store's retention; 0: every snapshot; core/retention.Thinning)
+    thin_snapshots: int = 50
     retain_versions: int = 100
     dht: bool = True
     inject_delay: float = 0.0  # fault injection for tests: seconds added to every chunk read

@@ -59,9 +59,16 @@ def local_detail(node: Node, store: StoreId) -> dict[str, Any]:
         "store": store.path,
         "head": None if head is None else head_json(head),
         "floor": node.store.floor(store),
+        "thinning": _thinning_json(node, store),
         "manifests": manifests,
         "chunks": chunks,
     }
+
+
+def _thinning_json(node: Node, store: StoreId) -> dict[str, int]:
+    """The store's thinning lines here (core/retention.Thinning; zeros: none drawn)."""
+    t = node.store.thinning(store)
+    return {"below": t.below, "every": t.every, "chunks": t.chunks}
 
 
 async def _ring_listing(node: Node, query: str | None, auth: str | None) -> dict[str, Any]:

@@ -421,7 +421,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "thin-snapshots",
         "int",
-        0,
+        50,
         "keep, of the snapshots above the retention floor, the two newest and those at "
         "multiples of N (at most half the versions the store retains), and drop the others "
         "(0: keep every one)",

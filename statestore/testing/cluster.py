@@ -54,6 +54,7 @@ SIM_CONFIG = NodeConfig(
     compact_interval=3.0,
     snapshot_every=3,
     retain_versions=6,
+    thin_snapshots=0,  # every seed's schedule as before thinning (statestore-sim --thin)
     dht=False,
     storage="memory://",
 )

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from client import RingClient, StoreId, VersionNotFound
+from statestore.cli.local import http_json
 from statestore.wire.rows import encode_rows
-from tests.ringkit import FAST, local_ring
+from tests.ringkit import FAST, eventually, local_ring
 
 
 def _commit(seed: str, store: StoreId, version: int, query: str = "") -> int:
@@ -51,3 +52,57 @@ def test_a_writer_sets_how_many_versions_its_store_keeps(tmp_path: Path) -> None
             assert dict(state) == {f"k{v}".encode(): b"v" for v in range(1, 11)}
             with pytest.raises(VersionNotFound):
                 client.restore(short, 2)
+
+
+def _snapshots(address: str, store: StoreId) -> tuple[list[int], set[int], dict[str, int], int]:
+    """A node's snapshot manifests, the versions it holds snapshot chunks of, its thinning
+    lines and its floor (``GET /v1/inventory/<store>``, this node only)."""
+    obj = http_json(address, f"/v1/inventory/{store.path}")
+    assert isinstance(obj, dict)
+    snaps = sorted({m["version"] for m in obj["manifests"] if m["kind"] == "snapshot"})
+    chunks = {int(k.split("/")[4]) for k in obj["chunks"] if k.split("/")[5].startswith("s")}
+    return snaps, chunks, obj["thinning"], obj["floor"]
+
+
+def test_thinning_on_node_processes_with_one_killed_and_restarted(tmp_path: Path) -> None:
+    """--thin-snapshots on node processes (core/retention.Thinning): a store committed a
+    version at a time, one node SIGKILLed for a stretch and restarted on its data dir. Every
+    node ends up holding, above the floor, only the two newest snapshots and the rungs
+    (multiples of 4), manifests and chunks alike: the restarted node drops what it missed,
+    and nothing comes back; every retained version restores exactly."""
+    n, retain = 4, 12
+    args = [*FAST, "--snapshot-every", "2", "--thin-snapshots", str(n), "--retain", str(retain)]
+    store = StoreId("thin", 0, 0, "s")
+    with local_ring(tmp_path, 3, args) as ring, RingClient(ring.seeds, timeout=30) as client:
+        states: dict[int, dict[bytes, bytes]] = {}
+        state: dict[bytes, bytes] = {}
+        for v in range(1, 41):
+            if v == 12:
+                ring.kill(2)
+            if v == 26:
+                ring.restart(2)
+            puts = {f"k{(v * 7) % 23}".encode(): f"v{v}".encode(), f"n{v}".encode(): b"x"}
+            client.commit(store, v, puts, [], epoch=1)
+            state.update(puts)
+            states[v] = dict(state)
+            time.sleep(0.25)
+
+        def settled() -> bool:
+            for address in ring.seeds:
+                snaps, chunks, line, floor = _snapshots(address, store)
+                above = [s for s in snaps if s > floor]
+                if line["below"] <= floor or line["chunks"] < line["below"]:
+                    return False
+                if [s for s in above if s < line["below"] and s % n]:
+                    return False
+                if {c for c in chunks if floor < c < line["below"] and c % n}:
+                    return False
+            return True
+
+        eventually(settled, "every node thinned its snapshots", limit=90)
+        for address in ring.seeds:
+            snaps, _, _, floor = _snapshots(address, store)
+            assert floor >= 40 - retain - 2 * n, (address, floor)
+            assert len([s for s in snaps if s > floor]) <= 2 + (40 - floor) // n, snaps
+        for v in range(40 - retain + 1, 41):
+            assert dict(client.restore(store, v)) == states[v], v

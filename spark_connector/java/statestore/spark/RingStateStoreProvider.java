@@ -657,14 +657,20 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   }
 
   /**
-   * Versions after which a lazily loaded version is made whole: half the versions the ring
-   * keeps for this query (Spark's {@code minBatchesToRetain}, 100 by default), so its base's
-   * chunks are still there when it is read whole.
+   * Versions after which a lazily loaded version is made whole: {@link #LAZY_HORIZON}, or half
+   * the versions the ring keeps for this query (Spark's {@code minBatchesToRetain}) when that
+   * is fewer, so its base's chunks are still there when it is read whole. The base is the
+   * newest snapshot when the version is loaded; on nodes that thin snapshots
+   * ({@code --thin-snapshots}) it stays until two newer ones were written, at least twice
+   * the nodes' {@code --snapshot-every} versions later (docs/operations.md, "Snapshots").
    */
   private long lazyHorizon() {
     int retain = StateCommit.retain(this);
-    return Math.max(1, (retain > 0 ? retain : 100) / 2);
+    return Math.max(1, Math.min(LAZY_HORIZON, (retain > 0 ? retain : 100) / 2));
   }
+
+  /** The most versions a lazily loaded version stays lazy (see {@link #lazyHorizon}). */
+  static final long LAZY_HORIZON = 5;
 
   /** What a load read, for the metrics of the store that uses it. */
   private static void loaded(Loaded l, StateData data, long started, long rows, long bytes) {
