@@ -44,6 +44,8 @@ at least that of the delta of the same version.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,14 +106,42 @@ class Thinning:
         return _thinned(version, floor, min(self.chunks, self.below), self.every)
 
 
-def rung_spacing(thin_snapshots: int, retain: int, snapshot_every: int) -> int:
+def rung_spacing(
+    thin_snapshots: int,
+    retain: int,
+    snapshot_every: int,
+    deltas: Candidates | None = None,
+    snapshots: Candidates | None = None,
+) -> int:
     """The rung spacing of a store keeping ``retain`` versions on nodes at
-    ``--thin-snapshots`` (0: no thinning): that many versions, but at most half the retained
-    ones (and at least ``snapshot_every``), so that the floor, which climbs by rungs, lags
-    the retention line by at most half of it."""
+    ``--thin-snapshots`` (0: no thinning).
+
+    A rung costs a base's bytes; the floor, which climbs by rungs, keeps up to a spacing's
+    worth of deltas below the retention line. Over ``retain`` versions with bases of ``B``
+    bytes and deltas of ``d``, spacing ``s`` costs about ``retain * B / s + s * d``, least at
+    ``s = sqrt(retain * B / d)``: 100 versions at 1% of the keys a version give 100, at 20%
+    22. The spacing is that (from the newest snapshot's bytes and the deltas' median in
+    ``snapshots`` and ``deltas``), rounded to a multiple of ``snapshot_every`` so that it
+    moves only when the weights do; at most ``thin_snapshots`` and half of ``retain`` (the
+    floor's lag stays within half the retention), at least ``snapshot_every``."""
     if thin_snapshots <= 0:
         return 0
-    return max(1, min(thin_snapshots, max(snapshot_every, retain // 2)))
+    cap = min(thin_snapshots, retain // 2)
+    base, delta = _weights(deltas or {}, snapshots or {})
+    if base and delta:
+        best = math.sqrt(retain * base / delta)
+        cap = min(cap, max(1, round(best / snapshot_every)) * snapshot_every)
+    return max(1, snapshot_every, cap)
+
+
+def _weights(deltas: Candidates, snapshots: Candidates) -> tuple[int, float]:
+    """The bytes of the newest snapshot and the median bytes of the deltas (a store's first
+    version, all of its state, does not count more than one of them); 0: none."""
+    newest = [m for v in sorted(snapshots)[-1:] for m in manifests_at(snapshots, v)]
+    sizes = sorted(ms[0].bytes for v in deltas if (ms := manifests_at(deltas, v)))
+    if not newest or not sizes:
+        return 0, 0.0
+    return newest[0].bytes, float(statistics.median(sizes))
 
 
 def _thinned(version: int, floor: int, line: int, every: int) -> bool:

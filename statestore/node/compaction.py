@@ -97,7 +97,9 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         return False
     deltas, snaps = node.store.manifests(store)
     retain = node.store.retain(store) or node.config.retain_versions
-    every = rung_spacing(node.config.thin_snapshots, retain, node.config.snapshot_every)
+    every = rung_spacing(
+        node.config.thin_snapshots, retain, node.config.snapshot_every, deltas, snaps
+    )
     todo = plan_compaction(
         store,
         head.version,

@@ -113,7 +113,7 @@ from statestore.core.reroute import (
     StreamEvent,
     reroute,
 )
-from statestore.core.retention import Thinning, plan_compaction, retention_floor
+from statestore.core.retention import Thinning, plan_compaction, retention_floor, rung_spacing
 
 TESTDATA = Path(__file__).parents[1] / "testdata"
 REWRITE = os.environ.get("STATESTORE_REWRITE") == "1"
@@ -727,3 +727,19 @@ def test_thinning_keeps_every_retained_version_and_few_bases(
         above = [v for v in snaps if v > floor]
         assert len(above) <= 3 + (head - floor) // thin, (floor, sorted(snaps), line)
         assert head - floor <= retain + 2 * (every + thin) + 8, (floor, sorted(snaps))
+
+
+def test_rung_spacing_balances_bases_against_the_deltas_below_the_floor() -> None:
+    """core/retention.rung_spacing: sqrt(retain x base / delta), rounded to snapshot_every,
+    capped by --thin-snapshots and half the retention; no weights: the cap."""
+    base = {1: _manifest(1, "snapshot", 1, size=1000)}
+
+    def deltas(size: int) -> dict[int, Manifest]:
+        return {v: _manifest(v, "delta", 1, size=size) for v in range(2, 40)}
+
+    assert rung_spacing(0, 100, 10, deltas(10), base) == 0  # off
+    assert rung_spacing(50, 100, 10) == 50  # no weights: the cap
+    assert rung_spacing(50, 100, 10, deltas(10), base) == 50  # 1%: sqrt(10,000) = 100, capped
+    assert rung_spacing(50, 100, 10, deltas(200), base) == 20  # 20%: sqrt(500) = 22
+    assert rung_spacing(50, 100, 10, deltas(1000), base) == 10  # 100%: at least every 10
+    assert rung_spacing(50, 12, 2) == 6  # half the retention
