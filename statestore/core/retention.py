@@ -44,8 +44,6 @@ at least that of the delta of the same version.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,57 +89,36 @@ class Thinning:
     ``below``; their chunks at ``chunks`` (at most ``below``), which the compactor raises
     only once every owner of the store's manifests has dropped them: a reader merges the
     manifests of every replica that answers and takes the newest snapshot it finds, so one
-    owner still naming a dropped snapshot whose chunks were gone would fail its restore."""
+    owner still naming a dropped snapshot whose chunks were gone would fail its restore.
+    ``floor``: the store's floor when the line was drawn. Nothing at or below it goes,
+    whatever a node's own floor (one that missed a ``gc`` keeps the ring's floor snapshot,
+    which may be no rung)."""
 
     below: int = 0
     every: int = 0
     chunks: int = 0
+    floor: int = 0
 
     def drops(self, version: int, floor: int) -> bool:
-        """Whether the manifests of the snapshot of ``version`` go (the floor at ``floor``)."""
-        return _thinned(version, floor, self.below, self.every)
+        """Whether the manifests of the snapshot of ``version`` go (the node's floor at
+        ``floor``)."""
+        return _thinned(version, max(floor, self.floor), self.below, self.every)
 
     def drops_chunks(self, version: int, floor: int) -> bool:
         """Whether the chunks of the snapshot of ``version`` go."""
-        return _thinned(version, floor, min(self.chunks, self.below), self.every)
+        return _thinned(version, max(floor, self.floor), min(self.chunks, self.below), self.every)
 
 
-def rung_spacing(
-    thin_snapshots: int,
-    retain: int,
-    snapshot_every: int,
-    deltas: Candidates | None = None,
-    snapshots: Candidates | None = None,
-) -> int:
+def rung_spacing(thin_snapshots: int, retain: int, snapshot_every: int) -> int:
     """The rung spacing of a store keeping ``retain`` versions on nodes at
-    ``--thin-snapshots`` (0: no thinning).
-
-    A rung costs a base's bytes; the floor, which climbs by rungs, keeps up to a spacing's
-    worth of deltas below the retention line. Over ``retain`` versions with bases of ``B``
-    bytes and deltas of ``d``, spacing ``s`` costs about ``retain * B / s + s * d``, least at
-    ``s = sqrt(retain * B / d)``: 100 versions at 1% of the keys a version give 100, at 20%
-    22. The spacing is that (from the newest snapshot's bytes and the deltas' median in
-    ``snapshots`` and ``deltas``), rounded to a multiple of ``snapshot_every`` so that it
-    moves only when the weights do; at most ``thin_snapshots`` and half of ``retain`` (the
-    floor's lag stays within half the retention), at least ``snapshot_every``."""
+    ``--thin-snapshots`` (0: no thinning): that many versions, or half of ``retain`` when
+    fewer (the floor, which climbs by rungs, then lags the retention line by at most half
+    of it), but at least ``snapshot_every``. A store's first line fixes it: nodes keep the
+    spacing they were first sent (:meth:`NodeStore.apply_thinning`), so a snapshot one of
+    them dropped is never a rung to another."""
     if thin_snapshots <= 0:
         return 0
-    cap = min(thin_snapshots, retain // 2)
-    base, delta = _weights(deltas or {}, snapshots or {})
-    if base and delta:
-        best = math.sqrt(retain * base / delta)
-        cap = min(cap, max(1, round(best / snapshot_every)) * snapshot_every)
-    return max(1, snapshot_every, cap)
-
-
-def _weights(deltas: Candidates, snapshots: Candidates) -> tuple[int, float]:
-    """The bytes of the newest snapshot and the median bytes of the deltas (a store's first
-    version, all of its state, does not count more than one of them); 0: none."""
-    newest = [m for v in sorted(snapshots)[-1:] for m in manifests_at(snapshots, v)]
-    sizes = sorted(ms[0].bytes for v in deltas if (ms := manifests_at(deltas, v)))
-    if not newest or not sizes:
-        return 0, 0.0
-    return newest[0].bytes, float(statistics.median(sizes))
+    return max(1, snapshot_every, min(thin_snapshots, retain // 2))
 
 
 def _thinned(version: int, floor: int, line: int, every: int) -> bool:
@@ -261,7 +238,7 @@ def plan_compaction(
         write(_rung(store, head, chain, deltas, snapshots, every) or chain[-1])
     newest = _usable(snaps, deltas)
     line = max(thin.below, newest[-2] if len(newest) >= 2 else 0) if every else 0
-    kept = Thinning(line, every, thin.chunks)
+    kept = Thinning(line, every, thin.chunks, thin.floor)
     held = {v: s for v, s in snaps.items() if not kept.drops(v, floor)}
     oldest_kept = head - retain + 1
     new_floor = retention_floor(head, held, retain, deltas)
@@ -274,15 +251,20 @@ def plan_compaction(
         try:
             below = resolve_chain(store, at, deltas, held)
         except VersionNotFound:
-            return Compaction(tuple(todo), None, _risen(kept, thin))
+            return Compaction(tuple(todo), None, _risen(kept, thin, floor))
         if worth(below):
             write(below[-1])
             new_floor = below[-1].version
-    return Compaction(tuple(todo), new_floor if new_floor > floor else None, _risen(kept, thin))
+    return Compaction(
+        tuple(todo), new_floor if new_floor > floor else None, _risen(kept, thin, new_floor)
+    )
 
 
-def _risen(kept: Thinning, thin: Thinning) -> Thinning | None:
-    return kept if kept.every and kept.below > thin.below else None
+def _risen(kept: Thinning, thin: Thinning, floor: int) -> Thinning | None:
+    """The line to send: ``kept`` with the floor it was drawn at, when it rose."""
+    if not kept.every or kept.below <= thin.below:
+        return None
+    return Thinning(kept.below, kept.every, kept.chunks, max(floor, kept.floor))
 
 
 def _rung(

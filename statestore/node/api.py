@@ -387,7 +387,7 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         "epochs": out_e,
         "differ": differ,
         "floors": {k: v for k, v in floors.items() if v},
-        "thinning": {p: [t.below, t.every, t.chunks] for p, t in thins.items() if t.every},
+        "thinning": {p: [t.below, t.every, t.chunks, t.floor] for p, t in thins.items() if t.every},
     }
 
 
@@ -549,6 +549,10 @@ async def gc(request: web.Request) -> web.Response:
     body = decode_json(await read_body(request), GcRequest, "gc")
     if (body.thin_below is None) != (body.thin_every is None):
         raise InvalidRequest("gc: thin_below and thin_every go together")
+    if body.thin_below is None and (body.thin_chunks or body.thin_floor):
+        raise InvalidRequest("gc: thin_chunks and thin_floor come with a line (thin_below)")
+    if body.thin_below is not None and body.thin_chunks > body.thin_below:
+        raise InvalidRequest("gc: thin_chunks is at most thin_below")
     if body.floor is None and body.thin_below is None:
         raise InvalidRequest("gc: give a floor, a thinning line (thin_below, thin_every), or both")
     if body.floor is not None:
@@ -556,7 +560,9 @@ async def gc(request: web.Request) -> web.Response:
     thin = None
     if body.thin_below is not None and body.thin_every is not None:
         thin = await check_thinning(
-            node, store, Thinning(body.thin_below, body.thin_every, body.thin_chunks)
+            node,
+            store,
+            Thinning(body.thin_below, body.thin_every, body.thin_chunks, body.thin_floor),
         )
     dropped = 0
     if body.floor is not None:
@@ -569,7 +575,12 @@ async def gc(request: web.Request) -> web.Response:
         {
             "dropped": dropped,
             "floor": node.store.floor(store),
-            "thinning": {"below": t.below, "every": t.every, "chunks": t.chunks},
+            "thinning": {
+                "below": t.below,
+                "every": t.every,
+                "chunks": t.chunks,
+                "floor": t.floor,
+            },
         }
     )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from functools import partial
 from typing import Any
 
@@ -76,16 +77,20 @@ def _inputs(node: Node, store: StoreId) -> tuple[object, ...]:
     (and the live members, while a thinning line's chunks wait for an owner). Equal inputs,
     equal decision."""
     thin = node.store.thinning(store)
-    # a thinning line whose chunks wait for an owner that is down: tried again once the
-    # live members change (node/compaction.compact_store), not every pass
-    waiting = thin.every and thin.chunks < thin.below
+    # a thinning line whose chunks wait (for an owner that is down, or for the grace): tried
+    # again once the live members change or a grace has passed, not every pass
+    waiting: tuple[object, ...] = ()
+    if thin.every and thin.chunks < thin.below:
+        grace = CHUNK_GRACE_PASSES * node.config.compact_interval
+        now = asyncio.get_running_loop().time()
+        waiting = (tuple(node.view().live_addresses()), int(now // grace))
     return (
         node.store.head(store),
         xxhash.xxh64_intdigest(b"\0".join(node.store.manifest_names(store))),
         node.store.floor(store),
         thin,
         node.store.retain(store),
-        tuple(node.view().live_addresses()) if waiting else (),
+        waiting,
     )
 
 
@@ -97,8 +102,12 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         return False
     deltas, snaps = node.store.manifests(store)
     retain = node.store.retain(store) or node.config.retain_versions
-    every = rung_spacing(
-        node.config.thin_snapshots, retain, node.config.snapshot_every, deltas, snaps
+    held = node.store.thinning(store)
+    # a store's first line fixes its spacing on every node (NodeStore.apply_thinning)
+    every = (
+        (held.every or rung_spacing(node.config.thin_snapshots, retain, node.config.snapshot_every))
+        if node.config.thin_snapshots
+        else 0
     )
     todo = plan_compaction(
         store,
@@ -109,7 +118,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         rebase_at=node.config.rebase_at,
         retain=retain,
         floor=node.store.floor(store),
-        thin=Thinning(node.store.thinning(store).below, every),
+        thin=Thinning(held.below, every, held.chunks, held.floor),
     )
     for top in todo.snapshots:
         if await _snapshot(node, view, top) is None:
@@ -120,21 +129,56 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
     if todo.floor is not None:
         gc["floor"] = todo.floor
     if thin is not None:
-        gc |= {"thin_below": thin.below, "thin_every": thin.every}
+        gc |= {"thin_below": thin.below, "thin_every": thin.every, "thin_floor": thin.floor}
     if not gc:
         return bool(todo.snapshots)
     answers = await _send_gc(node, view, store, gc)
-    if thin is not None and all(
-        answers.get(a, {}).get("thinning", {}).get("below", 0) >= thin.below
-        for a in view.store_write_replicas(store)
-    ):
-        # every owner of the store's manifests dropped the thinned snapshots' manifests (a
-        # reader can no longer be sent to them): their chunks may go (core/retention.Thinning)
-        gc = {"thin_below": thin.below, "thin_every": thin.every, "thin_chunks": thin.below}
-        await _send_gc(node, view, store, gc)
-    # a second step still waiting on an owner is not work done: the store settles, and is
-    # planned again when its inputs (the live members among them) change
+    if thin is not None:
+        await _drop_chunks(node, view, store, thin, answers)
+    # a second step still waiting (on an owner, or on the grace) is not work done: the
+    # store settles, and is planned again when its inputs change
     return bool(todo.snapshots) or todo.floor is not None or todo.thin is not None
+
+
+# Lines drawn per (node, store): (line, when), oldest first; the chunks of a line go once it
+# was drawn this long ago (in compaction passes), so that a restore which resolved its chain
+# just before the line moved still reads its base's chunks.
+CHUNK_GRACE_PASSES = 30
+_drawn: weakref.WeakKeyDictionary[Node, dict[StoreId, list[tuple[int, float]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _drop_chunks(
+    node: Node,
+    view: RingView,
+    store: StoreId,
+    thin: Thinning,
+    answers: dict[str, dict[str, Any]],
+) -> None:
+    """The second step of a line (core/retention.Thinning): once every home replica and
+    owner of the store's manifests (a down one too: it answers nothing, so the step waits)
+    answered that it took the line, the chunks of what it drops go too, up to the highest
+    line drawn at least :data:`CHUNK_GRACE_PASSES` compaction passes ago."""
+    now = asyncio.get_running_loop().time()
+    lines = _drawn.setdefault(node, {}).setdefault(store, [])
+    if not lines or lines[-1][0] < thin.below:
+        lines.append((thin.below, now))
+    owners = set(view.store_write_replicas(store)) | set(view.write_homes(store.path))
+    took = all(answers.get(a, {}).get("thinning", {}).get("below", 0) >= thin.below for a in owners)
+    grace = CHUNK_GRACE_PASSES * node.config.compact_interval
+    ripe = [line for line, at in lines if now - at >= grace]
+    if not took or not ripe:
+        return
+    line = max(ripe)
+    del lines[: len(ripe) - 1]  # the ripe ones but the highest are done with
+    gc = {
+        "thin_below": thin.below,
+        "thin_every": thin.every,
+        "thin_chunks": line,
+        "thin_floor": thin.floor,
+    }
+    await _send_gc(node, view, store, gc)
 
 
 async def _send_gc(

@@ -68,7 +68,7 @@ def local_detail(node: Node, store: StoreId) -> dict[str, Any]:
 def _thinning_json(node: Node, store: StoreId) -> dict[str, int]:
     """The store's thinning lines here (core/retention.Thinning; zeros: none drawn)."""
     t = node.store.thinning(store)
-    return {"below": t.below, "every": t.every, "chunks": t.chunks}
+    return {"below": t.below, "every": t.every, "chunks": t.chunks, "floor": t.floor}
 
 
 async def _ring_listing(node: Node, query: str | None, auth: str | None) -> dict[str, Any]:

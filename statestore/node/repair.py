@@ -206,7 +206,7 @@ async def check_thinning(node: Node, store: StoreId, thin: Thinning) -> Thinning
     else:
         cap = (await read_head(node.transport, node.view(), store)).version
     below = min(thin.below, cap)
-    return Thinning(below, thin.every, min(thin.chunks, below))
+    return Thinning(below, thin.every, min(thin.chunks, below), thin.floor)
 
 
 async def _apply_thinning(node: Node, address: str, batch: list[Item], lines: object) -> None:
@@ -221,20 +221,22 @@ async def _apply_thinning(node: Node, address: str, batch: list[Item], lines: ob
             continue
         if (
             not isinstance(line, list)
-            or len(line) != 3
+            or len(line) != 4
             or not all(type(x) is int and 0 <= x <= MAX_VERSION for x in line)
             or not line[1]
         ):
-            log.warning("%s answered thinning %r for %s: not three versions", address, line, path)
+            log.warning("%s answered thinning %r for %s: not four versions", address, line, path)
             continue
         store = StoreId.parse(path)
+        held = node.store.thinning(store)
+        if line[0] <= held.below and line[2] <= held.chunks and line[3] <= held.floor:
+            continue  # nothing would rise: no head read, no scan
         try:
             thin = await check_thinning(node, store, Thinning(*line))
         except StateStoreError as exc:
             log.warning("thinning %r of %s from %s not applied: %s", line, path, address, exc)
             continue
-        held = node.store.thinning(store)
-        if thin.below > held.below or thin.chunks > held.chunks:
+        if thin.below > held.below or thin.chunks > held.chunks or thin.floor > held.floor:
             await node.write(node.store.apply_thinning, store, thin)
 
 

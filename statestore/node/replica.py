@@ -11,8 +11,8 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
                                              "Lineage": a later version may be built on it)
        ``h:<store>``                         head, msgpack ``[epoch, version]`` (wire/head.py)
        ``f:<store>``                         retention floor: versions below it are gone
-       ``l:<store>``                         thinning lines, ``<below> <every> <chunks>``: the
-                                             snapshots core/retention.Thinning drops are gone
+       ``l:<store>``                         thinning, ``<below> <every> <chunks> <floor>``:
+                                             the snapshots core/retention.Thinning drops are gone
        ``r:<store>``                         versions to retain, set by the writer (else --retain)
        ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
        ``n:<store>/<epoch, 20>/<version, 20>/<kind>``  hint: a tentative commit's manifest
@@ -555,19 +555,23 @@ class NodeStore:
         raw = self.backend.get(_skey(Prefix.THINNING, store))
         if raw is None:
             return Thinning()
-        below, every, chunks = raw.split()
-        return Thinning(int(below), int(every), int(chunks))
+        below, every, chunks, floor = raw.split()
+        return Thinning(int(below), int(every), int(chunks), int(floor))
 
     def thinned(self, store: StoreId, version: int) -> bool:
         """Whether a snapshot of ``version`` is one the store's thinning dropped."""
         return self.thinning(store).drops(version, self.floor(store))
 
     def apply_thinning(self, store: StoreId, thin: Thinning) -> int:
-        """Take ``thin`` as the store's thinning (its lines never fall) and drop the snapshot
-        manifests (every epoch's) and the snapshot chunks it drops. Returns items dropped."""
+        """Take ``thin`` as the store's thinning and drop the snapshot manifests (every
+        epoch's) and the snapshot chunks it drops. Returns items dropped. Its lines and its
+        floor never fall, and its spacing is the first one this node took: a snapshot
+        dropped under one spacing is never a rung under another (its chunks may be gone)."""
         held = self.thinning(store)
         below = max(thin.below, held.below)
-        thin = Thinning(below, thin.every, min(below, max(thin.chunks, held.chunks)))
+        every = held.every or thin.every
+        chunks = min(below, max(thin.chunks, held.chunks))
+        thin = Thinning(below, every, chunks, max(thin.floor, held.floor))
         floor = self.floor(store)
         drop: list[bytes] = []
         for prefix in _MANIFESTS:
@@ -579,7 +583,7 @@ class NodeStore:
             _, version, name = parse_chunk_key(_text(k))
             if name.startswith("s") and thin.drops_chunks(version, floor):
                 drop.append(k)
-        record = f"{thin.below} {thin.every} {thin.chunks}".encode()
+        record = f"{thin.below} {thin.every} {thin.chunks} {thin.floor}".encode()
         self._write({_skey(Prefix.THINNING, store): record}, drop)
         return len(drop)
 

@@ -133,12 +133,13 @@ class ChainsRequest(msgspec.Struct, frozen=True):
 class GcRequest(msgspec.Struct, frozen=True):
     """``POST .../gc``: a retention floor, a version (``true`` is not one), and/or a
     thinning line and its rung spacing (core/retention.Thinning), both or neither, with the
-    line of the chunks (0: not raised)."""
+    line of the chunks (0: not raised) and the floor the line was drawn at."""
 
     floor: Version | None = None
     thin_below: Version | None = None
     thin_every: Version | None = None
     thin_chunks: Annotated[int, Meta(ge=0, le=MAX_VERSION)] = 0
+    thin_floor: Annotated[int, Meta(ge=0, le=MAX_VERSION)] = 0
 
 
 class PurgeRequest(msgspec.Struct, frozen=True):

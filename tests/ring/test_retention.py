@@ -99,7 +99,8 @@ def test_thinning_on_node_processes_with_one_killed_and_restarted(tmp_path: Path
                     return False
             return True
 
-        eventually(settled, "every node thinned its snapshots", limit=90)
+        # the chunks' step waits 30 compaction passes (60 s) after a line: node/compaction.py
+        eventually(settled, "every node thinned its snapshots", limit=180, every=1.0)
         for address in ring.seeds:
             snaps, _, _, floor = _snapshots(address, store)
             assert floor >= 40 - retain - 2 * n, (address, floor)

@@ -113,7 +113,12 @@ from statestore.core.reroute import (
     StreamEvent,
     reroute,
 )
-from statestore.core.retention import Thinning, plan_compaction, retention_floor, rung_spacing
+from statestore.core.retention import (
+    Thinning,
+    plan_compaction,
+    retention_floor,
+    rung_spacing,
+)
 
 TESTDATA = Path(__file__).parents[1] / "testdata"
 REWRITE = os.environ.get("STATESTORE_REWRITE") == "1"
@@ -729,17 +734,20 @@ def test_thinning_keeps_every_retained_version_and_few_bases(
         assert head - floor <= retain + 2 * (every + thin) + 8, (floor, sorted(snaps))
 
 
-def test_rung_spacing_balances_bases_against_the_deltas_below_the_floor() -> None:
-    """core/retention.rung_spacing: sqrt(retain x base / delta), rounded to snapshot_every,
-    capped by --thin-snapshots and half the retention; no weights: the cap."""
-    base = {1: _manifest(1, "snapshot", 1, size=1000)}
+def test_rung_spacing_is_the_option_or_half_the_retention() -> None:
+    """core/retention.rung_spacing: --thin-snapshots, or half the retention when fewer, at
+    least snapshot_every; 0 is off."""
+    assert rung_spacing(0, 100, 10) == 0
+    assert rung_spacing(50, 100, 10) == 50
+    assert rung_spacing(50, 12, 2) == 6
+    assert rung_spacing(50, 12, 10) == 10
 
-    def deltas(size: int) -> dict[int, Manifest]:
-        return {v: _manifest(v, "delta", 1, size=size) for v in range(2, 40)}
 
-    assert rung_spacing(0, 100, 10, deltas(10), base) == 0  # off
-    assert rung_spacing(50, 100, 10) == 50  # no weights: the cap
-    assert rung_spacing(50, 100, 10, deltas(10), base) == 50  # 1%: sqrt(10,000) = 100, capped
-    assert rung_spacing(50, 100, 10, deltas(200), base) == 20  # 20%: sqrt(500) = 22
-    assert rung_spacing(50, 100, 10, deltas(1000), base) == 10  # 100%: at least every 10
-    assert rung_spacing(50, 12, 2) == 6  # half the retention
+def test_a_line_drops_nothing_at_or_below_the_floor_it_was_drawn_at() -> None:
+    """A node whose own floor lags (it missed the gc that raised it) keeps the ring's floor
+    snapshot, which may be no rung: the line carries the floor it was drawn at."""
+    line = Thinning(below=90, every=50, chunks=90, floor=70)
+    assert not line.drops(70, floor=0) and not line.drops_chunks(70, floor=0)
+    assert line.drops(80, floor=0) and line.drops_chunks(80, floor=0)
+    assert not line.drops(50, floor=0)  # below the line's floor: the floor's gc drops it
+    assert not Thinning(90, 50, 60, 0).drops_chunks(80, floor=0)  # the chunks' line

@@ -14,11 +14,13 @@ from statestore.core.chunk import encode_chunks
 from statestore.core.errors import (
     CorruptChunk,
     InsufficientStorage,
+    InvalidRequest,
     StaleEpoch,
     VersionConflict,
 )
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
+from statestore.core.retention import Thinning
 from statestore.node.backends import LmdbBackend, Space, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.replica import NodeStore
@@ -434,3 +436,30 @@ def test_a_record_written_before_seals_is_read_and_sealed_once(store: NodeStore)
     sealed = store.backend.get(key)
     assert sealed is not None and sealed != encode_manifest(m)
     assert _opened(sealed) == encode_manifest(m) and store.get_manifest(SID, 4, "delta") == m
+
+
+def test_thinning_keeps_its_first_spacing_and_the_floor_it_was_drawn_at(
+    store: NodeStore,
+) -> None:
+    """NodeStore.apply_thinning: manifests go at the line, chunks only at the chunks' line;
+    a later line with another spacing keeps the first (a snapshot dropped under one is no
+    rung under another: its chunks may be gone) and a lower floor does not lower the line's;
+    a dropped snapshot's manifest is refused on every path that stores one."""
+    for v in range(1, 13):
+        store.put_manifest(commit(v, 1))
+        store.put_manifest(commit(v, 1, value=b"s%d" % v, kind="snapshot"))
+        c = encode_chunks({b"k": b"s%d" % v}, [], kind="s")[0]  # the snapshot's chunk
+        store.put_chunk(chunk_key(SID, v, c.name), c.data)
+    store.apply_thinning(SID, Thinning(below=10, every=4, chunks=0, floor=5))
+    assert store.snapshot_versions(SID) == [1, 2, 3, 4, 5, 8, 10, 11, 12]
+    chunks = sorted(int(k.split("/")[4]) for k in store.store_chunk_keys(SID) if "/s" in k)
+    assert chunks == list(range(1, 13))  # the chunks wait for their own line
+    store.apply_thinning(SID, Thinning(below=11, every=3, chunks=10, floor=0))
+    assert store.thinning(SID) == Thinning(below=11, every=4, chunks=10, floor=5)
+    assert store.snapshot_versions(SID) == [1, 2, 3, 4, 5, 8, 11, 12]
+    chunks = sorted(int(k.split("/")[4]) for k in store.store_chunk_keys(SID) if "/s" in k)
+    assert chunks == [1, 2, 3, 4, 5, 8, 10, 11, 12]
+    with pytest.raises(InvalidRequest):
+        store.put_manifest(commit(9, 1, value=b"s9", kind="snapshot"))
+    assert store.copy_manifests([commit(6, 1, value=b"s6", kind="snapshot")]) == [False]
+    assert 6 not in store.snapshot_versions(SID)
