@@ -107,7 +107,9 @@ def run_case(
                 clients[n].commit(sid, v, puts, [], epoch=1)
                 commit_s[n].append(time.perf_counter() - t0)
             time.sleep(pace)  # a streaming trigger: compaction runs between versions
-        time.sleep(20)  # compaction, retention and the space loop have passes
+        time.sleep(
+            45
+        )  # compaction, retention, thinning's chunk step and the space loop have passes
         oldest = max(1, versions - RETAIN + 1)
         for r in range(rounds):
             for which, version in (("latest", versions), ("oldest", oldest)):

@@ -143,7 +143,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
 # Lines drawn per (node, store): (line, when), oldest first; the chunks of a line go once it
 # was drawn this long ago (in compaction passes), so that a restore which resolved its chain
 # just before the line moved still reads its base's chunks.
-CHUNK_GRACE_PASSES = 30
+CHUNK_GRACE_PASSES = 10
 _drawn: weakref.WeakKeyDictionary[Node, dict[StoreId, list[tuple[int, float]]]] = (
     weakref.WeakKeyDictionary()
 )

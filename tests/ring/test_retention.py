@@ -99,7 +99,7 @@ def test_thinning_on_node_processes_with_one_killed_and_restarted(tmp_path: Path
                     return False
             return True
 
-        # the chunks' step waits 30 compaction passes (60 s) after a line: node/compaction.py
+        # the chunks' step waits 10 compaction passes (20 s) after a line: node/compaction.py
         eventually(settled, "every node thinned its snapshots", limit=180, every=1.0)
         for address in ring.seeds:
             snaps, _, _, floor = _snapshots(address, store)

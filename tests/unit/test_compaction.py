@@ -166,7 +166,7 @@ def test_thinning_drops_the_bases_between_rungs_on_every_node(tmp_path: Path) ->
                 state.update(puts)
                 states[v] = dict(state)
                 await asyncio.sleep(SIM_CONFIG.compact_interval)
-            # the chunks' step waits 30 passes after a line (node/compaction.py)
+            # the chunks' step waits 10 passes after a line (node/compaction.py)
             await asyncio.sleep(70 * SIM_CONFIG.compact_interval)
             held = {a: _held(cluster.node(a), store) for a in cluster.addresses}
             some = cluster.node(cluster.addresses[0])
