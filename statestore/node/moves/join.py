@@ -69,8 +69,9 @@ def _held(node: Node, items: set[str]) -> set[str]:
     """The listed items we hold already, or do not want: a manifest or chunk below our
     retention floor (a source whose floor is lower still lists it; a copy of a manifest
     there is not kept, so fetching it again every round never ended the join, a hot loop the
-    simulator found; a chunk there would be an orphan until the next gc). A name that is no
-    item's is not held: its fetch fails (MalformedData), and the round with it."""
+    simulator found; a chunk there would be an orphan until the next gc), or of a snapshot
+    our thinning drops (likewise). A name that is no item's is not held: its fetch fails
+    (MalformedData), and the round with it."""
     chunks: list[tuple[str, str]] = []
     out: set[str] = set()
     floors: dict[StoreId, int] = {}
@@ -84,6 +85,8 @@ def _held(node: Node, items: set[str]) -> set[str]:
             floors[store] = node.store.floor(store)
         if version < floors[store]:
             out.add(name)  # below our floor: not wanted
+        elif _thinned(node, it, store, version):
+            out.add(name)  # a snapshot our thinning dropped: not kept, so not wanted
         elif isinstance(it, ChunkItem):
             chunks.append((name, it.key))
         elif node.store.raw_manifest(it.store, it.version, it.kind, it.epoch) is not None:
@@ -91,6 +94,16 @@ def _held(node: Node, items: set[str]) -> set[str]:
     flags = node.store.has_chunks([key for _, key in chunks])
     out.update(name for (name, _), has in zip(chunks, flags, strict=True) if has)
     return out
+
+
+def _thinned(node: Node, it: ChunkItem | ManifestItem, store: StoreId, version: int) -> bool:
+    """Whether ``it`` is of a snapshot this node's thinning drops (core/retention.Thinning):
+    its manifest (which no path stores here) or its chunk (past the chunks' line)."""
+    if isinstance(it, ManifestItem):
+        return it.kind == "snapshot" and node.store.thinned(store, version)
+    name = parse_chunk_key(it.key)[2]
+    line = node.store.thinning(store)
+    return name.startswith("s") and line.drops_chunks(version, node.store.floor(store))
 
 
 def _store_version(it: ChunkItem | ManifestItem) -> tuple[StoreId, int]:

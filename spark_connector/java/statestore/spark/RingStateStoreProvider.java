@@ -661,8 +661,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * the versions the ring keeps for this query (Spark's {@code minBatchesToRetain}) when that
    * is fewer, so its base's chunks are still there when it is read whole. The base is the
    * newest snapshot when the version is loaded; on nodes that thin snapshots
-   * ({@code --thin-snapshots}) it stays until two newer ones were written, at least twice
-   * the nodes' {@code --snapshot-every} versions later (docs/operations.md, "Snapshots").
+   * ({@code --thin-snapshots}) it stays until two newer ones were written, at least the
+   * nodes' {@code --snapshot-every} versions later (10 by default), and its chunks 10
+   * compaction passes after that (docs/operations.md, "Snapshots").
    */
   private long lazyHorizon() {
     int retain = StateCommit.retain(this);
