@@ -12,7 +12,8 @@ new base once the deltas above the last one also weigh half of it,
 core/retention.needs_snapshot), one the default ``--thin-snapshots 50`` (of the snapshots
 above the floor, the two newest and those at multiples of 50 are kept:
 core/retention.Thinning), and one at that default with its LMDB file compacted once a
-quarter of it is free (``--reclaim-at 0.25``, the default 0.5; node/space.py);
+quarter of it is free (``--reclaim-at 0.25``, the default; the others at 0.5, the default
+before; node/space.py);
 ``--layouts`` picks some. Commits go to the rings in turn, version by version (the order
 rotates). Once repair, compaction and retention have settled, it
 restores the latest and the oldest retained version from each ring, alternating over
@@ -27,7 +28,7 @@ over the three):
 - ``held / perfect``: the same for the bytes the layout holds (chunks and manifests);
 - ``disk / live``;
 - ``disk / held``: the storage engine's amplification (LMDB's free pages and page slack),
-  which node/space.py's compaction bounds (``--reclaim-at``, default half the file);
+  which node/space.py's compaction bounds (``--reclaim-at``);
 - restore of the latest and of the oldest retained version, and commit time (summed over
   five blocks of versions), as the median ratio to the ``every 10`` ring (min-max).
 
@@ -60,10 +61,10 @@ RETAIN = 100  # the nodes' default --retain
 
 
 LAYOUTS = {  # the rule before thinning first: the others' times are ratios to it
-    "every 10": ["--thin-snapshots", "0"],
-    "rebase 0.5": ["--rebase-at", "0.5", "--thin-snapshots", "0"],
-    "thin 50": ["--thin-snapshots", "50"],  # the default
-    # the default, its file compacted once a quarter of it is free (not half, the default)
+    "every 10": ["--thin-snapshots", "0", "--reclaim-at", "0.5"],
+    "rebase 0.5": ["--rebase-at", "0.5", "--thin-snapshots", "0", "--reclaim-at", "0.5"],
+    "thin 50": ["--thin-snapshots", "50", "--reclaim-at", "0.5"],
+    # the defaults: thinning, and the file compacted once a quarter of it is free
     "thin 50, reclaim 0.25": [
         "--thin-snapshots",
         "50",

@@ -76,7 +76,7 @@ class NodeConfig:
     scrub_interval: float = 3600.0
     # space given back (node/space.py): compact the storage file when its free pages reach
     # this share of it (0: never) and at least reclaim_min bytes
-    reclaim_at: float = 0.5
+    reclaim_at: float = 0.25
     reclaim_min: int = 64 * 1024 * 1024
     drain_on_stop: bool = False  # SIGTERM decommissions the node before it exits
     drain_timeout: float = 600.0  # seconds such a drain may take before the node gives up

@@ -371,7 +371,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "reclaim-at",
         "number",
-        0.5,
+        0.25,
         "compact the storage file when this share of it is free pages (0: never)",
         ("reclaim_at",),
         _fraction,

@@ -13,8 +13,8 @@ writes go on while the copy is made; the writes made meanwhile are held in memor
 quarter of ``--memory-budget`` and 256 MiB: past it they are let go at once and the
 compaction gives up until the next look) and replayed onto the copy, and
 only the last replay and the swap hold them (measured in docs/benchmarks.md, "Storage").
-With the defaults (half the file free, 64 MiB at least) a file is compacted at most once per
-halving of what it holds, so the write volume it adds is bounded by what was freed.
+With the defaults (a quarter of the file free, 64 MiB at least) a file is compacted at most
+once per quarter of it freed, so the write volume it adds is bounded by 3x what was freed.
 """
 
 from __future__ import annotations
