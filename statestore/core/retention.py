@@ -19,20 +19,21 @@ chain is one the rule would have cut, a snapshot is written at the oldest kept v
 becomes the floor. ``node/compaction.py`` writes the
 snapshots and sends the floor.
 
-**Thinning** (``--thin-snapshots N``, off at 0). The bases between the floor and the newest
-ones serve only restores of the versions they sit under; the deltas are kept anyway, so
-each of them is a full copy of the state bought for speed. Thinning keeps, of the snapshots
-above the floor, the two newest (a restore of the latest version, and one that began just
-before the newest was written, read what they always read) and those at multiples of ``N``
-(the *rungs* the floor climbs by), and drops the others (:class:`Thinning`). A store then
-holds the floor's base, about ``retain / N`` rungs and two newest bases instead of a base
-every ``snapshot_every`` versions. When a snapshot is due and a multiple of ``N`` lies
-between the head's base and the head, compaction writes that rung instead of the head (no
-snapshot more), so the floor keeps rising; the forced snapshot at the retention line goes
-to the rung below it. Which
-snapshots go is a rule of version numbers, the floor and one number per store (the
-thinning line, ``below``): every node and every chunk holder applies it alike, and repair
-neither keeps nor brings back what it drops (node/replica.py, node/repair.py).
+**Thinning** (``--thin-snapshots N``, 50 by default, off at 0). The bases between the floor
+and the newest ones serve only restores of the versions they sit under; the deltas are kept
+anyway, so each of them is a full copy of the state bought for speed. Thinning keeps, of the
+snapshots above the floor, the two newest (a restore of the latest version, and one that
+began just before the newest was written, read what they always read) and those at
+multiples of a spacing (the *rungs* the floor climbs by: :func:`rung_spacing`), and drops
+the others (:class:`Thinning`). A store then holds the floor's base, about ``retain /
+spacing`` rungs and two newest bases instead of a base every ``snapshot_every`` versions.
+When a snapshot is due and a rung lies between the head's base and the head, compaction
+writes that rung instead of the head (no snapshot more), so the floor keeps rising; the
+forced snapshot at the retention line goes to the rung below it. Which snapshots go is a
+rule of version numbers, the node's floor and four numbers per store (the line, the
+spacing, the chunks' line and the floor the line was drawn at): every node and every chunk
+holder applies it alike, and no path stores again a manifest it dropped (node/replica.py,
+node/repair.py; the two steps, manifests then chunks: node/compaction.py).
 
 A snapshot is usable for its version only when it is the state the head's lineage has there
 (:func:`statestore.core.manifest.lineage`): a snapshot of another epoch is the state of a dead
@@ -213,8 +214,8 @@ def plan_compaction(
         floor: the floor already applied here.
         rebase_at: the share of the base's bytes the deltas above it must weigh before a
             new base is written (0: every ``snapshot_every`` deltas).
-        thin: the store's thinning as applied here, its ``every`` the node's
-            ``--thin-snapshots`` (0: every snapshot is kept).
+        thin: the store's thinning as applied here, its ``every`` the store's spacing
+            (:func:`rung_spacing`, fixed by its first line; 0: every snapshot is kept).
 
     A chain this replica cannot resolve (a version missing: repair will bring it) yields
     nothing to do.

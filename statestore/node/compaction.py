@@ -10,9 +10,11 @@ below the oldest kept version, so every kept version stays restorable; the floor
 every live node, which drops the manifests and chunks below it (docs/design.md, Compaction).
 Thinning (``--thin-snapshots``, core/retention.Thinning) drops the snapshots between the
 floor and the two newest that are not rungs, in two steps: the line goes to every live node,
-which drops their manifests; once every owner of the store's manifests answered that it took
-it, the line of their chunks follows (a reader merges the owners' manifests: one still naming
-a snapshot whose chunks were gone would fail its restore).
+which drops their manifests; once every home replica and owner of the store's manifests
+answered that it took it (a down one holds the step back), and the line was drawn
+:data:`CHUNK_GRACE_PASSES` passes before (a restore that resolved its chain just before still
+reads its base), the line of their chunks follows (a reader merges the owners' manifests: one
+still naming a snapshot whose chunks were gone would fail its restore).
 Which snapshots, which floor and which line is decided by
 :func:`statestore.core.retention.plan_compaction`; this module restores, writes and sends.
 """
@@ -168,10 +170,10 @@ async def _drop_chunks(
     took = all(answers.get(a, {}).get("thinning", {}).get("below", 0) >= thin.below for a in owners)
     grace = CHUNK_GRACE_PASSES * node.config.compact_interval
     ripe = [line for line, at in lines if now - at >= grace]
+    del lines[: max(0, len(ripe) - 1)]  # of the ripe lines only the highest counts
     if not took or not ripe:
         return
     line = max(ripe)
-    del lines[: len(ripe) - 1]  # the ripe ones but the highest are done with
     gc = {
         "thin_below": thin.below,
         "thin_every": thin.every,
