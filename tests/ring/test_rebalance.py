@@ -376,12 +376,21 @@ def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> Non
             assert not view.moving
             counts = {m.id: m.vnodes or 16 for m in view.members}
             assert counts[hot.id] < 64
-            after = json.loads(
-                _statestore("rebalance", "--seeds", ring.seeds[0], "--dry-run", "--json").stdout
-            )
-            assert after["ratio_before"] < before["ratio_before"], (before, after)
             load = http_json(hot.address, "/v1/load")
             assert load["vnodes"] == counts[hot.id] and load["requests_per_s"] > 0  # type: ignore[index]
+            # the old owners drop what they gave up (and the extra copies of commits made during
+            # the moves) over their next repair passes: the measured imbalance falls after that
+            measured: list[dict[str, object]] = []
+
+            def evened() -> bool:
+                out = _statestore("rebalance", "--seeds", ring.seeds[0], "--dry-run", "--json")
+                measured.append(json.loads(out.stdout))
+                return float(measured[-1]["ratio_before"]) < before["ratio_before"]  # type: ignore[arg-type]
+
+            try:
+                eventually(evened, "the measured imbalance falls below the skewed one", 90, 1.0)
+            except AssertionError as exc:
+                raise AssertionError((before, measured[-3:])) from exc
 
 
 async def test_auto_rebalance_moves_tokens_when_the_ring_passes_its_threshold(
