@@ -40,9 +40,11 @@ from statestore.net.credentials import client_token
 from statestore.net.http import HttpTransport
 from statestore.net.quorate import finish_left
 from statestore.net.reads import (
+    BlockPath,
     ReadStats,
     fetch_chunk,
     fetch_part,
+    lookup_keys,
     read_chain,
     read_chains,
     read_head,
@@ -756,12 +758,21 @@ class AsyncRingClient:
                 )
             )
 
+        async def lookup(
+            path: BlockPath, keys: Sequence[bytes], stats: ReadStats
+        ) -> list[bytes | None]:
+            groups = chain[-1].key_groups
+            return await self._routed(
+                lambda view: lookup_keys(self._transport, view, store, groups, path, keys, stats)
+            )
+
         return AsyncLazyState(
             store,
             chain,
             want,
             fetch=fetch,
             fetch_part=fetch_part_of,
+            lookup=lookup,
             concurrency=self.concurrency,
             max_chunk=self.max_chunk,
             cache_bytes=cache_bytes,

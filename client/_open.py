@@ -57,7 +57,7 @@ from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
-from statestore.net.reads import ReadStats, block_path, read_by_blocks
+from statestore.net.reads import BlockPath, ReadStats, block_path, read_by_blocks
 
 __all__ = ["DEFAULT_OPEN_CACHE", "AsyncLazyState", "ChunkFetch", "LazyState"]
 
@@ -74,6 +74,8 @@ ChunkFetch = Callable[[int, ChunkRef, ReadStats], Awaitable[bytes]]
 # Fetches bytes (offset, length) of one chunk, verified against the checksum given (the
 # client's: net/reads.fetch_part).
 PartFetch = Callable[[int, ChunkRef, tuple[int, int], int, ReadStats], Awaitable[bytes]]
+# Asks one node for the values of keys along a block path (the client's: net/reads.lookup_keys).
+Lookup = Callable[[BlockPath, Sequence[bytes], ReadStats], Awaitable[list[bytes | None]]]
 
 
 def _check_key(key: object) -> bytes:
@@ -185,6 +187,7 @@ class AsyncLazyState:
         *,
         fetch: ChunkFetch,
         fetch_part: PartFetch | None = None,
+        lookup: Lookup | None = None,
         concurrency: int = 16,
         max_chunk: int = MAX_CHUNK_RAW,
         cache_bytes: int = DEFAULT_OPEN_CACHE,
@@ -194,6 +197,8 @@ class AsyncLazyState:
         top = chain[-1]
         self._fetch_bytes = fetch
         self._fetch_part = fetch_part
+        # with no cache, a point read is one lookup a node answers from its own cache
+        self._lookup = lookup if cache_bytes == 0 else None
         self._max_chunk = max_chunk
         self.store = store
         self.version = version
@@ -274,23 +279,34 @@ class AsyncLazyState:
         g = key_group(key, self.key_groups)
         if self._groups.get(g) is None and self._fetch_part is not None:
             path = block_path(self.chain, key)
-            if path is not None and path[0][0].key_groups == self.key_groups:
+            if path is not None:
                 self.cache_misses += 1
+                if self._lookup is not None:
+                    if not path:
+                        return None
+                    async with self._sem:
+                        return (await self._lookup(path, [key], self.stats))[0]
                 return await read_by_blocks(
-                    path, self._part_fetch, self.store, key, self._blocks, max_raw=self._max_chunk
+                    path,
+                    self.key_groups,
+                    self._part_fetch,
+                    self.store,
+                    key,
+                    self._blocks,
+                    max_raw=self._max_chunk,
                 )
         return (await self._group(g)).get(key)
 
     def _part_fetch(
-        self, m: Manifest, ref: ChunkRef
+        self, version: int, ref: ChunkRef
     ) -> Callable[[tuple[int, int], int], Awaitable[bytes]]:
-        """Fetches parts of chunk ``ref`` of ``m`` (within the client's concurrency)."""
+        """Fetches parts of chunk ``ref`` of ``version`` (within the client's concurrency)."""
         part = self._fetch_part
         assert part is not None
 
         async def fetch(span: tuple[int, int], expected: int) -> bytes:
             async with self._sem:
-                return await part(m.version, ref, span, expected, self.stats)
+                return await part(version, ref, span, expected, self.stats)
 
         return fetch
 

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 import msgpack
+import msgspec
 
 from statestore.core.cache import ChunkCache, rows_cost
 from statestore.core.chunk import (
@@ -47,12 +48,19 @@ from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.quorate import Rest, until_enough
 from statestore.net.transport import Response, Transport
+from statestore.wire.bodies import LookupPart, LookupRequest
 from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
 
 __all__ = [
+    "BlockPath",
     "ReadStats",
+    "block_path",
     "fetch_chunk",
+    "fetch_part",
+    "lookup_keys",
+    "read_block_rows",
+    "read_by_blocks",
     "read_chain",
     "read_chains",
     "read_head",
@@ -550,9 +558,11 @@ async def fetch_part(
     span: tuple[int, int],
     expected: int,
     stats: ReadStats,
+    skipped: list[StateStoreError] | None = None,
 ) -> bytes:
     """Fetch bytes ``span`` = (offset, length) of one chunk (a blocked chunk's index or one
-    block) from the first holder whose answer has checksum ``expected``."""
+    block) from the first holder whose answer has checksum ``expected``; what each holder
+    skipped answered goes to ``skipped`` when given."""
     key = chunk_key(store, version, ref.name)
     offset, length = span
     what = f"{key} bytes {offset}+{length}"
@@ -564,8 +574,10 @@ async def fetch_part(
         verify(resp.body, expected, what)
         return resp.body
 
-    def failed(_address: str, _exc: StateStoreError) -> None:
+    def failed(_address: str, exc: StateStoreError) -> None:
         stats.failovers += 1
+        if skipped is not None:
+            skipped.append(exc)
 
     address, body = await first_holder(key, view.read_order(key), read, on_failover=failed)
     stats.parts += 1
@@ -605,11 +617,21 @@ async def read_block_rows(
     return rows
 
 
-def block_path(chain: Sequence[Manifest], key: bytes) -> list[tuple[Manifest, ChunkRef]] | None:
+BlockPath = list[tuple[int, ChunkRef]]  # (version, chunk) pairs a point read looks into
+
+
+def _cache_key(store: StoreId, version: int, ref: ChunkRef) -> str:
+    """What a blocked chunk's index and blocks are cached under: its key and the checksum
+    its reader expects of the index, so that a cache shared by readers (a node's, for its
+    lookups) gives each only what was verified against its own manifest."""
+    return f"{chunk_key(store, version, ref.name)}@{ref.index_checksum:016x}"
+
+
+def block_path(chain: Sequence[Manifest], key: bytes) -> BlockPath | None:
     """The chunks a point read of ``key`` looks into, newest manifest first down to the
-    newest snapshot: those with rows whose group range covers the key's group. None if one
-    of them is not blocked (or the chain is cut by several key-group counts): then the read
-    goes chunk by chunk."""
+    newest snapshot: those with rows whose group range covers the key's group, as (version,
+    chunk). None if one of them is not blocked (or the chain is cut by several key-group
+    counts): then the read goes chunk by chunk."""
     out = []
     for m in reversed(chain):
         if m.key_groups != chain[-1].key_groups:
@@ -619,14 +641,14 @@ def block_path(chain: Sequence[Manifest], key: bytes) -> list[tuple[Manifest, Ch
             if ref.rows and ref.lo <= g <= ref.hi:
                 if not ref.blocked:
                     return None
-                out.append((m, ref))
+                out.append((m.version, ref))
         if m.kind == "snapshot":
             break
     return out
 
 
 def _cached_by_blocks(
-    path: Sequence[tuple[Manifest, ChunkRef]],
+    path: Sequence[tuple[int, ChunkRef]],
     store: StoreId,
     group: int,
     key: bytes,
@@ -634,8 +656,8 @@ def _cached_by_blocks(
 ) -> tuple[bool, bytes | None]:
     """(True, value) when ``cache`` holds every index and block :func:`read_by_blocks` would
     fetch: the read costs no request and no task; else (False, None)."""
-    for m, ref in path:
-        ckey = chunk_key(store, m.version, ref.name)
+    for version, ref in path:
+        ckey = _cache_key(store, version, ref)
         index = cache.get_index(ckey)
         if index is None:
             return False, None
@@ -651,41 +673,97 @@ def _cached_by_blocks(
 
 
 async def read_by_blocks(
-    path: Sequence[tuple[Manifest, ChunkRef]],
-    fetch_for: Callable[[Manifest, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]],
+    path: Sequence[tuple[int, ChunkRef]],
+    groups: int,
+    fetch_for: Callable[[int, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]],
     store: StoreId,
     key: bytes,
     cache: ChunkCache,
     *,
     max_raw: int = MAX_CHUNK_RAW,
 ) -> bytes | None:
-    """``key``'s value along ``path`` (:func:`block_path`): of every chunk at once, its index
-    then the one block that can hold the key (two round trips whatever the chain's length),
-    and the newest manifest naming the key decides."""
+    """``key``'s value along ``path`` (:func:`block_path`, of a chain of ``groups`` key
+    groups): of every chunk at once, its index then the one block that can hold the key (two
+    round trips whatever the chain's length), and the newest manifest naming the key
+    decides."""
     if not path:
         return None
-    g = key_group(key, path[0][0].key_groups)
+    g = key_group(key, groups)
     hit, value = _cached_by_blocks(path, store, g, key, cache)
     if hit:
         return value
     found = await asyncio.gather(
         *(
             read_block_rows(
-                fetch_for(m, ref),
+                fetch_for(version, ref),
                 ref,
-                chunk_key(store, m.version, ref.name),
+                _cache_key(store, version, ref),
                 g,
                 key,
                 cache,
                 max_raw=max_raw,
             )
-            for m, ref in path
+            for version, ref in path
         )
     )
     for rows in found:
         if rows is not None and key in rows:
             return rows[key]
     return None
+
+
+async def lookup_keys(
+    transport: Transport,
+    view: RingView,
+    store: StoreId,
+    groups: int,
+    path: BlockPath,
+    keys: Sequence[bytes],
+    stats: ReadStats,
+) -> list[bytes | None]:
+    """The values of ``keys`` (None: absent) along ``path`` (:func:`block_path`, every key's
+    group covered by it), read by one node (``POST .../lookup``, node/lookup.py): a holder
+    of the path's snapshot chunk, the largest, so that its index and blocks are read from
+    the node's own storage and stay in its cache; the next holder when one fails."""
+    request = LookupRequest(
+        groups,
+        [k.hex() for k in keys],
+        [LookupPart(v, r.name, r.lo, r.hi, r.size, r.index_len, r.index_checksum) for v, r in path],
+    )
+    body = msgspec.json.encode(request)
+    anchor = chunk_key(store, path[-1][0], path[-1][1].name)
+
+    async def read(address: str) -> list[bytes | None]:
+        resp = await transport.request(
+            "POST",
+            address,
+            f"/v1/stores/{store.path}/lookup",
+            body=body,
+            headers={"Content-Type": "application/json"},
+        )
+        stats.bytes += len(resp.body)
+        return _lookup_values(resp.body, len(keys), address)
+
+    def failed(_address: str, _exc: StateStoreError) -> None:
+        stats.failovers += 1
+
+    _, values = await first_holder(anchor, view.read_order(anchor), read, on_failover=failed)
+    stats.parts += 1
+    return values
+
+
+def _lookup_values(body: bytes, n: int, address: str) -> list[bytes | None]:
+    try:
+        values = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise MalformedData(f"the lookup answer of {address} does not decode ({exc})") from exc
+    if (
+        not isinstance(values, list)
+        or len(values) != n
+        or not all(v is None or isinstance(v, bytes) for v in values)
+    ):
+        raise MalformedData(f"the lookup answer of {address} is not {n} values or nils")
+    return values
 
 
 async def read_key(
@@ -712,11 +790,12 @@ async def read_key(
     if path is not None:
 
         def fetch_for(
-            m: Manifest, ref: ChunkRef
+            version: int, ref: ChunkRef
         ) -> Callable[[tuple[int, int], int], Awaitable[bytes]]:
-            return partial(fetch_part, transport, view, store, m.version, ref, stats=stats)
+            return partial(fetch_part, transport, view, store, version, ref, stats=stats)
 
-        return await read_by_blocks(path, fetch_for, store, key, cache, max_raw=max_raw)
+        groups = chain[-1].key_groups
+        return await read_by_blocks(path, groups, fetch_for, store, key, cache, max_raw=max_raw)
     loop = asyncio.get_running_loop()
     for m in reversed(chain):
         g = key_group(key, m.key_groups)

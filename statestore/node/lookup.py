@@ -1,24 +1,54 @@
-"""Point reads for callers without the ring client: ``GET /v1/stores/{store}/key?key=HEX
-[&version=N]`` (curl, the JVM, the dashboard's users).
+"""Point reads served by a node, with a cache of its own that every reader shares.
 
-The node runs the client's point read (``net/reads.read_key``: the chain walked newest first,
-only the key's key group fetched) with a chunk cache of its own, and answers the value's bytes
-(``404 not_found`` when the key has none at that version). Timed by the metrics as
-``statestore_point_read_seconds``.
+``GET /v1/stores/{store}/key?key=HEX[&version=N]``, for callers without the ring client
+(curl, the JVM, the dashboard's users): the node runs the client's point read
+(``net/reads.read_key``: the chain walked newest first, only the key's key group fetched),
+and answers the value's bytes (``404 not_found`` when the key has none at that version).
+Timed by the metrics as ``statestore_point_read_seconds``.
+
+``POST /v1/stores/{store}/lookup`` (wire/bodies.LookupRequest), for a reader that holds the
+version's chain (an opened store of the SDK with no cache of its own): it names the blocked
+chunks along the chain that the keys' groups fall in, and the node reads, of each, the index
+and the one block a key can be in, from its own storage when it holds the chunk (else from a
+replica), verified against the checksums the reader named and kept decoded in the node's
+cache. The answer is a msgpack list: each key's value, or nil when it has none. One request
+per read, however long the chain, and the indexes stay on the node: a reader with nothing
+cached costs the node a few dictionary look-ups once its cache holds the store's indexes.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import msgpack
 from aiohttp import web
 
 from statestore.core.cache import ChunkCache
-from statestore.core.errors import InvalidRequest, NotFound
-from statestore.core.ids import StoreId, check_version
-from statestore.net.reads import read_head, read_key
-from statestore.node.daemon import NODE
+from statestore.core.chunk import key_group, verify
+from statestore.core.errors import (
+    CorruptChunk,
+    InvalidRequest,
+    NodeUnavailable,
+    NotFound,
+    StateStoreError,
+)
+from statestore.core.ids import StoreId, check_version, chunk_key
+from statestore.core.manifest import ChunkRef
+from statestore.net.reads import (
+    BlockPath,
+    ReadStats,
+    fetch_part,
+    read_by_blocks,
+    read_head,
+    read_key,
+)
+from statestore.node.daemon import NODE, Node
+from statestore.node.request import read_body
+from statestore.wire.bodies import LookupRequest, decode_json
 from statestore.wire.headers import EPOCH_HEADER
 
-__all__ = ["CACHE", "MAX_KEY_BYTES", "point_read", "register"]
+__all__ = ["CACHE", "MAX_KEY_BYTES", "lookup", "point_read", "register"]
 
 MAX_KEY_BYTES = 64 * 1024
 CACHE = web.AppKey("point_read_cache", ChunkCache)
@@ -60,6 +90,116 @@ async def point_read(request: web.Request) -> web.Response:
     )
 
 
+def _parts(store: StoreId, body: LookupRequest) -> BlockPath:
+    """The chunks a lookup names (their names checked on decode), checked: ranges within the store's
+    groups, an index within its chunk, newest version first and each version's ranges in
+    order, overlapping at most at an end (a manifest's chunks: a key looks into one or two
+    of a version's chunks)."""
+    out: BlockPath = []
+    last: tuple[int, int] | None = None
+    for p in body.parts:
+        if not p.lo <= p.hi < body.groups:
+            raise InvalidRequest(
+                f"lookup: chunk {p.name} covers groups {p.lo}..{p.hi}, not within the "
+                f"store's {body.groups}"
+            )
+        if p.index_len >= p.size:
+            raise InvalidRequest(f"lookup: chunk {p.name}'s index is not within its bytes")
+        if p.index_checksum >= 1 << 64:
+            raise InvalidRequest(f"lookup: chunk {p.name}'s index checksum is not 64 bits")
+        if last is not None and not (
+            p.version < last[0] or (p.version == last[0] and p.lo >= last[1])
+        ):
+            raise InvalidRequest(
+                "lookup: give the parts newest version first, each version's chunks in group "
+                "order (a group split over two chunks is the one they share)"
+            )
+        last = (p.version, p.hi)
+        ref = ChunkRef(p.name, p.lo, p.hi, p.size, 0, 1, 0, p.index_len, p.index_checksum)
+        out.append((p.version, ref))
+    return out
+
+
+def _key_of(text: str) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"lookup: key {text[:40]!r} is not hex ({exc})") from exc
+
+
+def _fetcher(
+    node: Node, store: StoreId, stats: ReadStats
+) -> Callable[[int, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]]:
+    """Reads parts of chunks from this node's storage, verified; from a replica when it does
+    not hold the chunk or its copy is bad."""
+
+    def fetch_for(
+        version: int, ref: ChunkRef
+    ) -> Callable[[tuple[int, int], int], Awaitable[bytes]]:
+        ckey = chunk_key(store, version, ref.name)
+
+        async def fetch(span: tuple[int, int], expected: int) -> bytes:
+            offset, length = span
+            held = node.store.get_chunk_part(ckey, offset, length)
+            if held is not None and offset + length <= held[1]:
+                try:
+                    verify(held[0], expected, f"{ckey} bytes {offset}+{length}")
+                    return held[0]
+                except CorruptChunk:
+                    pass  # a replica's copy; the scrub rewrites this one
+            skipped: list[StateStoreError] = []
+            try:
+                return await fetch_part(
+                    node.transport, node.view(), store, version, ref, span, expected, stats, skipped
+                )
+            except NodeUnavailable:
+                if skipped and all(isinstance(e, NotFound) for e in skipped):
+                    raise NotFound(
+                        f"chunk {ckey} is on no live holder: the lookup names a chunk the "
+                        "store does not have (retention may have dropped it)"
+                    ) from None
+                raise
+
+        return fetch
+
+    return fetch_for
+
+
+async def lookup(request: web.Request) -> web.Response:
+    """``POST /v1/stores/{store}/lookup``."""
+    node = request.app[NODE]
+    mi = request.match_info
+    store = StoreId.parse(f"{mi['query']}/{mi['operator']}/{mi['partition']}/{mi['name']}")
+    body = decode_json(
+        await read_body(request),
+        LookupRequest,
+        "lookup",
+        '{"groups": G, "keys": [hex, ...], "parts": [[version, name, lo, hi, size, '
+        "index_len, index_checksum], ...]}",
+    )
+    keys = [_key_of(k) for k in body.keys]
+    parts = _parts(store, body)
+    cache = request.app[CACHE]
+    fetch_for = _fetcher(node, store, ReadStats())
+    max_raw = node.config.max_chunk
+
+    def one(key: bytes) -> Awaitable[bytes | None]:
+        g = key_group(key, body.groups)
+        path = [(v, ref) for v, ref in parts if ref.lo <= g <= ref.hi]
+        return read_by_blocks(path, body.groups, fetch_for, store, key, cache, max_raw=max_raw)
+
+    if len(keys) == 1:
+        values = [await one(keys[0])]
+    else:
+        values = list(await asyncio.gather(*map(one, keys)))
+    return web.Response(
+        body=msgpack.packb(values, use_bin_type=True),
+        content_type="application/msgpack",
+        headers={EPOCH_HEADER: str(node.epoch)},
+    )
+
+
 def register(app: web.Application) -> None:
     app[CACHE] = ChunkCache(32 * 1024 * 1024)
     app.router.add_get("/v1/stores/{query}/{operator}/{partition}/{name}/key", point_read)
+    app.router.add_post("/v1/stores/{query}/{operator}/{partition}/{name}/lookup", lookup)

@@ -293,7 +293,7 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
             "put-hint", "get-hint", "outcomes", "post-outcomes", "load", "tokens", "copies",
             "read-copies", "live", "ready", "remove", "remove-sweep", "removals", "handover",
-            "leave", "items", "room", "post-room", "hints",
+            "leave", "items", "room", "post-room", "hints", "lookup",
         )
     )  # fmt: skip
     j = "json"
@@ -429,6 +429,11 @@ def _template(rng: random.Random, h: _Harness) -> Request:
     elif route == "point-read":
         q = {"key": rng.randbytes(4).hex(), "version": str(v)}
         r = Request(route, "GET", f"{sp}/key", q, {}, b"")
+    elif route == "lookup":  # a part named like a held chunk, if any; mutated from there
+        name = some_key.rsplit("/", 1)[-1]
+        part = [v, name, 0, 127, rng.randrange(2, 5000), rng.randrange(1, 100), rng.getrandbits(64)]
+        obj = {"groups": 128, "keys": [rng.randbytes(4).hex()], "parts": [part]}
+        r = Request(route, "POST", f"{sp}/lookup", {}, {}, b"", obj, j)
     elif route in ("drop", "purge"):
         obj = {"id": "fuzz", "at": 1.0, "phase": rng.choice(("purge", "seal"))}
         r = Request(route, "POST", f"/v1/queries/{store.query}/{route}", {}, {}, b"", obj, j)

@@ -25,6 +25,8 @@ __all__ = [
     "MAX_COPIES_BYTES",
     "MAX_GOSSIP_MEMBERS",
     "MAX_HAVE_ITEMS",
+    "MAX_LOOKUP_KEYS",
+    "MAX_LOOKUP_PARTS",
     "ChainsRequest",
     "ChunkAck",
     "GcRequest",
@@ -33,6 +35,8 @@ __all__ = [
     "HandoverItemsRequest",
     "HaveRequest",
     "KeysRequest",
+    "LookupPart",
+    "LookupRequest",
     "ManifestAck",
     "ManifestCopiesAck",
     "ManifestsRequest",
@@ -116,6 +120,40 @@ class KeysRequest(msgspec.Struct, frozen=True):
     """``POST /v1/chunks``."""
 
     keys: Annotated[list[Str], Meta(max_length=MAX_BATCH_KEYS)]
+
+
+MAX_LOOKUP_KEYS = 1000  # keys in one POST .../lookup
+# chunks one lookup may name: a key looks into one per version down to the newest snapshot
+MAX_LOOKUP_PARTS = 256
+MAX_LOOKUP_KEY_HEX = 2 * 64 * 1024  # a key of at most 64 KiB, in hex
+U64 = Annotated[int, Meta(ge=0)]  # msgspec takes no bound past int64: checked where used
+Group = Annotated[int, Meta(ge=0, le=65535)]
+
+
+class LookupPart(msgspec.Struct, frozen=True, array_like=True):
+    """One blocked chunk a lookup may read (core/chunk.py), as the reader's manifest names
+    it: ``[version, name, lo, hi, size, index_len, index_checksum]``."""
+
+    version: Version
+    name: Annotated[str, Meta(pattern=r"^[ds][0-9]{1,6}-[0-9a-f]{16}\Z")]  # core/ids
+    lo: Group
+    hi: Group
+    size: Annotated[int, Meta(ge=2, le=2**40)]
+    index_len: Annotated[int, Meta(ge=1, le=2**40)]
+    index_checksum: U64
+
+
+class LookupRequest(msgspec.Struct, frozen=True):
+    """``POST .../lookup``: the values of ``keys`` (hex) in a pinned version of a store of
+    ``groups`` key groups, read from ``parts``: the chunks along its chain down to the newest
+    snapshot, newest version first, each version's chunks in group order."""
+
+    groups: Annotated[int, Meta(ge=1, le=65536)]
+    keys: Annotated[
+        list[Annotated[str, Meta(max_length=MAX_LOOKUP_KEY_HEX)]],
+        Meta(min_length=1, max_length=MAX_LOOKUP_KEYS),
+    ]
+    parts: Annotated[list[LookupPart], Meta(min_length=1, max_length=MAX_LOOKUP_PARTS)]
 
 
 class StoresRequest(msgspec.Struct, frozen=True):

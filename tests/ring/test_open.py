@@ -9,10 +9,13 @@ The asyncio client runs against in-process nodes; the blocking one against node 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import aiohttp
+import msgpack
 import pytest
 
 from client import (
@@ -28,7 +31,8 @@ from client import (
 from statestore.cli.local import LocalRing
 from statestore.core.chunk import key_group
 from statestore.core.manifest import Manifest
-from tests.ringkit import local_ring, nodes
+from statestore.net.reads import block_path
+from tests.ringkit import local_ring, nodes, state_of
 
 CHUNK = 512  # raw bytes per chunk: hundreds of chunks for a few thousand keys
 Ref = dict[bytes, bytes]
@@ -376,3 +380,123 @@ def test_sync_open_fetches_little_and_stays_pinned(procs: LocalRing) -> None:
     kept.close()
     with pytest.raises(RuntimeError):
         st[key]
+
+
+# -- no cache of its own: one lookup a node answers per read ---------------------------------
+def _blocked_versions(seed: int) -> tuple[list[tuple[Ref, list[bytes], bool]], Ref]:
+    """A snapshot of 30,000 keys in the default 4 MiB chunks (blocked), a delta that
+    overwrites and adds, one that deletes; and the state they leave."""
+    rng = random.Random(seed)
+    base = {f"key-{i:06d}".encode(): rng.randbytes(150) for i in range(30_000)}
+    over = {k: rng.randbytes(150) for k in rng.sample(sorted(base), 300)}
+    over.update({f"new-{i}".encode(): rng.randbytes(40) for i in range(200)})
+    gone = [k for k in rng.sample(sorted(base), 200) if k not in over] + [b"new-7"]
+    commits = [(base, [], True), (over, [], False), ({}, gone, False)]
+    return commits, _expected(commits)[3]
+
+
+async def test_async_open_without_a_cache_reads_through_one_lookup_per_key(
+    tmp_path: Path,
+) -> None:
+    """``open(cache_bytes=0)``: a point read is one ``POST .../lookup`` to a holder of the
+    key's snapshot chunk, which reads the index and one block of each chunk along the chain
+    from its own storage or, for the chunks it does not hold (R=2 of 3 nodes), from a
+    replica, and keeps them decoded in its cache. The client fetches no part of a chunk;
+    the newest version naming a key decides (overwrites, deletes, new keys, absent keys)."""
+    sid = StoreId("open", 0, 10, "lookup")
+    commits, want = _blocked_versions(seed=10)
+    rng = random.Random(11)
+    async with nodes(tmp_path, 3) as live, AsyncRingClient([live[0].address]) as ring:
+        await _commit_all(ring, sid, commits)
+        over, gone = commits[1][0], commits[2][1]
+        keys = [
+            *rng.sample(sorted(want), 30),
+            *rng.sample(sorted(over), 10),
+            *gone[:10],
+            b"new-7",
+            b"absent",
+            b"",
+        ]
+        cold = await ring.open(sid, cache_bytes=0)
+        cached = await ring.open(sid)
+        for key in keys:
+            assert await cold.get(key) == want.get(key), key
+            assert await cached.get(key) == want.get(key), key
+        assert cold.chunks_fetched == 0
+        assert cold.stats.parts == len(keys)  # one request a read
+        assert cold.bytes_fetched < 200 * len(keys)  # the values, not indexes and blocks
+        # a reader with a cache fetched indexes and blocks instead
+        assert cached.bytes_fetched > 10 * cold.bytes_fetched
+        assert cold.cache_bytes == 0
+        # a pinned older version reads the same way
+        older = await ring.open(sid, 2, cache_bytes=0)
+        for key in keys[30:45]:
+            assert await older.get(key) == {**commits[0][0], **over}.get(key)
+
+
+async def _lookup(node: object, sid: StoreId, body: bytes) -> tuple[int, bytes]:
+    address = node.address  # type: ignore[attr-defined]
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            f"http://{address}/v1/stores/{sid.path}/lookup",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as r:
+            return r.status, await r.read()
+
+
+async def test_lookup_refuses_bad_bodies_and_trusts_only_what_its_reader_names(
+    tmp_path: Path,
+) -> None:
+    """``POST .../lookup`` is typed and bounded: each bad body is a 400 that changes nothing;
+    an index checksum no replica's bytes have is a 422, and the node's cache, which every
+    reader shares, keeps nothing of it: the next reader, naming the right one, is answered."""
+    sid = StoreId("open", 0, 11, "lookup")
+    commits, want = _blocked_versions(seed=12)
+    async with nodes(tmp_path, 2) as live, AsyncRingClient([live[0].address]) as ring:
+        await _commit_all(ring, sid, commits)
+        lazy = await ring.open(sid)
+        key = sorted(want)[123]
+        path = block_path(lazy.chain, key)
+        assert path is not None and len(path) >= 2
+        parts = [[v, r.name, r.lo, r.hi, r.size, r.index_len, r.index_checksum] for v, r in path]
+        good = {"groups": lazy.key_groups, "keys": [key.hex()], "parts": parts}
+
+        def body(**kw: object) -> bytes:
+            return json.dumps({**good, **kw}).encode()
+
+        def part(i: int, **kw: object) -> list[object]:
+            fields = ["version", "name", "lo", "hi", "size", "index_len", "index_checksum"]
+            p = dict(zip(fields, parts[i], strict=True)) | kw
+            return [p[f] for f in fields]
+
+        before = [state_of(n) for n in live]
+        bad = [
+            b"not json",
+            b"{}",
+            body(keys=[]),
+            body(keys=["00"] * 1001),
+            body(keys=["zz"]),
+            body(groups=0),
+            body(parts=[]),
+            body(parts=parts * 200),
+            body(parts=[part(0, name="../../other/0/0/x/1/s1-0123456789abcdef")]),
+            body(parts=[part(0, lo=5, hi=4)]),
+            body(parts=[part(0, hi=lazy.key_groups)]),
+            body(parts=[part(0, index_len=parts[0][4])]),
+            body(parts=[part(0, index_checksum=2**64)]),
+            body(parts=[part(0, index_checksum=-1)]),
+            body(parts=list(reversed(parts))),  # oldest first
+            body(parts=[part(0), part(0)]),  # one chunk twice
+        ]
+        for b in bad:
+            status, answer = await _lookup(live[0], sid, b)
+            assert status == 400, (b[:80], status, answer[:200])
+        assert [state_of(n) for n in live] == before
+        # a checksum no copy has: refused, and nothing of it is cached for the next reader
+        status, _ = await _lookup(live[0], sid, body(parts=[part(-1, index_checksum=12345)]))
+        assert status == 422
+        status, answer = await _lookup(live[0], sid, body())
+        assert status == 200 and msgpack.unpackb(answer) == [want[key]]
+        status, answer = await _lookup(live[0], sid, body(keys=[key.hex(), b"absent".hex()]))
+        assert status == 200 and msgpack.unpackb(answer) == [want[key], None]
