@@ -10,8 +10,8 @@ the ratio's spread:
   whole;
 - commit seconds of the snapshot (client encode + write at W), blocked / whole;
 - restore seconds of the latest version (fetch + decode + fold), blocked / whole;
-- a cold point read (``open(cache_bytes=0).get``) of a key of the snapshot: bytes fetched and
-  seconds, blocked / whole.
+- a cold point read (``open(cache_bytes=0, lookups=False).get``: the client fetches the
+  parts itself) of a key of the snapshot: bytes fetched and seconds, blocked / whole.
 
     .venv/bin/python bench/blocks.py [--mib 16 64] [--rounds 3] [--deltas 5]
 """
@@ -53,7 +53,7 @@ async def one_round(
             state = await ring.restore(sid)
             restore = time.perf_counter() - t0
             assert len(state) == len(snapshot)
-            lazy = await ring.open(sid, cache_bytes=0)
+            lazy = await ring.open(sid, cache_bytes=0, lookups=False)
             size = sum(c.size for m in lazy.chain for c in m.chunks)
             t0 = time.perf_counter()
             for k in probe:

@@ -722,6 +722,7 @@ class AsyncRingClient:
         version: int | None = None,
         *,
         cache_bytes: int = DEFAULT_OPEN_CACHE,
+        lookups: bool | None = None,
     ) -> AsyncLazyState:
         """A version (default: the latest) of ``store``, read lazily: nothing but its head
         and chain of manifests is read now (once: the view stays on that version whatever is
@@ -731,6 +732,11 @@ class AsyncRingClient:
         and keeps the folded groups; both in LRUs within ``cache_bytes`` (default 64 MiB);
         iterating streams the version by key-group ranges (client/_open.py).
 
+        ``lookups`` (default: when ``cache_bytes`` is 0): a point read of blocked chunks is
+        instead one ``POST .../lookup`` to a node holding the key's snapshot chunk, which
+        reads the indexes and blocks from its own storage and cache (node/lookup.py); the
+        client keeps nothing of them.
+
         Raises StoreNotFound / VersionNotFound for what is not there. A pinned old version
         whose chunks retention drops later fails its next fetch (NodeUnavailable).
         """
@@ -739,6 +745,8 @@ class AsyncRingClient:
             check_version(version)
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
+        if lookups is not None and not isinstance(lookups, bool):
+            raise ValueError(f"lookups must be True, False or None, got {lookups!r}")
         want = await self._version_or_latest(store, version)
         chain = await self._routed(
             lambda view: read_chain(self._transport, view, store, want), read=True, stores=[store]
@@ -772,7 +780,7 @@ class AsyncRingClient:
             want,
             fetch=fetch,
             fetch_part=fetch_part_of,
-            lookup=lookup,
+            lookup=lookup if (cache_bytes == 0 if lookups is None else lookups) else None,
             concurrency=self.concurrency,
             max_chunk=self.max_chunk,
             cache_bytes=cache_bytes,

@@ -58,6 +58,7 @@ from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
 from statestore.net.reads import BlockPath, ReadStats, block_path, read_by_blocks
+from statestore.wire.bodies import MAX_LOOKUP_KEYS, MAX_LOOKUP_PARTS, MAX_LOOKUP_PATH
 
 __all__ = ["DEFAULT_OPEN_CACHE", "AsyncLazyState", "ChunkFetch", "LazyState"]
 
@@ -76,6 +77,12 @@ ChunkFetch = Callable[[int, ChunkRef, ReadStats], Awaitable[bytes]]
 PartFetch = Callable[[int, ChunkRef, tuple[int, int], int, ReadStats], Awaitable[bytes]]
 # Asks one node for the values of keys along a block path (the client's: net/reads.lookup_keys).
 Lookup = Callable[[BlockPath, Sequence[bytes], ReadStats], Awaitable[list[bytes | None]]]
+
+
+def _in_lookup_order(parts: Iterable[tuple[int, ChunkRef]]) -> BlockPath:
+    """Chunks as a lookup takes them: newest version first, each version's in group order,
+    the anchor (a snapshot chunk every key of the lookup looks into) named last."""
+    return sorted(parts, key=lambda vr: (-vr[0], vr[1].lo, vr[1].hi))
 
 
 def _check_key(key: object) -> bytes:
@@ -197,8 +204,8 @@ class AsyncLazyState:
         top = chain[-1]
         self._fetch_bytes = fetch
         self._fetch_part = fetch_part
-        # with no cache, a point read is one lookup a node answers from its own cache
-        self._lookup = lookup if cache_bytes == 0 else None
+        # given, a point read is one lookup a node answers from its own cache and storage
+        self._lookup = lookup
         self._max_chunk = max_chunk
         self.store = store
         self.version = version
@@ -281,7 +288,7 @@ class AsyncLazyState:
             path = block_path(self.chain, key)
             if path is not None:
                 self.cache_misses += 1
-                if self._lookup is not None:
+                if self._lookup is not None and len(path) <= MAX_LOOKUP_PATH:
                     if not path:
                         return None
                     async with self._sem:
@@ -320,6 +327,9 @@ class AsyncLazyState:
         (within the client's ``concurrency``)."""
         wanted = [_check_key(k) for k in keys]
         self._check_open()
+        looked_up: dict[bytes, bytes] = {}
+        if self._lookup is not None:
+            looked_up, wanted = await self._lookup_many(wanted)
         by_group: dict[int, list[bytes]] = {}
         for k in wanted:
             by_group.setdefault(key_group(k, self.key_groups), []).append(k)
@@ -344,9 +354,57 @@ class AsyncLazyState:
                 if lo <= g <= hi:
                     found[g] = groups[g]
                     break
-        return {
+        return looked_up | {
             k: v for g, ks in by_group.items() for k in ks if (v := found[g].get(k)) is not None
         }
+
+    async def _lookup_many(self, keys: list[bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """Of ``keys``, the values lookups found (absent keys left out), and the keys left
+        to group loads (a group cached, a chunk written whole, a chain too long for one
+        lookup). One lookup per snapshot chunk the keys fall in, at most
+        :data:`MAX_LOOKUP_KEYS` keys and :data:`MAX_LOOKUP_PARTS` chunks each, all at once
+        (within the client's ``concurrency``)."""
+        assert self._lookup is not None
+        lookup = self._lookup
+        rest: list[bytes] = []
+        by_anchor: dict[tuple[int, str], list[tuple[bytes, BlockPath]]] = {}
+        for k in dict.fromkeys(keys):
+            if self._groups.get(key_group(k, self.key_groups)) is not None:
+                rest.append(k)
+                continue
+            path = block_path(self.chain, k)
+            if path is None or len(path) > MAX_LOOKUP_PATH:
+                rest.append(k)
+            elif path:  # else no chunk has a row of its group: absent
+                by_anchor.setdefault((path[-1][0], path[-1][1].name), []).append((k, path))
+        batches: list[tuple[list[bytes], BlockPath]] = []
+        for items in by_anchor.values():
+            batch: list[bytes] = []
+            union: dict[tuple[int, str], tuple[int, ChunkRef]] = {}
+            for k, path in items:
+                new = {(v, r.name): (v, r) for v, r in path if (v, r.name) not in union}
+                if batch and (
+                    len(batch) >= MAX_LOOKUP_KEYS or len(union) + len(new) > MAX_LOOKUP_PARTS
+                ):
+                    batches.append((batch, _in_lookup_order(union.values())))
+                    batch, union = [], {}
+                    new = {(v, r.name): (v, r) for v, r in path}
+                batch.append(k)
+                union.update(new)
+            batches.append((batch, _in_lookup_order(union.values())))
+
+        async def one(batch: list[bytes], path: BlockPath) -> list[bytes | None]:
+            async with self._sem:
+                return await lookup(path, batch, self.stats)
+
+        answers = await asyncio.gather(*(one(b, p) for b, p in batches))
+        found = {
+            k: v
+            for (batch, _), values in zip(batches, answers, strict=True)
+            for k, v in zip(batch, values, strict=True)
+            if v is not None
+        }
+        return found, rest
 
     def _cached(self, g: int) -> dict[bytes, bytes] | None:
         hit: dict[bytes, bytes] | None = self._groups.get(g)

@@ -156,10 +156,13 @@ class RingClient:
         version: int | None = None,
         *,
         cache_bytes: int = DEFAULT_OPEN_CACHE,
+        lookups: bool | None = None,
     ) -> LazyState:
         """:meth:`AsyncRingClient.open`: a version (default: the latest) of ``store`` as a
         read-only ``Mapping[bytes, bytes]`` that fetches key groups as they are read."""
-        lazy = self._call(self._async.open(store, version, cache_bytes=cache_bytes))
+        lazy = self._call(
+            self._async.open(store, version, cache_bytes=cache_bytes, lookups=lookups)
+        )
         return LazyState(lazy, self._call)
 
     def latest(self, store: StoreId) -> Head:

@@ -45,12 +45,13 @@ from statestore.net.reads import (
 )
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body
-from statestore.wire.bodies import LookupRequest, decode_json
+from statestore.wire.bodies import MAX_LOOKUP_PATH, LookupRequest, decode_json
 from statestore.wire.headers import EPOCH_HEADER
 
 __all__ = ["CACHE", "MAX_KEY_BYTES", "lookup", "point_read", "register"]
 
 MAX_KEY_BYTES = 64 * 1024
+WINDOW = 16  # keys of one lookup read at once
 CACHE = web.AppKey("point_read_cache", ChunkCache)
 
 
@@ -183,15 +184,27 @@ async def lookup(request: web.Request) -> web.Response:
     fetch_for = _fetcher(node, store, ReadStats())
     max_raw = node.config.max_chunk
 
-    def one(key: bytes) -> Awaitable[bytes | None]:
+    paths = []
+    for key in keys:
         g = key_group(key, body.groups)
         path = [(v, ref) for v, ref in parts if ref.lo <= g <= ref.hi]
+        if len(path) > MAX_LOOKUP_PATH:
+            raise InvalidRequest(
+                f"lookup: a key looks into {len(path)} chunks, more than {MAX_LOOKUP_PATH}: "
+                "read a chain that long by parts"
+            )
+        paths.append(path)
+
+    def one(key: bytes, path: BlockPath) -> Awaitable[bytes | None]:
         return read_by_blocks(path, body.groups, fetch_for, store, key, cache, max_raw=max_raw)
 
     if len(keys) == 1:
-        values = [await one(keys[0])]
-    else:
-        values = list(await asyncio.gather(*map(one, keys)))
+        values = [await one(keys[0], paths[0])]
+    else:  # a window of keys at a time: at most WINDOW * MAX_LOOKUP_PATH reads in flight
+        values = []
+        for i in range(0, len(keys), WINDOW):
+            window = zip(keys[i : i + WINDOW], paths[i : i + WINDOW], strict=True)
+            values += await asyncio.gather(*(one(k, p) for k, p in window))
     return web.Response(
         body=msgpack.packb(values, use_bin_type=True),
         content_type="application/msgpack",

@@ -27,6 +27,7 @@ __all__ = [
     "MAX_HAVE_ITEMS",
     "MAX_LOOKUP_KEYS",
     "MAX_LOOKUP_PARTS",
+    "MAX_LOOKUP_PATH",
     "ChainsRequest",
     "ChunkAck",
     "GcRequest",
@@ -125,6 +126,8 @@ class KeysRequest(msgspec.Struct, frozen=True):
 MAX_LOOKUP_KEYS = 1000  # keys in one POST .../lookup
 # chunks one lookup may name: a key looks into one per version down to the newest snapshot
 MAX_LOOKUP_PARTS = 256
+# chunks one key of a lookup looks into (a longer chain down to its snapshot is read by parts)
+MAX_LOOKUP_PATH = 64
 MAX_LOOKUP_KEY_HEX = 2 * 64 * 1024  # a key of at most 64 KiB, in hex
 U64 = Annotated[int, Meta(ge=0)]  # msgspec takes no bound past int64: checked where used
 Group = Annotated[int, Meta(ge=0, le=65535)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from statestore.cli.local import LocalRing
 from statestore.core.chunk import key_group
 from statestore.core.manifest import Manifest
 from statestore.net.reads import block_path
+from statestore.wire.bodies import MAX_LOOKUP_KEYS
 from tests.ringkit import local_ring, nodes, state_of
 
 CHUNK = 512  # raw bytes per chunk: hundreds of chunks for a few thousand keys
@@ -370,6 +372,11 @@ def test_sync_open_fetches_little_and_stays_pinned(procs: LocalRing) -> None:
         assert st[sorted(expected[6])[124]] == expected[6][sorted(expected[6])[124]]
         assert dict(st) == expected[6]
         assert ring.open(sid)[key] == b"later"
+        # no cache: each read is one lookup a node process answers; the same values
+        remote = ring.open(sid, 6, cache_bytes=0)
+        for k in sorted(expected[6])[::97]:
+            assert remote[k] == expected[6][k]
+        assert remote.chunks_fetched == 0 and remote.stats.parts == len(sorted(expected[6])[::97])
         partial = iter(st)  # a scan left half way does not disturb the next one
         next(partial)
         assert dict(st.items()) == expected[6]
@@ -393,6 +400,12 @@ def _blocked_versions(seed: int) -> tuple[list[tuple[Ref, list[bytes], bool]], R
     gone = [k for k in rng.sample(sorted(base), 200) if k not in over] + [b"new-7"]
     commits = [(base, [], True), (over, [], False), ({}, gone, False)]
     return commits, _expected(commits)[3]
+
+
+def _anchor(lazy: AsyncLazyState, key: bytes) -> str:
+    path = block_path(lazy.chain, key)
+    assert path
+    return f"{path[-1][0]}/{path[-1][1].name}"
 
 
 async def test_async_open_without_a_cache_reads_through_one_lookup_per_key(
@@ -427,11 +440,29 @@ async def test_async_open_without_a_cache_reads_through_one_lookup_per_key(
         assert cold.bytes_fetched < 200 * len(keys)  # the values, not indexes and blocks
         # a reader with a cache fetched indexes and blocks instead
         assert cached.bytes_fetched > 10 * cold.bytes_fetched
+        # get_many: one lookup per snapshot chunk the keys fall in, a thousand keys at most
+        parts = cold.stats.parts
+        many = [*keys, *rng.sample(sorted(want), 2500)]
+        assert await cold.get_many(many) == {k: want[k] for k in many if k in want}
+        per_anchor = Counter(_anchor(cold, k) for k in set(many))
+        assert cold.stats.parts - parts == sum(
+            -(-n // MAX_LOOKUP_KEYS) for n in per_anchor.values()
+        )
+        assert cold.stats.parts - parts < len(per_anchor) + 4
+        assert cold.chunks_fetched == 0
         assert cold.cache_bytes == 0
         # a pinned older version reads the same way
         older = await ring.open(sid, 2, cache_bytes=0)
         for key in keys[30:45]:
             assert await older.get(key) == {**commits[0][0], **over}.get(key)
+        # lookups chosen either way, whatever the cache
+        by_parts = await ring.open(sid, cache_bytes=0, lookups=False)
+        by_node = await ring.open(sid, lookups=True)
+        for key in keys[:10]:
+            assert await by_parts.get(key) == await by_node.get(key) == want.get(key)
+        assert by_parts.stats.parts > 2 * by_node.stats.parts == 20
+        with pytest.raises(ValueError):
+            await ring.open(sid, lookups="yes")  # type: ignore[arg-type]
 
 
 async def _lookup(node: object, sid: StoreId, body: bytes) -> tuple[int, bytes]:
@@ -488,6 +519,8 @@ async def test_lookup_refuses_bad_bodies_and_trusts_only_what_its_reader_names(
             body(parts=[part(0, index_checksum=-1)]),
             body(parts=list(reversed(parts))),  # oldest first
             body(parts=[part(0), part(0)]),  # one chunk twice
+            # a key looking into more chunks than a lookup reads for one key
+            body(parts=[part(0, version=v, hi=lazy.key_groups - 1) for v in range(200, 135, -1)]),
         ]
         for b in bad:
             status, answer = await _lookup(live[0], sid, b)
