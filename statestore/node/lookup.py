@@ -128,11 +128,16 @@ def _key_of(text: str) -> bytes:
         raise InvalidRequest(f"lookup: key {text[:40]!r} is not hex ({exc})") from exc
 
 
+RemoteReads = dict[tuple[str, int, int, int], "asyncio.Task[bytes]"]
+
+
 def _fetcher(
-    node: Node, store: StoreId, stats: ReadStats
+    node: Node, store: StoreId, stats: ReadStats, remote: RemoteReads
 ) -> Callable[[int, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]]:
     """Reads parts of chunks from this node's storage, verified; from a replica when it does
-    not hold the chunk or its copy is bad."""
+    not hold the chunk or its copy is bad, once per request whatever the keys asking for it
+    (``remote``: a reader naming a checksum no copy has costs each holder one read per part
+    it names, not one per key)."""
 
     def fetch_for(
         version: int, ref: ChunkRef
@@ -148,16 +153,29 @@ def _fetcher(
                     return held[0]
                 except CorruptChunk:
                     pass  # a replica's copy; the scrub rewrites this one
+            task = remote.get((ckey, offset, length, expected))
+            if task is None:
+                task = asyncio.ensure_future(from_replica(span, expected))
+                remote[(ckey, offset, length, expected)] = task
+            return await task
+
+        async def from_replica(span: tuple[int, int], expected: int) -> bytes:
             skipped: list[StateStoreError] = []
             try:
                 return await fetch_part(
                     node.transport, node.view(), store, version, ref, span, expected, stats, skipped
                 )
             except NodeUnavailable:
+                # every live holder answered: none has it, or none has it as the reader named
                 if skipped and all(isinstance(e, NotFound) for e in skipped):
                     raise NotFound(
                         f"chunk {ckey} is on no live holder: the lookup names a chunk the "
                         "store does not have (retention may have dropped it)"
+                    ) from None
+                if skipped and all(isinstance(e, NotFound | CorruptChunk) for e in skipped):
+                    raise CorruptChunk(
+                        f"no copy of chunk {ckey} has the checksum the lookup names: "
+                        f"{next(e for e in skipped if isinstance(e, CorruptChunk))}"
                     ) from None
                 raise
 
@@ -181,7 +199,8 @@ async def lookup(request: web.Request) -> web.Response:
     keys = [_key_of(k) for k in body.keys]
     parts = _parts(store, body)
     cache = request.app[CACHE]
-    fetch_for = _fetcher(node, store, ReadStats())
+    remote: RemoteReads = {}
+    fetch_for = _fetcher(node, store, ReadStats(), remote)
     max_raw = node.config.max_chunk
 
     paths = []
@@ -198,13 +217,17 @@ async def lookup(request: web.Request) -> web.Response:
     def one(key: bytes, path: BlockPath) -> Awaitable[bytes | None]:
         return read_by_blocks(path, body.groups, fetch_for, store, key, cache, max_raw=max_raw)
 
-    if len(keys) == 1:
-        values = [await one(keys[0], paths[0])]
-    else:  # a window of keys at a time: at most WINDOW * MAX_LOOKUP_PATH reads in flight
-        values = []
-        for i in range(0, len(keys), WINDOW):
-            window = zip(keys[i : i + WINDOW], paths[i : i + WINDOW], strict=True)
-            values += await asyncio.gather(*(one(k, p) for k, p in window))
+    try:
+        if len(keys) == 1:
+            values = [await one(keys[0], paths[0])]
+        else:  # a window of keys at a time: at most WINDOW * MAX_LOOKUP_PATH reads in flight
+            values = []
+            for i in range(0, len(keys), WINDOW):
+                window = zip(keys[i : i + WINDOW], paths[i : i + WINDOW], strict=True)
+                values += await asyncio.gather(*(one(k, p) for k, p in window))
+    finally:
+        for task in remote.values():  # a read failed: the others it left are not waited for
+            task.cancel()
     return web.Response(
         body=msgpack.packb(values, use_bin_type=True),
         content_type="application/msgpack",

@@ -31,10 +31,11 @@ from client import (
 )
 from statestore.cli.local import LocalRing
 from statestore.core.chunk import key_group
+from statestore.core.ids import chunk_key
 from statestore.core.manifest import Manifest
 from statestore.net.reads import block_path
 from statestore.wire.bodies import MAX_LOOKUP_KEYS
-from tests.ringkit import local_ring, nodes, state_of
+from tests.ringkit import local_ring, nodes, scrape, state_of, value
 
 CHUNK = 512  # raw bytes per chunk: hundreds of chunks for a few thousand keys
 Ref = dict[bytes, bytes]
@@ -533,3 +534,38 @@ async def test_lookup_refuses_bad_bodies_and_trusts_only_what_its_reader_names(
         assert status == 200 and msgpack.unpackb(answer) == [want[key]]
         status, answer = await _lookup(live[0], sid, body(keys=[key.hex(), b"absent".hex()]))
         assert status == 200 and msgpack.unpackb(answer) == [want[key], None]
+
+
+async def test_a_lookup_reads_each_part_a_replica_holds_once_whatever_its_keys(
+    tmp_path: Path,
+) -> None:
+    """A node asked for a chunk it does not hold (R=2 of 3) reads the part from a replica
+    once per request, however many keys look into it: a reader naming a checksum no copy
+    has costs each holder one read, not one per key (and is answered 422)."""
+    sid = StoreId("open", 0, 12, "lookup")
+    commits, want = _blocked_versions(seed=13)
+    async with nodes(tmp_path, 3) as live, AsyncRingClient([live[0].address]) as ring:
+        await _commit_all(ring, sid, commits)
+        lazy = await ring.open(sid)
+        version, ref = next(
+            (m.version, r) for m in reversed(lazy.chain) for r in m.chunks if r.rows
+        )
+        ckey = chunk_key(sid, version, ref.name)
+        asked = next(n for n in live if n.store.get_chunk_part(ckey, 0, 1) is None)
+        others = [n for n in live if n is not asked]
+        keys = [k for k in sorted(want) if ref.lo <= key_group(k, lazy.key_groups) <= ref.hi]
+        part = [version, ref.name, ref.lo, ref.hi, ref.size, ref.index_len, ref.index_checksum]
+
+        async def reads() -> float:
+            samples = [await scrape(n) for n in others]
+            return sum(value(s, "statestore_chunk_seconds_count", op="get") for s in samples)
+
+        for checksum, status in ((ref.index_checksum ^ 1, 422), (ref.index_checksum, 200)):
+            before = await reads()
+            wanted = {"groups": lazy.key_groups, "keys": [k.hex() for k in keys[:200]]}
+            body = json.dumps(wanted | {"parts": [[*part[:-1], checksum]]}).encode()
+            got, answer = await _lookup(asked, sid, body)
+            assert got == status, answer[:300]
+            # the index from one holder (every holder when none matches), then the blocks
+            assert await reads() - before <= (2 if status == 422 else 1 + len(keys[:200]))
+        assert len(keys) >= 200
