@@ -54,11 +54,17 @@ import xxhash
 
 from statestore.core.cache import ROW_COST, ChunkCache
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
+from statestore.core.errors import PayloadTooLarge
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
-from statestore.net.reads import BlockPath, ReadStats, block_path, read_by_blocks
-from statestore.wire.bodies import MAX_LOOKUP_KEYS, MAX_LOOKUP_PARTS, MAX_LOOKUP_PATH
+from statestore.net.reads import BlockPath, ReadStats, block_path, lookup_fits, read_by_blocks
+from statestore.wire.bodies import (
+    MAX_LOOKUP_INDEX_BYTES,
+    MAX_LOOKUP_KEY_BYTES,
+    MAX_LOOKUP_KEYS,
+    MAX_LOOKUP_PARTS,
+)
 
 __all__ = ["DEFAULT_OPEN_CACHE", "AsyncLazyState", "ChunkFetch", "LazyState"]
 
@@ -288,11 +294,14 @@ class AsyncLazyState:
             path = block_path(self.chain, key)
             if path is not None:
                 self.cache_misses += 1
-                if self._lookup is not None and len(path) <= MAX_LOOKUP_PATH:
+                if self._lookup is not None and lookup_fits(key, path):
                     if not path:
                         return None
-                    async with self._sem:
-                        return (await self._lookup(path, [key], self.stats))[0]
+                    try:
+                        async with self._sem:
+                            return (await self._lookup(path, [key], self.stats))[0]
+                    except PayloadTooLarge:
+                        pass  # a value past a lookup's answer: read by parts
                 return await read_by_blocks(
                     path,
                     self.key_groups,
@@ -373,7 +382,7 @@ class AsyncLazyState:
                 rest.append(k)
                 continue
             path = block_path(self.chain, k)
-            if path is None or len(path) > MAX_LOOKUP_PATH:
+            if path is None or not lookup_fits(k, path):
                 rest.append(k)
             elif path:  # else no chunk has a row of its group: absent
                 by_anchor.setdefault((path[-1][0], path[-1][1].name), []).append((k, path))
@@ -381,21 +390,33 @@ class AsyncLazyState:
         for items in by_anchor.values():
             batch: list[bytes] = []
             union: dict[tuple[int, str], tuple[int, ChunkRef]] = {}
+            key_bytes = index_bytes = 0
             for k, path in items:
                 new = {(v, r.name): (v, r) for v, r in path if (v, r.name) not in union}
+                more = sum(r.index_len for v, r in new.values())
                 if batch and (
-                    len(batch) >= MAX_LOOKUP_KEYS or len(union) + len(new) > MAX_LOOKUP_PARTS
+                    len(batch) >= MAX_LOOKUP_KEYS
+                    or len(union) + len(new) > MAX_LOOKUP_PARTS
+                    or key_bytes + len(k) > MAX_LOOKUP_KEY_BYTES
+                    or index_bytes + more > MAX_LOOKUP_INDEX_BYTES
                 ):
                     batches.append((batch, _in_lookup_order(union.values())))
-                    batch, union = [], {}
+                    batch, union, key_bytes, index_bytes = [], {}, 0, 0
                     new = {(v, r.name): (v, r) for v, r in path}
+                    more = sum(r.index_len for _, r in path)
                 batch.append(k)
                 union.update(new)
+                key_bytes += len(k)
+                index_bytes += more
             batches.append((batch, _in_lookup_order(union.values())))
 
         async def one(batch: list[bytes], path: BlockPath) -> list[bytes | None]:
-            async with self._sem:
-                return await lookup(path, batch, self.stats)
+            try:
+                async with self._sem:
+                    return await lookup(path, batch, self.stats)
+            except PayloadTooLarge:  # values past a lookup's answer: the keys load by groups
+                rest.extend(batch)
+                return [None] * len(batch)
 
         answers = await asyncio.gather(*(one(b, p) for b, p in batches))
         found = {

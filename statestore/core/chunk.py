@@ -73,6 +73,7 @@ BLOOM_PROBES = 3  # about 0.5% false positives at 16 bits a key
 _FORMAT = b"\x01"
 _BLOCKED = b"\xb2"
 _TRAILER = 4  # the index's length, little endian
+INDEX_OVERHEAD = 1 + _TRAILER  # a blocked chunk's bytes besides its frames and index
 _ROW_OVERHEAD = 10
 
 Row = tuple[bytes, bytes | None]

@@ -23,6 +23,7 @@ import msgspec
 from statestore.core.cache import ChunkCache, rows_cost
 from statestore.core.chunk import (
     MAX_CHUNK_RAW,
+    BlockIndex,
     decode_block,
     decode_chunk,
     index_span,
@@ -31,6 +32,7 @@ from statestore.core.chunk import (
     verify,
 )
 from statestore.core.errors import (
+    CorruptChunk,
     InvalidRequest,
     MalformedData,
     NodeUnavailable,
@@ -48,7 +50,14 @@ from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.quorate import Rest, until_enough
 from statestore.net.transport import Response, Transport
-from statestore.wire.bodies import LookupPart, LookupRequest
+from statestore.wire.bodies import (
+    MAX_LOOKUP_INDEX,
+    MAX_LOOKUP_INDEX_BYTES,
+    MAX_LOOKUP_KEY_HEX,
+    MAX_LOOKUP_PATH,
+    LookupPart,
+    LookupRequest,
+)
 from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
 
@@ -56,8 +65,11 @@ __all__ = [
     "BlockPath",
     "ReadStats",
     "block_path",
+    "cache_key",
     "fetch_chunk",
     "fetch_part",
+    "load_index",
+    "lookup_fits",
     "lookup_keys",
     "read_block_rows",
     "read_by_blocks",
@@ -586,6 +598,23 @@ async def fetch_part(
     return body
 
 
+async def load_index(
+    fetch: Callable[[tuple[int, int], int], Awaitable[bytes]],
+    ref: ChunkRef,
+    ckey: str,
+    cache: ChunkCache,
+) -> BlockIndex:
+    """Blocked chunk ``ref``'s index: from ``cache``, else fetched by ``fetch(span,
+    checksum)``, verified, parsed and cached under ``ckey``."""
+    index = cache.get_index(ckey)
+    if index is None:
+        span = index_span(ref.size, ref.index_len)
+        raw = await fetch(span, ref.index_checksum)
+        index = parse_index(raw, what=ckey, limit=span[0] - 1)
+        cache.put_index(ckey, index)
+    return index
+
+
 async def read_block_rows(
     fetch: Callable[[tuple[int, int], int], Awaitable[bytes]],
     ref: ChunkRef,
@@ -599,12 +628,7 @@ async def read_block_rows(
     """The rows of the one block of blocked chunk ``ref`` that can hold ``key`` (None if no
     block can): its index and that block, each fetched by ``fetch(span, checksum)`` unless
     ``cache`` holds it, verified, and cached under ``ckey``."""
-    index = cache.get_index(ckey)
-    if index is None:
-        span = index_span(ref.size, ref.index_len)
-        raw = await fetch(span, ref.index_checksum)
-        index = parse_index(raw, what=ckey, limit=span[0] - 1)
-        cache.put_index(ckey, index)
+    index = await load_index(fetch, ref, ckey, cache)
     i = index.find(group, key)
     if i is None:
         return None
@@ -620,11 +644,14 @@ async def read_block_rows(
 BlockPath = list[tuple[int, ChunkRef]]  # (version, chunk) pairs a point read looks into
 
 
-def _cache_key(store: StoreId, version: int, ref: ChunkRef) -> str:
-    """What a blocked chunk's index and blocks are cached under: its key and the checksum
-    its reader expects of the index, so that a cache shared by readers (a node's, for its
+def cache_key(store: StoreId, version: int, ref: ChunkRef) -> str:
+    """What a blocked chunk's index and blocks are cached under: its key and where and what
+    its reader expects the index to be, so that a cache shared by readers (a node's, for its
     lookups) gives each only what was verified against its own manifest."""
-    return f"{chunk_key(store, version, ref.name)}@{ref.index_checksum:016x}"
+    return (
+        f"{chunk_key(store, version, ref.name)}@{ref.index_checksum:016x}"
+        f"+{ref.size}-{ref.index_len}"
+    )
 
 
 def block_path(chain: Sequence[Manifest], key: bytes) -> BlockPath | None:
@@ -657,7 +684,7 @@ def _cached_by_blocks(
     """(True, value) when ``cache`` holds every index and block :func:`read_by_blocks` would
     fetch: the read costs no request and no task; else (False, None)."""
     for version, ref in path:
-        ckey = _cache_key(store, version, ref)
+        ckey = cache_key(store, version, ref)
         index = cache.get_index(ckey)
         if index is None:
             return False, None
@@ -697,7 +724,7 @@ async def read_by_blocks(
             read_block_rows(
                 fetch_for(version, ref),
                 ref,
-                _cache_key(store, version, ref),
+                cache_key(store, version, ref),
                 g,
                 key,
                 cache,
@@ -752,17 +779,30 @@ async def lookup_keys(
     return values
 
 
+def lookup_fits(key: bytes, path: BlockPath) -> bool:
+    """Whether a lookup can read ``key`` along ``path`` (a key, a chain and indexes within a
+    lookup's bounds, wire/bodies.py); else it is read by parts or by groups."""
+    return (
+        len(key) <= MAX_LOOKUP_KEY_HEX // 2
+        and len(path) <= MAX_LOOKUP_PATH
+        and all(r.index_len <= MAX_LOOKUP_INDEX for _, r in path)
+        and sum(r.index_len for _, r in path) <= MAX_LOOKUP_INDEX_BYTES
+    )
+
+
 def _lookup_values(body: bytes, n: int, address: str) -> list[bytes | None]:
+    """A lookup's answer, checked; one that is not ``n`` values or nils is the node's fault:
+    the next holder is asked (CorruptChunk)."""
     try:
         values = msgpack.unpackb(body, raw=False)
     except Exception as exc:
-        raise MalformedData(f"the lookup answer of {address} does not decode ({exc})") from exc
+        raise CorruptChunk(f"the lookup answer of {address} does not decode ({exc})") from exc
     if (
         not isinstance(values, list)
         or len(values) != n
         or not all(v is None or isinstance(v, bytes) for v in values)
     ):
-        raise MalformedData(f"the lookup answer of {address} is not {n} values or nils")
+        raise CorruptChunk(f"the lookup answer of {address} is not {n} values or nils")
     return values
 
 

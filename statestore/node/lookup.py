@@ -19,18 +19,20 @@ cached costs the node a few dictionary look-ups once its cache holds the store's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 import msgpack
 from aiohttp import web
 
 from statestore.core.cache import ChunkCache
-from statestore.core.chunk import key_group, verify
+from statestore.core.chunk import INDEX_OVERHEAD, BlockIndex, key_group, verify
 from statestore.core.errors import (
     CorruptChunk,
     InvalidRequest,
     NodeUnavailable,
     NotFound,
+    PayloadTooLarge,
     StateStoreError,
 )
 from statestore.core.ids import StoreId, check_version, chunk_key
@@ -38,20 +40,33 @@ from statestore.core.manifest import ChunkRef
 from statestore.net.reads import (
     BlockPath,
     ReadStats,
+    cache_key,
     fetch_part,
+    load_index,
     read_by_blocks,
     read_head,
     read_key,
 )
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body
-from statestore.wire.bodies import MAX_LOOKUP_PATH, LookupRequest, decode_json
+from statestore.wire.bodies import (
+    MAX_LOOKUP_INDEX,
+    MAX_LOOKUP_INDEX_BYTES,
+    MAX_LOOKUP_KEY_BYTES,
+    MAX_LOOKUP_PATH,
+    LookupRequest,
+    decode_json,
+)
 from statestore.wire.headers import EPOCH_HEADER
 
 __all__ = ["CACHE", "MAX_KEY_BYTES", "lookup", "point_read", "register"]
 
 MAX_KEY_BYTES = 64 * 1024
 WINDOW = 16  # keys of one lookup read at once
+# bytes of chunks' parts (indexes and blocks) one lookup may read, and of values it may answer
+LOOKUP_READ_BYTES = 48 * 1024 * 1024
+LOOKUP_ANSWER_BYTES = 32 * 1024 * 1024
+T = TypeVar("T")
 CACHE = web.AppKey("point_read_cache", ChunkCache)
 
 
@@ -92,22 +107,30 @@ async def point_read(request: web.Request) -> web.Response:
 
 
 def _parts(store: StoreId, body: LookupRequest) -> BlockPath:
-    """The chunks a lookup names (their names checked on decode), checked: ranges within the store's
-    groups, an index within its chunk, newest version first and each version's ranges in
-    order, overlapping at most at an end (a manifest's chunks: a key looks into one or two
-    of a version's chunks)."""
+    """The chunks a lookup names (their names checked on decode), checked: ranges within the
+    store's groups, an index of at most :data:`MAX_LOOKUP_INDEX` bytes within its chunk, all
+    of them together at most :data:`MAX_LOOKUP_INDEX_BYTES`, no chunk twice, newest version
+    first and each version's ranges in order, overlapping at most at an end (a manifest's
+    chunks: a key looks into one or two of a version's chunks)."""
     out: BlockPath = []
     last: tuple[int, int] | None = None
+    seen: set[tuple[int, str]] = set()
     for p in body.parts:
         if not p.lo <= p.hi < body.groups:
             raise InvalidRequest(
                 f"lookup: chunk {p.name} covers groups {p.lo}..{p.hi}, not within the "
                 f"store's {body.groups}"
             )
-        if p.index_len >= p.size:
-            raise InvalidRequest(f"lookup: chunk {p.name}'s index is not within its bytes")
+        if p.index_len > MAX_LOOKUP_INDEX or p.index_len + INDEX_OVERHEAD > p.size:
+            raise InvalidRequest(
+                f"lookup: chunk {p.name}'s index is not within its bytes, or is over "
+                f"{MAX_LOOKUP_INDEX} bytes (read such a chunk by parts)"
+            )
         if p.index_checksum >= 1 << 64:
             raise InvalidRequest(f"lookup: chunk {p.name}'s index checksum is not 64 bits")
+        if (p.version, p.name) in seen:
+            raise InvalidRequest(f"lookup: chunk {p.name} of version {p.version} named twice")
+        seen.add((p.version, p.name))
         if last is not None and not (
             p.version < last[0] or (p.version == last[0] and p.lo >= last[1])
         ):
@@ -118,70 +141,125 @@ def _parts(store: StoreId, body: LookupRequest) -> BlockPath:
         last = (p.version, p.hi)
         ref = ChunkRef(p.name, p.lo, p.hi, p.size, 0, 1, 0, p.index_len, p.index_checksum)
         out.append((p.version, ref))
+    if sum(ref.index_len for _, ref in out) > MAX_LOOKUP_INDEX_BYTES:
+        raise InvalidRequest(
+            f"lookup: the chunks' indexes come to more than {MAX_LOOKUP_INDEX_BYTES} bytes: "
+            "split the keys over several lookups"
+        )
     return out
 
 
-def _key_of(text: str) -> bytes:
-    try:
-        return bytes.fromhex(text)
-    except ValueError as exc:
-        raise InvalidRequest(f"lookup: key {text[:40]!r} is not hex ({exc})") from exc
+def _keys(texts: list[str]) -> list[bytes]:
+    keys = []
+    for text in texts:
+        try:
+            keys.append(bytes.fromhex(text))
+        except ValueError as exc:
+            raise InvalidRequest(f"lookup: key {text[:40]!r} is not hex ({exc})") from exc
+    if len(set(keys)) < len(keys):
+        raise InvalidRequest("lookup: a key is named twice")
+    if sum(map(len, keys)) > MAX_LOOKUP_KEY_BYTES:
+        raise InvalidRequest(
+            f"lookup: its keys come to more than {MAX_LOOKUP_KEY_BYTES} bytes: split them over "
+            "several lookups"
+        )
+    return keys
 
 
-RemoteReads = dict[tuple[str, int, int, int], "asyncio.Task[bytes]"]
+class _Reads:
+    """One lookup's reads of parts of chunks: from this node's storage, verified, else from a
+    replica (when it does not hold the chunk or its copy is bad); each part once per
+    request whatever the keys asking for it, at most :data:`LOOKUP_READ_BYTES` in all (a
+    reader naming a checksum no copy has costs each holder one read per part it names, not
+    one per key)."""
 
-
-def _fetcher(
-    node: Node, store: StoreId, stats: ReadStats, remote: RemoteReads
-) -> Callable[[int, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]]:
-    """Reads parts of chunks from this node's storage, verified; from a replica when it does
-    not hold the chunk or its copy is bad, once per request whatever the keys asking for it
-    (``remote``: a reader naming a checksum no copy has costs each holder one read per part
-    it names, not one per key)."""
+    def __init__(self, node: Node, store: StoreId) -> None:
+        self.node = node
+        self.store = store
+        self.stats = ReadStats()
+        self.bytes = 0
+        self.parts: dict[tuple[str, int, int, int], asyncio.Task[bytes]] = {}
 
     def fetch_for(
-        version: int, ref: ChunkRef
+        self, version: int, ref: ChunkRef
     ) -> Callable[[tuple[int, int], int], Awaitable[bytes]]:
-        ckey = chunk_key(store, version, ref.name)
+        ckey = chunk_key(self.store, version, ref.name)
 
-        async def fetch(span: tuple[int, int], expected: int) -> bytes:
-            offset, length = span
-            held = node.store.get_chunk_part(ckey, offset, length)
-            if held is not None and offset + length <= held[1]:
-                try:
-                    verify(held[0], expected, f"{ckey} bytes {offset}+{length}")
-                    return held[0]
-                except CorruptChunk:
-                    pass  # a replica's copy; the scrub rewrites this one
-            task = remote.get((ckey, offset, length, expected))
+        def fetch(span: tuple[int, int], expected: int) -> Awaitable[bytes]:
+            task = self.parts.get((ckey, *span, expected))
             if task is None:
-                task = asyncio.ensure_future(from_replica(span, expected))
-                remote[(ckey, offset, length, expected)] = task
-            return await task
-
-        async def from_replica(span: tuple[int, int], expected: int) -> bytes:
-            skipped: list[StateStoreError] = []
-            try:
-                return await fetch_part(
-                    node.transport, node.view(), store, version, ref, span, expected, stats, skipped
-                )
-            except NodeUnavailable:
-                # every live holder answered: none has it, or none has it as the reader named
-                if skipped and all(isinstance(e, NotFound) for e in skipped):
-                    raise NotFound(
-                        f"chunk {ckey} is on no live holder: the lookup names a chunk the "
-                        "store does not have (retention may have dropped it)"
-                    ) from None
-                if skipped and all(isinstance(e, NotFound | CorruptChunk) for e in skipped):
-                    raise CorruptChunk(
-                        f"no copy of chunk {ckey} has the checksum the lookup names: "
-                        f"{next(e for e in skipped if isinstance(e, CorruptChunk))}"
-                    ) from None
-                raise
+                self.bytes += span[1]
+                if self.bytes > LOOKUP_READ_BYTES:
+                    raise PayloadTooLarge(
+                        f"lookup: its keys' blocks and indexes come to more than "
+                        f"{LOOKUP_READ_BYTES} bytes: split the keys over several lookups"
+                    )
+                task = asyncio.ensure_future(self._read(version, ref, ckey, span, expected))
+                self.parts[(ckey, *span, expected)] = task
+            return task
 
         return fetch
 
-    return fetch_for
+    async def _read(
+        self, version: int, ref: ChunkRef, ckey: str, span: tuple[int, int], expected: int
+    ) -> bytes:
+        offset, length = span
+        held = self.node.store.get_chunk_part(ckey, offset, length)
+        if held is not None and offset + length <= held[1]:
+            try:
+                verify(held[0], expected, f"{ckey} bytes {offset}+{length}")
+                return held[0]
+            except CorruptChunk:
+                pass  # a replica's copy; the scrub rewrites this one
+        del held
+        skipped: list[StateStoreError] = []
+        node = self.node
+        try:
+            return await fetch_part(
+                node.transport, node.view(), self.store, version, ref, span, expected,
+                self.stats, skipped,
+            )  # fmt: skip
+        except NodeUnavailable:
+            # every live holder answered: none has it, or none has it as the reader named
+            if skipped and all(isinstance(e, NotFound) for e in skipped):
+                raise NotFound(
+                    f"chunk {ckey} is on no live holder: the lookup names a chunk the "
+                    "store does not have (retention may have dropped it)"
+                ) from None
+            if skipped and all(isinstance(e, NotFound | CorruptChunk) for e in skipped):
+                raise CorruptChunk(
+                    f"no copy of chunk {ckey} has the checksum the lookup names: "
+                    f"{next(e for e in skipped if isinstance(e, CorruptChunk))}"
+                ) from None
+            raise
+
+    def cancel(self) -> None:
+        for task in self.parts.values():  # a read failed: the others are not waited for
+            task.cancel()
+
+
+class _Pinned(ChunkCache):
+    """The node's cache, with the indexes one lookup loaded kept for it whatever the cache
+    evicts meanwhile (each is read and parsed once a request)."""
+
+    def __init__(self, shared: ChunkCache) -> None:
+        super().__init__(0)
+        self.shared = shared
+        self.indexes: dict[str, BlockIndex] = {}
+
+    def get(self, key: str) -> dict[bytes, bytes | None] | None:
+        return self.shared.get(key)
+
+    def put(self, key: str, rows: dict[bytes, bytes | None], size: int) -> None:
+        self.shared.put(key, rows, size)
+
+    def get_index(self, chunk: str) -> BlockIndex | None:
+        index = self.indexes.get(chunk)
+        return index if index is not None else self.shared.get_index(chunk)
+
+    def put_index(self, chunk: str, index: BlockIndex) -> None:
+        self.indexes[chunk] = index
+        self.shared.put_index(chunk, index)
 
 
 async def lookup(request: web.Request) -> web.Response:
@@ -196,13 +274,8 @@ async def lookup(request: web.Request) -> web.Response:
         '{"groups": G, "keys": [hex, ...], "parts": [[version, name, lo, hi, size, '
         "index_len, index_checksum], ...]}",
     )
-    keys = [_key_of(k) for k in body.keys]
+    keys = _keys(body.keys)
     parts = _parts(store, body)
-    cache = request.app[CACHE]
-    remote: RemoteReads = {}
-    fetch_for = _fetcher(node, store, ReadStats(), remote)
-    max_raw = node.config.max_chunk
-
     paths = []
     for key in keys:
         g = key_group(key, body.groups)
@@ -213,26 +286,53 @@ async def lookup(request: web.Request) -> web.Response:
                 "read a chain that long by parts"
             )
         paths.append(path)
+    reads = _Reads(node, store)
+    cache = _Pinned(request.app[CACHE])
+    max_raw = node.config.max_chunk
 
     def one(key: bytes, path: BlockPath) -> Awaitable[bytes | None]:
-        return read_by_blocks(path, body.groups, fetch_for, store, key, cache, max_raw=max_raw)
+        return read_by_blocks(
+            path, body.groups, reads.fetch_for, store, key, cache, max_raw=max_raw
+        )
 
+    values: list[bytes | None] = []
+    answer = 0
     try:
-        if len(keys) == 1:
-            values = [await one(keys[0], paths[0])]
-        else:  # a window of keys at a time: at most WINDOW * MAX_LOOKUP_PATH reads in flight
-            values = []
-            for i in range(0, len(keys), WINDOW):
-                window = zip(keys[i : i + WINDOW], paths[i : i + WINDOW], strict=True)
-                values += await asyncio.gather(*(one(k, p) for k, p in window))
+        if len(keys) > 1:  # each index the keys need, read and parsed once
+            needed = {(v, ref.name): (v, ref) for path in paths for v, ref in path}
+            await _gather(
+                load_index(reads.fetch_for(v, ref), ref, cache_key(store, v, ref), cache)
+                for v, ref in needed.values()
+            )
+        # a window of keys at a time: at most WINDOW * MAX_LOOKUP_PATH reads in flight
+        for i in range(0, len(keys), WINDOW):
+            window = zip(keys[i : i + WINDOW], paths[i : i + WINDOW], strict=True)
+            got = await _gather(one(k, p) for k, p in window)
+            answer += sum(len(v) for v in got if v is not None)
+            if answer > LOOKUP_ANSWER_BYTES:
+                raise PayloadTooLarge(
+                    f"lookup: its values come to more than {LOOKUP_ANSWER_BYTES} bytes: split "
+                    "the keys over several lookups"
+                )
+            values += got
     finally:
-        for task in remote.values():  # a read failed: the others it left are not waited for
-            task.cancel()
+        reads.cancel()
     return web.Response(
         body=msgpack.packb(values, use_bin_type=True),
         content_type="application/msgpack",
         headers={EPOCH_HEADER: str(node.epoch)},
     )
+
+
+async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:
+    """Every one's result; the first failure cancels the others (asyncio.gather leaves them
+    running)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def register(app: web.Application) -> None:

@@ -25,7 +25,11 @@ __all__ = [
     "MAX_COPIES_BYTES",
     "MAX_GOSSIP_MEMBERS",
     "MAX_HAVE_ITEMS",
+    "MAX_LOOKUP_INDEX",
+    "MAX_LOOKUP_INDEX_BYTES",
     "MAX_LOOKUP_KEYS",
+    "MAX_LOOKUP_KEY_BYTES",
+    "MAX_LOOKUP_KEY_HEX",
     "MAX_LOOKUP_PARTS",
     "MAX_LOOKUP_PATH",
     "ChainsRequest",
@@ -128,6 +132,12 @@ MAX_LOOKUP_KEYS = 1000  # keys in one POST .../lookup
 MAX_LOOKUP_PARTS = 256
 # chunks one key of a lookup looks into (a longer chain down to its snapshot is read by parts)
 MAX_LOOKUP_PATH = 64
+# the keys of one lookup, together (its body stays under 1 MiB, aiohttp's mark for a body
+# large enough to stall the event loop)
+MAX_LOOKUP_KEY_BYTES = 256 * 1024
+# one chunk's index a lookup reads (a 4 MiB chunk's is ~30-80 KiB), and its chunks' together
+MAX_LOOKUP_INDEX = 4 * 1024 * 1024
+MAX_LOOKUP_INDEX_BYTES = 16 * 1024 * 1024
 MAX_LOOKUP_KEY_HEX = 2 * 64 * 1024  # a key of at most 64 KiB, in hex
 U64 = Annotated[int, Meta(ge=0)]  # msgspec takes no bound past int64: checked where used
 Group = Annotated[int, Meta(ge=0, le=65535)]

@@ -520,6 +520,15 @@ async def test_lookup_refuses_bad_bodies_and_trusts_only_what_its_reader_names(
             body(parts=[part(0, index_checksum=-1)]),
             body(parts=list(reversed(parts))),  # oldest first
             body(parts=[part(0), part(0)]),  # one chunk twice
+            body(parts=[part(-1, lo=part(-1)[3], hi=part(-1)[3])] * 2),  # one group, twice
+            body(keys=[key.hex(), key.hex()]),  # a key twice
+            body(keys=[(b"%d" % i).rjust(60 * 1024, b"k").hex() for i in range(5)]),  # > 256 KiB
+            body(parts=[part(0, size=2, index_len=1)]),  # no room for the index
+            body(parts=[part(0, size=2**30, index_len=5 * 2**20)]),  # an index over 4 MiB
+            # indexes over 16 MiB together
+            body(
+                parts=[part(0, version=v, size=2**30, index_len=4 * 2**20) for v in (9, 8, 7, 6, 5)]
+            ),
             # a key looking into more chunks than a lookup reads for one key
             body(parts=[part(0, version=v, hi=lazy.key_groups - 1) for v in range(200, 135, -1)]),
         ]
@@ -569,3 +578,35 @@ async def test_a_lookup_reads_each_part_a_replica_holds_once_whatever_its_keys(
             # the index from one holder (every holder when none matches), then the blocks
             assert await reads() - before <= (2 if status == 422 else 1 + len(keys[:200]))
         assert len(keys) >= 200
+
+
+async def test_lookups_past_an_answers_bound_are_read_another_way(tmp_path: Path) -> None:
+    """Values past what one lookup answers (32 MiB): the node refuses with 413, and the
+    client reads those keys by groups (``get_many``) or by parts (``get``), exactly."""
+    sid = StoreId("open", 0, 13, "lookup")
+    rng = random.Random(14)
+    big = {f"big-{i:02d}".encode(): rng.randbytes(1 << 20) for i in range(36)}
+    async with (
+        nodes(tmp_path, 2) as live,
+        AsyncRingClient([live[0].address], chunk_size=64 << 20) as ring,  # one snapshot chunk
+    ):
+        await ring.commit(sid, 1, big, [], {}, epoch=1, snapshot=True)
+        lazy = await ring.open(sid, cache_bytes=0)
+        assert await lazy.get_many([*big, b"absent"]) == big
+        assert lazy.chunks_fetched > 0  # the lookups were refused: groups loaded
+        for key in list(big)[:3]:
+            assert await lazy.get(key) == big[key]
+        path = block_path(lazy.chain, b"big-00")
+        assert path is not None
+        parts = {
+            (v, r.name): [v, r.name, r.lo, r.hi, r.size, r.index_len, r.index_checksum]
+            for k in big
+            for v, r in block_path(lazy.chain, k) or []
+        }
+        body = {
+            "groups": lazy.key_groups,
+            "keys": [k.hex() for k in big],
+            "parts": sorted(parts.values(), key=lambda p: (-p[0], p[2], p[3])),
+        }
+        status, answer = await _lookup(live[0], sid, json.dumps(body).encode())
+        assert status == 413, answer[:300]
