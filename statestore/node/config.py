@@ -29,6 +29,7 @@ class NodeConfig:
     storage: str = ""  # "" = lmdb in data_dir; "memory://" for tests
     max_body: int = 64 * 1024 * 1024
     max_chunk: int = 256 * 1024 * 1024
+    lookup_cache: int = 32 * 1024 * 1024  # node/lookup.py: point reads' and lookups' cache
     max_commit: int = 256 * 1024 * 1024
     # bytes that requests in flight may hold in all (node/budget.py); a commit holds 3x its body
     memory_budget: int = 1024 * 1024 * 1024

@@ -336,6 +336,6 @@ async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:
 
 
 def register(app: web.Application) -> None:
-    app[CACHE] = ChunkCache(32 * 1024 * 1024)
+    app[CACHE] = ChunkCache(app[NODE].config.lookup_cache)
     app.router.add_get("/v1/stores/{query}/{operator}/{partition}/{name}/key", point_read)
     app.router.add_post("/v1/stores/{query}/{operator}/{partition}/{name}/lookup", lookup)

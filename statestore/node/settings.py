@@ -329,6 +329,16 @@ SETTINGS: tuple[Setting, ...] = (
         "bytes",
     ),
     Setting(
+        "lookup-cache",
+        "int",
+        32 * MiB,
+        "bytes of chunk indexes and decoded blocks kept for point reads and lookups",
+        ("lookup_cache",),
+        _non_negative_int,
+        "BYTES",
+        "bytes",
+    ),
+    Setting(
         "max-commit",
         "int",
         256 * MiB,

@@ -587,7 +587,7 @@ async def test_lookups_past_an_answers_bound_are_read_another_way(tmp_path: Path
     rng = random.Random(14)
     big = {f"big-{i:02d}".encode(): rng.randbytes(1 << 20) for i in range(36)}
     async with (
-        nodes(tmp_path, 2) as live,
+        nodes(tmp_path, 2, lookup_cache=0) as live,  # nothing kept between requests
         AsyncRingClient([live[0].address], chunk_size=64 << 20) as ring,  # one snapshot chunk
     ):
         await ring.commit(sid, 1, big, [], {}, epoch=1, snapshot=True)
