@@ -54,7 +54,7 @@ import xxhash
 
 from statestore.core.cache import ROW_COST, ChunkCache
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
-from statestore.core.errors import PayloadTooLarge
+from statestore.core.errors import InvalidRequest
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
@@ -300,8 +300,8 @@ class AsyncLazyState:
                     try:
                         async with self._sem:
                             return (await self._lookup(path, [key], self.stats))[0]
-                    except PayloadTooLarge:
-                        pass  # a value past a lookup's answer: read by parts
+                    except InvalidRequest:
+                        pass  # a value past a lookup's answer, a chain it refuses: by parts
                 return await read_by_blocks(
                     path,
                     self.key_groups,
@@ -414,8 +414,8 @@ class AsyncLazyState:
             try:
                 async with self._sem:
                     return await lookup(path, batch, self.stats)
-            except PayloadTooLarge:  # values past a lookup's answer: the keys load by groups
-                rest.extend(batch)
+            except InvalidRequest:  # values past a lookup's answer, a chain it refuses
+                rest.extend(batch)  # the keys load by groups
                 return [None] * len(batch)
 
         answers = await asyncio.gather(*(one(b, p) for b, p in batches))
