@@ -287,7 +287,9 @@ async def lookup(request: web.Request) -> web.Response:
             )
         paths.append(path)
     reads = _Reads(node, store)
-    cache = _Pinned(request.app[CACHE])
+    # a lookup of several keys keeps the indexes it loaded for itself (a reader's get reads
+    # each once anyway)
+    cache = _Pinned(request.app[CACHE]) if len(keys) > 1 else request.app[CACHE]
     max_raw = node.config.max_chunk
 
     def one(key: bytes, path: BlockPath) -> Awaitable[bytes | None]:
@@ -307,7 +309,10 @@ async def lookup(request: web.Request) -> web.Response:
         # a window of keys at a time: at most WINDOW * MAX_LOOKUP_PATH reads in flight
         for i in range(0, len(keys), WINDOW):
             window = zip(keys[i : i + WINDOW], paths[i : i + WINDOW], strict=True)
-            got = await _gather(one(k, p) for k, p in window)
+            if len(keys) == 1:  # a reader's get: no task
+                got = [await one(keys[0], paths[0])]
+            else:
+                got = await _gather(one(k, p) for k, p in window)
             answer += sum(len(v) for v in got if v is not None)
             if answer > LOOKUP_ANSWER_BYTES:
                 raise PayloadTooLarge(
