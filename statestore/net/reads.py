@@ -90,7 +90,7 @@ class ReadStats:
     """What a point read fetched: chunks and bytes, per node, and holders skipped."""
 
     chunks: int = 0
-    parts: int = 0  # parts of chunks (a blocked chunk's index or one block)
+    parts: int = 0  # parts of chunks (a blocked chunk's index or one block), or lookups
     bytes: int = 0
     failovers: int = 0
     chain: int = 0
