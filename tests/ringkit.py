@@ -466,6 +466,30 @@ def wait_exact(copies: Copies, addresses: list[str], r: int, timeout: float = 40
     raise AssertionError(f"{len(extra)} items not at {r} copies: {list(extra.items())[:5]}")
 
 
+def held_states(addresses: list[str], stores: list[StoreId]) -> str:
+    """What each node holds of ``stores`` that decides which snapshots a chain names: head,
+    floor, thinning line, snapshot manifests and snapshot chunks by version (for a failing
+    assertion's message)."""
+    lines = []
+    for address in addresses:
+        for sid in stores:
+            try:
+                d = http_json(address, f"/v1/inventory/{sid.path}")
+            except (OSError, ValueError) as exc:
+                lines.append(f"{address} {sid.path}: {exc!r}")
+                continue
+            assert isinstance(d, dict)
+            snaps = sorted({m["version"] for m in d["manifests"] if m["kind"] == "snapshot"})
+            chunks = sorted(
+                {int(c.split("/")[-2]) for c in d["chunks"] if c.rsplit("/", 1)[-1][:1] == "s"}
+            )
+            lines.append(
+                f"{address} {sid.path}: head {d['head']} floor {d['floor']} "
+                f"thinning {d['thinning']} snapshots {snaps} snapshot chunks {chunks}"
+            )
+    return "\n".join(lines)
+
+
 def short_copies(ring: LocalRing, client: RingClient, stores: list[StoreId], top: int) -> dict:
     """Items of versions 1..top with fewer than R copies on the live nodes."""
     keys, manifests = sample(client, stores, top)

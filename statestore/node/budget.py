@@ -9,8 +9,10 @@ from the budget (a body without one takes ``--max-body``), and gives it back whe
 answer is sent. A coordinator commit holds more than its body while it is chunked
 (the rows decoded, the chunks built): it takes :data:`COMMIT_FACTOR` times its body, as the
 body arrives. A request that does not fit waits for room up to the node's body timeout, then
-gets 429 with a Retry-After; one larger than the whole budget gets 413 at once. Requests
-without a body (reads) take nothing: what they hold is bounded by what they read.
+gets 429 with a Retry-After; one larger than the whole budget gets 413 at once. A lookup
+(node/lookup.py) takes the parts of chunks it reads and the values it answers as it goes.
+Other requests without a body (reads) take nothing: what they hold is bounded by what they
+read.
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ class MemoryBudget:
         self.refused = 0  # requests refused for want of room (metrics)
         self._room = asyncio.Condition()
 
-    async def take(self, nbytes: int, what: str) -> None:
-        """Take ``nbytes``, waiting up to :attr:`wait` seconds for room. Raises
-        PayloadTooLarge when they exceed the whole budget, RateLimited when no room came."""
-        if nbytes > self.limit:
+    async def take(self, nbytes: int, what: str, held: int = 0) -> None:
+        """Take ``nbytes`` for a request that holds ``held`` already, waiting up to
+        :attr:`wait` seconds for room. Raises PayloadTooLarge when the two exceed the whole
+        budget (no room could ever come), RateLimited when no room came."""
+        if held + nbytes > self.limit:
             raise PayloadTooLarge(
-                f"{what} needs {nbytes} bytes of memory, over this node's --memory-budget "
-                f"({self.limit}): send smaller bodies, or raise the budget"
+                f"{what} needs {held + nbytes} bytes of memory, over this node's "
+                f"--memory-budget ({self.limit}): send smaller bodies, or raise the budget"
             )
         async with self._room:
             try:
@@ -77,7 +80,7 @@ class Lease:
         self.held = 0
 
     async def take(self, nbytes: int, what: str) -> None:
-        await self.budget.take(nbytes, what)
+        await self.budget.take(nbytes, what, held=self.held)
         self.held += nbytes
 
     async def close(self) -> None:

@@ -47,6 +47,7 @@ from statestore.net.reads import (
     read_head,
     read_key,
 )
+from statestore.node.budget import LEASE, Lease
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body
 from statestore.wire.bodies import (
@@ -171,11 +172,15 @@ class _Reads:
     replica (when it does not hold the chunk or its copy is bad); each part once per
     request whatever the keys asking for it, at most :data:`LOOKUP_READ_BYTES` in all (a
     reader naming a checksum no copy has costs each holder one read per part it names, not
-    one per key)."""
+    one per key). Each part's bytes are taken from the node's ``--memory-budget`` (the
+    request's lease, node/budget.py) before it is read: lookups at once hold no more than
+    the budget allows, a lookup needing more than all of it gets 413, one that finds no room
+    waits for it, then gets 429."""
 
-    def __init__(self, node: Node, store: StoreId) -> None:
+    def __init__(self, node: Node, store: StoreId, lease: Lease) -> None:
         self.node = node
         self.store = store
+        self.lease = lease
         self.stats = ReadStats()
         self.bytes = 0
         self.parts: dict[tuple[str, int, int, int], asyncio.Task[bytes]] = {}
@@ -204,6 +209,7 @@ class _Reads:
         self, version: int, ref: ChunkRef, ckey: str, span: tuple[int, int], expected: int
     ) -> bytes:
         offset, length = span
+        await self.lease.take(length, "a lookup's reads")
         held = self.node.store.get_chunk_part(ckey, offset, length)
         if held is not None and offset + length <= held[1]:
             try:
@@ -286,7 +292,7 @@ async def lookup(request: web.Request) -> web.Response:
                 "read a chain that long by parts"
             )
         paths.append(path)
-    reads = _Reads(node, store)
+    reads = _Reads(node, store, request[LEASE])
     # a lookup of several keys keeps the indexes it loaded for itself (a reader's get reads
     # each once anyway)
     cache = _Pinned(request.app[CACHE]) if len(keys) > 1 else request.app[CACHE]
@@ -313,12 +319,14 @@ async def lookup(request: web.Request) -> web.Response:
                 got = [await one(keys[0], paths[0])]
             else:
                 got = await _gather(one(k, p) for k, p in window)
-            answer += sum(len(v) for v in got if v is not None)
+            size = sum(len(v) for v in got if v is not None)
+            answer += size
             if answer > LOOKUP_ANSWER_BYTES:
                 raise PayloadTooLarge(
                     f"lookup: its values come to more than {LOOKUP_ANSWER_BYTES} bytes: split "
                     "the keys over several lookups"
                 )
+            await reads.lease.take(2 * size, "a lookup's answer")  # the values, then packed
             values += got
     finally:
         reads.cancel()

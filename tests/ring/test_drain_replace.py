@@ -32,6 +32,7 @@ from tests.ringkit import (
     Writer,
     check_restores,
     eventually,
+    held_states,
     load,
     local_ring,
     post,
@@ -93,7 +94,10 @@ def test_sigterm_drains_a_node_before_it_exits(tmp_path: Path) -> None:
             top = min(writer.next.values()) - 1
             deadline = time.monotonic() + 30
             while short := short_copies(ring, client, stores, top):
-                assert time.monotonic() < deadline, list(short.items())[:5]
+                if time.monotonic() >= deadline:
+                    raise AssertionError(
+                        f"{list(short.items())[:5]}\n{held_states(others, stores)}"
+                    )
                 time.sleep(0.5)
             # it refuses to start again as a member: it left
             again = subprocess.run(

@@ -610,3 +610,40 @@ async def test_lookups_past_an_answers_bound_are_read_another_way(tmp_path: Path
         }
         status, answer = await _lookup(live[0], sid, json.dumps(body).encode())
         assert status == 413, answer[:300]
+
+
+async def test_a_lookup_holds_what_it_reads_within_the_nodes_memory_budget(
+    tmp_path: Path,
+) -> None:
+    """A lookup takes the parts it reads and the values it answers from the node's
+    ``--memory-budget``, as a body is: one needing more than the whole budget is refused
+    with 413 (well within a lookup's own bounds), the client reads those keys another way,
+    and the node holds nothing of it afterwards."""
+    sid = StoreId("open", 0, 14, "lookup")
+    rng = random.Random(15)
+    big = {f"big-{i:02d}".encode(): rng.randbytes(512 << 10) for i in range(12)}
+    async with (
+        nodes(tmp_path, 2, lookup_cache=0, memory_budget=4 << 20, max_body=3 << 20) as live,
+        AsyncRingClient([live[0].address], chunk_size=2 << 20) as ring,
+    ):
+        await ring.commit(sid, 1, big, [], {}, epoch=1, snapshot=True)
+        lazy = await ring.open(sid, cache_bytes=0)
+        parts = {
+            (v, r.name): [v, r.name, r.lo, r.hi, r.size, r.index_len, r.index_checksum]
+            for k in big
+            for v, r in block_path(lazy.chain, k) or []
+        }
+        body = {
+            "groups": lazy.key_groups,
+            "keys": [k.hex() for k in big],
+            "parts": sorted(parts.values(), key=lambda p: (-p[0], p[2], p[3])),
+        }
+        status, answer = await _lookup(live[0], sid, json.dumps(body).encode())
+        assert status == 413 and b"--memory-budget" in answer, answer[:300]
+        assert live[0].budget.used == 0
+        # a few keys fit: answered
+        body["keys"] = body["keys"][:2]
+        status, answer = await _lookup(live[0], sid, json.dumps(body).encode())
+        assert status == 200 and msgpack.unpackb(answer) == [big[k] for k in list(big)[:2]]
+        assert await lazy.get_many(list(big)) == big
+        assert live[0].budget.used == 0

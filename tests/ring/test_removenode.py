@@ -28,6 +28,7 @@ from tests.ringkit import (
     R,
     Writer,
     check_restores,
+    held_states,
     load,
     local_ring,
     sample,
@@ -247,7 +248,10 @@ def test_removenode_removes_a_dead_node_for_good_under_a_writer(
             top = min(writer.next.values()) - 1
             deadline = time.monotonic() + 30
             while short := short_copies(ring, client, stores, top):
-                assert time.monotonic() < deadline, list(short.items())[:5]
+                if time.monotonic() >= deadline:
+                    raise AssertionError(
+                        f"{list(short.items())[:5]}\n{held_states(others, stores)}"
+                    )
                 time.sleep(0.5)
             check_restores(client, writer, states, 6)
             # the ring moves again
