@@ -58,6 +58,7 @@ from statestore.core.errors import InvalidRequest
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
+from statestore.net.quorate import gather_all
 from statestore.net.reads import BlockPath, ReadStats, block_path, lookup_fits, read_by_blocks
 from statestore.wire.bodies import (
     MAX_LOOKUP_INDEX_BYTES,
@@ -418,7 +419,7 @@ class AsyncLazyState:
                 rest.extend(batch)  # the keys load by groups
                 return [None] * len(batch)
 
-        answers = await asyncio.gather(*(one(b, p) for b, p in batches))
+        answers = await gather_all(one(b, p) for b, p in batches)  # a failure stops the rest
         found = {
             k: v
             for (batch, _), values in zip(batches, answers, strict=True)

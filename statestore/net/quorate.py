@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from statestore.core.errors import NodeUnavailable
 
-__all__ = ["GRACE", "MIN_GRACE", "Rest", "finish_left", "until_enough"]
+__all__ = ["GRACE", "MIN_GRACE", "Rest", "finish_left", "gather_all", "until_enough"]
 
 T = TypeVar("T")
 Rest = Literal["wait", "behind", "run"]  # what becomes of the calls still running (above)
@@ -118,3 +118,14 @@ async def until_enough(
         else f"{what}: no answer within the grace period after enough answered"
     )
     return [results.get(i, late) for i in range(len(tasks))]
+
+
+async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """Every one's result, in order; the first failure cancels the others and is raised
+    (``asyncio.gather`` leaves them running on: requests nobody waits for)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()

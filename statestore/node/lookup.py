@@ -19,8 +19,7 @@ cached costs the node a few dictionary look-ups once its cache holds the store's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
 
 import msgpack
 from aiohttp import web
@@ -37,6 +36,7 @@ from statestore.core.errors import (
 )
 from statestore.core.ids import StoreId, check_version, chunk_key
 from statestore.core.manifest import ChunkRef
+from statestore.net.quorate import gather_all
 from statestore.net.reads import (
     BlockPath,
     ReadStats,
@@ -67,7 +67,6 @@ WINDOW = 16  # keys of one lookup read at once
 # bytes of chunks' parts (indexes and blocks) one lookup may read, and of values it may answer
 LOOKUP_READ_BYTES = 48 * 1024 * 1024
 LOOKUP_ANSWER_BYTES = 32 * 1024 * 1024
-T = TypeVar("T")
 CACHE = web.AppKey("point_read_cache", ChunkCache)
 
 
@@ -308,7 +307,7 @@ async def lookup(request: web.Request) -> web.Response:
     try:
         if len(keys) > 1:  # each index the keys need, read and parsed once
             needed = {(v, ref.name): (v, ref) for path in paths for v, ref in path}
-            await _gather(
+            await gather_all(
                 load_index(reads.fetch_for(v, ref), ref, cache_key(store, v, ref), cache)
                 for v, ref in needed.values()
             )
@@ -318,7 +317,7 @@ async def lookup(request: web.Request) -> web.Response:
             if len(keys) == 1:  # a reader's get: no task
                 got = [await one(keys[0], paths[0])]
             else:
-                got = await _gather(one(k, p) for k, p in window)
+                got = await gather_all(one(k, p) for k, p in window)
             size = sum(len(v) for v in got if v is not None)
             answer += size
             if answer > LOOKUP_ANSWER_BYTES:
@@ -335,17 +334,6 @@ async def lookup(request: web.Request) -> web.Response:
         content_type="application/msgpack",
         headers={EPOCH_HEADER: str(node.epoch)},
     )
-
-
-async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:
-    """Every one's result; the first failure cancels the others (asyncio.gather leaves them
-    running)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for t in tasks:
-            t.cancel()
 
 
 def register(app: web.Application) -> None:

@@ -14,6 +14,7 @@ import random
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgpack
@@ -24,6 +25,7 @@ from client import (
     AsyncRingClient,
     InvalidRequest,
     LazyState,
+    NodeUnavailable,
     RingClient,
     StoreId,
     StoreNotFound,
@@ -647,3 +649,40 @@ async def test_a_lookup_holds_what_it_reads_within_the_nodes_memory_budget(
         assert status == 200 and msgpack.unpackb(answer) == [big[k] for k in list(big)[:2]]
         assert await lazy.get_many(list(big)) == big
         assert live[0].budget.used == 0
+
+
+async def test_a_failed_lookup_of_get_many_stops_the_others(tmp_path: Path) -> None:
+    """``get_many`` sends its lookups at once; when one fails, the failure is raised and
+    the lookups still running are cancelled, not left to run on unawaited."""
+    sid = StoreId("open", 0, 15, "lookup")
+    rng = random.Random(16)
+    state = {f"key-{i:05d}".encode(): rng.randbytes(200) for i in range(4000)}
+    async with nodes(tmp_path, 2) as live, AsyncRingClient([live[0].address]) as ring:
+        small = AsyncRingClient([live[0].address], chunk_size=64 << 10)
+        async with small:
+            await small.commit(sid, 1, state, [], {}, epoch=1, snapshot=True)
+        lazy = await ring.open(sid, cache_bytes=0)
+        assert len(lazy.chain[-1].chunks) > 4  # several snapshot chunks: several lookups
+        real = lazy._lookup
+        assert real is not None
+        calls: list[str] = []
+        cancelled: list[str] = []
+
+        async def lookup(path: Any, keys: list[bytes], stats: Any) -> list[bytes | None]:
+            name = path[-1][1].name
+            calls.append(name)
+            if len(calls) == 1:
+                await asyncio.sleep(0.05)
+                raise NodeUnavailable("the first lookup's node went away")
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(name)
+                raise
+            return await real(path, keys, stats)
+
+        lazy._lookup = lookup
+        with pytest.raises(NodeUnavailable, match="went away"):
+            await asyncio.wait_for(lazy.get_many(list(state)), 10)
+        await asyncio.sleep(0)
+        assert len(calls) > 2 and sorted(cancelled) == sorted(calls[1:])
