@@ -223,12 +223,14 @@ class AsyncLazyState:
         self.stats = ReadStats(chain=len(self.chain))
         self.cache_hits = 0
         self.cache_misses = 0
-        # within cache_bytes: key group -> its folded rows (half), chunk key -> its decoded
-        # rows, for chunks that reach past the span they were fetched for (a quarter), and the
-        # blocks and indexes of blocked chunks a point read fetched (a quarter)
-        self._groups = _Lru(cache_bytes - 2 * (cache_bytes // 4))
+        # within cache_bytes, a quarter each: key group -> its folded rows; chunk key -> its
+        # decoded rows, for chunks that reach past the span they were fetched for; the blocks
+        # and indexes of blocked chunks a point read fetched; and the rows point reads
+        # answered (key -> (value or None,)): a hot key costs its row, not its block's ~40
+        self._groups = _Lru(cache_bytes - 3 * (cache_bytes // 4))
         self._chunks = _Lru(cache_bytes // 4)
         self._blocks = ChunkCache(cache_bytes // 4)
+        self._rows = _Lru(cache_bytes // 4)
         self._fetching: dict[str, asyncio.Future[Split]] = {}
         self._loading: list[tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]] = []
         self._sem = asyncio.Semaphore(concurrency)
@@ -257,7 +259,7 @@ class AsyncLazyState:
     @property
     def cache_bytes(self) -> int:
         """Bytes the cache of decoded key groups holds now (by the :data:`ROW_COST` rule)."""
-        return self._groups.bytes + self._chunks.bytes + self._blocks.size_bytes
+        return self._groups.bytes + self._chunks.bytes + self._blocks.size_bytes + self._rows.bytes
 
     # -- lifecycle --------------------------------------------------------------------------
     async def close(self) -> None:
@@ -269,6 +271,7 @@ class AsyncLazyState:
         self._groups.clear()
         self._chunks.clear()
         self._blocks.clear()
+        self._rows.clear()
 
     async def __aenter__(self) -> AsyncLazyState:
         return self
@@ -292,27 +295,36 @@ class AsyncLazyState:
         self._check_open()
         g = key_group(key, self.key_groups)
         if self._groups.get(g) is None and self._fetch_part is not None:
+            row: tuple[bytes | None] | None = self._rows.get(key)
+            if row is not None:
+                return row[0]
             path = block_path(self.chain, key)
             if path is not None:
                 self.cache_misses += 1
-                if self._lookup is not None and lookup_fits(key, path):
-                    if not path:
-                        return None
-                    try:
-                        async with self._sem:
-                            return (await self._lookup(path, [key], self.stats))[0]
-                    except InvalidRequest:
-                        pass  # a value past a lookup's answer, a chain it refuses: by parts
-                return await read_by_blocks(
-                    path,
-                    self.key_groups,
-                    self._part_fetch,
-                    self.store,
-                    key,
-                    self._blocks,
-                    max_raw=self._max_chunk,
-                )
+                value = await self._point_read(key, path)
+                self._rows.put(key, (value,), len(key) + len(value or b"") + ROW_COST)
+                return value
         return (await self._group(g)).get(key)
+
+    async def _point_read(self, key: bytes, path: BlockPath) -> bytes | None:
+        """``key``'s value read along ``path``: one lookup a node answers, or by blocks."""
+        if self._lookup is not None and lookup_fits(key, path):
+            if not path:
+                return None
+            try:
+                async with self._sem:
+                    return (await self._lookup(path, [key], self.stats))[0]
+            except InvalidRequest:
+                pass  # a value past a lookup's answer, a chain it refuses: by parts
+        return await read_by_blocks(
+            path,
+            self.key_groups,
+            self._part_fetch,
+            self.store,
+            key,
+            self._blocks,
+            max_raw=self._max_chunk,
+        )
 
     def _part_fetch(
         self, version: int, ref: ChunkRef

@@ -686,3 +686,24 @@ async def test_a_failed_lookup_of_get_many_stops_the_others(tmp_path: Path) -> N
             await asyncio.wait_for(lazy.get_many(list(state)), 10)
         await asyncio.sleep(0)
         assert len(calls) > 2 and sorted(cancelled) == sorted(calls[1:])
+
+
+async def test_point_reads_keep_the_rows_they_answered(tmp_path: Path) -> None:
+    """An opened store keeps the rows its point reads answered (a quarter of
+    ``cache_bytes``): keys read again are answered from them, though the blocks they came
+    from (about 40 rows each) no longer fit the cache; absent keys too."""
+    sid = StoreId("open", 0, 16, "lookup")
+    commits, want = _blocked_versions(seed=17)
+    rng = random.Random(18)
+    async with nodes(tmp_path, 2) as live, AsyncRingClient([live[0].address]) as ring:
+        await _commit_all(ring, sid, commits)
+        lazy = await ring.open(sid, cache_bytes=4 << 20)
+        keys = [*rng.sample(sorted(want), 1500), b"absent-1", b"absent-2"]
+        for key in keys:
+            assert await lazy.get(key) == want.get(key)
+        fetched, misses = lazy.bytes_fetched, lazy.cache_misses
+        assert lazy._blocks.size_bytes <= 1 << 20  # far from every block read
+        for key in reversed(keys):
+            assert await lazy.get(key) == want.get(key)
+        assert (lazy.bytes_fetched, lazy.cache_misses) == (fetched, misses)
+        assert lazy.cache_bytes <= 4 << 20
