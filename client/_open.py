@@ -158,6 +158,42 @@ class _Lru:
         return len(self._items)
 
 
+_ABSENT = object()  # a key a point read found no value of
+
+
+class _Rows:
+    """The rows point reads answered, least recently used evicted first, within ``max_bytes``
+    counted as key and value bytes plus :data:`ROW_COST` a row (what a row costs in a plain
+    dictionary: its two bytes objects' headers and a slot; an absent key is remembered too)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._rows: dict[bytes, object] = {}  # insertion order: the least recent first
+
+    def get(self, key: bytes) -> object | None:
+        """``key``'s value, :data:`_ABSENT`, or None when not remembered."""
+        value = self._rows.pop(key, None)
+        if value is not None:
+            self._rows[key] = value  # the most recent now
+        return value
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        size = len(key) + (len(value) if value is not None else 0) + ROW_COST
+        if size > self.max_bytes or key in self._rows:
+            return
+        self._rows[key] = _ABSENT if value is None else value
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            old = next(iter(self._rows))
+            gone = self._rows.pop(old)
+            self.bytes -= len(old) + (len(gone) if isinstance(gone, bytes) else 0) + ROW_COST
+
+    def clear(self) -> None:
+        self._rows.clear()
+        self.bytes = 0
+
+
 @dataclass(frozen=True)
 class _Span:
     """What one key group's read fetches: per manifest of the chain (oldest first), the
@@ -226,11 +262,11 @@ class AsyncLazyState:
         # within cache_bytes, a quarter each: key group -> its folded rows; chunk key -> its
         # decoded rows, for chunks that reach past the span they were fetched for; the blocks
         # and indexes of blocked chunks a point read fetched; and the rows point reads
-        # answered (key -> (value or None,)): a hot key costs its row, not its block's ~40
+        # answered: a hot key costs its row, not its block's ~40
         self._groups = _Lru(cache_bytes - 3 * (cache_bytes // 4))
         self._chunks = _Lru(cache_bytes // 4)
         self._blocks = ChunkCache(cache_bytes // 4)
-        self._rows = _Lru(cache_bytes // 4)
+        self._rows = _Rows(cache_bytes // 4)
         self._fetching: dict[str, asyncio.Future[Split]] = {}
         self._loading: list[tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]] = []
         self._sem = asyncio.Semaphore(concurrency)
@@ -295,14 +331,14 @@ class AsyncLazyState:
         self._check_open()
         g = key_group(key, self.key_groups)
         if self._groups.get(g) is None and self._fetch_part is not None:
-            row: tuple[bytes | None] | None = self._rows.get(key)
+            row = self._rows.get(key)
             if row is not None:
-                return row[0]
+                return row if isinstance(row, bytes) else None
             path = block_path(self.chain, key)
             if path is not None:
                 self.cache_misses += 1
                 value = await self._point_read(key, path)
-                self._rows.put(key, (value,), len(key) + len(value or b"") + ROW_COST)
+                self._rows.put(key, value)
                 return value
         return (await self._group(g)).get(key)
 

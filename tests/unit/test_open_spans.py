@@ -13,7 +13,8 @@ import random
 
 import pytest
 
-from client._open import AsyncLazyState, _decode_split, _fold, _Lru, _Scan
+from client._open import _ABSENT, AsyncLazyState, _decode_split, _fold, _Lru, _Rows, _Scan
+from statestore.core.cache import ROW_COST
 from statestore.core.chunk import EncodedChunk, key_group, verify
 from statestore.core.commit import build_commit
 from statestore.core.fold import apply
@@ -162,3 +163,21 @@ def test_apply_rule_is_the_restores() -> None:
     state: Ref = {b"a": b"1", b"b": b"2"}
     apply(state, [(b"a", None), (b"c", b"3")])
     assert state == {b"b": b"2", b"c": b"3"}
+
+
+def test_the_rows_point_reads_answered_stay_within_their_bytes() -> None:
+    rows = _Rows(10 * (ROW_COST + 20))
+    for i in range(30):
+        rows.put(f"key-{i:04d}".encode(), None if i % 3 == 0 else b"v" * 12)
+        assert rows.bytes <= rows.max_bytes
+    # the least recently used went first; an absent key is remembered as absent
+    assert rows.get(b"key-0000") is None and rows.get(b"key-0029") == b"v" * 12
+    assert rows.get(b"key-0027") is _ABSENT
+    rows.get(b"key-0022")  # used again: outlives the ones after it
+    for i in range(30, 39):
+        rows.put(f"key-{i:04d}".encode(), b"v" * 12)
+    assert rows.get(b"key-0022") == b"v" * 12 and rows.get(b"key-0023") is None
+    rows.put(b"big", b"x" * rows.max_bytes)  # larger than the whole: not kept
+    assert rows.get(b"big") is None and rows.bytes <= rows.max_bytes
+    rows.clear()
+    assert rows.bytes == 0 and rows.get(b"key-0022") is None
