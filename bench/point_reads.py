@@ -7,9 +7,10 @@ covering the key along the chain its index and the one block that can hold it. I
 measured on a store written with the default 4 MiB chunks and on one written with 256 KiB
 chunks (the ``chunk_size`` option of the client). ``AsyncRingClient.open(store)`` is
 measured too: the head and chain are read once when it opens, a read fetches as ``get``
-does; ``warm`` reads through one opened store whose cache (64 MiB of indexes and decoded
-blocks) holds the keys it reads (``--warm-keys``, default 100,000: the whole store at the
-default size) once each was read, ``cold`` through one opened with
+does; ``warm`` reads through one opened store whose cache (64 MiB: the rows its reads
+answered, indexes and decoded blocks, a quarter each) holds the keys it reads
+(``--warm-keys``, default 100,000: the whole store at the default size) once each was read,
+``cold`` through one opened with
 ``cache_bytes=0``: nothing is cached by the client, and every read is one ``POST .../lookup``
 to the node, which reads, of each chunk covering the key along the chain, the index and the
 one block that can hold it from its own storage and keeps them in its cache (node/lookup.py;
@@ -160,7 +161,7 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
         "const": "bare aiohttp handler, constant body",
         "default": "RingClient.get, 4 MiB chunks (default)",
         "small": "RingClient.get, 256 KiB chunks",
-        "open-warm": "open() warm (indexes and blocks cached), 4 MiB chunks",
+        "open-warm": "open() warm (rows, indexes and blocks cached), 4 MiB chunks",
         "open-cold": "open() cold (cache_bytes=0: a lookup a read), 4 MiB chunks",
         "open-cold-small": "open() cold (cache_bytes=0: a lookup a read), 256 KiB chunks",
     }
