@@ -112,12 +112,18 @@ final class LazyBase {
     return out;
   }
 
-  /** Decoded blocks kept per JVM (raw key and value bytes plus 64 a row): 1/8 of the cache. */
+  /**
+   * Decoded blocks kept per JVM (raw key and value bytes plus {@link StateBudget#ROW_COST} a
+   * row): 1/8 of the cache.
+   */
   static long cacheBytes() {
     return Math.max(MIN_BYTES, StateBudget.limit() / 8);
   }
 
-  /** Bytes of the memo of looked-up rows (key + value + 64 a row): 1/16 of the cache. */
+  /**
+   * Bytes of the memo of looked-up rows (key + value + {@link StateBudget#ROW_COST} a row):
+   * 1/16 of the cache.
+   */
   static long memoBytes() {
     return Math.max(MIN_BYTES, StateBudget.limit() / 16);
   }
@@ -140,13 +146,13 @@ final class LazyBase {
     synchronized (MEMO) {
       long delta = 0;
       if (MEMO.put(mk, v) == null) {
-        delta += k.length + v.length + 64L;
+        delta += k.length + v.length + StateBudget.ROW_COST;
       }
       long limit = memoBytes();
       var it = MEMO.entrySet().iterator();
       while (memoUsed + delta > limit && it.hasNext()) {
         var e = it.next();
-        delta -= e.getKey().key().remaining() + e.getValue().length + 64L;
+        delta -= e.getKey().key().remaining() + e.getValue().length + StateBudget.ROW_COST;
         it.remove();
       }
       memoUsed += delta;
@@ -206,7 +212,7 @@ final class LazyBase {
     for (ChunkCodec.Row r : rows) {
       if (r.value() != null) {
         map.put(ByteBuffer.wrap(r.key()), r.value());
-        bytes += r.key().length + r.value().length + 64L;
+        bytes += r.key().length + r.value().length + StateBudget.ROW_COST;
       }
     }
     Block out = new Block(map, bytes);

@@ -512,7 +512,7 @@ final class StateData {
       UnsafeRow prev = s.put(key, value, prefixIndex == null ? null : this::prefixOf);
       if (prev == null) {
         spilledRows.incrementAndGet();
-        bytes.addAndGet(key.getSizeInBytes() + value.getSizeInBytes() + 64L);
+        bytes.addAndGet(key.getSizeInBytes() + value.getSizeInBytes() + StateBudget.ROW_COST);
       } else {
         bytes.addAndGet(value.getSizeInBytes() - prev.getSizeInBytes());
       }
@@ -521,7 +521,7 @@ final class StateData {
     UnsafeRow prev = map.put(key, value);
     long delta;
     if (prev == null) {
-      delta = key.getSizeInBytes() + value.getSizeInBytes() + 64L;
+      delta = key.getSizeInBytes() + value.getSizeInBytes() + StateBudget.ROW_COST;
       bytes.addAndGet(delta);
       if (prefixIndex != null) {
         prefixIndex.computeIfAbsent(prefixOf(key), p -> ConcurrentHashMap.newKeySet()).add(key);
@@ -540,13 +540,13 @@ final class StateData {
       UnsafeRow prev = s.remove(key, prefixIndex == null ? null : this::prefixOf);
       if (prev != null) {
         spilledRows.decrementAndGet();
-        bytes.addAndGet(-(key.getSizeInBytes() + prev.getSizeInBytes() + 64L));
+        bytes.addAndGet(-(key.getSizeInBytes() + prev.getSizeInBytes() + StateBudget.ROW_COST));
       }
       return prev;
     }
     UnsafeRow prev = map.remove(key);
     if (prev != null) {
-      long delta = -(key.getSizeInBytes() + prev.getSizeInBytes() + 64L);
+      long delta = -(key.getSizeInBytes() + prev.getSizeInBytes() + StateBudget.ROW_COST);
       bytes.addAndGet(delta);
       account(delta);
       if (prefixIndex != null) {

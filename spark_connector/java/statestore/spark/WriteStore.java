@@ -114,7 +114,7 @@ final class WriteStore extends StoreBase implements StateStore {
     overlay.put(k, v);
     if (before == null) {
       keyDelta++;
-      bytesDelta += k.getSizeInBytes() + v.getSizeInBytes() + 64L;
+      bytesDelta += k.getSizeInBytes() + v.getSizeInBytes() + StateBudget.ROW_COST;
     } else {
       bytesDelta += v.getSizeInBytes() - before.getSizeInBytes();
     }
@@ -135,7 +135,7 @@ final class WriteStore extends StoreBase implements StateStore {
       overlay.remove(k);
     }
     keyDelta--;
-    bytesDelta -= k.getSizeInBytes() + before.getSizeInBytes() + 64L;
+    bytesDelta -= k.getSizeInBytes() + before.getSizeInBytes() + StateBudget.ROW_COST;
   }
 
   /** Every row of version + 1 as it stands: the loaded version under the overlay. */

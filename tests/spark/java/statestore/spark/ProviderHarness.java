@@ -129,6 +129,21 @@ public final class ProviderHarness {
     fresh.abort();
   }
 
+  /** memoryUsedBytes of a committed version: each row's key and value bytes and its cost. */
+  void memory() {
+    StateStore w = write(provider(), 0, false);
+    long raw = 0;
+    for (int i = 0; i < 100; i++) {
+      UnsafeRow k = key(i);
+      UnsafeRow v = value(i, 200);
+      raw += k.getSizeInBytes() + v.getSizeInBytes();
+      w.put(k, v, null);
+    }
+    w.commit();
+    out.put("raw", raw);
+    out.put("memory", w.metrics().memoryUsedBytes());
+  }
+
   /** A version re-committed by another executor: the cache must not be trusted. */
   void cache() {
     RingStateStoreProvider p1 = provider();
@@ -407,6 +422,7 @@ public final class ProviderHarness {
     switch (argv[0]) {
       case "isolation" -> h.isolation();
       case "cache" -> h.cache();
+      case "memory" -> h.memory();
       case "empty" -> h.empty();
       case "lineage" -> h.lineage();
       case "legacy" -> h.legacy();
