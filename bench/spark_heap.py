@@ -74,7 +74,7 @@ RESTARTS = {
         "spark.statestore.prefetchBytesPerSec": "0",
     },
 }
-ROW_COUNTED = 64  # bytes per row the provider counts besides key and value
+ROW_COUNTED = 160  # bytes per row the provider counts besides key and value (64 before)
 
 
 def _histogram(pid: int) -> dict[str, list[int]]:
