@@ -48,6 +48,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from _common import MiB, local_ring, machine, table
@@ -76,6 +77,37 @@ LAYOUTS = {  # the rule before thinning first: the others' times are ratios to i
 }
 
 
+def n_keys_of(live_mib: int, value: int) -> int:
+    """The keys of a ``live_mib`` MiB store of 16-byte keys and ``value``-byte values."""
+    return live_mib * MiB // (KEY + value)
+
+
+def update_stream(
+    live_mib: int, rate: float, versions: int, value: int
+) -> Iterator[tuple[int, dict[bytes, bytes]]]:
+    """The bench's update stream, ``(version, rows it writes)``: version 1 writes every key,
+    each later one ``rate`` of them chosen at random, every value fresh random bytes (seeded
+    by the case: the same stream on every run; bench/storage_rocksdb.py replays it)."""
+    rng = random.Random(int(live_mib * 1000 + rate * 100))
+    n_keys = n_keys_of(live_mib, value)
+    keys = [rng.randbytes(KEY) for _ in range(n_keys)]
+    per = max(1, int(rate * n_keys))
+    for v in range(1, versions + 1):
+        picked = list(range(n_keys)) if v == 1 else rng.sample(range(n_keys), per)
+        yield v, {keys[i]: rng.randbytes(value) for i in picked}
+
+
+def live_and_perfect(
+    live_mib: int, versions: int, value: int, written: dict[int, int]
+) -> tuple[int, int]:
+    """The latest version's state bytes, and a perfect store's: the oldest retained
+    version's state plus the rows each later retained version wrote (``written``: version
+    -> rows; every written value is new random bytes, so none is shared)."""
+    live = n_keys_of(live_mib, value) * (KEY + value)
+    retained = range(max(1, versions - RETAIN + 1), versions + 1)
+    return live, live + sum(written[v] for v in retained[1:]) * (KEY + value)
+
+
 def run_case(
     live_mib: int,
     rate: float,
@@ -88,21 +120,15 @@ def run_case(
     """One update stream into a ring per rule of ``names``, side by side. Commits go to
     them in turn (the order rotates); restores of the latest and the oldest retained
     version too, over ``rounds`` rounds."""
-    rng = random.Random(int(live_mib * 1000 + rate * 100))
-    n_keys = live_mib * MiB // (KEY + value)
-    keys = [rng.randbytes(KEY) for _ in range(n_keys)]
-    changed_at: dict[int, set[int]] = {}  # version -> key indexes it changed
+    written: dict[int, int] = {}  # version -> rows it wrote
     sid = StoreId("bench-storage", 0, 0, "default")
     commit_s: dict[str, list[float]] = {n: [] for n in names}
     restore_s: dict[tuple[str, str], list[float]] = {}
     with contextlib.ExitStack() as stack:
         rings = {n: stack.enter_context(local_ring(3, LAYOUTS[n])) for n in names}
         clients = {n: stack.enter_context(RingClient(rings[n].seeds, timeout=120)) for n in names}
-        per = max(1, int(rate * n_keys))
-        for v in range(1, versions + 1):
-            picked = list(range(n_keys)) if v == 1 else rng.sample(range(n_keys), per)
-            puts = {keys[i]: rng.randbytes(value) for i in picked}
-            changed_at[v] = set(picked)
+        for v, puts in update_stream(live_mib, rate, versions, value):
+            written[v] = len(puts)
             for n in _turn(names, v):
                 t0 = time.perf_counter()
                 clients[n].commit(sid, v, puts, [], epoch=1)
@@ -135,9 +161,7 @@ def run_case(
                 health = http_json(address, "/v1/health")
                 assert isinstance(health, dict)
                 figures[n].append(health["storage"] | {"stats": health["stats"]})
-    live = n_keys * (KEY + value)
-    retained = range(max(1, versions - RETAIN + 1), versions + 1)
-    perfect = live + sum(len(changed_at[v]) for v in retained[1:]) * (KEY + value)
+    live, perfect = live_and_perfect(live_mib, versions, value, written)
     return {
         "live": live,
         "perfect": perfect,
