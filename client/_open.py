@@ -294,7 +294,8 @@ class AsyncLazyState:
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes the cache of decoded key groups holds now (by the :data:`ROW_COST` rule)."""
+        """Bytes the cache holds now: decoded key groups and chunks, blocks and indexes, and
+        the rows point reads answered (by the :data:`ROW_COST` rule)."""
         return self._groups.bytes + self._chunks.bytes + self._blocks.size_bytes + self._rows.bytes
 
     # -- lifecycle --------------------------------------------------------------------------
