@@ -541,8 +541,9 @@ async def gc(request: web.Request) -> web.Response:
     """A retention floor and/or a thinning line (from the store's compactor). A floor is a
     version, never above the store's head, and where this node holds the store's manifests
     a version it holds a snapshot of (so that every version at or above it stays
-    restorable). A thinning line is taken up to the second newest snapshot held here
-    (node/repair.check_thinning). Both are checked before either is applied."""
+    restorable). A thinning line is taken, where this node owns the store's manifests, up
+    to the second newest snapshot held here (node/repair.check_thinning). Both are checked
+    before either is applied."""
     node = request.app[NODE]
     store = _store(request)
     allow(request, "admin", store.query)

@@ -11,10 +11,10 @@ every live node, which drops the manifests and chunks below it (docs/design.md, 
 Thinning (``--thin-snapshots``, core/retention.Thinning) drops the snapshots between the
 floor and the two newest that are not rungs, in two steps: the line goes to every live node,
 which drops their manifests; once every home replica and owner of the store's manifests
-answered that it took it (a down one holds the step back), and the line was drawn
-:data:`CHUNK_GRACE_PASSES` passes before (a restore that resolved its chain just before still
-reads its base), the line of their chunks follows (a reader merges the owners' manifests: one
-still naming a snapshot whose chunks were gone would fail its restore).
+(a down one holds the step back) and every live node answered that it took it, and the line
+was drawn :data:`CHUNK_GRACE_PASSES` passes before (a restore that resolved its chain just
+before still reads its base), the line of their chunks follows (a reader merges the owners'
+manifests: one still naming a snapshot whose chunks were gone would fail its restore).
 Which snapshots, which floor and which line is decided by
 :func:`statestore.core.retention.plan_compaction`; this module restores, writes and sends.
 """
@@ -160,13 +160,17 @@ async def _drop_chunks(
 ) -> None:
     """The second step of a line (core/retention.Thinning): once every home replica and
     owner of the store's manifests (a down one too: it answers nothing, so the step waits)
-    answered that it took the line, the chunks of what it drops go too, up to the highest
-    line drawn at least :data:`CHUNK_GRACE_PASSES` compaction passes ago."""
+    and every live node answered that it took the line, the chunks of what it drops go too,
+    up to the highest line drawn at least :data:`CHUNK_GRACE_PASSES` compaction passes
+    ago."""
     now = asyncio.get_running_loop().time()
     lines = _drawn.setdefault(node, {}).setdefault(store, [])
     if not lines or lines[-1][0] < thin.below:
         lines.append((thin.below, now))
+    # every owner, a down one too, and every live node: one holding manifests it no longer
+    # owns takes the whole line (node/repair.check_thinning), and must have dropped them
     owners = set(view.store_write_replicas(store)) | set(view.write_homes(store.path))
+    owners |= set(view.live_addresses())
     took = all(answers.get(a, {}).get("thinning", {}).get("below", 0) >= thin.below for a in owners)
     grace = CHUNK_GRACE_PASSES * node.config.compact_interval
     ripe = [line for line, at in lines if now - at >= grace]

@@ -197,14 +197,22 @@ async def _apply_floors(node: Node, address: str, batch: list[Item], floors: obj
 
 async def check_thinning(node: Node, store: StoreId, thin: Thinning) -> Thinning:
     """The part of a thinning line from a compactor's ``gc`` or a peer's ``sync/have``
-    answer that this node takes: up to its own second newest snapshot where it holds the
-    store's manifests (a line above it would drop a base the newest reads are still served
-    from), else up to the store's head (this node, a chunk holder, only drops chunks)."""
+    answer that this node takes: where it is an owner of the store's manifests (a replica,
+    or a home replica) and holds them, up to its own second newest snapshot (a line above it
+    would drop a base the newest reads are still served from); else up to the store's head:
+    a chunk holder only drops chunks, and a node that holds manifests it no longer owns (a
+    stand-in's, a former owner's, which the owners refuse once thinned, so repair never
+    confirms them) serves no read from them, but would name a dropped snapshot again if it
+    became an owner once more (a node removed, a token moved)."""
+    view = node.view()
+    owner = node.address in view.store_write_replicas(store) or node.address in (
+        view.write_homes(store.path)
+    )
     snaps = node.store.snapshot_versions(store)
-    if node.store.head(store) is not None:
+    if owner and node.store.head(store) is not None:
         cap = snaps[-2] if len(snaps) >= 2 else 0
     else:
-        cap = (await read_head(node.transport, node.view(), store)).version
+        cap = (await read_head(node.transport, view, store)).version
     below = min(thin.below, cap)
     return Thinning(below, thin.every, min(thin.chunks, below), thin.floor)
 

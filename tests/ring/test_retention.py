@@ -8,6 +8,7 @@ and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.error
 import urllib.request
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from client import RingClient, StoreId, VersionNotFound
+from client import AsyncRingClient, RingClient, StoreId, VersionNotFound
 from statestore.cli.local import http_json
 from statestore.wire.rows import encode_rows
-from tests.ringkit import FAST, eventually, local_ring
+from tests.ringkit import FAST, eventually, local_ring, nodes
 
 
 def _commit(seed: str, store: StoreId, version: int, query: str = "") -> int:
@@ -107,3 +108,49 @@ def test_thinning_on_node_processes_with_one_killed_and_restarted(tmp_path: Path
             assert len([s for s in snaps if s > floor]) <= 2 + (40 - floor) // n, snaps
         for v in range(40 - retain + 1, 41):
             assert dict(client.restore(store, v)) == states[v], v
+
+
+async def test_a_node_holding_manifests_it_does_not_own_takes_the_whole_line(
+    tmp_path: Path,
+) -> None:
+    """A node holding a snapshot's manifest of a store it does not own (what a stand-in or a
+    former owner keeps: the owners refuse it once thinned, so repair never drops it) takes
+    the whole thinning line and drops it, and the chunks' step waits for every live node:
+    no node is left naming a snapshot whose chunks are gone, to name it to readers again once
+    it owns the store (a node removed, a token moved)."""
+    store = StoreId("thin", 0, 1, "s")
+    kw = {"thin_snapshots": 4, "snapshot_every": 2, "compact_interval": 0.2}
+    async with (
+        nodes(tmp_path, 3, **kw) as live,
+        AsyncRingClient([live[0].address], timeout=30) as client,
+    ):
+        owners = [n for n in live if n.address in live[0].view().store_replicas(store)]
+        outsider = next(n for n in live if n not in owners)
+        done = 0
+
+        async def commit_to(top: int) -> None:
+            nonlocal done
+            while done < top:
+                done += 1
+                await client.commit(store, done, {f"k{done}".encode(): b"x" * 100}, [], {}, epoch=1)
+                await asyncio.sleep(0.1)
+
+        def off_rung() -> list[int]:
+            return [v for v in owners[0].store.snapshot_versions(store) if v % 4]
+
+        await commit_to(3)
+        while not off_rung():  # a snapshot that is no rung (rungs every 4)
+            await commit_to(done + 1)
+            assert done < 40, owners[0].store.snapshot_versions(store)
+        held = owners[0].store.get_manifest(store, off_rung()[0], "snapshot")
+        assert held is not None
+        assert await outsider.write(outsider.store.copy_manifest, held)  # a stand-in's copy
+        assert outsider.store.snapshot_versions(store) == [held.version]
+        await commit_to(done + 16)
+
+        def gone() -> bool:  # the owners dropped its manifests and its chunks
+            return all(n.store.thinning(store).chunks > held.version for n in owners)
+
+        await eventually(gone, "the owners dropped the snapshot's chunks", limit=60)
+        assert held.version not in outsider.store.snapshot_versions(store)
+        assert outsider.store.thinning(store).below > held.version
