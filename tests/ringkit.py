@@ -491,8 +491,16 @@ def held_states(addresses: list[str], stores: list[StoreId]) -> str:
 
 
 def short_copies(ring: LocalRing, client: RingClient, stores: list[StoreId], top: int) -> dict:
-    """Items of versions 1..top with fewer than R copies on the live nodes."""
+    """Items of versions 1..top with fewer than R copies on the live nodes, among those the
+    replicas' chains still name once counted: a chain read before a thinning line moved
+    names a snapshot that the line may drop, manifests and chunks alike, before the count
+    (an item a chain names with its chunks gone is one a restore would miss: it stays)."""
     keys, manifests = sample(client, stores, top)
     counts = Copies(ring, keys, manifests).count(ring.seeds)
     assert counts is not None
-    return {i: n for i, n in counts.items() if n < R}
+    short = {i: n for i, n in counts.items() if n < R}
+    if short:
+        keys, manifests = sample(client, stores, top)
+        named = set(keys) | {"/".join(m) for m in manifests}
+        short = {i: n for i, n in short.items() if i in named}
+    return short
