@@ -223,6 +223,8 @@ async def _elsewhere(
     path: str,
     answered: set[str],
     answers: int | None = None,
+    *,
+    owners: bool = False,
 ) -> tuple[list[bytes], int]:
     """Before a read says that a store (or a version of it) is not there because a read
     quorum of its owners in ``view`` (``answered``) said so: ask where else it may be. Its
@@ -231,10 +233,13 @@ async def _elsewhere(
     off from the others calls them all down and names itself and the nodes it still counts
     as the owners; statestore-sim, docs/reliability.md). Returns the bodies found and how
     many home replicas answered in all, for the caller's :func:`_need` before it says "not
-    there". Home replicas are asked only when those that answered are fewer than it needs."""
+    there". Home replicas are asked only when those that answered are fewer than it needs.
+    ``owners``: the owners that did not answer yet are asked too (:func:`read_chain`)."""
     home = view.previous_replicas(store.path)
     at_home = sum(1 for a in home if a in answered)
     targets = stand_ins(view, store)
+    if owners:
+        targets += [a for a in view.store_replicas(store) if a not in answered]
     if at_home < _needed(view, answers):
         targets += [a for a in home if a not in answered and a not in targets]
     if not targets:
@@ -487,8 +492,13 @@ async def read_chain(
     except NotFound as first:
         # not on a quorum of owners: the manifests may be where writes went while owners
         # were down, or on home replicas this view calls down (as read_head); merged with
-        # what the owners have
-        more, at_home = await _elsewhere(transport, view, store, path, answered, answers)
+        # what the owners have. And on the owners that did not answer yet: a version the
+        # chain needs can be missing from a read quorum's answers where one owner missed it
+        # and the other, a 0.1.0 node, answers only down to its first missing version
+        # (docs/operations.md, "Versions and upgrades"; tests/ring/test_stand_ins.py)
+        more, at_home = await _elsewhere(
+            transport, view, store, path, answered, answers, owners=True
+        )
         verdict = first
         if more:
             try:

@@ -167,6 +167,10 @@ def run_client(
     restores the latest and a random earlier version of each of ``stores`` in turn. Every
     acknowledged commit (with the digest of the state it makes), every read (with the digest
     of what came back) and every error that reached this caller is a JSON line in ``out``.
+    A restore that finds a version missing is tried again for up to 10 s (a ``retry`` line):
+    a 0.1.0 node answers a chain only down to its first missing version, so while the ring
+    still has 0.1.0 nodes one that missed a write and a restarted one not yet repaired can
+    leave a held version out of every answer (CI saw it once); repair fills the gap.
     Runs here (this build's SDK) and in the previous build's venv (its SDK)."""
     import json
     import os
@@ -221,7 +225,18 @@ def run_client(
                 try:
                     head = ring.latest(sid).version
                     for v in (head, rng.randint(1, head)):
-                        got = ring.restore(sid, v)
+                        for attempt in range(1, 21):
+                            try:
+                                got = ring.restore(sid, v)
+                                break
+                            except Exception as exc:
+                                # 0.1.0 nodes answer a chain only down to their first gap:
+                                # a version they all hold past a gap can be missing from
+                                # every answer until repair fills it (docs/operations.md)
+                                if type(exc).__name__ != "VersionNotFound" or attempt == 20:
+                                    raise
+                                note(e="retry", store=sid.path, v=v, error=repr(exc))
+                                time.sleep(0.5)
                         note(e="read", store=sid.path, v=v, d=state_digest(got), pos=got.positions)
                 except Exception as exc:
                     note(e="fail", op=f"read {sid.path}", error=repr(exc))
@@ -462,7 +477,8 @@ def test_rolling_upgrade_without_a_secret_under_writers_and_readers(
     tmp_path: Path, previous: Path, clients: Clients
 ) -> None:
     """0.1.0 -> this build, one node at a time (SIGTERM, start on the same data dir and port,
-    wait for ready), while both SDKs write and read: no request fails, every acknowledged
+    wait for ready), while both SDKs write and read: no commit fails, no read fails for good
+    (:func:`run_client` tries a restore again while a gap hides a version), every acknowledged
     version restores exactly. Then a data dir marked with a newer disk format is refused by
     this build and left as it was."""
     ring = start_previous_ring(tmp_path / "ring", previous, ARGS)
