@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from statestore.core.errors import InvalidStoreId
 
@@ -110,7 +111,7 @@ class StoreId:
         _check_part("partition", self.partition)
         _check_name("name", self.name)
 
-    @property
+    @cached_property  # in every storage key and URL: formatted once per StoreId
     def path(self) -> str:
         """``query/operator/partition/name``: safe in URLs and storage keys."""
         return f"{self.query}/{self.operator}/{self.partition}/{self.name}"

@@ -42,6 +42,7 @@ class MemoryBudget:
         self.used = 0
         self.refused = 0  # requests refused for want of room (metrics)
         self._room = asyncio.Condition()
+        self._waiting = 0  # takers between asking for room and getting it
 
     async def take(self, nbytes: int, what: str, held: int = 0) -> None:
         """Take ``nbytes`` for a request that holds ``held`` already, waiting up to
@@ -52,24 +53,34 @@ class MemoryBudget:
                 f"{what} needs {held + nbytes} bytes of memory, over this node's "
                 f"--memory-budget ({self.limit}): send smaller bodies, or raise the budget"
             )
-        async with self._room:
-            try:
-                async with asyncio.timeout(self.wait):
-                    await self._room.wait_for(lambda: self.used + nbytes <= self.limit)
-            except TimeoutError:
-                self.refused += 1
-                raise RateLimited(
-                    f"this node holds {self.used} bytes of requests, its --memory-budget is "
-                    f"{self.limit}: retry {what} in a moment",
-                    retry_after=1.0,
-                ) from None
+        if self.used + nbytes <= self.limit:
+            # room now: taken without the condition and its timer (one event loop, no await
+            # in between), which cost a point read 7% of the node's CPU
             self.used += nbytes
+            return
+        self._waiting += 1
+        try:
+            async with self._room:
+                try:
+                    async with asyncio.timeout(self.wait):
+                        await self._room.wait_for(lambda: self.used + nbytes <= self.limit)
+                except TimeoutError:
+                    self.refused += 1
+                    raise RateLimited(
+                        f"this node holds {self.used} bytes of requests, its --memory-budget "
+                        f"is {self.limit}: retry {what} in a moment",
+                        retry_after=1.0,
+                    ) from None
+                self.used += nbytes
+        finally:
+            self._waiting -= 1
 
     async def give(self, nbytes: int) -> None:
         if nbytes:
-            async with self._room:
-                self.used -= nbytes
-                self._room.notify_all()
+            self.used -= nbytes
+            if self._waiting:  # a taker that has not reached its wait yet checks first
+                async with self._room:
+                    self._room.notify_all()
 
 
 class Lease:

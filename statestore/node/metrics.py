@@ -414,8 +414,9 @@ class NodeMetrics:
         # rate() or an alert on it has a series before the first event
         for status, code in KNOWN_ERRORS:
             (self.refusals if status < 500 else self.failures).labels(str(status), code)
-        for direction in ("in", "out"):
-            self.bytes.labels(direction)
+        # the two children every request counts into, looked up once (labels() per request
+        # was a measurable share of a point read's CPU)
+        self.bytes_in, self.bytes_out = self.bytes.labels("in"), self.bytes.labels("out")
         for operation, label in ROUTES.values():
             if operation == "restore":
                 self.restore_seconds.labels(label)
@@ -506,12 +507,12 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         if token is not None:
             app[ACTIVITY].end(token)
-        metrics.bytes.labels("in").inc(request.content.total_bytes)
+        metrics.bytes_in.inc(request.content.total_bytes)
     if op is not None:
         metrics.observe(op[0], op[1], max(0.0, node.clock() - started))
     # a streamed answer has been sent by now; a plain one is sent after we return
     sent = resp.content_length if isinstance(resp, web.Response) else resp.body_length
-    metrics.bytes.labels("out").inc(sent or 0)
+    metrics.bytes_out.inc(sent or 0)
     node.served.add(sent or 0, node.clock())
     if request.path != READY_PATH:  # its 503 is an answer (not ready), not a failed request
         metrics.answered(resp)

@@ -19,6 +19,8 @@ __all__ = ["addressed_to", "prove_answer", "read_body", "read_signed_body"]
 
 async def read_body(request: web.Request) -> bytes:
     """The request body, within ``--max-body`` and the node's body timeout."""
+    if request.content.is_eof():  # all of it arrived with the headers: no wait, no timer
+        return await request.read()
     limit = request.app[NODE].config.body_timeout
     try:
         async with asyncio.timeout(limit):

@@ -267,11 +267,18 @@ class ManifestAck(msgspec.Struct, frozen=True):
     stored: bool
 
 
+# one decoder per body type, made on first use (a type's decoder is built once, not per body)
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}
+
+
 def decode_json(data: bytes, type_: type[T], what: str, shape: str = "") -> T:
     """``data`` as ``type_``; MalformedData naming ``what``, the first problem and the
     expected ``shape`` of the body."""
+    decoder = _DECODERS.get(type_)
+    if decoder is None:
+        decoder = _DECODERS[type_] = msgspec.json.Decoder(type_)
     try:
-        return msgspec.json.decode(data, type=type_)
+        return decoder.decode(data)  # type: ignore[no-any-return]
     except msgspec.ValidationError as exc:
         if "length <=" in str(exc):
             raise InvalidRequest(

@@ -1,0 +1,49 @@
+"""The node's memory budget (node/budget.MemoryBudget): room taken at once when there is
+some, a taker without room waits for a give and is refused when none comes in time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from statestore.core.errors import PayloadTooLarge, RateLimited
+from statestore.node.budget import MemoryBudget
+
+
+def test_a_taker_without_room_gets_it_when_another_gives_it_back() -> None:
+    async def run() -> list[str]:
+        budget = MemoryBudget(100, wait=5.0, max_body=10)
+        await budget.take(80, "a")
+        order: list[str] = []
+
+        async def b() -> None:
+            await budget.take(50, "b")
+            order.append("b in")
+
+        waiter = asyncio.create_task(b())
+        await asyncio.sleep(0.01)
+        order.append(f"used {budget.used}")
+        await budget.take(10, "c")  # there is room for it: it does not wait
+        order.append("c in")
+        await budget.give(80)
+        await asyncio.wait_for(waiter, 1.0)
+        order.append(f"used {budget.used}")
+        await budget.give(60)
+        order.append(f"used {budget.used}")
+        return order
+
+    assert asyncio.run(run()) == ["used 80", "c in", "b in", "used 60", "used 0"]
+
+
+def test_a_taker_that_finds_no_room_in_time_is_refused_and_holds_nothing() -> None:
+    async def run() -> tuple[int, int]:
+        budget = MemoryBudget(100, wait=0.05, max_body=10)
+        await budget.take(60, "a")
+        with pytest.raises(RateLimited):
+            await budget.take(50, "b")
+        with pytest.raises(PayloadTooLarge):
+            await budget.take(30, "c", held=80)  # the request would hold 110: never
+        return budget.used, budget.refused
+
+    assert asyncio.run(run()) == (60, 1)
