@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -62,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from spark_large_state import write_batch  # noqa: E402
+from spark_large_state import run_jvm, write_batch  # noqa: E402
 
 MiB = 1 << 20
 # the restarts after the build: a whole restore (the default) and a lazy one without the
@@ -213,34 +211,10 @@ def worker(spec: dict[str, Any]) -> None:
 
 def call(spec: dict[str, Any], log: Path) -> tuple[dict[str, Any], float]:
     """Run one JVM (this file's worker); its result."""
-    local = Path(tempfile.mkdtemp(prefix="statestore-bench-heap-local-"))
-    started = time.perf_counter()
-    try:
-        with open(log, "a") as f:
-            f.write(f"\n=== cacheBytes={spec['cache']}\n")
-            f.flush()
-            proc = subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps({**spec, "local": str(local)})],
-                stdout=subprocess.PIPE,
-                stderr=f,
-                text=True,
-                env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-                start_new_session=True,  # its JVM too is killed at the timeout
-            )
-            try:
-                stdout, _ = proc.communicate(timeout=spec["timeout"])
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                why = f"cacheBytes={spec['cache']}: not done in {spec['timeout']} s"
-                raise SystemExit(why) from None
-    finally:
-        shutil.rmtree(local, ignore_errors=True)
-    wall = time.perf_counter() - started
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"cacheBytes={spec['cache']} failed; see {log}")
-    return json.loads(lines[-1][len("RESULT ") :]), wall
+    got, wall = run_jvm(__file__, spec, log, f"cacheBytes={spec['cache']}")
+    if isinstance(got, str):
+        raise SystemExit(f"cacheBytes={spec['cache']}: {got}; see {log}")
+    return got, wall
 
 
 def mib(n: float) -> str:

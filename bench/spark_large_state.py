@@ -154,15 +154,25 @@ def worker(spec: dict[str, Any]) -> None:
 
 
 def call(spec: dict[str, Any], log: Path) -> tuple[dict[str, Any] | str, float]:
-    """Run one JVM; its result, or the first line of the error it failed with."""
+    """Run one JVM (this file's worker); its result, or what it failed with."""
+    return run_jvm(__file__, spec, log, f"{spec['provider']} {spec['what']}")
+
+
+def run_jvm(
+    script: str, spec: dict[str, Any], log: Path, title: str
+) -> tuple[dict[str, Any] | str, float]:
+    """Run ``script --worker spec`` (a Spark session in its own process and session group,
+    killed at ``spec["timeout"]``), its stderr appended to ``log`` under ``title``; the
+    worker's ``RESULT`` line, or what it failed with ("OutOfMemoryError", "failed", "not
+    done in N s"), and the wall time."""
     local = Path(tempfile.mkdtemp(prefix="statestore-bench-local-"))
     started = time.perf_counter()
     try:
         with open(log, "a") as f:
-            f.write(f"\n=== {spec['provider']} {spec['what']}\n")
+            f.write(f"\n=== {title}\n")
             f.flush()
             proc = subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps({**spec, "local": str(local)})],
+                [sys.executable, script, "--worker", json.dumps({**spec, "local": str(local)})],
                 stdout=subprocess.PIPE,
                 stderr=f,
                 text=True,
