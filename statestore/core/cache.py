@@ -22,10 +22,19 @@ def rows_cost(rows: Mapping[bytes, bytes | None]) -> int:
 
 
 class ChunkCache:
+    """Decoded chunks, blocks and block indexes by key, up to ``max_bytes`` (as declared by
+    what was put). Every key starts with its chunk's key, ``query/...``: past its bytes the
+    cache drops the least recently used item *of the query holding the most*, so that one
+    query's readers (a scan, a tenant's flood of lookups on a node's shared cache) cannot push
+    another query's working set below an equal share of it (max-min fairness); with one query
+    it is a plain LRU."""
+
     def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
-        # a chunk's or block's rows by its key, a blocked chunk's index by the chunk's key + "#i"
-        self._items: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        # per query, oldest first: a chunk's or block's rows by its key, a blocked chunk's
+        # index by the chunk's key + "#i"
+        self._items: dict[str, OrderedDict[str, tuple[Any, int]]] = {}
+        self._held: dict[str, int] = {}  # bytes per query
         self._bytes = 0
         self.hits = 0
         self.misses = 0
@@ -35,8 +44,13 @@ class ChunkCache:
         """The bytes it holds now (as declared by what was put)."""
         return self._bytes
 
+    def held_by(self, query: str) -> int:
+        """The bytes it holds of ``query``'s chunks."""
+        return self._held.get(query, 0)
+
     def clear(self) -> None:
         self._items.clear()
+        self._held.clear()
         self._bytes = 0
 
     def get(self, key: str) -> dict[bytes, bytes | None] | None:
@@ -49,11 +63,13 @@ class ChunkCache:
         self._put(chunk + "#i", index, index.nbytes)
 
     def _get(self, key: str) -> object | None:
-        item = self._items.get(key)
+        lru = self._items.get(_query(key))
+        item = lru.get(key) if lru is not None else None
         if item is None:
             self.misses += 1
             return None
-        self._items.move_to_end(key)
+        assert lru is not None
+        lru.move_to_end(key)
         self.hits += 1
         value: object = item[0]
         return value
@@ -62,10 +78,25 @@ class ChunkCache:
         self._put(key, rows, size)
 
     def _put(self, key: str, value: object, size: int) -> None:
-        if size > self.max_bytes or key in self._items:
+        if size > self.max_bytes:
             return
-        self._items[key] = (value, size)
+        query = _query(key)
+        lru = self._items.setdefault(query, OrderedDict())
+        if key in lru:
+            return
+        lru[key] = (value, size)
+        self._held[query] = self._held.get(query, 0) + size
         self._bytes += size
         while self._bytes > self.max_bytes:
-            _, (_, old) = self._items.popitem(last=False)
+            most = max(self._held, key=self._held.__getitem__)
+            victims = self._items[most]
+            _, (_, old) = victims.popitem(last=False)
+            self._held[most] -= old
             self._bytes -= old
+            if not victims:
+                del self._items[most], self._held[most]
+
+
+def _query(key: str) -> str:
+    """The query a cache key's chunk belongs to (its first path segment)."""
+    return key.split("/", 1)[0]

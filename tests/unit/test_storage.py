@@ -152,15 +152,40 @@ def test_unknown_storage_url() -> None:
 def test_chunk_cache_bounds_bytes_and_counts_hits() -> None:
     from statestore.core.cache import ChunkCache
 
-    cache = ChunkCache(max_bytes=100)
-    cache.put("a", {b"k": b"v"}, 60)
-    cache.put("b", {b"k": None}, 30)
-    assert cache.get("a") == {b"k": b"v"}  # a is now the most recent
-    cache.put("c", {}, 30)  # over budget: b, the least recent, goes
-    assert cache.get("b") is None and cache.get("c") == {} and cache.get("a") is not None
-    cache.put("huge", {}, 1000)
-    assert cache.get("huge") is None
+    cache = ChunkCache(max_bytes=100)  # keys of one query: a plain LRU
+    cache.put("q/a", {b"k": b"v"}, 60)
+    cache.put("q/b", {b"k": None}, 30)
+    assert cache.get("q/a") == {b"k": b"v"}  # a is now the most recent
+    cache.put("q/c", {}, 30)  # over budget: b, the least recent, goes
+    assert cache.get("q/b") is None and cache.get("q/c") == {} and cache.get("q/a") is not None
+    cache.put("q/huge", {}, 1000)
+    assert cache.get("q/huge") is None
     assert (cache.hits, cache.misses) == (3, 2)
+
+
+def test_chunk_cache_keeps_each_querys_share_whatever_another_reads() -> None:
+    """A node's lookup cache is shared by every query's readers: one query reading ten times
+    the cache (a scan, a flood of lookups) evicts its own items once it holds the most, and
+    another query's working set within an equal share stays whole. Fails on the plain LRU
+    before (the scan evicted all of it)."""
+    from statestore.core.cache import ChunkCache
+
+    cache = ChunkCache(max_bytes=1000)
+    hot = [f"a/0/0/s/1/s1-{i}#0" for i in range(8)]  # query a: 400 bytes, under half
+    for key in hot:
+        cache.put(key, {b"k": b"v"}, 50)
+    for i in range(200):  # query b reads 10,000 bytes, reading a's set in between
+        cache.put(f"b/0/0/s/{i}/s1-x#0", {}, 50)
+        if i % 50 == 0:
+            assert all(cache.get(key) is not None for key in hot)
+    assert all(cache.get(key) is not None for key in hot)
+    assert (cache.held_by("a"), cache.held_by("b"), cache.size_bytes) == (400, 600, 1000)
+    # a third query reads as much: the largest holders give way, down to equal shares (a's
+    # set is over a third now: its least recently read items go)
+    for i in range(200):
+        cache.put(f"c/0/0/s/{i}/s1-y#0", {}, 50)
+    assert sorted(cache.held_by(q) for q in "abc") == [300, 350, 350]
+    assert cache.size_bytes == 1000
 
 
 def test_lmdb_compaction_gives_space_back_and_keeps_every_key(tmp_path: Path) -> None:
