@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from statestore.cli import (
     admin,
@@ -67,12 +68,23 @@ def version_text() -> str:
     )
 
 
+class _Version(argparse.Action):
+    """``--version``: :func:`version_text` on one line (argparse's own action wraps it at the
+    terminal's width, which a script reading it does not expect)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statestore", description="DHT-backed state store")
     p.add_argument(
         "--version",
-        action="version",
-        version=version_text(),
+        action=_Version,
         help="print the version and the wire and disk formats it speaks and keeps, and exit",
     )
     sub = p.add_subparsers(dest="command", required=True)

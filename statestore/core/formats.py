@@ -13,7 +13,9 @@
   without the field was written before formats were recorded: format 1. 2: manifests and
   hints are stored sealed (a checksum of their bytes, node/replica.py); format 1's unsealed
   ones are still read, and a node that opens a format 1 dir records 2, so an older build
-  refuses it.
+  refuses it. 3: stores' heads, floors, thinning lines and retention are sealed too (an
+  older build would read a sealed floor as no number); the unsealed ones of formats 1 and 2
+  are read as they are, and a node that opens such a dir records 3.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ VERSION = "0.3.0.dev0"
 # them (RingView.blocks), so a ring being upgraded from 0.2 keeps working throughout.
 CHUNK_FORMAT = 2
 WIRE_FORMAT = 2
-DISK_FORMAT = 2
-DISK_FORMATS_READ = frozenset({1, 2})  # the data directory formats this build opens
+DISK_FORMAT = 3
+DISK_FORMATS_READ = frozenset({1, 2, 3})  # the data directory formats this build opens
 
 
 def check_disk_format(recorded: object, where: str, written_by: object = None) -> int:

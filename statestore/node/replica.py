@@ -14,6 +14,8 @@ Keys:  ``c:<store>/<version>/<chunk name>``  chunk bytes (checksum in the name, 
        ``l:<store>``                         thinning, ``<below> <every> <chunks> <floor>``:
                                              the snapshots core/retention.Thinning drops are gone
        ``r:<store>``                         versions to retain, set by the writer (else --retain)
+                                             (the h, f, l and r records are sealed as manifests
+                                             are since disk format 3; a rotted one: see _unseal)
        ``t:<query>``                         tombstone of a dropped query (node/tombstones.py)
        ``n:<store>/<epoch, 20>/<version, 20>/<kind>``  hint: a tentative commit's manifest
                                              and its holders, until handed off (node/hints.py)
@@ -34,6 +36,7 @@ the store opens.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -100,6 +103,8 @@ def _okey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
     return _key(Prefix.REPLACED, f"{store.path}/{version:020d}/{kind}/{epoch:020d}")
 
 
+log = logging.getLogger(__name__)
+
 # A stored manifest is sealed: 0x70 (no manifest starts with it: an encoded one starts with a
 # msgpack map header, which is 4 or more flipped bits away), xxh3-64 of the manifest's
 # bytes, then the bytes. A bit flipped on disk then makes the record unreadable instead of
@@ -134,6 +139,52 @@ def _opened(raw: bytes | None, hint: bool = False) -> bytes | None:
     if hint:
         return raw if raw[:1] == b"\x92" else None
     return raw if raw[:1] and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF)) else None
+
+
+# A store's head, floor, thinning line and retention are sealed the same way since disk
+# format 3: one flipped bit made another record that still parsed (a floor raised drops
+# retained versions, a head's epoch raised fences every writer). Records written before (a
+# msgpack array or ASCII digits, neither starting with the seal byte) are read as they are.
+def _unseal(raw: bytes) -> bytes | None:
+    """The body of a sealed store record, ``raw`` itself for one written before seals, None
+    when its seal does not match (rotted)."""
+    if raw[:1] != _SEAL:
+        return raw
+    body = raw[_SEALED:]
+    return body if len(raw) >= _SEALED and xxhash.xxh3_64_digest(body) == raw[1:_SEALED] else None
+
+
+_told: set[tuple[str, StoreId]] = set()  # rotted records logged (once each per process)
+
+
+def _rotted(what: str, store: StoreId, instead: str) -> None:
+    if (what, store) in _told:
+        return
+    _told.add((what, store))
+    log.warning(
+        "the %s record of %s is rotted on disk (its seal does not match): %s; rewritten at "
+        "its next change",
+        what,
+        store,
+        instead,
+    )
+
+
+def _head_record(raw: bytes) -> Head | None:
+    """A stored head, or None when its record is rotted (seal or decoding)."""
+    body = _unseal(raw)
+    if body is None:
+        return None
+    try:
+        return decode_stored(body)
+    except MalformedData:
+        return None
+
+
+def _number(raw: bytes) -> int | None:
+    """A stored floor or retention (ASCII digits), or None when its record is rotted."""
+    body = _unseal(raw)
+    return int(body) if body is not None and body.isdigit() else None
 
 
 def _nkey(store: StoreId, version: int, kind: str, epoch: int) -> bytes:
@@ -323,7 +374,7 @@ class NodeStore:
         if raw_old is not None:
             puts[_okey(m.store, m.version, m.kind, old.epoch)] = _seal(raw_old)
         if head is None or (m.epoch, m.version) > head.key():
-            puts[_skey(Prefix.HEAD, m.store)] = encode_stored(Head(m.version, m.epoch))
+            puts[_skey(Prefix.HEAD, m.store)] = _seal(encode_stored(Head(m.version, m.epoch)))
         self._write(puts, limit=limit)
         return True
 
@@ -377,10 +428,9 @@ class NodeStore:
             else:
                 puts[_okey(m.store, m.version, m.kind, m.epoch)] = raw
             hkey = _skey(Prefix.HEAD, m.store)
-            raw_head = puts[hkey] if hkey in puts else self.backend.get(hkey)  # not sealed
-            head = None if raw_head is None else decode_stored(raw_head)
+            head = _head_record(puts[hkey]) if hkey in puts else self.head(m.store)
             if head is None or (m.epoch, m.version) > head.key():
-                puts[hkey] = encode_stored(Head(m.version, m.epoch))
+                puts[hkey] = _seal(encode_stored(Head(m.version, m.epoch)))
             out.append(True)
         if puts:
             self._write(puts, limit=limit)
@@ -450,7 +500,19 @@ class NodeStore:
         raw = self.backend.get(_skey(Prefix.HEAD, store))
         if raw is None:
             return None
-        return decode_stored(raw)
+        head = _head_record(raw)
+        if head is None:
+            # every manifest moves the head up to its (epoch, version) and the head's own
+            # stays while the store does: the highest one held is what the record said
+            held = [
+                (manifest_epoch(body), _manifest_parts(k)[1])
+                for prefix in _MANIFESTS
+                for k, v in self.backend.scan(_under(prefix, store.path))
+                if (body := _opened(v)) is not None
+            ]
+            head = Head(max(held)[1], max(held)[0]) if held else None
+            _rotted("head", store, f"the highest manifest held, {head}, taken instead")
+        return head
 
     def stores(self) -> list[StoreId]:
         return [StoreId.parse(_text(k)) for k in self.backend.scan_keys(Prefix.HEAD)]
@@ -526,15 +588,26 @@ class NodeStore:
     def retain(self, store: StoreId) -> int | None:
         """How many versions the store's writer asked to keep (None: the node's default)."""
         raw = self.backend.get(_skey(Prefix.RETAIN, store))
-        return int(raw) if raw is not None else None
+        if raw is None:
+            return None
+        got = _number(raw)
+        if got is None:
+            _rotted("retention", store, "the node's --retain taken until its writer's next commit")
+        return got
 
     def set_retain(self, store: StoreId, versions: int) -> None:
         if self.retain(store) != versions:
-            self._write({_skey(Prefix.RETAIN, store): str(versions).encode()}, [])
+            self._write({_skey(Prefix.RETAIN, store): _seal(str(versions).encode())}, [])
 
     def floor(self, store: StoreId) -> int:
         raw = self.backend.get(_skey(Prefix.FLOOR, store))
-        return int(raw) if raw is not None else 0
+        if raw is None:
+            return 0
+        got = _number(raw)
+        if got is None:  # 0 drops nothing and refuses no copy; the next gc raises it again
+            _rotted("floor", store, "0 taken until the next gc")
+            return 0
+        return got
 
     def apply_floor(self, store: StoreId, floor: int) -> int:
         """Drop every manifest and chunk of ``store`` below ``floor``. Returns items dropped."""
@@ -548,15 +621,21 @@ class NodeStore:
         for k in self.backend.scan_keys(_under(Prefix.CHUNK, store.path)):
             if _version_of(k) < floor:
                 drop.append(k)
-        self._write({_skey(Prefix.FLOOR, store): str(floor).encode()}, drop)
+        self._write({_skey(Prefix.FLOOR, store): _seal(str(floor).encode())}, drop)
         return len(drop)
 
     def thinning(self, store: StoreId) -> Thinning:
         raw = self.backend.get(_skey(Prefix.THINNING, store))
         if raw is None:
             return Thinning()
-        below, every, chunks, floor = raw.split()
-        return Thinning(int(below), int(every), int(chunks), int(floor))
+        body = _unseal(raw)
+        fields = body.split() if body is not None else []
+        if len(fields) != 4 or not all(f.isdigit() for f in fields):
+            # no line drops nothing; the compactor's next gc or a peer's sync/have gives it
+            _rotted("thinning", store, "no line taken until the next gc")
+            return Thinning()
+        below, every, chunks, floor = map(int, fields)
+        return Thinning(below, every, chunks, floor)
 
     def thinned(self, store: StoreId, version: int) -> bool:
         """Whether a snapshot of ``version`` is one the store's thinning dropped."""
@@ -584,7 +663,7 @@ class NodeStore:
             if name.startswith("s") and thin.drops_chunks(version, floor):
                 drop.append(k)
         record = f"{thin.below} {thin.every} {thin.chunks} {thin.floor}".encode()
-        self._write({_skey(Prefix.THINNING, store): record}, drop)
+        self._write({_skey(Prefix.THINNING, store): _seal(record)}, drop)
         return len(drop)
 
     def check_not_corrupt(self, key: str) -> None:

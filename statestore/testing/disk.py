@@ -12,12 +12,13 @@ platter) that outlives the node, and remembers for each write batch of the last
   transaction: its pages land or not together).
 - **tear** the last chunk or manifest written (:meth:`Disk.tear`): the value is left cut
   short, or with a garbage tail, as a sector write interrupted by power loss leaves it.
-- **flip** bits in one stored chunk or manifest at rest (:meth:`Disk.flip`): bit rot.
+- **flip** bits in one stored chunk, manifest or store record (head, floor, thinning line,
+  retention) at rest (:meth:`Disk.flip`): bit rot.
 - **wipe** everything (:meth:`Disk.wipe`): a replaced or reformatted disk.
 
-Only chunk (``c:``) and manifest (``m:``, ``o:``) values are torn or flipped: they are what the
-chunk checksum and the manifest decoder check. Heads, floors, hints and verdicts carry no
-checksum at rest (not modelled; docs/reliability.md).
+Only chunk (``c:``) and manifest (``m:``, ``o:``) values are torn, and those and the sealed
+store records (``h:``, ``f:``, ``l:``, ``r:``, disk format 3) flipped: they are what the chunk
+checksum and the seals check. Hints and verdicts are not (not modelled; docs/reliability.md).
 
 Every fault is drawn from the caller's seeded generator, so a run replays exactly.
 """
@@ -32,7 +33,8 @@ from statestore.node.backends import Backend, MemoryBackend
 __all__ = ["JOURNAL", "Disk"]
 
 JOURNAL = 5.0  # simulated seconds of write batches remembered (the most a fault loses)
-_VALUES = (b"c:", b"m:", b"o:")  # chunk and manifest values: what tears and rots
+_VALUES = (b"c:", b"m:", b"o:")  # chunk and manifest values: what tears
+_ROTS = (*_VALUES, b"h:", b"f:", b"l:", b"r:")  # and the sealed store records: what rots
 
 
 class Disk(Backend):
@@ -103,9 +105,9 @@ class Disk(Backend):
         return key
 
     def flip(self, rng: random.Random) -> bytes | None:
-        """Flip one to three bits of one stored chunk or manifest; returns its key (None:
-        the disk holds none)."""
-        keys = [k for prefix in _VALUES for k in self.platter.scan_keys(prefix)]
+        """Flip one to three bits of one stored chunk, manifest or store record; returns its
+        key (None: the disk holds none)."""
+        keys = [k for prefix in _ROTS for k in self.platter.scan_keys(prefix)]
         if not keys:
             return None
         key = rng.choice(keys)

@@ -157,7 +157,7 @@ async def test_a_data_dir_records_its_disk_format_and_an_old_one_is_read(tmp_pat
     node, runner = await start_node(node_config(tmp_path, "old"))
     await stop_node(node, runner)
     kept = json.loads((old / "node.json").read_text())
-    assert (node.id, node.incarnation, kept["disk_format"]) == ("0123456789abcdef", 5, 2)
+    assert (node.id, node.incarnation, kept["disk_format"]) == ("0123456789abcdef", 5, DISK_FORMAT)
 
 
 def test_a_newer_disk_format_is_refused_with_exit_2_and_nothing_written(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_a_newer_disk_format_is_refused_with_exit_2_and_nothing_written(tmp_path
     err = done.stderr
     assert "Traceback" not in err, err
     assert f"disk format {DISK_FORMAT + 1}" in err and "9.0.0" in err, err
-    assert f"statestore {VERSION} reads disk formats 1, 2" in err, err
+    assert f"statestore {VERSION} reads disk formats 1, 2, 3" in err, err
     assert str(data) in err, err
     assert json.loads((data / "node.json").read_text()) == ident  # not rewritten
     assert not (data / "db").exists()  # storage never opened

@@ -414,9 +414,65 @@ def test_a_stored_manifest_with_any_bit_flipped_is_never_read() -> None:
                 assert _opened(bytes(rotted), hint) is None
 
 
+def test_a_stores_head_floor_thinning_and_retention_are_sealed(store: NodeStore) -> None:
+    """Since disk format 3 a store's head, floor, thinning line and retention are sealed as
+    manifests are: one to three flipped bits are never read as another value (a raised
+    floor drops retained versions, a raised epoch fences every writer). A rotted one is
+    taken as what costs nothing: the head as the highest manifest held, the floor as 0, no
+    thinning line, the node's default retention; each is rewritten sealed at its next
+    change. Records written before seals are read as they are. Fails on the code before
+    (flipped records were read as other numbers, or raised)."""
+    import random
+
+    from statestore.core.items import Prefix
+    from statestore.node.replica import _skey
+    from statestore.wire.head import encode_stored
+
+    store.put_manifest(commit(6, 2))
+    store.put_manifest(commit(9, 3))
+    store.apply_floor(SID, 4)
+    store.apply_thinning(SID, Thinning(below=8, every=5, chunks=0, floor=4))
+    store.set_retain(SID, 40)
+
+    def read() -> tuple[object, ...]:
+        return store.head(SID), store.floor(SID), store.thinning(SID), store.retain(SID)
+
+    want = (Head(9, 3), 4, Thinning(8, 5, 0, 4), 40)
+    assert read() == want
+    instead = (Head(9, 3), 0, Thinning(), None)
+    rng = random.Random(11)
+    for i, prefix in enumerate((Prefix.HEAD, Prefix.FLOOR, Prefix.THINNING, Prefix.RETAIN)):
+        key = _skey(prefix, SID)
+        sealed = store.backend.get(key)
+        assert sealed is not None
+        for _ in range(300):
+            rotted = bytearray(sealed)
+            for _ in range(rng.randint(1, 3)):
+                bit = rng.randrange(len(rotted) * 8)
+                rotted[bit // 8] ^= 1 << (bit % 8)
+            if bytes(rotted) == sealed:
+                continue
+            store.backend.write({key: bytes(rotted)})
+            got = read()
+            assert got[i] == instead[i], (prefix, bytes(rotted), got)
+            assert got[:i] + got[i + 1 :] == want[:i] + want[i + 1 :]
+        store.backend.write({key: sealed})
+    store.set_retain(SID, 41)  # a rotted record is written sealed again at its next change
+    assert store.retain(SID) == 41
+    store.backend.write(  # as the builds before disk format 3 wrote them
+        {
+            _skey(Prefix.HEAD, SID): encode_stored(Head(9, 3)),
+            _skey(Prefix.FLOOR, SID): b"4",
+            _skey(Prefix.THINNING, SID): b"8 5 0 4",
+            _skey(Prefix.RETAIN, SID): b"40",
+        }
+    )
+    assert read() == want
+
+
 def test_a_copy_of_an_older_version_leaves_the_head_and_its_fence(store: NodeStore) -> None:
     """Repair's copy of an older version keeps the head where it is, so a writer of a lower
-    epoch is still fenced (the head is stored unsealed; a first version of seals read it
+    epoch is still fenced (a first version of manifest seals read the head, then unsealed,
     as a rotted manifest and lowered it on every copy)."""
     store.put_manifest(commit(10, 5))
     assert store.copy_manifest(commit(2, 1))
