@@ -74,6 +74,9 @@ T = TypeVar("T")
 DEFAULT_OPEN_CACHE = 64 * 1024 * 1024
 # A group known to hold no row, still worth remembering (it was fetched to learn that).
 EMPTY_GROUP_COST = 64
+# Key groups whose point-read path an opened state remembers (a few hundred bytes each).
+PATHS_KEPT = 4096
+_UNSEEN: Any = object()
 
 Split = dict[int, list[Row]]  # a decoded chunk's rows by key group (None values: deletes)
 # Fetches one chunk of the store (version, ref), verified against ref's checksum, counting
@@ -267,6 +270,9 @@ class AsyncLazyState:
         self._chunks = _Lru(cache_bytes // 4)
         self._blocks = ChunkCache(cache_bytes // 4)
         self._rows = _Rows(cache_bytes // 4)
+        # a point read's path along the pinned chain depends on the key's group only
+        # (block_path): found once per group, for up to PATHS_KEPT groups
+        self._paths: dict[int, BlockPath | None] = {}
         self._fetching: dict[str, asyncio.Future[Split]] = {}
         self._loading: list[tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]] = []
         self._sem = asyncio.Semaphore(concurrency)
@@ -335,7 +341,11 @@ class AsyncLazyState:
             row = self._rows.get(key)
             if row is not None:
                 return row if isinstance(row, bytes) else None
-            path = block_path(self.chain, key)
+            path = self._paths.get(g, _UNSEEN)
+            if path is _UNSEEN:
+                path = block_path(self.chain, key)
+                if len(self._paths) < PATHS_KEPT:
+                    self._paths[g] = path
             if path is not None:
                 self.cache_misses += 1
                 value = await self._point_read(key, path)

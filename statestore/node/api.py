@@ -65,7 +65,13 @@ from statestore.node.policy import policy_of
 from statestore.node.quotas import charged_limit
 from statestore.node.relay import relay_handler
 from statestore.node.repair import check_floor, check_thinning
-from statestore.node.request import addressed_to, prove_answer, read_body, read_signed_body
+from statestore.node.request import (
+    addressed_to,
+    prove_answer,
+    read_body,
+    read_signed_body,
+    store_of,
+)
 from statestore.node.tombstones import DROPPING
 from statestore.wire.bodies import (
     ChainsRequest,
@@ -178,13 +184,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             node.access.done(who)
         return prove_answer(request, who, resp)  # signed for a node that asked (identity)
     return await handler(request)
-
-
-def _store(request: web.Request) -> StoreId:
-    mi = request.match_info
-    operator = parse_uint(mi["operator"], "store operator", 2**31 - 1)
-    partition = parse_uint(mi["partition"], "store partition", 2**31 - 1)
-    return StoreId(mi["query"], operator, partition, mi["name"])
 
 
 def _version(text: str | None) -> int:
@@ -394,7 +393,7 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
 # -- manifests and stores ---------------------------------------------------------------
 async def put_manifest(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "write", store.query)
     node.check_writable()
     version = _version(request.match_info["version"])
@@ -443,7 +442,7 @@ def _retain(request: web.Request) -> int | None:
 
 async def get_manifest(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "read", store.query)
     version = _version(request.match_info["version"])
     text = request.query.get("epoch")
@@ -456,7 +455,7 @@ async def get_manifest(request: web.Request) -> web.Response:
 
 async def head(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "read", store.query)
     h = node.store.head(store)
     if h is None:
@@ -466,7 +465,7 @@ async def head(request: web.Request) -> web.Response:
 
 async def versions(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "read", store.query)
     if node.store.head(store) is None:
         raise StoreNotFound(f"store {store} has no version on this node")
@@ -477,7 +476,7 @@ async def versions(request: web.Request) -> web.Response:
 
 async def chain(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "read", store.query)
     version = _version(request.query.get("version"))
     if node.store.head(store) is None:
@@ -545,7 +544,7 @@ async def gc(request: web.Request) -> web.Response:
     to the second newest snapshot held here (node/repair.check_thinning). Both are checked
     before either is applied."""
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "admin", store.query)
     body = decode_json(await read_body(request), GcRequest, "gc")
     if (body.thin_below is None) != (body.thin_every is None):
@@ -598,7 +597,7 @@ async def list_stores(request: web.Request) -> web.Response:
 async def commit(request: web.Request) -> web.Response:
     """Commit framed rows as a version: the node chunks them and writes at W for the caller."""
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "write", store.query)
     version = _version(request.query.get("version"))
     epoch = parse_uint(request.query.get("epoch", "0"), "epoch", MAX_EPOCH)
@@ -684,7 +683,7 @@ async def _bounded(call: Awaitable[T], bound: float | None, what: str) -> T:
 async def state(request: web.Request) -> web.StreamResponse:
     """Restore a version and stream it as framed rows (puts only)."""
     node = request.app[NODE]
-    store = _store(request)
+    store = store_of(request)
     allow(request, "read", store.query)
     text = request.query.get("version")
     plan = request.query.get("plan", "auto")

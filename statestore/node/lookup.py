@@ -19,6 +19,7 @@ cached costs the node a few dictionary look-ups once its cache holds the store's
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
 import msgpack
@@ -49,12 +50,13 @@ from statestore.net.reads import (
 )
 from statestore.node.budget import LEASE, Lease
 from statestore.node.daemon import NODE, Node
-from statestore.node.request import read_body
+from statestore.node.request import read_body, store_of
 from statestore.wire.bodies import (
     MAX_LOOKUP_INDEX,
     MAX_LOOKUP_INDEX_BYTES,
     MAX_LOOKUP_KEY_BYTES,
     MAX_LOOKUP_PATH,
+    LookupPart,
     LookupRequest,
     decode_json,
 )
@@ -83,8 +85,7 @@ def _key(text: str | None) -> bytes:
 
 async def point_read(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    mi = request.match_info
-    store = StoreId.parse(f"{mi['query']}/{mi['operator']}/{mi['partition']}/{mi['name']}")
+    store = store_of(request)
     key = _key(request.query.get("key"))
     view = node.view()
     text = request.query.get("version")
@@ -106,7 +107,22 @@ async def point_read(request: web.Request) -> web.Response:
     )
 
 
-def _parts(store: StoreId, body: LookupRequest) -> BlockPath:
+def _parts(store: StoreId, body: LookupRequest) -> tuple[tuple[int, ChunkRef], ...]:
+    """:func:`_checked_parts` of a lookup. A reader names the same chain's chunks lookup after
+    lookup, so a list of up to :data:`KEPT_PARTS` is checked once: the last 256 are kept
+    (2.5 MB at most; a bad list raises, and is not kept)."""
+    if len(body.parts) > KEPT_PARTS:
+        return _checked_parts.__wrapped__(store, body.groups, tuple(body.parts))
+    return _checked_parts(store, body.groups, tuple(body.parts))
+
+
+KEPT_PARTS = 32
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_parts(
+    store: StoreId, groups: int, parts: tuple[LookupPart, ...]
+) -> tuple[tuple[int, ChunkRef], ...]:
     """The chunks a lookup names (their names checked on decode), checked: ranges within the
     store's groups, an index of at most :data:`MAX_LOOKUP_INDEX` bytes within its chunk, all
     of them together at most :data:`MAX_LOOKUP_INDEX_BYTES`, no chunk twice, newest version
@@ -115,11 +131,11 @@ def _parts(store: StoreId, body: LookupRequest) -> BlockPath:
     out: BlockPath = []
     last: tuple[int, int] | None = None
     seen: set[tuple[int, str]] = set()
-    for p in body.parts:
-        if not p.lo <= p.hi < body.groups:
+    for p in parts:
+        if not p.lo <= p.hi < groups:
             raise InvalidRequest(
                 f"lookup: chunk {p.name} covers groups {p.lo}..{p.hi}, not within the "
-                f"store's {body.groups}"
+                f"store's {groups}"
             )
         if p.index_len > MAX_LOOKUP_INDEX or p.index_len + INDEX_OVERHEAD > p.size:
             raise InvalidRequest(
@@ -146,7 +162,7 @@ def _parts(store: StoreId, body: LookupRequest) -> BlockPath:
             f"lookup: the chunks' indexes come to more than {MAX_LOOKUP_INDEX_BYTES} bytes: "
             "split the keys over several lookups"
         )
-    return out
+    return tuple(out)
 
 
 def _keys(texts: list[str]) -> list[bytes]:
@@ -270,8 +286,7 @@ class _Pinned(ChunkCache):
 async def lookup(request: web.Request) -> web.Response:
     """``POST /v1/stores/{store}/lookup``."""
     node = request.app[NODE]
-    mi = request.match_info
-    store = StoreId.parse(f"{mi['query']}/{mi['operator']}/{mi['partition']}/{mi['name']}")
+    store = store_of(request)
     body = decode_json(
         await read_body(request),
         LookupRequest,

@@ -5,16 +5,36 @@ against its signed digest, and the proof a node signs onto its answer (core/iden
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 from aiohttp import web
 
 from statestore.core.errors import SlowRequest
+from statestore.core.ids import StoreId, parse_uint
 from statestore.core.membership import is_self_alias
 from statestore.node.auth import Principal
 from statestore.node.daemon import NODE, Node
 
-__all__ = ["addressed_to", "prove_answer", "read_body", "read_signed_body"]
+__all__ = ["addressed_to", "prove_answer", "read_body", "read_signed_body", "store_of"]
+
+
+def store_of(request: web.Request) -> StoreId:
+    """The store a route's path names (``{query}/{operator}/{partition}/{name}``), checked.
+    Clients name the same few stores request after request: each is checked once, and
+    4,096 are kept (a bad one raises, and is not kept)."""
+    mi = request.match_info
+    return _store_id(mi["query"], mi["operator"], mi["partition"], mi["name"])
+
+
+@functools.lru_cache(maxsize=4096)
+def _store_id(query: str, operator: str, partition: str, name: str) -> StoreId:
+    return StoreId(
+        query,
+        parse_uint(operator, "store operator", 2**31 - 1),
+        parse_uint(partition, "store partition", 2**31 - 1),
+        name,
+    )
 
 
 async def read_body(request: web.Request) -> bytes:
