@@ -143,6 +143,9 @@ class StoreNotFound(NotFound):
 
 class VersionNotFound(NotFound):
     code = "version_not_found"
+    # the version below the one asked for that a chain needs and no answer held (None: the
+    # one asked for itself, or not said); set where a chain is resolved (core/manifest.py)
+    gap: int | None = None
 
 
 class StaleEpoch(StateStoreError):

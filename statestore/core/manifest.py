@@ -257,15 +257,18 @@ def resolve_chain(
                     "versions() and restore one of them"
                 )
             if epoch is not None and (manifests_at(deltas, v) or manifests_at(snapshots, v)):
-                raise VersionNotFound(
+                err = VersionNotFound(
                     f"store {store} version {version} needs version {v} as written at epoch "
                     f"{epoch}, which no replica that answered holds: retry once the ring has "
                     "repaired, or restore a newer version"
                 )
-            raise VersionNotFound(
-                f"store {store} version {version} needs version {v}, which is gone "
-                "(past retention or never committed): restore a newer version"
-            )
+            else:
+                err = VersionNotFound(
+                    f"store {store} version {version} needs version {v}, which is gone "
+                    "(past retention or never committed): restore a newer version"
+                )
+            err.gap = v
+            raise err
         chain.append(m)
         if m.kind == "snapshot":
             break

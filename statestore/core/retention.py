@@ -54,6 +54,7 @@ from statestore.core.manifest import Candidates, Manifest, lineage, manifests_at
 
 __all__ = [
     "MAX_DELTAS_FACTOR",
+    "MAX_RETAIN",
     "Compaction",
     "Thinning",
     "check_floor",
@@ -80,6 +81,11 @@ def needs_snapshot(chain: Sequence[Manifest], *, snapshot_every: int, rebase_at:
         return True
     layers = sum(m.bytes for m in chain[1:])
     return layers >= rebase_at * chain[0].bytes
+
+
+# The most versions a writer may ask a store to keep (``?retain=N`` on a commit), and what a
+# node takes when its record of a store's retention rotted on disk: nothing dropped.
+MAX_RETAIN = 1_000_000
 
 
 @dataclass(frozen=True)

@@ -492,12 +492,14 @@ async def read_chain(
     except NotFound as first:
         # not on a quorum of owners: the manifests may be where writes went while owners
         # were down, or on home replicas this view calls down (as read_head); merged with
-        # what the owners have. And on the owners that did not answer yet: a version the
-        # chain needs can be missing from a read quorum's answers where one owner missed it
-        # and the other, a 0.1.0 node, answers only down to its first missing version
-        # (docs/operations.md, "Versions and upgrades"; tests/ring/test_stand_ins.py)
+        # what the owners have. And, when the chain has a gap under the version asked for,
+        # on the owners that did not answer yet: a version it needs can be missing from a
+        # read quorum's answers where one owner missed it and the other, a 0.1.0 node,
+        # answers only down to its first missing version (docs/operations.md, "Versions and
+        # upgrades"; tests/ring/test_stand_ins.py)
+        gap = isinstance(first, VersionNotFound) and first.gap is not None
         more, at_home = await _elsewhere(
-            transport, view, store, path, answered, answers, owners=True
+            transport, view, store, path, answered, answers, owners=gap
         )
         verdict = first
         if more:

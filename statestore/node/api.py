@@ -45,7 +45,7 @@ from statestore.core.ids import (
 from statestore.core.manifest import local_chain
 from statestore.core.quorum import check_consistency
 from statestore.core.repair import content_digest
-from statestore.core.retention import Thinning
+from statestore.core.retention import MAX_RETAIN, Thinning
 from statestore.node.auth import PRINCIPAL, allow, enforce, principal
 from statestore.node.budget import COMMIT_FACTOR, LEASE, budget_middleware
 from statestore.node.coordinator import (
@@ -424,9 +424,6 @@ async def put_manifest(request: web.Request) -> web.Response:
     if retain is not None:
         await node.write(node.store.set_retain, store, retain)
     return web.json_response({"stored": created}, status=201 if created else 200)
-
-
-MAX_RETAIN = 1_000_000
 
 
 def _retain(request: web.Request) -> int | None:

@@ -105,10 +105,12 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
     deltas, snaps = node.store.manifests(store)
     retain = node.store.retain(store) or node.config.retain_versions
     held = node.store.thinning(store)
-    # a store's first line fixes its spacing on every node (NodeStore.apply_thinning)
+    # a store's first line fixes its spacing on every node (NodeStore.apply_thinning); a
+    # line rotted on this node's disk has lost it: no line is drawn here until a peer's
+    # sync/have gives it back (repair)
     every = (
         (held.every or rung_spacing(node.config.thin_snapshots, retain, node.config.snapshot_every))
-        if node.config.thin_snapshots
+        if node.config.thin_snapshots and not node.store.thinning_lost(store)
         else 0
     )
     todo = plan_compaction(

@@ -67,7 +67,7 @@ from statestore.core.quota import (
     query_of_key,
 )
 from statestore.core.repair import content_digest
-from statestore.core.retention import Thinning
+from statestore.core.retention import MAX_RETAIN, Thinning
 from statestore.core.tentative import Outcome
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
@@ -179,6 +179,26 @@ def _head_record(raw: bytes) -> Head | None:
         return decode_stored(body)
     except MalformedData:
         return None
+
+
+def _epoch_of(body: bytes | None) -> int | None:
+    """The epoch of a manifest record's bytes, None when absent or undecodable."""
+    if body is None:
+        return None
+    try:
+        return manifest_epoch(body)
+    except MalformedData:
+        return None
+
+
+def _line(raw: bytes) -> Thinning | None:
+    """A stored thinning line (``below every chunks floor``), or None when rotted."""
+    body = _unseal(raw)
+    fields = body.split() if body is not None else []
+    if len(fields) != 4 or not all(f.isdigit() for f in fields):
+        return None
+    below, every, chunks, floor = map(int, fields)
+    return Thinning(below, every, chunks, floor)
 
 
 def _number(raw: bytes) -> int | None:
@@ -505,10 +525,10 @@ class NodeStore:
             # every manifest moves the head up to its (epoch, version) and the head's own
             # stays while the store does: the highest one held is what the record said
             held = [
-                (manifest_epoch(body), _manifest_parts(k)[1])
+                (epoch, _manifest_parts(k)[1])
                 for prefix in _MANIFESTS
                 for k, v in self.backend.scan(_under(prefix, store.path))
-                if (body := _opened(v)) is not None
+                if (epoch := _epoch_of(_opened(v))) is not None
             ]
             head = Head(max(held)[1], max(held)[0]) if held else None
             _rotted("head", store, f"the highest manifest held, {head}, taken instead")
@@ -591,8 +611,13 @@ class NodeStore:
         if raw is None:
             return None
         got = _number(raw)
-        if got is None:
-            _rotted("retention", store, "the node's --retain taken until its writer's next commit")
+        if got is None:  # not --retain: the compactor would raise the floor ring-wide by it
+            _rotted(
+                "retention",
+                store,
+                f"{MAX_RETAIN} (nothing dropped) taken until its writer's next commit",
+            )
+            return MAX_RETAIN
         return got
 
     def set_retain(self, store: StoreId, versions: int) -> None:
@@ -628,18 +653,34 @@ class NodeStore:
         raw = self.backend.get(_skey(Prefix.THINNING, store))
         if raw is None:
             return Thinning()
-        body = _unseal(raw)
-        fields = body.split() if body is not None else []
-        if len(fields) != 4 or not all(f.isdigit() for f in fields):
-            # no line drops nothing; the compactor's next gc or a peer's sync/have gives it
-            _rotted("thinning", store, "no line taken until the next gc")
+        line = _line(raw)
+        if line is None:
+            # no line drops nothing; a peer's sync/have (repair) or the compactor's next gc
+            # gives it back. Meanwhile :meth:`thinned` refuses older snapshots and the
+            # compactor draws no line here (:meth:`thinning_lost`)
+            _rotted("thinning", store, "no line taken until a peer's or the compactor's")
             return Thinning()
-        below, every, chunks, floor = map(int, fields)
-        return Thinning(below, every, chunks, floor)
+        return line
+
+    def thinning_lost(self, store: StoreId) -> bool:
+        """Whether the store's thinning line is held but rotted: its spacing is unknown, so
+        no new line is drawn from this node's settings (one dropped under the old spacing
+        could be a rung under another)."""
+        raw = self.backend.get(_skey(Prefix.THINNING, store))
+        return raw is not None and _line(raw) is None
 
     def thinned(self, store: StoreId, version: int) -> bool:
-        """Whether a snapshot of ``version`` is one the store's thinning dropped."""
-        return self.thinning(store).drops(version, self.floor(store))
+        """Whether a snapshot of ``version`` is one the store's thinning dropped. While the
+        line is lost (:meth:`thinning_lost`), every snapshot below the head counts as
+        dropped: a copy of one the line dropped, whose chunks may be gone, is not taken back."""
+        raw = self.backend.get(_skey(Prefix.THINNING, store))
+        if raw is None:
+            return False  # no line: nothing dropped
+        line = _line(raw)
+        if line is None:
+            head = self.head(store)
+            return head is not None and version < head.version
+        return line.drops(version, self.floor(store))
 
     def apply_thinning(self, store: StoreId, thin: Thinning) -> int:
         """Take ``thin`` as the store's thinning and drop the snapshot manifests (every

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from client import RingClient, StoreId, StoreNotFound
+from client import RingClient, StoreId, StoreNotFound, VersionNotFound
 from statestore.cli.local import LocalRing, http_json
 from statestore.core.commit import build_commit
 from statestore.core.view import RingView
@@ -334,8 +334,10 @@ class _Chains(_Table):
 
     def __init__(self, chains: dict[str, tuple[float, bytes]]) -> None:
         self.chains = chains
+        self.asked: list[str] = []
 
     async def request(self, method: str, address: str, path: str, **kw: Any) -> Response:
+        self.asked.append(address)
         delay, body = self.chains[address]
         await asyncio.sleep(delay)
         return Response(200, body, 0)
@@ -369,8 +371,18 @@ def test_a_chain_the_first_read_quorum_lacks_a_version_of_is_read_from_the_third
         complete: (0.05, held(*range(1, 17))),
     }
 
-    async def read() -> list[int]:
-        chain = await read_chain(_Chains(chains), view, sid, 16)
-        return [m.version for m in chain]
+    async def read() -> tuple[list[int], list[str]]:
+        transport = _Chains(chains)
+        chain = await read_chain(transport, view, sid, 16)
+        return [m.version for m in chain], transport.asked
 
-    assert asyncio.run(read()) == list(range(1, 17))
+    versions, asked = asyncio.run(read())
+    assert versions == list(range(1, 17)) and asked.count(complete) == 2
+
+    async def past_the_head() -> list[str]:  # no gap: said at once, the third not asked again
+        transport = _Chains(chains)
+        with pytest.raises(VersionNotFound, match="has no version 17"):
+            await read_chain(transport, view, sid, 17)
+        return transport.asked
+
+    assert asyncio.run(past_the_head()).count(complete) == 1

@@ -418,13 +418,16 @@ def test_a_stores_head_floor_thinning_and_retention_are_sealed(store: NodeStore)
     """Since disk format 3 a store's head, floor, thinning line and retention are sealed as
     manifests are: one to three flipped bits are never read as another value (a raised
     floor drops retained versions, a raised epoch fences every writer). A rotted one is
-    taken as what costs nothing: the head as the highest manifest held, the floor as 0, no
-    thinning line, the node's default retention; each is rewritten sealed at its next
-    change. Records written before seals are read as they are. Fails on the code before
-    (flipped records were read as other numbers, or raised)."""
+    taken as what drops nothing: the head as the highest manifest held, the floor as 0, no
+    thinning line (and, while it is lost, no copy of a snapshot below the head taken back:
+    the line may have dropped it), the most a writer may ask to retain (the node's own
+    --retain would let its compactor raise the floor ring-wide); each is rewritten sealed at
+    its next change. Records written before seals are read as they are. Fails on the code
+    before (flipped records were read as other numbers, or raised)."""
     import random
 
     from statestore.core.items import Prefix
+    from statestore.core.retention import MAX_RETAIN
     from statestore.node.replica import _skey
     from statestore.wire.head import encode_stored
 
@@ -439,7 +442,7 @@ def test_a_stores_head_floor_thinning_and_retention_are_sealed(store: NodeStore)
 
     want = (Head(9, 3), 4, Thinning(8, 5, 0, 4), 40)
     assert read() == want
-    instead = (Head(9, 3), 0, Thinning(), None)
+    instead = (Head(9, 3), 0, Thinning(), MAX_RETAIN)
     rng = random.Random(11)
     for i, prefix in enumerate((Prefix.HEAD, Prefix.FLOOR, Prefix.THINNING, Prefix.RETAIN)):
         key = _skey(prefix, SID)
@@ -456,6 +459,9 @@ def test_a_stores_head_floor_thinning_and_retention_are_sealed(store: NodeStore)
             got = read()
             assert got[i] == instead[i], (prefix, bytes(rotted), got)
             assert got[:i] + got[i + 1 :] == want[:i] + want[i + 1 :]
+            lost = prefix == Prefix.THINNING
+            assert store.thinning_lost(SID) is lost
+            assert store.thinned(SID, 5) is lost and not store.thinned(SID, 9)  # 5: a rung
         store.backend.write({key: sealed})
     store.set_retain(SID, 41)  # a rotted record is written sealed again at its next change
     assert store.retain(SID) == 41
