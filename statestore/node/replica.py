@@ -522,8 +522,9 @@ class NodeStore:
             return None
         head = _head_record(raw)
         if head is None:
-            # every manifest moves the head up to its (epoch, version) and the head's own
-            # stays while the store does: the highest one held is what the record said
+            # every manifest moves the head up to its (epoch, version): the highest one held
+            # is what the record said while the head's own manifest is held (one handed off,
+            # or rotted too, leaves it lower: this replica fences less until the next commit)
             held = [
                 (epoch, _manifest_parts(k)[1])
                 for prefix in _MANIFESTS
