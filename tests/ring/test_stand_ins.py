@@ -165,7 +165,9 @@ class _Table:
         pass
 
     async def open_stream(self, *a: Any, **kw: Any) -> Any:
-        raise NotImplementedError
+        # the reads these tests make (heads, chains) are plain requests: one that streams
+        # would be a test asking this fake for what it does not model, and fails loudly
+        raise NotImplementedError("a table of answers serves requests, not streams")
 
 
 class _Replicas(_Table):
