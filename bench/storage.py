@@ -10,7 +10,7 @@ written depend on how far it got). One ring keeps every snapshot (``--thin-snaps
 a snapshot every 10 deltas, the rule before thinning), one ``--rebase-at 0.5`` (a
 new base once the deltas above the last one also weigh half of it,
 core/retention.needs_snapshot), one the default ``--thin-snapshots 50`` (of the snapshots
-above the floor, the two newest and those at multiples of 50 are kept:
+above the floor, the newest and those at multiples of 50 are kept:
 core/retention.Thinning), and one at that default with its LMDB file compacted once a
 quarter of it is free (``--reclaim-at 0.25``, the default; the others at 0.5, the default
 before; node/space.py);

@@ -20,16 +20,17 @@ becomes the floor. ``node/compaction.py`` writes the
 snapshots and sends the floor.
 
 **Thinning** (``--thin-snapshots N``, 50 by default, off at 0). The bases between the floor
-and the newest ones serve only restores of the versions they sit under; the deltas are kept
+and the newest one serve only restores of the versions they sit under; the deltas are kept
 anyway, so each of them is a full copy of the state bought for speed. Thinning keeps, of the
-snapshots above the floor, the two newest (a restore of the latest version, and one that
-began just before the newest was written, read what they always read) and those at
-multiples of a spacing (the *rungs* the floor climbs by: :func:`rung_spacing`), and drops
-the others (:class:`Thinning`). A store then holds the floor's base, about ``retain /
-spacing`` rungs and two newest bases instead of a base every ``snapshot_every`` versions.
-When a snapshot is due and a rung lies between the head's base and the head, compaction
-writes that rung instead of the head (no snapshot more), so the floor keeps rising; the
-forced snapshot at the retention line goes to the rung below it. Which snapshots go is a
+snapshots above the floor, the newest (what a restore of the latest version reads; a
+restore that resolved its chain on the one before still finds its chunks for a grace:
+node/compaction.py) and those at multiples of a spacing (the *rungs* the floor climbs by:
+:func:`rung_spacing`), and drops the others (:class:`Thinning`). Rungs are written when
+the floor needs them, not ahead: once the retention line passes a multiple of the spacing
+above the floor, compaction folds the floor's base and the deltas above it into a snapshot
+there, and it becomes the floor. A store then holds the floor's base, its deltas and the
+newest base: two full copies, where writing rungs ahead held two or three more (each rung
+was written as a head snapshot, and kept until the floor passed it). Which snapshots go is a
 rule of version numbers, the node's floor and four numbers per store (the line, the
 spacing, the chunks' line and the floor the line was drawn at): every node and every chunk
 holder applies it alike, and no path stores again a manifest it dropped (node/replica.py,
@@ -91,7 +92,7 @@ MAX_RETAIN = 1_000_000
 @dataclass(frozen=True)
 class Thinning:
     """Which snapshots a store keeps above its floor: every one at or above ``below`` (the
-    second newest snapshot when the line was drawn), and below it those at multiples of
+    newest snapshot when the line was drawn), and below it those at multiples of
     ``every`` (the rungs); ``every`` 0 keeps all of them. The manifests of the others go at
     ``below``; their chunks at ``chunks`` (at most ``below``), which the compactor raises
     only once every owner of the store's manifests has dropped them: a reader merges the
@@ -242,19 +243,23 @@ def plan_compaction(
 
     every = thin.every
     if worth(chain):
-        write(_rung(store, head, chain, deltas, snapshots, every) or chain[-1])
+        write(chain[-1])
     newest = _usable(snaps, deltas)
-    line = max(thin.below, newest[-2] if len(newest) >= 2 else 0) if every else 0
+    line = max(thin.below, newest[-1] if newest else 0) if every else 0
     kept = Thinning(line, every, thin.chunks, thin.floor)
     held = {v: s for v, s in snaps.items() if not kept.drops(v, floor)}
     oldest_kept = head - retain + 1
     new_floor = retention_floor(head, held, retain, deltas)
-    slack = snapshot_every + every  # with thinning the floor climbs by rungs
-    if oldest_kept > max(new_floor, floor, 1) + slack:
-        # the oldest kept version's chain from the floor's snapshot: one the rule would have
-        # cut (commits outran compaction) gets a snapshot at the retention line (thinning:
-        # the rung below it, which thinning keeps)
-        at = oldest_kept - oldest_kept % every if every else oldest_kept
+    if every:
+        # the floor climbs by rungs, each written when the retention line passes it
+        at = oldest_kept - oldest_kept % every
+        due = at > max(new_floor, floor)
+    else:
+        # the oldest kept version's chain from the floor's snapshot is one the rule would
+        # have cut (commits outran compaction): a snapshot at the retention line
+        at = oldest_kept
+        due = oldest_kept > max(new_floor, floor, 1) + snapshot_every
+    if due:
         try:
             below = resolve_chain(store, at, deltas, held)
         except VersionNotFound:
@@ -272,28 +277,6 @@ def _risen(kept: Thinning, thin: Thinning, floor: int) -> Thinning | None:
     if not kept.every or kept.below <= thin.below:
         return None
     return Thinning(kept.below, kept.every, kept.chunks, max(floor, kept.floor))
-
-
-def _rung(
-    store: StoreId,
-    head: int,
-    chain: Sequence[Manifest],
-    deltas: Candidates,
-    snapshots: Candidates,
-    every: int,
-) -> Manifest | None:
-    """With thinning, the top of the chain to snapshot in place of the head's when a
-    multiple of ``every`` lies between the head's base and the head: a rung for the floor to
-    climb by, and the head's next snapshot comes ``snapshot_every`` deltas above it."""
-    if not every:
-        return None
-    at = head - head % every
-    if at <= chain[0].version or at == head:
-        return None  # no rung above the base, or the head is one
-    try:
-        return resolve_chain(store, at, deltas, snapshots)[-1]
-    except VersionNotFound:
-        return None
 
 
 def _as_snapshot(m: Manifest) -> Manifest:

@@ -538,7 +538,7 @@ async def gc(request: web.Request) -> web.Response:
     version, never above the store's head, and where this node holds the store's manifests
     a version it holds a snapshot of (so that every version at or above it stays
     restorable). A thinning line is taken, where this node owns the store's manifests, up
-    to the second newest snapshot held here (node/repair.check_thinning). Both are checked
+    to the newest snapshot held here (node/repair.check_thinning). Both are checked
     before either is applied."""
     node = request.app[NODE]
     store = store_of(request)

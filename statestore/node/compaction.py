@@ -9,7 +9,7 @@ versions (Spark's minBatchesToRetain is 100): the floor is the newest usable sna
 below the oldest kept version, so every kept version stays restorable; the floor is sent to
 every live node, which drops the manifests and chunks below it (docs/design.md, Compaction).
 Thinning (``--thin-snapshots``, core/retention.Thinning) drops the snapshots between the
-floor and the two newest that are not rungs, in two steps: the line goes to every live node,
+floor and the newest that are not rungs, in two steps: the line goes to every live node,
 which drops their manifests; once every home replica and owner of the store's manifests
 (a down one holds the step back) and every live node answered that it took it, and the line
 was drawn :data:`CHUNK_GRACE_PASSES` passes before (a restore that resolved its chain just

@@ -50,8 +50,9 @@ class NodeConfig:
     # and a snapshot only once the deltas above the last one weigh this share of it (0, the
     # default: every snapshot_every deltas; core/retention.needs_snapshot)
     rebase_at: float = 0.0
-    # keep, of the snapshots above the floor, the two newest and those at multiples of this
-    # (at most half the store's retention; 0: every snapshot; core/retention.Thinning)
+    # keep, of the snapshots above the floor, the newest and those at multiples of this (the
+    # rungs the floor climbs by; at most half the store's retention; 0: every snapshot;
+    # core/retention.Thinning)
     thin_snapshots: int = 50
     retain_versions: int = 100
     dht: bool = True

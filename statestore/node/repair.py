@@ -198,8 +198,8 @@ async def _apply_floors(node: Node, address: str, batch: list[Item], floors: obj
 async def check_thinning(node: Node, store: StoreId, thin: Thinning) -> Thinning:
     """The part of a thinning line from a compactor's ``gc`` or a peer's ``sync/have``
     answer that this node takes: where it is an owner of the store's manifests (a replica,
-    or a home replica) and holds them, up to its own second newest snapshot (a line above it
-    would drop a base the newest reads are still served from); else up to the store's head:
+    or a home replica) and holds them, up to its own newest snapshot (a line above it would
+    drop the base the newest reads are served from here); else up to the store's head:
     a chunk holder only drops chunks, and a node that holds manifests it no longer owns (a
     stand-in's, a former owner's, which the owners refuse once thinned, so repair never
     confirms them) serves no read from them, but would name a dropped snapshot again if it
@@ -210,7 +210,7 @@ async def check_thinning(node: Node, store: StoreId, thin: Thinning) -> Thinning
     )
     snaps = node.store.snapshot_versions(store)
     if owner and node.store.head(store) is not None:
-        cap = snaps[-2] if len(snaps) >= 2 else 0
+        cap = snaps[-1] if snaps else 0
     else:
         cap = (await read_head(node.transport, view, store)).version
     below = min(thin.below, cap)

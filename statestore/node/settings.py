@@ -432,9 +432,9 @@ SETTINGS: tuple[Setting, ...] = (
         "thin-snapshots",
         "int",
         50,
-        "keep, of the snapshots above the retention floor, the two newest and those at "
-        "multiples of N (at most half the versions the store retains), and drop the others "
-        "(0: keep every one)",
+        "keep, of the snapshots above the retention floor, the newest and those at "
+        "multiples of N (the rungs the floor climbs by, written when it needs them; at most "
+        "half the versions the store retains), and drop the others (0: keep every one)",
         ("thin_snapshots",),
         _non_negative_int,
         "N",

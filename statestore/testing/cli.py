@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="the nodes' --thin-snapshots (keep the two newest snapshots and those at "
+        help="the nodes' --thin-snapshots (keep the newest snapshot and those at "
         "multiples of N), with --snapshot-every 1 and 20 versions retained; 0 (the default): "
         "off",
     )
