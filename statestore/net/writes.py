@@ -18,7 +18,9 @@ An acknowledgement is a well-formed answer naming what was stored (wire/bodies `
 a failed write. Before any chunk goes out, the store's replicas are asked for its head: a
 writer already fenced by a newer epoch is refused there, so a fenced commit leaves no chunks
 behind (a writer fenced between this check and its manifest still can; repair does not
-collect such orphans yet).
+collect such orphans yet). A compactor's snapshot skips that check: it is fenced by the
+head's lineage at its manifest (node/replica.py), and the chunks of one refused there go
+when the retention floor passes its version.
 
 Quotas (node/quotas.py): when the ring view says some node enforces per-query quotas, the
 writer asks every node it is about to write to whether the bytes it will send there fit
@@ -382,11 +384,15 @@ async def write_commit(
     acknowledged by W replicas (``acks`` instead: a per-request consistency,
     core/quorum.write_acks; every replica is written to whatever ``acks`` says, it only
     decides how many acknowledgements make the commit succeed). ``compaction``: a
-    compactor's snapshot (node/compaction.py), never charged to a quota."""
+    compactor's snapshot (node/compaction.py), never charged to a quota, and fenced by the
+    replicas' manifest write alone, by the head's lineage rather than its epoch
+    (node/replica.py ``_fence_head``): the head's epoch would refuse a rung below the
+    version a newer writer started at."""
     stats = WriteStats()
-    await check_fence(transport, view, manifest)
-    if view.quotas and not compaction:
-        await check_room(transport, view, manifest, chunks)
+    if not compaction:
+        await check_fence(transport, view, manifest)
+        if view.quotas:
+            await check_room(transport, view, manifest, chunks)
     await put_chunks(
         transport,
         view,

@@ -420,7 +420,11 @@ async def put_manifest(request: web.Request) -> web.Response:
         # after client writes, as a chunk's copy (node/writer.py)
         created = await node.write(node.store.copy_manifest, m, limit, order="copy")
         return web.json_response({"stored": created}, status=201 if created else 200)
-    created = await node.write(node.store.put_manifest, m, charged_limit(request, store.query))
+    # a compactor's snapshot (node-only: node/policy.py) is fenced by the head's lineage
+    folded = request.query.get("compaction") == "1"
+    created = await node.write(
+        node.store.put_manifest, m, charged_limit(request, store.query), folded
+    )
     if retain is not None:
         await node.write(node.store.set_retain, store, retain)
     return web.json_response({"stored": created}, status=201 if created else 200)

@@ -57,7 +57,7 @@ from statestore.core.errors import (
 from statestore.core.hints import MAX_HINTS, MAX_HINTS_PER_QUERY, admit
 from statestore.core.ids import StoreId, chunk_key, parse_chunk_key
 from statestore.core.items import ManifestItem, Prefix
-from statestore.core.manifest import Head, Manifest
+from statestore.core.manifest import Head, Manifest, lineage
 from statestore.core.quota import (
     COUNTED_PREFIXES,
     RECORD_SEAL,
@@ -352,9 +352,11 @@ class NodeStore:
             if body is not None:
                 yield k, body
 
-    def put_manifest(self, m: Manifest, limit: int | None = None) -> bool:
+    def put_manifest(self, m: Manifest, limit: int | None = None, compaction: bool = False) -> bool:
         """Store ``m`` unless fenced (and within ``limit``, its query's quota, if given).
-        Returns False when it was already there (idempotent).
+        Returns False when it was already there (idempotent). ``compaction``: a compactor's
+        snapshot, fenced by the head's lineage rather than by the head's epoch
+        (:meth:`_fence_head`).
 
         A manifest of the same version and kind at a lower epoch is not destroyed: it moves to
         a side key (``o:``) and stays part of the store's manifests, since a later version may
@@ -363,7 +365,7 @@ class NodeStore:
         Raises StaleEpoch if the store's head has a higher epoch, or a manifest of the same
         version has one; VersionConflict if the same version and epoch carry other content.
         """
-        head = self._fence_head(m)
+        head = self._fence_head(m, compaction and m.kind == "snapshot")
         if m.kind == "snapshot" and self.thinned(m.store, m.version):
             raise InvalidRequest(
                 f"{m.store} keeps no snapshot of version {m.version}: thinning dropped it "
@@ -398,10 +400,20 @@ class NodeStore:
         self._write(puts, limit=limit)
         return True
 
-    def _fence_head(self, m: Manifest) -> Head | None:
-        """The store's head; StaleEpoch if its epoch is above ``m``'s."""
+    def _fence_head(self, m: Manifest, folded: bool = False) -> Head | None:
+        """The store's head; StaleEpoch if its epoch is above ``m``'s. ``folded``: ``m`` is
+        a compactor's snapshot, the state at its version of the chain the ring resolved;
+        it is taken under a head of a higher epoch where the head's line of descent passes
+        through its version at its epoch (core/manifest.lineage): a newer writer that took
+        over above that version built on it, so it is the state every retained version
+        above it reads. Fenced by the head's epoch, a rung below the version a new writer
+        started at (core/retention.py) was refused every pass, and the floor stopped
+        rising. A snapshot of a dead branch (the newer writer re-committed its version)
+        is off the lineage and refused as before."""
         head = self.head(m.store)
         if head is not None and m.epoch < head.epoch:
+            if folded and lineage(*self.manifests(m.store)).get(m.version) == m.epoch:
+                return head
             raise StaleEpoch(
                 f"store {m.store} is at epoch {head.epoch}; a writer with epoch {m.epoch} is "
                 "fenced: a newer writer took over, so stop this one"

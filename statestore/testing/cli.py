@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="the nodes' --thin-snapshots (keep the newest snapshot and those at "
-        "multiples of N), with --snapshot-every 1 and 20 versions retained; 0 (the default): "
+        "multiples of N), with --snapshot-every 1 and 5 versions retained; 0 (the default): "
         "off",
     )
     args = parser.parse_args(argv)

@@ -69,6 +69,10 @@ SCRUB_INTERVAL = 5.0  # between scrub passes when disk faults are on
 # versions retained when --rebase-at is on, with snapshot_every 1: a schedule's few versions
 # per store then meet the rule (a snapshot only once the deltas weigh that share of the last)
 REBASE_RETAIN = 20
+# versions retained with --thin: few enough that a schedule's stores (about a dozen versions
+# each) see their floor climb by rungs folded below the head (core/retention.py), not only
+# their snapshots thinned
+THIN_RETAIN = 5
 
 
 @dataclass
@@ -117,7 +121,7 @@ class _Run(ClientOps):
             )
         if thin:  # snapshots every version, most of them thinned, within what is retained
             config = replace(
-                config, thin_snapshots=thin, retain_versions=REBASE_RETAIN, snapshot_every=1
+                config, thin_snapshots=thin, retain_versions=THIN_RETAIN, snapshot_every=1
             )
         self.cluster = Cluster(
             self.network,
@@ -334,8 +338,8 @@ def run_schedule(
     the nodes' clock offsets, in seconds; ``rebase_at``: the nodes' ``--rebase-at`` (0: every
     seed's schedule as before it existed; else with ``REBASE_RETAIN`` versions retained and
     ``snapshot_every`` 1, so the deltas' weight decides); ``thin``: the nodes'
-    ``--thin-snapshots`` (0: off; else likewise, a snapshot every version and most of them
-    thinned)."""
+    ``--thin-snapshots`` (0: off; else a snapshot every version, most of them thinned, and
+    ``THIN_RETAIN`` versions retained, so that floors climb by rungs)."""
     with tempfile.TemporaryDirectory(prefix="statestore-sim-") as root:
         run = _Run(seed, app_factory, root, tentative, disk_faults, skew, rebase_at, thin)
         n = steps if steps is not None else run.rng.randint(15, 40)

@@ -429,7 +429,7 @@ def test_schedules_with_rebase_at_keep_every_promise() -> None:
 
 
 def test_schedules_with_thinning_keep_every_promise() -> None:
-    """The nodes at --thin-snapshots 3 (a snapshot every version, 20 versions retained, so
+    """The nodes at --thin-snapshots 3 (a snapshot every version, 5 versions retained, so
     most snapshots are thinned: testing/schedule.py), with disk faults: every acknowledged
     commit restores. Seed 77202556012356 lost version 2 while a replacement node's hand-over
     could still copy a thinned snapshot's manifest, whose chunks were gone (node/replica.py

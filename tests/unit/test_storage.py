@@ -75,6 +75,29 @@ def test_zombie_writer_is_fenced(store: NodeStore) -> None:
     assert store.get_manifest(SID, 1, "delta").epoch == 6  # type: ignore[union-attr]
 
 
+def test_a_compactors_snapshot_is_fenced_by_the_heads_lineage(store: NodeStore) -> None:
+    """A compactor's snapshot (``?compaction=1``) of a version below the one a newer writer
+    took over at is the state that writer built on: taken under the head's higher epoch
+    (the floor's rung below it, core/retention.py). One of a version the newer writer
+    re-committed (a dead branch) is refused, and so is a writer's own snapshot."""
+    for v in range(1, 5):
+        store.put_manifest(commit(v, 1))
+    store.put_manifest(commit(5, 2))  # a new writer restored 4 and went on from it
+    with pytest.raises(StaleEpoch, match="fenced"):
+        store.put_manifest(commit(3, 1, kind="snapshot"))  # a zombie writer's
+    assert store.put_manifest(commit(3, 1, kind="snapshot"), None, True)
+    assert store.head(SID) == Head(5, 2)
+    # a newer writer that restored 2 and re-committed 3 and 4: version 3 at epoch 1 is a
+    # dead branch's state
+    store.put_manifest(commit(3, 3, b"again"))
+    store.put_manifest(commit(4, 3, b"again"))
+    with pytest.raises(StaleEpoch, match="fenced"):
+        store.put_manifest(commit(2, 1, b"other", kind="snapshot"), None, False)
+    assert store.put_manifest(commit(2, 1, kind="snapshot"), None, True)  # still its line
+    with pytest.raises(StaleEpoch):
+        store.put_manifest(commit(4, 1, kind="snapshot"), None, True)
+
+
 def test_chunks_are_verified_on_write_and_read(store: NodeStore) -> None:
     (c,) = encode_chunks({b"a": b"b"}, [])
     key = chunk_key(SID, 1, c.name)
