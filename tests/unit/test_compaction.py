@@ -17,6 +17,7 @@ from pathlib import Path
 from client import AsyncRingClient, StoreId
 from statestore.core.ids import parse_chunk_key
 from statestore.net.memory import MemoryNetwork
+from statestore.node.config import NodeConfig
 from statestore.node.daemon import Node
 from statestore.testing.clock import run_simulated
 from statestore.testing.cluster import SIM_CONFIG, Cluster
@@ -135,6 +136,15 @@ def _held(node: Node | None, store: StoreId) -> tuple[list[int], set[int]]:
     return node.store.snapshot_versions(store), chunks
 
 
+async def _thinning_ring(tmp_path: Path, config: NodeConfig) -> tuple[Cluster, AsyncRingClient]:
+    """Three nodes at ``config`` on a seeded in-memory network, and a client of theirs."""
+    network = MemoryNetwork(random.Random(6))
+    cluster = Cluster(network, 3, random.Random(7), str(tmp_path), config=config)
+    await cluster.start_all()
+    await asyncio.sleep(SIM_CONFIG.down_after)
+    return cluster, await _client(cluster, network, 256)
+
+
 def test_thinning_drops_the_bases_between_rungs_on_every_node(tmp_path: Path) -> None:
     """--thin-snapshots on real nodes (core/retention.Thinning): a store committed version
     by version, one node down for a stretch of it. Every node ends up holding, above the
@@ -145,12 +155,8 @@ def test_thinning_drops_the_bases_between_rungs_on_every_node(tmp_path: Path) ->
     n = 4
 
     async def main() -> tuple[dict[str, tuple[list[int], set[int]]], int, int, list[bool]]:
-        network = MemoryNetwork(random.Random(6))
         config = replace(SIM_CONFIG, thin_snapshots=n, retain_versions=12, snapshot_every=2)
-        cluster = Cluster(network, 3, random.Random(7), str(tmp_path), config=config)
-        await cluster.start_all()
-        await asyncio.sleep(SIM_CONFIG.down_after)
-        client = await _client(cluster, network, 256)
+        cluster, client = await _thinning_ring(tmp_path, config)
         rng = random.Random(8)
         states: dict[int, dict[bytes, bytes]] = {}
         state: dict[bytes, bytes] = {}
@@ -201,12 +207,8 @@ def test_the_floor_climbs_under_a_new_writer_every_few_versions(tmp_path: Path) 
     n, retain, every = 4, 12, 3
 
     async def main() -> tuple[list[tuple[int, int]], list[bool], int]:
-        network = MemoryNetwork(random.Random(6))
         config = replace(SIM_CONFIG, thin_snapshots=n, retain_versions=retain, snapshot_every=every)
-        cluster = Cluster(network, 3, random.Random(7), str(tmp_path), config=config)
-        await cluster.start_all()
-        await asyncio.sleep(SIM_CONFIG.down_after)
-        client = await _client(cluster, network, 256)
+        cluster, client = await _thinning_ring(tmp_path, config)
         rng = random.Random(8)
         states: dict[int, dict[bytes, bytes]] = {}
         state: dict[bytes, bytes] = {}
