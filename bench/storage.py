@@ -13,7 +13,8 @@ core/retention.needs_snapshot), one the default ``--thin-snapshots 50`` (of the 
 above the floor, the newest and those at multiples of 50 are kept:
 core/retention.Thinning), and one at that default with its LMDB file compacted once a
 quarter of it is free (``--reclaim-at 0.25``, the default; the others at 0.5, the default
-before; node/space.py);
+before; node/space.py), and one at ``--thin-snapshots 10`` (rungs every 10 versions: the
+floor lags the retention line by less, for a rung folded every 10 versions);
 ``--layouts`` picks some. Commits go to the rings in turn, version by version (the order
 rotates). Once repair, compaction and retention have settled, it
 restores the latest and the oldest retained version from each ring, alternating over
@@ -32,7 +33,9 @@ over the three):
 - restore of the latest and of the oldest retained version, and commit time (summed over
   five blocks of versions), as the median ratio to the ``every 10`` ring (min-max).
 
-It also times a compaction of one node's file (the last rule's ring), copied after the
+Per rule it also prints the snapshots its nodes folded and the CPU seconds its three node
+processes used over the whole run (compaction's work is most of what differs). It also times
+a compaction of one node's file (the last rule's ring), copied after the
 run, with its bytes before and after and how long it held reads and writes (node/space.py).
 
     .venv/bin/python bench/storage.py [--live-mib 4 16] [--rates 0.01 0.2] [--versions 200]
@@ -69,6 +72,15 @@ LAYOUTS = {  # the rule before thinning first: the others' times are ratios to i
     "thin 50, reclaim 0.25": [
         "--thin-snapshots",
         "50",
+        "--reclaim-at",
+        "0.25",
+        "--reclaim-min",
+        "0",
+    ],
+    # the floor's lag traded for compaction's work: a rung every 10 versions
+    "thin 10, reclaim 0.25": [
+        "--thin-snapshots",
+        "10",
         "--reclaim-at",
         "0.25",
         "--reclaim-min",
@@ -155,6 +167,7 @@ def run_case(
             took, pause = time.monotonic() - t0, backend.last_pause
             backend.close()
         figures: dict[str, list[dict[str, Any]]] = {}
+        cpu = {n: sum(_cpu_s(p.proc.pid) for p in rings[n].procs if p.proc) for n in names}
         for n in names:
             figures[n] = []
             for address in rings[n].seeds:
@@ -170,10 +183,19 @@ def run_case(
         "compactions": {
             n: sum(f["stats"].get("compactions", 0) for f in figures[n]) for n in names
         },
+        "folded": {n: sum(f["stats"].get("snapshots", 0) for f in figures[n]) for n in names},
+        "cpu": cpu,
         "commit_s": commit_s,
         "restore_s": restore_s,
         "compact": (before, after, took, pause),
     }
+
+
+def _cpu_s(pid: int) -> float:
+    """The CPU seconds (user and system) a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _turn(names: list[str], i: int) -> list[str]:
@@ -242,7 +264,12 @@ def main() -> None:
                         ),
                     ]
                 )
-                print(out[-1], f"file compactions: {r['compactions'][n]}", flush=True)
+                print(
+                    out[-1],
+                    f"file compactions: {r['compactions'][n]}, snapshots folded: "
+                    f"{r['folded'][n]}, nodes' CPU: {r['cpu'][n]:.0f} s",
+                    flush=True,
+                )
             before, after, took, pause = r["compact"]
             print(
                 f"compaction of one file ({new}): {before / MiB:.0f} -> {after / MiB:.0f} MiB "
