@@ -244,7 +244,9 @@ def plan_compaction(
     every = thin.every
     if worth(chain):
         write(chain[-1])
-    newest = _usable(snaps, deltas)
+    # a snapshot above the head is a dead branch's (the head is the newest writer's): the
+    # line never passes the head, or the head's own bases would be dropped as thinned
+    newest = [v for v in _usable(snaps, deltas) if v <= head]
     line = max(thin.below, newest[-1] if newest else 0) if every else 0
     kept = Thinning(line, every, thin.chunks, thin.floor)
     held = {v: s for v, s in snaps.items() if not kept.drops(v, floor)}

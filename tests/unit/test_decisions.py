@@ -753,3 +753,18 @@ def test_a_line_drops_nothing_at_or_below_the_floor_it_was_drawn_at() -> None:
     assert line.drops(80, floor=0) and line.drops_chunks(80, floor=0)
     assert not line.drops(50, floor=0)  # below the line's floor: the floor's gc drops it
     assert not Thinning(90, 50, 60, 0).drops_chunks(80, floor=0)  # the chunks' line
+
+
+def test_a_dead_branch_above_the_head_draws_no_line() -> None:
+    """A snapshot above a newer writer's head is a dead branch's (the old writer went on to
+    version 50 at epoch 1; the new one restored 40 and is at 45, epoch 2): the thinning line
+    stays at or below the head, so the new writer's bases are not refused as thinned."""
+    deltas = {v: [_manifest(v, "delta", 1)] for v in range(1, 51)}
+    for v in range(41, 46):
+        deltas[v] = [_manifest(v, "delta", 2, base=1 if v == 41 else 2), *deltas[v]]
+    snaps = {v: [_manifest(v, "snapshot", 1)] for v in (20, 30, 50)}
+    snaps[45] = [_manifest(45, "snapshot", 2, base=2)]
+    todo = plan_compaction(
+        SID, 45, deltas, snaps, snapshot_every=5, retain=100, floor=0, thin=Thinning(0, 10)
+    )
+    assert todo.thin is not None and todo.thin.below == 45, todo
