@@ -30,7 +30,9 @@ the floor needs them, not ahead: once the retention line passes a multiple of th
 above the floor, compaction folds the floor's base and the deltas above it into a snapshot
 there, and it becomes the floor. A store then holds the floor's base, its deltas and the
 newest base: two full copies, where writing rungs ahead held two or three more (each rung
-was written as a head snapshot, and kept until the floor passed it). Which snapshots go is a
+was written as a head snapshot, and kept until the floor passed it). A snapshot that is its
+version's only state (a writer committed it whole: no delta of its epoch) is never thinned:
+the line stops below it until the floor passes it. Which snapshots go is a
 rule of version numbers, the node's floor and four numbers per store (the line, the
 spacing, the chunks' line and the floor the line was drawn at): every node and every chunk
 holder applies it alike, and no path stores again a manifest it dropped (node/replica.py,
@@ -234,6 +236,10 @@ def plan_compaction(
     todo: list[Manifest] = []
     snaps: dict[int, Sequence[Manifest]] = {v: manifests_at(snapshots, v) for v in snapshots}
 
+    def _whole(v: int) -> bool:
+        epochs = {d.epoch for d in manifests_at(deltas, v)}
+        return any(m.epoch not in epochs for m in manifests_at(snapshots, v))
+
     def worth(c: Sequence[Manifest]) -> bool:
         return needs_snapshot(c, snapshot_every=snapshot_every, rebase_at=rebase_at)
 
@@ -249,9 +255,19 @@ def plan_compaction(
     newest = [v for v in _usable(snaps, deltas) if v <= head]
     line = max(thin.below, newest[-1] if newest else 0) if every else 0
     kept = Thinning(line, every, thin.chunks, thin.floor)
-    held = {v: s for v, s in snaps.items() if not kept.drops(v, floor)}
+    held = {v: s for v, s in snaps.items() if not kept.drops(v, floor) or _whole(v)}
     oldest_kept = head - retain + 1
     new_floor = retention_floor(head, held, retain, deltas)
+
+    def drawn(top: int) -> Thinning | None:
+        # a snapshot that is its version's only state (a writer committed the version whole:
+        # no delta of its epoch) is no copy bought for speed: the line stops below it (lines
+        # never fall), and it goes with the floor (the line's floor keeps it until then)
+        whole = [v for v in snaps if top < v < line and v % every and _whole(v)]
+        if not whole:
+            return _risen(kept, thin, top)
+        return _risen(Thinning(max(thin.below, min(whole)), every, thin.chunks), thin, top)
+
     if every:
         # the floor climbs by rungs, each written when the retention line passes it
         at = oldest_kept - oldest_kept % every
@@ -265,12 +281,14 @@ def plan_compaction(
         try:
             below = resolve_chain(store, at, deltas, held)
         except VersionNotFound:
-            return Compaction(tuple(todo), None, _risen(kept, thin, floor))
+            return Compaction(tuple(todo), None, drawn(max(floor, thin.floor)))
         if worth(below):
             write(below[-1])
             new_floor = below[-1].version
     return Compaction(
-        tuple(todo), new_floor if new_floor > floor else None, _risen(kept, thin, new_floor)
+        tuple(todo),
+        new_floor if new_floor > floor else None,
+        drawn(max(new_floor, floor, thin.floor)),
     )
 
 
