@@ -247,3 +247,45 @@ def test_the_floor_climbs_under_a_new_writer_every_few_versions(tmp_path: Path) 
     for head, floor in floors[3:]:
         # the floor lags the retention line by less than a rung and a burst of commits
         assert head - floor <= retain + n + every + 7, floors
+
+
+def test_a_version_committed_whole_is_never_thinned(tmp_path: Path) -> None:
+    """A writer that commits a version whole (a snapshot with no delta: Spark's provider after
+    a reload from empty) leaves that snapshot as its version's only state: thinning keeps it
+    (core/retention.py) until the floor passes it, on every node, and every retained version
+    restores exactly. With one newest base kept and no such rule it went, and version 6 with
+    every version above it (CI's Spark change-feed test found it)."""
+    store = StoreId("whole", 0, 0)
+
+    async def main() -> tuple[list[bool], list[list[int]]]:
+        config = replace(SIM_CONFIG, thin_snapshots=4, retain_versions=40, snapshot_every=2)
+        cluster, client = await _thinning_ring(tmp_path, config)
+        rng = random.Random(8)
+        states: dict[int, dict[bytes, bytes]] = {}
+        state: dict[bytes, bytes] = {}
+        try:
+            for v in range(1, 31):
+                puts = {f"k{rng.randrange(30)}".encode(): rng.randbytes(8) for _ in range(3)}
+                if v == 6:  # the writer's whole state, not a delta
+                    state = dict(puts)
+                    await client.commit(store, v, puts, [], {"v": v}, snapshot=True)
+                else:
+                    state.update(puts)
+                    await client.commit(store, v, puts, [], {"v": v})
+                states[v] = dict(state)
+                await asyncio.sleep(SIM_CONFIG.compact_interval)
+            await asyncio.sleep(30 * SIM_CONFIG.compact_interval)
+            held = [
+                node.store.snapshot_versions(store)
+                for a in cluster.addresses
+                if (node := cluster.node(a)) is not None
+            ]
+            exact = [dict(await client.restore(store, v)) == states[v] for v in range(6, 31)]
+            return exact, held
+        finally:
+            await client.close()
+            await cluster.stop_all()
+
+    exact, held = run_simulated(main)
+    assert all(exact), exact
+    assert all(6 in versions for versions in held), held
