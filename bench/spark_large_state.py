@@ -11,7 +11,9 @@ size / (payload + 48 bytes)):
   the whole state on the heap);
 - the ring provider runs as ``ring`` (its defaults: lazy restore, the base prefetched in
   the background), ``ring-lazy`` (lazy restore, no prefetch: only what the batch touches
-  is read) and ``ring-whole`` (``lazyRestore=false``: every row restored up front), each
+  is read), ``ring-whole`` (``lazyRestore=false``: every row restored up front) and
+  ``ring-lazy-jdk`` (``ring-lazy`` with the direct path's GETs through java.net.http, as
+  before pooled connections: ``-Dstatestore.spark.httpClient=jdk``), each
   with its own stores; its build
   writes the second batch as a snapshot (``snapshotInterval=2``), the base a lazy restart
   reads by blocks, as the ring's compaction makes one every ``--snapshot-every`` versions;
@@ -60,6 +62,7 @@ PROVIDERS = {
     **_BASE,
     "ring-lazy": _BASE["ring"],
     "ring-whole": _BASE["ring"],
+    "ring-lazy-jdk": _BASE["ring"],
 }
 RING_CONF = {
     "ring": {"spark.statestore.lazyRestore": "true"},
@@ -68,6 +71,13 @@ RING_CONF = {
         "spark.statestore.prefetchBytesPerSec": "0",
     },
     "ring-whole": {"spark.statestore.lazyRestore": "false"},
+    # ring-lazy with the direct path's GETs through java.net.http (the build before pooled
+    # Apache HttpClient connections): the baseline of that change, in the same run
+    "ring-lazy-jdk": {
+        "spark.statestore.lazyRestore": "true",
+        "spark.statestore.prefetchBytesPerSec": "0",
+        "spark.driver.extraJavaOptions": "-Dstatestore.spark.httpClient=jdk",
+    },
 }
 
 MiB = 1 << 20
@@ -311,6 +321,18 @@ def main() -> None:
                             for a, b in zip(restarts[lazy], restarts["ring-whole"], strict=True)
                         ]
                         notes.append(f"{size} MiB: restart {lazy} / ring-whole {spread(lazy_vs)}x")
+                if "ring-lazy" in restarts and "ring-lazy-jdk" in restarts:
+                    pairs = list(zip(restarts["ring-lazy"], restarts["ring-lazy-jdk"], strict=True))
+                    for what in ("seconds", "next"):
+                        vs = [a[what] / b[what] for a, b in pairs]
+                        name = "restart" if what == "seconds" else "next batch"
+                        notes.append(f"{size} MiB: {name} ring-lazy / ring-lazy-jdk {spread(vs)}x")
+                # what a restart costs beyond a batch: the query's start (planning, the first
+                # batch's code generation, the provider's load) as the restart batch's time
+                # less the next batch's, per provider
+                for provider in ok:
+                    starts = [x["seconds"] - x["next"] for x in restarts[provider]]
+                    notes.append(f"{size} MiB: {provider} restart - next batch {spread(starts)} s")
                 base = "rocksdb" if "rocksdb" in ok else None
                 for provider in providers:
                     b = built[provider]

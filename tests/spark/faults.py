@@ -34,13 +34,15 @@ class FaultPlan:
     faults: dict[str, list[str]] = field(default_factory=dict)
     down_until: float = 0.0
     seen: dict[str, int] = field(default_factory=dict)
+    agents: dict[str, set[str]] = field(default_factory=dict)  # kind -> User-Agents seen
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     mapping: dict[str, str] = field(default_factory=dict)  # node address -> proxy address
 
-    def take(self, kind: str) -> str | None:
+    def take(self, kind: str, agent: str = "") -> str | None:
         with self.lock:
             self.seen[kind] = self.seen.get(kind, 0) + 1
+            self.agents.setdefault(kind, set()).add(agent)
             queue = self.faults.get(kind) or []
             return queue.pop(0) if queue else None
 
@@ -102,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
         if time.monotonic() < plan.down_until:
             self._reply(503, b'{"error":{"code":"unavailable","message":"outage"}}', [])
             return
-        fault = plan.take(kind)
+        fault = plan.take(kind, self.headers.get("User-Agent", ""))
         if fault == "hang":
             plan.stop.wait(120)
             self.close_connection = True

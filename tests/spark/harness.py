@@ -38,9 +38,17 @@ def compile_harness(out: Path) -> str:
 
 
 def harness(
-    classpath: str, scenario: str, root: Path, timeout: float = 240, **conf: Any
+    classpath: str,
+    scenario: str,
+    root: Path,
+    timeout: float = 240,
+    jvm: tuple[str, ...] = (),
+    **conf: Any,
 ) -> dict[str, Any]:
-    cmd = ["java", "-Xmx1g", *JVM_FLAGS, "-cp", classpath, "statestore.spark.ProviderHarness"]
+    """Run ``scenario`` of the harness on the store root ``root`` with the provider options
+    ``conf`` (and JVM options ``jvm``); its RESULT object."""
+    cmd = ["java", "-Xmx1g", *JVM_FLAGS, *jvm, "-cp", classpath]
+    cmd.append("statestore.spark.ProviderHarness")
     cmd += [scenario, str(root), *(f"{k}={v}" for k, v in conf.items())]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -280,6 +280,29 @@ def test_restore_body_stalled_or_cut_finishes_from_another_member(
     assert r.get("restore_error") is None, r
     assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
     assert plan.seen["state"] >= 2  # the faulty attempt, then another member
+    # the direct path's reads went over the pooled client (RingTransport.get, PooledGets),
+    # whose abort ended the stalled read (closing its body would have waited for the rest)
+    assert plan.agents["state"] == {"statestore-spark"}, plan.agents
+
+
+def test_direct_reads_go_through_java_net_http_when_told(
+    tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
+) -> None:
+    """``-Dstatestore.spark.httpClient=jdk`` (docs/spark.md): the escape hatch from the pooled
+    client sends the direct path's reads through java.net.http, stalls still cut."""
+    proxies, plan = proxied
+    seeds = ",".join(p.address for p in proxies)
+    root = tmp_path / "ckpt" / "state"
+    conf = {"seeds": seeds, "readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
+    harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
+    plan.faults["state"] = ["stall"]
+    plan.agents.clear()
+    jdk = ("-Dstatestore.spark.httpClient=jdk",)
+    r = harness(classpath, "restore", root, version=1, timeout=120, jvm=jdk, **conf)
+    assert r.get("restore_error") is None, r
+    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
+    agents = plan.agents["state"]
+    assert agents and all(a.startswith("Java-http-client") for a in agents), agents
 
 
 def test_restore_is_bounded_by_its_deadline(

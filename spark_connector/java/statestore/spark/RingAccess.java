@@ -106,9 +106,23 @@ final class RingAccess {
 
   /** A request to {@code path} (with its query) on the node at {@code address}, token set. */
   HttpRequest.Builder request(String address, String path) {
-    HttpRequest.Builder b =
-        HttpRequest.newBuilder(URI.create((tls == null ? "http" : "https") + "://" + address + path));
+    HttpRequest.Builder b = HttpRequest.newBuilder(uri(address, path));
     return authorization == null ? b : b.header("Authorization", authorization);
+  }
+
+  /** The address of {@code path} (with its query) on the node at {@code address}. */
+  URI uri(String address, String path) {
+    return URI.create((tls == null ? "http" : "https") + "://" + address + path);
+  }
+
+  /** The Authorization header's value, or null without a token. */
+  String authorization() {
+    return authorization;
+  }
+
+  /** The TLS context trusting the ring's CA, or null for plain HTTP. */
+  SSLContext tls() {
+    return tls;
   }
 
   /** Tells clients apart in the provider's caches without keeping the token in the key. */

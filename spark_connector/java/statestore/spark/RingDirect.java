@@ -250,7 +250,7 @@ final class RingDirect {
           List<ChunkCodec.Row> out = new ArrayList<>();
           for (ManifestCodec.ChunkRef ref : m.chunks()) {
             String key = RingWriter.chunkKey(m.store(), m.version(), ref.name());
-            byte[] data = fetchChunk(v, key, ref.checksum(), deadline);
+            byte[] data = fetchChunk(v, key, ref.checksum(), ref.size(), deadline);
             try {
               out.addAll(ChunkCodec.decode(data, ChunkCodec.MAX_CHUNK_RAW, key));
             } catch (ChunkCodec.CorruptChunkException e) {
@@ -296,7 +296,7 @@ final class RingDirect {
           ManifestCodec.ChunkRef ref = refs.get(j);
           futures.add(pool.submit(() -> {
             String key = RingWriter.chunkKey(m.store(), m.version(), ref.name());
-            byte[] data = fetchChunk(v, key, ref.checksum(), deadline);
+            byte[] data = fetchChunk(v, key, ref.checksum(), ref.size(), deadline);
             synchronized (out) {
               out.bytes += data.length;
             }
@@ -345,10 +345,10 @@ final class RingDirect {
     }
   }
 
-  /** One chunk's verified bytes from the first holder that has them. */
-  private byte[] fetchChunk(RingView v, String key, long checksum, long deadline)
+  /** One chunk's verified bytes ({@code size} of them) from the first holder that has them. */
+  private byte[] fetchChunk(RingView v, String key, long checksum, long size, long deadline)
       throws IOException {
-    return fetch(v, key, "", checksum, deadline);
+    return fetch(v, key, "", checksum, size, deadline);
   }
 
   /**
@@ -358,7 +358,7 @@ final class RingDirect {
   byte[] fetchPart(String key, long offset, long length, long checksum, long deadline)
       throws IOException {
     return retrying("reading " + key, deadline,
-        v -> fetch(v, key, "?offset=" + offset + "&length=" + length, checksum, deadline));
+        v -> fetch(v, key, "?offset=" + offset + "&length=" + length, checksum, length, deadline));
   }
 
   /** Every row of one chunk of {@code m} (a {@code null} value: a delete), with retries. */
@@ -366,7 +366,7 @@ final class RingDirect {
       long deadline) throws IOException {
     String key = RingWriter.chunkKey(m.store(), m.version(), ref.name());
     byte[] data = retrying("reading " + key, deadline,
-        v -> fetch(v, key, "", ref.checksum(), deadline));
+        v -> fetch(v, key, "", ref.checksum(), ref.size(), deadline));
     try {
       return ChunkCodec.decode(data, ChunkCodec.MAX_CHUNK_RAW, key);
     } catch (ChunkCodec.CorruptChunkException e) {
@@ -381,8 +381,13 @@ final class RingDirect {
         v -> readChain(v, storePath, version, deadline));
   }
 
-  private byte[] fetch(RingView v, String key, String query, long checksum, long deadline)
-      throws IOException {
+  /**
+   * {@code size} bytes of chunk {@code key} ({@code query}: a part of it), verified against
+   * {@code checksum}, from the first holder that answers them; a longer answer is refused
+   * unread past the size (an error body past 64 KiB too).
+   */
+  private byte[] fetch(RingView v, String key, String query, long checksum, long size,
+      long deadline) throws IOException {
     List<String> errors = new ArrayList<>();
     for (String address : v.readOrder(key)) {
       long left = (deadline - System.nanoTime()) / 1_000_000L;
@@ -391,28 +396,17 @@ final class RingDirect {
         break;
       }
       try {
-        HttpRequest req = writer.transport().request(address, "/v1/chunks/" + key + query)
-            .timeout(Duration.ofMillis(Math.min(config.requestTimeoutMs, left))).GET().build();
-        HttpResponse<InputStream> resp =
-            writer.transport().send(req, HttpResponse.BodyHandlers.ofInputStream());
-        try (InputStream body = resp.body();
-            Watchdog.Guard guard = Watchdog.watch(body, deadline, config.readTimeoutMs)) {
-          byte[] data;
-          try {
-            data = guard.stream().readAllBytes();
-          } catch (IOException e) {
-            guard.check();
-            throw e;
-          }
-          guard.check();
-          if (resp.statusCode() != 200) {
-            errors.add(address + " answered " + resp.statusCode() + " "
-                + new String(data, 0, Math.min(200, data.length), StandardCharsets.UTF_8));
-            continue;
-          }
-          ChunkCodec.verify(data, checksum, key + query);
-          return data;
+        RingTransport.Answer got = writer.transport().get(address, "/v1/chunks/" + key + query,
+            Math.min(config.requestTimeoutMs, left), deadline, config.readTimeoutMs,
+            Math.max(size, 64 << 10));
+        byte[] data = got.body();
+        if (got.status() != 200) {
+          errors.add(address + " answered " + got.status() + " "
+              + new String(data, 0, Math.min(200, data.length), StandardCharsets.UTF_8));
+          continue;
         }
+        ChunkCodec.verify(data, checksum, key + query);
+        return data;
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
         throw new IOException("interrupted while reading chunk " + key, e);

@@ -2,6 +2,7 @@ package statestore.spark;
 
 import java.io.EOFException;
 import java.io.IOException;
+import java.io.InputStream;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
@@ -27,6 +28,8 @@ final class RingTransport {
 
   private final RingAccess access;
   private final HttpClient client;
+  /** The direct path's GETs over kept-alive pooled connections; null: through {@link #client}. */
+  private final PooledGets pooled;
   private final AtomicLong seenEpoch = new AtomicLong();
 
   RingTransport(RingAccess access, Duration connectTimeout) {
@@ -35,6 +38,56 @@ final class RingTransport {
         .version(HttpClient.Version.HTTP_1_1)
         .connectTimeout(connectTimeout)
         .build();
+    this.pooled = PooledGets.create(access, connectTimeout.toMillis());
+  }
+
+  /** A GET's status and whole body. */
+  record Answer(int status, byte[] body) {}
+
+  /**
+   * GET {@code path} on {@code address} and read the whole body: the direct read path's one
+   * blocking request (a block, a chunk). {@code timeoutMs} bounds the wait for the answer,
+   * {@code deadline} (System.nanoTime) and {@code stallMs} the body ({@link Watchdog}). Sent
+   * over {@link PooledGets} when Apache HttpClient is on the classpath (Spark ships it),
+   * else through java.net.http. A body longer than {@code maxBytes} is an IOException, read
+   * no further.
+   */
+  Answer get(String address, String path, long timeoutMs, long deadline, long stallMs,
+      long maxBytes) throws IOException, InterruptedException {
+    if (pooled != null) {
+      return pooled.get(address, path, timeoutMs, deadline, stallMs, maxBytes, this);
+    }
+    HttpRequest req = request(address, path).timeout(Duration.ofMillis(Math.max(1, timeoutMs)))
+        .GET().build();
+    HttpResponse<InputStream> resp = send(req, HttpResponse.BodyHandlers.ofInputStream());
+    try (InputStream body = resp.body();
+        Watchdog.Guard guard = Watchdog.watch(body, deadline, stallMs)) {
+      byte[] data;
+      try {
+        data = readAtMost(guard.stream(), maxBytes, path);
+      } catch (IOException e) {
+        guard.check();
+        throw e;
+      }
+      guard.check();
+      return new Answer(resp.statusCode(), data);
+    }
+  }
+
+  /** The whole of {@code in}, or an IOException once it passes {@code maxBytes}. */
+  static byte[] readAtMost(InputStream in, long maxBytes, String what) throws IOException {
+    int cap = (int) Math.min(Integer.MAX_VALUE - 8, Math.max(0, maxBytes));
+    byte[] out = in.readNBytes(cap);
+    if (in.read() != -1) {
+      throw new IOException("the answer to " + what + " is longer than the " + cap
+          + " bytes expected: refused unread");
+    }
+    return out;
+  }
+
+  /** Whether the direct path's GETs go over {@link PooledGets}: for tests. */
+  boolean pooled() {
+    return pooled != null;
   }
 
   /** A request to {@code path} (with its query) on the node at {@code address}, token set. */
@@ -86,13 +139,16 @@ final class RingTransport {
 
   /** Note the ring epoch an answer carried (a garbled header is no newer epoch). */
   void sawEpoch(HttpResponse<?> resp) {
-    resp.headers().firstValue(EPOCH_HEADER).ifPresent(h -> {
-      try {
-        sawEpoch(Long.parseLong(h.trim()));
-      } catch (NumberFormatException ignored) {
-        // a garbled header is not a newer epoch
-      }
-    });
+    resp.headers().firstValue(EPOCH_HEADER).ifPresent(this::sawEpoch);
+  }
+
+  /** Note the ring epoch of an answer's epoch header (a garbled one is no newer epoch). */
+  void sawEpoch(String header) {
+    try {
+      sawEpoch(Long.parseLong(header.trim()));
+    } catch (NumberFormatException ignored) {
+      // a garbled header is not a newer epoch
+    }
   }
 
   /** Record a ring epoch a node reported. */

@@ -48,21 +48,36 @@ final class Watchdog {
 
   /** Guard {@code body}: cut it at {@code deadline} (System.nanoTime) or after a stall. */
   static Guard watch(InputStream body, long deadline, long stallMs) {
-    Guard g = new Guard(body, deadline, stallMs * 1_000_000L);
+    return watch(body, body::close, deadline, stallMs);
+  }
+
+  /**
+   * Guard {@code body} as above, ending a cut read with {@code cut} (for a pooled
+   * connection: abort the exchange, where closing its body would read the rest first).
+   */
+  static Guard watch(InputStream body, Cut cut, long deadline, long stallMs) {
+    Guard g = new Guard(body, cut, deadline, stallMs * 1_000_000L);
     GUARDS.add(g);
     return g;
+  }
+
+  /** How a guard ends a read it cuts. */
+  interface Cut {
+    void run() throws IOException;
   }
 
   /** One guarded body; close it to stop watching. */
   static final class Guard implements AutoCloseable {
     private final InputStream body;
+    private final Cut cut;
     private final long deadline;
     private final long stallNanos;
     private volatile long lastProgress = System.nanoTime();
     private volatile String tripped;
 
-    private Guard(InputStream body, long deadline, long stallNanos) {
+    private Guard(InputStream body, Cut cut, long deadline, long stallNanos) {
       this.body = body;
+      this.cut = cut;
       this.deadline = deadline;
       this.stallNanos = stallNanos;
     }
@@ -71,7 +86,7 @@ final class Watchdog {
       tripped = why;
       GUARDS.remove(this);
       try {
-        body.close();
+        cut.run();
       } catch (IOException | RuntimeException e) {
         // the reader sees the stream end either way
       }
