@@ -77,28 +77,33 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def make_tls(directory: Path) -> TlsFiles:
-    """Write a CA, a node certificate and key for loopback, and an unrelated CA."""
+def make_tls(directory: Path, san: bool = True) -> TlsFiles:
+    """Write a CA, a node certificate and key for loopback, and an unrelated CA. ``san``
+    False: the node certificate names 127.0.0.1 only as its common name (no subject
+    alternative names), which a client checking host names as RFC 6125 says refuses."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = _ca("statestore test CA")
     _, other = _ca("someone else's CA")
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name("statestore node"))
+        .subject_name(_name("statestore node" if san else "127.0.0.1"))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
+    )
+    if san:
+        builder = builder.add_extension(
             x509.SubjectAlternativeName(
                 [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
             ),
             critical=False,
         )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    cert = (
+        builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),

@@ -10,6 +10,10 @@ path a chunk read), ``head``:
 - ``stall``: send the headers and half the body, then stop sending (the connection stays open)
 - ``cut``: send the headers and half the body, then close the connection
 - ``hang``: accept the request and never answer
+- ``trickle``: send a status line, then a header line every half second, never ending the
+  headers (each socket read gets a byte in time: only a bound on the whole wait ends it)
+- ``bloat``: send the headers with a Content-Length 10 MiB past the real body, the body and
+  256 KiB more, then stop sending (a reader must refuse past the size it expects, unread)
 - ``503``: answer ``503 unavailable`` without forwarding
 
 ``down_until`` (a ``time.monotonic()`` value) makes every proxy answer 503 to everything
@@ -109,6 +113,16 @@ class _Handler(BaseHTTPRequestHandler):
             plan.stop.wait(120)
             self.close_connection = True
             return
+        if fault == "trickle":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            while not plan.stop.wait(0.5):
+                try:
+                    self.wfile.write(b"X-Trickle: 1\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    break  # the reader gave up
+            self.close_connection = True
+            return
         if fault == "503":
             self._reply(503, b'{"error":{"code":"unavailable","message":"injected"}}', [])
             return
@@ -127,6 +141,18 @@ class _Handler(BaseHTTPRequestHandler):
             for m in view.get("members", []):
                 m["address"] = plan.mapping.get(m["address"], m["address"])
             data = json.dumps(view).encode()
+        if fault == "bloat":
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data) + (10 << 20)))
+            self.end_headers()
+            try:
+                self.wfile.write(data + bytes(256 << 10))
+                self.wfile.flush()
+            except OSError:
+                pass  # the reader refused it
+            plan.stop.wait(120)
+            self.close_connection = True
+            return
         if fault in ("stall", "cut") and len(data) > 1:
             self.send_response(status)
             for k, v in out_headers:

@@ -11,9 +11,13 @@ accepts and hangs, an outage of a few seconds.
 from __future__ import annotations
 
 import re
+import socket
+import ssl
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from spark_connector import SparkConnectorError, ring_conf
 from statestore.cli.local import LocalRing
 from statestore.core.ids import StoreId
 from statestore.wire.manifest import decode_manifest
+from tests.certs import make_tls
 
 from .faults import FaultPlan, FaultProxy, start_proxies
 from .harness import harness
@@ -283,6 +288,128 @@ def test_restore_body_stalled_or_cut_finishes_from_another_member(
     # the direct path's reads went over the pooled client (RingTransport.get, PooledGets),
     # whose abort ended the stalled read (closing its body would have waited for the rest)
     assert plan.agents["state"] == {"statestore-spark"}, plan.agents
+
+
+@pytest.mark.parametrize("fault", ["trickle", "bloat"])
+def test_a_read_that_trickles_or_overruns_is_cut_and_read_elsewhere(
+    tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str, fault: str
+) -> None:
+    """A holder that keeps sending header lines (each socket read gets a byte in time) is cut
+    at ``requestTimeoutMs``; one whose body runs past the size the manifest gives is refused
+    at that size, the rest unread (closing a pooled body would read it to its end first).
+    The restore finishes from another member; the proxy keeps at it for 120 s, past the
+    harness's time limit."""
+    proxies, plan = proxied
+    seeds = ",".join(p.address for p in proxies)
+    root = tmp_path / "ckpt" / "state"
+    conf = {"seeds": seeds, "restoreTimeoutMs": 90000, "readTimeoutMs": 60000}
+    # the trickle is cut by the answer's time limit; the bloated body by its size alone
+    conf["requestTimeoutMs"] = 3000 if fault == "trickle" else 60000
+    r = harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
+    assert r["restored_rows"] == 3000
+    plan.faults["state"] = [fault]
+    r = harness(classpath, "restore", root, version=1, timeout=50, **conf)
+    assert r.get("restore_error") is None, r
+    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
+    assert plan.seen["state"] >= 2  # the faulty attempt, then another member
+
+
+def test_direct_reads_without_apache_httpclient_on_the_classpath(
+    tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
+) -> None:
+    """Where Spark's jars lack Apache HttpClient, the direct path reads through java.net.http
+    (the pooled client is never linked), stalls still cut."""
+    proxies, plan = proxied
+    seeds = ",".join(p.address for p in proxies)
+    root = tmp_path / "ckpt" / "state"
+    conf = {"seeds": seeds, "readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
+    harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
+    parts = []
+    for part in classpath.split(":"):
+        if part.endswith("/*"):  # pyspark's jars: each but httpclient's
+            jars = sorted(Path(part[:-2]).glob("*.jar"))
+            parts += [str(j) for j in jars if not j.name.startswith("httpclient-")]
+        else:
+            parts.append(part)
+    assert len(parts) > 3 and not any(Path(p).name.startswith("httpclient-") for p in parts)
+    plan.faults["state"] = ["stall"]
+    plan.agents.clear()
+    r = harness(":".join(parts), "restore", root, version=1, timeout=120, **conf)
+    assert r.get("restore_error") is None, r
+    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
+    agents = plan.agents["state"]
+    assert agents and all(a.startswith("Java-http-client") for a in agents), agents
+
+
+class _Ok(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("client", ["pooled", "jdk"])
+@pytest.mark.parametrize("san", [True, False], ids=["san", "cn-only"])
+def test_direct_reads_check_the_nodes_name_as_java_net_http_does(
+    tmp_path: Path, classpath: str, san: bool, client: str
+) -> None:
+    """Both clients of the direct path's reads trust the ring's CA and check the node's
+    address against its certificate's subject alternative names: a certificate that names
+    127.0.0.1 only as its common name is refused (Apache's own verifier alone would take it)."""
+    tls = make_tls(tmp_path / "tls", san=san)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.cert, tls.key)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        jvm = ("-Dstatestore.spark.httpClient=jdk",) if client == "jdk" else ()
+        r = harness(classpath, "get", tmp_path, jvm=jvm, address=address, tlsCa=tls.ca)
+        r_other = harness(classpath, "get", tmp_path, jvm=jvm, address=address, tlsCa=tls.other_ca)
+    finally:
+        server.shutdown()
+        server.server_close()
+    if san:
+        assert r == {"status": 200}, r
+    else:
+        assert "No subject alternative names" in r.get("error", ""), r
+    assert "SSLHandshakeException" in r_other.get("error", ""), r_other  # not the ring's CA
+
+
+@pytest.mark.parametrize("client", ["pooled", "jdk"])
+def test_a_read_from_a_silent_node_ends_when_its_task_is_interrupted(
+    tmp_path: Path, classpath: str, client: str
+) -> None:
+    """Spark kills a task by interrupting its thread: a direct-path read waiting on a node
+    that accepted and never answers ends with InterruptedException, not with its socket
+    timeout (a blocking socket read ignores interrupts; the watchdog aborts the exchange)."""
+    held: list[Any] = []
+    silent = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])  # never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        jvm = ("-Dstatestore.spark.httpClient=jdk",) if client == "jdk" else ()
+        r = harness(classpath, "interrupted-get", tmp_path, jvm=jvm, address=address)
+    finally:
+        silent.close()
+        for c in held:
+            c.close()
+    assert r.get("error") == "InterruptedException", r
 
 
 def test_direct_reads_go_through_java_net_http_when_told(

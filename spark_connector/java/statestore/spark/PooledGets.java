@@ -4,6 +4,10 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.util.concurrent.TimeUnit;
 
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLParameters;
+import javax.net.ssl.SSLSocket;
+
 import org.apache.http.Header;
 import org.apache.http.HttpEntity;
 import org.apache.http.client.config.RequestConfig;
@@ -31,23 +35,44 @@ import org.apache.http.impl.conn.PoolingHttpClientConnectionManager;
  * before. Verifies HTTPS against the ring's CA, host names included, as java.net.http does.
  */
 final class PooledGets implements AutoCloseable {
+  private static final int MAX_CONNECTIONS = 4096;
+
+  /**
+   * HTTPS sockets that check the node's host name in the handshake as java.net.http does
+   * (endpoint identification "HTTPS": an IP address must be among the certificate's subject
+   * alternative names), then Apache's verifier as well (which alone would also take a
+   * certificate's CN).
+   */
+  private static final class VerifyingSockets extends SSLConnectionSocketFactory {
+    VerifyingSockets(SSLContext tls) {
+      super(tls, new DefaultHostnameVerifier());
+    }
+
+    @Override
+    protected void prepareSocket(SSLSocket socket) throws IOException {
+      SSLParameters params = socket.getSSLParameters();
+      params.setEndpointIdentificationAlgorithm("HTTPS");
+      socket.setSSLParameters(params);
+    }
+  }
+
   private final CloseableHttpClient client;
   private final RingAccess access;
   private final int connectTimeoutMs;
 
-  private PooledGets(RingAccess access, int connectTimeoutMs) {
+  PooledGets(RingAccess access, long connectTimeoutMs) {
     this.access = access;
-    this.connectTimeoutMs = connectTimeoutMs;
+    this.connectTimeoutMs = (int) Math.max(1, Math.min(Integer.MAX_VALUE, connectTimeoutMs));
     RegistryBuilder<ConnectionSocketFactory> schemes = RegistryBuilder.<ConnectionSocketFactory>create()
         .register("http", PlainConnectionSocketFactory.getSocketFactory());
     if (access.tls() != null) {
-      schemes.register("https",
-          new SSLConnectionSocketFactory(access.tls(), new DefaultHostnameVerifier()));
+      schemes.register("https", new VerifyingSockets(access.tls()));
     }
     PoolingHttpClientConnectionManager pool = new PoolingHttpClientConnectionManager(schemes.build());
-    // one connection per task thread and node at most; executors run a few dozen tasks at most
-    pool.setMaxTotal(512);
-    pool.setDefaultMaxPerRoute(64);
+    // no cap in practice, as java.net.http has none: a connection per reading thread and node
+    // (a restoring task reads with 8 threads)
+    pool.setMaxTotal(MAX_CONNECTIONS);
+    pool.setDefaultMaxPerRoute(MAX_CONNECTIONS);
     // a connection idle for a second is checked before reuse (a node closes idle ones)
     pool.setValidateAfterInactivity(1_000);
     this.client = HttpClients.custom()
@@ -64,35 +89,18 @@ final class PooledGets implements AutoCloseable {
   }
 
   /**
-   * The JVM system property that turns this off ({@code -Dstatestore.spark.httpClient=jdk}:
-   * every GET through java.net.http, as before): an escape hatch, and the baseline of
-   * {@code bench/spark_large_state.py}'s {@code ring-jdk}.
-   */
-  static final String PROPERTY = "statestore.spark.httpClient";
-
-  /**
-   * The pooled client, or null when Apache HttpClient is not on the classpath or
-   * {@link #PROPERTY} is {@code jdk}.
-   */
-  static PooledGets create(RingAccess access, long connectTimeoutMs) {
-    if ("jdk".equalsIgnoreCase(System.getProperty(PROPERTY, "").trim())) {
-      return null;
-    }
-    try {
-      return new PooledGets(access, (int) Math.min(Integer.MAX_VALUE, connectTimeoutMs));
-    } catch (LinkageError e) {
-      return null;
-    }
-  }
-
-  /**
    * GET {@code path} on {@code address}: the status and the whole body (at most
-   * {@code maxBytes}, else an IOException). {@code timeoutMs} bounds the connection and each
-   * wait for bytes; {@code deadline} (System.nanoTime) and {@code stallMs} bound the body as
-   * {@link Watchdog} does for java.net.http.
+   * {@code maxBytes}, else an IOException, the rest unread). The wait for a pooled
+   * connection, the connection and the answer's headers are bounded together by
+   * {@code timeoutMs}, the body by {@code stallMs} without a byte, everything by
+   * {@code deadline} (System.nanoTime): a {@link Watchdog} guard aborts the exchange (closing
+   * its socket) past any of them, or when the task thread is interrupted (then an
+   * InterruptedException). Any failure aborts the exchange: closing a body read halfway
+   * would first read the rest of it.
    */
   RingTransport.Answer get(String address, String path, long timeoutMs, long deadline,
-      long stallMs, long maxBytes, RingTransport transport) throws IOException {
+      long stallMs, long maxBytes, RingTransport transport)
+      throws IOException, InterruptedException {
     HttpGet req = new HttpGet(access.uri(address, path));
     String auth = access.authorization();
     if (auth != null) {
@@ -104,7 +112,13 @@ final class PooledGets implements AutoCloseable {
         .setConnectionRequestTimeout(wait)
         .setSocketTimeout(wait)
         .build());
-    try (CloseableHttpResponse resp = client.execute(req)) {
+    long headersBy = Math.min(deadline, System.nanoTime() + wait * 1_000_000L);
+    Watchdog.Guard guard = Watchdog.watchExchange(req::abort, headersBy, wait);
+    boolean done = false;
+    try {
+      CloseableHttpResponse resp = client.execute(req);
+      guard.check(); // the watchdog may have cut it just as it answered
+      guard.phase(deadline, stallMs);
       Header epoch = resp.getFirstHeader(RingTransport.EPOCH_HEADER);
       if (epoch != null) {
         transport.sawEpoch(epoch.getValue());
@@ -112,23 +126,33 @@ final class PooledGets implements AutoCloseable {
       HttpEntity entity = resp.getEntity();
       byte[] body = new byte[0];
       if (entity != null) {
-        // the watchdog aborts the exchange (closing the socket) to end a stalled read
-        try (InputStream in = entity.getContent();
-            Watchdog.Guard guard = Watchdog.watch(in, req::abort, deadline, stallMs)) {
-          try {
-            body = RingTransport.readAtMost(guard.stream(), maxBytes, path);
-          } catch (IOException e) {
-            guard.check();
-            throw e;
-          }
-          guard.check();
-        }
+        InputStream in = entity.getContent();
+        body = RingTransport.readAtMost(guard.stream(in), maxBytes, path);
+        guard.check(); // a cut body can look like a clean end
+        in.close(); // at its end: the connection goes back to the pool
       }
+      resp.close();
+      done = true;
       return new RingTransport.Answer(resp.getStatusLine().getStatusCode(), body);
-    } catch (IOException | RuntimeException e) {
-      // drop the connection: closing a body read halfway would read the rest of it first
-      req.abort();
+    } catch (IOException e) {
+      // the watchdog's cause, not the socket's "closed" or the client's "aborted"
+      String why = guard.reason();
+      if (Watchdog.INTERRUPTED.equals(why) || Thread.interrupted()) {
+        // thrown as java.net.http throws it: the thread's interrupt status cleared
+        Thread.interrupted();
+        InterruptedException out = new InterruptedException("GET " + path + " interrupted");
+        out.initCause(e);
+        throw out;
+      }
+      if (why != null) {
+        throw new IOException("read cut: " + why, e);
+      }
       throw e;
+    } finally {
+      guard.close();
+      if (!done) {
+        req.abort();
+      }
     }
   }
 

@@ -258,7 +258,7 @@ final class RingHttp {
             try (Watchdog.Guard guard =
                 Watchdog.watch(body, deadline, config.readTimeoutMs)) {
               try {
-                RowFraming.read(guard.stream(), target.begin(), counts);
+                RowFraming.read(guard.stream(body), target.begin(), counts);
               } catch (IOException e) {
                 guard.check();
                 throw e;

@@ -28,8 +28,14 @@ final class RingTransport {
 
   private final RingAccess access;
   private final HttpClient client;
-  /** The direct path's GETs over kept-alive pooled connections; null: through {@link #client}. */
-  private final PooledGets pooled;
+  private final Duration connectTimeout;
+  /**
+   * The direct path's GETs over kept-alive pooled connections, made on the first
+   * {@link #get} (a transport that never reads a chunk, {@link RingHttp}'s, has none); null
+   * until then, or for good when {@link #pooledUsable} says no.
+   */
+  private volatile PooledGets pooled;
+  private volatile boolean pooledChecked;
   private final AtomicLong seenEpoch = new AtomicLong();
 
   RingTransport(RingAccess access, Duration connectTimeout) {
@@ -38,7 +44,51 @@ final class RingTransport {
         .version(HttpClient.Version.HTTP_1_1)
         .connectTimeout(connectTimeout)
         .build();
-    this.pooled = PooledGets.create(access, connectTimeout.toMillis());
+    this.connectTimeout = connectTimeout;
+  }
+
+  /**
+   * The JVM system property that turns the pooled client off
+   * ({@code -Dstatestore.spark.httpClient=jdk}: every GET through java.net.http, as before):
+   * an escape hatch, and the baseline of {@code bench/spark_large_state.py}'s
+   * {@code ring-lazy-jdk}.
+   */
+  static final String HTTP_CLIENT_PROPERTY = "statestore.spark.httpClient";
+
+  /**
+   * Whether {@link PooledGets} can be used: Apache HttpClient is on the classpath and
+   * {@link #HTTP_CLIENT_PROPERTY} is not {@code jdk}. Here, not in PooledGets: linking that
+   * class needs Apache's classes, so asking it would fail where they are missing.
+   */
+  private static boolean pooledUsable() {
+    if ("jdk".equalsIgnoreCase(System.getProperty(HTTP_CLIENT_PROPERTY, "").trim())) {
+      return false;
+    }
+    ClassLoader loader = RingTransport.class.getClassLoader();
+    try {
+      Class.forName("org.apache.http.impl.conn.PoolingHttpClientConnectionManager", false, loader);
+      Class.forName("org.apache.http.impl.client.HttpClients", false, loader);
+      return true;
+    } catch (ClassNotFoundException | LinkageError e) {
+      return false;
+    }
+  }
+
+  /** The pooled client, made once if it can be ({@link #pooledUsable}); else null. */
+  private PooledGets pooledGets() {
+    if (!pooledChecked) {
+      synchronized (this) {
+        if (!pooledChecked) {
+          try {
+            pooled = pooledUsable() ? new PooledGets(access, connectTimeout.toMillis()) : null;
+          } catch (LinkageError e) {
+            pooled = null; // a partial or incompatible Apache HttpClient: java.net.http then
+          }
+          pooledChecked = true;
+        }
+      }
+    }
+    return pooled;
   }
 
   /** A GET's status and whole body. */
@@ -54,8 +104,9 @@ final class RingTransport {
    */
   Answer get(String address, String path, long timeoutMs, long deadline, long stallMs,
       long maxBytes) throws IOException, InterruptedException {
-    if (pooled != null) {
-      return pooled.get(address, path, timeoutMs, deadline, stallMs, maxBytes, this);
+    PooledGets p = pooledGets();
+    if (p != null) {
+      return p.get(address, path, timeoutMs, deadline, stallMs, maxBytes, this);
     }
     HttpRequest req = request(address, path).timeout(Duration.ofMillis(Math.max(1, timeoutMs)))
         .GET().build();
@@ -64,7 +115,7 @@ final class RingTransport {
         Watchdog.Guard guard = Watchdog.watch(body, deadline, stallMs)) {
       byte[] data;
       try {
-        data = readAtMost(guard.stream(), maxBytes, path);
+        data = readAtMost(guard.stream(body), maxBytes, path);
       } catch (IOException e) {
         guard.check();
         throw e;
@@ -85,10 +136,6 @@ final class RingTransport {
     return out;
   }
 
-  /** Whether the direct path's GETs go over {@link PooledGets}: for tests. */
-  boolean pooled() {
-    return pooled != null;
-  }
 
   /** A request to {@code path} (with its query) on the node at {@code address}, token set. */
   HttpRequest.Builder request(String address, String path) {

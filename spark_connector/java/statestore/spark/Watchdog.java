@@ -2,6 +2,7 @@ package statestore.spark;
 
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.InterruptedIOException;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executors;
@@ -9,11 +10,14 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 
 /**
- * Bounds a response body read: java.net.http's request timeout stops at the headers, so a
- * member that stalls mid-body would block its reader for ever. A guarded stream records
- * when it last delivered bytes; one daemon thread checks every guard four times a second
- * and closes the body of any guard past its deadline or silent for longer than its stall
- * limit, which ends the blocked read. {@link Guard#check} then turns that end into an
+ * Bounds a response read: java.net.http's request timeout stops at the headers, so a member
+ * that stalls mid-body would block its reader for ever; a pooled exchange
+ * ({@link PooledGets}) has only per-read socket timeouts, which a member sending a byte now
+ * and then never trips, and a read that Spark's task interrupt does not end. A guard records
+ * when its stream last delivered bytes; one daemon thread checks every guard four times a
+ * second and cuts any guard past its deadline, silent for longer than its stall limit, or
+ * (when it watches a thread) whose thread was interrupted: it closes the body, or aborts the
+ * exchange, which ends the blocked read. {@link Guard#check} then turns that end into an
  * {@link IOException} naming the cause (a closed body may look like a clean end of stream).
  */
 final class Watchdog {
@@ -27,6 +31,9 @@ final class Watchdog {
         return t;
       });
 
+  /** The reason a guard gives when its thread was interrupted. */
+  static final String INTERRUPTED = "the task was interrupted";
+
   static {
     TIMER.scheduleWithFixedDelay(Watchdog::sweep, 250, 250, TimeUnit.MILLISECONDS);
   }
@@ -35,7 +42,9 @@ final class Watchdog {
     long now = System.nanoTime();
     for (Guard g : GUARDS) {
       String why = null;
-      if (now - g.deadline >= 0) {
+      if (g.thread != null && g.thread.isInterrupted()) {
+        why = INTERRUPTED;
+      } else if (now - g.deadline >= 0) {
         why = "the restore deadline passed";
       } else if (now - g.lastProgress > g.stallNanos) {
         why = "no byte for " + g.stallNanos / 1_000_000L + " ms";
@@ -48,15 +57,19 @@ final class Watchdog {
 
   /** Guard {@code body}: cut it at {@code deadline} (System.nanoTime) or after a stall. */
   static Guard watch(InputStream body, long deadline, long stallMs) {
-    return watch(body, body::close, deadline, stallMs);
+    Guard g = new Guard(body::close, null, deadline, stallMs * 1_000_000L);
+    GUARDS.add(g);
+    return g;
   }
 
   /**
-   * Guard {@code body} as above, ending a cut read with {@code cut} (for a pooled
-   * connection: abort the exchange, where closing its body would read the rest first).
+   * Guard a whole exchange of the calling thread, from before its request is sent: end it
+   * with {@code cut} (abort the exchange) at {@code deadline} (System.nanoTime), after
+   * {@code stallMs} without progress (the first phase: the wait for the answer's headers),
+   * or when the thread is interrupted. {@link Guard#phase} sets the rules of the body.
    */
-  static Guard watch(InputStream body, Cut cut, long deadline, long stallMs) {
-    Guard g = new Guard(body, cut, deadline, stallMs * 1_000_000L);
+  static Guard watchExchange(Cut cut, long deadline, long stallMs) {
+    Guard g = new Guard(cut, Thread.currentThread(), deadline, stallMs * 1_000_000L);
     GUARDS.add(g);
     return g;
   }
@@ -66,18 +79,18 @@ final class Watchdog {
     void run() throws IOException;
   }
 
-  /** One guarded body; close it to stop watching. */
+  /** One guarded read; close it to stop watching. */
   static final class Guard implements AutoCloseable {
-    private final InputStream body;
     private final Cut cut;
-    private final long deadline;
-    private final long stallNanos;
+    private final Thread thread;
+    private volatile long deadline;
+    private volatile long stallNanos;
     private volatile long lastProgress = System.nanoTime();
     private volatile String tripped;
 
-    private Guard(InputStream body, Cut cut, long deadline, long stallNanos) {
-      this.body = body;
+    private Guard(Cut cut, Thread thread, long deadline, long stallNanos) {
       this.cut = cut;
+      this.thread = thread;
       this.deadline = deadline;
       this.stallNanos = stallNanos;
     }
@@ -92,16 +105,34 @@ final class Watchdog {
       }
     }
 
-    /** Throw if the watchdog cut the body. */
+    /** From now on: cut at {@code deadline}, or after {@code stallMs} without a byte. */
+    void phase(long deadline, long stallMs) {
+      this.stallNanos = stallMs * 1_000_000L;
+      this.lastProgress = System.nanoTime();
+      this.deadline = deadline;
+    }
+
+    /** Why the watchdog cut the read, or null. */
+    String reason() {
+      return tripped;
+    }
+
+    /**
+     * Throw if the watchdog cut the read: an InterruptedIOException when it was for the
+     * thread's interrupt, else an IOException naming the cause.
+     */
     void check() throws IOException {
       String why = tripped;
+      if (INTERRUPTED.equals(why)) {
+        throw new InterruptedIOException("the read was cut: " + why);
+      }
       if (why != null) {
         throw new IOException("restore body cut: " + why);
       }
     }
 
-    /** The body, recording progress on every read. */
-    InputStream stream() {
+    /** {@code body}, recording progress on every read. */
+    InputStream stream(InputStream body) {
       return new InputStream() {
         @Override
         public int read() throws IOException {

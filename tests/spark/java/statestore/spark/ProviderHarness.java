@@ -412,6 +412,45 @@ public final class ProviderHarness {
         Option.empty(), Option.empty()).hasNext()));
   }
 
+  /**
+   * One GET of the direct read path ({@code RingTransport.get}) to {@code address}, with the
+   * token and CA of the arguments: its status, or the error it failed with.
+   */
+  void get() {
+    RingAccess access = RingAccess.of(args.getOrDefault("token", ""), "",
+        args.getOrDefault("tlsCa", ""));
+    RingTransport t = new RingTransport(access, java.time.Duration.ofSeconds(5));
+    try {
+      RingTransport.Answer a = t.get(args.get("address"), "/v1/chunks/x", 5000,
+          System.nanoTime() + 20_000_000_000L, 5000, 1 << 16);
+      out.put("status", a.status());
+    } catch (Exception e) {
+      out.put("error", e.toString());
+    }
+  }
+
+  /**
+   * A GET of the direct read path (20 s to answer) from a thread interrupted half a second
+   * in, as Spark interrupts a killed task's thread: what it ended with.
+   */
+  void interruptedGet() throws InterruptedException {
+    RingTransport t = new RingTransport(RingAccess.NONE, java.time.Duration.ofSeconds(5));
+    Map<String, Object> got = new java.util.concurrent.ConcurrentHashMap<>();
+    Thread reader = new Thread(() -> {
+      try {
+        got.put("status", t.get(args.get("address"), "/v1/chunks/x", 20_000,
+            System.nanoTime() + 30_000_000_000L, 20_000, 1 << 16).status());
+      } catch (Exception e) {
+        got.put("error", e.getClass().getSimpleName());
+      }
+    });
+    reader.start();
+    Thread.sleep(500);
+    reader.interrupt();
+    reader.join(60_000);
+    out.putAll(got);
+  }
+
   public static void main(String[] argv) throws Exception {
     Map<String, String> args = new LinkedHashMap<>();
     for (int i = 2; i < argv.length; i++) {
@@ -430,6 +469,8 @@ public final class ProviderHarness {
       case "schema" -> h.schema();
       case "changes" -> h.changes();
       case "restore" -> h.restore(Long.parseLong(args.get("version")));
+      case "get" -> h.get();
+      case "interrupted-get" -> h.interruptedGet();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
     StringBuilder sb = new StringBuilder("{");
