@@ -270,21 +270,40 @@ def test_restore_plan_that_is_not_a_plan_is_refused(tmp_path: Path, classpath: s
         ring_conf(["127.0.0.1:1"], restore_plan="spiral")
 
 
+def _restore_past_a_fault(
+    tmp_path: Path,
+    proxied: tuple[list[FaultProxy], FaultPlan],
+    classpath: str,
+    fault: str,
+    conf: dict[str, Any],
+    timeout: float = 120,
+    restore_classpath: str | None = None,
+    jvm: tuple[str, ...] = (),
+) -> FaultPlan:
+    """3,000 rows written through the proxies, then version 1 restored (direct path, whole)
+    with ``fault`` on the first chunk read: exact, read from another member after the
+    faulty one. The plan, for what each test checks of it."""
+    proxies, plan = proxied
+    conf = {"seeds": ",".join(p.address for p in proxies), **conf}
+    root = tmp_path / "ckpt" / "state"
+    r = harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
+    assert r["restored_rows"] == 3000
+    plan.faults["state"] = [fault]
+    plan.agents.clear()
+    cp = restore_classpath or classpath
+    r = harness(cp, "restore", root, version=1, timeout=timeout, jvm=jvm, **conf)
+    assert r.get("restore_error") is None, r
+    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
+    assert plan.seen["state"] >= 2  # the faulty attempt, then another member
+    return plan
+
+
 @pytest.mark.parametrize("fault", ["stall", "cut"])
 def test_restore_body_stalled_or_cut_finishes_from_another_member(
     tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str, fault: str
 ) -> None:
-    proxies, plan = proxied
-    seeds = ",".join(p.address for p in proxies)
-    root = tmp_path / "ckpt" / "state"
-    conf = {"seeds": seeds, "readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
-    r = harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
-    assert r["restored_rows"] == 3000
-    plan.faults["state"] = [fault]
-    r = harness(classpath, "restore", root, version=1, timeout=120, **conf)
-    assert r.get("restore_error") is None, r
-    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
-    assert plan.seen["state"] >= 2  # the faulty attempt, then another member
+    conf = {"readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
+    plan = _restore_past_a_fault(tmp_path, proxied, classpath, fault, conf)
     # the direct path's reads went over the pooled client (RingTransport.get, PooledGets),
     # whose abort ended the stalled read (closing its body would have waited for the rest)
     assert plan.agents["state"] == {"statestore-spark"}, plan.agents
@@ -299,19 +318,10 @@ def test_a_read_that_trickles_or_overruns_is_cut_and_read_elsewhere(
     at that size, the rest unread (closing a pooled body would read it to its end first).
     The restore finishes from another member; the proxy keeps at it for 120 s, past the
     harness's time limit."""
-    proxies, plan = proxied
-    seeds = ",".join(p.address for p in proxies)
-    root = tmp_path / "ckpt" / "state"
-    conf = {"seeds": seeds, "restoreTimeoutMs": 90000, "readTimeoutMs": 60000}
+    conf = {"restoreTimeoutMs": 90000, "readTimeoutMs": 60000}
     # the trickle is cut by the answer's time limit; the bloated body by its size alone
     conf["requestTimeoutMs"] = 3000 if fault == "trickle" else 60000
-    r = harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
-    assert r["restored_rows"] == 3000
-    plan.faults["state"] = [fault]
-    r = harness(classpath, "restore", root, version=1, timeout=50, **conf)
-    assert r.get("restore_error") is None, r
-    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
-    assert plan.seen["state"] >= 2  # the faulty attempt, then another member
+    _restore_past_a_fault(tmp_path, proxied, classpath, fault, conf, timeout=50)
 
 
 def test_direct_reads_without_apache_httpclient_on_the_classpath(
@@ -319,11 +329,6 @@ def test_direct_reads_without_apache_httpclient_on_the_classpath(
 ) -> None:
     """Where Spark's jars lack Apache HttpClient, the direct path reads through java.net.http
     (the pooled client is never linked), stalls still cut."""
-    proxies, plan = proxied
-    seeds = ",".join(p.address for p in proxies)
-    root = tmp_path / "ckpt" / "state"
-    conf = {"seeds": seeds, "readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
-    harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
     parts = []
     for part in classpath.split(":"):
         if part.endswith("/*"):  # pyspark's jars: each but httpclient's
@@ -332,11 +337,10 @@ def test_direct_reads_without_apache_httpclient_on_the_classpath(
         else:
             parts.append(part)
     assert len(parts) > 3 and not any(Path(p).name.startswith("httpclient-") for p in parts)
-    plan.faults["state"] = ["stall"]
-    plan.agents.clear()
-    r = harness(":".join(parts), "restore", root, version=1, timeout=120, **conf)
-    assert r.get("restore_error") is None, r
-    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
+    conf = {"readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
+    plan = _restore_past_a_fault(
+        tmp_path, proxied, classpath, "stall", conf, restore_classpath=":".join(parts)
+    )
     agents = plan.agents["state"]
     assert agents and all(a.startswith("Java-http-client") for a in agents), agents
 
@@ -417,17 +421,9 @@ def test_direct_reads_go_through_java_net_http_when_told(
 ) -> None:
     """``-Dstatestore.spark.httpClient=jdk`` (docs/spark.md): the escape hatch from the pooled
     client sends the direct path's reads through java.net.http, stalls still cut."""
-    proxies, plan = proxied
-    seeds = ",".join(p.address for p in proxies)
-    root = tmp_path / "ckpt" / "state"
-    conf = {"seeds": seeds, "readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
-    harness(classpath, "bulk", root, rows=3000, pad=20, **conf)
-    plan.faults["state"] = ["stall"]
-    plan.agents.clear()
+    conf = {"readTimeoutMs": 2000, "restoreTimeoutMs": 60000}
     jdk = ("-Dstatestore.spark.httpClient=jdk",)
-    r = harness(classpath, "restore", root, version=1, timeout=120, jvm=jdk, **conf)
-    assert r.get("restore_error") is None, r
-    assert r["restored_rows"] == 3000 and r["restored_sum"] == sum(range(3000))
+    plan = _restore_past_a_fault(tmp_path, proxied, classpath, "stall", conf, jvm=jdk)
     agents = plan.agents["state"]
     assert agents and all(a.startswith("Java-http-client") for a in agents), agents
 
