@@ -101,6 +101,9 @@ final class PooledGets implements AutoCloseable {
   RingTransport.Answer get(String address, String path, long timeoutMs, long deadline,
       long stallMs, long maxBytes, RingTransport transport)
       throws IOException, InterruptedException {
+    if (Thread.interrupted()) {
+      throw new InterruptedException("GET " + path + ": the task was interrupted");
+    }
     HttpGet req = new HttpGet(access.uri(address, path));
     String auth = access.authorization();
     if (auth != null) {
@@ -110,10 +113,14 @@ final class PooledGets implements AutoCloseable {
     req.setConfig(RequestConfig.custom()
         .setConnectTimeout(Math.min(connectTimeoutMs, wait))
         .setConnectionRequestTimeout(wait)
-        .setSocketTimeout(wait)
+        // a read's own limit, the larger of the two phases' (the watchdog holds each to its own)
+        .setSocketTimeout((int) Math.min(Integer.MAX_VALUE, Math.max(wait, stallMs)))
         .build());
-    long headersBy = Math.min(deadline, System.nanoTime() + wait * 1_000_000L);
-    Watchdog.Guard guard = Watchdog.watchExchange(req::abort, headersBy, wait);
+    long now = System.nanoTime();
+    long headersBy = Math.min(deadline, now + wait * 1_000_000L);
+    String late = headersBy == deadline ? "the restore deadline passed"
+        : "no answer within " + wait + " ms (requestTimeoutMs)";
+    Watchdog.Guard guard = Watchdog.watchExchange(req::abort, headersBy, late, wait);
     boolean done = false;
     try {
       CloseableHttpResponse resp = client.execute(req);

@@ -41,13 +41,14 @@ final class Watchdog {
   private static void sweep() {
     long now = System.nanoTime();
     for (Guard g : GUARDS) {
+      Rules r = g.rules; // read once: a phase switch is one write
       String why = null;
       if (g.thread != null && g.thread.isInterrupted()) {
         why = INTERRUPTED;
-      } else if (now - g.deadline >= 0) {
-        why = "the restore deadline passed";
-      } else if (now - g.lastProgress > g.stallNanos) {
-        why = "no byte for " + g.stallNanos / 1_000_000L + " ms";
+      } else if (now - r.deadline >= 0) {
+        why = r.late;
+      } else if (now - Math.max(g.lastProgress, r.start) > r.stallNanos) {
+        why = "no byte for " + r.stallNanos / 1_000_000L + " ms";
       }
       if (why != null) {
         g.trip(why);
@@ -55,9 +56,19 @@ final class Watchdog {
     }
   }
 
+  /**
+   * One phase of a guarded read: cut at {@code deadline} (System.nanoTime; {@code late} says
+   * why) or after {@code stallNanos} without a byte, counted from {@code start} at the
+   * earliest. Immutable: the sweep never pairs one phase's limit with another's progress.
+   */
+  private record Rules(long deadline, String late, long stallNanos, long start) {}
+
+  private static final String DEADLINE = "the restore deadline passed";
+
   /** Guard {@code body}: cut it at {@code deadline} (System.nanoTime) or after a stall. */
   static Guard watch(InputStream body, long deadline, long stallMs) {
-    Guard g = new Guard(body::close, null, deadline, stallMs * 1_000_000L);
+    Guard g = new Guard(body::close, null,
+        new Rules(deadline, DEADLINE, stallMs * 1_000_000L, System.nanoTime()));
     GUARDS.add(g);
     return g;
   }
@@ -66,10 +77,12 @@ final class Watchdog {
    * Guard a whole exchange of the calling thread, from before its request is sent: end it
    * with {@code cut} (abort the exchange) at {@code deadline} (System.nanoTime), after
    * {@code stallMs} without progress (the first phase: the wait for the answer's headers),
-   * or when the thread is interrupted. {@link Guard#phase} sets the rules of the body.
+   * or when the thread is interrupted; {@code late} says why a cut at the deadline was.
+   * {@link Guard#phase} sets the rules of the body.
    */
-  static Guard watchExchange(Cut cut, long deadline, long stallMs) {
-    Guard g = new Guard(cut, Thread.currentThread(), deadline, stallMs * 1_000_000L);
+  static Guard watchExchange(Cut cut, long deadline, String late, long stallMs) {
+    Guard g = new Guard(cut, Thread.currentThread(),
+        new Rules(deadline, late, stallMs * 1_000_000L, System.nanoTime()));
     GUARDS.add(g);
     return g;
   }
@@ -83,16 +96,14 @@ final class Watchdog {
   static final class Guard implements AutoCloseable {
     private final Cut cut;
     private final Thread thread;
-    private volatile long deadline;
-    private volatile long stallNanos;
+    private volatile Rules rules;
     private volatile long lastProgress = System.nanoTime();
     private volatile String tripped;
 
-    private Guard(Cut cut, Thread thread, long deadline, long stallNanos) {
+    private Guard(Cut cut, Thread thread, Rules rules) {
       this.cut = cut;
       this.thread = thread;
-      this.deadline = deadline;
-      this.stallNanos = stallNanos;
+      this.rules = rules;
     }
 
     private void trip(String why) {
@@ -105,11 +116,12 @@ final class Watchdog {
       }
     }
 
-    /** From now on: cut at {@code deadline}, or after {@code stallMs} without a byte. */
+    /**
+     * From now on: cut at {@code deadline} (the restore's), or after {@code stallMs} without a
+     * byte from now on.
+     */
     void phase(long deadline, long stallMs) {
-      this.stallNanos = stallMs * 1_000_000L;
-      this.lastProgress = System.nanoTime();
-      this.deadline = deadline;
+      this.rules = new Rules(deadline, DEADLINE, stallMs * 1_000_000L, System.nanoTime());
     }
 
     /** Why the watchdog cut the read, or null. */
