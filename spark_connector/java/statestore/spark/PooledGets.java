@@ -30,9 +30,9 @@ import org.apache.http.impl.conn.PoolingHttpClientConnectionManager;
  * node. java.net.http hands every exchange between its selector thread and an executor: on
  * these 2 cores that cost about 210 µs of CPU a small GET against about 50 µs here (a
  * loopback GET of 2.4 KB in a loop, warm JVM, 2026-11-28), and a lazy restart makes one such
- * GET per key it touches. Only used when the classes are on the classpath
- * ({@link #create}); otherwise {@link RingTransport} sends them through java.net.http as
- * before. Verifies HTTPS against the ring's CA, host names included, as java.net.http does.
+ * GET per key it touches. Used when {@link RingTransport} finds Apache's classes on the
+ * classpath; otherwise it sends these GETs through java.net.http as before. Verifies HTTPS
+ * against the ring's CA, host names checked in the handshake as java.net.http does.
  */
 final class PooledGets implements AutoCloseable {
   private static final int MAX_CONNECTIONS = 4096;

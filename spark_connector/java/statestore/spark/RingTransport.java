@@ -17,7 +17,8 @@ import java.util.concurrent.atomic.AtomicLong;
  * The transport seam of the provider, as Python's {@code net/transport.py}: every request
  * either data path makes ({@link RingHttp}'s coordinator calls, {@link RingWriter}'s and
  * {@link RingDirect}'s replica traffic) is built and sent here, over one java.net.http client
- * per owner ({@link RingAccess}: token, HTTPS with a CA). The ring epoch header of the answers
+ * per owner ({@link RingAccess}: token, HTTPS with a CA), except the direct path's blocking
+ * chunk reads ({@link #get}), which go over {@link PooledGets}. The ring epoch header of the answers
  * is noted ({@link #seenEpoch}: a newer one makes the writer refresh its view). Failures map
  * onto the error table of {@link RingErrors}: an unreachable node is {@code node_unavailable},
  * a deadline {@code timeout} ({@link #replicaSend}), an error body the code the node sent.
