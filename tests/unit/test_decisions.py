@@ -737,7 +737,10 @@ def test_thinning_keeps_every_retained_version_and_few_bases(
             resolve_chain(SID, v, deltas, snaps)  # VersionNotFound fails the test
         above = [v for v in snaps if v > floor]
         if not whole & set(above):
-            assert len(above) <= 2 + (head - floor) // thin, (floor, sorted(snaps), line)
+            # a whole snapshot the floor passed may leave one more until the next pass lifts
+            # the line it held down
+            extra = 1 if whole and min(whole) <= head else 0
+            assert len(above) <= 1 + extra + (head - floor) // thin, (floor, sorted(snaps), line)
             # besides rungs, only the newest snapshot (what the latest version's restore reads)
             assert len([v for v in above if v % thin]) <= 1, (floor, sorted(snaps), line)
         assert head - floor <= retain + thin + every + 8, (floor, sorted(snaps))
