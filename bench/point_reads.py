@@ -11,11 +11,13 @@ does; ``warm`` reads through one opened store whose cache (64 MiB: the rows its 
 answered, indexes and decoded blocks, a quarter each) holds the keys it reads
 (``--warm-keys``, default 100,000: the whole store at the default size) once each was read,
 ``cold`` through one opened with
-``cache_bytes=0``: nothing is cached by the client, and every read is one ``POST .../lookup``
-to the node, which reads, of each chunk covering the key along the chain, the index and the
-one block that can hold it from its own storage and keeps them in its cache (node/lookup.py;
-blocked chunks, the layout since 0.3.0; the 256 KiB store too). The constant handler runs in
-its own process, like the node. Ratios are taken per round (each phase against the constant
+``cache_bytes=0``: nothing is cached by the client, and reads go in ``POST .../lookup``
+requests to the node (the workers' reads asked at once share one; a reader finding none
+under way sends its own: ``--concurrency 1`` measures a lone reader), which reads, of each
+chunk covering the key along the chain, the index and the one block that can hold it from
+its own storage and keeps them in its cache (node/lookup.py; blocked chunks, the layout
+since 0.3.0; the 256 KiB store too). The constant handler runs in its own process, like
+the node. Ratios are taken per round (each phase against the constant
 handler's rate of the same round) and printed as the median with its range.
 
     .venv/bin/python bench/point_reads.py [--seconds 10] [--rounds 2] [--concurrency 16]
@@ -162,8 +164,8 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
         "default": "RingClient.get, 4 MiB chunks (default)",
         "small": "RingClient.get, 256 KiB chunks",
         "open-warm": "open() warm (rows, indexes and blocks cached), 4 MiB chunks",
-        "open-cold": "open() cold (cache_bytes=0: a lookup a read), 4 MiB chunks",
-        "open-cold-small": "open() cold (cache_bytes=0: a lookup a read), 256 KiB chunks",
+        "open-cold": "open() cold (cache_bytes=0: lookups), 4 MiB chunks",
+        "open-cold-small": "open() cold (cache_bytes=0: lookups), 256 KiB chunks",
     }
     body = []
     for name, label in labels.items():

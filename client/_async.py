@@ -29,7 +29,7 @@ from statestore.core.errors import (
     TlsFailed,
     Unavailable,
 )
-from statestore.core.ids import StoreId, check_version
+from statestore.core.ids import StoreId, check_version, chunk_key
 from statestore.core.keygroups import chain_for_groups, check_groups, only_groups
 from statestore.core.manifest import ChunkRef, Head
 from statestore.core.plan import Plan
@@ -234,6 +234,10 @@ class AsyncRingClient:
             + "; ".join(map(str, errors[:3]))
             + "): start a node, or pass seeds of running ones"
         )
+
+    def _first_reader(self, key: str) -> str:
+        """The node a read of item ``key`` asks first, on the view held now ("" before any)."""
+        return self._view.read_order(key)[0] if self._view is not None else ""
 
     async def view(self) -> RingView:
         if self._view is None or self._transport.seen_epoch > self._view.epoch:
@@ -781,6 +785,7 @@ class AsyncRingClient:
             fetch=fetch,
             fetch_part=fetch_part_of,
             lookup=lookup if (cache_bytes == 0 if lookups is None else lookups) else None,
+            route=lambda version, ref: self._first_reader(chunk_key(store, version, ref.name)),
             concurrency=self.concurrency,
             max_chunk=self.max_chunk,
             cache_bytes=cache_bytes,

@@ -54,7 +54,7 @@ import xxhash
 
 from statestore.core.cache import ROW_COST, ChunkCache
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
-from statestore.core.errors import InvalidRequest
+from statestore.core.errors import CorruptChunk, InvalidRequest, MalformedData
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
@@ -76,6 +76,9 @@ DEFAULT_OPEN_CACHE = 64 * 1024 * 1024
 EMPTY_GROUP_COST = 64
 # Key groups whose point-read path an opened state remembers (a few hundred bytes each).
 PATHS_KEPT = 4096
+# Keys in one lookup that point reads share (get's): a reader waits for its whole lookup,
+# which the node reads 16 keys at a time.
+SHARED_LOOKUP_KEYS = 64
 _UNSEEN: Any = object()
 
 Split = dict[int, list[Row]]  # a decoded chunk's rows by key group (None values: deletes)
@@ -87,12 +90,69 @@ ChunkFetch = Callable[[int, ChunkRef, ReadStats], Awaitable[bytes]]
 PartFetch = Callable[[int, ChunkRef, tuple[int, int], int, ReadStats], Awaitable[bytes]]
 # Asks one node for the values of keys along a block path (the client's: net/reads.lookup_keys).
 Lookup = Callable[[BlockPath, Sequence[bytes], ReadStats], Awaitable[list[bytes | None]]]
+# The node a lookup anchored on chunk (version, ref) is sent to first (the client's: the
+# first of the chunk's read order on its current ring view).
+Route = Callable[[int, ChunkRef], str]
 
 
 def _in_lookup_order(parts: Iterable[tuple[int, ChunkRef]]) -> BlockPath:
     """Chunks as a lookup takes them: newest version first, each version's in group order,
     the anchor (a snapshot chunk every key of the lookup looks into) named last."""
     return sorted(parts, key=lambda vr: (-vr[0], vr[1].lo, vr[1].hi))
+
+
+def lookup_batches(
+    items: Iterable[tuple[bytes, BlockPath]],
+    most_keys: int = MAX_LOOKUP_KEYS,
+    route: Route | None = None,
+) -> list[tuple[list[bytes], BlockPath]]:
+    """Keys with their (non-empty) block paths, as lookups: one per snapshot chunk the keys
+    fall in (their anchor), or with ``route``, one per node their anchors are read from
+    first (a lookup goes to a holder of its path's last chunk, so its keys' anchors are
+    all read from that node's storage: where each key's own lookup would have gone); at
+    most ``most_keys`` keys, :data:`MAX_LOOKUP_PARTS` chunks, :data:`MAX_LOOKUP_KEY_BYTES` of
+    keys and :data:`MAX_LOOKUP_INDEX_BYTES` of indexes each; each with the union of its
+    keys' paths, in lookup order."""
+    by_anchor: dict[object, list[tuple[bytes, BlockPath]]] = {}
+    routes: dict[tuple[int, str], object] = {}
+    for k, path in items:
+        v, ref = path[-1]
+        to = routes.get((v, ref.name))
+        if to is None:
+            to = routes[(v, ref.name)] = (v, ref.name) if route is None else route(v, ref)
+        by_anchor.setdefault(to, []).append((k, path))
+    batches: list[tuple[list[bytes], BlockPath]] = []
+    for keyed in by_anchor.values():
+        batch: list[bytes] = []
+        union: dict[tuple[int, str], tuple[int, ChunkRef]] = {}
+        key_bytes = index_bytes = 0
+        for k, path in keyed:
+            new = {(v, r.name): (v, r) for v, r in path if (v, r.name) not in union}
+            more = sum(r.index_len for v, r in new.values())
+            if batch and (
+                len(batch) >= most_keys
+                or len(union) + len(new) > MAX_LOOKUP_PARTS
+                or key_bytes + len(k) > MAX_LOOKUP_KEY_BYTES
+                or index_bytes + more > MAX_LOOKUP_INDEX_BYTES
+            ):
+                batches.append((batch, _in_lookup_order(union.values())))
+                batch, union, key_bytes, index_bytes = [], {}, 0, 0
+                new = {(v, r.name): (v, r) for v, r in path}
+                more = sum(r.index_len for _, r in path)
+            batch.append(k)
+            union.update(new)
+            key_bytes += len(k)
+            index_bytes += more
+        batches.append((batch, _in_lookup_order(union.values())))
+    return batches
+
+
+def _fail(waiters: Mapping[bytes, list[asyncio.Future[bytes | None]]], exc: Exception) -> None:
+    """Give ``exc`` to every waiter not answered yet."""
+    for fs in waiters.values():
+        for f in fs:
+            if not f.done():
+                f.set_exception(exc)
 
 
 def _check_key(key: object) -> bytes:
@@ -241,6 +301,7 @@ class AsyncLazyState:
         fetch: ChunkFetch,
         fetch_part: PartFetch | None = None,
         lookup: Lookup | None = None,
+        route: Route | None = None,
         concurrency: int = 16,
         max_chunk: int = MAX_CHUNK_RAW,
         cache_bytes: int = DEFAULT_OPEN_CACHE,
@@ -252,6 +313,7 @@ class AsyncLazyState:
         self._fetch_part = fetch_part
         # given, a point read is one lookup a node answers from its own cache and storage
         self._lookup = lookup
+        self._route = route  # point reads asked together share lookups by this
         self._max_chunk = max_chunk
         self.store = store
         self.version = version
@@ -276,6 +338,11 @@ class AsyncLazyState:
         self._fetching: dict[str, asyncio.Future[Split]] = {}
         self._loading: list[tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]] = []
         self._sem = asyncio.Semaphore(concurrency)
+        # point reads waiting for the next lookup (key -> its path, its readers), and the
+        # lookups under way (referenced until they finish)
+        self._queued: dict[bytes, tuple[BlockPath, list[asyncio.Future[bytes | None]]]] = {}
+        self._answering: set[asyncio.Future[None]] = set()
+        self._alone = 0  # lookups of a reader that found no other under way (not shared)
         self._count: int | None = None
         self._closed = False
 
@@ -359,8 +426,14 @@ class AsyncLazyState:
             if not path:
                 return None
             try:
-                async with self._sem:
-                    return (await self._lookup(path, [key], self.stats))[0]
+                if self._queued or self._answering or self._alone:
+                    return await self._looked_up(key, path)  # shared with the others asking
+                self._alone += 1  # nothing else asked: no batch to wait for
+                try:
+                    async with self._sem:
+                        return (await self._lookup(path, [key], self.stats))[0]
+                finally:
+                    self._alone -= 1
             except InvalidRequest:
                 pass  # a value past a lookup's answer, a chain it refuses: by parts
         return await read_by_blocks(
@@ -372,6 +445,93 @@ class AsyncLazyState:
             self._blocks,
             max_raw=self._max_chunk,
         )
+
+    def _looked_up(self, key: bytes, path: BlockPath) -> asyncio.Future[bytes | None]:
+        """``key``'s value from a lookup shared with the point reads asked in the same turn
+        of the event loop, while another lookup is under way (a reader that finds none
+        sends its own at once: a lone reader waits for nothing): they are sent together,
+        cut as :func:`lookup_batches` cuts them (at most :data:`SHARED_LOOKUP_KEYS` keys a
+        lookup), when the loop next runs its callbacks, so concurrent readers pay a request
+        per batch, not per key. A reader that gives up (cancelled) leaves its lookup to the
+        others; one that nobody waits for any more is not sent, or is cancelled."""
+        loop = asyncio.get_running_loop()
+        queued = self._queued.get(key)
+        if queued is None:
+            queued = self._queued[key] = (path, [])
+            if len(self._queued) == 1:
+                loop.call_soon(self._send_queued)
+        fut: asyncio.Future[bytes | None] = loop.create_future()
+        queued[1].append(fut)
+        return fut
+
+    def _send_queued(self) -> None:
+        queued, self._queued = self._queued, {}
+        items = ((k, p) for k, (p, _) in queued.items())
+        batches = lookup_batches(items, SHARED_LOOKUP_KEYS, self._route)
+        for keys, path in batches:
+            waiters = {k: queued[k][1] for k in keys}
+            task = asyncio.ensure_future(self._answer_lookup(keys, path, waiters))
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+            readers = [f for fs in waiters.values() for f in fs]
+
+            def abandoned(
+                _f: object,
+                task: asyncio.Future[None] = task,
+                readers: list[asyncio.Future[bytes | None]] = readers,
+            ) -> None:
+                # every reader gave up (none waits; some cancelled): so does their lookup
+                if not task.done() and all(f.done() for f in readers):
+                    if any(f.cancelled() for f in readers):
+                        task.cancel()
+
+            for f in readers:
+                f.add_done_callback(abandoned)
+
+    async def _answer_lookup(
+        self,
+        keys: list[bytes],
+        path: BlockPath,
+        waiters: dict[bytes, list[asyncio.Future[bytes | None]]],
+    ) -> None:
+        """One lookup of ``keys``, each waiter given its key's value or the lookup's error.
+        Errors that may be one key's (a value past the answer's bound, a chunk corrupt on
+        every holder) are not shared: a lookup of several keys is asked again a key each."""
+        lookup = self._lookup
+        assert lookup is not None
+        try:
+            async with self._sem:
+                keys = [k for k in keys if not all(f.done() for f in waiters[k])]
+                if not keys:
+                    return  # every reader gave up while it queued
+                values = await lookup(path, keys, self.stats)
+            if len(values) != len(keys):
+                raise MalformedData(f"a lookup of {len(keys)} keys answered {len(values)} values")
+            for k, v in zip(keys, values, strict=True):
+                for f in waiters[k]:
+                    if not f.done():
+                        f.set_result(v)
+        except (InvalidRequest, CorruptChunk) as exc:
+            if len(keys) == 1:
+                _fail(waiters, exc)
+                return
+            # a key a lookup, along its own path (the batch's union is more than it needs)
+            await asyncio.gather(
+                *(
+                    self._answer_lookup([k], block_path(self.chain, k) or path, {k: waiters[k]})
+                    for k in keys
+                )
+            )
+        except Exception as exc:  # the lookup's own error (no holder answers, ...): shared
+            _fail(waiters, exc)
+        except BaseException:  # cancelled (every reader gave up, or the loop is closing)
+            for fs in waiters.values():
+                for f in fs:
+                    f.cancel()
+            raise
+        finally:  # nothing left waiting forever, whatever went wrong above
+            if any(not f.done() for fs in waiters.values() for f in fs):
+                _fail(waiters, RuntimeError(f"a lookup of {self.store} ended without an answer"))
 
     def _part_fetch(
         self, version: int, ref: ChunkRef
@@ -436,7 +596,7 @@ class AsyncLazyState:
         assert self._lookup is not None
         lookup = self._lookup
         rest: list[bytes] = []
-        by_anchor: dict[tuple[int, str], list[tuple[bytes, BlockPath]]] = {}
+        lookable: list[tuple[bytes, BlockPath]] = []
         for k in dict.fromkeys(keys):
             if self._groups.get(key_group(k, self.key_groups)) is not None:
                 rest.append(k)
@@ -445,30 +605,8 @@ class AsyncLazyState:
             if path is None or not lookup_fits(k, path):
                 rest.append(k)
             elif path:  # else no chunk has a row of its group: absent
-                by_anchor.setdefault((path[-1][0], path[-1][1].name), []).append((k, path))
-        batches: list[tuple[list[bytes], BlockPath]] = []
-        for items in by_anchor.values():
-            batch: list[bytes] = []
-            union: dict[tuple[int, str], tuple[int, ChunkRef]] = {}
-            key_bytes = index_bytes = 0
-            for k, path in items:
-                new = {(v, r.name): (v, r) for v, r in path if (v, r.name) not in union}
-                more = sum(r.index_len for v, r in new.values())
-                if batch and (
-                    len(batch) >= MAX_LOOKUP_KEYS
-                    or len(union) + len(new) > MAX_LOOKUP_PARTS
-                    or key_bytes + len(k) > MAX_LOOKUP_KEY_BYTES
-                    or index_bytes + more > MAX_LOOKUP_INDEX_BYTES
-                ):
-                    batches.append((batch, _in_lookup_order(union.values())))
-                    batch, union, key_bytes, index_bytes = [], {}, 0, 0
-                    new = {(v, r.name): (v, r) for v, r in path}
-                    more = sum(r.index_len for _, r in path)
-                batch.append(k)
-                union.update(new)
-                key_bytes += len(k)
-                index_bytes += more
-            batches.append((batch, _in_lookup_order(union.values())))
+                lookable.append((k, path))
+        batches = lookup_batches(lookable)
 
         async def one(batch: list[bytes], path: BlockPath) -> list[bytes | None]:
             try:

@@ -31,6 +31,7 @@ from client import (
     StoreNotFound,
     VersionNotFound,
 )
+from client._open import SHARED_LOOKUP_KEYS
 from statestore.cli.local import LocalRing
 from statestore.core.chunk import key_group
 from statestore.core.ids import chunk_key
@@ -466,6 +467,48 @@ async def test_async_open_without_a_cache_reads_through_one_lookup_per_key(
         assert by_parts.stats.parts > 2 * by_node.stats.parts == 20
         with pytest.raises(ValueError):
             await ring.open(sid, lookups="yes")  # type: ignore[arg-type]
+
+
+async def test_concurrent_point_reads_share_their_lookups(tmp_path: Path) -> None:
+    """Point reads asked together (``asyncio.gather``, many readers of one opened state) go
+    in shared lookups, one per node their snapshot chunks are read from (64 keys at most
+    each), not a request a key (the first, finding nothing under way, sends its own); each
+    reader gets its own key's value (duplicates, absent keys and deleted keys included). A
+    shared lookup the node refuses (its answer past 32 MiB) is asked again a key a lookup,
+    not read by parts."""
+    sid = StoreId("open", 0, 15, "lookup")
+    commits, want = _blocked_versions(seed=15)
+    rng = random.Random(16)
+    async with nodes(tmp_path, 3) as live, AsyncRingClient([live[0].address]) as ring:
+        await _commit_all(ring, sid, commits)
+        cold = await ring.open(sid, cache_bytes=0)
+        gone = commits[2][1]
+        keys = [*rng.sample(sorted(want), 300), *gone[:20], b"absent", b"new-3"]
+        keys += keys[:40]  # the same key asked twice at once
+        values = await asyncio.gather(*(cold.get(k) for k in keys))
+        assert values == [want.get(k) for k in keys]
+        # the first reader's own lookup (nothing else under way), then a lookup per node
+        # the others' snapshot chunks are read from, 64 keys at most each
+        anchors = {_anchor(cold, k) for k in keys}
+        most = 1 + -(-len(set(keys)) // SHARED_LOOKUP_KEYS) + len(anchors)
+        assert cold.stats.parts <= most < len(keys) // 10
+        assert cold.chunks_fetched == 0
+        before = cold.stats.parts
+        assert await asyncio.gather(*(cold.get(k) for k in keys[:5])) == values[:5]
+        assert cold.stats.parts - before <= 1 + len(anchors)  # five at once
+
+    sid = StoreId("open", 0, 17, "lookup")
+    big = {f"big-{i:02d}".encode(): rng.randbytes(1 << 20) for i in range(36)}
+    async with (
+        nodes(tmp_path / "big", 2, lookup_cache=0) as live,
+        AsyncRingClient([live[0].address], chunk_size=64 << 20) as ring,
+    ):
+        await ring.commit(sid, 1, big, [], {}, epoch=1, snapshot=True)
+        lazy = await ring.open(sid, cache_bytes=0)
+        assert await asyncio.gather(*(lazy.get(k) for k in big)) == list(big.values())
+        assert lazy.chunks_fetched == 0
+        # the first's own; the others' shared one refused (not counted), then one a key
+        assert lazy.stats.parts == len(big)
 
 
 async def _lookup(node: object, sid: StoreId, body: bytes) -> tuple[int, bytes]:
