@@ -237,7 +237,8 @@ class AsyncRingClient:
 
     def _first_reader(self, key: str) -> str:
         """The node a read of item ``key`` asks first, on the view held now ("" before any)."""
-        return self._view.read_order(key)[0] if self._view is not None else ""
+        order = self._view.read_order(key) if self._view is not None else []
+        return order[0] if order else ""
 
     async def view(self) -> RingView:
         if self._view is None or self._transport.seen_epoch > self._view.epoch:

@@ -54,7 +54,7 @@ import xxhash
 
 from statestore.core.cache import ROW_COST, ChunkCache
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
-from statestore.core.errors import CorruptChunk, InvalidRequest, MalformedData
+from statestore.core.errors import CorruptChunk, InvalidRequest, MalformedData, StateStoreError
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
@@ -467,7 +467,11 @@ class AsyncLazyState:
     def _send_queued(self) -> None:
         queued, self._queued = self._queued, {}
         items = ((k, p) for k, (p, _) in queued.items())
-        batches = lookup_batches(items, SHARED_LOOKUP_KEYS, self._route)
+        try:
+            batches = lookup_batches(items, SHARED_LOOKUP_KEYS, self._route)
+        except Exception as exc:  # no reader left waiting for a flush that never came
+            _fail({k: fs for k, (_, fs) in queued.items()}, exc)
+            return
         for keys, path in batches:
             waiters = {k: queued[k][1] for k in keys}
             task = asyncio.ensure_future(self._answer_lookup(keys, path, waiters))
@@ -496,7 +500,9 @@ class AsyncLazyState:
     ) -> None:
         """One lookup of ``keys``, each waiter given its key's value or the lookup's error.
         Errors that may be one key's (a value past the answer's bound, a chunk corrupt on
-        every holder) are not shared: a lookup of several keys is asked again a key each."""
+        every holder) are not shared: a lookup of several keys is asked again a key each;
+        nor are the ring's errors of one of its snapshot chunks (its holders down): a
+        lookup of several is asked again a chunk each."""
         lookup = self._lookup
         assert lookup is not None
         try:
@@ -522,7 +528,18 @@ class AsyncLazyState:
                     for k in keys
                 )
             )
-        except Exception as exc:  # the lookup's own error (no holder answers, ...): shared
+        except StateStoreError as exc:  # no holder answers, not found, busy, ...
+            # one snapshot chunk's (its holders down, say): a lookup of several is asked
+            # again a chunk a lookup, so the keys of the others get their values
+            own = [(k, block_path(self.chain, k) or path) for k in keys]
+            by_anchor = lookup_batches(own, SHARED_LOOKUP_KEYS)
+            if len(by_anchor) == 1:
+                _fail(waiters, exc)  # the one chunk's error: every reader's, as alone
+                return
+            await asyncio.gather(
+                *(self._answer_lookup(ks, p, {k: waiters[k] for k in ks}) for ks, p in by_anchor)
+            )
+        except Exception as exc:  # not the ring's answer (a bug, a bad value): shared
             _fail(waiters, exc)
         except BaseException:  # cancelled (every reader gave up, or the loop is closing)
             for fs in waiters.values():

@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from client._open import SHARED_LOOKUP_KEYS, AsyncLazyState, lookup_batches
+from statestore.core.chunk import key_group
 from statestore.core.errors import CorruptChunk, InvalidRequest, NodeUnavailable
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
@@ -182,3 +183,71 @@ def test_lookups_are_cut_by_the_node_their_anchors_are_read_from() -> None:
     assert lookup_batches(items, most_keys=1, route=lambda v, ref: "n1") == [
         ([k], path) for k, path in items
     ]
+
+
+# two snapshot chunks, groups 0-7 and 8-15, read first from the same node
+LOW = ChunkRef("s0-00000000000000aa", 0, 7, 1000, 1000, 10, 0xAA, 100, 0)
+HIGH = ChunkRef("s1-00000000000000bb", 8, 15, 1000, 1000, 10, 0xBB, 100, 0)
+TWO = [Manifest(SID, 1, "snapshot", 1, 16, (LOW, HIGH))]
+
+
+def _keys_in(lo: int, hi: int, n: int) -> list[bytes]:
+    keys = (b"key-%d" % i for i in range(10_000))
+    return [k for k in keys if lo <= key_group(k, 16) <= hi][:n]
+
+
+async def test_a_snapshot_chunk_no_holder_answers_fails_its_keys_not_the_others() -> None:
+    """Keys of two snapshot chunks share a lookup (one node reads both first); every holder
+    of one is down: its keys get NodeUnavailable, the other's keys their values."""
+
+    async def lookup(path: BlockPath, keys: Sequence[bytes], stats: ReadStats) -> Values:
+        await asyncio.sleep(0)
+        if any(ref.name == HIGH.name for _, ref in path):
+            raise NodeUnavailable("no holder of s1 answers")
+        return [b"v:" + k for k in keys]
+
+    async def no_fetch(*_: object) -> bytes:
+        raise AssertionError("no chunk fetch")
+
+    st = AsyncLazyState(
+        SID,
+        TWO,
+        1,
+        fetch=no_fetch,
+        fetch_part=no_fetch,
+        lookup=lookup,
+        route=lambda v, ref: "n1",
+        cache_bytes=0,
+    )
+    low, high = _keys_in(0, 7, 3), _keys_in(8, 15, 2)
+    asked = [low[0], low[1], high[0], low[2], high[1]]  # the first sends its own
+    got = await asyncio.gather(*(st.get(k) for k in asked), return_exceptions=True)
+    assert got[0] == b"v:" + low[0] and got[1] == b"v:" + low[1] and got[3] == b"v:" + low[2]
+    assert isinstance(got[2], NodeUnavailable) and isinstance(got[4], NodeUnavailable)
+
+
+async def test_a_route_that_fails_fails_its_readers_instead_of_hanging_them() -> None:
+    async def lookup(path: BlockPath, keys: Sequence[bytes], stats: ReadStats) -> Values:
+        await asyncio.sleep(0)
+        return [b"v:" + k for k in keys]
+
+    def route(v: int, ref: ChunkRef) -> str:
+        raise LookupError("no ring view")
+
+    async def no_fetch(*_: object) -> bytes:
+        raise AssertionError("no chunk fetch")
+
+    st = AsyncLazyState(
+        SID,
+        CHAIN,
+        1,
+        fetch=no_fetch,
+        fetch_part=no_fetch,
+        lookup=lookup,
+        route=route,
+        cache_bytes=0,
+    )
+    got = await asyncio.wait_for(
+        asyncio.gather(st.get(b"a"), st.get(b"b"), return_exceptions=True), 5
+    )
+    assert got[0] == b"v:a" and isinstance(got[1], LookupError)
