@@ -344,6 +344,9 @@ def _wait_switched(address: str, vnodes: int, timeout: float = 90.0) -> dict[str
     raise AssertionError(f"no switched move to {vnodes} tokens at {address}: {answer}")
 
 
+# under a writer that commits without pause, on 2 cores that a Spark test may share: a CI
+# run passed the 300 s default here (restoring every version then; 49 s in the run after)
+@pytest.mark.timeout(600)
 def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> None:
     with local_ring(tmp_path, 5, [*ARGS, "--vnodes", "16"]) as ring:
         stores = [StoreId("balance", 0, p) for p in range(4)]
