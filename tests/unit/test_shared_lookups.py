@@ -28,17 +28,23 @@ Values = list[bytes | None]
 Lookup = Callable[[BlockPath, Sequence[bytes], ReadStats], Awaitable[Values]]
 
 
-def _opened(lookup: Lookup, concurrency: int = 16) -> AsyncLazyState:
+def _opened(
+    lookup: Lookup,
+    concurrency: int = 16,
+    chain: list[Manifest] = CHAIN,
+    route: Callable[[int, ChunkRef], str] | None = None,
+) -> AsyncLazyState:
     async def no_fetch(*_: object) -> bytes:
         raise AssertionError("a read by chunks or parts where a lookup was expected")
 
     return AsyncLazyState(
         SID,
-        CHAIN,
+        chain,
         1,
         fetch=no_fetch,
         fetch_part=no_fetch,
         lookup=lookup,
+        route=route,
         concurrency=concurrency,
         cache_bytes=0,
     )
@@ -206,19 +212,7 @@ async def test_a_snapshot_chunk_no_holder_answers_fails_its_keys_not_the_others(
             raise NodeUnavailable("no holder of s1 answers")
         return [b"v:" + k for k in keys]
 
-    async def no_fetch(*_: object) -> bytes:
-        raise AssertionError("no chunk fetch")
-
-    st = AsyncLazyState(
-        SID,
-        TWO,
-        1,
-        fetch=no_fetch,
-        fetch_part=no_fetch,
-        lookup=lookup,
-        route=lambda v, ref: "n1",
-        cache_bytes=0,
-    )
+    st = _opened(lookup, chain=TWO, route=lambda v, ref: "n1")
     low, high = _keys_in(0, 7, 3), _keys_in(8, 15, 2)
     asked = [low[0], low[1], high[0], low[2], high[1]]  # the first sends its own
     got = await asyncio.gather(*(st.get(k) for k in asked), return_exceptions=True)
@@ -234,19 +228,7 @@ async def test_a_route_that_fails_fails_its_readers_instead_of_hanging_them() ->
     def route(v: int, ref: ChunkRef) -> str:
         raise LookupError("no ring view")
 
-    async def no_fetch(*_: object) -> bytes:
-        raise AssertionError("no chunk fetch")
-
-    st = AsyncLazyState(
-        SID,
-        CHAIN,
-        1,
-        fetch=no_fetch,
-        fetch_part=no_fetch,
-        lookup=lookup,
-        route=route,
-        cache_bytes=0,
-    )
+    st = _opened(lookup, route=route)
     got = await asyncio.wait_for(
         asyncio.gather(st.get(b"a"), st.get(b"b"), return_exceptions=True), 5
     )
