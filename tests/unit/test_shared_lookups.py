@@ -149,7 +149,7 @@ async def test_readers_that_give_up_take_their_lookup_with_them() -> None:
         assert all(isinstance(g, TimeoutError) for g in got)
     await asyncio.sleep(0)
     assert running == 0  # every abandoned lookup was cancelled
-    assert await asyncio.wait_for(st.get(b"fresh"), 0.4) == b"v:fresh"
+    assert await st.get(b"fresh") == b"v:fresh"  # nothing abandoned holds a slot ahead of it
 
     # one of two readers gives up: the other still gets its value
     slow = asyncio.ensure_future(st.get(b"x"))
