@@ -215,7 +215,13 @@ def spread(xs: list[float]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="100,400", help="MiB of state, comma-separated")
-    p.add_argument("--rounds", type=int, default=3, help="restart rounds (medians)")
+    p.add_argument("--rounds", type=int, default=3, help="restart rounds (medians; 0: none)")
+    p.add_argument(
+        "--build-rounds",
+        type=int,
+        default=1,
+        help="builds per provider, alternated (medians of the rows/s ratios)",
+    )
     p.add_argument("--memory", default="1g", help="the Spark driver's heap (local mode)")
     p.add_argument("--providers", default="ring,ring-lazy,ring-whole,rocksdb,hdfs")
     p.add_argument("--payload", type=int, default=200)
@@ -228,8 +234,8 @@ def main() -> None:
     if unknown or not providers:
         raise SystemExit(f"unknown provider(s) {unknown}: choose from {list(PROVIDERS)}")
     sizes = [int(x) for x in args.sizes.split(",")]
-    if any(s < 1 for s in sizes) or args.rounds < 1 or args.payload < 1:
-        raise SystemExit("--sizes, --rounds and --payload must be positive")
+    if any(s < 1 for s in sizes) or args.rounds < 0 or args.payload < 1 or args.build_rounds < 1:
+        raise SystemExit("--sizes, --build-rounds and --payload must be positive, --rounds >= 0")
 
     import numpy as np
     from _common import local_ring, machine, table
@@ -250,6 +256,7 @@ def main() -> None:
                 write_batch(inp / "part-0.parquet", order[: keys // 2], args.payload, 0)
                 write_batch(inp / "part-1.parquet", order[keys // 2 :], args.payload, 1)
                 built: dict[str, dict[str, Any] | str] = {}
+                builds: dict[str, list[float]] = {x: [] for x in providers}  # seconds a round
 
                 def job(
                     provider: str,
@@ -257,6 +264,7 @@ def main() -> None:
                     inp: Path = inp,
                     size: int = size,
                     conf: dict[str, str] | None = None,
+                    tag: str = "",
                 ) -> dict[str, Any]:
                     return {
                         "conf": conf or {},
@@ -266,23 +274,36 @@ def main() -> None:
                         "partitions": args.partitions,
                         "memory": args.memory,
                         "input": str(inp),
-                        "ckpt": str(work / f"ckpt-{size}" / provider),
+                        "ckpt": str(work / f"ckpt-{size}" / f"{provider}{tag}"),
                         "timeout": args.timeout,
                     }
 
-                for provider in providers:
-                    print(f"{size} MiB ({keys:,} keys): build {provider} ...", flush=True)
-                    # the ring's second batch is written as a snapshot: the base a restart
-                    # loads lazily, as the ring's compaction (every --snapshot-every
-                    # versions) would make it in a longer run
-                    conf = (
-                        {"spark.statestore.snapshotInterval": "2"}
-                        if provider.startswith("ring")
-                        else {}
-                    )
-                    got, wall = call(job(provider, f"build {size} MiB", conf=conf), log)
-                    built[provider] = got
-                    print(f"  {got if isinstance(got, str) else round(got['seconds'], 1)}")
+                # build round 0 makes the state the restarts read; later rounds (their own
+                # checkpoints and stores) only time the build again, the order alternated
+                for b_round in range(args.build_rounds):
+                    turn = providers if b_round % 2 == 0 else providers[::-1]
+                    for provider in turn:
+                        if isinstance(built.get(provider), str):
+                            continue  # it failed once (out of memory): it fails again
+                        print(f"{size} MiB ({keys:,} keys): build {provider} ...", flush=True)
+                        # the ring's second batch is written as a snapshot: the base a restart
+                        # loads lazily, as the ring's compaction (every --snapshot-every
+                        # versions) would make it in a longer run
+                        conf = (
+                            {"spark.statestore.snapshotInterval": "2"}
+                            if provider.startswith("ring")
+                            else {}
+                        )
+                        tag = f"-build{b_round}" if b_round else ""
+                        what = f"build {size} MiB round {b_round}"
+                        got, wall = call(job(provider, what, conf=conf, tag=tag), log)
+                        if b_round == 0:
+                            built[provider] = got
+                        if not isinstance(got, str):
+                            builds[provider].append(got["seconds"])
+                        elif b_round:
+                            raise SystemExit(f"{provider} build failed ({got}); see {log}")
+                        print(f"  {got if isinstance(got, str) else round(got['seconds'], 1)}")
                 ok = [x for x in providers if not isinstance(built[x], str)]
                 restarts: dict[str, list[dict[str, Any]]] = {x: [] for x in ok}
                 for r in range(args.rounds):
@@ -355,9 +376,11 @@ def main() -> None:
                         else []
                     )
                     nxt_fetched = [x["next_fetched"] / MiB for x in rs]
-                    rate = keys / b["seconds"]
+                    rate = keys / statistics.median(builds[provider])
+                    # rows/s / RocksDB's, round by round (its build seconds / ours)
                     rate_vs = (
-                        f"{rate / (keys / built[base]['seconds']):.2f}x"  # type: ignore[index]
+                        spread([c / a for a, c in zip(builds[provider], builds[base], strict=True)])
+                        + "x"
                         if base
                         else "-"
                     )

@@ -802,10 +802,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   /** A write store's commit was acknowledged: its version becomes the cached one. */
   synchronized StateData committed(WriteStore store, long newVersion) {
     StateData base = store.data;
-    long keys = store.keysAfter();
     StateData next = base.onlyHeldBy(store.task) ? base : base.copy();
     base.release(store.task);
-    next.apply(store.overlay, keys);
+    next.apply(store.overlay, store.keyDelta(), store.bytesDelta());
     if (next != base) {
       Prefetcher.schedule(next, config.prefetchBytesPerSec); // a copy: its own merge
     }

@@ -72,6 +72,19 @@ final class RowFraming {
    * @throws IOException on a read error or a stream cut inside a row
    */
   static void read(InputStream raw, RowSink sink, Counts out) throws IOException {
+    read(raw, sink, out, false);
+  }
+
+  /**
+   * Read framed rows until the end of the stream, deletes included (a null value): a commit
+   * body as this JVM framed it ({@link ShardFiles}).
+   */
+  static void readAll(InputStream raw, RowSink sink) throws IOException {
+    read(raw, sink, new Counts(), true);
+  }
+
+  private static void read(InputStream raw, RowSink sink, Counts out, boolean deletes)
+      throws IOException {
     DataInputStream in = new DataInputStream(new BufferedInputStream(raw, 1 << 16));
     byte[] header = new byte[8];
     while (true) {
@@ -90,6 +103,9 @@ final class RowFraming {
       byte[] key = new byte[klen];
       in.readFully(key);
       if (vlen < 0) {
+        if (deletes) {
+          sink.row(key, null);
+        }
         continue;
       }
       byte[] value = new byte[vlen];

@@ -30,6 +30,7 @@ import org.rocksdb.ReadOptions;
 import org.rocksdb.RocksDB;
 import org.rocksdb.RocksDBException;
 import org.rocksdb.RocksIterator;
+import org.rocksdb.WriteBatch;
 import org.rocksdb.WriteOptions;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -68,6 +69,15 @@ final class SpillStore {
         deleteTree(p);
       }
     }, "statestore-spill-cleanup"));
+  }
+
+  /** Delete {@code dir} at JVM exit if it is still there ({@link #forget} when it is gone). */
+  static void deleteAtExit(Path dir) {
+    OPEN.add(dir);
+  }
+
+  static void forget(Path dir) {
+    OPEN.remove(dir);
   }
 
   /** What the cleaner closes: never a reference back to the store. */
@@ -141,8 +151,16 @@ final class SpillStore {
         .setTableFormatConfig(table);
   }
 
-  /** A directory under Spark's local dir (else {@code java.io.tmpdir}). */
+  /** A new directory's path under Spark's local dir (else {@code java.io.tmpdir}). */
   private static Path newDir() throws IOException {
+    return newDir("statestore-spill");
+  }
+
+  /**
+   * A new directory's path under {@code kind} in Spark's local dir (else {@code
+   * java.io.tmpdir}), its parent made.
+   */
+  static Path newDir(String kind) throws IOException {
     String root = null;
     try {
       SparkEnv env = SparkEnv.get();
@@ -155,7 +173,7 @@ final class SpillStore {
     if (root == null) {
       root = System.getProperty("java.io.tmpdir");
     }
-    Path dir = Paths.get(root, "statestore-spill",
+    Path dir = Paths.get(root, kind,
         ProcessHandle.current().pid() + "-" + SEQ.incrementAndGet());
     Files.createDirectories(dir.getParent());
     return dir;
@@ -298,6 +316,47 @@ final class SpillStore {
     }
   }
 
+  /** Bytes of rows a {@link #writeAll} batch holds before it is written. */
+  private static final long BATCH_BYTES = 4L << 20;
+
+  /**
+   * Put every row (a {@link StateData#TOMBSTONE} value removes its key), in write batches,
+   * without reading what each replaces: for a version taking a committed overlay, whose store
+   * counted its keys and bytes already. A prefix index entry is put again for a key already
+   * held (the same empty value).
+   */
+  void writeAll(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows,
+      Function<UnsafeRow, UnsafeRow> prefixer) {
+    try (WriteBatch batch = new WriteBatch()) {
+      live();
+      while (rows.hasNext()) {
+        Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+        UnsafeRow key = e.getKey();
+        byte[] k = dataKey(key);
+        if (e.getValue() == StateData.TOMBSTONE) {
+          batch.delete(k);
+          if (prefixer != null) {
+            batch.delete(indexKey(prefixer.apply(key), key));
+          }
+        } else {
+          batch.put(k, valueBytes(e.getValue()));
+          if (prefixer != null) {
+            batch.put(indexKey(prefixer.apply(key), key), new byte[0]);
+          }
+        }
+        if (batch.getDataSize() >= BATCH_BYTES) {
+          nat.db.write(nat.write, batch);
+          batch.clear();
+        }
+      }
+      if (batch.count() > 0) {
+        nat.db.write(nat.write, batch);
+      }
+    } catch (RocksDBException e) {
+      throw failed("write", e);
+    }
+  }
+
   /** Remove; returns the old value (null when absent). */
   UnsafeRow remove(UnsafeRow key, Function<UnsafeRow, UnsafeRow> prefixer) {
     try {
@@ -350,16 +409,29 @@ final class SpillStore {
     it.seek(new byte[] {DATA});
     return new CloseableIterator<>() {
       private boolean open = true;
+      /** The key under the iterator, read once (null: not read yet). */
+      private byte[] key;
 
       @Override
       public boolean hasNext() {
         if (!open) {
           return false;
         }
+        if (key != null) {
+          return true;
+        }
         if (it.isValid()) {
           byte[] k = it.key();
           if (k.length > 0 && k[0] == DATA) {
+            key = k;
             return true;
+          }
+        } else {
+          try {
+            it.status(); // a read error is not the end of the rows
+          } catch (RocksDBException e) {
+            close();
+            throw failed("iteration", e);
           }
         }
         close();
@@ -372,7 +444,8 @@ final class SpillStore {
           throw new NoSuchElementException();
         }
         Map.Entry<UnsafeRow, UnsafeRow> e = new java.util.AbstractMap.SimpleImmutableEntry<>(
-            keyRow(it.key(), 1), valueRow(it.value()));
+            keyRow(key, 1), valueRow(it.value()));
+        key = null;
         it.next();
         return e;
       }

@@ -9,6 +9,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.function.Supplier;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.slf4j.Logger;
@@ -112,14 +113,49 @@ final class StateCommit {
     return learned == null ? configured : Math.min(configured, learned);
   }
 
-  private static long[] sizes(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows, int shards) {
-    long[] out = new long[shards];
-    while (rows.hasNext()) {
-      Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
-      UnsafeRow v = e.getValue() == StateData.TOMBSTONE ? null : e.getValue();
-      out[shardOf(e.getKey(), shards)] += RowFraming.framedSize(e.getKey(), v);
+  /**
+   * The framed bytes of a commit's rows by the low bits of their shard hash, from one pass
+   * over them: the size of every shard for any power-of-two shard count up to {@link
+   * #MAX_SHARDS} ({@code shardOf(key, n) == shardOf(key, MAX_SHARDS) % n} when {@code n}
+   * divides it), so finding how many shards a version needs reads its rows once, not once
+   * per doubling.
+   */
+  static final class Sizes {
+    private final long[] buckets = new long[MAX_SHARDS];
+
+    void add(UnsafeRow key, UnsafeRow value) {
+      UnsafeRow v = value == StateData.TOMBSTONE ? null : value;
+      buckets[shardOf(key, MAX_SHARDS)] += RowFraming.framedSize(key, v);
     }
-    return out;
+
+    void addAll(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows) {
+      while (rows.hasNext()) {
+        Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+        add(e.getKey(), e.getValue());
+      }
+    }
+
+    /**
+     * Each of {@code shards} shards' bytes; a count that does not divide {@link #MAX_SHARDS}
+     * (not one this provider writes: a store's positions may name any) is counted by another
+     * pass over {@code rows}.
+     */
+    long[] at(int shards, Supplier<Iterator<Map.Entry<UnsafeRow, UnsafeRow>>> rows) {
+      long[] out = new long[shards];
+      if (MAX_SHARDS % shards != 0) {
+        Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = rows.get();
+        while (it.hasNext()) {
+          Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
+          UnsafeRow v = e.getValue() == StateData.TOMBSTONE ? null : e.getValue();
+          out[shardOf(e.getKey(), shards)] += RowFraming.framedSize(e.getKey(), v);
+        }
+        return out;
+      }
+      for (int i = 0; i < MAX_SHARDS; i++) {
+        out[i % shards] += buckets[i];
+      }
+      return out;
+    }
   }
 
   private static long max(long[] xs) {
@@ -137,65 +173,119 @@ final class StateCommit {
     int shards = store.data.shards;
     for (int round = 0; ; round++) {
       long limit = limit(provider);
-      long[] sizes = sizes(snapshot ? store.merged() : store.overlay.entries(), shards);
-      if (max(sizes) > limit) {
-        snapshot = true;
-        sizes = sizes(store.merged(), shards);
-        while (max(sizes) > limit) {
-          if (shards >= MAX_SHARDS) {
-            throw new IOException(
-                "a state row of " + max(sizes) + " bytes does not fit a commit part of " + limit
-                    + " bytes: raise " + RingConfig.PREFIX + "maxCommitBytes and the nodes' "
-                    + "--max-commit");
-          }
-          shards *= 2;
-          sizes = sizes(store.merged(), shards);
-        }
-        LOG.info("{} version {}: {} shards of at most {} bytes each (snapshot)",
-            provider.storePath(), newVersion, shards, limit);
-      }
-      Integer[] order = new Integer[shards];
-      for (int i = 0; i < shards; i++) {
-        order[i] = i;
-      }
-      long[] s = sizes;
-      java.util.Arrays.sort(order, 1, shards, (a, b) -> Long.compare(s[b], s[a]));
-      // biggest first (a 413 before anything is written), shard 0 (with the count) last
-      Integer[] sendOrder = new Integer[shards];
-      System.arraycopy(order, 1, sendOrder, 0, shards - 1);
-      sendOrder[shards - 1] = 0;
-      Result out = new Result();
-      out.snapshot = snapshot;
-      out.shards = shards;
+      ShardFiles routed = null;
       boolean wrote = false;
       try {
-        for (int shard : sendOrder) {
-          String path = shardPath(provider.storePath(), shard);
-          if (provider.config().direct) {
-            out.bytes += direct(provider, store, newVersion, snapshot, shard, shards, path);
-          } else {
-            byte[] body = frame(store, snapshot, shard, shards, (int) Math.min(s[shard], limit));
-            provider.ring().commit(path, newVersion, store.epoch,
-                baseEpoch(store, newVersion, shard), snapshot, positions(newVersion, shards),
-                retain(provider), body);
-            out.bytes += body.length;
+        // one pass over the rows: their sizes for every power-of-two shard count (and, when
+        // the rows are not all on the heap, each shard's rows in a local file of its own)
+        Sizes all = new Sizes();
+        Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
+            snapshot ? store.merged() : store.overlay.entries();
+        if (routes(store, snapshot, shards) && fits(store, snapshot, shards, limit)) {
+          routed = ShardFiles.route(rows, shards, all);
+        } else {
+          all.addAll(rows);
+        }
+        long[] sizes = all.at(shards, snapshot ? store::merged : store.overlay::entries);
+        if (max(sizes) > limit) {
+          if (!snapshot) { // a delta too big for its shards: the version is sent whole
+            snapshot = true;
+            all = new Sizes();
+            all.addAll(store.merged());
+            sizes = all.at(shards, store::merged);
           }
-          wrote = true;
+          while (max(sizes) > limit) {
+            if (shards * 2 > MAX_SHARDS) {
+              throw new IOException(
+                  "a state row of " + max(sizes) + " bytes does not fit a commit part of " + limit
+                      + " bytes: raise " + RingConfig.PREFIX + "maxCommitBytes and the nodes' "
+                      + "--max-commit");
+            }
+            shards *= 2;
+            sizes = all.at(shards, store::merged);
+          }
+          LOG.info("{} version {}: {} shards of at most {} bytes each (snapshot)",
+              provider.storePath(), newVersion, shards, limit);
+          if (routed != null) { // routed for fewer shards, or a delta's rows
+            routed.close();
+            routed = null;
+          }
         }
-        return out;
-      } catch (RingErrors.RingError e) {
-        if (e.status != 413) {
-          throw e;
+        if (routed == null && routes(store, snapshot, shards)) {
+          routed = ShardFiles.route(snapshot ? store.merged() : store.overlay.entries(), shards,
+              null);
         }
-        long lower = Math.max(1L << 10, max(sizes) / 2);
-        LEARNED.merge(String.join(",", provider.config().seeds), lower, Math::min);
-        if (wrote || round >= 20) {
-          throw e; // the task's retry splits by the lowered limit
+        Integer[] order = new Integer[shards];
+        for (int i = 0; i < shards; i++) {
+          order[i] = i;
         }
-        LOG.warn("{}: the ring refused a {}-byte commit body (413); parts now at most {} bytes",
-            provider.storePath(), max(sizes), lower);
+        long[] s = sizes;
+        java.util.Arrays.sort(order, 1, shards, (a, b) -> Long.compare(s[b], s[a]));
+        // biggest first (a 413 before anything is written), shard 0 (with the count) last
+        Integer[] sendOrder = new Integer[shards];
+        System.arraycopy(order, 1, sendOrder, 0, shards - 1);
+        sendOrder[shards - 1] = 0;
+        Result out = new Result();
+        out.snapshot = snapshot;
+        out.shards = shards;
+        try {
+          for (int shard : sendOrder) {
+            String path = shardPath(provider.storePath(), shard);
+            if (provider.config().direct) {
+              out.bytes += direct(provider, store, newVersion, snapshot, shard, shards, path,
+                  routed);
+            } else {
+              byte[] body = routed != null ? routed.body(shard)
+                  : frame(store, snapshot, shard, shards, (int) Math.min(s[shard], limit));
+              provider.ring().commit(path, newVersion, store.epoch,
+                  baseEpoch(store, newVersion, shard), snapshot, positions(newVersion, shards),
+                  retain(provider), body);
+              out.bytes += body.length;
+            }
+            wrote = true;
+          }
+          return out;
+        } catch (RingErrors.RingError e) {
+          if (e.status != 413) {
+            throw e;
+          }
+          long lower = Math.max(1L << 10, max(sizes) / 2);
+          LEARNED.merge(String.join(",", provider.config().seeds), lower, Math::min);
+          if (wrote || round >= 20) {
+            throw e; // the task's retry splits by the lowered limit
+          }
+          LOG.warn("{}: the ring refused a {}-byte commit body (413); parts now at most {} bytes",
+              provider.storePath(), max(sizes), lower);
+        }
+      } finally {
+        if (routed != null) {
+          routed.close();
+        }
       }
     }
+  }
+
+  /**
+   * Whether a commit's rows go through {@link ShardFiles} (one pass over them for every
+   * shard) rather than one pass per shard: when there are several shards and the rows are
+   * not all on the heap (an overlay or a version in a spill store, or a version still on the
+   * ring), where each pass would read them all again.
+   */
+  private static boolean routes(WriteStore store, boolean snapshot, int shards) {
+    return shards > 1 && shards <= ShardFiles.MAX_FILES && (store.overlay.spilled()
+        || (snapshot && (store.data.spilled() || store.data.remote != null)));
+  }
+
+  /**
+   * Whether the rows look like fitting {@code shards} shards of {@code limit} bytes, by the
+   * counts the stores keep (a row counted as key + value + {@link StateBudget#ROW_COST},
+   * framed as key + value + 8): when they do not, the shards will double and the first pass
+   * only counts, rather than writing files that a second pass would write again.
+   */
+  private static boolean fits(WriteStore store, boolean snapshot, int shards, long limit) {
+    long bytes = snapshot ? store.data.bytes.get() + store.bytesDelta() : store.overlay.bytes.get();
+    long rows = snapshot ? store.keysAfter() : store.overlay.size();
+    return bytes - rows * (StateBudget.ROW_COST - 8) <= (long) shards * limit;
   }
 
   /**
@@ -204,23 +294,35 @@ final class StateCommit {
    * coordinator path would have sent, so {@code ringBytesCommitted} means the same on both).
    */
   private static long direct(RingStateStoreProvider provider, WriteStore store, long version,
-      boolean snapshot, int shard, int shards, String path) throws IOException {
+      boolean snapshot, int shard, int shards, String path, ShardFiles routed)
+      throws IOException {
     List<byte[]> keys = new ArrayList<>();
     List<byte[]> values = new ArrayList<>();
     List<byte[]> deletes = new ArrayList<>();
     long framed = 0;
-    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
-        snapshot ? store.merged() : store.overlay.entries();
-    while (rows.hasNext()) {
-      Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
-      if (shardOf(e.getKey(), shards) == shard) {
-        if (e.getValue() == StateData.TOMBSTONE) {
-          deletes.add(e.getKey().getBytes());
-          framed += RowFraming.framedSize(e.getKey(), null);
+    if (routed != null) {
+      framed = routed.rows(shard, (k, v) -> {
+        if (v == null) {
+          deletes.add(k);
         } else {
-          keys.add(e.getKey().getBytes());
-          values.add(e.getValue().getBytes());
-          framed += RowFraming.framedSize(e.getKey(), e.getValue());
+          keys.add(k);
+          values.add(v);
+        }
+      });
+    } else {
+      Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
+          snapshot ? store.merged() : store.overlay.entries();
+      while (rows.hasNext()) {
+        Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+        if (shardOf(e.getKey(), shards) == shard) {
+          if (e.getValue() == StateData.TOMBSTONE) {
+            deletes.add(e.getKey().getBytes());
+            framed += RowFraming.framedSize(e.getKey(), null);
+          } else {
+            keys.add(e.getKey().getBytes());
+            values.add(e.getValue().getBytes());
+            framed += RowFraming.framedSize(e.getKey(), e.getValue());
+          }
         }
       }
     }

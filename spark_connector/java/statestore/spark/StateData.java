@@ -7,7 +7,6 @@ import java.util.Collections;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
-import java.util.NoSuchElementException;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
@@ -264,11 +263,16 @@ final class StateData {
   }
 
   /**
-   * Apply an overlay (value {@link #TOMBSTONE} = remove) whose store counted the version's
-   * keys after it ({@code keys}): a lazily loaded version then reads nothing from its base
-   * (the store read every key it put or removed already).
+   * Apply an overlay (value {@link #TOMBSTONE} = remove) whose store counted the keys it adds
+   * ({@code keyDelta}, removed ones negative) and the bytes its rows add ({@code bytesDelta},
+   * as this version counts a row): a lazily loaded version then reads nothing from its base
+   * (the store read every key it put or removed already), and a spilled one writes the rows
+   * in batches without reading what they replace ({@link SpillStore#writeAll}). The count
+   * after it is taken here, under the version's lock (a prefetch may make a lazy version
+   * whole, with its own count, until then).
    */
-  synchronized void apply(StateData overlay, long keys) {
+  synchronized void apply(StateData overlay, long keyDelta, long bytesDelta) {
+    long keys = Math.max(0, size() + keyDelta);
     if (remote != null) {
       Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = overlay.entries();
       while (it.hasNext()) {
@@ -282,8 +286,23 @@ final class StateData {
       lazyCount.set(keys);
       return;
     }
+    SpillStore s = spill;
+    if (s != null) {
+      s.writeAll(overlay.entries(), prefixIndex == null ? null : this::prefixOf);
+      spilledRows.set(keys);
+      bytes.addAndGet(bytesDelta);
+      return;
+    }
+    long before = bytes.get();
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = overlay.entries();
     while (it.hasNext()) {
+      SpillStore moved = spill;
+      if (moved != null) { // the version moved to a spill store part way: the rest in batches
+        moved.writeAll(it, prefixIndex == null ? null : this::prefixOf);
+        spilledRows.set(keys);
+        bytes.set(before + bytesDelta);
+        return;
+      }
       Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
       if (e.getValue() == TOMBSTONE) {
         remove(e.getKey());
@@ -589,10 +608,9 @@ final class StateData {
       return wrap(Collections.emptyIterator());
     }
     Iterator<UnsafeRow> it = new ArrayList<>(keys).iterator();
-    return wrap(new Iterator<UnsafeRowPair>() {
-      private UnsafeRowPair next = advance();
-
-      private UnsafeRowPair advance() {
+    return wrap(new Lookahead<UnsafeRowPair>() {
+      @Override
+      protected UnsafeRowPair advance() {
         while (it.hasNext()) {
           UnsafeRow k = it.next();
           UnsafeRow v = get(k);
@@ -601,21 +619,6 @@ final class StateData {
           }
         }
         return null;
-      }
-
-      @Override
-      public boolean hasNext() {
-        return next != null;
-      }
-
-      @Override
-      public UnsafeRowPair next() {
-        if (next == null) {
-          throw new NoSuchElementException();
-        }
-        UnsafeRowPair out = next;
-        next = advance();
-        return out;
       }
     });
   }
