@@ -215,6 +215,22 @@ def test_a_spilled_version_and_its_overlay_merge_in_key_order(
     assert r["bytes_after"] == r["bytes_expected"], r
 
 
+def test_prefix_scans_of_a_spilled_version_after_batched_applies(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    # a committed batch goes into the spilled version in write batches: the prefix index
+    # follows its puts and removes
+    r = harness(
+        classpath,
+        "prefix-merged",
+        tmp_path / "ckpt" / "state",
+        seeds=",".join(ring3.seeds),
+        cacheBytes=0,
+    )
+    assert r["spilled"] is True, r
+    assert r["prefix_equal"] is True and r["rows"] > 500, r
+
+
 @SPILL
 def test_change_feed_and_replay_read_each_versions_own_changes(
     tmp_path: Path, ring3: LocalRing, classpath: str, spill: dict[str, int]

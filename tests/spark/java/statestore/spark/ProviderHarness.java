@@ -347,6 +347,66 @@ public final class ProviderHarness {
     r.abort();
   }
 
+  /**
+   * Prefix scans of a spilled version after a committed batch went into it in write batches
+   * ({@link SpillStore#writeAll}: the prefix index's entries put again and removed with their
+   * rows), against a model; keys (group, k) scanned by group.
+   */
+  void prefixMerged() {
+    StructType keySchema =
+        new StructType().add("g", DataTypes.IntegerType).add("k", DataTypes.IntegerType);
+    UnsafeProjection keyProj = UnsafeProjection.create(keySchema);
+    UnsafeProjection prefixProj =
+        UnsafeProjection.create(new StructType().add("g", DataTypes.IntegerType));
+    RingStateStoreProvider p = new RingStateStoreProvider();
+    RingStateStoreProvider probe = provider(); // the confs, as the other scenarios take them
+    p.init(new StateStoreId(root, 0, 0, "default"), keySchema, VALUE,
+        new org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec(
+            keySchema, 1),
+        false, probe.storeConf(), probe.hadoopConf(), false, Option.empty());
+    java.util.Random rnd = new java.util.Random(11);
+    Map<List<Integer>, Long> model = new java.util.HashMap<>();
+    List<int[]> keys = new ArrayList<>();
+    for (int i = 0; i < 1200; i++) {
+      keys.add(new int[] {rnd.nextInt(6), rnd.nextInt()});
+    }
+    boolean spilled = true;
+    for (int v = 0; v < 3; v++) {
+      WriteStore w = write(p, v, false);
+      for (int i = 0; i < 800; i++) {
+        int[] k = keys.get(rnd.nextInt(keys.size()));
+        UnsafeRow key = keyProj.apply(new GenericInternalRow(new Object[] {k[0], k[1]})).copy();
+        if (v > 0 && rnd.nextInt(3) == 0) {
+          w.remove(key, null);
+          model.remove(List.of(k[0], k[1]));
+        } else {
+          w.put(key, value(100L * v + i, 8), null);
+          model.put(List.of(k[0], k[1]), 100L * v + i);
+        }
+      }
+      spilled &= w.data.spilled() || v == 0;
+      w.commit();
+    }
+    WriteStore r = write(p, 3, false); // the version the provider kept, spilled
+    spilled &= r.data.spilled();
+    Map<List<Integer>, Long> seen = new java.util.HashMap<>();
+    for (int g = 0; g < 6; g++) {
+      UnsafeRow prefix = prefixProj.apply(new GenericInternalRow(new Object[] {g})).copy();
+      scala.collection.Iterator<UnsafeRowPair> it = r.prefixScan(prefix, null);
+      while (it.hasNext()) {
+        UnsafeRowPair pair = it.next();
+        List<Integer> k = List.of(pair.key().getInt(0), pair.key().getInt(1));
+        if (k.get(0) != g || seen.put(k, pair.value().getLong(0)) != null) {
+          throw new IllegalStateException("prefix scan of " + g + " gave " + k);
+        }
+      }
+    }
+    r.abort();
+    out.put("spilled", spilled);
+    out.put("prefix_equal", model.equals(seen));
+    out.put("rows", model.size());
+  }
+
   /** Every row a store iterates, by key (a key given twice fails). */
   private static Map<Integer, Long> rows(WriteStore store) {
     Map<Integer, Long> seen = new java.util.HashMap<>();
@@ -530,6 +590,7 @@ public final class ProviderHarness {
       case "legacy" -> h.legacy();
       case "bulk" -> h.bulk();
       case "merged" -> h.merged();
+      case "prefix-merged" -> h.prefixMerged();
       case "schema" -> h.schema();
       case "changes" -> h.changes();
       case "restore" -> h.restore(Long.parseLong(args.get("version")));
