@@ -9,7 +9,9 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
@@ -65,6 +67,11 @@ public final class ProviderHarness {
   }
 
   RingStateStoreProvider provider(StructType keySchema, StructType valueSchema) {
+    return provider(keySchema, valueSchema, new NoPrefixKeyStateEncoderSpec(keySchema));
+  }
+
+  RingStateStoreProvider provider(
+      StructType keySchema, StructType valueSchema, KeyStateEncoderSpec encoder) {
     Configuration conf = new Configuration(false);
     for (Map.Entry<String, String> e : args.entrySet()) {
       conf.set(RingConfig.PREFIX + e.getKey(), e.getValue());
@@ -80,7 +87,7 @@ public final class ProviderHarness {
         new StateStoreConf(sql, scala.collection.immutable.Map$.MODULE$.empty());
     RingStateStoreProvider p = new RingStateStoreProvider();
     p.init(new StateStoreId(root, 0, 0, "default"), keySchema, valueSchema,
-        new NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, Option.empty());
+        encoder, false, storeConf, conf, false, Option.empty());
     return p;
   }
 
@@ -358,12 +365,8 @@ public final class ProviderHarness {
     UnsafeProjection keyProj = UnsafeProjection.create(keySchema);
     UnsafeProjection prefixProj =
         UnsafeProjection.create(new StructType().add("g", DataTypes.IntegerType));
-    RingStateStoreProvider p = new RingStateStoreProvider();
-    RingStateStoreProvider probe = provider(); // the confs, as the other scenarios take them
-    p.init(new StateStoreId(root, 0, 0, "default"), keySchema, VALUE,
-        new org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec(
-            keySchema, 1),
-        false, probe.storeConf(), probe.hadoopConf(), false, Option.empty());
+    RingStateStoreProvider p =
+        provider(keySchema, VALUE, new PrefixKeyScanStateEncoderSpec(keySchema, 1));
     java.util.Random rnd = new java.util.Random(11);
     Map<List<Integer>, Long> model = new java.util.HashMap<>();
     List<int[]> keys = new ArrayList<>();
