@@ -87,6 +87,9 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
     snapshot = rows(a.keys, rng)
     deltas = [rows(1000, rng, key_space=10**9) for _ in range(a.deltas)]
     keys = list(snapshot)
+    wanted = {"const", *a.phases.split(",")}
+    if not wanted & {"small", "open-cold-small"}:
+        del stores["small"]  # not read: not written
     for sid, chunk_size in stores.values():
         async with AsyncRingClient(seeds, chunk_size=chunk_size) as w:
             await w.commit(sid, 1, snapshot, [], {"src": 1}, epoch=1, snapshot=True)
@@ -127,18 +130,23 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
 
         warm = await client.open(stores["default"][0])
         hot = keys[: a.warm_keys]
-        for k in hot:  # warm: every key it reads read once, so its index and blocks are cached
-            await warm.get(k)
+        for k in hot if "open-warm" in wanted else ():
+            await warm.get(k)  # every key it reads read once, so its index and blocks are cached
         cold = await client.open(stores["default"][0], cache_bytes=0)
-        cold_small = await client.open(stores["small"][0], cache_bytes=0)
         phases: dict[str, Callable[[], Awaitable[None]]] = {
             "const": const,
             "default": point(stores["default"][0]),
-            "small": point(stores["small"][0]),
             "open-warm": lazy_point(warm, hot),
             "open-cold": lazy_point(cold, keys),
-            "open-cold-small": lazy_point(cold_small, keys),
         }
+        if "small" in stores:
+            cold_small = await client.open(stores["small"][0], cache_bytes=0)
+            phases["small"] = point(stores["small"][0])
+            phases["open-cold-small"] = lazy_point(cold_small, keys)
+        unknown = wanted - set(phases)
+        if unknown:
+            raise SystemExit(f"--phases: no phase {', '.join(sorted(unknown))}")
+        phases = {name: op for name, op in phases.items() if name in wanted}
         # the reference rows and the warm cache are the harness's, not a reader's: out of
         # the collector's way, so that a phase that allocates more does not pay for scanning them
         gc.collect()
@@ -169,6 +177,8 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
     }
     body = []
     for name, label in labels.items():
+        if name not in phases:
+            continue
         lat = results[name]
         body.append(
             [
@@ -181,7 +191,7 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
     print()
     print(table(["path", "reads/s", "p50 ms", "p99 ms"], body))
     print()
-    for name in ("default", "small", "open-warm", "open-cold", "open-cold-small"):
+    for name in [p for p in phases if p != "const"]:
         shares = [r / c for r, c in zip(rates[name], rates["const"], strict=True)]
         share = median(shares)
         print(
@@ -202,6 +212,11 @@ def main() -> None:
         type=int,
         default=100_000,
         help="the keys the warm reader reads (each once before): a working set its cache holds",
+    )
+    ap.add_argument(
+        "--phases",
+        default="const,default,small,open-warm,open-cold,open-cold-small",
+        help="the phases to measure, comma-separated (const, the baseline, always runs)",
     )
     ap.add_argument("--constant-server", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()

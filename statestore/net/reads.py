@@ -62,9 +62,11 @@ from statestore.wire.head import from_json as head_from_json
 from statestore.wire.manifest import decode_chain
 
 __all__ = [
+    "Block",
     "BlockPath",
     "ReadStats",
     "block_path",
+    "blocks_wanted",
     "cache_key",
     "fetch_chunk",
     "fetch_part",
@@ -686,29 +688,46 @@ def block_path(chain: Sequence[Manifest], key: bytes) -> BlockPath | None:
     return out
 
 
-def _cached_by_blocks(
+Block = tuple[int, ChunkRef, str, int]  # a block of a chunk: (version, chunk, cache key, i)
+
+
+def blocks_wanted(
     path: Sequence[tuple[int, ChunkRef]],
     store: StoreId,
     group: int,
     key: bytes,
     cache: ChunkCache,
-) -> tuple[bool, bytes | None]:
-    """(True, value) when ``cache`` holds every index and block :func:`read_by_blocks` would
-    fetch: the read costs no request and no task; else (False, None)."""
+    held: dict[str, dict[bytes, bytes | None]] | None = None,
+) -> tuple[bytes | None, list[Block]] | None:
+    """What deciding ``key``'s value along ``path`` (:func:`block_path`) still needs, from
+    what ``cache`` holds (and ``held``: the blocks a caller keeps for itself, where every
+    block found in ``cache`` is put too, so that it stays while the rest are read): None when
+    an index is not cached; else ``(value, [])`` when the blocks held decide (the newest
+    naming the key does), or ``(None, blocks)``: the blocks not held, newest first, down to
+    the newest block held that names the key (without ``held``, only the first)."""
+    wanted: list[Block] = []
     for version, ref in path:
         ckey = cache_key(store, version, ref)
         index = cache.get_index(ckey)
         if index is None:
-            return False, None
+            return None
         i = index.find(group, key)
         if i is None:
             continue
-        rows = cache.get(f"{ckey}#{i}")
+        bkey = f"{ckey}#{i}"
+        rows = held.get(bkey) if held is not None else None
         if rows is None:
-            return False, None
+            rows = cache.get(bkey)
+            if rows is None:
+                wanted.append((version, ref, ckey, i))
+                if held is None:
+                    return None, wanted  # not decided by the cache: that is all it asks
+                continue
+            if held is not None:
+                held[bkey] = rows
         if key in rows:
-            return True, rows[key]
-    return True, None
+            return (None, wanted) if wanted else (rows[key], wanted)
+    return None, wanted
 
 
 async def read_by_blocks(
@@ -728,9 +747,9 @@ async def read_by_blocks(
     if not path:
         return None
     g = key_group(key, groups)
-    hit, value = _cached_by_blocks(path, store, g, key, cache)
-    if hit:
-        return value
+    cached = blocks_wanted(path, store, g, key, cache)
+    if cached is not None and not cached[1]:
+        return cached[0]
     found = await asyncio.gather(
         *(
             read_block_rows(

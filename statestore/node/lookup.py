@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import cast
 
 import msgpack
+import zstandard
 from aiohttp import web
 
-from statestore.core.cache import ChunkCache
-from statestore.core.chunk import INDEX_OVERHEAD, BlockIndex, key_group, verify
+from statestore.core.cache import ChunkCache, rows_cost
+from statestore.core.chunk import INDEX_OVERHEAD, BlockIndex, decode_block, key_group, verify
 from statestore.core.errors import (
     CorruptChunk,
     InvalidRequest,
@@ -39,12 +41,13 @@ from statestore.core.ids import StoreId, check_version, chunk_key
 from statestore.core.manifest import ChunkRef
 from statestore.net.quorate import gather_all
 from statestore.net.reads import (
+    Block,
     BlockPath,
     ReadStats,
+    blocks_wanted,
     cache_key,
     fetch_part,
     load_index,
-    read_by_blocks,
     read_head,
     read_key,
 )
@@ -198,7 +201,16 @@ class _Reads:
         self.lease = lease
         self.stats = ReadStats()
         self.bytes = 0
-        self.parts: dict[tuple[str, int, int, int], asyncio.Task[bytes]] = {}
+        self.parts: dict[tuple[str, int, int, int], asyncio.Task[bytes]] = {}  # indexes
+        self.read: dict[tuple[str, int, int, int], bytes] = {}  # blocks, as read
+
+    def _count(self, length: int) -> None:
+        self.bytes += length
+        if self.bytes > LOOKUP_READ_BYTES:
+            raise PayloadTooLarge(
+                f"lookup: its keys' blocks and indexes come to more than "
+                f"{LOOKUP_READ_BYTES} bytes: split the keys over several lookups"
+            )
 
     def fetch_for(
         self, version: int, ref: ChunkRef
@@ -208,23 +220,56 @@ class _Reads:
         def fetch(span: tuple[int, int], expected: int) -> Awaitable[bytes]:
             task = self.parts.get((ckey, *span, expected))
             if task is None:
-                self.bytes += span[1]
-                if self.bytes > LOOKUP_READ_BYTES:
-                    raise PayloadTooLarge(
-                        f"lookup: its keys' blocks and indexes come to more than "
-                        f"{LOOKUP_READ_BYTES} bytes: split the keys over several lookups"
-                    )
+                self._count(span[1])
                 task = asyncio.ensure_future(self._read(version, ref, ckey, span, expected))
                 self.parts[(ckey, *span, expected)] = task
             return task
 
         return fetch
 
+    async def blocks(
+        self, wanted: Sequence[tuple[int, ChunkRef, tuple[int, int], int]]
+    ) -> list[bytes]:
+        """The bytes of ``wanted`` parts, (version, chunk, span, checksum) each: those this
+        lookup read before as they were (each part is read and counted once a request),
+        the others taken from the lease together, then read from this node's storage where
+        it holds a copy that verifies (no task, no wait), the rest from replicas at once."""
+        out: list[bytes | None] = []
+        new = []
+        for version, ref, span, expected in wanted:
+            ckey = chunk_key(self.store, version, ref.name)
+            data = self.read.get((ckey, *span, expected))
+            out.append(data)
+            if data is None:
+                new.append((len(out) - 1, version, ref, ckey, span, expected))
+        total = sum(span[1] for *_, span, _ in new)
+        self._count(total)
+        await self.lease.take(total, "a lookup's reads")
+        elsewhere = []
+        for n, version, ref, ckey, span, expected in new:
+            out[n] = self._held(ckey, span, expected)
+            if out[n] is None:
+                elsewhere.append((n, version, ref, ckey, span, expected))
+        if elsewhere:
+            got = await gather_all(self._from_replica(*e[1:]) for e in elsewhere)
+            for (n, *_), data in zip(elsewhere, got, strict=True):
+                out[n] = data
+        for n, _v, _ref, ckey, span, expected in new:
+            self.read[(ckey, *span, expected)] = cast("bytes", out[n])
+        return cast("list[bytes]", out)
+
     async def _read(
         self, version: int, ref: ChunkRef, ckey: str, span: tuple[int, int], expected: int
     ) -> bytes:
+        await self.lease.take(span[1], "a lookup's reads")
+        data = self._held(ckey, span, expected)
+        if data is None:
+            data = await self._from_replica(version, ref, ckey, span, expected)
+        return data
+
+    def _held(self, ckey: str, span: tuple[int, int], expected: int) -> bytes | None:
+        """The part from this node's storage, if it holds the chunk and its copy verifies."""
         offset, length = span
-        await self.lease.take(length, "a lookup's reads")
         held = self.node.store.get_chunk_part(ckey, offset, length)
         if held is not None and offset + length <= held[1]:
             try:
@@ -232,7 +277,11 @@ class _Reads:
                 return held[0]
             except CorruptChunk:
                 pass  # a replica's copy; the scrub rewrites this one
-        del held
+        return None
+
+    async def _from_replica(
+        self, version: int, ref: ChunkRef, ckey: str, span: tuple[int, int], expected: int
+    ) -> bytes:
         skipped: list[StateStoreError] = []
         node = self.node
         try:
@@ -260,8 +309,9 @@ class _Reads:
 
 
 class _Pinned(ChunkCache):
-    """The node's cache, with the indexes one lookup loaded kept for it whatever the cache
-    evicts meanwhile (each is read and parsed once a request)."""
+    """The node's cache, with the indexes one lookup loads or finds there kept for it whatever
+    the cache evicts meanwhile (each is read and parsed at most once a request; those found
+    are taken from its lease, those loaded were as they were read)."""
 
     def __init__(self, shared: ChunkCache) -> None:
         super().__init__(0)
@@ -276,11 +326,62 @@ class _Pinned(ChunkCache):
 
     def get_index(self, chunk: str) -> BlockIndex | None:
         index = self.indexes.get(chunk)
-        return index if index is not None else self.shared.get_index(chunk)
+        if index is None:
+            index = self.shared.get_index(chunk)
+            if index is not None:  # found: kept for the lookup from now on
+                self.indexes[chunk] = index
+        return index
 
     def put_index(self, chunk: str, index: BlockIndex) -> None:
         self.indexes[chunk] = index
         self.shared.put_index(chunk, index)
+
+
+async def _values(
+    keys: Sequence[bytes],
+    paths: Sequence[BlockPath],
+    groups: int,
+    store: StoreId,
+    reads: _Reads,
+    cache: _Pinned,
+    max_raw: int,
+) -> list[bytes | None]:
+    """The values of ``keys`` along their ``paths``, every index pinned in ``cache``: the
+    blocks the keys need and the cache does not hold, of all of them together and each
+    once, read at once, verified, decoded and cached; then each key's value from the
+    blocks (the newest naming it decides), those found cached kept for the lookup meanwhile."""
+    held: dict[str, dict[bytes, bytes | None]] = {}
+    values: list[bytes | None] = []
+    wanted: dict[str, Block] = {}
+    waiting: list[int] = []
+    for n, (key, path) in enumerate(zip(keys, paths, strict=True)):
+        walk = blocks_wanted(path, store, key_group(key, groups), key, cache, held)
+        if walk is None:
+            raise RuntimeError("lookup: an index it loaded is not pinned")
+        values.append(walk[0])
+        if walk[1]:
+            waiting.append(n)
+            for block in walk[1]:
+                wanted.setdefault(f"{block[2]}#{block[3]}", block)
+    if not wanted:
+        return values
+    spans = []
+    for version, ref, ckey, i in wanted.values():
+        index = cache.indexes[ckey]
+        spans.append((version, ref, (index.offsets[i], index.lengths[i]), index.checksums[i]))
+    frames = await reads.blocks(spans)
+    dctx = zstandard.ZstdDecompressor()  # one for the window's blocks
+    for (bkey, (_v, _ref, ckey, i)), frame in zip(wanted.items(), frames, strict=True):
+        index = cache.indexes[ckey]
+        rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey, dctx=dctx))
+        cache.put(bkey, rows, rows_cost(rows))
+        held[bkey] = rows
+    for n in waiting:
+        walk = blocks_wanted(paths[n], store, key_group(keys[n], groups), keys[n], cache, held)
+        if walk is None or walk[1]:
+            raise RuntimeError("lookup: a block it read is not held")
+        values[n] = walk[0]
+    return values
 
 
 async def lookup(request: web.Request) -> web.Response:
@@ -307,32 +408,30 @@ async def lookup(request: web.Request) -> web.Response:
             )
         paths.append(path)
     reads = _Reads(node, store, request[LEASE])
-    # a lookup of several keys keeps the indexes it loaded for itself (a reader's get reads
-    # each once anyway)
-    cache = _Pinned(request.app[CACHE]) if len(keys) > 1 else request.app[CACHE]
-    max_raw = node.config.max_chunk
-
-    def one(key: bytes, path: BlockPath) -> Awaitable[bytes | None]:
-        return read_by_blocks(
-            path, body.groups, reads.fetch_for, store, key, cache, max_raw=max_raw
-        )
-
+    cache = _Pinned(request.app[CACHE])  # the indexes it reads or finds, kept for it
     values: list[bytes | None] = []
     answer = 0
     try:
-        if len(keys) > 1:  # each index the keys need, read and parsed once
-            needed = {(v, ref.name): (v, ref) for path in paths for v, ref in path}
-            await gather_all(
-                load_index(reads.fetch_for(v, ref), ref, cache_key(store, v, ref), cache)
-                for v, ref in needed.values()
-            )
-        # a window of keys at a time: at most WINDOW * MAX_LOOKUP_PATH reads in flight
-        for i in range(0, len(keys), WINDOW):
-            window = zip(keys[i : i + WINDOW], paths[i : i + WINDOW], strict=True)
-            if len(keys) == 1:  # a reader's get: no task
-                got = [await one(keys[0], paths[0])]
+        needed = {(v, ref.name): (v, ref) for path in paths for v, ref in path}
+        missing, found = [], 0
+        for v, ref in needed.values():
+            ckey = cache_key(store, v, ref)
+            if cache.get_index(ckey) is None:
+                missing.append((v, ref, ckey))
             else:
-                got = await gather_all(one(k, p) for k, p in window)
+                found += ref.index_len
+        # those found cached stay for it whatever the cache evicts: from its lease too, as
+        # those it reads are (their bytes as stored)
+        await reads.lease.take(found, "a lookup's indexes")
+        await gather_all(  # each index the keys need and the cache lacks, read once
+            load_index(reads.fetch_for(v, ref), ref, ckey, cache) for v, ref, ckey in missing
+        )
+        # a window of keys at a time: their blocks held at once, at most WINDOW paths' worth
+        for i in range(0, len(keys), WINDOW):
+            got = await _values(
+                keys[i : i + WINDOW], paths[i : i + WINDOW], body.groups, store, reads, cache,
+                node.config.max_chunk,
+            )  # fmt: skip
             size = sum(len(v) for v in got if v is not None)
             answer += size
             if answer > LOOKUP_ANSWER_BYTES:
