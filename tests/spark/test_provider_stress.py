@@ -198,7 +198,8 @@ def test_a_spilled_version_and_its_overlay_merge_in_key_order(
     tmp_path: Path, ring3: LocalRing, classpath: str
 ) -> None:
     # both in spill stores: one walk down both in the order of their key bytes (unsigned),
-    # on int keys of every sign; the version's snapshot then restores the same rows
+    # on int keys of every sign; the version's snapshot then restores the same rows; an
+    # iterator stopped early and closed, as Spark closes one, closes both stores' iterators
     r = harness(
         classpath,
         "merged",
@@ -209,6 +210,8 @@ def test_a_spilled_version_and_its_overlay_merge_in_key_order(
     )
     assert r["spilled"] is True, r
     assert r["merged_equal"] is True, r
+    assert r["iterators_while_reading"] == 2, r
+    assert r["iterators_after_close"] == 0, r
     assert r["restored_equal"] is True, r
     # applied to the spilled version in batches, counted by the store, not read back
     assert r["keys_after"] == r["keys_expected"], r

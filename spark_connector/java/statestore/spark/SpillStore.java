@@ -383,6 +383,11 @@ final class SpillStore {
     }
   }
 
+  /** Iterators open on it (each pins what it reads until closed). */
+  int openIterators() {
+    return nat.iterators.size();
+  }
+
   private RocksIterator openIterator() {
     synchronized (nat) {
       if (nat.closed) {

@@ -405,6 +405,12 @@ final class StateData {
     return spill != null ? 0 : bytes.get();
   }
 
+  /** Iterators open on this version's spill store (0 when it has none). */
+  int openIterators() {
+    SpillStore s = spill;
+    return s != null ? s.openIterators() : 0;
+  }
+
   /** Bytes of this version in its spill store (rows as counted on the heap). */
   long spillBytes() {
     return spill != null ? bytes.get() : 0;

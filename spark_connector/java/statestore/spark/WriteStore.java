@@ -138,13 +138,47 @@ final class WriteStore extends StoreBase implements StateStore {
     bytesDelta -= k.getSizeInBytes() + before.getSizeInBytes() + StateBudget.ROW_COST;
   }
 
-  /** Every row of version + 1 as it stands: the loaded version under the overlay. */
-  Iterator<Map.Entry<UnsafeRow, UnsafeRow>> merged() {
-    if (data.remote == null && data.spilled() && overlay.spilled()) {
-      return sortedMerge(data.entries(), overlay.entries());
-    }
+  /**
+   * Every row of version + 1 as it stands: the loaded version under the overlay. Closing it
+   * closes the spill stores' iterators it reads (Spark closes a state iterator it stops
+   * early, a limit or an error; else they stay open until exhausted or the store is dropped).
+   */
+  SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> merged() {
+    boolean sorted = data.remote == null && data.spilled() && overlay.spilled();
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> base = data.entries();
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> added = overlay.entries();
+    return closing(sorted ? sortedMerge(base, added) : lookups(base, added), base, added);
+  }
+
+  /** {@code rows}, whose close closes those of {@code sources} that spill stores opened. */
+  private static <T> SpillStore.CloseableIterator<T> closing(
+      Iterator<T> rows, Iterator<?>... sources) {
+    return new SpillStore.CloseableIterator<T>() {
+      @Override
+      public boolean hasNext() {
+        return rows.hasNext();
+      }
+
+      @Override
+      public T next() {
+        return rows.next();
+      }
+
+      @Override
+      public void close() {
+        for (Iterator<?> s : sources) {
+          if (s instanceof SpillStore.CloseableIterator<?> c) {
+            c.close();
+          }
+        }
+      }
+    };
+  }
+
+  /** The merge of {@code base} under {@code added} by looking each base row up in the overlay. */
+  private Iterator<Map.Entry<UnsafeRow, UnsafeRow>> lookups(
+      Iterator<Map.Entry<UnsafeRow, UnsafeRow>> base,
+      Iterator<Map.Entry<UnsafeRow, UnsafeRow>> added) {
     return new Lookahead<Map.Entry<UnsafeRow, UnsafeRow>>() {
       @Override
       protected Map.Entry<UnsafeRow, UnsafeRow> advance() {

@@ -16,6 +16,7 @@ import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.StateStoreIterator;
 import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.DataTypes;
@@ -340,6 +341,14 @@ public final class ProviderHarness {
     }
     out.put("spilled", u.data.spilled() && u.overlay.spilled());
     out.put("merged_equal", model.equals(rows(u)));
+    // an iterator stopped early and closed (as Spark closes one) closes the spill stores'
+    try (StateStoreIterator<UnsafeRowPair> some = u.iterator(null)) {
+      for (int i = 0; i < 3 && some.hasNext(); i++) {
+        some.next();
+      }
+      out.put("iterators_while_reading", u.data.openIterators() + u.overlay.openIterators());
+    }
+    out.put("iterators_after_close", u.data.openIterators() + u.overlay.openIterators());
     u.commit();
     // the committed version's count and bytes, as its store counted them (no read-back)
     WriteStore next = write(p, 2, false); // the version the provider kept: no restore
