@@ -189,6 +189,7 @@ def test_commit_larger_than_max_commit_is_split(
         ring.stop()
     assert r["commits"] == ["ok"] * versions
     assert r["shards"] > 1
+    assert r["shard_dirs_left"] == 0  # every commit's shard files deleted, 413 rounds too
     n = rows * versions - 1  # key 0 (value 0) is removed in the second version
     assert r["restored_rows"] == n
     assert r["restored_sum"] == sum(range(rows * versions))

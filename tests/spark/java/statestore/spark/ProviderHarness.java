@@ -304,7 +304,21 @@ public final class ProviderHarness {
     }
     out.put("commits", commits);
     out.put("commit_ms", (System.nanoTime() - started) / 1_000_000);
+    out.put("shard_dirs_left", shardDirsLeft());
     restore((long) versions);
+  }
+
+  /** Directories {@link ShardFiles} made in this JVM and left (each commit deletes its own). */
+  static long shardDirsLeft() {
+    try {
+      java.nio.file.Path parent = SpillStore.newDir("statestore-shards").getParent();
+      String mine = ProcessHandle.current().pid() + "-";
+      try (var dirs = java.nio.file.Files.list(parent)) {
+        return dirs.filter(d -> d.getFileName().toString().startsWith(mine)).count();
+      }
+    } catch (java.io.IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
   }
 
   /**
