@@ -629,7 +629,9 @@ async def test_a_lookup_reads_each_part_a_replica_holds_once_whatever_its_keys(
             got, answer = await _lookup(asked, sid, body)
             assert got == status, answer[:300]
             # the index from one holder (every holder when none matches), then the blocks
-            assert await reads() - before <= (2 if status == 422 else 1 + len(blocks))
+            # (2 to spare for a replica's own reads meanwhile: reading the blocks once a
+            # window of 16 keys would read 14 here)
+            assert await reads() - before <= (2 if status == 422 else 3 + len(blocks))
         assert len(blocks) < 200 // 16  # blocks shared by windows of 16 keys: read once
         assert len(keys) >= 200
 

@@ -200,7 +200,8 @@ def test_a_spilled_version_and_its_overlay_merge_in_key_order(
 ) -> None:
     # both in spill stores: one walk down both in the order of their key bytes (unsigned),
     # on int keys of every sign; the version's snapshot then restores the same rows; an
-    # iterator stopped early and closed, as Spark closes one, closes both stores' iterators
+    # iterator stopped early and closed closes both stores' iterators, the commit those of
+    # one never closed
     r = harness(
         classpath,
         "merged",
@@ -213,6 +214,9 @@ def test_a_spilled_version_and_its_overlay_merge_in_key_order(
     assert r["merged_equal"] is True, r
     assert r["iterators_while_reading"] == 2, r
     assert r["iterators_after_close"] == 0, r
+    # one never closed: the commit closes it
+    assert r["iterators_left_open"] == 2, r
+    assert r["iterators_after_commit"] == 0, r
     assert r["restored_equal"] is True, r
     # applied to the spilled version in batches, counted by the store, not read back
     assert r["keys_after"] == r["keys_expected"], r

@@ -93,6 +93,18 @@ def test_a_walk_with_any_cache_ends_at_the_newest_value(seed: int, held: float) 
         assert walk is not None
         value, wanted = walk
         assert not wanted or value is None  # decided only when nothing is wanted
+        # the blocks along the path that can hold the key, newest first, down to the one
+        # that names it: when the cache holds them all, nothing is wanted
+        deciding = []
+        for v, ref in path:
+            ckey = cache_key(SID, v, ref)
+            i = _index(ref, data).find(group, key)
+            if i is not None:
+                deciding.append(f"{ckey}#{i}")
+                if key in blocks[f"{ckey}#{i}"]:
+                    break
+        if set(deciding) <= cached:
+            assert wanted == []
         assert set(kept) <= cached  # only blocks the cache holds are kept
         for _v, _ref, ckey, i in wanted:
             assert f"{ckey}#{i}" in blocks and f"{ckey}#{i}" not in cached

@@ -58,6 +58,12 @@ final class WriteStore extends StoreBase implements StateStore {
   private final LazyBase.Reads lazy;
   /** Bytes its base read for this batch (-1: not counted yet). */
   private long lazyFetched = -1;
+  /**
+   * The iterators {@link #merged} handed out, closed when the store commits or aborts at the
+   * latest (Spark closes few of those its operators stop early).
+   */
+  private final java.util.Queue<SpillStore.CloseableIterator<?>> handedOut =
+      new java.util.concurrent.ConcurrentLinkedQueue<>();
 
   WriteStore(
       RingStateStoreProvider provider,
@@ -140,14 +146,32 @@ final class WriteStore extends StoreBase implements StateStore {
 
   /**
    * Every row of version + 1 as it stands: the loaded version under the overlay. Closing it
-   * closes the spill stores' iterators it reads (Spark closes a state iterator it stops
-   * early, a limit or an error; else they stay open until exhausted or the store is dropped).
+   * closes the spill stores' iterators it reads; so does exhausting it, and the store's
+   * commit or abort closes those still open.
    */
   SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> merged() {
     boolean sorted = data.remote == null && data.spilled() && overlay.spilled();
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> base = data.entries();
-    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> added = overlay.entries();
-    return closing(sorted ? sortedMerge(base, added) : lookups(base, added), base, added);
+    Iterator<Map.Entry<UnsafeRow, UnsafeRow>> added;
+    try {
+      added = overlay.entries();
+    } catch (RuntimeException e) {
+      if (base instanceof SpillStore.CloseableIterator<?> c) {
+        c.close();
+      }
+      throw e;
+    }
+    SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> rows =
+        closing(sorted ? sortedMerge(base, added) : lookups(base, added), base, added);
+    handedOut.add(rows);
+    return rows;
+  }
+
+  /** Close the iterators {@link #merged} handed out (the commit's and abort's last step). */
+  private void closeIterators() {
+    for (SpillStore.CloseableIterator<?> it; (it = handedOut.poll()) != null; ) {
+      it.close();
+    }
   }
 
   /** {@code rows}, whose close closes those of {@code sources} that spill stores opened. */
@@ -323,7 +347,12 @@ final class WriteStore extends StoreBase implements StateStore {
         forceSnapshot || (config.snapshotInterval > 0 && newVersion % config.snapshotInterval == 0);
     long started = System.nanoTime();
     try {
-      StateCommit.Result r = StateCommit.send(provider, this, newVersion, snapshot);
+      StateCommit.Result r;
+      try {
+        r = StateCommit.send(provider, this, newVersion, snapshot);
+      } finally {
+        closeIterators(); // the commit's passes and any a caller left open
+      }
       bytesCommitted = r.bytes;
       snapshotSent = r.snapshot;
       shardsCommitted = r.shards;
@@ -356,6 +385,7 @@ final class WriteStore extends StoreBase implements StateStore {
 
   @Override
   public void abort() {
+    closeIterators();
     if (state == UPDATING) {
       state = ABORTED;
       if (!overlay.spilled()) {

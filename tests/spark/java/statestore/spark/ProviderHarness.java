@@ -286,6 +286,7 @@ public final class ProviderHarness {
     int versions = Integer.parseInt(args.getOrDefault("versions", "1"));
     RingStateStoreProvider p = provider();
     List<Object> commits = new ArrayList<>();
+    long dirsBefore = shardDirsLeft();
     long started = System.nanoTime();
     for (int v = 0; v < versions; v++) {
       WriteStore w = write(p, v, false);
@@ -304,7 +305,7 @@ public final class ProviderHarness {
     }
     out.put("commits", commits);
     out.put("commit_ms", (System.nanoTime() - started) / 1_000_000);
-    out.put("shard_dirs_left", shardDirsLeft());
+    out.put("shard_dirs_left", shardDirsLeft() - dirsBefore);
     restore((long) versions);
   }
 
@@ -363,7 +364,11 @@ public final class ProviderHarness {
       out.put("iterators_while_reading", u.data.openIterators() + u.overlay.openIterators());
     }
     out.put("iterators_after_close", u.data.openIterators() + u.overlay.openIterators());
+    StateStoreIterator<UnsafeRowPair> left = u.iterator(null); // stopped early, never closed
+    left.next();
+    out.put("iterators_left_open", u.data.openIterators() + u.overlay.openIterators());
     u.commit();
+    out.put("iterators_after_commit", u.data.openIterators());
     // the committed version's count and bytes, as its store counted them (no read-back)
     WriteStore next = write(p, 2, false); // the version the provider kept: no restore
     out.put("keys_after", next.data.size());
