@@ -174,15 +174,16 @@ def test_a_writer_that_took_over_from_tentative_state_goes_on_tentatively(
         w1.commit(sid, 1, rows(1), epoch=1)
         ring.pause(1)
         ring.pause(2)
-        # (3 bounds: on 2 loaded cores the hints once took past 1 s; the outcome, tentative
-        # with two of three replicas paused, does not depend on it)
+        # (3 bounds each: on 2 loaded cores a commit's settling and hints took past 1 s in
+        # CI; the outcomes, tentative with two of three replicas paused all along, do not
+        # depend on the bound)
         assert w1.commit(
             sid, 2, rows(2), epoch=1, delay_bound=3 * BOUND, allow_tentative=True
         ).tentative
     with RingClient([ring.seeds[0]], timeout=BOUND) as w2:
-        st = w2.restore(sid, delay_bound=BOUND)
+        st = w2.restore(sid, delay_bound=3 * BOUND)
         assert (st.tentative, st.version, st.epoch) == (True, 2, 1)
-        r3 = w2.commit(sid, 3, rows(3, "w2"), epoch=2, delay_bound=BOUND, allow_tentative=True)
+        r3 = w2.commit(sid, 3, rows(3, "w2"), epoch=2, delay_bound=3 * BOUND, allow_tentative=True)
         assert r3.tentative
         ring.resume(1)
         ring.resume(2)
