@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from statestore.cli.local import LocalRing
+from statestore.cli.local import LocalRing, http_json
 from tests.spark.bounded_job import write_input
 from tests.spark.boundedkit import check_batches, log_of, progress, run
 
@@ -33,12 +33,21 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, ring1: LocalRing
         "keys": keys,
         "repeat": 2,
         "partitions": 2,
-        # version 3 is a snapshot (the base the restart loads lazily), 4 and 5 deltas
-        "conf": {"spark.statestore.lazyRestore": "true", "spark.statestore.snapshotInterval": "3"},
+        # version 3 is a snapshot (the base the restart loads lazily), 4 and 5 deltas; each
+        # partition's version (~6 MB) is split in 4 shards, whose chains and indexes a lazy
+        # load reads at once
+        "conf": {
+            "spark.statestore.lazyRestore": "true",
+            "spark.statestore.snapshotInterval": "3",
+            "spark.statestore.maxCommitBytes": str(2 << 20),
+        },
     }
     done = run(tmp_path, "first", spec)
     assert done.returncode == 0, log_of(tmp_path, "first")[-6000:]
     check_batches(tmp_path, "ring", keys, range(3))
+    held = http_json(ring1.seeds[0], "/v1/stores")
+    assert isinstance(held, dict)
+    assert sum(path.endswith(".s3") for path in held["stores"]) == 2, held  # 4 shards each
 
     write_input(tmp_path, keys, range(4, 5))
     # a small cache: its block LRU (1/8 of it, at least 256 KiB) holds fewer blocks than the

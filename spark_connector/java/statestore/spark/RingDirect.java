@@ -9,6 +9,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.Callable;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
@@ -279,11 +280,7 @@ final class RingDirect {
     out.writerEpoch = top.epoch();
     out.positions = JSON.writeValueAsString(top.positions());
     int threads = Math.max(1, Math.min(FETCH_THREADS, refs.size()));
-    ExecutorService pool = Executors.newFixedThreadPool(threads, r -> {
-      Thread t = new Thread(r, "statestore-fetch-" + THREADS.incrementAndGet());
-      t.setDaemon(true);
-      return t;
-    });
+    ExecutorService pool = fetchPool(threads);
     try {
       // a window of fetches ahead of the one being applied, in chain order (a later
       // version's rows must land after an earlier one's)
@@ -303,7 +300,8 @@ final class RingDirect {
             return ChunkCodec.decode(data, ChunkCodec.MAX_CHUNK_RAW, key);
           }));
         }
-        List<ChunkCodec.Row> rows = await(futures.get(i), deadline, storePath, version);
+        List<ChunkCodec.Row> rows = await(futures.get(i), deadline,
+            "restore of " + storePath + " version " + version);
         futures.set(i, null);
         for (ChunkCodec.Row row : rows) {
           sink.row(row.key(), row.value());
@@ -318,31 +316,82 @@ final class RingDirect {
     return out;
   }
 
-  private static <T> T await(Future<T> f, long deadline, String storePath, long version)
-      throws IOException {
+  private static ExecutorService fetchPool(int threads) {
+    return Executors.newFixedThreadPool(threads, r -> {
+      Thread t = new Thread(r, "statestore-fetch-" + THREADS.incrementAndGet());
+      t.setDaemon(true);
+      return t;
+    });
+  }
+
+  /**
+   * The results of {@code calls} (reads of the ring, each with its own retries), in order,
+   * run at once on up to {@link #FETCH_THREADS} threads of their own while the caller waits:
+   * a lazy load's chains and indexes take one round trip's time, not one a shard and chunk.
+   * The first failure is thrown and the calls not done are cancelled; {@code what} names them
+   * when the deadline passes.
+   */
+  <T> List<T> together(List<Callable<T>> calls, long deadline, String what) throws IOException {
+    List<T> out = new ArrayList<>(calls.size());
+    if (calls.size() == 1) {
+      try {
+        out.add(calls.get(0).call());
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IOException("interrupted during a restore", e);
+      } catch (Exception e) {
+        throw rethrown(e);
+      }
+      return out;
+    }
+    if (calls.isEmpty()) {
+      return out;
+    }
+    ExecutorService pool = fetchPool(Math.min(FETCH_THREADS, calls.size()));
+    try {
+      List<Future<T>> futures = new ArrayList<>(calls.size());
+      for (Callable<T> c : calls) {
+        futures.add(pool.submit(c));
+      }
+      for (Future<T> f : futures) {
+        out.add(await(f, deadline, what));
+      }
+      return out;
+    } finally {
+      pool.shutdownNow();
+    }
+  }
+
+  private static <T> T await(Future<T> f, long deadline, String what) throws IOException {
     long left = deadline - System.nanoTime();
     try {
       return f.get(Math.max(1, left), TimeUnit.NANOSECONDS);
     } catch (TimeoutException e) {
       f.cancel(true);
-      throw new IOException("restore of " + storePath + " version " + version
-          + ": the restore deadline passed");
+      throw new IOException(what + ": the restore deadline passed");
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       throw new IOException("interrupted during a restore", e);
     } catch (ExecutionException e) {
-      Throwable c = e.getCause();
-      if (c instanceof IOException io) {
-        throw io;
-      }
-      if (c instanceof ChunkCodec.CorruptChunkException cc) {
-        throw new IOException(cc.getMessage(), cc);
-      }
-      if (c instanceof RuntimeException r) {
-        throw r;
-      }
-      throw new IOException(c);
+      throw rethrown(e.getCause());
     }
+  }
+
+  /** What a fetch failed with, as the caller throws it: an IOException or unchecked. */
+  private static IOException rethrown(Throwable c) {
+    if (c instanceof IOException io) {
+      return io;
+    }
+    if (c instanceof ChunkCodec.CorruptChunkException cc) {
+      return new IOException(cc.getMessage(), cc);
+    }
+    if (c instanceof RuntimeException r) {
+      throw r;
+    }
+    if (c instanceof Error err) {
+      throw err;
+    }
+    return new IOException(c);
   }
 
   /** One chunk's verified bytes ({@code size} of them) from the first holder that has them. */

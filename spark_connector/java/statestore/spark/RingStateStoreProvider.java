@@ -4,6 +4,7 @@ import java.io.IOException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.Callable;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
@@ -573,9 +574,13 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       keys = count;
       int shards = VersionChanges.shardsOf(top);
       chains.add(first);
+      List<Callable<List<ManifestCodec.Manifest>>> rest = new ArrayList<>();
       for (int shard = 1; shard < shards; shard++) {
-        chains.add(direct.chain(StateCommit.shardPath(storePath, shard), version, deadline));
+        String path = StateCommit.shardPath(storePath, shard);
+        rest.add(() -> direct.chain(path, version, deadline));
       }
+      chains.addAll(direct.together(rest, deadline,
+          "reading the chains of " + storePath + " version " + version));
     } catch (IOException e) {
       throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
           + " of " + storePath + " from the ring: " + e.getMessage(), e);
@@ -617,17 +622,32 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
             }
           }
         }
-        ManifestCodec.Manifest base = chain.get(0);
-        List<LazyBase.Part> shardParts = new ArrayList<>();
+        bases.add(chain.get(0));
+      }
+      // the index of every chunk of every shard's base, read at once
+      List<Callable<LazyBase.Part>> indexes = new ArrayList<>();
+      for (ManifestCodec.Manifest base : bases) {
         for (ManifestCodec.ChunkRef ref : base.chunks()) {
           String key = RingWriter.chunkKey(base.store(), base.version(), ref.name());
           long at = ref.size() - 4 - ref.indexLen();
-          byte[] index = direct.fetchPart(key, at, ref.indexLen(), ref.indexChecksum(), deadline);
-          bytes += index.length;
-          shardParts.add(new LazyBase.Part(key, ref.lo(), ref.hi(),
-              ChunkCodec.parseIndex(index, 0, index.length, at - 1, key)));
+          indexes.add(() -> {
+            byte[] index = direct.fetchPart(key, at, ref.indexLen(), ref.indexChecksum(),
+                deadline);
+            return new LazyBase.Part(key, ref.lo(), ref.hi(),
+                ChunkCodec.parseIndex(index, 0, index.length, at - 1, key));
+          });
         }
-        bases.add(base);
+      }
+      List<LazyBase.Part> read = direct.together(indexes, deadline,
+          "reading the indexes of " + storePath + " version " + version);
+      int next = 0;
+      for (ManifestCodec.Manifest base : bases) {
+        List<LazyBase.Part> shardParts = new ArrayList<>(read.subList(next,
+            next + base.chunks().size()));
+        next += base.chunks().size();
+        for (ManifestCodec.ChunkRef ref : base.chunks()) {
+          bytes += ref.indexLen();
+        }
         parts.add(shardParts);
       }
     } catch (IOException | ChunkCodec.CorruptChunkException e) {
