@@ -466,6 +466,20 @@ def test_a_read_from_a_silent_node_ends_when_its_task_is_interrupted(
     assert r.get("ended") is True and r.get("error") == "InterruptedException", r
 
 
+def test_reads_run_together_keep_their_order_and_fail_with_their_own_error(
+    tmp_path: Path, classpath: str
+) -> None:
+    """A lazy load's chains and indexes are read at once (RingDirect.together): results in
+    the calls' order whatever order they finish in; the first call to fail fails them all at
+    once with its own error (a call hanging past the harness's timeout is not waited for);
+    when the deadline passes first, a call failing just after it is the error's cause."""
+    r = harness(classpath, "together", tmp_path)
+    assert r["order"] == [0, 1, 2, 3, 4, 5], r
+    assert r["failed"] == "chunk x could not be read", r
+    assert r["late"] == "late: the restore deadline passed", r
+    assert r["late_cause"] == "node y: read cut", r
+
+
 def test_direct_reads_go_through_java_net_http_when_told(
     tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
 ) -> None:

@@ -11,8 +11,10 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionService;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorCompletionService;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
@@ -327,11 +329,13 @@ final class RingDirect {
   /**
    * The results of {@code calls} (reads of the ring, each with its own retries), in order,
    * run at once on up to {@link #FETCH_THREADS} threads of their own while the caller waits:
-   * a lazy load's chains and indexes take one round trip's time, not one a shard and chunk.
-   * The first failure is thrown and the calls not done are cancelled; {@code what} names them
-   * when the deadline passes.
+   * a lazy load's chains and indexes take a few round trips' time, not one a shard and chunk.
+   * The first call to fail fails them all (the others are cancelled) with its own error;
+   * when the deadline passes first, a call that fails within a second after it gives its
+   * error as the cause ({@code what} names the calls in the message).
    */
-  <T> List<T> together(List<Callable<T>> calls, long deadline, String what) throws IOException {
+  static <T> List<T> together(List<Callable<T>> calls, long deadline, String what)
+      throws IOException {
     List<T> out = new ArrayList<>(calls.size());
     if (calls.size() == 1) {
       try {
@@ -349,14 +353,41 @@ final class RingDirect {
     }
     ExecutorService pool = fetchPool(Math.min(FETCH_THREADS, calls.size()));
     try {
-      List<Future<T>> futures = new ArrayList<>(calls.size());
-      for (Callable<T> c : calls) {
-        futures.add(pool.submit(c));
+      CompletionService<Object[]> done = new ExecutorCompletionService<>(pool);
+      for (int i = 0; i < calls.size(); i++) {
+        int at = i;
+        Callable<T> c = calls.get(i);
+        done.submit(() -> new Object[] {at, c.call()});
+        out.add(null);
       }
-      for (Future<T> f : futures) {
-        out.add(await(f, deadline, what));
+      for (int n = 0; n < calls.size(); n++) {
+        Future<Object[]> f = done.poll(Math.max(1, deadline - System.nanoTime()),
+            TimeUnit.NANOSECONDS);
+        if (f == null) { // the deadline: a call's own error, if one comes soon, says why
+          Future<Object[]> late = done.poll(1, TimeUnit.SECONDS);
+          IOException timeout = new IOException(what + ": the restore deadline passed");
+          if (late != null) {
+            try {
+              late.get();
+            } catch (ExecutionException e) {
+              timeout.initCause(e.getCause());
+            }
+          }
+          throw timeout;
+        }
+        try {
+          Object[] got = f.get();
+          @SuppressWarnings("unchecked")
+          T value = (T) got[1];
+          out.set((Integer) got[0], value);
+        } catch (ExecutionException e) {
+          throw rethrown(e.getCause());
+        }
       }
       return out;
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted during a restore", e);
     } finally {
       pool.shutdownNow();
     }
@@ -387,9 +418,6 @@ final class RingDirect {
     }
     if (c instanceof RuntimeException r) {
       throw r;
-    }
-    if (c instanceof Error err) {
-      throw err;
     }
     return new IOException(c);
   }

@@ -579,7 +579,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
         String path = StateCommit.shardPath(storePath, shard);
         rest.add(() -> direct.chain(path, version, deadline));
       }
-      chains.addAll(direct.together(rest, deadline,
+      chains.addAll(RingDirect.together(rest, deadline,
           "reading the chains of " + storePath + " version " + version));
     } catch (IOException e) {
       throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
@@ -638,7 +638,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
           });
         }
       }
-      List<LazyBase.Part> read = direct.together(indexes, deadline,
+      List<LazyBase.Part> read = RingDirect.together(indexes, deadline,
           "reading the indexes of " + storePath + " version " + version);
       int next = 0;
       for (ManifestCodec.Manifest base : bases) {

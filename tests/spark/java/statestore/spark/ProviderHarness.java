@@ -605,6 +605,52 @@ public final class ProviderHarness {
     out.putAll(got);
   }
 
+  /**
+   * {@link RingDirect#together} (no ring): six calls finishing in reverse order; a call that
+   * fails while another hangs; a deadline that passes just before a call fails.
+   */
+  void together() throws Exception {
+    long far = System.nanoTime() + 600_000_000_000L;
+    List<java.util.concurrent.Callable<Object>> ordered = new ArrayList<>();
+    for (int i = 0; i < 6; i++) {
+      int at = i;
+      ordered.add(() -> {
+        Thread.sleep(40L * (6 - at));
+        return at;
+      });
+    }
+    out.put("order", RingDirect.together(ordered, far, "ordered"));
+    // the hanging call outlasts the harness's own timeout: only failing fast ends it
+    List<java.util.concurrent.Callable<Object>> failing = List.of(
+        () -> {
+          Thread.sleep(600_000);
+          return 0;
+        },
+        () -> {
+          throw new java.io.IOException("chunk x could not be read");
+        });
+    try {
+      RingDirect.together(failing, far, "failing");
+    } catch (java.io.IOException e) {
+      out.put("failed", e.getMessage());
+    }
+    List<java.util.concurrent.Callable<Object>> late = List.of(
+        () -> {
+          Thread.sleep(600_000);
+          return 0;
+        },
+        () -> {
+          Thread.sleep(500);
+          throw new java.io.IOException("node y: read cut");
+        });
+    try {
+      RingDirect.together(late, System.nanoTime() + 200_000_000L, "late");
+    } catch (java.io.IOException e) {
+      out.put("late", e.getMessage());
+      out.put("late_cause", e.getCause() == null ? null : e.getCause().getMessage());
+    }
+  }
+
   public static void main(String[] argv) throws Exception {
     Map<String, String> args = new LinkedHashMap<>();
     for (int i = 2; i < argv.length; i++) {
@@ -627,6 +673,7 @@ public final class ProviderHarness {
       case "restore" -> h.restore(Long.parseLong(args.get("version")));
       case "get" -> h.get();
       case "interrupted-get" -> h.interruptedGet();
+      case "together" -> h.together();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
     StringBuilder sb = new StringBuilder("{");
