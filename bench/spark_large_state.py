@@ -31,6 +31,13 @@ size / (payload + 48 bytes)):
     .venv/bin/python bench/spark_large_state.py [--sizes 100,400] [--rounds 3] [--memory 1g]
         [--providers ring,ring-lazy,ring-whole,rocksdb,hdfs] [--payload 200] [--partitions 8]
 
+``--query windowed`` runs a windowed count instead: by hour and key (``window(ts, "1
+hour")``, no watermark, so the state keeps every hour), ``--window-keys`` keys an hour (the
+build's first batch the older hours, its second the later ones), and each new batch touches
+a tenth of an hour's keys among the latest two hours' keys: the same few thousand at every
+size, where the state grows with the hours kept (a stream whose events fall in the current
+windows).
+
 One build per provider and size (a build at 400 MiB takes minutes on 2 cores): its rows/s is
 one run, not a median.
 """
@@ -84,8 +91,12 @@ MiB = 1 << 20
 ROW_OVERHEAD = 48  # bytes of a state row besides its payload: key, count, framing
 
 
-def write_batch(path: Path, keys: Any, payload: int, seed: int) -> None:
-    """One Parquet file with a row per key in ``keys`` and a ``payload``-letter string."""
+def write_batch(
+    path: Path, keys: Any, payload: int, seed: int, window_keys: int = 0, hour: int | None = None
+) -> None:
+    """One Parquet file with a row per key in ``keys`` and a ``payload``-letter string; with
+    ``window_keys``, a timestamp ``ts`` too: in hour ``key // window_keys`` (the key's window),
+    or in ``hour`` when given."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -95,7 +106,12 @@ def write_batch(path: Path, keys: Any, payload: int, seed: int) -> None:
     letters = rng.integers(97, 123, n * payload, dtype=np.uint8)
     offsets = np.arange(0, n * payload + 1, payload, dtype=np.int64)
     p = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(letters))
-    table = pa.table({"key": keys, "v": rng.integers(0, 100, n), "p": p.cast(pa.string())})
+    columns = {"key": keys, "v": rng.integers(0, 100, n), "p": p.cast(pa.string())}
+    if window_keys:
+        hours = np.asarray(keys, dtype=np.int64) // window_keys if hour is None else hour
+        seconds = np.broadcast_to(np.asarray(hours, dtype=np.int64) * 3600 + 1800, (n,))
+        columns["ts"] = pa.array(seconds * 1_000_000, type=pa.timestamp("us", tz="UTC"))
+    table = pa.table(columns)
     path.parent.mkdir(parents=True, exist_ok=True)
     # row groups of 128k rows (~30 MiB): Spark reads a row group at a time, and one group of
     # the whole file would not fit a small heap at 2 GiB of state, whatever the provider
@@ -126,12 +142,16 @@ def worker(spec: dict[str, Any]) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     # after configure(), which names the ring's provider
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[provider])
+    windowed = spec.get("query") == "windowed"
     df = (
-        spark.readStream.schema("key long, v long, p string")
+        spark.readStream.schema("key long, v long, p string" + (", ts timestamp" * windowed))
         .option("maxFilesPerTrigger", 1)
         .parquet(spec["input"])
     )
-    counted = df.groupBy("key").agg(F.count("*").alias("count"), F.max("p").alias("p"))
+    # the windowed count keeps a row per (hour, key), no watermark: the state holds every
+    # window, and a new batch touches the latest ones only
+    by = [F.window("ts", "1 hour"), "key"] if windowed else ["key"]
+    counted = df.groupBy(*by).agg(F.count("*").alias("count"), F.max("p").alias("p"))
     started = time.perf_counter()
     q = (
         counted.writeStream.format("noop")
@@ -228,19 +248,40 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--timeout", type=float, default=1200, help="seconds a JVM may run")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--query",
+        choices=("count", "windowed"),
+        default="count",
+        help="count: by key, each new batch touching 1%% of the keys at random; windowed: by "
+        "hour and key, each new batch touching --window-keys / 10 keys of the latest 2 hours",
+    )
+    p.add_argument("--window-keys", type=int, default=32768, help="windowed: the keys of each hour")
     args = p.parse_args()
     providers = [x for x in args.providers.split(",") if x]
     unknown = [x for x in providers if x not in PROVIDERS]
     if unknown or not providers:
         raise SystemExit(f"unknown provider(s) {unknown}: choose from {list(PROVIDERS)}")
     sizes = [int(x) for x in args.sizes.split(",")]
-    if any(s < 1 for s in sizes) or args.rounds < 0 or args.payload < 1 or args.build_rounds < 1:
-        raise SystemExit("--sizes, --build-rounds and --payload must be positive, --rounds >= 0")
+    if (
+        any(s < 1 for s in sizes)
+        or args.rounds < 0
+        or args.payload < 1
+        or args.build_rounds < 1
+        or args.window_keys < 10
+    ):
+        raise SystemExit(
+            "--sizes, --build-rounds and --payload must be positive, --rounds >= 0, "
+            "--window-keys >= 10"
+        )
+    windowed = args.query == "windowed"
+    wk = args.window_keys if windowed else 0
 
     import numpy as np
     from _common import local_ring, machine, table
 
     print(machine(), flush=True)
+    if windowed:
+        print(f"windowed count: {args.window_keys:,} keys an hour", flush=True)
     work = Path(tempfile.mkdtemp(prefix="statestore-bench-large-"))
     log = work / "spark.log"
     print(f"log: {log}", flush=True)
@@ -251,10 +292,16 @@ def main() -> None:
             for size in sizes:
                 keys = size * MiB // (args.payload + ROW_OVERHEAD)
                 rng = np.random.default_rng(size)
-                order = rng.permutation(keys).astype(np.int64)
+                half = keys // 2
+                if windowed:  # the first batch writes the older hours, the second the later
+                    order = np.concatenate(
+                        [rng.permutation(half), half + rng.permutation(keys - half)]
+                    ).astype(np.int64)
+                else:
+                    order = rng.permutation(keys).astype(np.int64)
                 inp = work / f"input-{size}"
-                write_batch(inp / "part-0.parquet", order[: keys // 2], args.payload, 0)
-                write_batch(inp / "part-1.parquet", order[keys // 2 :], args.payload, 1)
+                write_batch(inp / "part-0.parquet", order[:half], args.payload, 0, wk)
+                write_batch(inp / "part-1.parquet", order[half:], args.payload, 1, wk)
                 built: dict[str, dict[str, Any] | str] = {}
                 builds: dict[str, list[float]] = {x: [] for x in providers}  # seconds a round
 
@@ -274,6 +321,7 @@ def main() -> None:
                         "partitions": args.partitions,
                         "memory": args.memory,
                         "input": str(inp),
+                        "query": args.query,
                         "ckpt": str(work / f"ckpt-{size}" / f"{provider}{tag}"),
                         "timeout": args.timeout,
                     }
@@ -307,11 +355,22 @@ def main() -> None:
                 ok = [x for x in providers if not isinstance(built[x], str)]
                 restarts: dict[str, list[dict[str, Any]]] = {x: [] for x in ok}
                 for r in range(args.rounds):
-                    # the restart batch, then the next one (each 1% of the keys at random)
+                    # the restart batch, then the next one: each 1% of the keys at random,
+                    # or (windowed) a tenth of an hour's keys among the latest 2 hours' keys
+                    latest = keys - (keys - 1) // wk * wk + wk if windowed else keys
+                    latest = min(latest, keys)
                     for n in (2 + 2 * r, 3 + 2 * r):
-                        touched = rng.choice(keys, max(1, keys // 100), replace=False)
+                        touched = (
+                            keys - latest + rng.choice(latest, min(latest, wk // 10), replace=False)
+                            if windowed
+                            else rng.choice(keys, max(1, keys // 100), replace=False)
+                        )
                         write_batch(
-                            inp / f"part-{n:04d}.parquet", touched.astype(np.int64), args.payload, n
+                            inp / f"part-{n:04d}.parquet",
+                            touched.astype(np.int64),
+                            args.payload,
+                            n,
+                            wk,
                         )
                     for provider in ok if r % 2 == 0 else ok[::-1]:
                         got, wall = call(job(provider, f"restart {size} MiB round {r}"), log)
