@@ -84,6 +84,7 @@ final class LazyBase {
     this.timeoutMs = timeoutMs;
     this.bases = List.copyOf(bases);
     this.parts = List.copyOf(parts);
+    this.confirmed = oldest();
   }
 
   /** The first row of the first block of the base holding one ({key, value}), or null. */
@@ -101,6 +102,29 @@ final class LazyBase {
       }
     }
     return null;
+  }
+
+  /**
+   * The newest version whose chains, read from the ring, still started at this base (the
+   * oldest base version at first): the provider reads them again {@code lazyHorizon} versions
+   * later ({@code RingStateStoreProvider.rebased}).
+   */
+  volatile long confirmed;
+
+  /** Whether every shard's chain in {@code chains} starts at this base's manifest. */
+  boolean startsEvery(List<List<ManifestCodec.Manifest>> chains) {
+    if (chains.size() != bases.size()) {
+      return false;
+    }
+    for (int shard = 0; shard < chains.size(); shard++) {
+      ManifestCodec.Manifest mine = bases.get(shard);
+      ManifestCodec.Manifest theirs = chains.get(shard).get(0);
+      if (mine.version() != theirs.version() || mine.epoch() != theirs.epoch()
+          || !mine.store().equals(theirs.store()) || !mine.chunks().equals(theirs.chunks())) {
+        return false;
+      }
+    }
+    return true;
   }
 
   /** The oldest version among the shards' bases. */

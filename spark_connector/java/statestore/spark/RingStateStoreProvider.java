@@ -500,9 +500,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       data = cached;
       l.hit = true;
       LazyBase base = data.remote;
-      if (base != null && version - base.oldest() >= lazyHorizon()) {
-        // its base nears the end of the ring's retention: read it whole while it is there
-        data.materialize();
+      if (base != null && version - base.confirmed >= lazyHorizon()) {
+        data = rebased(data, version, l);
       }
     } else {
       if (cached != null && cached.version == version) {
@@ -557,21 +556,63 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * stay on the ring until a key is read ({@link LazyBase}) or a scan needs them all.
    */
   private StateData lazyLoad(long version, Loaded l) {
+    long started = System.nanoTime();
+    long deadline = started + config.restoreTimeoutMs * 1_000_000L;
+    List<List<ManifestCodec.Manifest>> chains = lazyChains(version, deadline);
+    return chains == null ? null : lazyLoad(version, l, chains, started, deadline);
+  }
+
+  /**
+   * A lazily loaded version whose base was last seen to start its chains
+   * {@link #lazyHorizon} versions ago: the chains of {@code version} read again. Still
+   * starting at that base, the ring needs the base to restore the version it now holds, so the
+   * version stays lazy (and is checked again a horizon later). Starting at a newer snapshot
+   * (the nodes folded one since), the version is loaded lazily again over that one (its
+   * indexes, and the deltas above it), before the ring's retention or thinning may drop the
+   * old base's chunks; the old version is dropped. Made whole only when it cannot be loaded
+   * lazily any more (the newer base has whole chunks, say): a version kept for a long time
+   * costs a chain read every horizon and an index read every newer base, not the whole state.
+   */
+  private StateData rebased(StateData data, long version, Loaded l) {
+    long started = System.nanoTime();
+    long deadline = started + config.restoreTimeoutMs * 1_000_000L;
+    List<List<ManifestCodec.Manifest>> chains = lazyChains(version, deadline);
+    if (chains != null && data.remote.startsEvery(chains)) {
+      data.remote.confirmed = version;
+      return data;
+    }
+    StateData fresh = chains == null ? null : lazyLoad(version, l, chains, started, deadline);
+    if (fresh == null) {
+      data.materialize(); // read whole while its base is still on the ring
+      return data;
+    }
+    LOG.info("{} version {}: its chains start at a newer snapshot ({}) than the lazy "
+        + "version's base ({}): loaded lazily over it", storePath, version,
+        chains.get(0).get(0).version(), data.remote.oldest());
+    Prefetcher.schedule(fresh, config.prefetchBytesPerSec);
+    StateData old = cached;
+    cached = fresh;
+    drop(old);
+    return fresh;
+  }
+
+  /**
+   * The chain of every shard of {@code version} (each from its base, read at once after
+   * shard 0's, which says how many there are), or null when this provider does not load
+   * lazily or the version's commit did not record its key count.
+   */
+  private List<List<ManifestCodec.Manifest>> lazyChains(long version, long deadline) {
     if (!config.lazyRestore || !config.direct || config.relayed() || prefixTypes != null) {
       return null;
     }
-    long started = System.nanoTime();
-    long deadline = started + config.restoreTimeoutMs * 1_000_000L;
     List<List<ManifestCodec.Manifest>> chains = new ArrayList<>();
-    long keys;
     try {
       List<ManifestCodec.Manifest> first = direct.chain(StateCommit.shardPath(storePath, 0),
           version, deadline);
       Map<String, Object> top = first.get(first.size() - 1).positions();
-      if (!(top.get("keys") instanceof Long count)) {
+      if (!(top.get("keys") instanceof Long)) {
         return null;
       }
-      keys = count;
       int shards = VersionChanges.shardsOf(top);
       chains.add(first);
       List<Callable<List<ManifestCodec.Manifest>>> rest = new ArrayList<>();
@@ -585,6 +626,17 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
           + " of " + storePath + " from the ring: " + e.getMessage(), e);
     }
+    return chains;
+  }
+
+  /**
+   * Version {@code version} loaded lazily from its shards' {@code chains}, or null when a
+   * base has whole chunks.
+   */
+  private StateData lazyLoad(long version, Loaded l, List<List<ManifestCodec.Manifest>> chains,
+      long started, long deadline) {
+    List<ManifestCodec.Manifest> first = chains.get(0);
+    long keys = (Long) first.get(first.size() - 1).positions().get("keys");
     for (List<ManifestCodec.Manifest> chain : chains) {
       for (ManifestCodec.ChunkRef ref : chain.get(0).chunks()) {
         if (!ref.blocked()) {
