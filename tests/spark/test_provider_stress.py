@@ -480,6 +480,22 @@ def test_reads_run_together_keep_their_order_and_fail_with_their_own_error(
     assert r["late_cause"] == "node y: read cut", r
 
 
+def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_chains(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    """A version loaded lazily and committed 6 versions on (no newer snapshot: the nodes fold
+    every 10 deltas) reads its chains again at the horizon (5 versions) and, still starting at
+    its base, stays lazy: one load missed the cache, the version holds what it wrote (not the
+    base's 2,000 rows of ~100 bytes), and every read through it is exact."""
+    seeds = ",".join(ring3.seeds)
+    conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
+    r = harness(classpath, "horizon", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
+    assert r["misses"] == [1, 0, 0, 0, 0, 0, 0], r
+    assert r["base"] == [1500] * 7, r
+    assert r["last"] == [0] + [1000 * v for v in range(1, 7)], r
+    assert max(r["held"]) < 20_000, r  # 7 rows of ~300 bytes counted; whole: ~560,000
+
+
 def test_direct_reads_go_through_java_net_http_when_told(
     tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
 ) -> None:

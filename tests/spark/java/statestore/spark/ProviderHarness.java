@@ -606,6 +606,42 @@ public final class ProviderHarness {
   }
 
   /**
+   * A version loaded lazily and kept 6 versions past its base on a ring that folds no newer
+   * snapshot meanwhile: at the horizon its chains, read again, still start at its base, so
+   * it stays lazy (the build before read the whole base then). Per version: the loads that
+   * missed the cache, what the version holds itself (heap and spill), and a row of the base
+   * and the row the version before wrote, read through it.
+   */
+  void horizon() {
+    RingStateStoreProvider writer = provider();
+    StateStore w = write(writer, 0, false); // version 1: a snapshot, the lazy loads' base
+    for (int k = 0; k < 2000; k++) {
+      w.put(key(k), value(k, 100), null);
+    }
+    w.commit();
+    RingStateStoreProvider lazy = provider(); // another executor's: version 1 loaded lazily
+    List<Object> misses = new ArrayList<>();
+    List<Object> held = new ArrayList<>();
+    List<Object> base = new ArrayList<>();
+    List<Object> last = new ArrayList<>();
+    for (int v = 1; v <= 7; v++) {
+      WriteStore s = write(lazy, v, false);
+      base.add(valueOf(s.get(key(1500), null)));
+      last.add(valueOf(s.get(key(v - 1), null)));
+      s.put(key(v), value(1000L * v, 100), null);
+      s.commit();
+      var custom = s.metrics().customMetrics();
+      misses.add(custom.get(RingMetrics.CACHE_MISSES).get());
+      held.add((Long) custom.get(RingMetrics.CACHE_BYTES).get()
+          + (Long) custom.get(RingMetrics.SPILL_BYTES).get());
+    }
+    out.put("misses", misses);
+    out.put("held", held);
+    out.put("base", base);
+    out.put("last", last);
+  }
+
+  /**
    * {@link RingDirect#together} (no ring): six calls finishing in reverse order; a call that
    * fails while another hangs; a deadline that passes just before a call fails.
    */
@@ -674,6 +710,7 @@ public final class ProviderHarness {
       case "get" -> h.get();
       case "interrupted-get" -> h.interruptedGet();
       case "together" -> h.together();
+      case "horizon" -> h.horizon();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
     StringBuilder sb = new StringBuilder("{");
