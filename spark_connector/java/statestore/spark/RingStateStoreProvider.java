@@ -572,6 +572,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * old base's chunks; the old version is dropped. Made whole only when it cannot be loaded
    * lazily any more (the newer base has whole chunks, say): a version kept for a long time
    * costs a chain read every horizon and an index read every newer base, not the whole state.
+   * Between two checks the base stays: thinning drops a snapshot only once two newer ones
+   * were written, 2 x {@code --snapshot-every} versions at least (more than the horizon while
+   * that is 4 or more; 10 by default), and its chunks 10 compaction passes after that.
    */
   private StateData rebased(StateData data, long version, Loaded l) {
     long started = System.nanoTime();
