@@ -103,7 +103,10 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, folding_ring: Lo
     horizon = batches[5]
     assert horizon["customMetrics"]["ringCacheMissCount"] > 0, horizon
     assert all(b["customMetrics"]["ringCacheMissCount"] == 0 for b in batches[1:5]), batches
-    assert local_bytes(horizon) < 4 * local_bytes(lazy), (lazy, horizon)
+    # the first lazy batch's version holds its own 20,000 rows; over the snapshot of 7, the
+    # horizon's holds 2 versions' worth, over that of 5 (if the node had not folded 7 yet)
+    # 4, where a whole version holds all 9
+    assert local_bytes(horizon) < 6 * local_bytes(lazy), (lazy, horizon)
 
     # the default: lazy, and the base prefetched in the background while the batch runs (its
     # merges race the batch's reads and its commit); the output is exact either way, and by
