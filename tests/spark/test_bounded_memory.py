@@ -4,7 +4,7 @@ RocksDB store, so a partition larger than the heap does not fail with OutOfMemor
 
 Real Spark (local mode, the driver is the executor) in a subprocess with a small heap, a real
 ring node; the job is tests/spark/bounded_job.py (a count-and-max aggregation whose payload
-makes each row of state about a kilobyte).
+makes each row of state one or two kilobytes).
 """
 
 from __future__ import annotations
