@@ -91,12 +91,9 @@ MiB = 1 << 20
 ROW_OVERHEAD = 48  # bytes of a state row besides its payload: key, count, framing
 
 
-def write_batch(
-    path: Path, keys: Any, payload: int, seed: int, window_keys: int = 0, hour: int | None = None
-) -> None:
+def write_batch(path: Path, keys: Any, payload: int, seed: int, window_keys: int = 0) -> None:
     """One Parquet file with a row per key in ``keys`` and a ``payload``-letter string; with
-    ``window_keys``, a timestamp ``ts`` too: in hour ``key // window_keys`` (the key's window),
-    or in ``hour`` when given."""
+    ``window_keys``, a timestamp ``ts`` too, in hour ``key // window_keys`` (the key's window)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -108,8 +105,7 @@ def write_batch(
     p = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(letters))
     columns = {"key": keys, "v": rng.integers(0, 100, n), "p": p.cast(pa.string())}
     if window_keys:
-        hours = np.asarray(keys, dtype=np.int64) // window_keys if hour is None else hour
-        seconds = np.broadcast_to(np.asarray(hours, dtype=np.int64) * 3600 + 1800, (n,))
+        seconds = np.asarray(keys, dtype=np.int64) // window_keys * 3600 + 1800
         columns["ts"] = pa.array(seconds * 1_000_000, type=pa.timestamp("us", tz="UTC"))
     table = pa.table(columns)
     path.parent.mkdir(parents=True, exist_ok=True)
