@@ -6,17 +6,18 @@ each key's count and largest string), 8 shuffle partitions, ``local[2]``, a smal
 (``--memory``, 1 GiB by default). For each size in ``--sizes`` (MiB of state: key count =
 size / (payload + 48 bytes)):
 
-- **build**: every provider, in its own JVM, builds the state from two batches of distinct
-  keys (half the keys each); rows/s, or the error a provider failed with (HDFS-backed keeps
-  the whole state on the heap);
+- **build**: every provider, in its own JVM and on its defaults, builds the state from two
+  batches of distinct keys (half the keys each); rows/s, or the error a provider failed with
+  (HDFS-backed keeps the whole state on the heap);
 - the ring provider runs as ``ring`` (its defaults: lazy restore, the base prefetched in
   the background), ``ring-lazy`` (lazy restore, no prefetch: only what the batch touches
   is read), ``ring-whole`` (``lazyRestore=false``: every row restored up front) and
   ``ring-lazy-jdk`` (``ring-lazy`` with the direct path's GETs through java.net.http, as
   before pooled connections: ``-Dstatestore.spark.httpClient=jdk``), each
-  with its own stores; its build
-  writes the second batch as a snapshot (``snapshotInterval=2``), the base a lazy restart
-  reads by blocks, as the ring's compaction makes one every ``--snapshot-every`` versions;
+  with its own stores; with ``--rounds``, the ring's state is built once more, timed apart,
+  with the second batch written as a snapshot (``snapshotInterval=2``): the base a lazy
+  restart reads by blocks, as the ring's compaction makes one every ``--snapshot-every``
+  versions (two batches make none);
 - **restart**: then ``--rounds`` times, two new batches each touching 1% of the keys at
   random are added and every provider that built its state restarts in a fresh JVM with no
   local files (the ring and RocksDB's local copies live in the JVM's temp dirs) and runs
@@ -322,25 +323,19 @@ def main() -> None:
                         "timeout": args.timeout,
                     }
 
-                # build round 0 makes the state the restarts read; later rounds (their own
-                # checkpoints and stores) only time the build again, the order alternated
+                # every build runs the providers' defaults, as a user's query would (the ring's
+                # provider writes deltas and its nodes fold snapshots in the background); build
+                # round 0 makes the state the restarts read, later rounds (their own checkpoints
+                # and stores) only time the build again, the order alternated
                 for b_round in range(args.build_rounds):
                     turn = providers if b_round % 2 == 0 else providers[::-1]
                     for provider in turn:
                         if isinstance(built.get(provider), str):
                             continue  # it failed once (out of memory): it fails again
                         print(f"{size} MiB ({keys:,} keys): build {provider} ...", flush=True)
-                        # the ring's second batch is written as a snapshot: the base a restart
-                        # loads lazily, as the ring's compaction (every --snapshot-every
-                        # versions) would make it in a longer run
-                        conf = (
-                            {"spark.statestore.snapshotInterval": "2"}
-                            if provider.startswith("ring")
-                            else {}
-                        )
                         tag = f"-build{b_round}" if b_round else ""
                         what = f"build {size} MiB round {b_round}"
-                        got, wall = call(job(provider, what, conf=conf, tag=tag), log)
+                        got, wall = call(job(provider, what, tag=tag), log)
                         if b_round == 0:
                             built[provider] = got
                         if not isinstance(got, str):
@@ -348,6 +343,26 @@ def main() -> None:
                         elif b_round:
                             raise SystemExit(f"{provider} build failed ({got}); see {log}")
                         print(f"  {got if isinstance(got, str) else round(got['seconds'], 1)}")
+                # the ring's restarts read a state whose second batch was written as a snapshot
+                # (snapshotInterval=2): the base a lazy restart reads by blocks, as the nodes'
+                # compaction (every --snapshot-every versions) makes one in a longer run, where
+                # two batches make none. Built once more, on its own stores, and timed apart
+                bases: dict[str, str] = {}
+                for provider in providers if args.rounds else []:
+                    if not provider.startswith("ring") or isinstance(built[provider], str):
+                        continue
+                    print(f"{size} MiB: the restarts' base {provider} ...", flush=True)
+                    conf = {"spark.statestore.snapshotInterval": "2"}
+                    what = f"base {size} MiB"
+                    got, wall = call(job(provider, what, conf=conf, tag="-base"), log)
+                    if isinstance(got, str):
+                        raise SystemExit(f"{provider} base build failed ({got}); see {log}")
+                    bases[provider] = "-base"
+                    print(f"  {got['seconds']:.1f}")
+                    notes.append(
+                        f"{size} MiB: {provider} build with the second batch a snapshot "
+                        f"{keys / got['seconds']:,.0f} rows/s ({got['seconds']:.1f} s)"
+                    )
                 ok = [x for x in providers if not isinstance(built[x], str)]
                 restarts: dict[str, list[dict[str, Any]]] = {x: [] for x in ok}
                 for r in range(args.rounds):
@@ -369,7 +384,14 @@ def main() -> None:
                             wk,
                         )
                     for provider in ok if r % 2 == 0 else ok[::-1]:
-                        got, wall = call(job(provider, f"restart {size} MiB round {r}"), log)
+                        got, wall = call(
+                            job(
+                                provider,
+                                f"restart {size} MiB round {r}",
+                                tag=bases.get(provider, ""),
+                            ),
+                            log,
+                        )
                         if isinstance(got, str):
                             raise SystemExit(f"{provider} restart failed ({got}); see {log}")
                         # the restart: the query's time to the end of its first batch; the

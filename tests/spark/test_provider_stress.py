@@ -496,6 +496,32 @@ def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_ch
     assert max(r["held"]) < 20_000, r  # 7 rows of ~300 bytes counted; whole: 608,000
 
 
+@pytest.mark.timeout(600)
+def test_a_lazy_version_whose_base_the_ring_dropped_reads_the_newer_one(
+    tmp_path: Path, classpath: str
+) -> None:
+    """Nodes folding a snapshot every delta (``--snapshot-every 1``, below the 4 the horizon
+    assumes) thin the lazy version's base (version 3, folded) away 2 versions after it was
+    loaded: a read of a key only that base held, which failed on the build before (no live
+    holder of the chunk, after every retry, and in every retry of the task alike), reads the
+    snapshot the version's chains start at now, and every answer, and the next version
+    committed through it, is exact."""
+    ring = LocalRing(
+        str(tmp_path / "ring"), 1, args=[*FAST, "--replicas", "1", "--snapshot-every", "1"]
+    ).start()
+    try:
+        conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
+        root = tmp_path / "ckpt" / "state"
+        r = harness(classpath, "vanished", root, timeout=400, seeds=ring.seeds[0], **conf)
+    finally:
+        ring.stop()
+    assert r["lazy"] and r["base"] == 3 and r["gone"], r
+    assert r["read"] == [1500, 1999, 3000, 4000, 1, None], r
+    assert r["rebased"] and r["new_base"] > 3, r
+    assert r["commit"] == "ok", r
+    assert r["after"] == [1500, 3000, 6000, None], r
+
+
 def test_direct_reads_go_through_java_net_http_when_told(
     tmp_path: Path, proxied: tuple[list[FaultProxy], FaultPlan], classpath: str
 ) -> None:

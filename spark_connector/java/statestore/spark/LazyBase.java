@@ -75,16 +75,42 @@ final class LazyBase {
     final AtomicLong reported = new AtomicLong();
   }
 
-  /** What this base's reads took from the ring. */
-  final Reads reads = new Reads();
+  /** What this base's reads took from the ring (shared with the bases that replace it). */
+  final Reads reads;
+
+  /**
+   * A newer base of a version whose reads of this one failed: the provider's
+   * ({@code RingStateStoreProvider.newerBase}).
+   */
+  interface Rebaser {
+    /**
+     * The base {@code version}'s chains start at now, when not {@code stale} (the nodes
+     * folded a newer snapshot, and thinning may have dropped the old one's chunks); null when
+     * they still start at {@code stale} (its chunks should be there: the failure was the
+     * ring's) or the newer base cannot be read lazily.
+     */
+    LazyBase newerBase(long version, LazyBase stale);
+  }
+
+  /** Where a newer base comes from when this one's chunks cannot be read (null: nowhere). */
+  final Rebaser rebaser;
 
   LazyBase(RingDirect direct, long timeoutMs, List<ManifestCodec.Manifest> bases,
-      List<List<Part>> parts) {
+      List<List<Part>> parts, Reads reads, Rebaser rebaser) {
     this.direct = direct;
     this.timeoutMs = timeoutMs;
     this.bases = List.copyOf(bases);
     this.parts = List.copyOf(parts);
+    this.reads = reads == null ? new Reads() : reads;
+    this.rebaser = rebaser;
     this.confirmed = oldest();
+  }
+
+  /** A block of the base could not be read from the ring ({@link #lookup}). */
+  static final class Unreadable extends IllegalStateException {
+    Unreadable(String message, Throwable cause) {
+      super(message, cause);
+    }
   }
 
   /** The first row of the first block of the base holding one ({key, value}), or null. */
@@ -152,7 +178,10 @@ final class LazyBase {
     return Math.max(MIN_BYTES, StateBudget.limit() / 16);
   }
 
-  /** The value of {@code key} in the base, or null if the base does not hold it. */
+  /**
+   * The value of {@code key} in the base, or null if the base does not hold it;
+   * {@link Unreadable} when the block that may hold it cannot be read.
+   */
   byte[] lookup(UnsafeRow key) {
     // a copy: getBytes() may answer the row's own buffer, which its caller reuses
     byte[] k = key.getBytes().clone();
@@ -225,7 +254,7 @@ final class LazyBase {
       frame = direct.fetchPart(p.key, ix.offsets()[i], ix.lengths()[i], ix.checksums()[i],
           System.nanoTime() + timeoutMs * 1_000_000L);
     } catch (IOException e) {
-      throw new IllegalStateException("RingStateStoreProvider: cannot read block " + i + " of "
+      throw new Unreadable("RingStateStoreProvider: cannot read block " + i + " of "
           + p.key + " from the ring: " + e.getMessage(), e);
     }
     reads.fetched.addAndGet(frame.length);

@@ -175,6 +175,7 @@ final class RingDirect {
    */
   <T> T retrying(String what, long deadline, Attempt<T> attempt) throws IOException {
     IOException last = null;
+    int missing = 0;
     for (int round = 0; ; round++) {
       long left = (deadline - System.nanoTime()) / 1_000_000L;
       if (round > 0) {
@@ -200,11 +201,23 @@ final class RingDirect {
         last = e;
       } catch (RingException e) {
         last = new IOException(e.getMessage(), e);
+      } catch (RingErrors.Missing e) {
+        if (++missing >= MISSING_ROUNDS) {
+          throw e; // not a stale view: the ring has no such chunk
+        }
+        last = e;
       } catch (IOException e) {
         last = e;
       }
     }
   }
+
+  /**
+   * Rounds of {@link #retrying} (refreshing the ring view between them, about 1.5 s of
+   * backoff) after which a chunk that every holder answered 404 for is taken as gone:
+   * {@link RingErrors.Missing}, where other failures are retried up to {@code maxAttempts}.
+   */
+  static final int MISSING_ROUNDS = 5;
 
   // -- one version's own manifests (the change feed) --------------------------------------
 
@@ -466,6 +479,8 @@ final class RingDirect {
   private byte[] fetch(RingView v, String key, String query, long checksum, long size,
       long deadline) throws IOException {
     List<String> errors = new ArrayList<>();
+    int asked = 0;
+    int notHeld = 0;
     for (String address : v.readOrder(key)) {
       long left = (deadline - System.nanoTime()) / 1_000_000L;
       if (left <= 0) {
@@ -477,6 +492,10 @@ final class RingDirect {
             Math.min(config.requestTimeoutMs, left), deadline, config.readTimeoutMs,
             Math.max(size, 64 << 10));
         byte[] data = got.body();
+        asked++;
+        if (got.status() == 404) {
+          notHeld++;
+        }
         if (got.status() != 200) {
           errors.add(address + " answered " + got.status() + " "
               + new String(data, 0, Math.min(200, data.length), StandardCharsets.UTF_8));
@@ -491,8 +510,13 @@ final class RingDirect {
         errors.add(address + ": " + e.getMessage());
       }
     }
+    String why = String.join("; ", errors.subList(0, Math.min(3, errors.size())));
+    if (asked > 0 && notHeld == asked && asked == errors.size()) {
+      throw new RingErrors.Missing("chunk " + key + query + " is held by none of its "
+          + asked + " holders: " + why);
+    }
     throw new IOException("chunk " + key + query + " could not be read from any live holder: "
-        + String.join("; ", errors.subList(0, Math.min(3, errors.size()))));
+        + why);
   }
 
   /** What the store's replicas answered for {@code GET .../chain?version=N}. */

@@ -179,6 +179,17 @@ public final class RingErrors {
     }
   }
 
+  /**
+   * Every holder a read asked answered 404: the chunk is not on the ring (a snapshot thinning
+   * dropped, say), unless the reader's view of the ring is stale; retried for a few rounds
+   * only ({@code RingDirect.MISSING_ROUNDS}).
+   */
+  static final class Missing extends IOException {
+    Missing(String message) {
+      super(message);
+    }
+  }
+
   /** A {@link RingException} as the IOException the provider throws, with its code's status. */
   static RingError asIo(RingException e) {
     return new RingError(status(e.code()), e.code(), e.getMessage());

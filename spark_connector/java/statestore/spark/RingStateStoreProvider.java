@@ -574,7 +574,8 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * costs a chain read every horizon and an index read every newer base, not the whole state.
    * Between two checks the base stays: thinning drops a snapshot only once two newer ones
    * were written, 2 x {@code --snapshot-every} versions at least (more than the horizon while
-   * that is 4 or more; 10 by default), and its chunks 10 compaction passes after that.
+   * that is 4 or more; 10 by default), and its chunks 10 compaction passes after that. A base
+   * dropped sooner is replaced by the read that finds it gone ({@link #newerBase}).
    */
   private StateData rebased(StateData data, long version, Loaded l) {
     long started = System.nanoTime();
@@ -640,12 +641,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       long started, long deadline) {
     List<ManifestCodec.Manifest> first = chains.get(0);
     long keys = (Long) first.get(first.size() - 1).positions().get("keys");
-    for (List<ManifestCodec.Manifest> chain : chains) {
-      for (ManifestCodec.ChunkRef ref : chain.get(0).chunks()) {
-        if (!ref.blocked()) {
-          return null;
-        }
-      }
+    List<ManifestCodec.Manifest> bases = blockedBases(chains);
+    if (bases == null) {
+      return null;
     }
     StateData data = new StateData(prefixTypes, keyFields, valueFields);
     data.version = version;
@@ -653,8 +651,6 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     long bytes = 0;
     long rows = 0;
     long[] epochs = new long[chains.size()];
-    List<ManifestCodec.Manifest> bases = new ArrayList<>();
-    List<List<LazyBase.Part>> parts = new ArrayList<>();
     try {
       for (int shard = 0; shard < chains.size(); shard++) {
         List<ManifestCodec.Manifest> chain = chains.get(shard);
@@ -677,39 +673,17 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
             }
           }
         }
-        bases.add(chain.get(0));
       }
-      // the index of every chunk of every shard's base, read at once
-      List<Callable<LazyBase.Part>> indexes = new ArrayList<>();
+      data.remote = lazyBase(version, bases, deadline, null);
       for (ManifestCodec.Manifest base : bases) {
-        for (ManifestCodec.ChunkRef ref : base.chunks()) {
-          String key = RingWriter.chunkKey(base.store(), base.version(), ref.name());
-          long at = ref.size() - 4 - ref.indexLen();
-          indexes.add(() -> {
-            byte[] index = direct.fetchPart(key, at, ref.indexLen(), ref.indexChecksum(),
-                deadline);
-            return new LazyBase.Part(key, ref.lo(), ref.hi(),
-                ChunkCodec.parseIndex(index, 0, index.length, at - 1, key));
-          });
-        }
-      }
-      List<LazyBase.Part> read = RingDirect.together(indexes, deadline,
-          "reading the indexes of " + storePath + " version " + version);
-      int next = 0;
-      for (ManifestCodec.Manifest base : bases) {
-        List<LazyBase.Part> shardParts = new ArrayList<>(read.subList(next,
-            next + base.chunks().size()));
-        next += base.chunks().size();
         for (ManifestCodec.ChunkRef ref : base.chunks()) {
           bytes += ref.indexLen();
         }
-        parts.add(shardParts);
       }
     } catch (IOException | ChunkCodec.CorruptChunkException e) {
       throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
           + " of " + storePath + " from the ring: " + e.getMessage(), e);
     }
-    data.remote = new LazyBase(direct, config.restoreTimeoutMs, bases, parts);
     data.reads = data.remote.reads;
     if (!validated && storeConf.formatValidationEnabled()) {
       // the first row of the base is checked, as a whole restore checks its first row
@@ -729,6 +703,84 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     LOG.info("loaded {} version {} lazily: {} keys, {} rows of deltas and {} bytes read, {} "
         + "shards in {} ms", storePath, version, keys, rows, bytes, chains.size(), l.restoreMs);
     return data;
+  }
+
+  /** Each shard's base (the first manifest of its chain), or null when one has whole chunks. */
+  private static List<ManifestCodec.Manifest> blockedBases(
+      List<List<ManifestCodec.Manifest>> chains) {
+    List<ManifestCodec.Manifest> bases = new ArrayList<>();
+    for (List<ManifestCodec.Manifest> chain : chains) {
+      for (ManifestCodec.ChunkRef ref : chain.get(0).chunks()) {
+        if (!ref.blocked()) {
+          return null;
+        }
+      }
+      bases.add(chain.get(0));
+    }
+    return bases;
+  }
+
+  /**
+   * The lazy base over {@code bases} (each shard's first manifest, blocked chunks): the index
+   * of every chunk read at once. {@code reads}: the counters of the base it replaces (null: a
+   * new version's).
+   */
+  private LazyBase lazyBase(long version, List<ManifestCodec.Manifest> bases, long deadline,
+      LazyBase.Reads reads) throws IOException {
+    List<Callable<LazyBase.Part>> indexes = new ArrayList<>();
+    for (ManifestCodec.Manifest base : bases) {
+      for (ManifestCodec.ChunkRef ref : base.chunks()) {
+        String key = RingWriter.chunkKey(base.store(), base.version(), ref.name());
+        long at = ref.size() - 4 - ref.indexLen();
+        indexes.add(() -> {
+          byte[] index = direct.fetchPart(key, at, ref.indexLen(), ref.indexChecksum(),
+              deadline);
+          return new LazyBase.Part(key, ref.lo(), ref.hi(),
+              ChunkCodec.parseIndex(index, 0, index.length, at - 1, key));
+        });
+      }
+    }
+    List<LazyBase.Part> read = RingDirect.together(indexes, deadline,
+        "reading the indexes of " + storePath + " version " + version);
+    List<List<LazyBase.Part>> parts = new ArrayList<>();
+    int next = 0;
+    for (ManifestCodec.Manifest base : bases) {
+      parts.add(new ArrayList<>(read.subList(next, next + base.chunks().size())));
+      next += base.chunks().size();
+    }
+    return new LazyBase(direct, config.restoreTimeoutMs, bases, parts, reads, this::newerBase);
+  }
+
+  /**
+   * {@link LazyBase.Rebaser}: the base {@code version}'s chains start at now, read from the
+   * ring after a read of {@code stale} failed, or null when they still start at
+   * {@code stale} or that base has whole chunks. The provider reads the chains again at the
+   * horizon ({@link #rebased}); this covers a base the ring dropped before that, on nodes
+   * that fold and thin snapshots faster than the horizon ({@code --snapshot-every} below 4).
+   * Takes no lock of the provider's.
+   */
+  private LazyBase newerBase(long version, LazyBase stale) {
+    long deadline = System.nanoTime() + config.restoreTimeoutMs * 1_000_000L;
+    List<List<ManifestCodec.Manifest>> chains = lazyChains(version, deadline);
+    if (chains == null || chains.size() != stale.bases.size() || stale.startsEvery(chains)) {
+      return null;
+    }
+    List<ManifestCodec.Manifest> bases = blockedBases(chains);
+    if (bases == null) {
+      return null;
+    }
+    LazyBase fresh;
+    try {
+      fresh = lazyBase(version, bases, deadline, stale.reads);
+    } catch (IOException | ChunkCodec.CorruptChunkException e) {
+      throw new IllegalStateException("RingStateStoreProvider: cannot read the newer base of "
+          + storePath + " version " + version + " from the ring: " + e.getMessage(), e);
+    }
+    LOG.warn("{} version {}: its lazy base ({}) could not be read and its chains start at a "
+        + "newer snapshot ({}) now: reading that one (the nodes fold and thin snapshots "
+        + "faster than the provider's checks: --snapshot-every below 4?)", storePath, version,
+        stale.oldest(), fresh.oldest());
+    return fresh;
   }
 
   /**

@@ -204,7 +204,12 @@ final class StateData {
         return true;
       }
     }
-    List<ChunkCodec.Row> rows = base.chunk(at);
+    List<ChunkCodec.Row> rows;
+    try {
+      rows = base.chunk(at);
+    } catch (java.io.IOException e) {
+      return rebase(base, e) == null; // merging goes on over the newer base, from its start
+    }
     synchronized (this) {
       if (release.done) {
         return true; // let go meanwhile: nothing to merge into
@@ -230,6 +235,37 @@ final class StateData {
         whole(base);
       }
       return remote == null;
+    }
+  }
+
+  /**
+   * After a read of {@code base} failed with {@code failure}: the base this version reads
+   * now. When the version's chains start at a newer snapshot than {@code base} (the nodes
+   * folded one, and thinning dropped the old one's chunks before the provider's check at
+   * the horizon), that snapshot becomes the version's base: every row the map and
+   * {@link #removed} hold is the version's own (the deltas above the old base, a superset of
+   * those above the new one, and the commits since), and a key in neither is as the new
+   * base holds it. Null when the version became whole meanwhile; {@code failure} rethrown
+   * when the chains still start at {@code base} (the ring could not answer) or the newer
+   * base cannot be read lazily.
+   */
+  <E extends Exception> LazyBase rebase(LazyBase base, E failure) throws E {
+    synchronized (this) {
+      if (remote != base) {
+        return remote; // another reader rebased it, or it was made whole
+      }
+    }
+    LazyBase fresh = base.rebaser == null ? null : base.rebaser.newerBase(version, base);
+    if (fresh == null) {
+      throw failure;
+    }
+    synchronized (this) {
+      if (remote != base) {
+        return remote;
+      }
+      remote = fresh;
+      merged = 0; // a prefetch merges the new base's chunks (rows held here win)
+      return fresh;
     }
   }
 
@@ -438,7 +474,16 @@ final class StateData {
     if (v != null || base == null || removed.contains(key)) {
       return v;
     }
-    byte[] b = base.lookup(key);
+    byte[] b;
+    try {
+      b = base.lookup(key);
+    } catch (LazyBase.Unreadable e) {
+      LazyBase now = rebase(base, e);
+      if (now == null) { // made whole meanwhile
+        return localGet(key);
+      }
+      b = now.lookup(key);
+    }
     if (b == null) {
       return null;
     }

@@ -642,6 +642,85 @@ public final class ProviderHarness {
   }
 
   /**
+   * A version loaded lazily whose base the ring drops before the provider's check at the
+   * horizon (nodes folding a snapshot every delta and thinning them): once the nodes folded
+   * version 3 into a snapshot, another provider loads it lazily over that snapshot and
+   * commits versions 4 (a put and a remove) and 5; once a read of the snapshot's chunk fails
+   * (the nodes folded 4 and 5 and dropped 3's), version 5, still cached and lazy, is read:
+   * rows of its old base, its own rows and a removed key; then version 6 is committed
+   * through it and read by a fresh provider.
+   */
+  void vanished() throws Exception {
+    RingStateStoreProvider writer = provider();
+    for (int v = 0; v < 3; v++) {
+      StateStore w = write(writer, v, false);
+      if (v == 0) {
+        for (int k = 0; k < 2000; k++) {
+          w.put(key(k), value(k, 100), null);
+        }
+      } else {
+        w.put(key(5000 + v), value(v, 10), null);
+      }
+      w.commit();
+    }
+    long until = System.nanoTime() + 150_000_000_000L;
+    RingStateStoreProvider lazy = provider();
+    WriteStore s = write(lazy, 3, false);
+    while (s.data.remote != null && s.data.remote.oldest() < 3 && System.nanoTime() < until) {
+      s.abort(); // not folded yet: another executor's provider loads it again
+      Thread.sleep(500);
+      lazy = provider();
+      s = write(lazy, 3, false);
+    }
+    LazyBase first = s.data.remote;
+    out.put("lazy", first != null);
+    out.put("base", first == null ? null : first.oldest());
+    s.put(key(3), value(3000, 100), null);
+    s.remove(key(7), null);
+    s.commit();
+    s = write(lazy, 4, false);
+    s.put(key(4), value(4000, 100), null);
+    s.commit();
+    boolean gone = false;
+    while (!gone && System.nanoTime() < until) {
+      try {
+        first.chunk(0);
+        Thread.sleep(500);
+      } catch (java.io.IOException e) {
+        gone = true;
+      }
+    }
+    out.put("gone", gone);
+    long reading = System.nanoTime();
+    WriteStore at5 = write(lazy, 5, false);
+    List<Object> read = new ArrayList<>();
+    for (int k : new int[] {1500, 1999, 3, 4, 5001, 7}) {
+      try {
+        read.add(valueOf(at5.get(key(k), null)));
+      } catch (RuntimeException e) {
+        read.add("error: " + e.getMessage());
+      }
+    }
+    out.put("read", read);
+    out.put("read_ms", (System.nanoTime() - reading) / 1_000_000);
+    LazyBase now = at5.data.remote;
+    out.put("rebased", now != null && now != first);
+    out.put("new_base", now == null ? null : now.oldest());
+    out.put("commit", attempt(() -> {
+      at5.put(key(6), value(6000, 100), null);
+      at5.commit();
+    }));
+    if ("ok".equals(out.get("commit"))) {
+      WriteStore fresh = write(provider(), 6, false);
+      List<Object> after = new ArrayList<>();
+      for (int k : new int[] {1500, 3, 6, 7}) {
+        after.add(valueOf(fresh.get(key(k), null)));
+      }
+      out.put("after", after);
+    }
+  }
+
+  /**
    * {@link RingDirect#together} (no ring): six calls finishing in reverse order; a call that
    * fails while another hangs; a deadline that passes just before a call fails.
    */
@@ -711,6 +790,7 @@ public final class ProviderHarness {
       case "interrupted-get" -> h.interruptedGet();
       case "together" -> h.together();
       case "horizon" -> h.horizon();
+      case "vanished" -> h.vanished();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
     StringBuilder sb = new StringBuilder("{");
