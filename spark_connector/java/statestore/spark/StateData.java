@@ -246,8 +246,10 @@ final class StateData {
    * {@link #removed} hold is the version's own (the deltas above the old base, a superset of
    * those above the new one, and the commits since), and a key in neither is as the new
    * base holds it. Null when the version became whole meanwhile; {@code failure} rethrown
-   * when the chains still start at {@code base} (the ring could not answer) or the newer
-   * base cannot be read lazily.
+   * when the chains still start at {@code base} (the ring could not answer), the newer
+   * base cannot be read lazily, or the chains cannot be read (that error suppressed in it).
+   * Costs one read of the chains and of the new base's indexes, on a failed read only; the
+   * rows held here stay until the provider loads the version again over a newer snapshot.
    */
   <E extends Exception> LazyBase rebase(LazyBase base, E failure) throws E {
     synchronized (this) {
@@ -255,7 +257,13 @@ final class StateData {
         return remote; // another reader rebased it, or it was made whole
       }
     }
-    LazyBase fresh = base.rebaser == null ? null : base.rebaser.newerBase(version, base);
+    LazyBase fresh;
+    try {
+      fresh = base.rebaser == null ? null : base.rebaser.newerBase(version, base);
+    } catch (RuntimeException e) {
+      failure.addSuppressed(e); // the read's own failure says more than the chains'
+      throw failure;
+    }
     if (fresh == null) {
       throw failure;
     }
