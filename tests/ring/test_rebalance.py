@@ -391,7 +391,9 @@ def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> Non
                 return float(measured[-1]["ratio_before"]) < before["ratio_before"]  # type: ignore[arg-type]
 
             try:
-                eventually(evened, "the measured imbalance falls below the skewed one", 90, 1.0)
+                # 240 s: in a CI run (2026-11-29, beside Spark tests) 90 s of passes did not
+                # drop enough (1.44 measured against 1.41 skewed, the writer's commits included)
+                eventually(evened, "the measured imbalance falls below the skewed one", 240, 1.0)
             except AssertionError as exc:
                 raise AssertionError((before, measured[-3:])) from exc
 
