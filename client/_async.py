@@ -31,7 +31,7 @@ from statestore.core.errors import (
 )
 from statestore.core.ids import StoreId, check_version, chunk_key
 from statestore.core.keygroups import chain_for_groups, check_groups, only_groups
-from statestore.core.manifest import ChunkRef, Head
+from statestore.core.manifest import ChunkRef, Head, Manifest
 from statestore.core.plan import Plan
 from statestore.core.quorum import check_consistency, read_answers, write_acks
 from statestore.core.tentative import ROLLED_BACK, Correction, Outcome, corrections, merge
@@ -742,8 +742,10 @@ class AsyncRingClient:
         reads the indexes and blocks from its own storage and cache (node/lookup.py); the
         client keeps nothing of them.
 
-        Raises StoreNotFound / VersionNotFound for what is not there. A pinned old version
-        whose chunks retention drops later fails its next fetch (NodeUnavailable).
+        Raises StoreNotFound / VersionNotFound for what is not there. A read that no holder
+        answers reads the version's chain again: when the nodes thinned the snapshot it was
+        opened on, it reads the chain the version has now (what is cached stays); when
+        retention dropped the version, it raises VersionNotFound.
         """
         check_store(store)
         if version is not None:
@@ -753,9 +755,15 @@ class AsyncRingClient:
         if lookups is not None and not isinstance(lookups, bool):
             raise ValueError(f"lookups must be True, False or None, got {lookups!r}")
         want = await self._version_or_latest(store, version)
-        chain = await self._routed(
-            lambda view: read_chain(self._transport, view, store, want), read=True, stores=[store]
-        )
+
+        async def rechain() -> list[Manifest]:
+            return await self._routed(
+                lambda view: read_chain(self._transport, view, store, want),
+                read=True,
+                stores=[store],
+            )
+
+        chain = await rechain()
 
         async def fetch(version: int, ref: ChunkRef, stats: ReadStats) -> bytes:
             return await self._routed(
@@ -787,6 +795,7 @@ class AsyncRingClient:
             fetch_part=fetch_part_of,
             lookup=lookup if (cache_bytes == 0 if lookups is None else lookups) else None,
             route=lambda version, ref: self._first_reader(chunk_key(store, version, ref.name)),
+            rechain=rechain,
             concurrency=self.concurrency,
             max_chunk=self.max_chunk,
             cache_bytes=cache_bytes,

@@ -54,7 +54,15 @@ import xxhash
 
 from statestore.core.cache import ROW_COST, ChunkCache
 from statestore.core.chunk import MAX_CHUNK_RAW, decode_chunk, key_group
-from statestore.core.errors import CorruptChunk, InvalidRequest, MalformedData, StateStoreError
+from statestore.core.errors import (
+    CorruptChunk,
+    InvalidRequest,
+    MalformedData,
+    NotFound,
+    StateStoreError,
+    Unavailable,
+    VersionNotFound,
+)
 from statestore.core.fold import Row, apply
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
@@ -90,6 +98,8 @@ ChunkFetch = Callable[[int, ChunkRef, ReadStats], Awaitable[bytes]]
 PartFetch = Callable[[int, ChunkRef, tuple[int, int], int, ReadStats], Awaitable[bytes]]
 # Asks one node for the values of keys along a block path (the client's: net/reads.lookup_keys).
 Lookup = Callable[[BlockPath, Sequence[bytes], ReadStats], Awaitable[list[bytes | None]]]
+# Reads the opened version's chain of manifests again (the client's: net/reads.read_chain).
+Rechain = Callable[[], Awaitable[Sequence[Manifest]]]
 # The node a lookup anchored on chunk (version, ref) is sent to first (the client's: the
 # first of the chunk's read order on its current ring view).
 Route = Callable[[int, ChunkRef], str]
@@ -302,6 +312,7 @@ class AsyncLazyState:
         fetch_part: PartFetch | None = None,
         lookup: Lookup | None = None,
         route: Route | None = None,
+        rechain: Rechain | None = None,
         concurrency: int = 16,
         max_chunk: int = MAX_CHUNK_RAW,
         cache_bytes: int = DEFAULT_OPEN_CACHE,
@@ -314,6 +325,10 @@ class AsyncLazyState:
         # given, a point read is one lookup a node answers from its own cache and storage
         self._lookup = lookup
         self._route = route  # point reads asked together share lookups by this
+        # given, a read that no holder answers reads the version's chain again: the nodes
+        # may have thinned the snapshot it was opened on (:meth:`_over_chain`)
+        self._rechain = rechain
+        self._rechaining = asyncio.Lock()
         self._max_chunk = max_chunk
         self.store = store
         self.version = version
@@ -398,11 +413,63 @@ class AsyncLazyState:
         if self._closed:
             raise RuntimeError(f"the opened state of {self.store} v{self.version} is closed")
 
+    # -- the chain --------------------------------------------------------------------------
+    async def _over_chain(self, read: Callable[[], Awaitable[T]]) -> T:
+        """``read()`` along the chain; when no holder answers it (Unavailable, NotFound) and
+        the version's chain is another now, ``read()`` again along that one. The nodes
+        thin the snapshots between their floor and their newest (core/retention.py): the
+        one this version was opened on goes once newer ones are there, though the version
+        is still retained, and its chain is then an older base and the deltas above it.
+        What is cached stays: the version's rows are the same along any of its chains."""
+        before = self.chain
+        try:
+            return await read()
+        except (Unavailable, NotFound) as exc:
+            if not await self._chain_moved(before, exc):
+                raise
+        return await read()
+
+    async def _chain_moved(self, before: tuple[Manifest, ...], failure: StateStoreError) -> bool:
+        """Whether the version's chain is another than ``before`` now (read again at most
+        once at a time: readers that failed together share one read). Raises
+        VersionNotFound when the version is gone (retention dropped it, or a newer writer
+        committed it again since it was opened)."""
+        if self._rechain is None:
+            return False
+        async with self._rechaining:
+            if self.chain != before:
+                return True  # another reader read it again meanwhile
+            try:
+                chain = tuple(await self._rechain())
+            except VersionNotFound as exc:
+                raise VersionNotFound(
+                    f"version {self.version} of {self.store} is no longer held ({exc}); "
+                    f"a read of it had failed: {failure}"
+                ) from failure
+            except StateStoreError:
+                return False  # the ring cannot say: the read's own failure stands
+            top = chain[-1] if chain else None
+            if top is None or top.version != self.version or top.epoch != self.head.epoch:
+                raise VersionNotFound(
+                    f"version {self.version} of {self.store} at epoch {self.head.epoch} is "
+                    "gone: a newer writer committed it again since it was opened; open it "
+                    "again"
+                ) from failure
+            if chain == before:
+                return False
+            self.chain = chain
+            self.stats.chain = len(chain)
+            self._paths.clear()  # a point read's path depends on the chain
+            return True
+
     # -- point reads ------------------------------------------------------------------------
     async def get(self, key: bytes) -> bytes | None:
         """The value of ``key`` in this version, or None if it has none."""
         _check_key(key)
         self._check_open()
+        return await self._over_chain(partial(self._get, key))
+
+    async def _get(self, key: bytes) -> bytes | None:
         g = key_group(key, self.key_groups)
         if self._groups.get(g) is None and self._fetch_part is not None:
             row = self._rows.get(key)
@@ -573,6 +640,9 @@ class AsyncLazyState:
         (within the client's ``concurrency``)."""
         wanted = [_check_key(k) for k in keys]
         self._check_open()
+        return await self._over_chain(partial(self._get_many, wanted))
+
+    async def _get_many(self, wanted: list[bytes]) -> dict[bytes, bytes]:
         looked_up: dict[bytes, bytes] = {}
         if self._lookup is not None:
             looked_up, wanted = await self._lookup_many(wanted)
@@ -815,8 +885,12 @@ class _Scan:
             self.next_group = g + 1
             self.rows += len(hit)
             return dict(hit)
-        span = lazy._span(g)
+        return await lazy._over_chain(partial(self._step, g))
 
+    async def _step(self, g: int) -> dict[bytes, bytes]:
+        """The rows of the groups the span of ``g`` holds whole."""
+        lazy = self.lazy
+        span = lazy._span(g)
         held = self.held or {}
 
         async def one(m: Manifest, ref: ChunkRef) -> Split:

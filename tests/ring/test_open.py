@@ -36,9 +36,9 @@ from statestore.cli.local import LocalRing
 from statestore.core.chunk import index_span, key_group, parse_index
 from statestore.core.ids import chunk_key
 from statestore.core.manifest import Manifest
-from statestore.net.reads import block_path
+from statestore.net.reads import ReadStats, block_path
 from statestore.wire.bodies import MAX_LOOKUP_KEYS
-from tests.ringkit import local_ring, nodes, scrape, state_of, value
+from tests.ringkit import eventually, local_ring, nodes, scrape, state_of, value
 
 CHUNK = 512  # raw bytes per chunk: hundreds of chunks for a few thousand keys
 Ref = dict[bytes, bytes]
@@ -761,3 +761,60 @@ async def test_point_reads_keep_the_rows_they_answered(tmp_path: Path) -> None:
             assert await lazy.get(key) == want.get(key)
         assert (lazy.bytes_fetched, lazy.cache_misses) == (fetched, misses)
         assert lazy.cache_bytes <= 4 << 20
+
+
+async def test_an_opened_version_whose_base_the_ring_thinned_reads_the_chain_it_has_now(
+    tmp_path: Path,
+) -> None:
+    """A node folding a snapshot every delta (``snapshot_every=1``) thins version 3's
+    snapshot away once newer ones are there (version 3 still retained: its chain is the
+    snapshot of version 1 and the deltas above it again). States opened on version 3 while
+    its chain was that snapshot, by blocks and by lookups, failed every read of a group they
+    had not cached on the build before (no live holder of the chunk); now they read the
+    version's chain again, and every read, scan and count is exact. Every version is
+    committed as a delta (a version committed whole is never thinned, nor anything above
+    it until the floor passes it: core/retention.py)."""
+    sid = StoreId("open", 0, 17, "thinned")
+    commits = _versions(seed=17)
+    expected = _expected(commits)
+    every = _every_key(commits)
+    fast = {"replicas": 1, "write_quorum": 1, "snapshot_every": 1, "compact_interval": 0.2}
+    async with (
+        nodes(tmp_path, 1, **fast) as live,
+        AsyncRingClient([live[0].address], chunk_size=CHUNK) as ring,
+    ):
+        for v, (puts, dels, _) in enumerate(commits[:3], 1):
+            await ring.commit(sid, v, puts, dels, {"src": v}, epoch=1)
+
+        async def folded() -> bool:
+            return [m.version for m in (await ring.open(sid, 3)).chain] == [3]
+
+        await eventually(folded, "version 3 folded into a snapshot")
+        by_blocks = await ring.open(sid, 3)
+        by_lookups = await ring.open(sid, 3, cache_bytes=0)
+        first = by_blocks.chain[0].chunks[0]
+        for key in every[:40:4]:  # blocks and rows cached before the base goes
+            assert await by_blocks.get(key) == expected[3].get(key)
+        for v, (puts, dels, _) in enumerate(commits[3:], 4):
+            await ring.commit(sid, v, puts, dels, {"src": v}, epoch=1)
+
+        async def gone() -> bool:
+            try:
+                await by_blocks._fetch_bytes(3, first, ReadStats())
+            except NodeUnavailable:
+                return True
+            return False
+
+        await eventually(gone, "version 3's snapshot chunks dropped", limit=60)
+        assert [m.version for m in (await ring.open(sid, 3)).chain] != [3]
+        for lazy in (by_lookups, by_blocks):
+            for key in every[::3]:
+                assert await lazy.get(key) == expected[3].get(key), key
+            half = every[1::3]
+            assert await lazy.get_many(half) == {
+                k: expected[3][k] for k in half if k in expected[3]
+            }
+            assert await _scan(lazy) == expected[3]
+            assert lazy.chain[0].version < 3 and lazy.chain[-1].version == 3
+            assert lazy.version == 3 and lazy.head.epoch == 1
+        assert await (await ring.open(sid, 3)).count() == len(expected[3])

@@ -4,11 +4,15 @@ the provider's local partition folders)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -75,16 +79,43 @@ def run_job(
     ``base/<name>.json``, with ``base`` added); its output goes to ``base/<name>.log``."""
     spec_path = base / f"{name}.json"
     spec_path.write_text(json.dumps({"base": str(base), **spec}))
+    args = [sys.executable, str(job), str(spec_path)]
     with open(base / f"{name}.log", "w") as log:
-        done = subprocess.run(
-            [sys.executable, str(job), str(spec_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    return done
+        # its own session: the JVM spark-submit starts may outlive the Python driver, still
+        # running its shutdown hooks (deleting spark.local.dir's spark-* folders); the job is
+        # over when every process of it is
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _end_group(proc.pid, grace=0)
+            proc.wait()
+            raise
+        _end_group(proc.pid)
+    return subprocess.CompletedProcess(args, code)
+
+
+def _end_group(pgid: int, grace: float = 60.0) -> None:
+    """Wait up to ``grace`` seconds for every process of the group to end; kill what is left."""
+    deadline = time.monotonic() + grace
+    while _running_in_group(pgid):
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            return
+        time.sleep(0.1)
+
+
+def _running_in_group(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (a zombie no one reaps is over)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def log_tail(base: Path, name: str) -> str:

@@ -9,6 +9,7 @@ tests/ring/test_open.py, fetch them from nodes).
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -17,6 +18,7 @@ from client._open import _ABSENT, AsyncLazyState, _decode_split, _fold, _Lru, _R
 from statestore.core.cache import ROW_COST
 from statestore.core.chunk import EncodedChunk, key_group, verify
 from statestore.core.commit import build_commit
+from statestore.core.errors import NodeUnavailable, VersionNotFound
 from statestore.core.fold import apply
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
@@ -76,7 +78,9 @@ def _renamed(m: Manifest, chunks: list[EncodedChunk], v: int, data: dict[str, by
 
 def _lazy(chain: list[Manifest], data: dict[str, bytes], cache_bytes: int) -> AsyncLazyState:
     async def fetch(version: int, ref: ChunkRef, stats: ReadStats) -> bytes:
-        body = data[f"{version}/{ref.name}"]
+        body = data.get(f"{version}/{ref.name}")
+        if body is None:  # no holder has it
+            raise NodeUnavailable(f"chunk {version}/{ref.name} could not be read")
         verify(body, ref.checksum, ref.name)
         stats.chunks += 1
         stats.bytes += len(body)
@@ -181,3 +185,79 @@ def test_the_rows_point_reads_answered_stay_within_their_bytes() -> None:
     assert rows.get(b"big") is None and rows.bytes <= rows.max_bytes
     rows.clear()
     assert rows.bytes == 0 and rows.get(b"key-0022") is None
+
+
+def _folded(states: dict[int, Ref], v: int, data: dict[str, bytes], epoch: int = 1) -> Manifest:
+    """A snapshot of version ``v`` (what compaction folds), its chunks added to ``data``."""
+    m, chunks = build_commit(
+        SID, v, states[v], [], {}, epoch, True, key_groups=16, chunk_size=300, max_chunk=1 << 20
+    )
+    assert not any(f"{v}/{c.name}" in data for c in chunks)
+    return _renamed(m, chunks, v, data)
+
+
+async def test_a_read_no_holder_answers_reads_the_versions_chain_again() -> None:
+    """Opened on a snapshot of version 5 that goes (the nodes thinned it), every read (point
+    reads, ``get_many``, a scan begun before it went) reads the chain the version has now,
+    read again once for readers that failed together; what was cached stays."""
+    chain, data, states = _chain(7, 5)
+    snap = _folded(states, 5, data)
+    rechains: list[int] = []
+
+    async def rechain() -> list[Manifest]:
+        rechains.append(1)
+        await asyncio.sleep(0.01)
+        return chain
+
+    base = _lazy([snap], data, 1 << 20)
+    lazy = AsyncLazyState(
+        SID, [snap], 5, fetch=base._fetch_bytes, rechain=rechain, cache_bytes=1 << 20
+    )
+    keys = sorted({f"k{i}".encode() for i in range(620)})
+    want = states[5]
+    scan = lazy.spans()
+    first = await anext(scan)
+    assert await lazy.get(keys[0]) == want.get(keys[0])
+    for c in snap.chunks:  # the snapshot goes
+        del data[f"5/{c.name}"]
+    got = await asyncio.gather(*(lazy.get(k) for k in keys))
+    assert got == [want.get(k) for k in keys]
+    assert len(rechains) == 1 and lazy.chain == tuple(chain) and lazy.stats.chain == 5
+    assert await lazy.get_many(keys) == {k: v for k, v in want.items() if k in set(keys)}
+    rest = [rows async for rows in scan]
+    assert {k: v for rows in [first, *rest] for k, v in rows.items()} == want
+    assert len(rechains) == 1
+
+
+async def test_a_read_no_holder_answers_fails_when_the_chain_is_the_same_or_gone() -> None:
+    """The read's own failure when the chain read again is the same or cannot be read;
+    VersionNotFound when the version is no longer held or another writer committed it
+    again."""
+    chain, data, states = _chain(8, 4)
+    answers: list[object] = []
+
+    async def rechain() -> list[Manifest]:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        assert isinstance(answer, list)
+        return answer
+
+    base = _lazy(chain, data, 0)
+    for c in chain[0].chunks:
+        del data[f"1/{c.name}"]
+    other = _folded(states, 4, data, epoch=2)
+    cases: list[tuple[object, type[Exception], str]] = [
+        (list(chain), NodeUnavailable, "could not be read"),  # the same chain
+        (NodeUnavailable("no seed answered"), NodeUnavailable, "could not be read"),
+        (VersionNotFound("below the floor"), VersionNotFound, "no longer held"),
+        ([other], VersionNotFound, "committed it again"),
+    ]
+    for answer, raised, says in cases:
+        lazy = AsyncLazyState(
+            SID, chain, 4, fetch=base._fetch_bytes, rechain=rechain, cache_bytes=0
+        )
+        answers.append(answer)
+        with pytest.raises(raised, match=says):
+            await lazy.get(b"k1")
+        assert not answers and lazy.chain == tuple(chain)
