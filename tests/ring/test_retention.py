@@ -158,3 +158,36 @@ async def test_a_node_holding_manifests_it_does_not_own_takes_the_whole_line(
         await eventually(gone, "the owners dropped the snapshot's chunks", limit=60)
         assert held.version not in outsider.store.snapshot_versions(store)
         assert outsider.store.thinning(store).below > held.version
+
+
+async def test_a_store_whose_first_version_was_committed_whole_thins_above_it(
+    tmp_path: Path,
+) -> None:
+    """Version 1 committed whole (``snapshot=True``: no delta of it, so no line may drop it)
+    and deltas above it, snapshots folded at every one: the nodes keep version 1, the
+    newest snapshot and nothing between, long before the floor passes version 1 (on the
+    build before, the line stayed below version 1 and every folded snapshot stayed, a full
+    copy each, until the retention line passed a rung: 150 versions at the defaults), and
+    every version restores."""
+    store = StoreId("thin", 0, 2, "whole")
+    kw = {"snapshot_every": 1, "compact_interval": 0.2, "replicas": 2, "write_quorum": 2}
+    async with (
+        nodes(tmp_path, 2, **kw) as live,
+        AsyncRingClient([live[0].address], timeout=30) as client,
+    ):
+        state = {f"k{i}".encode(): b"v1" for i in range(200)}
+        expected = {1: dict(state)}
+        await client.commit(store, 1, state, [], {}, epoch=1, snapshot=True)
+        for v in range(2, 9):
+            puts = {f"k{i}".encode(): f"v{v}".encode() for i in range(v, 200, 7)}
+            await client.commit(store, v, puts, [], {}, epoch=1)
+            state.update(puts)
+            expected[v] = dict(state)
+            await asyncio.sleep(0.3)  # a compaction pass or so: a snapshot folded at v
+
+        def thinned() -> bool:
+            return all(n.store.snapshot_versions(store) == [1, 8] for n in live)
+
+        await eventually(thinned, "the snapshots between versions 1 and 8 dropped", limit=30)
+        for v, want in expected.items():
+            assert dict(await client.restore(store, v)) == want, v

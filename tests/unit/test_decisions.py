@@ -731,15 +731,17 @@ def test_thinning_keeps_every_retained_version_and_few_bases(
             deltas = {v: m for v, m in deltas.items() if v >= floor}
             snaps = {v: m for v, m in snaps.items() if v >= floor}
         if todo.thin is not None:
-            line = Thinning(max(line.below, todo.thin.below), todo.thin.every)
+            # as a node takes it (NodeStore.apply_thinning): lines and floors never fall
+            below, at = max(line.below, todo.thin.below), max(line.floor, todo.thin.floor)
+            line = Thinning(below, todo.thin.every, 0, at)
             snaps = {v: m for v, m in snaps.items() if not line.drops(v, floor)}
         for v in range(max(1, head - retain + 1), head + 1):
             resolve_chain(SID, v, deltas, snaps)  # VersionNotFound fails the test
-        above = [v for v in snaps if v > floor]
+        above = [v for v in snaps if v > max(floor, 1)]  # version 1 holds no line down
         if not whole & set(above):
             # a whole snapshot the floor passed may leave one more until the next pass lifts
             # the line it held down
-            extra = 1 if whole and min(whole) <= head else 0
+            extra = 1 if any(1 < v <= head for v in whole) else 0
             assert len(above) <= 1 + extra + (head - floor) // thin, (floor, sorted(snaps), line)
             # besides rungs, only the newest snapshot (what the latest version's restore reads)
             assert len([v for v in above if v % thin]) <= 1, (floor, sorted(snaps), line)
@@ -778,3 +780,23 @@ def test_a_dead_branch_above_the_head_draws_no_line() -> None:
         SID, 45, deltas, snaps, snapshot_every=5, retain=100, floor=0, thin=Thinning(0, 10)
     )
     assert todo.thin is not None and todo.thin.below == 45, todo
+
+
+def test_a_first_version_committed_whole_holds_no_line_down() -> None:
+    """A store whose version 1 was committed whole (the SDK's ``snapshot=True``; no delta:
+    no line may drop it) thins the snapshots above it before the retention line reaches a
+    rung: the line is drawn at floor 1 (version 1 has nothing below it), which keeps version
+    1. On the build before the line stayed below version 1, and every snapshot folded above
+    it stayed until the floor passed it (~150 versions at the defaults: 14 more full
+    copies)."""
+    deltas = {v: _manifest(v, "delta", 1) for v in range(2, 41)}
+    snaps = {v: _manifest(v, "snapshot", 1) for v in (1, 10, 20, 30, 40)}
+    todo = plan_compaction(
+        SID, 40, deltas, snaps, snapshot_every=10, retain=100, floor=0, thin=Thinning(0, 50)
+    )
+    assert todo.floor is None, todo  # nothing to drop below the oldest kept version
+    assert todo.thin is not None and todo.thin.below == 40 and todo.thin.floor == 1, todo
+    kept = {u: m for u, m in snaps.items() if not todo.thin.drops(u, 0)}
+    assert sorted(kept) == [1, 40]
+    for v in range(1, 41):
+        resolve_chain(SID, v, deltas, kept)
