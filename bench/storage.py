@@ -15,7 +15,8 @@ core/retention.Thinning), and one at that default with its LMDB file compacted o
 quarter of it is free (``--reclaim-at 0.25``, the default; the others at 0.5, the default
 before; node/space.py), and one at ``--thin-snapshots 10`` (rungs every 10 versions: the
 floor lags the retention line by less, for a rung folded every 10 versions);
-``--layouts`` picks some. Commits go to the rings in turn, version by version (the order
+``--layouts`` picks some; ``--first-whole`` commits version 1 whole (``snapshot=True``, as
+an SDK writer's first commit may be). Commits go to the rings in turn, version by version (the order
 rotates). Once repair, compaction and retention have settled, it
 restores the latest and the oldest retained version from each ring, alternating over
 ``--rounds`` rounds, and reads from every node (``GET /v1/health``, ``storage``) the storage
@@ -128,6 +129,8 @@ def run_case(
     rounds: int,
     pace: float,
     names: list[str],
+    *,
+    first_whole: bool = False,
 ) -> dict[str, Any]:
     """One update stream into a ring per rule of ``names``, side by side. Commits go to
     them in turn (the order rotates); restores of the latest and the oldest retained
@@ -143,7 +146,7 @@ def run_case(
             written[v] = len(puts)
             for n in _turn(names, v):
                 t0 = time.perf_counter()
-                clients[n].commit(sid, v, puts, [], epoch=1)
+                clients[n].commit(sid, v, puts, [], epoch=1, snapshot=first_whole and v == 1)
                 commit_s[n].append(time.perf_counter() - t0)
             time.sleep(pace)  # a streaming trigger: compaction runs between versions
         time.sleep(
@@ -228,6 +231,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="restore rounds (default 5)")
     p.add_argument("--pace", type=float, default=1.0, help="seconds between versions (default 1)")
     p.add_argument(
+        "--first-whole",
+        action="store_true",
+        help="commit version 1 whole (snapshot=True, as the SDK's first commit may be)",
+    )
+    p.add_argument(
         "--layouts",
         nargs="+",
         choices=list(LAYOUTS),
@@ -236,12 +244,23 @@ def main() -> None:
     )
     args = p.parse_args()
     print(machine())
+    if args.first_whole:
+        print("version 1 committed whole (--first-whole)")
     out = []
     names = args.layouts
     old, new = names[0], names[-1]
     for live_mib in args.live_mib:
         for rate in args.rates:
-            r = run_case(live_mib, rate, args.versions, args.value, args.rounds, args.pace, names)
+            r = run_case(
+                live_mib,
+                rate,
+                args.versions,
+                args.value,
+                args.rounds,
+                args.pace,
+                names,
+                first_whole=args.first_whole,
+            )
             for n in names:
                 disk, held = r["disk"][n], r["held"][n]
                 out.append(

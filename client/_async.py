@@ -745,7 +745,8 @@ class AsyncRingClient:
         Raises StoreNotFound / VersionNotFound for what is not there. A read that no holder
         answers reads the version's chain again: when the nodes thinned the snapshot it was
         opened on, it reads the chain the version has now (what is cached stays); when
-        retention dropped the version, it raises VersionNotFound.
+        retention dropped the version, it raises VersionNotFound (when the chain can be
+        read; else the read's own error).
         """
         check_store(store)
         if version is not None:

@@ -58,9 +58,9 @@ from statestore.core.errors import (
     CorruptChunk,
     InvalidRequest,
     MalformedData,
+    NodeUnavailable,
     NotFound,
     StateStoreError,
-    Unavailable,
     VersionNotFound,
 )
 from statestore.core.fold import Row, apply
@@ -90,6 +90,9 @@ SHARED_LOOKUP_KEYS = 64
 _UNSEEN: Any = object()
 
 Split = dict[int, list[Row]]  # a decoded chunk's rows by key group (None values: deletes)
+Folded = dict[int, dict[bytes, bytes]]  # key group -> its rows
+# a group load under way: the chain it was planned on, its groups lo..hi, the load
+_Loading = tuple[tuple[Manifest, ...], int, int, "asyncio.Future[Folded]"]
 # Fetches one chunk of the store (version, ref), verified against ref's checksum, counting
 # what it fetched in the stats (the client's: net/reads.fetch_chunk on its ring view).
 ChunkFetch = Callable[[int, ChunkRef, ReadStats], Awaitable[bytes]]
@@ -329,6 +332,12 @@ class AsyncLazyState:
         # may have thinned the snapshot it was opened on (:meth:`_over_chain`)
         self._rechain = rechain
         self._rechaining = asyncio.Lock()
+        # reads and chain reads are numbered as they begin: a read that failed takes the
+        # outcome of a chain read begun after it began (readers that failed together share
+        # one), and a version found gone stays gone
+        self._tick = 0
+        self._rechained = -1  # the number of the last chain read
+        self._gone: VersionNotFound | None = None
         self._max_chunk = max_chunk
         self.store = store
         self.version = version
@@ -351,7 +360,8 @@ class AsyncLazyState:
         # (block_path): found once per group, for up to PATHS_KEPT groups
         self._paths: dict[int, BlockPath | None] = {}
         self._fetching: dict[str, asyncio.Future[Split]] = {}
-        self._loading: list[tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]] = []
+        # group loads under way: (the chain they were planned on, lo, hi, the load)
+        self._loading: list[_Loading] = []
         self._sem = asyncio.Semaphore(concurrency)
         # point reads waiting for the next lookup (key -> its path, its readers), and the
         # lookups under way (referenced until they finish)
@@ -415,46 +425,61 @@ class AsyncLazyState:
 
     # -- the chain --------------------------------------------------------------------------
     async def _over_chain(self, read: Callable[[], Awaitable[T]]) -> T:
-        """``read()`` along the chain; when no holder answers it (Unavailable, NotFound) and
-        the version's chain is another now, ``read()`` again along that one. The nodes
+        """``read()`` along the chain; when no holder answers it (NodeUnavailable, NotFound)
+        and the version's chain is another now, ``read()`` again along that one. The nodes
         thin the snapshots between their floor and their newest (core/retention.py): the
         one this version was opened on goes once newer ones are there, though the version
         is still retained, and its chain is then an older base and the deltas above it.
         What is cached stays: the version's rows are the same along any of its chains."""
-        before = self.chain
+        before, began = self.chain, self._tick
+        self._tick += 1
         try:
             return await read()
-        except (Unavailable, NotFound) as exc:
-            if not await self._chain_moved(before, exc):
+        except (NodeUnavailable, NotFound) as exc:
+            if not await self._chain_moved(before, began, exc):
                 raise
+        self._check_open()
         return await read()
 
-    async def _chain_moved(self, before: tuple[Manifest, ...], failure: StateStoreError) -> bool:
-        """Whether the version's chain is another than ``before`` now (read again at most
-        once at a time: readers that failed together share one read). Raises
-        VersionNotFound when the version is gone (retention dropped it, or a newer writer
-        committed it again since it was opened)."""
+    async def _chain_moved(
+        self, before: tuple[Manifest, ...], began: int, failure: StateStoreError
+    ) -> bool:
+        """Whether the version's chain is another than ``before`` now, for a read numbered
+        ``began`` that failed: read again, unless a chain read begun after that read began
+        has answered (then its outcome), one at a time. Raises VersionNotFound when the
+        version is gone (retention dropped it, or a newer writer committed it again since
+        it was opened), StoreNotFound when the store is."""
         if self._rechain is None:
             return False
         async with self._rechaining:
             if self.chain != before:
                 return True  # another reader read it again meanwhile
+            if self._gone is not None:
+                raise VersionNotFound(str(self._gone)) from failure
+            if self._rechained > began:
+                return False  # read again since this read began: the same chain
+            self._rechained = self._tick
+            self._tick += 1
             try:
                 chain = tuple(await self._rechain())
             except VersionNotFound as exc:
-                raise VersionNotFound(
+                self._gone = VersionNotFound(
                     f"version {self.version} of {self.store} is no longer held ({exc}); "
                     f"a read of it had failed: {failure}"
-                ) from failure
+                )
+                raise VersionNotFound(str(self._gone)) from failure
+            except NotFound:
+                raise  # the store is gone
             except StateStoreError:
-                return False  # the ring cannot say: the read's own failure stands
+                return False  # the ring cannot say now: the read's own failure stands
             top = chain[-1] if chain else None
             if top is None or top.version != self.version or top.epoch != self.head.epoch:
-                raise VersionNotFound(
+                self._gone = VersionNotFound(
                     f"version {self.version} of {self.store} at epoch {self.head.epoch} is "
                     "gone: a newer writer committed it again since it was opened; open it "
                     "again"
-                ) from failure
+                )
+                raise VersionNotFound(str(self._gone)) from failure
             if chain == before:
                 return False
             self.chain = chain
@@ -493,7 +518,10 @@ class AsyncLazyState:
             if not path:
                 return None
             try:
-                if self._queued or self._answering or self._alone:
+                queued = self._queued.get(key)
+                if (self._queued or self._answering or self._alone) and (
+                    queued is None or queued[0] == path  # not one along an older chain
+                ):
                     return await self._looked_up(key, path)  # shared with the others asking
                 self._alone += 1  # nothing else asked: no batch to wait for
                 try:
@@ -730,12 +758,14 @@ class AsyncLazyState:
     def _span_load(self, g: int) -> tuple[int, int, asyncio.Future[dict[int, dict[bytes, bytes]]]]:
         """The load of the span of group ``g``: one already under way that holds ``g`` whole
         (shared: concurrent reads of one span fetch it once), else a new one."""
-        for lo, hi, fut in self._loading:
-            if lo <= g <= hi:
+        for chain, lo, hi, fut in self._loading:
+            # a load planned on a chain read before the last one may fail on a chunk the
+            # nodes dropped: a reader that read the chain again does not wait on it
+            if chain is self.chain and lo <= g <= hi:
                 return lo, hi, _shared(fut)
         span = self._span(g)
         task = asyncio.ensure_future(self._load(span))
-        entry = (span.lo, span.hi, task)
+        entry = (self.chain, span.lo, span.hi, task)
         self._loading.append(entry)
         task.add_done_callback(lambda _t: self._loading.remove(entry))
         return span.lo, span.hi, _shared(task)

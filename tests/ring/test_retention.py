@@ -167,8 +167,8 @@ async def test_a_store_whose_first_version_was_committed_whole_thins_above_it(
     and deltas above it, snapshots folded at every one: the nodes keep version 1, the
     newest snapshot and nothing between, long before the floor passes version 1 (on the
     build before, the line stayed below version 1 and every folded snapshot stayed, a full
-    copy each, until the retention line passed a rung: 150 versions at the defaults), and
-    every version restores."""
+    copy each, until the floor passed version 1: ~110 versions at the defaults), and every
+    version restores."""
     store = StoreId("thin", 0, 2, "whole")
     kw = {"snapshot_every": 1, "compact_interval": 0.2, "replicas": 2, "write_quorum": 2}
     async with (

@@ -82,40 +82,47 @@ def run_job(
     args = [sys.executable, str(job), str(spec_path)]
     with open(base / f"{name}.log", "w") as log:
         # its own session: the JVM spark-submit starts may outlive the Python driver, still
-        # running its shutdown hooks (deleting spark.local.dir's spark-* folders); the job is
-        # over when every process of it is
+        # running its shutdown hooks (deleting spark.local.dir's spark-* folders), and so may
+        # PySpark's workers (in groups of their own); the job is over when every process of
+        # the session is
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _end_group(proc.pid, grace=0)
+        except BaseException:  # timed out, interrupted: nothing of the job left running
+            _end_session(proc.pid, grace=0)
             proc.wait()
             raise
-        _end_group(proc.pid)
+        _end_session(proc.pid)
     return subprocess.CompletedProcess(args, code)
 
 
-def _end_group(pgid: int, grace: float = 60.0) -> None:
-    """Wait up to ``grace`` seconds for every process of the group to end; kill what is left."""
+def _end_session(sid: int, grace: float = 60.0) -> None:
+    """Wait up to ``grace`` seconds for every process of session ``sid`` to end; kill what
+    is left, and wait for it to go."""
     deadline = time.monotonic() + grace
-    while _running_in_group(pgid):
+    killed = False
+    while pids := _running_in_session(sid):
         if time.monotonic() >= deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            return
+            if killed:
+                return  # not gone 30 s after SIGKILL (stuck in the kernel): left to it
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed, deadline = True, time.monotonic() + 30
         time.sleep(0.1)
 
 
-def _running_in_group(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running (a zombie no one reaps is over)."""
+def _running_in_session(sid: int) -> list[int]:
+    """The processes of session ``sid`` still running (a zombie no one reaps is over)."""
+    out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
 
 
 def log_tail(base: Path, name: str) -> str:

@@ -787,8 +787,8 @@ def test_a_first_version_committed_whole_holds_no_line_down() -> None:
     no line may drop it) thins the snapshots above it before the retention line reaches a
     rung: the line is drawn at floor 1 (version 1 has nothing below it), which keeps version
     1. On the build before the line stayed below version 1, and every snapshot folded above
-    it stayed until the floor passed it (~150 versions at the defaults: 14 more full
-    copies)."""
+    it stayed until the floor passed version 1 (~110 versions at the defaults: up to ten
+    full copies)."""
     deltas = {v: _manifest(v, "delta", 1) for v in range(2, 41)}
     snaps = {v: _manifest(v, "snapshot", 1) for v in (1, 10, 20, 30, 40)}
     todo = plan_compaction(

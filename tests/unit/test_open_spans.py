@@ -261,3 +261,71 @@ async def test_a_read_no_holder_answers_fails_when_the_chain_is_the_same_or_gone
         with pytest.raises(raised, match=says):
             await lazy.get(b"k1")
         assert not answers and lazy.chain == tuple(chain)
+
+
+async def test_readers_that_failed_together_share_one_read_of_the_chain() -> None:
+    """Sixteen readers of groups no holder serves, the chain unchanged: one chain read for
+    all of them (not one each, one after another), each given the read's own failure; and
+    a version found gone fails the next reads without reading the chain again."""
+    chain, _data, _states = _chain(7, 5)
+    answers: list[object] = []
+
+    async def rechain() -> list[Manifest]:
+        answer = answers.pop(0)
+        await asyncio.sleep(0.01)
+        if isinstance(answer, BaseException):
+            raise answer
+        assert isinstance(answer, list)
+        return answer
+
+    async def fetch(version: int, ref: ChunkRef, stats: ReadStats) -> bytes:
+        raise NodeUnavailable("every holder is down")
+
+    lazy = AsyncLazyState(SID, chain, 5, fetch=fetch, rechain=rechain, cache_bytes=0)
+    by_group = {key_group(f"k{i}".encode(), lazy.key_groups): f"k{i}".encode() for i in range(600)}
+    assert len(by_group) == 16
+    answers.append(list(chain))
+    got = await asyncio.gather(*(lazy.get(k) for k in by_group.values()), return_exceptions=True)
+    assert all(isinstance(e, NodeUnavailable) for e in got), got
+    assert not answers  # one chain read
+    answers.append(VersionNotFound("below the floor"))
+    for _ in range(3):
+        with pytest.raises(VersionNotFound, match="no longer held"):
+            await lazy.get(b"k1")
+    assert not answers  # gone once, gone for good: no more chain reads
+
+
+async def test_a_read_after_the_chain_moved_does_not_wait_on_a_load_along_the_old_one() -> None:
+    """Reader A's group load fails on the snapshot the nodes dropped; while A reads the
+    chain again, reader B starts a load of the same span along the old chain (slow: its
+    fetches fail over). A's read along the new chain loads on its own: on the build
+    before it joined B's load and failed with it."""
+    chain, data, states = _chain(7, 5)
+    snap = _folded(states, 5, data)
+    base = _lazy([snap], data, 1 << 20)
+    slow: set[tuple[int, str]] = set()
+
+    async def fetch(version: int, ref: ChunkRef, stats: ReadStats) -> bytes:
+        if (version, ref.name) in slow:
+            await asyncio.sleep(0.3)  # a failover, a refresh of the view, a retry
+        return await base._fetch_bytes(version, ref, stats)
+
+    async def rechain() -> list[Manifest]:
+        await asyncio.sleep(0.05)
+        return chain
+
+    lazy = AsyncLazyState(SID, [snap], 5, fetch=fetch, rechain=rechain, cache_bytes=1 << 20)
+    for c in snap.chunks:
+        del data[f"5/{c.name}"]
+    key = b"k1"
+    span = lazy._span(key_group(key, lazy.key_groups))
+    a = asyncio.ensure_future(lazy.get(key))
+    await asyncio.sleep(0.01)  # A failed and reads the chain again
+    slow.update((m.version, ref.name) for m, ref in span.chunks())
+    other = next(
+        k
+        for k in (f"k{i}".encode() for i in range(600))
+        if k != key and span.lo <= key_group(k, lazy.key_groups) <= span.hi
+    )
+    b = asyncio.ensure_future(lazy.get(other))
+    assert list(await asyncio.gather(a, b)) == [states[5].get(key), states[5].get(other)]
