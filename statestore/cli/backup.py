@@ -83,6 +83,7 @@ __all__ = ["add_parser", "backup", "restore_backup", "verify_backup"]
 T = TypeVar("T")
 PARTIAL = ".partial-backup"
 BATCH = 200  # (store, version) pairs per batched chain read
+_Chunk = tuple[StoreId, Manifest, int, str]  # a chunk to copy: store, manifest, ref, file
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -290,6 +291,12 @@ async def _read_store(
     return [v for v in versions if v in chains], chains
 
 
+# Plans a backup makes at most: a backup that outlives the nodes' chunk grace may find a
+# snapshot its chains named thinned away (core/retention.py); its chains are then read again
+# and only the chunks not copied yet are fetched.
+PLANS = 3
+
+
 async def _backup(
     seeds: Sequence[str],
     query: str,
@@ -305,66 +312,21 @@ async def _backup(
             console.print(f"warning: no answer from {f}; a store only it lists is not backed up")
         if not stores:
             raise StateStoreError(f"query {query} has no stores on the ring: nothing to back up")
-        files: dict[str, dict[str, Any]] = {}
-        entries = []
-        todo: list[tuple[StoreId, Manifest, int]] = []  # chunks to copy: store, manifest, ref
-        skipped = []
-        for store in stores:
-            versions, chains = await _read_store(ring, store, version_at, console.print)
-            if not versions:
-                skipped.append(store.path)
-                continue
-            manifests: dict[tuple[int, str, int], Manifest] = {}
-            for chain in chains.values():
-                for m in chain:
-                    manifests.setdefault((m.version, m.kind, m.epoch), m)
-            names = []
-            for m in load_order(manifests.values()):
-                data = encode_manifest(m)
-                path = manifest_file(store, m)
-                _write(tmp / path, data)
-                files[path] = {"path": path, "size": len(data), "xxh3_128": file_digest(data)}
-                names.append(path)
-                todo.extend((store, m, i) for i in range(len(m.chunks)))
-            entries.append(
-                {
-                    "store": store.path,
-                    "versions": versions,
-                    "head": {"version": versions[-1], "epoch": chains[versions[-1]][-1].epoch},
-                    "positions": dict(chains[versions[-1]][-1].positions),
-                    "chains": {
-                        str(v): [[m.version, m.kind, m.epoch] for m in chains[v]] for v in versions
-                    },
-                    "manifests": names,
-                }
-            )
-        # each chunk once (by store and checksum), fetched from its first verified holder
-        seen: set[str] = set()
-        unique = []
-        for store, m, i in todo:
-            path = chunk_file(store, m.chunks[i].checksum)
-            if path not in seen:
-                seen.add(path)
-                unique.append((store, m, i, path))
-        total = sum(m.chunks[i].size for _, m, i, _ in unique)
-        stats = ReadStats()
-        sem = asyncio.Semaphore(8)
-        with _progress(console) as progress:
-            task = progress.add_task(
-                f"backing up {len(entries)} stores of {query}: {len(unique)} chunks", total=total
-            )
-
-            async def copy(store: StoreId, m: Manifest, i: int, path: str) -> None:
-                ref = m.chunks[i]
-                async with sem:
-                    data = await ring.routed(
-                        lambda view: fetch_chunk(ring.transport, view, store, m.version, ref, stats)
-                    )
-                await asyncio.to_thread(_write, tmp / path, data)
-                files[path] = {"path": path, "size": len(data), "xxh3_128": file_digest(data)}
-                progress.advance(task, len(data))
-
-            await _all(copy(*u) for u in unique)
+        copied: dict[str, dict[str, Any]] = {}  # chunk files fetched (named by checksum)
+        for plan in range(1, PLANS + 1):
+            entries, skipped, files, todo = await _plan(ring, stores, version_at, tmp, console)
+            try:
+                await _copy(ring, query, len(entries), todo, tmp, copied, console)
+                break
+            except NodeUnavailable as exc:
+                if plan == PLANS:
+                    raise
+                console.print(
+                    f"warning: {exc}; reading the chains again (the nodes may have thinned a "
+                    "snapshot they named) and copying what is not copied yet"
+                )
+        files |= {path: copied[path] for _, _, _, path in todo}
+        await asyncio.to_thread(_keep_only, tmp, set(files))
         view = await ring.view()
         return {
             "format": FORMAT,
@@ -380,6 +342,96 @@ async def _backup(
         }
     finally:
         await ring.close()
+
+
+def _keep_only(tmp: Path, names: set[str]) -> None:
+    """Delete the files under ``tmp`` not named (what an earlier plan wrote and the last
+    does not name)."""
+    for f in tmp.rglob("*"):
+        if f.is_file() and f.relative_to(tmp).as_posix() not in names:
+            f.unlink()
+
+
+async def _plan(
+    ring: _Ring, stores: list[StoreId], version_at: int | None, tmp: Path, console: Any
+) -> tuple[list[dict[str, Any]], list[str], dict[str, dict[str, Any]], list[_Chunk]]:
+    """The chains of every store's versions, read now, and their manifests written: the
+    index's store entries, the stores left out, the manifest files, and the chunks the
+    chains name (each once, by store and checksum)."""
+    files: dict[str, dict[str, Any]] = {}
+    entries = []
+    todo: list[tuple[StoreId, Manifest, int]] = []  # chunks to copy: store, manifest, ref
+    skipped = []
+    for store in stores:
+        versions, chains = await _read_store(ring, store, version_at, console.print)
+        if not versions:
+            skipped.append(store.path)
+            continue
+        manifests: dict[tuple[int, str, int], Manifest] = {}
+        for chain in chains.values():
+            for m in chain:
+                manifests.setdefault((m.version, m.kind, m.epoch), m)
+        names = []
+        for m in load_order(manifests.values()):
+            data = encode_manifest(m)
+            path = manifest_file(store, m)
+            _write(tmp / path, data)
+            files[path] = {"path": path, "size": len(data), "xxh3_128": file_digest(data)}
+            names.append(path)
+            todo.extend((store, m, i) for i in range(len(m.chunks)))
+        entries.append(
+            {
+                "store": store.path,
+                "versions": versions,
+                "head": {"version": versions[-1], "epoch": chains[versions[-1]][-1].epoch},
+                "positions": dict(chains[versions[-1]][-1].positions),
+                "chains": {
+                    str(v): [[m.version, m.kind, m.epoch] for m in chains[v]] for v in versions
+                },
+                "manifests": names,
+            }
+        )
+    seen: set[str] = set()
+    unique = []
+    for store, m, i in todo:
+        path = chunk_file(store, m.chunks[i].checksum)
+        if path not in seen:
+            seen.add(path)
+            unique.append((store, m, i, path))
+    return entries, skipped, files, unique
+
+
+async def _copy(
+    ring: _Ring,
+    query: str,
+    stores: int,
+    todo: list[_Chunk],
+    tmp: Path,
+    copied: dict[str, dict[str, Any]],
+    console: Any,
+) -> None:
+    """Copy the chunks of ``todo`` not in ``copied`` yet, each from its first verified
+    holder, 8 at a time; each copied goes into ``copied``."""
+    left = [c for c in todo if c[3] not in copied]
+    total = sum(m.chunks[i].size for _, m, i, _ in left)
+    stats = ReadStats()
+    sem = asyncio.Semaphore(8)
+    with _progress(console) as progress:
+        task = progress.add_task(
+            f"backing up {stores} stores of {query}: {len(left)} chunks", total=total
+        )
+
+        async def copy(store: StoreId, m: Manifest, i: int, path: str) -> None:
+            ref = m.chunks[i]
+            async with sem:
+                data = await ring.routed(
+                    lambda view: fetch_chunk(ring.transport, view, store, m.version, ref, stats)
+                )
+            await asyncio.to_thread(_write, tmp / path, data)
+            copied[path] = {"path": path, "size": len(data), "xxh3_128": file_digest(data)}
+            progress.advance(task, len(data))
+
+        await _all(copy(*c) for c in left)
 
 
 def backup(

@@ -13,16 +13,27 @@ loaded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import statestore.cli.backup as backup_mod
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, http_json
-from tests.ringkit import FAST, local_ring
+from statestore.core.ids import chunk_key
+from statestore.core.manifest import Manifest
+from statestore.net.reads import fetch_chunk
+from tests.ringkit import FAST, eventually, local_ring
 
 Q = "q-bk"
 STORES = [StoreId(Q, 0, 0, "default"), StoreId(Q, 0, 1, "default"), StoreId(Q, 1, 0, "agg")]
@@ -210,3 +221,70 @@ def test_the_format_s_pure_rules() -> None:
         assert "not a path of this format" in str(exc)
     else:
         raise AssertionError("a path outside the backup was accepted")
+
+
+def test_a_backup_that_outlives_a_thinned_snapshot_reads_the_chains_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backup slower than the nodes' chunk grace (the test holds its first chunk fetch
+    until the snapshot its chains named, version 3's, is thinned away: a node folding one
+    every version, a writer going on) failed on the build before ("could not be read from
+    any live holder") and left nothing; now it reads the chains again, copies what it had
+    not copied, names no file of the dropped snapshot, and every backed-up version loads
+    back byte for byte."""
+    sid = StoreId("q-thin", 0, 0, "default")
+    args = [*FAST, "--replicas", "1", "--snapshot-every", "1"]
+    with local_ring(tmp_path / "ring", 1, args) as ring, RingClient(ring.seeds) as client:
+        rng = random.Random(5)
+        for v in range(1, 4):
+            puts = {f"k{rng.randrange(300):04d}".encode(): rng.randbytes(80) for _ in range(200)}
+            client.commit(sid, v, puts, [], {"src": v}, epoch=1)
+
+        def folded() -> bool:
+            return [m.version for m in client.open(sid, 3).lazy.chain] == [3]
+
+        eventually(folded, "version 3 folded into a snapshot", limit=30)
+        snap = client.open(sid, 3).lazy.chain[0]
+        real = fetch_chunk
+        thinned: list[asyncio.Task[None]] = []
+
+        async def slow(transport: Any, view: Any, store: StoreId, version: int, *a: Any) -> bytes:
+            if not thinned:  # every fetch of the first plan waits for the thinning
+                thinned.append(
+                    asyncio.ensure_future(asyncio.to_thread(_thin_away, client, sid, snap, ring))
+                )
+            await asyncio.shield(thinned[0])
+            return await real(transport, view, store, version, *a)
+
+        monkeypatch.setattr(backup_mod, "fetch_chunk", slow)
+        out = tmp_path / "bk"
+        assert backup_mod.backup(ring.seeds, "q-thin", str(out)) == 0
+        monkeypatch.undo()
+        index = json.loads((out / "backup.json").read_text())
+        named = {f["path"] for f in index["files"]}
+        on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+        assert on_disk == named | {"backup.json"}
+        assert not any("3-snapshot" in p for p in named), sorted(named)
+        versions = index["stores"][0]["versions"]
+        assert versions[:3] == [1, 2, 3]
+        want = {v: dict(client.restore(sid, v)) for v in versions}
+        assert backup_mod.restore_backup(ring.seeds, str(out), as_query="q-back") == 0
+        back = StoreId("q-back", 0, 0, "default")
+        assert {v: dict(client.restore(back, v)) for v in versions} == want
+
+
+def _thin_away(client: RingClient, sid: StoreId, snap: Manifest, ring: LocalRing) -> None:
+    """Commit until the snapshot ``snap`` (of version 3) is thinned and its chunks are gone."""
+    for v in range(4, 8):
+        client.commit(sid, v, {f"x{v}".encode(): b"y" * 50}, [], {"src": v}, epoch=1)
+        time.sleep(0.3)
+    url = f"http://{ring.seeds[0]}/v1/chunks/{chunk_key(sid, 3, snap.chunks[0].name)}"
+
+    def gone() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=10):
+                return False
+        except urllib.error.HTTPError as exc:
+            return exc.code == 404
+
+    eventually(gone, "version 3's snapshot chunks dropped", limit=90)
