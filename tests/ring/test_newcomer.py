@@ -268,13 +268,14 @@ def test_a_client_only_install_says_to_install_the_node_extra(tmp_path: Path, co
 
 # -- 7. the DHT's UDP port: the real one is printed and a taken one is said -------------------
 def test_a_taken_udp_port_is_said_and_the_real_one_printed(tmp_path: Path) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
         while True:  # a port free on TCP whose UDP number is taken
             udp.bind(("127.0.0.1", 0))
             port = int(udp.getsockname()[1])
             if tcp_free(port):  # another test's node may listen on that TCP number
                 break
-            udp.close()  # pragma: no cover (a race)
+            udp.close()  # a race: closed here, the next one in `finally`
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         out, err = run_node_for(
             ["--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "d")],
@@ -284,6 +285,8 @@ def test_a_taken_udp_port_is_said_and_the_real_one_printed(tmp_path: Path) -> No
             environ=env(),
             printed="(dht udp ",  # stderr says "instead" before stdout's line is written
         )
+    finally:
+        udp.close()
     assert out, f"the node printed nothing; its stderr: {err[-3000:]}"
     first = out.splitlines()[0]
     dht = int(first.split("(dht udp ")[1].split(")")[0].split(",")[0])
