@@ -8,7 +8,10 @@ chains once, as the ring holds it (msgpack), and every chunk they name once, fet
 first holder with verified bytes, into ``DIR.partial-backup``; then the index
 ``backup.json`` (every file, its size and xxh3-128), and last renames the directory to DIR.
 A backup that did not finish is recognisable: its directory still ends in
-``.partial-backup``, and it has no ``backup.json``.
+``.partial-backup``, and it has no ``backup.json``. A chunk that no holder serves (the nodes
+thinned a snapshot away under a long backup) does not stop the other copies: its store's
+chains are read again and only what was not copied is fetched, up to ``PLANS`` reads of a
+store in all; the files the last reads do not name are deleted before the index is written.
 
 **restore-backup** first checks the whole backup, reading every file (present, size and
 checksum as the index says, every manifest decodes and names the store it is filed under,
@@ -49,8 +52,10 @@ from statestore.core.errors import (
     MalformedData,
     NodeUnavailable,
     StateStoreError,
+    StoreNotFound,
     Unavailable,
     VersionConflict,
+    VersionNotFound,
 )
 from statestore.core.formats import VERSION
 from statestore.core.ids import StoreId
@@ -276,7 +281,7 @@ async def _read_store(
         pairs = [(store, v) for v in versions[i : i + BATCH]]
         try:
             got = await ring.routed(partial(_chains, ring, pairs))
-        except StateStoreError:
+        except VersionNotFound:
             got = None
         if got is not None:
             chains.update(zip([v for _, v in pairs], got, strict=True))
@@ -284,17 +289,27 @@ async def _read_store(
         for _, v in pairs:  # one at a time, to say which version is missing
             try:
                 chains[v] = (await ring.routed(partial(_chains, ring, [(store, v)])))[0]
-            except StateStoreError as exc:
+            except VersionNotFound as exc:
                 if v == versions[-1]:
                     raise
                 warn(f"{store} v{v} left out: {exc} (retention dropped it during the backup?)")
     return [v for v in versions if v in chains], chains
 
 
-# Plans a backup makes at most: a backup that outlives the nodes' chunk grace may find a
-# snapshot its chains named thinned away (core/retention.py); its chains are then read again
-# and only the chunks not copied yet are fetched.
+# Plans a store's backup makes at most: a backup that outlives the nodes' chunk grace may find
+# a snapshot its chains named thinned away (core/retention.py); that store's chains are then
+# read again and only the chunks not copied yet are fetched.
 PLANS = 3
+
+
+@dataclasses.dataclass
+class _StorePlan:
+    """One store's part of a backup: its index entry, its manifest files (written), and the
+    chunks its chains name (each once, by checksum)."""
+
+    entry: dict[str, Any]
+    manifests: dict[str, dict[str, Any]]
+    chunks: list[_Chunk]
 
 
 async def _backup(
@@ -304,7 +319,9 @@ async def _backup(
     tmp: Path,
     tls_ca: str | None,
     console: Any,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int]:
+    """The backup's index, its files written under ``tmp``; and how many stores' chains
+    were read again."""
     ring = _Ring(seeds, tls_ca)
     try:
         stores, failed = await ring.stores_of(query)
@@ -312,23 +329,37 @@ async def _backup(
             console.print(f"warning: no answer from {f}; a store only it lists is not backed up")
         if not stores:
             raise StateStoreError(f"query {query} has no stores on the ring: nothing to back up")
+        plans: dict[StoreId, _StorePlan] = {}
+        skipped: list[str] = []
         copied: dict[str, dict[str, Any]] = {}  # chunk files fetched (named by checksum)
+        todo, again = stores, 0
         for plan in range(1, PLANS + 1):
-            entries, skipped, files, todo = await _plan(ring, stores, version_at, tmp, console)
-            try:
-                await _copy(ring, query, len(entries), todo, tmp, copied, console)
+            for store in todo:
+                got = await _plan_store(ring, store, version_at, tmp, console, plans.get(store))
+                plans.pop(store, None)
+                if got is None:
+                    skipped.append(store.path)
+                elif got is not _DROPPED:
+                    plans[store] = got
+            left = [c for p in plans.values() for c in p.chunks if c[3] not in copied]
+            failures = await _copy(ring, query, len(plans), left, tmp, copied, console)
+            if not failures:
                 break
-            except NodeUnavailable as exc:
-                if plan == PLANS:
-                    raise
-                console.print(
-                    f"warning: {exc}; reading the chains again (the nodes may have thinned a "
-                    "snapshot they named) and copying what is not copied yet"
-                )
-        files |= {path: copied[path] for _, _, _, path in todo}
+            first = next(iter(failures.values()))
+            if plan == PLANS:
+                raise first
+            todo = [s for s in stores if s in failures]
+            again += len(todo)
+            console.print(
+                f"warning: {len(todo)} stores have chunks no holder serves now (the nodes may "
+                f"have thinned a snapshot their chains named: {first}); reading their chains "
+                "again and copying what is not copied yet"
+            )
+        files = {path: meta for p in plans.values() for path, meta in p.manifests.items()}
+        files |= {path: copied[path] for p in plans.values() for _, _, _, path in p.chunks}
         await asyncio.to_thread(_keep_only, tmp, set(files))
         view = await ring.view()
-        return {
+        index = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "statestore": VERSION,
@@ -336,86 +367,93 @@ async def _backup(
             "query": query,
             "version_at": version_at,
             "source": {"seeds": list(seeds), "ring_epoch": view.epoch},
-            "stores": entries,
-            "skipped_stores": skipped,
+            "stores": [p.entry for s, p in sorted(plans.items(), key=lambda i: i[0].path)],
+            "skipped_stores": sorted(skipped),
             "files": sorted(files.values(), key=lambda f: str(f["path"])),
         }
+        return index, again
     finally:
         await ring.close()
 
 
 def _keep_only(tmp: Path, names: set[str]) -> None:
     """Delete the files under ``tmp`` not named (what an earlier plan wrote and the last
-    does not name)."""
-    for f in tmp.rglob("*"):
+    does not name), and the folders left empty."""
+    for f in sorted(tmp.rglob("*"), key=lambda f: len(f.parts), reverse=True):
         if f.is_file() and f.relative_to(tmp).as_posix() not in names:
             f.unlink()
+        elif f.is_dir() and not any(f.iterdir()):
+            f.rmdir()
 
 
-async def _plan(
-    ring: _Ring, stores: list[StoreId], version_at: int | None, tmp: Path, console: Any
-) -> tuple[list[dict[str, Any]], list[str], dict[str, dict[str, Any]], list[_Chunk]]:
-    """The chains of every store's versions, read now, and their manifests written: the
-    index's store entries, the stores left out, the manifest files, and the chunks the
-    chains name (each once, by store and checksum)."""
-    files: dict[str, dict[str, Any]] = {}
-    entries = []
-    todo: list[tuple[StoreId, Manifest, int]] = []  # chunks to copy: store, manifest, ref
-    skipped = []
-    for store in stores:
+_DROPPED = _StorePlan({}, {}, [])  # a store dropped during the backup: left out, said
+
+
+async def _plan_store(
+    ring: _Ring,
+    store: StoreId,
+    version_at: int | None,
+    tmp: Path,
+    console: Any,
+    before: _StorePlan | None,
+) -> _StorePlan | None:
+    """The chains of ``store``'s versions, read now, and their manifests written; None when
+    it has no version to back up (``--version-at`` below its first), ``_DROPPED`` when it was
+    dropped since it was listed. ``before``: its plan before this one, if any: a version
+    it held and this one does not is said."""
+    try:
         versions, chains = await _read_store(ring, store, version_at, console.print)
-        if not versions:
-            skipped.append(store.path)
-            continue
-        manifests: dict[tuple[int, str, int], Manifest] = {}
-        for chain in chains.values():
-            for m in chain:
-                manifests.setdefault((m.version, m.kind, m.epoch), m)
-        names = []
-        for m in load_order(manifests.values()):
-            data = encode_manifest(m)
-            path = manifest_file(store, m)
+    except StoreNotFound as exc:
+        console.print(f"warning: {store} left out: {exc} (dropped during the backup?)")
+        return _DROPPED
+    if not versions:
+        return None
+    if before is not None:
+        for v in sorted(set(before.entry["versions"]) - set(versions)):
+            console.print(f"warning: {store} v{v} left out: retention dropped it during the backup")
+    manifests: dict[tuple[int, str, int], Manifest] = {}
+    for chain in chains.values():
+        for m in chain:
+            manifests.setdefault((m.version, m.kind, m.epoch), m)
+    files: dict[str, dict[str, Any]] = {}
+    chunks: dict[str, _Chunk] = {}
+    for m in load_order(manifests.values()):
+        data = encode_manifest(m)
+        path = manifest_file(store, m)
+        meta = {"path": path, "size": len(data), "xxh3_128": file_digest(data)}
+        if before is None or before.manifests.get(path) != meta:  # else written already
             _write(tmp / path, data)
-            files[path] = {"path": path, "size": len(data), "xxh3_128": file_digest(data)}
-            names.append(path)
-            todo.extend((store, m, i) for i in range(len(m.chunks)))
-        entries.append(
-            {
-                "store": store.path,
-                "versions": versions,
-                "head": {"version": versions[-1], "epoch": chains[versions[-1]][-1].epoch},
-                "positions": dict(chains[versions[-1]][-1].positions),
-                "chains": {
-                    str(v): [[m.version, m.kind, m.epoch] for m in chains[v]] for v in versions
-                },
-                "manifests": names,
-            }
-        )
-    seen: set[str] = set()
-    unique = []
-    for store, m, i in todo:
-        path = chunk_file(store, m.chunks[i].checksum)
-        if path not in seen:
-            seen.add(path)
-            unique.append((store, m, i, path))
-    return entries, skipped, files, unique
+        files[path] = meta
+        for i, ref in enumerate(m.chunks):
+            chunks.setdefault(chunk_file(store, ref.checksum), (store, m, i, ""))
+    entry = {
+        "store": store.path,
+        "versions": versions,
+        "head": {"version": versions[-1], "epoch": chains[versions[-1]][-1].epoch},
+        "positions": dict(chains[versions[-1]][-1].positions),
+        "chains": {str(v): [[m.version, m.kind, m.epoch] for m in chains[v]] for v in versions},
+        "manifests": list(files),
+    }
+    return _StorePlan(entry, files, [(s, m, i, path) for path, (s, m, i, _) in chunks.items()])
 
 
 async def _copy(
     ring: _Ring,
     query: str,
     stores: int,
-    todo: list[_Chunk],
+    left: list[_Chunk],
     tmp: Path,
     copied: dict[str, dict[str, Any]],
     console: Any,
-) -> None:
-    """Copy the chunks of ``todo`` not in ``copied`` yet, each from its first verified
-    holder, 8 at a time; each copied goes into ``copied``."""
-    left = [c for c in todo if c[3] not in copied]
+) -> dict[StoreId, NodeUnavailable]:
+    """Copy the chunks of ``left``, each from its first verified holder, 8 at a time; each
+    copied goes into ``copied``. A chunk no holder serves does not stop the others: the
+    stores with one are returned (the first such error of each); any other error stops
+    them all."""
     total = sum(m.chunks[i].size for _, m, i, _ in left)
     stats = ReadStats()
     sem = asyncio.Semaphore(8)
+    failures: dict[StoreId, NodeUnavailable] = {}
     with _progress(console) as progress:
         task = progress.add_task(
             f"backing up {stores} stores of {query}: {len(left)} chunks", total=total
@@ -424,14 +462,26 @@ async def _copy(
         async def copy(store: StoreId, m: Manifest, i: int, path: str) -> None:
             ref = m.chunks[i]
             async with sem:
-                data = await ring.routed(
-                    lambda view: fetch_chunk(ring.transport, view, store, m.version, ref, stats)
-                )
-            await asyncio.to_thread(_write, tmp / path, data)
+                try:
+                    data = await ring.routed(
+                        lambda view: fetch_chunk(ring.transport, view, store, m.version, ref, stats)
+                    )
+                except NodeUnavailable as exc:
+                    failures.setdefault(store, exc)
+                    return
+            # a write begun is finished before a cancelled copy ends: no file appears after
+            # the backup decided which files it keeps
+            write = asyncio.ensure_future(asyncio.to_thread(_write, tmp / path, data))
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                await asyncio.wait([write])
+                raise
             copied[path] = {"path": path, "size": len(data), "xxh3_128": file_digest(data)}
             progress.advance(task, len(data))
 
         await _all(copy(*c) for c in left)
+    return failures
 
 
 def backup(
@@ -463,7 +513,7 @@ def backup(
     tmp.mkdir(parents=True)
     began = time.monotonic()
     try:
-        index = asyncio.run(_backup(seeds, query, version_at, tmp, tls_ca, console))
+        index, again = asyncio.run(_backup(seeds, query, version_at, tmp, tls_ca, console))
         data = encode_index(index)
         _write(tmp / (INDEX + ".tmp"), data)
         os.replace(tmp / (INDEX + ".tmp"), tmp / INDEX)  # the index last
@@ -486,6 +536,7 @@ def backup(
         f"backed up {len(index['stores'])} stores of query {query}{point}: "
         f"{sum(len(s['versions']) for s in index['stores'])} versions, {len(files)} files, "
         f"{size} bytes in {time.monotonic() - began:.1f}s to {out}"
+        + (f" (the chains of {again} stores read again)" if again else "")
     )
     for s in index["skipped_stores"]:
         print(f"  {s}: no version at or below {version_at}, not in the backup")
