@@ -16,7 +16,9 @@ quarter of it is free (``--reclaim-at 0.25``, the default; the others at 0.5, th
 before; node/space.py), and one at ``--thin-snapshots 10`` (rungs every 10 versions: the
 floor lags the retention line by less, for a rung folded every 10 versions);
 ``--layouts`` picks some; ``--first-whole`` commits version 1 whole (``snapshot=True``, as
-an SDK writer's first commit may be). Commits go to the rings in turn, version by version (the order
+an SDK writer's first commit may be), ``--whole-at V ...`` those versions (the whole state
+then, as Spark's provider commits after a reload; its rows count in *perfect* as the
+version's 1% only). Commits go to the rings in turn, version by version (the order
 rotates). Once repair, compaction and retention have settled, it
 restores the latest and the oldest retained version from each ring, alternating over
 ``--rounds`` rounds, and reads from every node (``GET /v1/health``, ``storage``) the storage
@@ -130,7 +132,7 @@ def run_case(
     pace: float,
     names: list[str],
     *,
-    first_whole: bool = False,
+    whole_at: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
     """One update stream into a ring per rule of ``names``, side by side. Commits go to
     them in turn (the order rotates); restores of the latest and the oldest retained
@@ -142,11 +144,15 @@ def run_case(
     with contextlib.ExitStack() as stack:
         rings = {n: stack.enter_context(local_ring(3, LAYOUTS[n])) for n in names}
         clients = {n: stack.enter_context(RingClient(rings[n].seeds, timeout=120)) for n in names}
+        state: dict[bytes, bytes] = {}  # kept only for versions committed whole
         for v, puts in update_stream(live_mib, rate, versions, value):
             written[v] = len(puts)
+            if whole_at:
+                state.update(puts)
+            body = dict(state) if v in whole_at else puts
             for n in _turn(names, v):
                 t0 = time.perf_counter()
-                clients[n].commit(sid, v, puts, [], epoch=1, snapshot=first_whole and v == 1)
+                clients[n].commit(sid, v, body, [], epoch=1, snapshot=v in whole_at)
                 commit_s[n].append(time.perf_counter() - t0)
             time.sleep(pace)  # a streaming trigger: compaction runs between versions
         time.sleep(
@@ -242,10 +248,19 @@ def main() -> None:
         default=list(LAYOUTS),
         help="the rules to run (default all; the first is the baseline of the time ratios)",
     )
+    p.add_argument(
+        "--whole-at",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="V",
+        help="commit these versions whole (the whole state, snapshot=True)",
+    )
     args = p.parse_args()
     print(machine())
-    if args.first_whole:
-        print("version 1 committed whole (--first-whole)")
+    whole_at = frozenset(args.whole_at) | ({1} if args.first_whole else set())
+    if whole_at:
+        print(f"versions committed whole: {sorted(whole_at)}")
     out = []
     names = args.layouts
     old, new = names[0], names[-1]
@@ -259,7 +274,7 @@ def main() -> None:
                 args.rounds,
                 args.pace,
                 names,
-                first_whole=args.first_whole,
+                whole_at=whole_at,
             )
             for n in names:
                 disk, held = r["disk"][n], r["held"][n]

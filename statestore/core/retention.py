@@ -32,8 +32,9 @@ there, and it becomes the floor. A store then holds the floor's base, its deltas
 newest base: two full copies, where writing rungs ahead held two or three more (each rung
 was written as a head snapshot, and kept until the floor passed it). A snapshot that is its
 version's only state (a writer committed it whole: no delta of its epoch) is never thinned:
-the line stops below it until the floor passes it; version 1, with nothing below it, is kept
-by drawing every line at a floor of at least 1 instead. Which snapshots go is a
+a line is drawn at a floor of at least the highest such version below it (and at least 1:
+version 1 has nothing below it), so the snapshots above it thin as usual, and the floor's
+climb drops it in time. Which snapshots go is a
 rule of version numbers, the node's floor and four numbers per store (the line, the
 spacing, the chunks' line and the floor the line was drawn at): every node and every chunk
 holder applies it alike, and no path stores again a manifest it dropped (node/replica.py,
@@ -262,15 +263,13 @@ def plan_compaction(
 
     def drawn(top: int) -> Thinning | None:
         # a snapshot that is its version's only state (a writer committed the version whole:
-        # no delta of its epoch) is no copy bought for speed: the line stops below it (lines
-        # never fall), and it goes with the floor (the line's floor keeps it until then).
-        # Version 1 has nothing below it: a line drawn at floor 1 keeps it, and a version 1
-        # committed whole holds no line down until the floor passes it
-        top = max(top, 1)
+        # no delta of its epoch) is no copy bought for speed: the line is drawn at a floor
+        # of at least the highest such version below it, which keeps it and every snapshot
+        # below it (at most the one that was newest when it was committed: the lines before
+        # thinned the others) and thins those above it. Version 1 has nothing below it: the
+        # floor is at least 1
         whole = [v for v in snaps if top < v < line and v % every and _whole(v)]
-        if not whole:
-            return _risen(kept, thin, top)
-        return _risen(Thinning(max(thin.below, min(whole)), every, thin.chunks), thin, top)
+        return _risen(kept, thin, max(top, 1, *whole))
 
     if every:
         # the floor climbs by rungs, each written when the retention line passes it

@@ -160,34 +160,44 @@ async def test_a_node_holding_manifests_it_does_not_own_takes_the_whole_line(
         assert outsider.store.thinning(store).below > held.version
 
 
-async def test_a_store_whose_first_version_was_committed_whole_thins_above_it(
-    tmp_path: Path,
+@pytest.mark.parametrize("whole_at", [1, 4])
+async def test_a_store_with_a_version_committed_whole_thins_above_it(
+    tmp_path: Path, whole_at: int
 ) -> None:
-    """Version 1 committed whole (``snapshot=True``: no delta of it, so no line may drop it)
-    and deltas above it, snapshots folded at every one: the nodes keep version 1, the
-    newest snapshot and nothing between, long before the floor passes version 1 (on the
-    build before, the line stayed below version 1 and every folded snapshot stayed, a full
-    copy each, until the floor passed version 1: ~110 versions at the defaults), and every
-    version restores."""
+    """A version committed whole (``snapshot=True``: no delta of it, so no line may drop it;
+    the first version of a store, or version 4 of one whose versions 1-3 are deltas) and
+    deltas above it, snapshots folded at every one: the nodes keep the whole version, the
+    newest snapshot and nothing between them, long before the floor passes the whole
+    version, and every version restores. The builds before kept every snapshot folded above
+    it, a full copy each, until the floor passed it (~110 versions at the defaults): the
+    line stopped below it (for version 1 until 2026-11-29, above 1 until the day after)."""
     store = StoreId("thin", 0, 2, "whole")
     kw = {"snapshot_every": 1, "compact_interval": 0.2, "replicas": 2, "write_quorum": 2}
     async with (
         nodes(tmp_path, 2, **kw) as live,
         AsyncRingClient([live[0].address], timeout=30) as client,
     ):
-        state = {f"k{i}".encode(): b"v1" for i in range(200)}
-        expected = {1: dict(state)}
-        await client.commit(store, 1, state, [], {}, epoch=1, snapshot=True)
-        for v in range(2, 9):
-            puts = {f"k{i}".encode(): f"v{v}".encode() for i in range(v, 200, 7)}
-            await client.commit(store, v, puts, [], {}, epoch=1)
-            state.update(puts)
+        state: dict[bytes, bytes] = {}
+        expected = {}
+        for v in range(1, whole_at + 8):
+            if v == whole_at:
+                state = {f"k{i}".encode(): f"w{v}".encode() for i in range(200)}
+                await client.commit(store, v, state, [], {}, epoch=1, snapshot=True)
+            else:
+                puts = {f"k{i}".encode(): f"v{v}".encode() for i in range(v, 200, 7)}
+                await client.commit(store, v, puts, [], {}, epoch=1)
+                state.update(puts)
             expected[v] = dict(state)
             await asyncio.sleep(0.3)  # a compaction pass or so: a snapshot folded at v
+        top = whole_at + 7
 
         def thinned() -> bool:
-            return all(n.store.snapshot_versions(store) == [1, 8] for n in live)
+            for n in live:
+                held = n.store.snapshot_versions(store)
+                if whole_at not in held or [v for v in held if v > whole_at] != [top]:
+                    return False
+            return True
 
-        await eventually(thinned, "the snapshots between versions 1 and 8 dropped", limit=30)
+        await eventually(thinned, f"the snapshots between {whole_at} and {top} dropped", limit=30)
         for v, want in expected.items():
             assert dict(await client.restore(store, v)) == want, v

@@ -700,7 +700,8 @@ def test_thinning_keeps_every_retained_version_and_few_bases(
     most the floor's base, the newest and a rung per ``thin`` versions; and the floor keeps
     up with retention, within a rung (the deltas held stay bounded). The versions in
     ``whole`` are committed as snapshots with no delta (a writer's whole state, as Spark's
-    provider sends after a reload): no line drops one of them."""
+    provider sends after a reload): no line drops one of them, and none holds the lines above
+    it down."""
     deltas: dict[int, Manifest] = {}
     snaps: dict[int, Manifest] = {}
     floor, line, head = 0, Thinning(0, thin), 0
@@ -738,13 +739,18 @@ def test_thinning_keeps_every_retained_version_and_few_bases(
         for v in range(max(1, head - retain + 1), head + 1):
             resolve_chain(SID, v, deltas, snaps)  # VersionNotFound fails the test
         above = [v for v in snaps if v > max(floor, 1)]  # version 1 holds no line down
-        if not whole & set(above):
-            # a whole snapshot the floor passed may leave one more until the next pass lifts
-            # the line it held down
-            extra = 1 if any(1 < v <= head for v in whole) else 0
-            assert len(above) <= 1 + extra + (head - floor) // thin, (floor, sorted(snaps), line)
-            # besides rungs, only the newest snapshot (what the latest version's restore reads)
-            assert len([v for v in above if v % thin]) <= 1, (floor, sorted(snaps), line)
+        held_whole = whole & set(above)
+        # besides rungs and whole versions, only the newest snapshot (what the latest
+        # version's restore reads) and, below each whole version, the one that was newest
+        # when it was committed (the line is drawn at a floor of the whole version)
+        thick = [v for v in above if v % thin and v not in whole]
+        assert len(thick) <= 1 + len(held_whole), (floor, sorted(snaps), line, sorted(whole))
+        rungs = head // thin - max(floor, 1) // thin
+        assert len(above) <= 1 + 2 * len(held_whole) + rungs, (
+            floor,
+            sorted(snaps),
+            line,
+        )
         assert head - floor <= retain + thin + every + 8, (floor, sorted(snaps))
 
 
@@ -798,5 +804,23 @@ def test_a_first_version_committed_whole_holds_no_line_down() -> None:
     assert todo.thin is not None and todo.thin.below == 40 and todo.thin.floor == 1, todo
     kept = {u: m for u, m in snaps.items() if not todo.thin.drops(u, 0)}
     assert sorted(kept) == [1, 40]
+    for v in range(1, 41):
+        resolve_chain(SID, v, deltas, kept)
+
+
+def test_a_version_committed_whole_above_the_floor_holds_no_line_down() -> None:
+    """Version 4 committed whole (no delta of it: no line may drop it) in a store of deltas:
+    the line is drawn at floor 4, so the snapshots folded above it thin as usual, and the
+    one below it (3, the newest when 4 was committed) stays until the floor passes 4. On
+    the build before, the line stopped below 4 and kept 10, 20 and 30, a full copy each,
+    until the floor passed 4."""
+    deltas = {v: _manifest(v, "delta", 1) for v in range(1, 41) if v != 4}
+    snaps = {v: _manifest(v, "snapshot", 1) for v in (3, 4, 10, 20, 30, 40)}
+    todo = plan_compaction(
+        SID, 40, deltas, snaps, snapshot_every=10, retain=100, floor=0, thin=Thinning(0, 50)
+    )
+    assert todo.thin is not None and todo.thin.below == 40 and todo.thin.floor == 4, todo
+    kept = {u: m for u, m in snaps.items() if not todo.thin.drops(u, 0)}
+    assert sorted(kept) == [3, 4, 40]
     for v in range(1, 41):
         resolve_chain(SID, v, deltas, kept)
