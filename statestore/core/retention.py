@@ -32,13 +32,14 @@ there, and it becomes the floor. A store then holds the floor's base, its deltas
 newest base: two full copies, where writing rungs ahead held two or three more (each rung
 was written as a head snapshot, and kept until the floor passed it). A snapshot that is its
 version's only state (a writer committed it whole: no delta of its epoch) is never thinned:
-a line is drawn at a floor of at least the highest such version below it (and at least 1:
-version 1 has nothing below it), so the snapshots above it thin as usual, and the floor's
-climb drops it in time. Which snapshots go is a
-rule of version numbers, the node's floor and four numbers per store (the line, the
-spacing, the chunks' line and the floor the line was drawn at): every node and every chunk
-holder applies it alike, and no path stores again a manifest it dropped (node/replica.py,
-node/repair.py; the two steps, manifests then chunks: node/compaction.py).
+a line is drawn at a floor of at least the highest version below it that may be one (a
+snapshot with no delta of its epoch, or a version the compactor holds no delta of: it may
+lag a node that holds one committed whole; at least 1: version 1 has nothing below it), so
+the snapshots above it thin as usual, and the floor's climb drops it in time. Which
+snapshots go is a rule of version numbers, the node's floor and four numbers per store (the
+line, the spacing, the chunks' line and the floor the line was drawn at): every node and
+every chunk holder applies it alike, and no path stores again a manifest it dropped
+(node/replica.py, node/repair.py; the two steps, manifests then chunks: node/compaction.py).
 
 A snapshot is usable for its version only when it is the state the head's lineage has there
 (:func:`statestore.core.manifest.lineage`): a snapshot of another epoch is the state of a dead
@@ -102,9 +103,10 @@ class Thinning:
     only once every owner of the store's manifests has dropped them: a reader merges the
     manifests of every replica that answers and takes the newest snapshot it finds, so one
     owner still naming a dropped snapshot whose chunks were gone would fail its restore.
-    ``floor``: the store's floor when the line was drawn. Nothing at or below it goes,
-    whatever a node's own floor (one that missed a ``gc`` keeps the ring's floor snapshot,
-    which may be no rung)."""
+    ``floor``: the store's floor when the line was drawn, or the highest version below the
+    line that may be committed whole, when higher (:func:`plan_compaction`). Nothing at or
+    below it goes, whatever a node's own floor (one that missed a ``gc`` keeps the ring's
+    floor snapshot, which may be no rung)."""
 
     below: int = 0
     every: int = 0
@@ -261,15 +263,24 @@ def plan_compaction(
     oldest_kept = head - retain + 1
     new_floor = retention_floor(head, held, retain, deltas)
 
+    def unproven(top: int) -> int:
+        # the highest version below the line, no rung, that may be its version's only state:
+        # a snapshot held here with no delta of its epoch, or no delta held here at all (the
+        # version may be whole on a node this replica lags: above the floor every version
+        # has its delta but one committed whole); ``top`` when none
+        for v in range(line - 1, top, -1):
+            if v % every and (not manifests_at(deltas, v) or _whole(v)):
+                return v
+        return top
+
     def drawn(top: int) -> Thinning | None:
-        # a snapshot that is its version's only state (a writer committed the version whole:
-        # no delta of its epoch) is no copy bought for speed: the line is drawn at a floor
-        # of at least the highest such version below it, which keeps it and every snapshot
-        # below it (at most the one that was newest when it was committed: the lines before
-        # thinned the others) and thins those above it. Version 1 has nothing below it: the
-        # floor is at least 1
-        whole = [v for v in snaps if top < v < line and v % every and _whole(v)]
-        return _risen(kept, thin, max(top, 1, *whole))
+        # a snapshot that is its version's only state (a writer committed the version whole)
+        # is no copy bought for speed: the line is drawn at a floor of at least the highest
+        # version that may be one (rungs are kept anyway), which keeps it and every snapshot
+        # below it (in steady state at most the one that was newest when it was committed:
+        # the lines before thinned the others) and thins those above it. Version 1 has
+        # nothing below it: the floor is at least 1
+        return _risen(kept, thin, unproven(max(top, 1)))
 
     if every:
         # the floor climbs by rungs, each written when the retention line passes it

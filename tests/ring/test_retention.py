@@ -170,7 +170,7 @@ async def test_a_store_with_a_version_committed_whole_thins_above_it(
     newest snapshot and nothing between them, long before the floor passes the whole
     version, and every version restores. The builds before kept every snapshot folded above
     it, a full copy each, until the floor passed it (~110 versions at the defaults): the
-    line stopped below it (for version 1 until 2026-11-29, above 1 until the day after)."""
+    line stopped below it."""
     store = StoreId("thin", 0, 2, "whole")
     kw = {"snapshot_every": 1, "compact_interval": 0.2, "replicas": 2, "write_quorum": 2}
     async with (
