@@ -17,8 +17,8 @@ before; node/space.py), and one at ``--thin-snapshots 10`` (rungs every 10 versi
 floor lags the retention line by less, for a rung folded every 10 versions);
 ``--layouts`` picks some; ``--first-whole`` commits version 1 whole (``snapshot=True``, as
 an SDK writer's first commit may be), ``--whole-at V ...`` those versions (the whole state
-then, as Spark's provider commits after a reload; its rows count in *perfect* as the
-version's 1% only). Commits go to the rings in turn, version by version (the order
+then, as Spark's provider commits on forceSnapshotOnCommit; its rows count in *perfect*
+as the version's 1% only). Commits go to the rings in turn, version by version (the order
 rotates). Once repair, compaction and retention have settled, it
 restores the latest and the oldest retained version from each ring, alternating over
 ``--rounds`` rounds, and reads from every node (``GET /v1/health``, ``storage``) the storage

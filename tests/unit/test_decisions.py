@@ -709,10 +709,11 @@ def test_thinning_keeps_every_retained_version_and_few_bases(
     most the floor's base, the newest and a rung per ``thin`` versions; and the floor keeps
     up with retention, within a rung (the deltas held stay bounded). The versions in
     ``whole`` are committed as snapshots with no delta (a writer's whole state, as Spark's
-    provider sends after a reload): no line drops one of them, and none holds the lines above
-    it down. Where ``lagging`` says so, the pass runs on a replica that lacks the snapshots
-    of the whole versions in ``hidden`` committed in the last 8 versions (repair has not
-    brought them yet) while the line it draws goes to the replicas that hold them."""
+    provider sends on forceSnapshotOnCommit or loadEmpty): no line drops one of them, and
+    none holds the lines above it down. Where ``lagging`` says so, the pass runs on a
+    replica that lacks the snapshots of the whole versions in ``hidden`` committed in the
+    last 8 versions (repair has not brought them yet) while the line it draws goes to the
+    replicas that hold them."""
     deltas: dict[int, Manifest] = {}
     snaps: dict[int, Manifest] = {}
     floor, line, head = 0, Thinning(0, thin), 0
