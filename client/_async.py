@@ -369,6 +369,7 @@ class AsyncRingClient:
             store, version, epoch if base_epoch is None else base_epoch, delay_bound,
             allow_tentative,
         )  # fmt: skip
+        view = await self.view()
         manifest, chunks = await asyncio.to_thread(
             partial(
                 build_commit,
@@ -383,7 +384,8 @@ class AsyncRingClient:
                 chunk_size=self.chunk_size,
                 max_chunk=self.max_chunk,
                 base_epoch=base_epoch,
-                block_size=(await self.view()).block_size(self.block_size),
+                block_size=view.block_size(self.block_size),
+                snapshot_kind=view.snapshot_kind(),
             )
         )
 

@@ -135,7 +135,9 @@ def encode_chunks(
 ) -> list[EncodedChunk]:
     """Lay rows out by key group and cut them into compressed chunks.
 
-    ``kind`` is ``"d"`` for a delta and ``"s"`` for a snapshot; it prefixes chunk names.
+    ``kind`` is ``"d"`` for a delta, ``"w"`` for a snapshot a writer commits whole and
+    ``"s"`` for one a compactor folds (core/manifest.Manifest.whole); it prefixes chunk
+    names. A snapshot's chunks (``s`` or ``w``) are laid out alike.
     ``block_size`` is the blocked layout's block size (a snapshot's is a quarter of it); 0
     writes whole (format 1) chunks.
     Raises InvalidRequest for a key both put and deleted, PayloadTooLarge if one row is
@@ -175,7 +177,8 @@ def encode_chunks(
     )
     ends = list(accumulate(map(_ROW_OVERHEAD.__add__, map(int.__add__, map(len, keys), sizes))))
 
-    if kind == "s" and block_size > 0:
+    snapshot = kind in ("s", "w")
+    if snapshot and block_size > 0:
         block_size = max(1, block_size // SNAPSHOT_BLOCKS)
     chunks: list[EncodedChunk] = []
     cctx = zstandard.ZstdCompressor(level=1)
@@ -189,7 +192,7 @@ def encode_chunks(
         lo, hi = (group_of[start], group_of[stop - 1]) if n else (0, groups - 1)
         if block_size > 0:
             data, raw_size, index_len, index_sum = _blocked(
-                keys, values, group_of, ends, start, start + n, block_size, cctx, kind == "s"
+                keys, values, group_of, ends, start, start + n, block_size, cctx, snapshot
             )
         else:
             flat: list[bytes | None] = [None] * (2 * n)

@@ -32,10 +32,12 @@ __all__ = [
 ]
 
 VERSION = "0.3.0.dev0"
-# The newest chunk layout this build reads and writes (core/chunk.py: 1 whole, 2 blocked).
-# Each node gossips it; writers use blocked chunks only once every member of the ring reads
-# them (RingView.blocks), so a ring being upgraded from 0.2 keeps working throughout.
-CHUNK_FORMAT = 2
+# The newest chunk layout this build reads and writes (core/chunk.py: 1 whole, 2 blocked,
+# 3 blocked with a writer's whole snapshot named ``w``, core/manifest.Manifest.whole). Each
+# node gossips it; writers use blocked chunks only once every member of the ring reads them
+# (RingView.blocks), and ``w`` names once every member reads those (RingView.whole_names),
+# so a ring being upgraded keeps working throughout.
+CHUNK_FORMAT = 3
 WIRE_FORMAT = 2
 DISK_FORMAT = 3
 DISK_FORMATS_READ = frozenset({1, 2, 3})  # the data directory formats this build opens

@@ -34,7 +34,7 @@ MAX_EPOCH = 2**63 - 1  # what a Java long holds: the Spark provider reads epochs
 # so "q1\n" would pass as a name (docs/security.md, Hardened endpoints).
 _UINT = re.compile(r"[0-9]{1,19}")  # ASCII digits only: int("²") would be a 500
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
-_CHUNK_NAME = re.compile(r"[ds][0-9]{1,6}-[0-9a-f]{16}")
+_CHUNK_NAME = re.compile(r"[dsw][0-9]{1,6}-[0-9a-f]{16}")
 
 
 def _check_name(field: str, value: object) -> str:
@@ -138,10 +138,10 @@ class StoreId:
 
 
 def check_chunk_name(name: str) -> str:
-    """Return ``name`` if it is a chunk's name (``d<seq>-<16 hex digits>``, ``s`` for a
-    snapshot's), else raise InvalidStoreId."""
+    """Return ``name`` if it is a chunk's name (``d<seq>-<16 hex digits>``; ``s`` for a
+    folded snapshot's, ``w`` for a whole one's), else raise InvalidStoreId."""
     if not _CHUNK_NAME.fullmatch(name):
-        raise InvalidStoreId(f"chunk name {name!r:.40} is not d<seq>-<checksum> or s<seq>-...")
+        raise InvalidStoreId(f"chunk name {name!r:.40} is not [dsw]<seq>-<checksum>")
     return name
 
 
@@ -158,5 +158,5 @@ def parse_chunk_key(key: str) -> tuple[StoreId, int, str]:
     store = StoreId.parse("/".join(parts[:4]))
     check_name = parts[5]
     if not _CHUNK_NAME.fullmatch(check_name):
-        raise InvalidStoreId(f"chunk name {check_name!r} is not d<seq>-<checksum> or s<seq>-...")
+        raise InvalidStoreId(f"chunk name {check_name!r} is not [dsw]<seq>-<checksum>")
     return store, check_version(int(parts[4])), check_name

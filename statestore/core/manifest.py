@@ -137,6 +137,16 @@ class Manifest:
     def bytes(self) -> int:
         return sum(c.size for c in self.chunks)
 
+    @property
+    def whole(self) -> bool:
+        """A snapshot a writer committed whole (its chunks are named ``w``: the version's
+        own state, no delta of it), not one a compactor folded (``s``): thinning never
+        drops it (node/replica.NodeStore.apply_thinning). A snapshot of no chunks counts as
+        whole (keeping it costs nothing). Before chunk format 3 (core/formats.py), and on a
+        ring with a member that does not read it, writers name whole snapshots ``s``: those
+        are told apart only by the deltas beside them (core/retention.plan_compaction)."""
+        return self.kind == "snapshot" and not any(c.name.startswith("s") for c in self.chunks)
+
     def same_content(self, other: Manifest) -> bool:
         return (self.kind, [c.checksum for c in self.chunks]) == (
             other.kind,

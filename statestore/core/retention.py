@@ -35,10 +35,13 @@ version's only state (a writer committed it whole: no delta of its epoch) is nev
 a line is drawn at a floor of at least the highest version below it that may be one (a
 snapshot with no delta of its epoch, or a version the compactor holds no delta of: it may
 lag a node that holds one committed whole; at least 1: version 1 has nothing below it), so
-the snapshots above it thin as usual, and the floor's climb drops it in time. Which
-snapshots go is a rule of version numbers, the node's floor and four numbers per store (the
-line, the spacing, the chunks' line and the floor the line was drawn at): every node and
-every chunk holder applies it alike, and no path stores again a manifest it dropped
+the snapshots above it thin as usual, and the floor's climb drops it in time. Since chunk
+format 3 a writer names a whole snapshot's chunks ``w`` (core/manifest.Manifest.whole):
+no node drops one under a line, manifest or chunks, whatever line it gets (a node that
+missed the line may have taken one the compactor never saw). Which folded snapshots go is
+a rule of version numbers, the node's floor and four numbers per store (the line, the
+spacing, the chunks' line and the floor the line was drawn at): every node and every chunk
+holder applies it alike, and no path stores again a folded manifest it dropped
 (node/replica.py, node/repair.py; the two steps, manifests then chunks: node/compaction.py).
 
 A snapshot is usable for its version only when it is the state the head's lineage has there

@@ -94,11 +94,19 @@ class RingView:
     # every member reads blocked chunks (core/chunk.py, core/formats.CHUNK_FORMAT): writers
     # may write them; until then (a ring being upgraded from 0.2) they write whole chunks
     blocks: bool = False
+    # every member reads chunk format 3: a writer's whole snapshot names its chunks ``w``
+    # (core/manifest.Manifest.whole); until then ``s``, as a folded one's
+    whole_names: bool = False
 
     def block_size(self, wanted: int = DEFAULT_BLOCK_SIZE) -> int:
         """The block size a writer on this ring uses: ``wanted``, or 0 (whole chunks) while
         some member does not read blocked chunks."""
         return wanted if self.blocks else 0
+
+    def snapshot_kind(self) -> str:
+        """The chunk kind of a writer's whole snapshot on this ring (core/chunk.encode_chunks):
+        ``w``, or ``s`` while some member does not read chunk format 3."""
+        return "w" if self.whole_names else "s"
 
     def __post_init__(self) -> None:
         validate_rw(self.replicas, self.write_quorum)
@@ -273,6 +281,7 @@ class RingView:
             "members": [m.to_json() for m in self.members],
             "quotas": self.quotas,
             "blocks": self.blocks,
+            "whole_names": self.whole_names,
         }
 
     @classmethod
@@ -315,6 +324,7 @@ class RingView:
                 vnodes,
                 obj.get("quotas") is True,
                 obj.get("blocks") is True,
+                obj.get("whole_names") is True,
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise MalformedData(f"ring view is malformed ({exc!r})") from exc

@@ -427,7 +427,7 @@ class Restorer:
         except CorruptChunk:
             events.append(ChunkArrived(t.key, source, intact=False))
             return
-        fold.add_chunk(t.pos, rows, t.name.startswith("s"))
+        fold.add_chunk(t.pos, rows, t.name[:1] in ("s", "w"))
         events.append(ChunkArrived(t.key, source))
 
     async def _star(
@@ -474,7 +474,7 @@ class Restorer:
             rows = await loop.run_in_executor(
                 None, partial(decode_chunk, body, max_raw=self.max_raw, what=t.key)
             )
-            fold.add_chunk(t.pos, rows, t.name.startswith("s"))
+            fold.add_chunk(t.pos, rows, t.name[:1] in ("s", "w"))
 
         tasks_ = [asyncio.ensure_future(one(r)) for r in missing]
         try:

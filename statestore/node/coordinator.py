@@ -82,6 +82,7 @@ async def coordinate_commit(
         max_chunk=node.config.max_chunk,
         base_epoch=base_epoch,
         block_size=node.view().block_size(),
+        snapshot_kind=node.view().snapshot_kind(),
     )
     view = node.view()
     acks = write_acks(consistency, view.replicas, view.write_quorum)

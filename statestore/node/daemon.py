@@ -620,6 +620,7 @@ class Node:
                 self.config.vnodes,
                 quotas,
                 blocks=all(m.chunk_format >= 2 for m in kept),
+                whole_names=all(m.chunk_format >= 3 for m in kept),
             )
         return self._view
 

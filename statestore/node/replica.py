@@ -366,7 +366,7 @@ class NodeStore:
         version has one; VersionConflict if the same version and epoch carry other content.
         """
         head = self._fence_head(m, compaction and m.kind == "snapshot")
-        if m.kind == "snapshot" and self.thinned(m.store, m.version):
+        if m.kind == "snapshot" and not m.whole and self.thinned(m.store, m.version):
             raise InvalidRequest(
                 f"{m.store} keeps no snapshot of version {m.version}: thinning dropped it "
                 "(core/retention.Thinning)"
@@ -439,7 +439,7 @@ class NodeStore:
         out = []
         for m in ms:
             main_key = _mkey(m.store, m.version, m.kind)
-            if m.kind == "snapshot" and self.thinned(m.store, m.version):
+            if m.kind == "snapshot" and not m.whole and self.thinned(m.store, m.version):
                 out.append(False)  # thinning dropped it here: not brought back
                 continue
             if key_rotted(self.backend, main_key, puts):
@@ -699,7 +699,9 @@ class NodeStore:
         """Take ``thin`` as the store's thinning and drop the snapshot manifests (every
         epoch's) and the snapshot chunks it drops. Returns items dropped. Its lines and its
         floor never fall, and its spacing is the first one this node took: a snapshot
-        dropped under one spacing is never a rung under another (its chunks may be gone)."""
+        dropped under one spacing is never a rung under another (its chunks may be gone).
+        A snapshot a writer committed whole (``w`` chunks) stays, manifest and chunks: it may
+        be its version's only state (core/manifest.Manifest.whole)."""
         held = self.thinning(store)
         below = max(thin.below, held.below)
         every = held.every or thin.every
@@ -710,15 +712,24 @@ class NodeStore:
         for prefix in _MANIFESTS:
             for k in self.backend.scan_keys(_under(prefix, store.path)):
                 _, version, kind, _ = _manifest_parts(k)
-                if kind == "snapshot" and thin.drops(version, floor):
+                if kind == "snapshot" and thin.drops(version, floor) and not self._whole(k):
                     drop.append(k)
         for k in self.backend.scan_keys(_under(Prefix.CHUNK, store.path)):
             _, version, name = parse_chunk_key(_text(k))
-            if name.startswith("s") and thin.drops_chunks(version, floor):
+            if name.startswith("s") and thin.drops_chunks(version, floor):  # never a ``w``
                 drop.append(k)
         record = f"{thin.below} {thin.every} {thin.chunks} {thin.floor}".encode()
         self._write({_skey(Prefix.THINNING, store): _seal(record)}, drop)
         return len(drop)
+
+    def _whole(self, key: bytes) -> bool:
+        """Whether the snapshot manifest stored at ``key`` is one a writer committed whole
+        (core/manifest.Manifest.whole); a rotted record is not."""
+        raw = self._mget(key)
+        try:
+            return raw is not None and decode_manifest(raw).whole
+        except MalformedData:
+            return False
 
     def check_not_corrupt(self, key: str) -> None:
         try:

@@ -108,8 +108,10 @@ def _positive_int(text: str) -> int:
 
 
 def _chunk_format(text: str) -> int:
-    if text not in ("1", "2"):
-        raise _fail(text, "a chunk format: 1 (whole chunks) or 2 (blocked)")
+    if text not in ("1", "2", "3"):
+        raise _fail(
+            text, "a chunk format: 1 (whole chunks), 2 (blocked) or 3 (whole snapshots named w)"
+        )
     return int(text)
 
 
@@ -311,9 +313,10 @@ SETTINGS: tuple[Setting, ...] = (
         "chunk-format",
         "int",
         CHUNK_FORMAT,
-        "the newest chunk layout writers may use on this ring: 2 blocked (point reads fetch "
-        "one block), 1 whole, which SDKs and nodes before 0.3.0 read; the ring writes "
-        "blocked chunks only when every node allows 2",
+        "the newest chunk layout writers may use on this ring: 3 blocked, a writer's whole "
+        "snapshot's chunks named w (thinning never drops them); 2 blocked (point reads fetch "
+        "one block), which builds without w names read; 1 whole, which SDKs and nodes before "
+        "0.3.0 read; the ring writes a layout only when every node allows it",
         ("chunk_format",),
         _chunk_format,
         "N",

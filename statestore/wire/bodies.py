@@ -148,7 +148,7 @@ class LookupPart(msgspec.Struct, frozen=True, array_like=True):
     it: ``[version, name, lo, hi, size, index_len, index_checksum]``."""
 
     version: Version
-    name: Annotated[str, Meta(pattern=r"^[ds][0-9]{1,6}-[0-9a-f]{16}\Z")]  # core/ids
+    name: Annotated[str, Meta(pattern=r"^[dsw][0-9]{1,6}-[0-9a-f]{16}\Z")]  # core/ids
     lo: Group
     hi: Group
     size: Annotated[int, Meta(ge=2, le=2**40)]

@@ -9,17 +9,21 @@ and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from client import AsyncRingClient, RingClient, StoreId, VersionNotFound
 from statestore.cli.local import http_json
+from statestore.node.daemon import Node
+from statestore.node.server import start_node, stop_node
 from statestore.wire.rows import encode_rows
-from tests.ringkit import FAST, eventually, local_ring, nodes
+from tests.ringkit import FAST, config, eventually, local_ring, nodes
 
 
 def _commit(seed: str, store: StoreId, version: int, query: str = "") -> int:
@@ -201,3 +205,111 @@ async def test_a_store_with_a_version_committed_whole_thins_above_it(
         await eventually(thinned, f"the snapshots between {whole_at} and {top} dropped", limit=30)
         for v, want in expected.items():
             assert dict(await client.restore(store, v)) == want, v
+
+
+async def test_a_whole_commit_taken_by_nodes_that_missed_the_line_survives_it(
+    tmp_path: Path,
+) -> None:
+    """The known gap of the build before (docs/operations.md, "Thinning"). Three nodes
+    (R=3, W=1); two stop, and the third (the store's compactor) goes on alone: its line
+    drops the snapshot of version 5. It stops; the two come back and a newer writer, gone
+    back to version 4, commits version 5 whole and 6-7 on it: taken by the two nodes that
+    missed the line, acknowledged. The third comes back; repair brings the two its line and
+    its newer snapshots. Version 5's snapshot is whole (its chunks are named ``w``): no line
+    drops it, manifest or chunks, the third node takes a copy from repair, and versions 5-7
+    restore exactly. The build before dropped it on both (it could not tell it from a
+    folded snapshot whose delta it lacked): versions 5-7 were lost."""
+    store = StoreId("thin", 0, 3, "rewind")
+    kw = {
+        "thin_snapshots": 4,
+        "snapshot_every": 2,
+        "compact_interval": 0.2,
+        "replicas": 3,
+        "write_quorum": 1,
+        "repair_interval": 1.0,
+        "suspect_after": 0.5,
+        "down_after": 1.0,
+    }
+    ports = {}
+    for name in "abc":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports[name] = s.getsockname()[1]
+    running: dict[str, tuple[Node, web.AppRunner]] = {}
+
+    async def start(name: str, seed: str | None = None) -> Node:
+        cfg = config(
+            tmp_path,
+            name,
+            port=ports[name],
+            storage=f"lmdb://{tmp_path}/{name}-db",
+            seeds=[seed] if seed else [],
+            **kw,
+        )
+        running[name] = await start_node(cfg)
+        return running[name][0]
+
+    async def stop(name: str) -> None:
+        await stop_node(*running.pop(name))
+
+    def up(node: Node, n: int) -> bool:
+        return len(node.view().live_addresses()) == n
+
+    try:
+        a = await start("a")
+        for name in "bc":
+            await start(name, a.address)
+        await eventually(lambda: all(up(n, 3) for n, _ in running.values()), "3 nodes")
+        lead = next(
+            n for n, _ in running.values() if n.view().store_replicas(store)[0] == n.address
+        )
+        lname = next(k for k, (n, _) in running.items() if n is lead)
+        others = [k for k in "abc" if k != lname]
+        state: dict[bytes, bytes] = {}
+        async with AsyncRingClient([lead.address], timeout=30) as old:
+            for v in range(1, 15):
+                if v == 5:
+                    for k in others:
+                        await stop(k)
+                    await eventually(lambda: up(lead, 1), "the others down")
+                state[f"k{v % 5}".encode()] = f"v{v}".encode()
+                await old.commit(store, v, dict(state), [], {}, epoch=1)
+                await asyncio.sleep(0.3)  # a compaction pass: a snapshot folded every 2
+
+            def dropped() -> bool:
+                return lead.store.thinning(store).below > 8 and lead.store.thinned(store, 5)
+
+            await eventually(dropped, "the compactor's line passed version 5")
+        await stop(lname)
+        for k in others:
+            await start(k, f"127.0.0.1:{ports[others[0]]}" if k != others[0] else None)
+        missed = [running[k][0] for k in others]
+        await eventually(lambda: all(up(n, 2) for n in missed), "the two see each other")
+        assert all(n.store.thinning(store).below <= 5 for n in missed)
+        whole = {b"k0": b"w5", b"k1": b"w5"}
+        want = {5: whole, 6: {**whole, b"k6": b"x"}, 7: {**whole, b"k6": b"x", b"k7": b"y"}}
+        async with AsyncRingClient([n.address for n in missed], timeout=30) as new:
+            await new.commit(store, 5, whole, [], {}, epoch=2, snapshot=True)
+            await new.commit(store, 6, {b"k6": b"x"}, [], {}, epoch=2)
+            await new.commit(store, 7, {b"k7": b"y"}, [], {}, epoch=2)
+            await start(lname, missed[0].address)
+            live = [n for n, _ in running.values()]
+            await eventually(lambda: all(up(n, 3) for n in live), "3 nodes again")
+
+            def line_taken() -> bool:
+                lines = [n.store.thinning(store) for n in live]
+                took = all(n.store.thinning(store).below > 8 for n in missed)
+                return took and all(t.chunks == t.below for t in lines)
+
+            await eventually(line_taken, "the two took the line, chunks too", limit=60)
+            for n in missed:
+                assert 5 in n.store.snapshot_versions(store), n.address
+            await eventually(
+                lambda: 5 in running[lname][0].store.snapshot_versions(store),
+                "the third got a copy",
+            )
+            for v, expect in want.items():
+                assert dict(await new.restore(store, v)) == expect, v
+    finally:
+        for name in list(running):
+            await stop(name)

@@ -82,19 +82,20 @@ def test_malformed_gossip(digest: dict[str, object]) -> None:
 
 
 def test_each_member_gossips_the_chunk_format_it_reads() -> None:
-    """A member of this build says it reads blocked chunks (chunk_format 2); one of 0.2 says
-    nothing, read as 1. Every node learns what every other reads, through third parties too:
-    writers use blocked chunks only when all of them do (RingView.blocks)."""
+    """A member of this build says it reads blocked chunks with whole snapshots named ``w``
+    (chunk_format 3); one of 0.2 says nothing, read as 1. Every node learns what every other
+    reads, through third parties too: writers use blocked chunks only when all of them do
+    (RingView.blocks), ``w`` names likewise (RingView.whole_names)."""
     new, relay = cluster(2)
     old = Membership("n9", "127.0.0.1:7409", "", 1, 0.0, chunk_format=1)
     assert "chunk_format" not in old.digest()["members"][0]  # what 0.2 gossips, exactly
-    assert new.digest()["members"][0]["chunk_format"] == 2
+    assert new.digest()["members"][0]["chunk_format"] == 3
     for t in range(3):
         for a, b in ((new, relay), (relay, old)):  # new hears of old only through relay
             a.merge(b.digest(), float(t))
             b.merge(a.digest(), float(t))
     formats = {m.id: m.chunk_format for m in new.members()}
-    assert formats == {"n0": 2, "n1": 2, "n9": 1}
+    assert formats == {"n0": 3, "n1": 3, "n9": 1}
     refused = Membership("n5", "127.0.0.1:7405", "", 1, 0.0)
     for bad in (0, 256, "2", 2.0, None):
         entry = {**new.digest()["members"][0], "id": "nx", "chunk_format": bad}
@@ -115,3 +116,17 @@ def test_a_view_allows_blocked_chunks_only_when_it_says_so() -> None:
         assert got.blocks is blocks and got.block_size(4096) == (4096 if blocks else 0)
     del_blocks = {k: v for k, v in view.to_json().items() if k != "blocks"}  # a 0.2 node's view
     assert RingView.from_json(del_blocks).block_size() == 0
+
+
+def test_a_view_names_whole_snapshots_w_only_when_it_says_so() -> None:
+    """Writers name a whole snapshot's chunks ``w`` only where every member reads chunk
+    format 3 (``whole_names`` in the view); a view without the field (a build before) or
+    with anything but true says ``s``."""
+    from statestore.core.view import MemberInfo, RingView
+
+    view = RingView(1, (MemberInfo("n0", "127.0.0.1:7400"),), 1, 1)
+    assert view.to_json()["whole_names"] is False and view.snapshot_kind() == "s"
+    for said, kind in ((True, "w"), (False, "s"), ("true", "s"), (1, "s"), (None, "s")):
+        assert RingView.from_json({**view.to_json(), "whole_names": said}).snapshot_kind() == kind
+    before = {k: v for k, v in view.to_json().items() if k != "whole_names"}
+    assert RingView.from_json(before).snapshot_kind() == "s"

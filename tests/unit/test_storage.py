@@ -573,3 +573,54 @@ def test_thinning_keeps_its_first_spacing_and_the_floor_it_was_drawn_at(
         store.put_manifest(commit(9, 1, value=b"s9", kind="snapshot"))
     assert store.copy_manifests([commit(6, 1, value=b"s6", kind="snapshot")]) == [False]
     assert 6 not in store.snapshot_versions(SID)
+
+
+def test_a_snapshot_committed_whole_is_never_thinned(store: NodeStore) -> None:
+    """A writer's whole snapshot names its chunks ``w`` (core/commit.py): a thinning line
+    drops neither its manifest nor its chunks, and a node holding the line takes a copy of
+    one (repair's, a writer's), where it refuses a folded (``s``) one. A newer writer that
+    went back below the line and committed a version whole was acknowledged by nodes that
+    missed the line and lost when the line reached them: the builds before could not tell
+    such a snapshot from a folded one whose delta they lacked."""
+    from statestore.core.chunk import EncodedChunk
+    from statestore.core.commit import build_commit
+
+    def whole(version: int, epoch: int) -> tuple[Manifest, list[EncodedChunk]]:
+        puts = {b"k": b"w%d" % version}
+        return build_commit(
+            SID,
+            version,
+            puts,
+            [],
+            {},
+            epoch,
+            True,
+            key_groups=128,
+            chunk_size=1 << 20,
+            max_chunk=1 << 24,
+        )
+
+    for v in range(1, 13):
+        store.put_manifest(commit(v, 1))
+        store.put_manifest(commit(v, 1, value=b"s%d" % v, kind="snapshot"))
+        c = encode_chunks({b"k": b"s%d" % v}, [], kind="s")[0]
+        store.put_chunk(chunk_key(SID, v, c.name), c.data)
+    m6, c6 = whole(6, 2)
+    assert m6.whole and all(c.name.startswith("w") for c in c6)
+    assert not commit(6, 1, kind="snapshot").whole and not commit(6, 1).whole
+    store.put_manifest(m6)  # the newer writer's version 6, above the folded one of epoch 1
+    for c in c6:
+        store.put_chunk(chunk_key(SID, 6, c.name), c.data)
+    store.apply_thinning(SID, Thinning(below=11, every=4, chunks=11, floor=0))
+    assert store.snapshot_versions(SID) == [4, 6, 8, 11, 12]
+    assert store.get_manifest(SID, 6, "snapshot") == m6
+    assert store.get_manifest(SID, 6, "snapshot", epoch=1) is None  # the folded one went
+    held = sorted((int(k.split("/")[4]), k.split("/")[5][0]) for k in store.store_chunk_keys(SID))
+    assert [h for h in held if h[1] != "d"] == [(4, "s"), (6, "w"), (8, "s"), (11, "s"), (12, "s")]
+    # under the line: a whole snapshot is taken, a folded one refused, on every path
+    m9, _ = whole(9, 3)
+    assert store.put_manifest(m9)
+    assert store.copy_manifests([whole(10, 3)[0], commit(7, 1, kind="snapshot")]) == [True, False]
+    with pytest.raises(InvalidRequest):
+        store.put_manifest(commit(5, 3, value=b"s5", kind="snapshot"))
+    assert store.snapshot_versions(SID) == [4, 6, 8, 9, 10, 11, 12]

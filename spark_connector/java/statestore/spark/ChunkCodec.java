@@ -120,7 +120,9 @@ public final class ChunkCodec {
    * @param putKeys distinct keys put (Python's {@code puts} mapping; order does not matter)
    * @param putValues their values, same length
    * @param deletes keys deleted; duplicates are kept, as Python keeps them
-   * @param kind {@code 'd'} for a delta, {@code 's'} for a snapshot: it prefixes chunk names
+   * @param kind {@code 'd'} for a delta, {@code 'w'} for a snapshot a writer commits whole,
+   *     {@code 's'} for one a compactor folds: it prefixes chunk names (thinning never drops
+   *     a {@code 'w'} snapshot: core/manifest.py, {@code Manifest.whole})
    * @param blockSize the blocked layout's block size (a snapshot's is a quarter of it);
    *     {@code 0} writes whole chunks
    * @throws InvalidRequestException a key both put and deleted, or put twice
@@ -138,10 +140,10 @@ public final class ChunkCodec {
     if (groups < 1 || groups > 65536) {
       throw new InvalidRequestException("key groups must be in 1..65536, got " + groups);
     }
-    if (kind != 'd' && kind != 's') {
-      throw new InvalidRequestException("chunk kind must be 'd' or 's', got " + kind);
+    if (kind != 'd' && kind != 's' && kind != 'w') {
+      throw new InvalidRequestException("chunk kind must be 'd', 's' or 'w', got " + kind);
     }
-    if (kind == 's' && blockSize > 0) {
+    if (kind != 'd' && blockSize > 0) {
       blockSize = Math.max(1, blockSize / SNAPSHOT_BLOCKS);
     }
     int nPuts = putKeys.size();
@@ -358,7 +360,7 @@ public final class ChunkCodec {
     }
     ix.arrayHeader(2).arrayHeader(blocks);
     ix.raw(entries.buffer(), 0, entries.size());
-    ix.bin(kind == 's' ? bloom(keys, order, start, stop) : new byte[0]);
+    ix.bin(kind != 'd' ? bloom(keys, order, start, stop) : new byte[0]);
     byte[] packed = ix.toByteArray();
     if (framed + packed.length + 4 > Integer.MAX_VALUE - 8 || rawTotal > Integer.MAX_VALUE - 8) {
       throw new PayloadTooLargeException("chunk of " + framed + " bytes is over 2 GiB");

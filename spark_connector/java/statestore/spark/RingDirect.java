@@ -93,14 +93,17 @@ final class RingDirect {
     long c0 = Trace.cpu();
     List<ChunkCodec.Chunk> chunks;
     int blockSize;
+    char snapshotKind;
     try {
       blockSize = writer.view().blockSize();
+      snapshotKind = writer.view().snapshotKind();
     } catch (RingException e) {
       blockSize = 0; // whole chunks: every build reads them; the retries below meet the error
+      snapshotKind = 's';
     }
     try {
       chunks = ChunkCodec.encode(keys, values, deletes, ChunkCodec.DEFAULT_KEY_GROUPS,
-          ChunkCodec.DEFAULT_CHUNK_SIZE, snapshot ? 's' : 'd', ChunkCodec.MAX_CHUNK_RAW,
+          ChunkCodec.DEFAULT_CHUNK_SIZE, snapshot ? snapshotKind : 'd', ChunkCodec.MAX_CHUNK_RAW,
           blockSize);
     } catch (ChunkCodec.PayloadTooLargeException e) {
       throw new RingError(413, RingErrors.Kind.PayloadTooLarge.code, e.getMessage());

@@ -75,6 +75,11 @@ public final class RingView {
    * them; until then (a ring being upgraded from 0.2) it writes whole chunks.
    */
   public final boolean blocks;
+  /**
+   * Every member reads chunk format 3 (Python core/view.py {@code whole_names}): a writer's
+   * whole snapshot names its chunks {@code w}, which thinning never drops; until then {@code s}.
+   */
+  public final boolean wholeNames;
   private final RingPlacement ring;
   private final RingPlacement future;
   /** The ring counting every member in a read state, down ones too (the items' homes). */
@@ -83,11 +88,11 @@ public final class RingView {
   private final Map<String, String> address = new LinkedHashMap<>();
 
   public RingView(long epoch, List<MemberInfo> members, int replicas, int writeQuorum, int vnodes) {
-    this(epoch, members, replicas, writeQuorum, vnodes, false);
+    this(epoch, members, replicas, writeQuorum, vnodes, false, false);
   }
 
   public RingView(long epoch, List<MemberInfo> members, int replicas, int writeQuorum, int vnodes,
-      boolean blocks) {
+      boolean blocks, boolean wholeNames) {
     if (replicas < 1 || writeQuorum < 1 || writeQuorum > replicas) {
       throw new IllegalArgumentException("replicas " + replicas + " / write quorum " + writeQuorum);
     }
@@ -97,6 +102,7 @@ public final class RingView {
     this.writeQuorum = writeQuorum;
     this.vnodes = vnodes;
     this.blocks = blocks;
+    this.wholeNames = wholeNames;
     List<RingPlacement.Member> now = new ArrayList<>();
     List<RingPlacement.Member> later = new ArrayList<>();
     List<RingPlacement.Member> all = new ArrayList<>();
@@ -124,6 +130,11 @@ public final class RingView {
         ? ring : new RingPlacement(all, vnodes);
   }
 
+  /** The chunk kind of a writer's whole snapshot on this ring: {@code 'w'}, or {@code 's'}. */
+  public char snapshotKind() {
+    return wholeNames ? 'w' : 's';
+  }
+
   /** The block size a writer on this ring uses: the default, or 0 (whole chunks). */
   public int blockSize() {
     return blocks ? ChunkCodec.DEFAULT_BLOCK_SIZE : 0;
@@ -149,7 +160,11 @@ public final class RingView {
     }
     return new RingView(obj.get("epoch").asLong(), members, obj.get("replicas").asInt(),
         obj.get("write_quorum").asInt(), obj.get("vnodes").asInt(),
-        obj.has("blocks") && obj.get("blocks").isBoolean() && obj.get("blocks").asBoolean());
+        flag(obj, "blocks"), flag(obj, "whole_names"));
+  }
+
+  private static boolean flag(JsonNode obj, String field) {
+    return obj.has(field) && obj.get(field).isBoolean() && obj.get(field).asBoolean();
   }
 
   /** A member's token count: absent is 0, else an integer from 0 to MAX_VIEW_VNODES. */

@@ -264,7 +264,7 @@ public final class CodecHarness {
         throw new ChunkCodec.InvalidRequestException("a snapshot holds the whole state: it takes no deletes");
       }
       chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
-          ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
+          ((Number) h.get("chunk_size")).intValue(), snapshot ? 'w' : 'd',
           ((Number) h.get("max_chunk")).intValue(), blockSize(h));
       m = ManifestCodec.of((String) h.get("store"), ((Number) h.get("version")).longValue(), snapshot,
           ((Number) h.get("epoch")).longValue(), groups, chunks, (Map<String, Object>) h.get("positions"),
@@ -506,7 +506,7 @@ public final class CodecHarness {
     int groups = ((Number) h.get("key_groups")).intValue();
     try {
       List<ChunkCodec.Chunk> chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
-          ((Number) h.get("chunk_size")).intValue(), snapshot ? 's' : 'd',
+          ((Number) h.get("chunk_size")).intValue(), snapshot ? 'w' : 'd',
           ((Number) h.get("max_chunk")).intValue(), blockSize(h));
       ManifestCodec.Manifest m = ManifestCodec.of((String) h.get("store"),
           ((Number) h.get("version")).longValue(), snapshot, ((Number) h.get("epoch")).longValue(),
