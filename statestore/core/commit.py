@@ -30,15 +30,15 @@ def build_commit(
     max_chunk: int,
     base_epoch: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    snapshot_kind: str = "w",
+    snapshot_kind: str = "s",
 ) -> tuple[Manifest, list[EncodedChunk]]:
     """Check the arguments and lay the commit out in chunks. CPU only.
 
     ``base_epoch``: the epoch of version - 1 as the writer restored (or committed) it; the
     chain of this version follows it (core/manifest.py, "Lineage"). None: not said (version 1
     has no base, so it is never recorded there). ``snapshot_kind``: the chunk kind of a
-    snapshot, ``w`` (whole: core/manifest.Manifest.whole) where the ring reads it, else ``s``
-    (RingView.snapshot_kind)."""
+    snapshot, ``w`` (whole: core/manifest.Manifest.whole) where the ring reads it
+    (RingView.snapshot_kind), else ``s``, the default: every build reads it."""
     if not isinstance(store, StoreId):
         raise InvalidRequest(f"store must be a StoreId, got {store!r}")
     check_version(version)

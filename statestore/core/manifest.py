@@ -139,13 +139,17 @@ class Manifest:
 
     @property
     def whole(self) -> bool:
-        """A snapshot a writer committed whole (its chunks are named ``w``: the version's
-        own state, no delta of it), not one a compactor folded (``s``): thinning never
-        drops it (node/replica.NodeStore.apply_thinning). A snapshot of no chunks counts as
-        whole (keeping it costs nothing). Before chunk format 3 (core/formats.py), and on a
-        ring with a member that does not read it, writers name whole snapshots ``s``: those
-        are told apart only by the deltas beside them (core/retention.plan_compaction)."""
-        return self.kind == "snapshot" and not any(c.name.startswith("s") for c in self.chunks)
+        """A snapshot a writer committed whole (every chunk named ``w``: the version's own
+        state, no delta of it), not one a compactor folded (``s``): thinning never drops it
+        (node/replica.NodeStore.apply_thinning). Before chunk format 3 (core/formats.py),
+        on a ring with a member that does not read it, and from writers of builds before,
+        whole snapshots are named ``s``: those are told apart only by the deltas beside
+        them (core/retention.plan_compaction)."""
+        return (
+            self.kind == "snapshot"
+            and bool(self.chunks)
+            and all(c.name.startswith("w") for c in self.chunks)
+        )
 
     def same_content(self, other: Manifest) -> bool:
         return (self.kind, [c.checksum for c in self.chunks]) == (

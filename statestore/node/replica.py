@@ -231,6 +231,15 @@ def _version_of(key: bytes) -> int:
     return int(key.decode().split("/")[4])
 
 
+def _named_whole(held: Manifest, m: Manifest) -> bool:
+    """Whether ``m`` is ``held`` (same version, epoch and content) named whole where
+    ``held`` is not: a writer's whole commit laid out with ``s`` names before the ring read
+    chunk format 3 and retried (or copied) with ``w`` names since. The chunks' bytes and
+    checksums are the same; only the whole one is safe from thinning
+    (core/manifest.Manifest.whole), so it replaces the other."""
+    return m.whole and not held.whole and held.same_content(m)
+
+
 def _manifest_parts(key: bytes) -> tuple[StoreId, int, str, list[str]]:
     """(store, version, kind, the rest) of an ``m:`` or ``o:`` key (the rest: an ``o:``
     key's epoch)."""
@@ -387,6 +396,9 @@ class NodeStore:
                 )
             if old.epoch == m.epoch:
                 if old.same_content(m):
+                    if _named_whole(old, m):
+                        self._write({_mkey(m.store, m.version, m.kind): _seal(encode_manifest(m))})
+                        return True
                     return False
                 raise VersionConflict(
                     f"store {m.store} version {m.version} already holds other content at "
@@ -447,10 +459,17 @@ class NodeStore:
                 continue
             raw_main = get(main_key)
             main_epoch = None if raw_main is None else manifest_epoch(raw_main)
-            if main_epoch == m.epoch or (
-                raw_main is not None and get(_okey(m.store, m.version, m.kind, m.epoch))
-            ):
-                out.append(False)
+            side_key = _okey(m.store, m.version, m.kind, m.epoch)
+            held = raw_main if main_epoch == m.epoch else None
+            if held is None and raw_main is not None:
+                held = get(side_key)
+            if held is not None:
+                renamed = m.whole and _named_whole(decode_manifest(held), m)
+                if renamed:  # the same state, now named whole: only safer
+                    puts[main_key if main_epoch == m.epoch else side_key] = _seal(
+                        encode_manifest(m)
+                    )
+                out.append(renamed)
                 continue
             raw = _seal(encode_manifest(m))
             if main_epoch is None or main_epoch < m.epoch:

@@ -137,6 +137,7 @@ def _commit(
         "version": rng.choice([1, 2, 127, 128, 65536, 2**33, 2**62]),
         "epoch": rng.choice([0, 1, 255, 1_763_800_000_000, 2**63 - 1]),
         "snapshot": snapshot,
+        "snapshot_kind": rng.choice(["s", "w"]),  # RingView.snapshot_kind: both are written
         "key_groups": groups,
         "chunk_size": chunk_size,
         "max_chunk": max_chunk,
@@ -178,6 +179,7 @@ def _python_commit(c: dict[str, Any]) -> tuple[Manifest, list[Any]]:
         max_chunk=h["max_chunk"],
         base_epoch=h.get("base_epoch"),
         block_size=h["block_size"],
+        snapshot_kind=h.get("snapshot_kind", "s"),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -585,7 +586,7 @@ def test_a_snapshot_committed_whole_is_never_thinned(store: NodeStore) -> None:
     from statestore.core.chunk import EncodedChunk
     from statestore.core.commit import build_commit
 
-    def whole(version: int, epoch: int) -> tuple[Manifest, list[EncodedChunk]]:
+    def whole(version: int, epoch: int, kind: str = "w") -> tuple[Manifest, list[EncodedChunk]]:
         puts = {b"k": b"w%d" % version}
         return build_commit(
             SID,
@@ -598,6 +599,7 @@ def test_a_snapshot_committed_whole_is_never_thinned(store: NodeStore) -> None:
             key_groups=128,
             chunk_size=1 << 20,
             max_chunk=1 << 24,
+            snapshot_kind=kind,
         )
 
     for v in range(1, 13):
@@ -624,3 +626,18 @@ def test_a_snapshot_committed_whole_is_never_thinned(store: NodeStore) -> None:
     with pytest.raises(InvalidRequest):
         store.put_manifest(commit(5, 3, value=b"s5", kind="snapshot"))
     assert store.snapshot_versions(SID) == [4, 6, 8, 9, 10, 11, 12]
+
+    # a whole commit laid out with ``s`` names (the view did not say ``whole_names`` yet) and
+    # retried, or copied, with ``w`` names: the whole one replaces it (same state, only safer)
+    s13, _ = whole(13, 4, kind="s")  # above the line: taken either way
+    assert store.put_manifest(s13) and not store.get_manifest(SID, 13, "snapshot").whole
+    assert store.put_manifest(whole(13, 4)[0]) and store.get_manifest(SID, 13, "snapshot").whole
+    assert not store.put_manifest(whole(13, 4)[0]) and not store.put_manifest(s13)  # no way back
+    s14, _ = whole(14, 4, kind="s")
+    assert store.put_manifest(s14)
+    assert store.copy_manifests([whole(14, 4)[0], s14]) == [True, False]
+    assert store.get_manifest(SID, 14, "snapshot").whole
+    # whole means every chunk named ``w``
+    mixed = replace(m6, chunks=(*m6.chunks, *commit(6, 2, kind="snapshot").chunks))
+    assert not mixed.whole and not replace(m6, chunks=()).whole
+    assert not replace(m6, kind="delta").whole

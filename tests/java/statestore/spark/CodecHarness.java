@@ -264,7 +264,7 @@ public final class CodecHarness {
         throw new ChunkCodec.InvalidRequestException("a snapshot holds the whole state: it takes no deletes");
       }
       chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
-          ((Number) h.get("chunk_size")).intValue(), snapshot ? 'w' : 'd',
+          ((Number) h.get("chunk_size")).intValue(), snapshot ? snapshotKind(h) : 'd',
           ((Number) h.get("max_chunk")).intValue(), blockSize(h));
       m = ManifestCodec.of((String) h.get("store"), ((Number) h.get("version")).longValue(), snapshot,
           ((Number) h.get("epoch")).longValue(), groups, chunks, (Map<String, Object>) h.get("positions"),
@@ -280,6 +280,11 @@ public final class CodecHarness {
           .unsigned(ch.indexChecksum());
     }
     out.str("manifest").bin(ManifestCodec.encode(m));
+  }
+
+  private static char snapshotKind(Map<String, Object> header) {
+    Object k = header.get("snapshot_kind");
+    return k == null ? 's' : ((String) k).charAt(0);
   }
 
   private static int blockSize(Map<String, Object> header) {
@@ -506,7 +511,7 @@ public final class CodecHarness {
     int groups = ((Number) h.get("key_groups")).intValue();
     try {
       List<ChunkCodec.Chunk> chunks = ChunkCodec.encode(putKeys, putValues, deletes, groups,
-          ((Number) h.get("chunk_size")).intValue(), snapshot ? 'w' : 'd',
+          ((Number) h.get("chunk_size")).intValue(), snapshot ? snapshotKind(h) : 'd',
           ((Number) h.get("max_chunk")).intValue(), blockSize(h));
       ManifestCodec.Manifest m = ManifestCodec.of((String) h.get("store"),
           ((Number) h.get("version")).longValue(), snapshot, ((Number) h.get("epoch")).longValue(),
