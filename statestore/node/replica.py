@@ -231,6 +231,9 @@ def _version_of(key: bytes) -> int:
     return int(key.decode().split("/")[4])
 
 
+MAX_THINNED_OFFERS = 100_000  # names kept in NodeStore.thinned_offers (~10 MB at most)
+
+
 def _named_whole(held: Manifest, m: Manifest) -> bool:
     """Whether ``m`` is ``held`` (same version, epoch and content) named whole where
     ``held`` is not: a writer's whole commit laid out with ``s`` names before the ring read
@@ -265,6 +268,10 @@ class NodeStore:
         self._hint_queries: Counter[str] = Counter(
             q for k in backend.scan_keys(Prefix.HINT) if (q := query_of_key(k)) is not None
         )
+        # the item names of folded snapshots a copy offered that this node's thinning
+        # dropped (refused by copy_manifests): a hand-over counts them as held once offered,
+        # where it could not tell them from whole ones before (node/moves/join._held)
+        self.thinned_offers: set[str] = set()
 
     def _write(
         self,
@@ -453,6 +460,9 @@ class NodeStore:
             main_key = _mkey(m.store, m.version, m.kind)
             if m.kind == "snapshot" and not m.whole and self.thinned(m.store, m.version):
                 out.append(False)  # thinning dropped it here: not brought back
+                if len(self.thinned_offers) >= MAX_THINNED_OFFERS:
+                    self.thinned_offers.clear()  # a memo: offered again, refused again
+                self.thinned_offers.add(ManifestItem.of(m).name())
                 continue
             if key_rotted(self.backend, main_key, puts):
                 out.append(False)  # the scrub puts a replica's copy back first

@@ -40,3 +40,30 @@ def test_held_counts_what_is_below_the_floor_and_what_is_here() -> None:
         "held manifest",
         "held chunk",
     }
+
+
+def test_held_counts_a_folded_snapshot_under_the_line_once_offered_and_never_a_whole_one() -> None:
+    """A snapshot manifest under our thinning line is not held until a copy of it was
+    offered and refused (a folded one: its name does not say so): one round fetches it,
+    and the next counts it held. A whole one (``w`` chunks, core/manifest.Manifest.whole)
+    is taken when offered, so it is fetched, and held after. The build before counted
+    every one held at once: a node joining while it held a line never fetched a whole
+    snapshot's manifest (repair brought it later)."""
+    from statestore.core.commit import build_commit
+    from statestore.core.retention import Thinning
+
+    store = NodeStore(open_backend("memory://"))
+    store.apply_thinning(SID, Thinning(below=10, every=4, chunks=0, floor=0))
+    node = SimpleNamespace(store=store)
+
+    def snapshot(version: int, kind: str) -> Manifest:
+        return build_commit(
+            SID, version, {b"k": b"v"}, [], {}, 1, True, key_groups=1, chunk_size=1 << 20,
+            max_chunk=1 << 20, snapshot_kind=kind,
+        )[0]  # fmt: skip
+
+    folded, whole = snapshot(5, "s"), snapshot(6, "w")
+    names = {ManifestItem.of(m).name(): m for m in (folded, whole)}
+    assert _held(node, set(names)) == set()  # type: ignore[arg-type]
+    assert store.copy_manifests([folded, whole]) == [False, True]  # a round's copies
+    assert _held(node, set(names)) == set(names)  # type: ignore[arg-type]

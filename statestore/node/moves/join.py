@@ -70,8 +70,9 @@ def _held(node: Node, items: set[str]) -> set[str]:
     retention floor (a source whose floor is lower still lists it; a copy of a manifest
     there is not kept, so fetching it again every round never ended the join, a hot loop the
     simulator found; a chunk there would be an orphan until the next gc), or of a snapshot
-    our thinning drops (likewise). A name that is no item's is not held: its fetch fails
-    (MalformedData), and the round with it."""
+    our thinning drops (likewise; a folded snapshot's manifest once offered: one round
+    fetches it, so that a whole one is kept). A name that is no item's is not held: its
+    fetch fails (MalformedData), and the round with it."""
     chunks: list[tuple[str, str]] = []
     out: set[str] = set()
     floors: dict[StoreId, int] = {}
@@ -85,7 +86,7 @@ def _held(node: Node, items: set[str]) -> set[str]:
             floors[store] = node.store.floor(store)
         if version < floors[store]:
             out.add(name)  # below our floor: not wanted
-        elif _thinned(node, it, store, version):
+        elif _thinned(node, it, store, version, name):
             out.add(name)  # a snapshot our thinning dropped: not kept, so not wanted
         elif isinstance(it, ChunkItem):
             chunks.append((name, it.key))
@@ -96,11 +97,17 @@ def _held(node: Node, items: set[str]) -> set[str]:
     return out
 
 
-def _thinned(node: Node, it: ChunkItem | ManifestItem, store: StoreId, version: int) -> bool:
+def _thinned(
+    node: Node, it: ChunkItem | ManifestItem, store: StoreId, version: int, name: str
+) -> bool:
     """Whether ``it`` is of a snapshot this node's thinning drops (core/retention.Thinning):
-    its manifest (which no path stores here) or its chunk (past the chunks' line)."""
+    a folded snapshot's manifest, which no path stores here, once a copy of it was offered
+    and refused (its name does not say whether it is folded or whole, and a whole one is
+    kept: core/manifest.Manifest.whole), or its chunk (an ``s`` one, past the chunks'
+    line)."""
     if isinstance(it, ManifestItem):
-        return it.kind == "snapshot" and node.store.thinned(store, version)
+        thinned = it.kind == "snapshot" and node.store.thinned(store, version)
+        return thinned and name in node.store.thinned_offers
     name = parse_chunk_key(it.key)[2]
     line = node.store.thinning(store)
     return name.startswith("s") and line.drops_chunks(version, node.store.floor(store))
