@@ -403,6 +403,9 @@ class AsyncLazyState:
 
     def _release(self) -> None:
         self._closed = True
+        self._release_caches()
+
+    def _release_caches(self) -> None:
         self._groups.clear()
         self._chunks.clear()
         self._blocks.clear()
@@ -422,6 +425,8 @@ class AsyncLazyState:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"the opened state of {self.store} v{self.version} is closed")
+        if self._gone is not None:  # found gone: every read after fails too, cached or not
+            raise VersionNotFound(str(self._gone))
 
     # -- the chain --------------------------------------------------------------------------
     async def _over_chain(self, read: Callable[[], Awaitable[T]]) -> T:
@@ -467,18 +472,25 @@ class AsyncLazyState:
                     f"version {self.version} of {self.store} is no longer held ({exc}); "
                     f"a read of it had failed: {failure}"
                 )
+                self._release_caches()
                 raise VersionNotFound(str(self._gone)) from failure
             except NotFound:
                 raise  # the store is gone
             except StateStoreError:
                 return False  # the ring cannot say now: the read's own failure stands
             top = chain[-1] if chain else None
-            if top is None or top.version != self.version or top.epoch != self.head.epoch:
+            if (
+                top is None
+                or top.version != self.version
+                or top.epoch != self.head.epoch
+                or not _same_history(before, chain)
+            ):
                 self._gone = VersionNotFound(
                     f"version {self.version} of {self.store} at epoch {self.head.epoch} is "
-                    "gone: a newer writer committed it again since it was opened; open it "
-                    "again"
+                    "gone: a newer writer committed it, or a version under it, again since "
+                    "it was opened (or its query was dropped and written anew); open it again"
                 )
+                self._release_caches()
                 raise VersionNotFound(str(self._gone)) from failure
             if chain == before:
                 return False
@@ -886,6 +898,42 @@ def _fold(span: _Span, splits: Sequence[Split], groups: range) -> dict[int, dict
             if state is not None:
                 apply(state, rows)
     return out
+
+
+def _same_content(a: Manifest, b: Manifest) -> bool:
+    """Whether two manifests of a version are the same commit: kind, epoch, lineage, key
+    groups and chunk checksums (a chunk's name may differ: a whole snapshot's ``s`` names
+    become ``w`` ones, node/replica.py)."""
+    return (a.version, a.kind, a.epoch, a.base_epoch, a.key_groups) == (
+        b.version,
+        b.kind,
+        b.epoch,
+        b.base_epoch,
+        b.key_groups,
+    ) and [c.checksum for c in a.chunks] == [c.checksum for c in b.chunks]
+
+
+def _same_history(before: Sequence[Manifest], chain: Sequence[Manifest]) -> bool:
+    """Whether ``chain``, read again for the version a state was opened on, may hold the same
+    state as ``before``: every version both name is the same commit where both name the same
+    kind (a delta, a snapshot), and of the same epoch where one names a snapshot folded from
+    the other's deltas. What may differ is where the chain starts: the nodes thinned the
+    snapshot it started at, so it starts at an older one now, or folded a newer one. (A
+    folded snapshot cannot be checked against the deltas it was folded from: a query dropped
+    and written anew at the same epoch, whose newest version is a delta where the state was
+    opened on a snapshot, is not told apart.)"""
+    if not chain or not before:
+        return False
+    had: dict[int, list[Manifest]] = {}
+    for m in before:
+        had.setdefault(m.version, []).append(m)
+    for m in chain:
+        for o in had.get(m.version, ()):
+            if o.kind == m.kind and not _same_content(o, m):
+                return False
+            if o.epoch != m.epoch:
+                return False
+    return True
 
 
 class _Scan:

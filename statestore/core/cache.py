@@ -35,6 +35,7 @@ class ChunkCache:
         # index by the chunk's key + "#i"
         self._items: dict[str, OrderedDict[str, tuple[Any, int]]] = {}
         self._held: dict[str, int] = {}  # bytes per query
+        self._forgotten: dict[str, int] = {}  # per query, how many times it was forgotten
         self._bytes = 0
         self.hits = 0
         self.misses = 0
@@ -47,6 +48,18 @@ class ChunkCache:
     def held_by(self, query: str) -> int:
         """The bytes it holds of ``query``'s chunks."""
         return self._held.get(query, 0)
+
+    def forget(self, query: str) -> None:
+        """Drop everything of ``query`` (its chunks were purged: a drop), and count it
+        (:meth:`generation`), so that a reader that began before puts nothing back."""
+        self._bytes -= self._held.pop(query, 0)
+        self._items.pop(query, None)
+        self._forgotten[query] = self._forgotten.get(query, 0) + 1
+
+    def generation(self, query: str) -> int:
+        """How many times ``query`` was forgotten: a reader that saw another number when it
+        began must not put what it read (it may be what was purged)."""
+        return self._forgotten.get(query, 0)
 
     def clear(self) -> None:
         self._items.clear()

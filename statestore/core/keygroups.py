@@ -42,10 +42,20 @@ def check_groups(key_groups: object, groups: int) -> range:
 
 def chain_for_groups(chain: Iterable[Manifest], key_groups: range) -> list[Manifest]:
     """The chain with only the chunks that hold rows of ``key_groups`` (chunks cover
-    contiguous group ranges ``lo..hi``)."""
+    contiguous group ranges ``lo..hi``), in the numbering of the chain's newest manifest. A
+    manifest cut by another number of key groups (a delta written by a client with another
+    ``key_groups``) keeps every chunk: its ranges are in another numbering, so none can be
+    ruled out (the caller keeps the rows of ``key_groups`` afterwards: :func:`only_groups`)."""
+    manifests = list(chain)
+    if not manifests:
+        return []
+    groups = manifests[-1].key_groups
     lo, hi = key_groups.start, key_groups.stop - 1
     return [
-        replace(m, chunks=tuple(c for c in m.chunks if c.lo <= hi and c.hi >= lo)) for m in chain
+        m
+        if m.key_groups != groups
+        else replace(m, chunks=tuple(c for c in m.chunks if c.lo <= hi and c.hi >= lo))
+        for m in manifests
     ]
 
 

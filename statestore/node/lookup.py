@@ -54,6 +54,7 @@ from statestore.net.reads import (
 from statestore.node.budget import LEASE, Lease
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body, store_of
+from statestore.node.tombstones import DROPPING
 from statestore.wire.bodies import (
     MAX_LOOKUP_INDEX,
     MAX_LOOKUP_INDEX_BYTES,
@@ -317,16 +318,24 @@ class _Pinned(ChunkCache):
     the cache evicts meanwhile (each is read and parsed at most once a request; those found
     are taken from its lease, those loaded were as they were read)."""
 
-    def __init__(self, shared: ChunkCache) -> None:
+    def __init__(self, shared: ChunkCache, query: str) -> None:
         super().__init__(0)
         self.shared = shared
         self.indexes: dict[str, BlockIndex] = {}
+        # a drop of the query meanwhile (ChunkCache.forget): what this lookup read is not
+        # put back in the shared cache
+        self.query = query
+        self.began = shared.generation(query)
+
+    def _current(self) -> bool:
+        return self.shared.generation(self.query) == self.began
 
     def get(self, key: str) -> dict[bytes, bytes | None] | None:
         return self.shared.get(key)
 
     def put(self, key: str, rows: dict[bytes, bytes | None], size: int) -> None:
-        self.shared.put(key, rows, size)
+        if self._current():
+            self.shared.put(key, rows, size)
 
     def get_index(self, chunk: str) -> BlockIndex | None:
         index = self.indexes.get(chunk)
@@ -338,7 +347,8 @@ class _Pinned(ChunkCache):
 
     def put_index(self, chunk: str, index: BlockIndex) -> None:
         self.indexes[chunk] = index
-        self.shared.put_index(chunk, index)
+        if self._current():
+            self.shared.put_index(chunk, index)
 
 
 async def _values(
@@ -401,6 +411,14 @@ async def lookup(request: web.Request) -> web.Response:
     )
     keys = _keys(body.keys)
     parts = _parts(store, body)
+    floor = node.store.floor(store)
+    if floor and any(v < floor for v, _ in parts):
+        # retention dropped those versions here: what the cache may still hold of them is
+        # not answered (the reader's chain read then says the version is gone)
+        raise NotFound(
+            f"lookup: {store} holds no version below {floor} on this node (retention dropped "
+            "them): read the version's chain again"
+        )
     paths = []
     for key in keys:
         g = key_group(key, body.groups)
@@ -412,7 +430,7 @@ async def lookup(request: web.Request) -> web.Response:
             )
         paths.append(path)
     reads = _Reads(node, store, request[LEASE])
-    cache = _Pinned(request.app[CACHE])  # the indexes it reads or finds, kept for it
+    cache = _Pinned(request.app[CACHE], store.query)  # the indexes it reads or finds, kept
     values: list[bytes | None] = []
     answer = 0
     try:
@@ -460,6 +478,7 @@ async def lookup(request: web.Request) -> web.Response:
 
 def register(app: web.Application) -> None:
     app[CACHE] = ChunkCache(app[NODE].config.lookup_cache)
+    app[DROPPING].purged.append(app[CACHE].forget)  # a dropped query's reads are forgotten
     app[DCTX] = zstandard.ZstdDecompressor()
     app.router.add_get("/v1/stores/{query}/{operator}/{partition}/{name}/key", point_read)
     app.router.add_post("/v1/stores/{query}/{operator}/{partition}/{name}/lookup", lookup)

@@ -56,6 +56,8 @@ class Dropping:
 
     def __init__(self, node: Node) -> None:
         self.queries: set[str] = set()
+        # called with a query once this node purged it (the lookup cache forgets it)
+        self.purged: list[Callable[[str], None]] = []
         for raw in node.store.tombstones():
             t = _decode(raw)
             if t is not None and t.get("state") == "purging":
@@ -112,7 +114,11 @@ async def purge_local(node: Node, dropping: Dropping, query: str, t: dict[str, A
     """Phase ``purge`` on this node: refuse writes, delete the query, keep the tombstone."""
     dropping.queries.add(query)
     t = {**t, "query": query, "state": "purging"}
-    return await node.write(node.store.purge_query, query, _encode(t), order="barrier")
+    try:
+        return await node.write(node.store.purge_query, query, _encode(t), order="barrier")
+    finally:
+        for forget in dropping.purged:
+            forget(query)
 
 
 async def seal_local(node: Node, dropping: Dropping, query: str, t: dict[str, Any]) -> None:

@@ -251,7 +251,7 @@ async def test_a_read_no_holder_answers_fails_when_the_chain_is_the_same_or_gone
         (list(chain), NodeUnavailable, "could not be read"),  # the same chain
         (NodeUnavailable("no seed answered"), NodeUnavailable, "could not be read"),
         (VersionNotFound("below the floor"), VersionNotFound, "no longer held"),
-        ([other], VersionNotFound, "committed it again"),
+        ([other], VersionNotFound, "committed it, or a version under it, again"),
     ]
     for answer, raised, says in cases:
         lazy = AsyncLazyState(
