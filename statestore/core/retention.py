@@ -71,6 +71,7 @@ __all__ = [
     "plan_compaction",
     "retention_floor",
     "rung_spacing",
+    "usable_snapshots",
 ]
 
 # deltas a chain may hold above its base whatever they weigh with ``rebase_at`` on, in units of
@@ -142,9 +143,12 @@ def _thinned(version: int, floor: int, line: int, every: int) -> bool:
     return every > 0 and floor < version < line and version % every != 0
 
 
-def _usable(snapshots: Candidates, deltas: Candidates) -> list[int]:
+def usable_snapshots(snapshots: Candidates, deltas: Candidates) -> list[int]:
     """The versions of ``snapshots`` that are usable: the head's lineage's state of their
-    version (or, off the lineage, not older in epoch than the delta of their version)."""
+    version (or, off the lineage, not older in epoch than the delta of their version). A
+    retention floor is taken only at one of them (node/repair.check_floor): a snapshot of a
+    dead branch at that version (an older writer's, whose versions a newer writer committed
+    again) would keep nothing of the newer writer's versions below it."""
     line = lineage(deltas, snapshots)
 
     def usable(v: int) -> bool:
@@ -166,7 +170,7 @@ def retention_floor(
     """The lowest version to keep (0: keep all): the newest usable snapshot at or below the
     oldest kept version (``head - retain + 1``)."""
     oldest_kept = head - retain + 1
-    below = [v for v in _usable(snapshots, deltas or {}) if v <= oldest_kept]
+    below = [v for v in usable_snapshots(snapshots, deltas or {}) if v <= oldest_kept]
     return max(below) if below else 0
 
 
@@ -259,7 +263,7 @@ def plan_compaction(
         write(chain[-1])
     # a snapshot above the head is a dead branch's (the head is the newest writer's): the
     # line never passes the head, or the head's own bases would be dropped as thinned
-    newest = [v for v in _usable(snaps, deltas) if v <= head]
+    newest = [v for v in usable_snapshots(snaps, deltas) if v <= head]
     line = max(thin.below, newest[-1] if newest else 0) if every else 0
     kept = Thinning(line, every, thin.chunks, thin.floor)
     held = {v: s for v, s in snaps.items() if not kept.drops(v, floor) or _whole(v)}

@@ -34,7 +34,7 @@ from statestore.core.items import parse as parse_item
 from statestore.core.manifest import Manifest
 from statestore.core.repair import Holding, acknowledged, content_digest, decide
 from statestore.core.repair_clock import RepairClock, phase_of
-from statestore.core.retention import Thinning
+from statestore.core.retention import Thinning, usable_snapshots
 from statestore.core.retention import check_floor as floor_allowed
 from statestore.core.view import RingView
 from statestore.net.reads import read_head
@@ -169,8 +169,21 @@ async def check_floor(node: Node, store: StoreId, floor: int) -> None:
         return  # nothing would be dropped
     local = node.store.head(store)
     head = local or await read_head(node.transport, node.view(), store)
-    held = None if local is None else node.store.raw_manifest(store, floor, "snapshot") is not None
+    held = None
+    if local is not None:
+        # a snapshot of the head's line of descent at the floor, not any epoch's: a copy of
+        # a dead branch's (an older writer's, which a newer one rewound below) would drop
+        # the newer writer's versions under it. Its manifests decoded off the event loop.
+        held = node.store.raw_manifest(store, floor, "snapshot") is not None and floor in (
+            await asyncio.to_thread(_usable_here, node, store)
+        )
     floor_allowed(store, floor, head.version, held)
+
+
+def _usable_here(node: Node, store: StoreId) -> list[int]:
+    """The snapshot versions of ``store`` usable here (core/retention.usable_snapshots)."""
+    deltas, snapshots = node.store.manifests(store)
+    return usable_snapshots(snapshots, deltas)
 
 
 async def _apply_floors(node: Node, address: str, batch: list[Item], floors: object) -> None:

@@ -69,6 +69,15 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
         adopt = None if incarnation is None else (config.replace, incarnation)
     elif adopt := await check_returning(config):  # an empty data dir at a member's address
         await check_join(replace(config, replace=adopt[0]))
+    if config.thin_snapshots and config.chunk_format < 3:
+        log.warning(
+            "--thin-snapshots %d with --chunk-format %d: a rewinding writer's whole commit "
+            "that only nodes which missed a thinning line took can be lost to that line (its "
+            "chunks cannot be named whole before format 3); keep --thin-snapshots 0 until "
+            "every member and client reads format 3 (docs/operations.md, Thinning)",
+            config.thin_snapshots,
+            config.chunk_format,
+        )
     node = Node(config, adopt=adopt)
     # keepalive_timeout doubles as the header read timeout: aiohttp arms it when a connection
     # opens and closes a connection still waiting for a whole request line and headers when
