@@ -34,6 +34,10 @@ from statestore.net.tls import TLS_CA_ENV, tls_failure
 from statestore.net.transport import Response, error_from_answer
 from statestore.wire.headers import EPOCH_HEADER
 
+# what one answer may hold (a chunk is at most a request body, --max-body, 64 MiB by default):
+# a peer answering more is cut off, not read into memory
+MAX_ANSWER_BYTES = 1 << 30
+
 __all__ = ["HttpStream", "HttpTransport", "Response"]
 
 
@@ -112,8 +116,11 @@ class HttpTransport:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
         ok: tuple[int, ...] = (200, 201),
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> Response:
-        """One request to ``address`` (``host:port``); raises from the error tree."""
+        """One request to ``address`` (``host:port``); raises from the error tree. An answer
+        of more than ``max_bytes`` is refused unread (declared) or as soon as it passes them
+        (chunked), before anything of it is believed: NodeUnavailable."""
         if self._session is None:
             await self.start()
         assert self._session is not None
@@ -137,7 +144,7 @@ class HttpTransport:
         try:
             async with asyncio.timeout(limit):
                 async with self._session.request(method, url, data=data, headers=hdrs) as resp:
-                    data = await resp.read()
+                    data = await _read_at_most(resp, max_bytes, address)
                     epoch = int(resp.headers.get(EPOCH_HEADER, "0") or 0)
                     answered = resp.headers
         except TimeoutError as exc:
@@ -240,3 +247,26 @@ class HttpStream:
 
     def close(self) -> None:
         self._resp.close()
+
+
+class AnswerTooLarge(aiohttp.ClientError):
+    """An answer past the caller's bound (``HttpTransport.request``'s ``max_bytes``)."""
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, max_bytes: int, address: str) -> bytes:
+    """The whole answer, or AnswerTooLarge once it is (or says it is) over ``max_bytes``: a
+    declared length is checked before a byte is read, a chunked one piece by piece."""
+    declared = resp.content_length
+    if declared is not None:
+        if declared > max_bytes:
+            raise AnswerTooLarge(
+                f"{address} answered {declared} bytes, more than the {max_bytes} expected"
+            )
+        return await resp.read()
+    pieces, total = [], 0
+    async for piece in resp.content.iter_chunked(1 << 20):
+        total += len(piece)
+        if total > max_bytes:
+            raise AnswerTooLarge(f"{address} answered more than the {max_bytes} bytes expected")
+        pieces.append(piece)
+    return b"".join(pieces)

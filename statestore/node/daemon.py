@@ -74,6 +74,9 @@ _ADDS_DATA = frozenset(
         NodeStore.put_hint,
     }
 )
+# what a gossip or health answer may hold: a member's entry is a few KiB (its tokens), so
+# thousands of members; a process answering more is cut off, not read into memory
+GOSSIP_ANSWER_BYTES = 16 << 20
 STORAGE_RETRY = 10.0  # seconds read-only after a write failed for want of room, then retry
 # where a storage write queues (node/writer.py): a client's, a copy's, or after everything
 WriteOrder = Literal["foreground", "copy", "barrier"]
@@ -628,7 +631,12 @@ class Node:
     async def gossip_with(self, address: str) -> None:
         assert self.membership is not None
         resp = await self.transport.request(
-            "POST", address, "/v1/gossip", json_body=self.membership.digest(), timeout=2.0
+            "POST",
+            address,
+            "/v1/gossip",
+            json_body=self.membership.digest(),
+            timeout=2.0,
+            max_bytes=GOSSIP_ANSWER_BYTES,  # an address from the directory may be anyone's
         )
         if self.access.identity_on:
             # Push-only: the answer is not signed, so it is not believed. The peer pushes
@@ -768,7 +776,9 @@ class Node:
         seeds: list[tuple[str, int]] = []
         for seed in self.config.seeds:
             try:
-                resp = await self.transport.request("GET", seed, "/v1/health", timeout=2.0)
+                resp = await self.transport.request(
+                    "GET", seed, "/v1/health", timeout=2.0, max_bytes=GOSSIP_ANSWER_BYTES
+                )
                 host = seed.rsplit(":", 1)[0]
                 seeds.append((host, int(resp.json()["dht_port"])))
             except Unavailable as exc:
