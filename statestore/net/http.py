@@ -31,12 +31,8 @@ from statestore.core.errors import (
 )
 from statestore.core.identity import PROVE_HEADER
 from statestore.net.tls import TLS_CA_ENV, tls_failure
-from statestore.net.transport import Response, error_from_answer
+from statestore.net.transport import MAX_ANSWER_BYTES, Response, error_from_answer
 from statestore.wire.headers import EPOCH_HEADER
-
-# what one answer may hold (a chunk is at most a request body, --max-body, 64 MiB by default):
-# a peer answering more is cut off, not read into memory
-MAX_ANSWER_BYTES = 1 << 30
 
 __all__ = ["HttpStream", "HttpTransport", "Response"]
 

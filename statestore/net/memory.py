@@ -33,7 +33,7 @@ from aiohttp import web
 
 from statestore.core.errors import NodeUnavailable, RequestTimeout
 from statestore.net.inproc import Answer, exchange
-from statestore.net.transport import Response, error_from_answer
+from statestore.net.transport import MAX_ANSWER_BYTES, Response, error_from_answer
 from statestore.wire.headers import EPOCH_HEADER
 
 __all__ = ["LinkFaults", "MemoryNetwork", "MemoryTransport"]
@@ -206,6 +206,7 @@ class MemoryTransport:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
         ok: tuple[int, ...] = (200, 201),
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> Response:
         hdrs = dict(headers or {})
         if json_body is not None:
@@ -223,6 +224,8 @@ class MemoryTransport:
                 f"{method} {address}{path} took longer than {limit:.1f}s: the node is slow or stuck"
             ) from exc
         status, resp_headers = answer.status.result()
+        if len(data) > max_bytes:  # in memory already: the bound as the HTTP transport's
+            raise NodeUnavailable(f"{address} answered more than the {max_bytes} bytes expected")
         epoch = self._epoch(resp_headers)
         if status not in ok:
             raise error_from_answer(status, data, address)

@@ -46,6 +46,11 @@ class Stream(Protocol):
     def close(self) -> None: ...
 
 
+# what one answer may hold (a chunk is at most a request body, --max-body, 64 MiB by default):
+# a peer answering more is cut off, not read into memory
+MAX_ANSWER_BYTES = 1 << 30
+
+
 class Transport(Protocol):
     """Requests to nodes by ``host:port`` address. Owned by whoever creates it.
 
@@ -73,8 +78,10 @@ class Transport(Protocol):
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
         ok: tuple[int, ...] = (200, 201),
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> Response:
-        """One request; raises from the error tree (any status outside ``ok`` included)."""
+        """One request; raises from the error tree (any status outside ``ok`` included, and
+        NodeUnavailable for an answer of more than ``max_bytes``, not read past them)."""
         ...
 
     async def open_stream(

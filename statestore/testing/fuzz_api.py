@@ -45,7 +45,7 @@ from statestore.core.membership import Membership
 from statestore.core.plan import ChunkTask, Hop
 from statestore.net.inproc import Answer
 from statestore.net.memory import MemoryNetwork, MemoryTransport
-from statestore.net.transport import Response, error_from_answer
+from statestore.net.transport import MAX_ANSWER_BYTES, Response, error_from_answer
 from statestore.node.api import build_app
 from statestore.node.backends import MemoryBackend
 from statestore.node.config import NodeConfig
@@ -113,6 +113,7 @@ class _SignedTransport(MemoryTransport):
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
         ok: tuple[int, ...] = (200, 201),
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> Response:
         hdrs = dict(headers or {})
         if json_body is not None:
@@ -120,7 +121,14 @@ class _SignedTransport(MemoryTransport):
             hdrs["Content-Type"] = "application/json"
         hdrs.update(self.auth(method, address, path, body or b""))
         return await super().request(
-            method, address, path, body=body, headers=hdrs, timeout=timeout, ok=ok
+            method,
+            address,
+            path,
+            body=body,
+            headers=hdrs,
+            timeout=timeout,
+            ok=ok,
+            max_bytes=max_bytes,
         )
 
     async def open_stream(
