@@ -14,6 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
+from statestore.core.access import Grant
+from statestore.node.auth import principal
 from statestore.node.daemon import NODE
 
 __all__ = ["ACTIVITY", "Activity", "Operation", "local_activity", "register"]
@@ -63,15 +65,22 @@ class Activity:
 ACTIVITY = web.AppKey("activity", Activity)
 
 
-def local_activity(app: web.Application) -> dict[str, Any]:
-    """This node's operations in flight and its repair and compaction figures."""
+def local_activity(app: web.Application, grant: Grant | None = None) -> dict[str, Any]:
+    """This node's operations in flight and its repair and compaction figures; with a
+    token's ``grant``, only the operations on stores of its queries (another tenant's store
+    names and clients' addresses are none of its business)."""
     node = app[NODE]
     stats = dict(node.stats)
+    operations = app[ACTIVITY].snapshot(node.clock())
+    if grant is not None:
+        operations = [
+            op for op in operations if op["store"] and grant.covers(op["store"].split("/", 1)[0])
+        ]
     return {
         "id": node.id,
         "address": node.address,
         "epoch": node.epoch,
-        "operations": app[ACTIVITY].snapshot(node.clock()),
+        "operations": operations,
         "repair": {
             # items this node holds that an owner still lacks (copies and hand-offs to do)
             "backlog": stats.get("repair_backlog", 0),
@@ -85,8 +94,9 @@ def local_activity(app: web.Application) -> dict[str, Any]:
 async def activity(request: web.Request) -> web.Response:
     """``GET /v1/activity``: this node's; ``?scope=ring``: every live member's."""
     app = request.app
+    grant = principal(request).grant
     if request.query.get("scope", "node") != "ring":
-        return web.json_response(local_activity(app))
+        return web.json_response(local_activity(app, grant))
     node = app[NODE]
     view = node.view()
     auth = request.headers.get("Authorization")  # peers judge the caller's token
@@ -94,7 +104,7 @@ async def activity(request: web.Request) -> web.Response:
 
     async def ask(address: str) -> Any:
         if address == node.address:
-            return local_activity(app)
+            return local_activity(app, grant)
         resp = await node.transport.request(
             "GET", address, "/v1/activity", headers=forward, timeout=5.0
         )

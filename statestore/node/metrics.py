@@ -21,6 +21,7 @@ import asyncio
 import gc
 import json
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ from statestore.core.errors import SetupError, StateStoreError
 from statestore.core.formats import DISK_FORMAT, VERSION, WIRE_FORMAT
 from statestore.core.view import STATUSES
 from statestore.node.activity import ACTIVITY, Operation
+from statestore.node.auth import principal
 from statestore.node.daemon import NODE, Node
 from statestore.node.gcpause import PAUSES
 
@@ -524,7 +526,18 @@ async def metrics_handler(request: web.Request) -> web.Response:
     metrics, node = request.app[METRICS], request.app[NODE]
     metrics.collector.storage = await asyncio.to_thread(read_storage, node)
     body = generate_latest(metrics.registry)
+    grant = principal(request).grant
+    if grant is not None:  # a token sees the per-query series of its own queries only
+        body = b"\n".join(
+            line
+            for line in body.split(b"\n")
+            if (m := _QUERY_SERIES.match(line)) is None or grant.covers(m.group(1).decode())
+        )
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# a series labelled by query (query_usage): names are letters, digits and ``._-``
+_QUERY_SERIES = re.compile(rb'statestore_query(?:_quota)?_bytes\{query="([^"]*)"\}')
 
 
 def register(app: web.Application) -> None:

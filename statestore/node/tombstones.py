@@ -38,7 +38,7 @@ from aiohttp import web
 
 from statestore.core.errors import QueryDropping, StateStoreError, Unauthenticated
 from statestore.core.ids import StoreId
-from statestore.node.auth import allow, is_node
+from statestore.node.auth import allow, is_node, principal
 from statestore.node.daemon import NODE, Node
 from statestore.node.quotas import quota_json
 from statestore.node.request import read_body
@@ -215,8 +215,14 @@ async def query_holdings(request: web.Request) -> web.Response:
 
 
 async def list_tombstones(request: web.Request) -> web.Response:
+    """``GET /v1/tombstones``: the queries dropped here (a token sees those of its queries)."""
     node = request.app[NODE]
-    out = [t for t in map(_decode, node.store.tombstones()) if t is not None]
+    grant = principal(request).grant
+    out = [
+        t
+        for t in map(_decode, node.store.tombstones())
+        if t is not None and (grant is None or grant.covers(str(t.get("query"))))
+    ]
     return web.json_response({"tombstones": out})
 
 
