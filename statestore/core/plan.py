@@ -311,9 +311,13 @@ def build(
     model: CostModel | None = None,
     calibration: Mapping[str, float] | None = None,
     avoid: Collection[str] = (),
+    folds: bool = True,
 ) -> Plan:
     """Build the plan ``kind`` (``star``, ``line``, ``tree`` or ``auto``); ``avoid``: holders
     asked only for the chunks no other of the first ``replicas`` holds (:func:`assign`).
+    Without ``folds`` no tree is built (``tree`` is planned as a line, ``auto`` chooses
+    between star and line): a tree's folded rows cannot be checked by whoever receives them,
+    so a restorer that cannot authenticate its hops does not ask for them.
 
     ``calibration`` scales each shape's predicted time by how far off its recent predictions
     were (actual / predicted, measured by the restorer), so auto learns this deployment.
@@ -328,7 +332,8 @@ def build(
     roots: dict[str, Hop | None] = {"star": None}
     if per:
         roots["line"] = _line(per, links)
-        roots["tree"] = _tree(per, tree_fan_in)
+        if folds:
+            roots["tree"] = _tree(per, tree_fan_in)
     predictions: dict[str, tuple[float, int]] = {}
     for k, r in roots.items():
         t, b = _predict(k, tasks, assignment, r, links, ingress, fan_in, model)
@@ -342,6 +347,9 @@ def build(
         why = f"auto: predicted {predictions[chosen][0]:.3f}s vs {others or 'nothing else'}"
         if ingress:
             why += f"; ingress capped at {ingress / 1e6:.0f} MB/s"
+    elif kind == "tree" and per and not folds:
+        chosen = "line"
+        why = "asked for tree (a line: the hops' folds cannot be checked here)"
     else:
         chosen = kind if kind in roots else "star"
         why = f"asked for {kind}" + ("" if chosen == kind else " (no sources: star)")

@@ -145,6 +145,10 @@ class Restorer:
         self.links = LinkTable()
         self.clock = clock
         self._fold_ratio: dict[StoreId, float] = {}
+        # whether hops may fold (tree plans): their folded rows and the chunks they say they
+        # covered are believed as streamed (a node with identity on and no TLS says no: a
+        # stream is not proven, core/plan.build)
+        self.folds = True
         self.calibration = Calibration()  # per shape: actual / predicted (core/calibration.py)
         self._bucket = (
             TokenBucket(ingress, max(ingress / 10, 1 << 20), clock()) if ingress else None
@@ -192,6 +196,7 @@ class Restorer:
             model=model,
             calibration=self.calibration.factors(),
             avoid=view.leaving(),
+            folds=self.folds,
         )
 
     async def run(
@@ -301,7 +306,8 @@ class Restorer:
                         if "out" in meta:
                             hop = {k: meta.get(k) for k in ("hop", "depth", "own", "in", "out")}
                             stats.hops.append(hop)
-                        events.append(Covered(tuple(str(k) for k in meta.get("covers", []))))
+                        if plan.kind == "tree":  # only a tree's hops fold what they cover
+                            events.append(Covered(tuple(str(k) for k in meta.get("covers", []))))
                     elif kind == b"E":
                         stats.failed_hops.append(
                             {"hop": meta.get("hop"), "error": meta.get("error")}

@@ -401,6 +401,8 @@ class Node:
         )
         await self.transport.start()
         self.restorer = Restorer(self.transport, max_raw=self.config.max_chunk, clock=self.clock)
+        # with identity on but no TLS a hop's stream is not proven: no tree folds are believed
+        self.restorer.folds = not (self.access.identity_on and not self.config.tls_cert)
         if self.config.dht:
             self.discovery = Discovery(self.id, self.config.host, self.address)
             dport = port if self.config.dht_port is None else self.config.dht_port

@@ -25,10 +25,10 @@ from typing import Any
 
 from aiohttp import web
 
-from statestore.core.chunk import decode_chunk, key_group
-from statestore.core.errors import InvalidRequest, PayloadTooLarge, StateStoreError
+from statestore.core.chunk import decode_chunk, key_group, verify
+from statestore.core.errors import InvalidRequest, MalformedData, PayloadTooLarge, StateStoreError
 from statestore.core.fold import Positioned, merge_positioned
-from statestore.core.ids import StoreId
+from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.plan import ChunkTask, Hop
 from statestore.net.streams import read_frames
 from statestore.node.auth import allow
@@ -171,6 +171,7 @@ async def _tree(
         merge_positioned(folded, rows)
 
     async def absorb_chunk(key: str, pos: int, data: bytes) -> None:
+        verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
         rows = await loop.run_in_executor(
             None, lambda: decode_chunk(data, max_raw=max_raw, what=key)
         )
@@ -312,3 +313,12 @@ async def relay_handler(request: web.Request) -> web.StreamResponse:
     if fold:
         return await _tree(node, request, store.path, hop, depth, groups)
     return await _line(node, request, store.path, hop, depth)
+
+
+def _named_checksum(key: str) -> int:
+    """The xxh3-64 a chunk's name carries (``[dsw]<seq>-<hex>``); MalformedData otherwise."""
+    name = parse_chunk_key(key)[2]
+    try:
+        return int(name.rsplit("-", 1)[1], 16)
+    except (IndexError, ValueError) as exc:
+        raise MalformedData(f"chunk {key} names no checksum") from exc
