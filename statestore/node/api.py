@@ -310,6 +310,8 @@ def _byte_range(request: web.Request) -> tuple[int, int] | None:
 
 
 STATE_WRITE_BYTES = 1 << 20  # bytes of rows per write of a streamed state
+# the slowest a commit body may come, besides the body timeout (a 64 MiB one gets 64 s more)
+COMMIT_MIN_RATE = 1 << 20
 
 
 async def read_chunks(request: web.Request) -> web.StreamResponse:
@@ -620,11 +622,21 @@ async def commit(request: web.Request) -> web.Response:
         )
     if declared:  # the whole commit's memory at once (node/budget.py), before any read
         await lease.take(COMMIT_FACTOR * declared, "a commit")
+    # a piece at least every body timeout, and the whole body at COMMIT_MIN_RATE: a body
+    # trickled in just inside the timeout would hold its share of the budget for ever
+    loop = asyncio.get_running_loop()
+    whole = limit + (declared or most) / COMMIT_MIN_RATE
+    deadline = loop.time() + whole
     while True:
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout_at(min(deadline, loop.time() + limit)):
                 piece = await request.content.read(1 << 20)
         except TimeoutError as exc:
+            if loop.time() >= deadline:
+                raise SlowRequest(
+                    f"commit body did not arrive within {whole:.0f}s (the body timeout and "
+                    f"{COMMIT_MIN_RATE >> 10} KiB/s): send it faster"
+                ) from exc
             raise SlowRequest(f"commit body stalled for {limit:.0f}s: send it faster") from exc
         if not piece:
             break

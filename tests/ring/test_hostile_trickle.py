@@ -1,0 +1,72 @@
+"""A coordinator commit takes 3x its declared length of ``--memory-budget`` before its body
+is read, and its body may pause up to the body timeout between two pieces. A client
+trickling one byte a second against a 2 s body timeout held that share for as long as
+it liked on the builds before (hostile review 3: 12 s later it still held 63 of 64 MiB, and
+an honest commit got 429). Now the whole body must come within the body timeout plus its
+length at ``COMMIT_MIN_RATE`` (1 MiB/s): then it is cut off, its share given back, and the
+honest commit goes through."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from client import StoreId
+from statestore.node.server import start_node, stop_node
+from statestore.wire.rows import encode_puts
+from tests.ringkit import call, config, eventually
+
+SID = StoreId("q1", 0, 1, "default")
+
+
+async def test_a_trickled_commit_gives_its_budget_back(tmp_path: Path) -> None:
+    declared = 5 << 20  # 15 MiB of the 16 MiB budget, for at most 2 + 5 s
+    cfg = config(
+        tmp_path,
+        "n",
+        replicas=1,
+        write_quorum=1,
+        memory_budget=16 << 20,
+        max_body=8 << 20,
+        max_commit=declared,
+        body_timeout=2.0,
+    )
+    node, runner = await start_node(cfg)
+    try:
+        host, port = node.address.rsplit(":", 1)
+        reader, w = await asyncio.open_connection(host, int(port))
+        w.write(
+            f"POST /v1/stores/{SID.path}/commit?version=1&epoch=1 HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Length: {declared}\r\n\r\n".encode()
+        )
+        await w.drain()
+
+        async def trickle() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    await asyncio.sleep(1.0)
+                    w.write(b"\0")
+                    await w.drain()
+
+        t = asyncio.create_task(trickle())
+        await eventually(lambda: node.budget.used >= 3 * declared, "the trickled share taken")
+        rows = encode_puts([b"k%d" % i for i in range(256)], [b"v" * 1800] * 256)  # 0.45 MiB
+        status, _ = await call(
+            node.address, "POST", f"/v1/stores/{SID.path}/commit?version=1&epoch=1", data=rows
+        )
+        assert status == 429  # no room while the trickled commit holds its share
+        # the trickled commit is cut off and answered (408), its share given back
+        answer = await asyncio.wait_for(reader.read(4096), 30)
+        assert b" 408 " in answer.split(b"\r\n", 1)[0], answer[:200]
+        await eventually(lambda: node.budget.used < 3 * declared, "the share given back")
+        status, body = await call(
+            node.address, "POST", f"/v1/stores/{SID.path}/commit?version=1&epoch=1", data=rows
+        )
+        assert status == 201, body
+        t.cancel()
+        w.close()
+        with contextlib.suppress(OSError):
+            await w.wait_closed()
+    finally:
+        await stop_node(node, runner)
