@@ -207,8 +207,13 @@ class HttpTransport:
         except (aiohttp.ClientError, OSError) as exc:
             raise self._unreachable(address, exc) from exc
         if resp.status != 200:
-            data = await resp.read()
-            resp.close()
+            try:  # an error names itself in a few KiB: no more is read
+                async with asyncio.timeout(limit):
+                    data = await _read_at_most(resp, ERROR_ANSWER_BYTES, address)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise self._unreachable(address, exc) from exc
+            finally:
+                resp.close()
             raise error_from_answer(resp.status, data, address)
         return HttpStream(resp, address)
 
@@ -243,6 +248,10 @@ class HttpStream:
 
     def close(self) -> None:
         self._resp.close()
+
+
+# what the error answer of a stream may hold (a JSON error of a few hundred bytes)
+ERROR_ANSWER_BYTES = 64 << 10
 
 
 class AnswerTooLarge(aiohttp.ClientError):

@@ -49,7 +49,7 @@ from statestore.core.quorum import first_semantic, merge_heads, read_quorum
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.quorate import Rest, until_enough
-from statestore.net.transport import Response, Transport
+from statestore.net.transport import ERROR_BYTES, Response, Transport
 from statestore.wire.bodies import (
     MAX_LOOKUP_INDEX,
     MAX_LOOKUP_INDEX_BYTES,
@@ -560,7 +560,9 @@ async def fetch_chunk(
     key = chunk_key(store, version, ref.name)
 
     async def read(address: str) -> bytes:
-        resp = await transport.request("GET", address, f"/v1/chunks/{key}")
+        resp = await transport.request(
+            "GET", address, f"/v1/chunks/{key}", max_bytes=max(ref.size, ERROR_BYTES)
+        )
         verify(resp.body, ref.checksum, key)
         return resp.body
 
@@ -595,7 +597,10 @@ async def fetch_part(
 
     async def read(address: str) -> bytes:
         resp = await transport.request(
-            "GET", address, f"/v1/chunks/{key}?offset={offset}&length={length}"
+            "GET",
+            address,
+            f"/v1/chunks/{key}?offset={offset}&length={length}",
+            max_bytes=max(length, ERROR_BYTES),
         )
         verify(resp.body, expected, what)
         return resp.body

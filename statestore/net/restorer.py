@@ -58,7 +58,7 @@ from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.reads import read_chain
 from statestore.net.streams import read_frames
-from statestore.net.transport import Transport
+from statestore.net.transport import ERROR_BYTES, Transport
 from statestore.wire.frames import decode_folded, encode_hop
 
 __all__ = ["HEDGE", "RecoveryResult", "Restorer", "chain_tasks", "hedge_after"]
@@ -297,6 +297,8 @@ class Restorer:
                             asyncio.ensure_future(self._decode_into(fold, t, data, source, events))
                         )
                     elif kind == b"F":
+                        if plan.kind != "tree":
+                            continue  # only a tree's hops fold: anything else is not believed
                         rows = await loop.run_in_executor(None, decode_folded, data, self.max_raw)
                         fold.add_folded(rows)
                         g = meta.get("g")
@@ -458,7 +460,9 @@ class Restorer:
 
             async def read(address: str) -> bytes:
                 span = spans.setdefault(address, [self.clock(), 0.0, 0.0])
-                resp = await self.transport.request("GET", address, f"/v1/chunks/{t.key}")
+                resp = await self.transport.request(
+                    "GET", address, f"/v1/chunks/{t.key}", max_bytes=max(t.size, ERROR_BYTES)
+                )
                 span[1] = self.clock()
                 span[2] += len(resp.body)
                 await self._throttle(len(resp.body))

@@ -40,7 +40,7 @@ from statestore.net.failover import first_holder
 from statestore.net.quorate import GRACE, until_enough
 from statestore.net.reads import read_chain, read_head, stand_ins
 from statestore.net.restorer import HEDGE, Restorer
-from statestore.net.transport import Transport
+from statestore.net.transport import ERROR_BYTES, Transport
 from statestore.wire.manifest import decode_chain, encode_manifest
 from statestore.wire.tentative import MAX_HOLDERS, decode_outcomes
 
@@ -316,8 +316,12 @@ async def read_reachable(
         for ref in m.chunks:
             key = chunk_key(store, m.version, ref.name)
 
-            async def read(address: str, key: str = key, checksum: int = ref.checksum) -> bytes:
-                resp = await transport.request("GET", address, f"/v1/chunks/{key}")
+            async def read(
+                address: str, key: str = key, checksum: int = ref.checksum, size: int = ref.size
+            ) -> bytes:
+                resp = await transport.request(
+                    "GET", address, f"/v1/chunks/{key}", max_bytes=max(size, ERROR_BYTES)
+                )
                 verify(resp.body, checksum, key)
                 return resp.body
 

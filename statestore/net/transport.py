@@ -49,6 +49,8 @@ class Stream(Protocol):
 # what one answer may hold (a chunk is at most a request body, --max-body, 64 MiB by default):
 # a peer answering more is cut off, not read into memory
 MAX_ANSWER_BYTES = 1 << 30
+# what an answer whose size the reader knows may hold besides: an error's few hundred bytes
+ERROR_BYTES = 64 << 10
 
 
 class Transport(Protocol):

@@ -113,6 +113,18 @@ async def activity(request: web.Request) -> web.Response:
     addresses = view.live_addresses()
     answers = await asyncio.gather(*(ask(a) for a in addresses), return_exceptions=True)
     nodes = [a for a in answers if isinstance(a, dict)]
+    if grant is not None:
+        # a peer asked with the secret answers a node, everything: filtered here too
+        for answer in nodes:
+            ops = answer.get("operations")
+            answer["operations"] = [
+                op
+                for op in (ops if isinstance(ops, list) else [])
+                if isinstance(op, dict)
+                and isinstance(op.get("store"), str)
+                and op["store"]
+                and grant.covers(op["store"].split("/", 1)[0])
+            ]
     unanswered = [
         addr for addr, a in zip(addresses, answers, strict=True) if not isinstance(a, dict)
     ]

@@ -310,8 +310,10 @@ def _byte_range(request: web.Request) -> tuple[int, int] | None:
 
 
 STATE_WRITE_BYTES = 1 << 20  # bytes of rows per write of a streamed state
-# the slowest a commit body may come, besides the body timeout (a 64 MiB one gets 64 s more)
-COMMIT_MIN_RATE = 1 << 20
+# the slowest a commit body may come, besides the body timeout: 1 Mbit/s (a 64 MiB one gets
+# 512 s more), far below any link a state store's writer uses, and a trickled body gives its
+# budget share back within minutes
+COMMIT_MIN_RATE = 128 << 10
 
 
 async def read_chunks(request: web.Request) -> web.StreamResponse:

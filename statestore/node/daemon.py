@@ -359,6 +359,8 @@ class Node:
         self._seed_errors: dict[str, str] = {}
         self.restorer: Restorer
         self.hints_arrived = asyncio.Event()  # wakes the hint loop (node/hints.py)
+        # called with a query once this node purged it (a drop): the lookup cache forgets it
+        self.purge_hooks: list[Callable[[str], None]] = []
         self.stats: dict[str, int] = {
             "repaired": 0,
             "handed_off": 0,

@@ -54,7 +54,6 @@ from statestore.net.reads import (
 from statestore.node.budget import LEASE, Lease
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body, store_of
-from statestore.node.tombstones import DROPPING
 from statestore.wire.bodies import (
     MAX_LOOKUP_INDEX,
     MAX_LOOKUP_INDEX_BYTES,
@@ -478,7 +477,7 @@ async def lookup(request: web.Request) -> web.Response:
 
 def register(app: web.Application) -> None:
     app[CACHE] = ChunkCache(app[NODE].config.lookup_cache)
-    app[DROPPING].purged.append(app[CACHE].forget)  # a dropped query's reads are forgotten
+    app[NODE].purge_hooks.append(app[CACHE].forget)  # a dropped query's reads are forgotten
     app[DCTX] = zstandard.ZstdDecompressor()
     app.router.add_get("/v1/stores/{query}/{operator}/{partition}/{name}/key", point_read)
     app.router.add_post("/v1/stores/{query}/{operator}/{partition}/{name}/lookup", lookup)

@@ -33,8 +33,8 @@ def install(app: web.Application) -> None:
     activity.register(app)
     metrics.register(app)  # its middleware goes first: it sees every answer as sent
     inventory.register(app)
+    lookup.register(app)
     tombstones.register(app)
-    lookup.register(app)  # after tombstones: a drop makes its cache forget the query
     dashboard.register(app)
     moves.register(app)  # /v1/handover, /v1/load, /v1/sync/manifests (node/moves/routes.py)
     quotas.register(app)

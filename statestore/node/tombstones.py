@@ -56,8 +56,6 @@ class Dropping:
 
     def __init__(self, node: Node) -> None:
         self.queries: set[str] = set()
-        # called with a query once this node purged it (the lookup cache forgets it)
-        self.purged: list[Callable[[str], None]] = []
         for raw in node.store.tombstones():
             t = _decode(raw)
             if t is not None and t.get("state") == "purging":
@@ -117,7 +115,7 @@ async def purge_local(node: Node, dropping: Dropping, query: str, t: dict[str, A
     try:
         return await node.write(node.store.purge_query, query, _encode(t), order="barrier")
     finally:
-        for forget in dropping.purged:
+        for forget in node.purge_hooks:
             forget(query)
 
 
@@ -291,9 +289,13 @@ async def tombstone_loop(node: Node) -> None:
                     continue
                 query, record = learned
                 if first:
-                    purged = await node.write(
-                        node.store.purge_query, query, record, order="barrier"
-                    )
+                    try:
+                        purged = await node.write(
+                            node.store.purge_query, query, record, order="barrier"
+                        )
+                    finally:
+                        for forget in node.purge_hooks:
+                            forget(query)
                     log.warning("query %s was dropped while this node was away: %s", query, purged)
                 else:
                     await node.write(node.store.put_tombstone, query, record)

@@ -5,7 +5,8 @@ checked (against their names' xxh3). The builds before (hostile review 3) took (
 hop's folded rows unchecked, so the impostor's rows became the state the node answered, and
 (2) a hop's claim to have covered chunks in any plan, so a line restore answered 200 with
 their rows missing. Now such a node plans no tree (``tree`` runs as a line), and only a
-tree's hops may say what they covered: the state answered is exact.
+tree's hops may fold rows or say what they covered: the state answered is exact (a second
+review found a line hop's folded rows still taken).
 
 Whether the planner gives the impostor a relay hop depends on the two nodes' ports (its
 tie-breaks): each scenario is tried on up to 8 fresh rings until it does."""
@@ -47,10 +48,15 @@ class RelayImpostor:
         await resp.prepare(request)
         covers = [t.key for t in hop.chunks]
         await resp.write(encode_frame(b"D", {"hop": me, "depth": depth, "covers": covers}))
+        # folded rows in a line hop too (nothing stops it): a second review of this fix
+        # found those folded into the state, ahead of every verified chunk
+        forged = [(k, 1 << 30, b"FORGED") for k in ROWS] + [(b"injected", 1 << 30, b"x")]
+        data = encode_folded(forged)
+        meta: dict[str, Any] = {"hop": me}
         if fold:
-            forged = [(k, 1 << 30, b"FORGED") for k in ROWS] + [(b"injected", 1 << 30, b"x")]
-            data = encode_folded(forged)
-            await resp.write(encode_frame(b"F", {"hop": me, "g": [0, max(groups - 1, 0)]}, data))
+            meta["g"] = [0, max(groups - 1, 0)]
+        await resp.write(encode_frame(b"F", meta, data))
+        if fold:
             await resp.write(
                 encode_frame(b"D", {"hop": me, "depth": depth, "own": 0, "in": 0, "out": len(data)})
             )

@@ -14,7 +14,7 @@ import aiohttp
 
 from client import AsyncRingClient, StoreId
 from statestore.node.server import start_node, stop_node
-from tests.ringkit import SECRET, call, config
+from tests.ringkit import SECRET, call, config, nodes
 
 A_READER = "a-star-reader-token-001"
 B_WRITER = "b1-writer-token-000001"
@@ -109,3 +109,45 @@ async def test_a_scoped_admin_lists_only_its_queries_tombstones(tmp_path: Path) 
         assert status == 200 and [t["query"] for t in body["tombstones"]] == ["b1-payroll"]
     finally:
         await stop_node(node, runner)
+
+
+async def test_a_scoped_reader_sees_no_other_query_in_the_rings_activity(
+    tmp_path: Path,
+) -> None:
+    """``?scope=ring``: the node asks its peers with the secret, so they answer a node,
+    everything; it filters their answers by the caller's queries too (a second review of
+    the filter found another tenant's operations passed through)."""
+    (tmp_path / "t.json").write_text(json.dumps(TOKENS))
+    (tmp_path / "s").write_bytes(SECRET)
+    async with nodes(
+        tmp_path,
+        2,
+        replicas=2,
+        write_quorum=1,
+        auth_file=str(tmp_path / "t.json"),
+        cluster_secret_file=str(tmp_path / "s"),
+    ) as (n0, n1):
+        # B's commit in flight on n1 (its body still arriving)
+        host, port = n1.address.rsplit(":", 1)
+        _r, w = await asyncio.open_connection(host, int(port))
+        w.write(
+            f"POST /v1/stores/{B1.path}/commit?version=1&epoch=1 HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {B_WRITER}\r\nContent-Length: 100\r\n\r\n".encode()
+        )
+        await w.drain()
+        await asyncio.sleep(0.3)
+        try:
+            # on n1 itself the a* reader sees nothing of b1 (the fix)
+            status, act = await call(n1.address, "GET", "/v1/activity", token=A_READER)
+            assert status == 200 and act["operations"] == []
+            # through n0's ring scope: n1 was asked as a node
+            status, ring = await call(n0.address, "GET", "/v1/activity?scope=ring", token=A_READER)
+            assert status == 200, ring
+            leaked = [
+                op for n in ring["nodes"] for op in n["operations"] if "b1" in str(op.get("store"))
+            ]
+            assert leaked == [], f"a* reader sees b1's operations via scope=ring: {leaked}"
+        finally:
+            w.close()
+            with contextlib.suppress(OSError):
+                await w.wait_closed()

@@ -3,8 +3,8 @@ is read, and its body may pause up to the body timeout between two pieces. A cli
 trickling one byte a second against a 2 s body timeout held that share for as long as
 it liked on the builds before (hostile review 3: 12 s later it still held 63 of 64 MiB, and
 an honest commit got 429). Now the whole body must come within the body timeout plus its
-length at ``COMMIT_MIN_RATE`` (1 MiB/s): then it is cut off, its share given back, and the
-honest commit goes through."""
+length at ``COMMIT_MIN_RATE`` (128 KiB/s): then it is cut off, its share given back, and
+the honest commit goes through."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ SID = StoreId("q1", 0, 1, "default")
 
 
 async def test_a_trickled_commit_gives_its_budget_back(tmp_path: Path) -> None:
-    declared = 5 << 20  # 15 MiB of the 16 MiB budget, for at most 2 + 5 s
+    declared = 1 << 20  # 3 MiB of the 4 MiB budget, for at most 2 + 8 s
     cfg = config(
         tmp_path,
         "n",
         replicas=1,
         write_quorum=1,
-        memory_budget=16 << 20,
-        max_body=8 << 20,
+        memory_budget=4 << 20,
+        max_body=1 << 20,
         max_commit=declared,
         body_timeout=2.0,
     )
