@@ -13,7 +13,9 @@ size / (payload + 48 bytes)):
   the background), ``ring-lazy`` (lazy restore, no prefetch: only what the batch touches
   is read), ``ring-whole`` (``lazyRestore=false``: every row restored up front) and
   ``ring-lazy-jdk`` (``ring-lazy`` with the direct path's GETs through java.net.http, as
-  before pooled connections: ``-Dstatestore.spark.httpClient=jdk``), each
+  before pooled connections: ``-Dstatestore.spark.httpClient=jdk``) and ``ring-lazy-one``
+  (``ring-lazy`` without the read-ahead, ``spark.statestore.readAhead=false``: each key a
+  batch touches read alone, as before), each
   with its own stores; with ``--rounds``, the ring's state is built once more, timed apart,
   with the second batch written as a snapshot (``snapshotInterval=2``): the base a lazy
   restart reads by blocks, as the ring's compaction makes one every ``--snapshot-every``
@@ -71,6 +73,7 @@ PROVIDERS = {
     "ring-lazy": _BASE["ring"],
     "ring-whole": _BASE["ring"],
     "ring-lazy-jdk": _BASE["ring"],
+    "ring-lazy-one": _BASE["ring"],
 }
 RING_CONF = {
     "ring": {"spark.statestore.lazyRestore": "true"},
@@ -85,6 +88,13 @@ RING_CONF = {
         "spark.statestore.lazyRestore": "true",
         "spark.statestore.prefetchBytesPerSec": "0",
         "spark.driver.extraJavaOptions": "-Dstatestore.spark.httpClient=jdk",
+    },
+    # ring-lazy without the read-ahead (ReadAhead.scala): each key a batch touches read
+    # alone, one block from the task's thread (the build before): its baseline, in the run
+    "ring-lazy-one": {
+        "spark.statestore.lazyRestore": "true",
+        "spark.statestore.prefetchBytesPerSec": "0",
+        "spark.statestore.readAhead": "false",
     },
 }
 
@@ -173,10 +183,20 @@ def worker(spec: dict[str, Any]) -> None:
         fetched += got
         ms = int(obj.get("durationMs", {}).get("triggerExecution", 0))
         each.append({"ms": ms, "fetched": got})
+    ahead = {}
+    if ring:  # what the read-ahead (ReadAhead.scala) brought in this JVM
+        jvm = spark.sparkContext._jvm
+        provider_class = jvm.statestore.spark.RingStateStoreProvider  # type: ignore[union-attr]
+        ahead = {
+            "keys": int(provider_class.readAheadKeys()),
+            "lookups": int(provider_class.readAheadLookups()),
+            "failed": int(provider_class.readAheadFailed()),
+        }
     spark.stop()
     if ring != provider.startswith("ring"):
         raise SystemExit(f"the query ran on another provider than {provider}")
     out = {"seconds": elapsed, "fetched": fetched, "rows": rows, "state": state, "each": each}
+    out["ahead"] = ahead
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -409,7 +429,8 @@ def main() -> None:
                             f"  restart {provider} round {r}: {got['seconds']:.1f} s "
                             f"(JVM {wall:.1f} s), fetched {got['fetched'] / MiB:.1f} MiB; next "
                             f"batch {got['next']:.1f} s, "
-                            f"fetched {got['next_fetched'] / MiB:.1f} MiB",
+                            f"fetched {got['next_fetched'] / MiB:.1f} MiB"
+                            + (f"; read-ahead {got['ahead']}" if got.get("ahead") else ""),
                             flush=True,
                         )
                 for lazy in ("ring", "ring-lazy"):
@@ -419,12 +440,14 @@ def main() -> None:
                             for a, b in zip(restarts[lazy], restarts["ring-whole"], strict=True)
                         ]
                         notes.append(f"{size} MiB: restart {lazy} / ring-whole {spread(lazy_vs)}x")
-                if "ring-lazy" in restarts and "ring-lazy-jdk" in restarts:
-                    pairs = list(zip(restarts["ring-lazy"], restarts["ring-lazy-jdk"], strict=True))
-                    for what in ("seconds", "next"):
-                        vs = [a[what] / b[what] for a, b in pairs]
-                        name = "restart" if what == "seconds" else "next batch"
-                        notes.append(f"{size} MiB: {name} ring-lazy / ring-lazy-jdk {spread(vs)}x")
+                for other in ("ring-lazy-jdk", "ring-lazy-one"):
+                    if "ring-lazy" not in restarts or other not in restarts:
+                        continue
+                    pairs = list(zip(restarts["ring-lazy"], restarts[other], strict=True))
+                    for what in ("seconds", "next", "fetched"):
+                        vs = [a[what] / max(b[what], 1e-9) for a, b in pairs]
+                        name = {"seconds": "restart", "next": "next batch"}.get(what, what)
+                        notes.append(f"{size} MiB: {name} ring-lazy / {other} {spread(vs)}x")
                 # what a restart costs beyond a batch: the query's start (planning, the first
                 # batch's code generation, the provider's load) as the restart batch's time
                 # less the next batch's, per provider

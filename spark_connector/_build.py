@@ -33,6 +33,10 @@ __all__ = [
 PROVIDER_CLASS = "statestore.spark.RingStateStoreProvider"
 SUPPORTED = ((4, 0), (4, 4))  # pyspark >= 4.0, < 4.4 (tested: 4.3.0)
 JAVA_SOURCES = Path(__file__).resolve().parent / "java"
+# the read-ahead's Spark plan rule and operator (a case class of Spark's plan tree, which
+# Java cannot well extend): compiled after the Java sources with the Scala compiler that
+# pyspark's jars ship (scala-compiler), against them
+SCALA_SOURCES = Path(__file__).resolve().parent / "scala"
 
 
 def pyspark_home() -> tuple[Path, str]:
@@ -79,6 +83,9 @@ def _sources(version: str) -> list[Path]:
     files = sorted(
         f for f in JAVA_SOURCES.rglob("*.java") if have >= NEWER_SPARK.get(f.name, (0, 0))
     )
+    files += sorted(
+        f for f in SCALA_SOURCES.rglob("*.scala") if have >= NEWER_SPARK.get(f.name, (0, 0))
+    )
     if not files:
         raise SparkConnectorError(f"the provider's Java sources are missing from {JAVA_SOURCES}")
     return files
@@ -87,7 +94,7 @@ def _sources(version: str) -> list[Path]:
 def _source_hash(files: list[Path]) -> str:
     h = hashlib.sha256()
     for f in files:
-        h.update(str(f.relative_to(JAVA_SOURCES)).encode())
+        h.update(str(f.relative_to(f.parents[2])).encode())  # statestore/spark/NAME
         h.update(b"\0")
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
@@ -135,41 +142,57 @@ def compile_java(javac: str, classpath: str, files: list[Path], classes: Path, w
     """Compile ``files`` (Java 17) against ``classpath`` into ``classes``; a
     SparkConnectorError with javac's message, naming ``what`` was compiled, if that fails.
     The provider's build, and the test harness's (tests/javakit.py) against its jar."""
-    cmd = [
-        javac,
-        "--release",
-        "17",
-        "-nowarn",
-        "-Xlint:-options",
-        "-encoding",
-        "UTF-8",
-        "-cp",
-        classpath,
-        "-d",
-        str(classes),
-        *map(str, files),
-    ]
+    cmd = [javac, "--release", "17", "-nowarn", "-Xlint:-options", "-encoding", "UTF-8"]
+    cmd += ["-cp", classpath, "-d", str(classes), *map(str, files)]
+    out = _run_compiler(cmd, what)
+    if "invalid target release" in out or "release version 17 not supported" in out:
+        raise SparkConnectorError(
+            f"{javac} is older than Java 17: install a JDK 17+ (Spark 4 needs it too)"
+        )
+    if out:
+        raise _failed(what, out)
+
+
+def compile_scala(javac: str, home: Path, files: list[Path], classes: Path) -> None:
+    """Compile ``files`` (Scala) with pyspark's own Scala compiler against its jars and
+    ``classes`` (the Java just compiled) into ``classes``; a SparkConnectorError with the
+    compiler's message if that fails."""
+    if not files:
+        return
+    java = str(Path(javac).with_name("java"))
+    cmd = [java, "-cp", str(home / "jars" / "*"), "scala.tools.nsc.Main", "-usejavacp"]
+    cmd += ["-nowarn", "-classpath", str(classes), "-d", str(classes), *map(str, files)]
+    out = _run_compiler(cmd, "the provider's Scala")
+    if out:
+        raise _failed("the provider's Scala", out)
+
+
+def _run_compiler(cmd: list[str], what: str) -> str:
+    """Run a compiler: "" when it succeeded, else what it said."""
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     except OSError as exc:
-        raise SparkConnectorError(f"could not run {javac}: {exc}") from exc
-    if done.returncode != 0:
-        out = (done.stderr or done.stdout).strip()
-        if "invalid target release" in out or "release version 17 not supported" in out:
-            raise SparkConnectorError(
-                f"{javac} is older than Java 17: install a JDK 17+ (Spark 4 needs it too)"
-            )
-        raise SparkConnectorError(
-            f"compiling {what} against pyspark's jars failed "
-            f"(is this pyspark supported?):\n{out[-3000:]}"
-        )
+        raise SparkConnectorError(f"could not run {cmd[0]} for {what}: {exc}") from exc
+    if done.returncode == 0:
+        return ""
+    return (done.stderr or done.stdout).strip() or f"{cmd[0]} exited with {done.returncode}"
+
+
+def _failed(what: str, out: str) -> SparkConnectorError:
+    return SparkConnectorError(
+        f"compiling {what} against pyspark's jars failed (is this pyspark supported?):\n"
+        f"{out[-3000:]}"
+    )
 
 
 def _compile(javac: str, home: Path, files: list[Path], jar: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="statestore-javac-") as tmp:
         classes = Path(tmp) / "classes"
         classes.mkdir()
-        compile_java(javac, str(home / "jars" / "*"), files, classes, "the ring provider")
+        java = [f for f in files if f.suffix == ".java"]
+        scala = [f for f in files if f.suffix == ".scala"]
+        compile_java(javac, str(home / "jars" / "*"), java, classes, "the ring provider")
+        compile_scala(javac, home, scala, classes)
         partial = jar.with_suffix(".jar.part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: statestore\n")

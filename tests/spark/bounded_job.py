@@ -154,6 +154,17 @@ def main(spec_path: str) -> None:
         (out / "prefetch.json").write_text(
             json.dumps({"idle": bool(prefetcher.idle()), "merged": int(prefetcher.merged())})
         )
+    if provider == "ring":  # what the read-ahead (ReadAhead.scala) brought in this JVM
+        ring_provider = jvm.statestore.spark.RingStateStoreProvider
+        (out / "readahead.json").write_text(
+            json.dumps(
+                {
+                    "keys": int(ring_provider.readAheadKeys()),
+                    "lookups": int(ring_provider.readAheadLookups()),
+                    "failed": int(ring_provider.readAheadFailed()),
+                }
+            )
+        )
     with open(out / "progress.jsonl", "w") as f:
         for p in query.recentProgress:
             f.write(json.dumps(p["stateOperators"]) + "\n")

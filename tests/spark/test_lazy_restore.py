@@ -94,6 +94,10 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, folding_ring: Lo
     batches = progress(tmp_path, "ring")
     assert [b["numRowsTotal"] for b in batches] == [n * keys for n in range(4, 10)], batches
     lazy = batches[0]  # the count the commit recorded, kept
+    # the batches' revisited keys came in lookups before the restore read them one by one
+    # (ReadAhead.scala), those of a chunk together
+    ahead = json.loads((tmp_path / "out" / "ring" / "readahead.json").read_text())
+    assert ahead["keys"] >= ahead["lookups"] > 0 and ahead["failed"] == 0, ahead
     # loaded lazily: no row of the base (the snapshot of version 3) was restored
     assert lazy["customMetrics"]["ringRestoredRows"] == 0, lazy
     # version 8 is 5 versions past its base (the horizon): its chains, read again, start at

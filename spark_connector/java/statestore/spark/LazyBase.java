@@ -2,10 +2,12 @@ package statestore.spark;
 
 import java.io.IOException;
 import java.nio.ByteBuffer;
+import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.Callable;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
@@ -42,8 +44,9 @@ final class LazyBase {
   /** Neither the LRU nor the memo is smaller than this, whatever {@code cacheBytes} says. */
   static final long MIN_BYTES = 256L << 10;
 
-  /** One chunk of a shard's base with its parsed index. */
-  record Part(String key, int lo, int hi, ChunkCodec.Index index) {}
+  /** One chunk of a shard's base with its parsed index, its version and its manifest entry. */
+  record Part(String key, int lo, int hi, ChunkCodec.Index index, long version,
+      ManifestCodec.ChunkRef ref) {}
 
   private record Block(Map<ByteBuffer, byte[]> rows, long bytes) {}
 
@@ -196,10 +199,19 @@ final class LazyBase {
     if (v == null) {
       return null; // ruled out by the indexes: nothing to remember
     }
+    remember(mk, v);
+    return v == ABSENT ? null : v;
+  }
+
+  /** Keep {@code v} (a value, or {@link #ABSENT}) as what the base holds under a key. */
+  private static void remember(Looked mk, byte[] v) {
     synchronized (MEMO) {
       long delta = 0;
-      if (MEMO.put(mk, v) == null) {
-        delta += k.length + v.length + StateBudget.ROW_COST;
+      byte[] old = MEMO.put(mk, v);
+      if (old == null) {
+        delta += mk.key().remaining() + v.length + StateBudget.ROW_COST;
+      } else {
+        delta += v.length - old.length;
       }
       long limit = memoBytes();
       var it = MEMO.entrySet().iterator();
@@ -211,7 +223,118 @@ final class LazyBase {
       memoUsed += delta;
       StateBudget.add(delta);
     }
-    return v == ABSENT ? null : v;
+  }
+
+  /** The most keys of one read-ahead lookup (the node takes up to 1,000). */
+  static final int LOOKUP_KEYS = 500;
+  /** The most key bytes of one read-ahead lookup (the node takes up to 256 KiB). */
+  static final int LOOKUP_KEY_BYTES = 64 << 10;
+  /**
+   * Keys a read-ahead takes at once ({@code ReadAheadExec}): what a quarter of the memo holds
+   * at about 512 bytes a row, between 64 and 4,096, so that two tasks' windows stay in the
+   * memo until their rows are read.
+   */
+  static int readAheadRows() {
+    return (int) Math.max(64, Math.min(4096, memoBytes() / 4 / 512));
+  }
+
+  /** Keys whose base values a read-ahead brought (tests, the bench). */
+  static final AtomicLong READ_AHEAD_KEYS = new AtomicLong();
+  /** Lookups the read-aheads sent (tests, the bench). */
+  static final AtomicLong READ_AHEAD_LOOKUPS = new AtomicLong();
+  /** Read-ahead lookups that failed (their keys read block by block). */
+  static final AtomicLong READ_AHEAD_FAILED = new AtomicLong();
+
+  /**
+   * Bring what the base holds under {@code keys} into the memo of looked-up rows, many keys
+   * a request: the keys the memo lacks and whose blocks are not cached, grouped by the
+   * chunks that can hold them, each group asked of one holder of its chunk in lookups
+   * ({@code POST .../lookup}, node/lookup.py) of up to {@link #LOOKUP_KEYS} keys, up to 8 of
+   * them at a time. The node reads and verifies the blocks against the index checksums the
+   * manifest names and answers each key's value or nil, so a batch that touches keys all
+   * over the base costs one request per chunk and window of keys, not one block read per
+   * key ({@link #lookup} then finds them in the memo). Best effort: a lookup that fails
+   * leaves its keys to {@link #lookup}, which reads their blocks. Returns the keys brought.
+   */
+  int readAhead(List<UnsafeRow> keys) {
+    Map<List<Part>, List<byte[]>> byPath = new LinkedHashMap<>();
+    Map<List<Part>, Integer> shardOf = new HashMap<>();
+    for (UnsafeRow key : keys) {
+      byte[] k = key.getBytes().clone();
+      synchronized (MEMO) {
+        if (MEMO.containsKey(new Looked(this, ByteBuffer.wrap(k)))) {
+          continue;
+        }
+      }
+      int shard = shardOf(key);
+      List<Part> path = new ArrayList<>(2);
+      boolean fetch = false;
+      for (Spot s : spots(shard, k)) {
+        path.add(s.part);
+        synchronized (LOCK) {
+          fetch |= !BLOCKS.containsKey(s.part.key + "#" + s.block);
+        }
+      }
+      if (fetch) { // else ruled out by the indexes, or its blocks are here: nothing to send
+        byPath.computeIfAbsent(path, x -> new ArrayList<>()).add(k);
+        shardOf.put(path, shard);
+      }
+    }
+    List<Callable<Integer>> calls = new ArrayList<>();
+    for (Map.Entry<List<Part>, List<byte[]>> e : byPath.entrySet()) {
+      List<byte[]> all = e.getValue();
+      int from = 0;
+      while (from < all.size()) {
+        int to = from;
+        int bytes = 0;
+        while (to < all.size() && to - from < LOOKUP_KEYS
+            && (to == from || bytes + all.get(to).length <= LOOKUP_KEY_BYTES)) {
+          bytes += all.get(to).length;
+          to++;
+        }
+        List<byte[]> batch = all.subList(from, to);
+        List<Part> path = e.getKey();
+        ManifestCodec.Manifest base = bases.get(shardOf.get(path));
+        calls.add(() -> lookupAhead(base.store(), base.keyGroups(), path, batch));
+        from = to;
+      }
+    }
+    if (calls.isEmpty()) {
+      return 0;
+    }
+    long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+    int brought = 0;
+    try {
+      for (int n : RingDirect.together(calls, deadline, "reading ahead")) {
+        brought += n;
+      }
+    } catch (IOException | RuntimeException e) {
+      // best effort: what was not brought is read block by block when it is asked for
+    }
+    return brought;
+  }
+
+  /** One read-ahead lookup of {@code batch} along {@code path}; the keys it brought. */
+  private int lookupAhead(String storePath, int groups, List<Part> path, List<byte[]> batch) {
+    Part anchor = path.get(path.size() - 1);
+    List<byte[]> values;
+    try {
+      values = direct.lookup(storePath, anchor.key, groups, batch, path,
+          System.nanoTime() + timeoutMs * 1_000_000L);
+    } catch (IOException | RuntimeException e) {
+      READ_AHEAD_FAILED.incrementAndGet();
+      return 0; // its keys are read block by block when asked for
+    }
+    long bytes = 0;
+    for (int i = 0; i < batch.size(); i++) {
+      byte[] v = values.get(i);
+      remember(new Looked(this, ByteBuffer.wrap(batch.get(i))), v == null ? ABSENT : v);
+      bytes += batch.get(i).length + (v == null ? 1 : v.length);
+    }
+    reads.fetched.addAndGet(bytes);
+    READ_AHEAD_LOOKUPS.incrementAndGet();
+    READ_AHEAD_KEYS.addAndGet(batch.size());
+    return batch.size();
   }
 
   /**
@@ -219,23 +342,39 @@ final class LazyBase {
    * not, null if no block can (the indexes and Bloom filters rule it out: nothing read).
    */
   private byte[] find(UnsafeRow key, byte[] k) {
-    int shard = parts.size() == 1 ? 0 : StateCommit.shardOf(key, parts.size());
-    ManifestCodec.Manifest base = bases.get(shard);
-    int g = ChunkCodec.keyGroup(k, base.keyGroups());
     byte[] out = null;
-    for (Part p : parts.get(shard)) {
-      if (g < p.lo || g > p.hi) {
-        continue;
-      }
-      int i = p.index.find(g, k);
-      if (i < 0) {
-        continue;
-      }
-      byte[] v = block(p, i).rows.get(ByteBuffer.wrap(k));
+    for (Spot s : spots(shardOf(key), k)) {
+      byte[] v = block(s.part, s.block).rows.get(ByteBuffer.wrap(k));
       if (v != null) {
         return v;
       }
       out = ABSENT;
+    }
+    return out;
+  }
+
+  /** A block of the base that may hold a key: its chunk and its number there. */
+  private record Spot(Part part, int block) {}
+
+  private int shardOf(UnsafeRow key) {
+    return parts.size() == 1 ? 0 : StateCommit.shardOf(key, parts.size());
+  }
+
+  /**
+   * The blocks of shard {@code shard}'s base that may hold the key {@code k}: of each chunk
+   * covering its key group, the one its index and Bloom filter do not rule out (one, unless
+   * a group spans chunks); none for a key the indexes rule out.
+   */
+  private List<Spot> spots(int shard, byte[] k) {
+    int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
+    List<Spot> out = new ArrayList<>(2);
+    for (Part p : parts.get(shard)) {
+      if (g >= p.lo && g <= p.hi) {
+        int i = p.index.find(g, k);
+        if (i >= 0) {
+          out.add(new Spot(p, i));
+        }
+      }
     }
     return out;
   }

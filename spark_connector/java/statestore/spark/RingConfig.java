@@ -38,6 +38,11 @@ final class RingConfig {
   long cacheBytes = StateBudget.defaultLimit();
   /** Load a version's base lazily, key by key ({@link LazyBase}): {@code lazyRestore}. */
   boolean lazyRestore;
+  /**
+   * Hand a batch's keys to a lazily loaded version before its restore reads them one by one
+   * ({@code ReadAheadExec}): {@code readAhead}, on by default.
+   */
+  boolean readAhead = true;
   /** Bytes a second the JVM reads to make lazy versions whole ({@link Prefetcher}; 0: off). */
   long prefetchBytesPerSec = DEFAULT_PREFETCH;
   static final long DEFAULT_PREFETCH = 32L << 20;
@@ -134,6 +139,12 @@ final class RingConfig {
           "RingStateStoreProvider: " + PREFIX + "lazyRestore '" + lazy + "' is not true or false");
     }
     out.lazyRestore = lazy.equals("true");
+    String ahead = get(hadoopConf, storeConf, "readAhead", "true").trim().toLowerCase(Locale.ROOT);
+    if (!ahead.equals("true") && !ahead.equals("false")) {
+      throw new IllegalArgumentException(
+          "RingStateStoreProvider: " + PREFIX + "readAhead '" + ahead + "' is not true or false");
+    }
+    out.readAhead = ahead.equals("true");
     out.prefetchBytesPerSec = number(hadoopConf, storeConf, "prefetchBytesPerSec",
         DEFAULT_PREFETCH, 0, Long.MAX_VALUE);
     return out;

@@ -7,6 +7,7 @@ import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
@@ -452,6 +453,74 @@ final class RingDirect {
       throws IOException {
     return retrying("reading " + key, deadline,
         v -> fetch(v, key, "?offset=" + offset + "&length=" + length, checksum, length, deadline));
+  }
+
+  /** The most bytes a lookup answers (node/lookup.py's LOOKUP_ANSWER_BYTES). */
+  static final long LOOKUP_ANSWER_BYTES = 32L << 20;
+
+  /**
+   * The values {@code keys} have along {@code path} (chunks of one version, in group order),
+   * or null for a key they do not hold: {@code POST /v1/stores/{store}/lookup} to the first
+   * holder of the path's last chunk that answers (docs/api.md). One pass over the holders, no
+   * retry: a read-ahead's keys are read block by block when it fails.
+   */
+  List<byte[]> lookup(String storePath, String anchor, int groups, List<byte[]> keys,
+      List<LazyBase.Part> path, long deadline) throws IOException {
+    List<String> hex = new ArrayList<>(keys.size());
+    for (byte[] k : keys) {
+      hex.add(java.util.HexFormat.of().formatHex(k));
+    }
+    List<List<Object>> parts = new ArrayList<>(path.size());
+    for (LazyBase.Part p : path) {
+      ManifestCodec.ChunkRef r = p.ref();
+      // the checksum is an unsigned 64-bit number: a long above 2^63 is written as such
+      parts.add(List.of(p.version(), r.name(), r.lo(), r.hi(), r.size(), r.indexLen(),
+          new java.math.BigInteger(Long.toUnsignedString(r.indexChecksum()))));
+    }
+    Map<String, Object> request = new LinkedHashMap<>();
+    request.put("groups", groups);
+    request.put("keys", hex);
+    request.put("parts", parts);
+    byte[] body = JSON.writeValueAsBytes(request);
+    List<String> errors = new ArrayList<>();
+    for (String address : writer.view().readOrder(anchor)) {
+      long left = (deadline - System.nanoTime()) / 1_000_000L;
+      if (left <= 0) {
+        errors.add("the deadline passed");
+        break;
+      }
+      try {
+        RingTransport.Answer got = writer.transport().post(address,
+            "/v1/stores/" + storePath + "/lookup", body, "application/json",
+            Math.min(config.requestTimeoutMs, left), deadline, config.readTimeoutMs,
+            LOOKUP_ANSWER_BYTES);
+        if (got.status() != 200) {
+          errors.add(address + " answered " + got.status());
+          continue;
+        }
+        Msgpack.Reader r = new Msgpack.Reader(got.body(), 0, got.body().length, false);
+        if (r.arrayHeader() != keys.size()) {
+          errors.add(address + " answered another number of values");
+          continue;
+        }
+        List<byte[]> out = new ArrayList<>(keys.size());
+        for (int i = 0; i < keys.size(); i++) {
+          out.add(r.binOrNil());
+        }
+        if (!r.atEnd()) {
+          errors.add(address + " answered more than its values");
+          continue;
+        }
+        return out;
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IOException("interrupted while looking up keys of " + storePath, e);
+      } catch (IOException | Msgpack.FormatException | IllegalArgumentException e) {
+        errors.add(address + ": " + e.getMessage());
+      }
+    }
+    throw new IOException("lookup of " + keys.size() + " keys of " + storePath + " failed: "
+        + String.join("; ", errors.subList(0, Math.min(3, errors.size()))));
   }
 
   /** Every row of one chunk of {@code m} (a {@code null} value: a delete), with retries. */

@@ -177,6 +177,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     String legacy = StoreNaming.storePath(stateStoreId, null);
     this.legacyPath = legacy.equals(storePath) ? null : legacy;
     StoreNaming.markPartition(stateStoreId, hadoopConf);
+    LIVE.put(stateStoreId, this);
   }
 
   @Override
@@ -186,9 +187,55 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
 
   @Override
   public synchronized void close() {
+    LIVE.remove(stateStoreId, this);
     StateData old = cached;
     cached = null;
     drop(old);
+  }
+
+  /** The providers of this JVM by their store ({@link #readAhead} finds a task's by it). */
+  private static final ConcurrentHashMap<StateStoreId, RingStateStoreProvider> LIVE =
+      new ConcurrentHashMap<>();
+
+  /** Keys whose base values the read-aheads of this JVM brought (tests, the bench). */
+  public static long readAheadKeys() {
+    return LazyBase.READ_AHEAD_KEYS.get();
+  }
+
+  /** Lookups the read-aheads of this JVM sent (tests, the bench). */
+  public static long readAheadLookups() {
+    return LazyBase.READ_AHEAD_LOOKUPS.get();
+  }
+
+  /** Read-ahead lookups of this JVM that failed (tests, the bench). */
+  public static long readAheadFailed() {
+    return LazyBase.READ_AHEAD_FAILED.get();
+  }
+
+  /** Rows a read-ahead takes at once ({@code ReadAheadExec}). */
+  public static int readAheadRows() {
+    return LazyBase.readAheadRows();
+  }
+
+  /**
+   * A batch's {@code keys} of store {@code id}, about to be read from version
+   * {@code version} one by one ({@code ReadAheadExec}, under a streaming aggregation's
+   * restore): when that version is loaded lazily here, what its base holds of them comes
+   * now, in a few lookups ({@link StateData#readAhead}). Nothing otherwise, and nothing
+   * with {@code spark.statestore.readAhead=false}; best effort, never an error.
+   */
+  public static void readAhead(StateStoreId id, long version, List<UnsafeRow> keys) {
+    RingStateStoreProvider p = LIVE.get(id);
+    if (p == null || !p.config.readAhead) {
+      return;
+    }
+    StateData data;
+    synchronized (p) {
+      data = p.cached;
+    }
+    if (data != null && data.version == version) {
+      data.readAhead(keys);
+    }
   }
 
   /**
@@ -736,7 +783,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
           byte[] index = direct.fetchPart(key, at, ref.indexLen(), ref.indexChecksum(),
               deadline);
           return new LazyBase.Part(key, ref.lo(), ref.hi(),
-              ChunkCodec.parseIndex(index, 0, index.length, at - 1, key));
+              ChunkCodec.parseIndex(index, 0, index.length, at - 1, key), base.version(), ref);
         });
       }
     }

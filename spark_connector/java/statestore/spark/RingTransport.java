@@ -126,6 +126,30 @@ final class RingTransport {
     }
   }
 
+  /**
+   * POST {@code body} to {@code path} on {@code address} and read the whole answer, bounded as
+   * {@link #get} bounds it, through java.net.http (a read-ahead's lookups: few and large).
+   */
+  Answer post(String address, String path, byte[] body, String contentType, long timeoutMs,
+      long deadline, long stallMs, long maxBytes) throws IOException, InterruptedException {
+    HttpRequest req = request(address, path).timeout(Duration.ofMillis(Math.max(1, timeoutMs)))
+        .header("Content-Type", contentType)
+        .POST(HttpRequest.BodyPublishers.ofByteArray(body)).build();
+    HttpResponse<InputStream> resp = send(req, HttpResponse.BodyHandlers.ofInputStream());
+    try (InputStream in = resp.body();
+        Watchdog.Guard guard = Watchdog.watch(in, deadline, stallMs)) {
+      byte[] data;
+      try {
+        data = readAtMost(guard.stream(in), maxBytes, path);
+      } catch (IOException e) {
+        guard.check();
+        throw e;
+      }
+      guard.check();
+      return new Answer(resp.statusCode(), data);
+    }
+  }
+
   /** The whole of {@code in}, or an IOException once it passes {@code maxBytes}. */
   static byte[] readAtMost(InputStream in, long maxBytes, String what) throws IOException {
     int cap = (int) Math.min(Integer.MAX_VALUE - 8, Math.max(0, maxBytes));

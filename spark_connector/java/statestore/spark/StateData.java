@@ -500,6 +500,25 @@ final class StateData {
     return value;
   }
 
+  /**
+   * Bring what the lazy base holds under those of {@code keys} this version's own rows do
+   * not decide ({@link LazyBase#readAhead}): a batch's keys, before it asks for them one by
+   * one. Nothing for a whole version. Returns the keys brought.
+   */
+  int readAhead(List<UnsafeRow> keys) {
+    LazyBase base = remote;
+    if (base == null) {
+      return 0;
+    }
+    List<UnsafeRow> wanted = new ArrayList<>(keys.size());
+    for (UnsafeRow key : keys) {
+      if (!removed.contains(key) && localGet(key) == null) {
+        wanted.add(key);
+      }
+    }
+    return wanted.isEmpty() ? 0 : base.readAhead(wanted);
+  }
+
   private UnsafeRow localGet(UnsafeRow key) {
     SpillStore s = spill;
     return s != null ? s.get(key) : map.get(key);

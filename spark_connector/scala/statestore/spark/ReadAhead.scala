@@ -1,0 +1,113 @@
+package statestore.spark
+
+import scala.collection.mutable.ArrayBuffer
+
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.SparkSessionExtensions
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, SortOrder, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.plans.physical.Partitioning
+import org.apache.spark.sql.catalyst.rules.Rule
+import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StateStoreRestoreExec, StatefulOperatorStateInfo}
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
+import org.apache.spark.sql.internal.SQLConf
+
+/**
+ * `spark.sql.extensions=statestore.spark.RingExtensions` (set by `spark_connector.configure`):
+ * a streaming aggregation reads each key of a batch from its state store one `get` at a
+ * time, so a lazily restored partition on the ring costs one block read per key not yet
+ * held. The rule puts a [[ReadAheadExec]] under each `StateStoreRestoreExec` of a query on
+ * the ring's provider: it takes the batch's rows a window at a time and hands their keys to
+ * the provider first, which brings what the base holds of them in a few lookups
+ * (`LazyBase.readAhead`), before the restore asks for them one by one.
+ */
+class RingExtensions extends (SparkSessionExtensions => Unit) {
+  override def apply(e: SparkSessionExtensions): Unit = e.injectColumnar(_ => ReadAheadRule)
+}
+
+/** Inserted before the physical plan's columnar transitions (a streaming plan's too). */
+object ReadAheadRule extends ColumnarRule {
+  override def preColumnarTransitions: Rule[SparkPlan] = new Rule[SparkPlan] {
+    override def apply(plan: SparkPlan): SparkPlan =
+      if (!enabled) plan
+      else plan.transformUp {
+        case r: StateStoreRestoreExec
+            if r.stateInfo.isDefined && !r.child.isInstanceOf[ReadAheadExec] =>
+          r.withNewChildren(Seq(ReadAheadExec(r.keyExpressions, r.stateInfo.get, r.child)))
+      }
+  }
+
+  private def enabled: Boolean = {
+    val conf = SQLConf.get
+    conf.getConfString("spark.sql.streaming.stateStore.providerClass", "") ==
+      classOf[RingStateStoreProvider].getName &&
+      conf.getConfString("spark.statestore.readAhead", "true").trim.toLowerCase != "false"
+  }
+}
+
+/**
+ * Its child's rows, unchanged and in order; a window of them at a time (at most
+ * `LazyBase.readAheadRows`, copied) whose keys are handed to the partition's provider
+ * before the window is given on ([[RingStateStoreProvider.readAhead]]).
+ */
+case class ReadAheadExec(keys: Seq[Attribute], info: StatefulOperatorStateInfo, child: SparkPlan)
+    extends UnaryExecNode {
+  override def output: Seq[Attribute] = child.output
+  override def outputPartitioning: Partitioning = child.outputPartitioning
+  override def outputOrdering: Seq[SortOrder] = child.outputOrdering
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val (ks, out, i) = (keys, child.output, info)
+    child.execute().mapPartitionsWithIndex { (partition, rows) =>
+      ReadAheadExec.windows(i, partition, UnsafeProjection.create(ks, out), rows)
+    }
+  }
+
+  override protected def withNewChildInternal(c: SparkPlan): ReadAheadExec = copy(child = c)
+}
+
+object ReadAheadExec {
+  def windows(
+      info: StatefulOperatorStateInfo,
+      part: Int,
+      key: UnsafeProjection,
+      rows: Iterator[InternalRow]): Iterator[InternalRow] = {
+    val id = StateStoreId(info.checkpointLocation, info.operatorId, part, StateStoreId.DEFAULT_STORE_NAME)
+    windows(id, info.storeVersion, key, rows)
+  }
+
+  private def windows(
+      id: StateStoreId,
+      version: Long,
+      key: UnsafeProjection,
+      rows: Iterator[InternalRow]): Iterator[InternalRow] = new Iterator[InternalRow] {
+    private var window: Array[InternalRow] = Array.empty
+    private var at = 0
+
+    override def hasNext: Boolean = at < window.length || fill()
+
+    override def next(): InternalRow = {
+      if (!hasNext) throw new NoSuchElementException("no more rows")
+      val r = window(at)
+      at += 1
+      r
+    }
+
+    private def fill(): Boolean = {
+      if (!rows.hasNext) return false
+      val most = RingStateStoreProvider.readAheadRows()
+      val taken = new ArrayBuffer[InternalRow](most)
+      val keys = new java.util.ArrayList[UnsafeRow](most)
+      while (taken.length < most && rows.hasNext) {
+        val r = rows.next().copy()
+        taken += r
+        keys.add(key(r).copy())
+      }
+      RingStateStoreProvider.readAhead(id, version, keys)
+      window = taken.toArray
+      at = 0
+      true
+    }
+  }
+}
