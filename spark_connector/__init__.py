@@ -56,8 +56,6 @@ PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 # checkpoints on the ring: checkpointLocation="ring://NAME/path" (docs/spark.md)
 RING_FS_CONF = "spark.hadoop.fs.ring.impl"
 RING_FS_CLASS = "statestore.spark.RingFileSystem"
-EXTENSIONS_CONF = "spark.sql.extensions"
-EXTENSIONS_CLASS = "statestore.spark.RingExtensions"  # the read-ahead (ReadAhead.scala)
 
 
 def _check_address(seed: str) -> str:
@@ -212,10 +210,6 @@ def configure(
     jars = [j for j in str(options.get("spark.jars") or "").split(",") if j and j != jar]
     builder = builder.config("spark.jars", ",".join([*jars, jar]))
     builder = builder.config(PROVIDER_CONF, PROVIDER_CLASS)
-    # the read-ahead's plan rule (docs/spark.md, "Read-ahead"), after any the caller set
-    extensions = [e for e in str(options.get(EXTENSIONS_CONF) or "").split(",") if e]
-    if EXTENSIONS_CLASS not in extensions:
-        builder = builder.config(EXTENSIONS_CONF, ",".join([*extensions, EXTENSIONS_CLASS]))
     builder = builder.config(RING_FS_CONF, RING_FS_CLASS)
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -69,8 +69,12 @@ def pyspark_home() -> tuple[Path, str]:
 
 
 # sources built only against a newer Spark: Repartition uses Spark 4.2's offline repartition
-# classes (its partition-key extractors and repartition-batch rules)
-NEWER_SPARK = {"Repartition.java": (4, 2)}
+# classes (its partition-key extractors and repartition-batch rules); the read-ahead names
+# the stateful operators' package of Spark 4.3 (the version it is tested with)
+NEWER_SPARK = {"Repartition.java": (4, 2), "ReadAhead.scala": (4, 3)}
+# the read-ahead's plan rule, found by Spark's service loader (no spark.sql.extensions set)
+EXTENSIONS_SERVICE = "META-INF/services/org.apache.spark.sql.SparkSessionExtensionsProvider"
+EXTENSIONS_CLASS = "statestore.spark.RingExtensions"
 
 
 def spark_version(version: str) -> tuple[int, int]:
@@ -196,6 +200,8 @@ def _compile(javac: str, home: Path, files: list[Path], jar: Path) -> None:
         partial = jar.with_suffix(".jar.part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: statestore\n")
+            if scala:  # the read-ahead's rule, for Spark's service loader
+                zf.writestr(EXTENSIONS_SERVICE, EXTENSIONS_CLASS + "\n")
             for f in sorted(classes.rglob("*.class")):
                 zf.write(f, str(f.relative_to(classes)))
         os.replace(partial, jar)

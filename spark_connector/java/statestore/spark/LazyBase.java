@@ -259,8 +259,12 @@ final class LazyBase {
   int readAhead(List<UnsafeRow> keys) {
     Map<List<Part>, List<byte[]>> byPath = new LinkedHashMap<>();
     Map<List<Part>, Integer> shardOf = new HashMap<>();
+    java.util.Set<ByteBuffer> seen = new java.util.HashSet<>();
     for (UnsafeRow key : keys) {
       byte[] k = key.getBytes().clone();
+      if (!seen.add(ByteBuffer.wrap(k))) {
+        continue; // once a lookup: the node refuses a key twice
+      }
       synchronized (MEMO) {
         if (MEMO.containsKey(new Looked(this, ByteBuffer.wrap(k)))) {
           continue;

@@ -493,9 +493,13 @@ final class RingDirect {
         RingTransport.Answer got = writer.transport().post(address,
             "/v1/stores/" + storePath + "/lookup", body, "application/json",
             Math.min(config.requestTimeoutMs, left), deadline, config.readTimeoutMs,
-            LOOKUP_ANSWER_BYTES);
+            LOOKUP_ANSWER_BYTES + 5L * keys.size() + 5); // the values and their framing
         if (got.status() != 200) {
           errors.add(address + " answered " + got.status());
+          int s = got.status();
+          if (s >= 400 && s < 500 && s != 404 && s != 429) {
+            break; // the request itself is refused: no other holder answers it otherwise
+          }
           continue;
         }
         Msgpack.Reader r = new Msgpack.Reader(got.body(), 0, got.body().length, false);

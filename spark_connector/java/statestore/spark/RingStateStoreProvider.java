@@ -218,6 +218,14 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   }
 
   /**
+   * Bytes of rows and keys a read-ahead window holds at most (a quarter of the memo of
+   * looked-up rows: not counted in {@code cacheBytes}, so kept small).
+   */
+  public static long readAheadBytes() {
+    return LazyBase.memoBytes() / 4;
+  }
+
+  /**
    * A batch's {@code keys} of store {@code id}, about to be read from version
    * {@code version} one by one ({@code ReadAheadExec}, under a streaming aggregation's
    * restore): when that version is loaded lazily here, what its base holds of them comes
@@ -229,12 +237,17 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     if (p == null || !p.config.readAhead) {
       return;
     }
-    StateData data;
-    synchronized (p) {
-      data = p.cached;
-    }
-    if (data != null && data.version == version) {
-      data.readAhead(keys);
+    try {
+      StateData data;
+      synchronized (p) {
+        data = p.cached;
+      }
+      if (data != null && data.version == version) {
+        data.readAhead(keys);
+      }
+    } catch (RuntimeException e) {
+      // best effort: the restore reads those keys one by one, and says what is wrong
+      LOG.debug("read-ahead of {} version {} skipped: {}", p.storePath, version, e.toString());
     }
   }
 

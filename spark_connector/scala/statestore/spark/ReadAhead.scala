@@ -3,7 +3,7 @@ package statestore.spark
 import scala.collection.mutable.ArrayBuffer
 
 import org.apache.spark.rdd.RDD
-import org.apache.spark.sql.SparkSessionExtensions
+import org.apache.spark.sql.{SparkSessionExtensions, SparkSessionExtensionsProvider}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, SortOrder, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.Partitioning
@@ -14,15 +14,16 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.internal.SQLConf
 
 /**
- * `spark.sql.extensions=statestore.spark.RingExtensions` (set by `spark_connector.configure`):
- * a streaming aggregation reads each key of a batch from its state store one `get` at a
+ * Found by Spark's service loader in the provider's jar
+ * (`META-INF/services/org.apache.spark.sql.SparkSessionExtensionsProvider`), so that no
+ * `spark.sql.extensions` a user set is replaced: a streaming aggregation reads each key of a batch from its state store one `get` at a
  * time, so a lazily restored partition on the ring costs one block read per key not yet
  * held. The rule puts a [[ReadAheadExec]] under each `StateStoreRestoreExec` of a query on
  * the ring's provider: it takes the batch's rows a window at a time and hands their keys to
  * the provider first, which brings what the base holds of them in a few lookups
  * (`LazyBase.readAhead`), before the restore asks for them one by one.
  */
-class RingExtensions extends (SparkSessionExtensions => Unit) {
+class RingExtensions extends SparkSessionExtensionsProvider {
   override def apply(e: SparkSessionExtensions): Unit = e.injectColumnar(_ => ReadAheadRule)
 }
 
@@ -38,18 +39,21 @@ object ReadAheadRule extends ColumnarRule {
       }
   }
 
+  /** On the ring's provider, with lazy restores (a whole version has nothing to read ahead). */
   private def enabled: Boolean = {
     val conf = SQLConf.get
+    def flag(name: String, default: String) =
+      conf.getConfString(s"spark.statestore.$name", default).trim.toLowerCase
     conf.getConfString("spark.sql.streaming.stateStore.providerClass", "") ==
       classOf[RingStateStoreProvider].getName &&
-      conf.getConfString("spark.statestore.readAhead", "true").trim.toLowerCase != "false"
+      flag("lazyRestore", "false") == "true" && flag("readAhead", "true") != "false"
   }
 }
 
 /**
  * Its child's rows, unchanged and in order; a window of them at a time (at most
- * `LazyBase.readAheadRows`, copied) whose keys are handed to the partition's provider
- * before the window is given on ([[RingStateStoreProvider.readAhead]]).
+ * `readAheadRows` rows and `readAheadBytes` bytes, copied) whose keys are handed to the
+ * partition's provider before the window is given on ([[RingStateStoreProvider.readAhead]]).
  */
 case class ReadAheadExec(keys: Seq[Attribute], info: StatefulOperatorStateInfo, child: SparkPlan)
     extends UnaryExecNode {
@@ -97,12 +101,19 @@ object ReadAheadExec {
     private def fill(): Boolean = {
       if (!rows.hasNext) return false
       val most = RingStateStoreProvider.readAheadRows()
+      val bytes = RingStateStoreProvider.readAheadBytes()
       val taken = new ArrayBuffer[InternalRow](most)
       val keys = new java.util.ArrayList[UnsafeRow](most)
-      while (taken.length < most && rows.hasNext) {
+      var size = 0L
+      while (taken.length < most && size < bytes && rows.hasNext) {
         val r = rows.next().copy()
         taken += r
-        keys.add(key(r).copy())
+        val k = key(r).copy()
+        keys.add(k)
+        size += k.getSizeInBytes + (r match {
+          case u: UnsafeRow => u.getSizeInBytes.toLong
+          case _ => 512L
+        })
       }
       RingStateStoreProvider.readAhead(id, version, keys)
       window = taken.toArray
