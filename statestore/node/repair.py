@@ -41,7 +41,7 @@ from statestore.net.reads import read_head
 from statestore.node.daemon import Node
 from statestore.node.digests import narrow
 from statestore.node.moves.copies import Unsupported, push_manifests
-from statestore.wire.manifest import decode_manifest
+from statestore.wire.manifest import decode_manifest, manifest_epoch
 
 __all__ = [
     "ask_have",
@@ -173,9 +173,13 @@ async def check_floor(node: Node, store: StoreId, floor: int) -> None:
     if local is not None:
         # a snapshot of the head's line of descent at the floor, not any epoch's: a copy of
         # a dead branch's (an older writer's, which a newer one rewound below) would drop
-        # the newer writer's versions under it. Its manifests decoded off the event loop.
-        held = node.store.raw_manifest(store, floor, "snapshot") is not None and floor in (
-            await asyncio.to_thread(_usable_here, node, store)
+        # the newer writer's versions under it. One of the head's own epoch is (the common
+        # case: its epoch read without decoding); another is checked against the lineage,
+        # the store's manifests decoded off the event loop.
+        raw = node.store.raw_manifest(store, floor, "snapshot")
+        held = raw is not None and (
+            manifest_epoch(raw) == local.epoch
+            or floor in await asyncio.to_thread(_usable_here, node, store)
         )
     floor_allowed(store, floor, head.version, held)
 
