@@ -50,6 +50,19 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 # -- rings -------------------------------------------------------------------------------
+def peak_rss(pid: int) -> int:
+    """A process's peak resident set (VmHWM), in bytes."""
+    return rss_kib(pid, "VmHWM") * 1024
+
+
+def rss_kib(pid: int, field: str) -> int:
+    """A memory field of ``/proc/{pid}/status`` (VmRSS, VmHWM), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def config(tmp_path: Path, name: str, **kw: Any) -> NodeConfig:
     """An in-process node's configuration: port 0, memory storage, no DHT, gossip every
     0.1 s, R=W=2; ``kw`` overrides any of it."""

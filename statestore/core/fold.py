@@ -10,10 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, MutableMapping
 
-__all__ = ["ChainFold", "Positioned", "Row", "apply", "fold_chain", "merge_positioned"]
+__all__ = [
+    "STATE_ROW_HELD",
+    "TREE_ROW_HELD",
+    "ChainFold",
+    "Positioned",
+    "Row",
+    "apply",
+    "fold_chain",
+    "fold_held",
+    "merge_positioned",
+]
 
 Row = tuple[bytes, bytes | None]  # (key, value); None is a delete
 Positioned = tuple[bytes, int, bytes | None]  # (key, chain position, value)
+
+# What a fold holds in Python a row, beyond the row's key and value bytes (CPython 3.11,
+# tracemalloc): a dict of bytes keys and values ~118 bytes, a tree hop's (position, value)
+# pairs ~175; with room for a delta's rows waiting in their lists and for what the answer
+# builds from the state (a restore's key and value lists, a tree hop's sorted items).
+STATE_ROW_HELD = 200
+TREE_ROW_HELD = 300
+
+
+def fold_held(chunks: Iterable[tuple[int, int]], per_row: int) -> int:
+    """Bytes a fold of chunks given as (raw size, rows) holds at most: every row kept (a
+    later row of a key replaces an earlier one, so this is an upper bound), ``per_row`` a
+    row beyond its bytes (:data:`STATE_ROW_HELD` or :data:`TREE_ROW_HELD`)."""
+    return sum(raw + rows * per_row for raw, rows in chunks)
 
 
 def apply(state: MutableMapping[bytes, bytes], rows: Iterable[Row]) -> None:

@@ -25,7 +25,7 @@ import asyncio
 import contextvars
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -37,7 +37,7 @@ from statestore.core.errors import (
     CorruptChunk,
     StateStoreError,
 )
-from statestore.core.fold import ChainFold
+from statestore.core.fold import STATE_ROW_HELD, ChainFold, fold_held
 from statestore.core.ids import StoreId
 from statestore.core.links import LinkTable
 from statestore.core.manifest import Manifest
@@ -61,7 +61,15 @@ from statestore.net.streams import read_frames
 from statestore.net.transport import ERROR_BYTES, Transport
 from statestore.wire.frames import decode_folded, encode_hop
 
-__all__ = ["HEDGE", "RecoveryResult", "Restorer", "chain_tasks", "hedge_after"]
+__all__ = [
+    "HEDGE",
+    "HOLD",
+    "RecoveryResult",
+    "Restorer",
+    "chain_tasks",
+    "hedge_after",
+    "hold_fold",
+]
 
 Rows = list[tuple[bytes, bytes | None]]
 BATCH_KEYS = 4096  # chunks per POST /v1/chunks (the node accepts up to 10,000)
@@ -120,6 +128,20 @@ def hedge_after(size: int) -> float:
 HEDGE_RATE = 20e6
 # the fixed part of hedge_after; a read within a delay bound sets a shorter one for its task
 HEDGE: contextvars.ContextVar[float] = contextvars.ContextVar("hedge", default=0.5)
+# Where a restore takes the memory its fold will hold before it reads a chunk: a node
+# restoring for a caller sets it for the request (node/api.py: its memory budget's lease);
+# called with the bytes (core/fold.fold_held) and what for. None (a client's own restores):
+# nothing is taken.
+Hold = Callable[[int, str], Awaitable[None]]
+HOLD: contextvars.ContextVar[Hold | None] = contextvars.ContextVar("restore_hold", default=None)
+
+
+async def hold_fold(store: StoreId, chain: Sequence[Manifest]) -> None:
+    """Take what folding ``chain`` holds from the task's :data:`HOLD`, if it has one."""
+    hold = HOLD.get()
+    if hold is not None:
+        cost = fold_held(((c.raw_size, c.rows) for m in chain for c in m.chunks), STATE_ROW_HELD)
+        await hold(cost, f"a restore of {store}")
 
 
 class Restorer:
@@ -211,6 +233,7 @@ class Restorer:
         prefetched: _Prefetched | None = None,
     ) -> RecoveryResult:
         """Carry out ``plan``; ``prefetched`` holds what :meth:`run_many` already read."""
+        await hold_fold(store, chain)
         pre = prefetched or _Prefetched(self.clock())
         started = pre.started
         fold = pre.fold

@@ -39,7 +39,7 @@ from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.quorate import GRACE, until_enough
 from statestore.net.reads import read_chain, read_head, stand_ins
-from statestore.net.restorer import HEDGE, Restorer
+from statestore.net.restorer import HEDGE, Restorer, hold_fold
 from statestore.net.transport import ERROR_BYTES, Transport
 from statestore.wire.manifest import decode_chain, encode_manifest
 from statestore.wire.tentative import MAX_HOLDERS, decode_outcomes
@@ -307,6 +307,7 @@ async def read_reachable(
             view, store, chain, restorer.plan_chain(view, store, chain, "star")
         )
         state, stats, last = result.state, result.stats, chain[-1]
+    await hold_fold(store, line)  # the tentative commits' rows, beside the base's
     holders: dict[tuple[int, int, str], list[str]] = {}
     for address, m in hinted:
         holders.setdefault((m.epoch, m.version, m.kind), []).append(address)

@@ -46,6 +46,7 @@ from statestore.core.manifest import local_chain
 from statestore.core.quorum import check_consistency
 from statestore.core.repair import content_digest
 from statestore.core.retention import MAX_RETAIN, Thinning
+from statestore.net.restorer import HOLD
 from statestore.node.auth import PRINCIPAL, allow, enforce, principal
 from statestore.node.budget import COMMIT_FACTOR, LEASE, budget_middleware
 from statestore.node.coordinator import (
@@ -705,16 +706,22 @@ async def state(request: web.Request) -> web.StreamResponse:
     consistency, delay_bound = _consistency(request)
     version = _version(text) if text is not None else None
     tentative = False
-    if delay_bound is None or version is not None:
-        data, top, stats = await _bounded(
-            coordinate_restore(node, store, version, plan, consistency),
-            delay_bound,
-            f"restore of {store}",
-        )
-    else:  # the latest within a bound: the best version reachable, tentative (client.md)
-        data, top, stats, tentative = await coordinate_restore_within(
-            node, store, plan, consistency, delay_bound
-        )
+    # the state folded here is held until it is sent: reserved from the memory budget
+    # before a chunk is read (net/restorer.HOLD; one larger than the budget runs alone)
+    held = HOLD.set(request[LEASE].reserve)
+    try:
+        if delay_bound is None or version is not None:
+            data, top, stats = await _bounded(
+                coordinate_restore(node, store, version, plan, consistency),
+                delay_bound,
+                f"restore of {store}",
+            )
+        else:  # the latest within a bound: the best version reachable, tentative (client.md)
+            data, top, stats, tentative = await coordinate_restore_within(
+                node, store, plan, consistency, delay_bound
+            )
+    finally:
+        HOLD.reset(held)
     resp = web.StreamResponse(
         headers={
             "Content-Type": "application/octet-stream",

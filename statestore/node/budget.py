@@ -10,9 +10,11 @@ answer is sent. A coordinator commit holds more than its body while it is chunke
 (the rows decoded, the chunks built): it takes :data:`COMMIT_FACTOR` times its body, as the
 body arrives. A request that does not fit waits for room up to the node's body timeout, then
 gets 429 with a Retry-After; one larger than the whole budget gets 413 at once. A lookup
-(node/lookup.py) takes the parts of chunks it reads and the values it answers as it goes.
-Other requests without a body (reads) take nothing: what they hold is bounded by what they
-read.
+(node/lookup.py) takes the parts of chunks it reads and the values it answers as it goes. A
+restore a node builds for a caller (``GET .../state``, a tree hop's fold: node/relay.py)
+reserves what its fold will hold before it reads a chunk (:meth:`Lease.reserve`: one larger
+than the budget runs alone). Other requests without a body (reads) take nothing: what they
+hold is bounded by what they read.
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ class Lease:
     async def take(self, nbytes: int, what: str) -> None:
         await self.budget.take(nbytes, what, held=self.held)
         self.held += nbytes
+
+    async def reserve(self, nbytes: int, what: str) -> None:
+        """Take ``nbytes``, or what the whole budget leaves this request when that is less:
+        where :meth:`take` refuses a request larger than the budget, one that reserves runs
+        alone instead (it waits until the others' holdings leave it the budget, and takes it
+        all until it ends). For what a request builds rather than receives: a restore's fold."""
+        await self.take(max(0, min(nbytes, self.budget.limit - self.held)), what)
 
     async def close(self) -> None:
         held, self.held = self.held, 0

@@ -27,11 +27,12 @@ from aiohttp import web
 
 from statestore.core.chunk import decode_chunk, key_group, verify
 from statestore.core.errors import InvalidRequest, MalformedData, PayloadTooLarge, StateStoreError
-from statestore.core.fold import Positioned, merge_positioned
+from statestore.core.fold import TREE_ROW_HELD, Positioned, fold_held, merge_positioned
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.plan import ChunkTask, Hop
 from statestore.net.streams import read_frames
 from statestore.node.auth import allow
+from statestore.node.budget import LEASE
 from statestore.node.daemon import NODE, Node
 from statestore.wire.frames import (
     MAX_PLAN_BYTES,
@@ -163,19 +164,32 @@ async def _tree(
     received = [0]
     loop = asyncio.get_running_loop()
     max_raw = node.config.max_chunk
+    # the fold is held until it is sent: what the plan says its chunks hold is reserved from
+    # the memory budget first (a refusal is a 429, before any frame), and what the rows
+    # absorbed come to beyond it (a plan's sizes are its sender's word) as they arrive
+    lease = request[LEASE]
+    what = f"a tree fold of {store_path}"
+    reserved = fold_held(((t.raw_size, t.rows) for t in hop.all_chunks()), TREE_ROW_HELD)
+    await lease.reserve(reserved, what)
+    absorbed = 0
     # headers go out now: the parent must not mistake a long fold for a dead hop
     resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
     await resp.prepare(request)
 
-    def absorb(rows: list[Positioned]) -> None:
+    async def absorb(rows: list[Positioned]) -> None:
+        nonlocal absorbed, reserved
         merge_positioned(folded, rows)
+        absorbed += sum(len(k) + len(v or b"") + TREE_ROW_HELD for k, _, v in rows)
+        if absorbed > reserved:
+            await lease.reserve(absorbed - reserved, what)
+            reserved = absorbed
 
     async def absorb_chunk(key: str, pos: int, data: bytes) -> None:
         verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
         rows = await loop.run_in_executor(
             None, lambda: decode_chunk(data, max_raw=max_raw, what=key)
         )
-        absorb([(k, pos, v) for k, v in rows])
+        await absorb([(k, pos, v) for k, v in rows])
         covers.append(key)
 
     def handler(child_covers: list[str]) -> Any:
@@ -184,7 +198,7 @@ async def _tree(
             if kind == b"C":
                 await absorb_chunk(str(meta["k"]), int(meta["p"]), data)
             elif kind == b"F":
-                absorb(await loop.run_in_executor(None, lambda: decode_folded(data, max_raw)))
+                await absorb(await loop.run_in_executor(None, lambda: decode_folded(data, max_raw)))
             elif kind == b"D" and "covers" in meta:
                 child_covers.extend(str(k) for k in meta["covers"])
             else:

@@ -28,7 +28,7 @@ from aiohttp import web
 from client import AsyncRingClient, StoreId
 from statestore.cli.local import NodeProcess
 from statestore.core.identity import signed_headers
-from tests.ringkit import eventually
+from tests.ringkit import eventually, peak_rss
 
 SECRET = b"a ring secret of thirty-two bytes"
 SID = StoreId("q1", 0, 1, "default")
@@ -171,15 +171,6 @@ async def test_a_signed_request_is_refused_by_every_node_but_its_destination(
     finally:
         await asyncio.to_thread(b.stop)
         await asyncio.to_thread(a.stop)
-
-
-def peak_rss(pid: int) -> int:
-    """The process's peak resident set (VmHWM), in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc status")
 
 
 UPLOADS = 8

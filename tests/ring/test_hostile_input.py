@@ -46,7 +46,7 @@ from statestore.wire.frames import (
 )
 from statestore.wire.rows import encode_puts
 from tests.javakit import Harness, harness_at
-from tests.ringkit import FAST, assert_refused, call, local_ring, state_of
+from tests.ringkit import FAST, assert_refused, call, local_ring, rss_kib, state_of
 
 SID = StoreId("q1", 0, 3, "default")
 BASE = f"/v1/stores/{SID.path}"
@@ -174,13 +174,6 @@ async def test_a_plan_must_be_for_the_store_its_url_names(solo: Node) -> None:
     assert "q2/0/3/default" in answer["error"]["message"]
 
 
-def _rss_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
-
-
 @pytest.fixture
 def guarded_node(tmp_path: Path) -> Iterator[tuple[LocalRing, int]]:
     """One node process with tokens: ADMIN (everything), OTHER (read on query "other")."""
@@ -217,7 +210,7 @@ async def test_an_unauthorized_relay_plan_is_refused_before_it_is_decoded(
         }
     )
     assert len(hostile) > 8 * 2**20
-    base = _rss_kib(pid, "VmRSS")
+    base = rss_kib(pid, "VmRSS")
     headers = {"Authorization": "Bearer other-token-0123456789"}
     async with aiohttp.ClientSession() as s:
 
@@ -231,7 +224,7 @@ async def test_an_unauthorized_relay_plan_is_refused_before_it_is_decoded(
             *(post(p) for p in ["/v1/relay"] * 3 + [f"/v1/relay?store={SID.path}"] * 3)
         )
     assert all(s in (403, 413) for s in statuses), statuses
-    peak = _rss_kib(pid, "VmHWM")
+    peak = rss_kib(pid, "VmHWM")
     assert peak - base < 64 * 1024, f"the node's RSS rose by {(peak - base) // 1024} MiB"
     # the owner of the query still restores through a relay
     with RingClient([address], token="admin-token-0123456789") as client:

@@ -1,5 +1,8 @@
 """A node under a load meant to exhaust it (issue: the second hostile round, outage): the
-memory budget over concurrent commits, on a real node process."""
+memory budget over concurrent commits, and over the restores a node builds for its callers
+(hostile review 3: eight restores of a 48 MiB state at once through one node, ``GET
+.../state`` or a tree hop's fold, were held side by side whatever ``--memory-budget`` said),
+on a real node process."""
 
 from __future__ import annotations
 
@@ -10,23 +13,18 @@ from pathlib import Path
 import aiohttp
 
 from statestore.cli.local import NodeProcess
+from statestore.core.ids import StoreId, chunk_key
+from statestore.core.plan import ChunkTask, Hop
+from statestore.wire.frames import HEADER, encode_hop
+from statestore.wire.manifest import decode_chain
 from statestore.wire.rows import encode_puts
+from tests.ringkit import peak_rss
 
 MIB = 1 << 20
 
 
-def peak_rss(pid: int) -> int:
-    """The process's peak resident set (VmHWM), in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc status")
-
-
-async def test_concurrent_commits_are_held_to_the_memory_budget(tmp_path: Path) -> None:
-    """Eight 16 MiB coordinator commits at once used to be chunked side by side (about 3.3x
-    their bodies each, ~420 MiB); under a 64 MiB budget they take turns and all land."""
+def budgeted_node(tmp_path: Path) -> NodeProcess:
+    """A node process with a 64 MiB memory budget, taking bodies and commits of 16 MiB."""
     node = NodeProcess(
         str(tmp_path / "n"),
         0,
@@ -35,6 +33,13 @@ async def test_concurrent_commits_are_held_to_the_memory_budget(tmp_path: Path) 
          "--memory-budget", str(64 * MIB)],
     )  # fmt: skip
     node.start([])
+    return node
+
+
+async def test_concurrent_commits_are_held_to_the_memory_budget(tmp_path: Path) -> None:
+    """Eight 16 MiB coordinator commits at once used to be chunked side by side (about 3.3x
+    their bodies each, ~420 MiB); under a 64 MiB budget they take turns and all land."""
+    node = budgeted_node(tmp_path)
     try:
         assert node.proc is not None
         # 16 MiB of rows that compress to almost nothing: memory:// holds little afterwards
@@ -55,5 +60,96 @@ async def test_concurrent_commits_are_held_to_the_memory_budget(tmp_path: Path) 
             assert statuses == [201] * 8
             # one commit at a time (3 x 16 MiB taken of 64): its body, rows and chunks
             assert grew < 160 * MIB, f"peak RSS grew {grew / MIB:.0f} MiB"
+    finally:
+        node.stop()
+
+
+STORE = "q/0/0/s"
+VERSIONS = 3
+KEYS = 4096  # a version: 4,096 rows of ~4 KiB, 16 MiB, compressing to almost nothing
+
+
+def _value(v: int, i: int) -> bytes:
+    return b"%d:%07d:" % (v, i) + b"v" * (4 * 1024 - 80)
+
+
+async def _node_with_state(tmp_path: Path) -> NodeProcess:
+    node = budgeted_node(tmp_path)
+    async with aiohttp.ClientSession() as s:
+        for v in range(1, VERSIONS + 1):  # distinct keys a version: 48 MiB of state at v3
+            keys = [b"k%d-%07d" % (v, i) for i in range(KEYS)]
+            body = encode_puts(keys, [_value(v, i) for i in range(KEYS)])
+            url = f"http://{node.address}/v1/stores/{STORE}/commit?version={v}&epoch=1"
+            async with s.post(url, data=io.BytesIO(body)) as r:
+                assert r.status == 201, await r.text()
+    return node
+
+
+async def test_restores_through_a_node_take_turns_under_its_budget(tmp_path: Path) -> None:
+    """Eight restores of a 48 MiB state at once: each now takes what its fold will hold
+    (the chain's raw bytes and a per-row allowance) before it reads a chunk, so under a
+    64 MiB budget they run one after another, and every one answers the whole state."""
+    node = await _node_with_state(tmp_path)
+    try:
+        assert node.proc is not None
+        async with aiohttp.ClientSession() as s:
+            before = peak_rss(node.proc.pid)
+
+            async def restore() -> tuple[int, int]:
+                url = f"http://{node.address}/v1/stores/{STORE}/state?plan=star"
+                async with s.get(url) as r:
+                    body = await r.read()
+                    return r.status, len(body)
+
+            answers = await asyncio.gather(*(restore() for _ in range(8)))
+            grew = peak_rss(node.proc.pid) - before
+        assert {status for status, _ in answers} == {200}
+        assert len({size for _, size in answers}) == 1
+        assert answers[0][1] > VERSIONS * KEYS * 4000  # the whole state, every time
+        # one restore at a time: its chunks decoded, the state and the answer's lists
+        assert grew < 160 * MIB, f"peak RSS grew {grew / MIB:.0f} MiB"
+    finally:
+        node.stop()
+
+
+async def test_tree_folds_take_turns_under_the_budget(tmp_path: Path) -> None:
+    """Eight tree hops at once, each folding the store's three versions held on the node
+    (``POST /v1/relay`` with a folding plan, as a restorer's tree sends it): each takes
+    what its fold holds before folding, so they take turns, and each answers its frames."""
+    node = await _node_with_state(tmp_path)
+    try:
+        assert node.proc is not None
+        store = StoreId.parse(STORE)
+        async with aiohttp.ClientSession() as s:
+            url = f"http://{node.address}/v1/stores/{STORE}/chain?version={VERSIONS}"
+            async with s.get(url) as r:
+                assert r.status == 200
+                chain = decode_chain(await r.read())
+            tasks = tuple(
+                ChunkTask(chunk_key(store, m.version, c.name), pos, m.version, c.name,
+                          c.checksum, c.size, c.raw_size, c.rows, (node.address,), c.lo, c.hi)
+                for pos, m in enumerate(chain)
+                for c in m.chunks
+            )  # fmt: skip
+            plan = encode_hop(store, Hop(node.address, tasks), True, 0, chain[-1].key_groups)
+            before = peak_rss(node.proc.pid)
+
+            async def fold() -> tuple[int, bytes]:
+                url = f"http://{node.address}/v1/relay?store={STORE}"
+                async with s.post(url, data=plan) as r:
+                    return r.status, await r.read()
+
+            answers = await asyncio.gather(*(fold() for _ in range(8)))
+            grew = peak_rss(node.proc.pid) - before
+        assert {status for status, _ in answers} == {200}
+        for _, frames in answers:
+            kinds = []
+            at = 0
+            while at < len(frames):
+                kind, meta_len, data_len = HEADER.unpack_from(frames, at)
+                kinds.append(kind)
+                at += HEADER.size + meta_len + data_len
+            assert b"E" not in kinds and b"F" in kinds
+        assert grew < 160 * MIB, f"peak RSS grew {grew / MIB:.0f} MiB"
     finally:
         node.stop()

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from statestore.core.errors import PayloadTooLarge, RateLimited
-from statestore.node.budget import MemoryBudget
+from statestore.node.budget import Lease, MemoryBudget
 
 
 def test_a_taker_without_room_gets_it_when_another_gives_it_back() -> None:
@@ -47,3 +47,35 @@ def test_a_taker_that_finds_no_room_in_time_is_refused_and_holds_nothing() -> No
         return budget.used, budget.refused
 
     assert asyncio.run(run()) == (60, 1)
+
+
+def test_a_reservation_larger_than_the_budget_waits_to_run_alone() -> None:
+    """``Lease.reserve`` (a restore's fold): more than the whole budget is not refused as a
+    ``take`` is; it waits until the others give theirs back, then holds all of it, and a
+    reservation beyond what it holds takes nothing more."""
+
+    async def run() -> list[str]:
+        budget = MemoryBudget(100, wait=5.0, max_body=10)
+        other = Lease(budget)
+        await other.take(30, "a")
+        big = Lease(budget)
+        order: list[str] = []
+
+        async def restore() -> None:
+            await big.reserve(500, "a restore")
+            order.append(f"reserved {big.held}")
+            await big.reserve(10, "more of it")  # nothing is left to take: no wait
+            order.append(f"reserved {big.held}")
+
+        waiter = asyncio.create_task(restore())
+        await asyncio.sleep(0.01)
+        order.append(f"waiting, used {budget.used}")
+        await other.close()
+        await asyncio.wait_for(waiter, 1.0)
+        await big.close()
+        order.append(f"used {budget.used}")
+        return order
+
+    assert asyncio.run(run()) == [
+        "waiting, used 30", "reserved 100", "reserved 100", "used 0",
+    ]  # fmt: skip
