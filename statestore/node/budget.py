@@ -13,7 +13,8 @@ gets 429 with a Retry-After; one larger than the whole budget gets 413 at once. 
 (node/lookup.py) takes the parts of chunks it reads and the values it answers as it goes. A
 restore a node builds for a caller (``GET .../state``, a tree hop's fold: node/relay.py)
 reserves what its fold will hold before it reads a chunk (:meth:`Lease.reserve`: one larger
-than the budget runs alone). Other requests without a body (reads) take nothing: what they
+than the budget runs alone; a tree hop is refused at once when there is no room, and its
+parent fetches its chunks). Other requests without a body (reads) take nothing: what they
 hold is bounded by what they read.
 """
 
@@ -46,10 +47,11 @@ class MemoryBudget:
         self._room = asyncio.Condition()
         self._waiting = 0  # takers between asking for room and getting it
 
-    async def take(self, nbytes: int, what: str, held: int = 0) -> None:
+    async def take(self, nbytes: int, what: str, held: int = 0, patient: bool = True) -> None:
         """Take ``nbytes`` for a request that holds ``held`` already, waiting up to
-        :attr:`wait` seconds for room. Raises PayloadTooLarge when the two exceed the whole
-        budget (no room could ever come), RateLimited when no room came."""
+        :attr:`wait` seconds for room (not at all unless ``patient``). Raises
+        PayloadTooLarge when the two exceed the whole budget (no room could ever come),
+        RateLimited when no room came."""
         if held + nbytes > self.limit:
             raise PayloadTooLarge(
                 f"{what} needs {held + nbytes} bytes of memory, over this node's "
@@ -60,6 +62,13 @@ class MemoryBudget:
             # in between), which cost a point read 7% of the node's CPU
             self.used += nbytes
             return
+        if not patient:
+            self.refused += 1
+            raise RateLimited(
+                f"this node holds {self.used} bytes of requests, its --memory-budget is "
+                f"{self.limit}: {what} does not wait for room (its caller has another way)",
+                retry_after=1.0,
+            )
         self._waiting += 1
         try:
             async with self._room:
@@ -92,16 +101,19 @@ class Lease:
         self.budget = budget
         self.held = 0
 
-    async def take(self, nbytes: int, what: str) -> None:
-        await self.budget.take(nbytes, what, held=self.held)
+    async def take(self, nbytes: int, what: str, patient: bool = True) -> None:
+        await self.budget.take(nbytes, what, held=self.held, patient=patient)
         self.held += nbytes
 
-    async def reserve(self, nbytes: int, what: str) -> None:
+    async def reserve(self, nbytes: int, what: str, patient: bool = True) -> None:
         """Take ``nbytes``, or what the whole budget leaves this request when that is less:
         where :meth:`take` refuses a request larger than the budget, one that reserves runs
         alone instead (it waits until the others' holdings leave it the budget, and takes it
-        all until it ends). For what a request builds rather than receives: a restore's fold."""
-        await self.take(max(0, min(nbytes, self.budget.limit - self.held)), what)
+        all until it ends). For what a request builds rather than receives: a restore's fold.
+        Not ``patient``: refused at once when there is no room now (a tree hop, whose parent
+        holds its own reservation while it waits for the hop, and fetches the hop's chunks
+        itself when it is refused: a hop that waited could wait on its own parent)."""
+        await self.take(max(0, min(nbytes, self.budget.limit - self.held)), what, patient)
 
     async def close(self) -> None:
         held, self.held = self.held, 0

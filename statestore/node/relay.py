@@ -165,12 +165,14 @@ async def _tree(
     loop = asyncio.get_running_loop()
     max_raw = node.config.max_chunk
     # the fold is held until it is sent: what the plan says its chunks hold is reserved from
-    # the memory budget first (a refusal is a 429, before any frame), and what the rows
-    # absorbed come to beyond it (a plan's sizes are its sender's word) as they arrive
+    # the memory budget first, and what the rows absorbed come to beyond it (a plan's sizes
+    # are its sender's word) as they arrive; without room now the hop is refused (a 429
+    # before any frame, a cut stream after), not kept waiting: its parent, holding its own
+    # reservation, fetches the hop's chunks itself
     lease = request[LEASE]
     what = f"a tree fold of {store_path}"
     reserved = fold_held(((t.raw_size, t.rows) for t in hop.all_chunks()), TREE_ROW_HELD)
-    await lease.reserve(reserved, what)
+    await lease.reserve(reserved, what, patient=False)
     absorbed = 0
     # headers go out now: the parent must not mistake a long fold for a dead hop
     resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
@@ -181,7 +183,7 @@ async def _tree(
         merge_positioned(folded, rows)
         absorbed += sum(len(k) + len(v or b"") + TREE_ROW_HELD for k, _, v in rows)
         if absorbed > reserved:
-            await lease.reserve(absorbed - reserved, what)
+            await lease.reserve(absorbed - reserved, what, patient=False)
             reserved = absorbed
 
     async def absorb_chunk(key: str, pos: int, data: bytes) -> None:

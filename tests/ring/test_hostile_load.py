@@ -112,10 +112,11 @@ async def test_restores_through_a_node_take_turns_under_its_budget(tmp_path: Pat
         node.stop()
 
 
-async def test_tree_folds_take_turns_under_the_budget(tmp_path: Path) -> None:
+async def test_tree_folds_are_held_to_the_budget(tmp_path: Path) -> None:
     """Eight tree hops at once, each folding the store's three versions held on the node
-    (``POST /v1/relay`` with a folding plan, as a restorer's tree sends it): each takes
-    what its fold holds before folding, so they take turns, and each answers its frames."""
+    (``POST /v1/relay`` with a folding plan, as a restorer's tree sends it): each reserves
+    what its fold holds before folding, and one that finds no room is refused at once (429:
+    its parent fetches the chunks itself) rather than folding beside the others."""
     node = await _node_with_state(tmp_path)
     try:
         assert node.proc is not None
@@ -141,8 +142,11 @@ async def test_tree_folds_take_turns_under_the_budget(tmp_path: Path) -> None:
 
             answers = await asyncio.gather(*(fold() for _ in range(8)))
             grew = peak_rss(node.proc.pid) - before
-        assert {status for status, _ in answers} == {200}
-        for _, frames in answers:
+        assert {status for status, _ in answers} <= {200, 429}
+        assert any(status == 200 for status, _ in answers)
+        for status, frames in answers:
+            if status != 200:
+                continue
             kinds = []
             at = 0
             while at < len(frames):

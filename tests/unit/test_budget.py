@@ -79,3 +79,20 @@ def test_a_reservation_larger_than_the_budget_waits_to_run_alone() -> None:
     assert asyncio.run(run()) == [
         "waiting, used 30", "reserved 100", "reserved 100", "used 0",
     ]  # fmt: skip
+
+
+def test_an_impatient_reservation_without_room_is_refused_at_once() -> None:
+    """A tree hop's reservation (``patient=False``) does not wait on a budget others hold:
+    its parent holds its own reservation meanwhile and can fetch the hop's chunks itself."""
+
+    async def run() -> tuple[int, int, int]:
+        budget = MemoryBudget(100, wait=30.0, max_body=10)
+        other = Lease(budget)
+        await other.take(90, "a")
+        hop = Lease(budget)
+        with pytest.raises(RateLimited):
+            await asyncio.wait_for(hop.reserve(50, "a tree fold", patient=False), 1.0)
+        await hop.reserve(10, "a small fold", patient=False)  # room now: taken
+        return budget.used, hop.held, budget.refused
+
+    assert asyncio.run(run()) == (100, 10, 1)
