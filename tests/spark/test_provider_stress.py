@@ -469,15 +469,36 @@ def test_a_read_from_a_silent_node_ends_when_its_task_is_interrupted(
 def test_reads_run_together_keep_their_order_and_fail_with_their_own_error(
     tmp_path: Path, classpath: str
 ) -> None:
-    """A lazy load's chains and indexes are read at once (RingDirect.together): results in
-    the calls' order whatever order they finish in; the first call to fail fails them all at
+    """A lazy load's chains and indexes are read at once (RingDirect.together), up to 8 at a
+    time on threads shared by every caller: results in the calls' order whatever order they
+    finish in; the first call to fail fails them all at
     once with its own error (a call hanging past the harness's timeout is not waited for);
     when the deadline passes first, a call failing just after it is the error's cause."""
     r = harness(classpath, "together", tmp_path)
     assert r["order"] == [0, 1, 2, 3, 4, 5], r
+    # 20 calls a round, up to 8 at once, on the JVM's shared threads (a pool a call before:
+    # 8 new threads a round, so a read-ahead window started 8 threads)
+    assert r["rounds"] == [list(range(20))] * 3, r
+    assert 1 < r["most_at_once"] <= 8, r
+    assert r["threads"] < 24, r
     assert r["failed"] == "chunk x could not be read", r
     assert r["late"] == "late: the restore deadline passed", r
     assert r["late_cause"] == "node y: read cut", r
+
+
+def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_store_closed(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    """Spark's state reader opens a second provider of a store in the task's JVM and closes
+    it: the batch's read-ahead still finds the task's lazily loaded version (it found none
+    once the second provider closed, when one provider a store was registered) and brings
+    the keys' values in lookups; the version then answers them exactly."""
+    seeds = ",".join(ring3.seeds)
+    conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
+    r = harness(classpath, "read-ahead", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
+    assert r["lazy"] is True, r
+    assert 90 <= r["brought"] <= 100 and r["failed"] == 0, r  # a key whose block is held: none
+    assert r["values"] == list(range(0, 2000, 20)), r
 
 
 def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_chains(

@@ -345,7 +345,8 @@ final class RingDirect {
 
   /**
    * The results of {@code calls} (reads of the ring, each with its own retries), in order,
-   * run at once on up to {@link #FETCH_THREADS} threads of their own while the caller waits:
+   * run at once, up to {@link #FETCH_THREADS} at a time on the JVM's shared fetch threads
+   * ({@link #TOGETHER}), while the caller waits:
    * a lazy load's chains and indexes take a few round trips' time, not one a shard and chunk.
    * The first call to fail fails them all (the others are cancelled) with its own error;
    * when the deadline passes first, a call that fails within a second after it gives its
@@ -368,14 +369,15 @@ final class RingDirect {
     if (calls.isEmpty()) {
       return out;
     }
-    ExecutorService pool = fetchPool(Math.min(FETCH_THREADS, calls.size()));
+    CompletionService<Object[]> done = new ExecutorCompletionService<>(TOGETHER);
+    List<Future<Object[]>> started = new ArrayList<>(calls.size());
     try {
-      CompletionService<Object[]> done = new ExecutorCompletionService<>(pool);
       for (int i = 0; i < calls.size(); i++) {
-        int at = i;
-        Callable<T> c = calls.get(i);
-        done.submit(() -> new Object[] {at, c.call()});
         out.add(null);
+      }
+      // up to FETCH_THREADS at once: another starts as each ends
+      while (started.size() < Math.min(FETCH_THREADS, calls.size())) {
+        started.add(startCall(done, calls, started.size()));
       }
       for (int n = 0; n < calls.size(); n++) {
         Future<Object[]> f = done.poll(Math.max(1, deadline - System.nanoTime()),
@@ -400,14 +402,35 @@ final class RingDirect {
         } catch (ExecutionException e) {
           throw rethrown(e.getCause());
         }
+        if (started.size() < calls.size()) {
+          started.add(startCall(done, calls, started.size()));
+        }
       }
       return out;
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       throw new IOException("interrupted during a restore", e);
     } finally {
-      pool.shutdownNow();
+      for (Future<Object[]> f : started) {
+        f.cancel(true); // those still running (a failure, the deadline): interrupted
+      }
     }
+  }
+
+  /**
+   * The threads {@link #together} runs calls on, shared by every caller of the JVM (a lazy
+   * load, each read-ahead window): idle ones end after a minute.
+   */
+  private static final ExecutorService TOGETHER = Executors.newCachedThreadPool(r -> {
+    Thread t = new Thread(r, "statestore-fetch-" + THREADS.incrementAndGet());
+    t.setDaemon(true);
+    return t;
+  });
+
+  private static <T> Future<Object[]> startCall(CompletionService<Object[]> done,
+      List<Callable<T>> calls, int at) {
+    Callable<T> c = calls.get(at);
+    return done.submit(() -> new Object[] {at, c.call()});
   }
 
   private static <T> T await(Future<T> f, long deadline, String what) throws IOException {

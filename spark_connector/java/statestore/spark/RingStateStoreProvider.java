@@ -6,6 +6,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
@@ -177,7 +178,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     String legacy = StoreNaming.storePath(stateStoreId, null);
     this.legacyPath = legacy.equals(storePath) ? null : legacy;
     StoreNaming.markPartition(stateStoreId, hadoopConf);
-    LIVE.put(stateStoreId, this);
+    LIVE.computeIfAbsent(stateStoreId, id -> new CopyOnWriteArrayList<>()).add(this);
   }
 
   @Override
@@ -187,14 +188,21 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
 
   @Override
   public synchronized void close() {
-    LIVE.remove(stateStoreId, this);
+    LIVE.computeIfPresent(stateStoreId, (id, all) -> {
+      all.remove(this);
+      return all.isEmpty() ? null : all;
+    });
     StateData old = cached;
     cached = null;
     drop(old);
   }
 
-  /** The providers of this JVM by their store ({@link #readAhead} finds a task's by it). */
-  private static final ConcurrentHashMap<StateStoreId, RingStateStoreProvider> LIVE =
+  /**
+   * The providers of this JVM by their store ({@link #readAhead} finds a task's by it): more
+   * than one at times (Spark's state reader, or a task's provider loaded again before the old
+   * one is closed), each with its own versions.
+   */
+  private static final ConcurrentHashMap<StateStoreId, List<RingStateStoreProvider>> LIVE =
       new ConcurrentHashMap<>();
 
   /** Keys whose base values the read-aheads of this JVM brought (tests, the bench). */
@@ -233,21 +241,27 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * with {@code spark.statestore.readAhead=false}; best effort, never an error.
    */
   public static void readAhead(StateStoreId id, long version, List<UnsafeRow> keys) {
-    RingStateStoreProvider p = LIVE.get(id);
-    if (p == null || !p.config.readAhead) {
+    List<RingStateStoreProvider> all = LIVE.get(id);
+    if (all == null) {
       return;
     }
-    try {
-      StateData data;
-      synchronized (p) {
-        data = p.cached;
+    for (RingStateStoreProvider p : all) {
+      if (!p.config.readAhead) {
+        continue;
       }
-      if (data != null && data.version == version) {
-        data.readAhead(keys);
+      try {
+        StateData data;
+        synchronized (p) {
+          data = p.cached;
+        }
+        if (data != null && data.version == version) {
+          data.readAhead(keys); // of each holding it: which one the restore reads, it knows
+        }
+      } catch (RuntimeException e) {
+        // best effort: the restore reads those keys one by one, and says what is wrong
+        LOG.debug("read-ahead of {} version {} skipped: {}", p.storePath, version,
+            e.toString());
       }
-    } catch (RuntimeException e) {
-      // best effort: the restore reads those keys one by one, and says what is wrong
-      LOG.debug("read-ahead of {} version {} skipped: {}", p.storePath, version, e.toString());
     }
   }
 

@@ -642,6 +642,42 @@ public final class ProviderHarness {
   }
 
   /**
+   * A batch's keys read ahead ({@link RingStateStoreProvider#readAhead}) into a version
+   * loaded lazily by one provider, while a second provider of the same store (Spark's state
+   * reader, in the same JVM) is opened and closed: the keys the read-ahead brought, then
+   * what the lazy version answers for them.
+   */
+  void readAhead() {
+    RingStateStoreProvider writer = provider();
+    StateStore w = write(writer, 0, false); // version 1: a snapshot, the lazy load's base
+    for (int k = 0; k < 2000; k++) {
+      w.put(key(k), value(k, 100), null);
+    }
+    w.commit();
+    RingStateStoreProvider lazy = provider(); // another executor's: version 1 loaded lazily
+    WriteStore s = write(lazy, 1, false);
+    out.put("lazy", s.data.remote != null);
+    RingStateStoreProvider reader = provider(); // the state reader's, of the same store
+    reader.close();
+    List<UnsafeRow> keys = new ArrayList<>();
+    for (int k = 0; k < 2000; k += 20) {
+      keys.add(key(k));
+    }
+    long before = RingStateStoreProvider.readAheadKeys();
+    RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, keys);
+    out.put("brought", RingStateStoreProvider.readAheadKeys() - before);
+    out.put("failed", RingStateStoreProvider.readAheadFailed());
+    List<Object> got = new ArrayList<>();
+    for (UnsafeRow k : keys) {
+      got.add(valueOf(s.get(k, null)));
+    }
+    out.put("values", got);
+    s.abort();
+    lazy.close();
+    writer.close();
+  }
+
+  /**
    * A version loaded lazily whose base the ring drops before the provider's check at the
    * horizon (nodes folding a snapshot every delta and thinning them): once the nodes folded
    * version 3 into a snapshot, another provider loads it lazily over that snapshot and
@@ -735,6 +771,28 @@ public final class ProviderHarness {
       });
     }
     out.put("order", RingDirect.together(ordered, far, "ordered"));
+    // three rounds of 20 calls: at most FETCH_THREADS at once, on threads the rounds share
+    java.util.concurrent.atomic.AtomicInteger running = new java.util.concurrent.atomic.AtomicInteger();
+    java.util.concurrent.atomic.AtomicInteger most = new java.util.concurrent.atomic.AtomicInteger();
+    java.util.Set<String> threads = java.util.concurrent.ConcurrentHashMap.newKeySet();
+    List<Object> rounds = new ArrayList<>();
+    for (int round = 0; round < 3; round++) {
+      List<java.util.concurrent.Callable<Object>> many = new ArrayList<>();
+      for (int i = 0; i < 20; i++) {
+        int at = i;
+        many.add(() -> {
+          most.accumulateAndGet(running.incrementAndGet(), Math::max);
+          threads.add(Thread.currentThread().getName());
+          Thread.sleep(20);
+          running.decrementAndGet();
+          return at;
+        });
+      }
+      rounds.add(RingDirect.together(many, far, "many"));
+    }
+    out.put("rounds", rounds);
+    out.put("most_at_once", most.get());
+    out.put("threads", threads.size());
     // the hanging call outlasts the harness's own timeout: only failing fast ends it
     List<java.util.concurrent.Callable<Object>> failing = List.of(
         () -> {
@@ -790,6 +848,7 @@ public final class ProviderHarness {
       case "interrupted-get" -> h.interruptedGet();
       case "together" -> h.together();
       case "horizon" -> h.horizon();
+      case "read-ahead" -> h.readAhead();
       case "vanished" -> h.vanished();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
