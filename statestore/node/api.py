@@ -67,6 +67,7 @@ from statestore.node.quotas import charged_limit
 from statestore.node.relay import relay_handler
 from statestore.node.repair import check_floor, check_thinning
 from statestore.node.request import (
+    PacedAnswer,
     addressed_to,
     prove_answer,
     read_body,
@@ -734,6 +735,8 @@ async def state(request: web.Request) -> web.StreamResponse:
         }
     )
     await resp.prepare(request)
+    # the state is held until it is read: a reader that stops reading is cut (PacedAnswer)
+    answer = PacedAnswer(request, resp, node.config.body_timeout)
     keys, values = list(data), list(data.values())
     # writes of about 1 MiB, cut by bytes (a few large values must not make one huge write)
     ends = list(accumulate(map(int.__add__, map(len, keys), map(len, values))))
@@ -741,9 +744,10 @@ async def state(request: web.Request) -> web.StreamResponse:
     while start < len(keys):
         base = ends[start - 1] if start else 0
         stop = max(start + 1, bisect_right(ends, base + STATE_WRITE_BYTES, start))
-        await resp.write(encode_puts(keys[start:stop], values[start:stop]))
+        if not await answer.write(encode_puts(keys[start:stop], values[start:stop])):
+            return resp
         start = stop
-    await resp.write_eof()
+    await answer.end()
     return resp
 
 

@@ -11,11 +11,12 @@ answer is sent. A coordinator commit holds more than its body while it is chunke
 body arrives. A request that does not fit waits for room up to the node's body timeout, then
 gets 429 with a Retry-After; one larger than the whole budget gets 413 at once. A lookup
 (node/lookup.py) takes the parts of chunks it reads and the values it answers as it goes. A
-restore a node builds for a caller (``GET .../state``, a tree hop's fold: node/relay.py)
-reserves what its fold will hold before it reads a chunk (:meth:`Lease.reserve`: one larger
-than the budget runs alone; a tree hop is refused at once when there is no room, and its
-parent fetches its chunks). Other requests without a body (reads) take nothing: what they
-hold is bounded by what they read.
+restore a node builds for a caller (``GET .../state``) reserves what its fold will hold
+before it reads a chunk (:meth:`Lease.reserve`: one larger than the budget runs alone); a
+tree hop's fold (node/relay.py) takes its rows as they come and fails at once when there is
+no room (its parent fetches its chunks). Both answers must be read at a pace
+(node/request.PacedAnswer), or they are cut and give their share back. Other requests
+without a body take nothing: what they hold is bounded by what they read.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class MemoryBudget:
         if held + nbytes > self.limit:
             raise PayloadTooLarge(
                 f"{what} needs {held + nbytes} bytes of memory, over this node's "
-                f"--memory-budget ({self.limit}): send smaller bodies, or raise the budget"
+                f"--memory-budget ({self.limit}): send smaller bodies (restore smaller "
+                "parts), or raise the budget"
             )
         if self.used + nbytes <= self.limit:
             # room now: taken without the condition and its timer (one event loop, no await
@@ -100,8 +102,11 @@ class Lease:
     def __init__(self, budget: MemoryBudget) -> None:
         self.budget = budget
         self.held = 0
+        self.closed = False
 
     async def take(self, nbytes: int, what: str, patient: bool = True) -> None:
+        if self.closed:  # its request ended: a task it left behind takes nothing for ever
+            raise RateLimited(f"{what}: its request has ended", retry_after=1.0)
         await self.budget.take(nbytes, what, held=self.held, patient=patient)
         self.held += nbytes
 
@@ -116,6 +121,7 @@ class Lease:
         await self.take(max(0, min(nbytes, self.budget.limit - self.held)), what, patient)
 
     async def close(self) -> None:
+        self.closed = True
         held, self.held = self.held, 0
         await self.budget.give(held)
 

@@ -27,13 +27,14 @@ from aiohttp import web
 
 from statestore.core.chunk import decode_chunk, key_group, verify
 from statestore.core.errors import InvalidRequest, MalformedData, PayloadTooLarge, StateStoreError
-from statestore.core.fold import TREE_ROW_HELD, Positioned, fold_held, merge_positioned
+from statestore.core.fold import TREE_ROW_HELD, Positioned, merge_positioned
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.plan import ChunkTask, Hop
 from statestore.net.streams import read_frames
-from statestore.node.auth import allow
+from statestore.node.auth import allow, principal
 from statestore.node.budget import LEASE
 from statestore.node.daemon import NODE, Node
+from statestore.node.request import PacedAnswer
 from statestore.wire.frames import (
     MAX_PLAN_BYTES,
     decode_folded,
@@ -164,27 +165,21 @@ async def _tree(
     received = [0]
     loop = asyncio.get_running_loop()
     max_raw = node.config.max_chunk
-    # the fold is held until it is sent: what the plan says its chunks hold is reserved from
-    # the memory budget first, and what the rows absorbed come to beyond it (a plan's sizes
-    # are its sender's word) as they arrive; without room now the hop is refused (a 429
-    # before any frame, a cut stream after), not kept waiting: its parent, holding its own
-    # reservation, fetches the hop's chunks itself
+    # the fold is held until it is sent: the rows it absorbs are taken from the memory budget
+    # before they are merged, as they come (not from the plan's sizes, its sender's word);
+    # without room now the hop fails (an E frame: its parent, holding its own memory, fetches
+    # the hop's chunks itself) rather than waiting, which could be waiting on its own parent
     lease = request[LEASE]
     what = f"a tree fold of {store_path}"
-    reserved = fold_held(((t.raw_size, t.rows) for t in hop.all_chunks()), TREE_ROW_HELD)
-    await lease.reserve(reserved, what, patient=False)
-    absorbed = 0
     # headers go out now: the parent must not mistake a long fold for a dead hop
     resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
     await resp.prepare(request)
+    answer = PacedAnswer(request, resp, node.config.body_timeout)
 
     async def absorb(rows: list[Positioned]) -> None:
-        nonlocal absorbed, reserved
+        held = sum(len(k) + len(v or b"") + TREE_ROW_HELD for k, _, v in rows)
+        await lease.take(held, what, patient=False)
         merge_positioned(folded, rows)
-        absorbed += sum(len(k) + len(v or b"") + TREE_ROW_HELD for k, _, v in rows)
-        if absorbed > reserved:
-            await lease.reserve(absorbed - reserved, what, patient=False)
-            reserved = absorbed
 
     async def absorb_chunk(key: str, pos: int, data: bytes) -> None:
         verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
@@ -216,15 +211,26 @@ async def _tree(
         )
         for c, cc in zip(hop.children, child_covers, strict=True)
     ]
-    for t, data in _local_chunks(node, hop):  # folded in while the children stream
-        own += len(data)
-        await absorb_chunk(t.key, t.pos, data)
-    for task, cc in zip(children, child_covers, strict=True):
-        if await task:  # a child cut mid-stream: its chunks are not vouched for
-            covers.extend(cc)
+    try:
+        for t, data in _local_chunks(node, hop):  # folded in while the children stream
+            own += len(data)
+            await absorb_chunk(t.key, t.pos, data)
+        for task, cc in zip(children, child_covers, strict=True):
+            if await task:  # a child cut mid-stream: its chunks are not vouched for
+                covers.extend(cc)
+    except StateStoreError as exc:  # no room, a chunk of its own unusable: this hop failed
+        folded.clear()
+        meta = {"hop": node.address, "error": f"{type(exc).__name__}: {exc}"}
+        if await answer.write(encode_frame(b"E", meta)):
+            await answer.end()
+        return resp  # headers went out: an error answer now would garble the stream
+    finally:  # its children stop folding too
+        for task in children:
+            task.cancel()
 
     header = {"hop": node.address, "depth": depth, "covers": covers}
-    await resp.write(encode_frame(b"D", header))
+    if not await answer.write(encode_frame(b"D", header)):
+        return resp
     # folded rows in key-group order, frames cut only at group boundaries, so that each
     # frame completes the groups it names
     items = sorted(
@@ -242,17 +248,22 @@ async def _tree(
         if last or (size >= FOLD_FRAME_RAW and items[i + 1][0] != g):
             data = await loop.run_in_executor(None, encode_folded, batch)
             hi = (groups - 1 if groups else 0) if last else g
-            await resp.write(encode_frame(b"F", {"hop": node.address, "g": [lo, hi]}, data))
+            frame = encode_frame(b"F", {"hop": node.address, "g": [lo, hi]}, data)
+            if not await answer.write(frame):
+                return resp  # not read in time: cut, and what it held given back
             out += len(data)
             batch, size, lo = [], 0, g + 1
     if not items and groups:
         data = encode_folded([])
-        await resp.write(encode_frame(b"F", {"hop": node.address, "g": [0, groups - 1]}, data))
+        frame = encode_frame(b"F", {"hop": node.address, "g": [0, groups - 1]}, data)
+        if not await answer.write(frame):
+            return resp
     for frame in passthrough:
-        await resp.write(frame)
+        if not await answer.write(frame):
+            return resp
     done = {"hop": node.address, "depth": depth, "own": own, "in": received[0], "out": out}
-    await resp.write(encode_frame(b"D", done))
-    await resp.write_eof()
+    if await answer.write(encode_frame(b"D", done)):
+        await answer.end()
     return resp
 
 
@@ -288,6 +299,15 @@ async def _read_plan(request: web.Request, limit: float) -> bytes:
         raise PayloadTooLarge(
             f"relay plan is {declared} bytes: the limit is {MAX_PLAN_BYTES}; split the restore"
         )
+    if principal(request).kind == "node":
+        # a node's signed request: the auth middleware read its body already, to check it
+        # against its signed digest (node/request.read_signed_body), and keeps the bytes;
+        # read from the stream again, the plan came empty and every relay between nodes of
+        # a ring with the cluster secret failed (the restores fell back to star)
+        body = await request.read()
+        if len(body) > MAX_PLAN_BYTES:
+            raise PayloadTooLarge(f"relay plan is over {MAX_PLAN_BYTES} bytes: split the restore")
+        return body
     parts: list[bytes] = []
     size = 0
     try:

@@ -1,6 +1,7 @@
-"""Reading a request's body within the node's limits (one place for every handler), and the
-node-signature shell around it: who a signed request was addressed to, its body checked
-against its signed digest, and the proof a node signs onto its answer (core/identity)."""
+"""Reading a request's body within the node's limits (one place for every handler), sending
+an answer that holds memory at a pace (:class:`PacedAnswer`), and the node-signature shell
+around it: who a signed request was addressed to, its body checked against its signed
+digest, and the proof a node signs onto its answer (core/identity)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,61 @@ from statestore.core.membership import is_self_alias
 from statestore.node.auth import Principal
 from statestore.node.daemon import NODE, Node
 
-__all__ = ["addressed_to", "prove_answer", "read_body", "read_signed_body", "store_of"]
+__all__ = [
+    "ANSWER_MIN_RATE",
+    "PacedAnswer",
+    "addressed_to",
+    "prove_answer",
+    "read_body",
+    "read_signed_body",
+    "store_of",
+]
+
+# the slowest an answer that holds memory (a restore's state, a tree hop's fold) may be read,
+# besides the node's body timeout: as for commit bodies (node/api.py, COMMIT_MIN_RATE), a
+# reader that stops reading must not hold its share of the memory budget for ever
+ANSWER_MIN_RATE = 128 << 10
+
+
+class PacedAnswer:
+    """Writes of a streamed answer that the reader must take within the body timeout plus
+    what was written at :data:`ANSWER_MIN_RATE`. Past that the connection is aborted and
+    :meth:`write` says so (False): the handler stops writing and returns its response, and
+    what the request held (its lease, its state) is given back. Never an exception after the
+    headers went out: an error answer written into a started stream would garble it."""
+
+    def __init__(self, request: web.Request, resp: web.StreamResponse, grace: float) -> None:
+        self._request = request
+        self._resp = resp
+        self._deadline = asyncio.get_running_loop().time() + grace
+        self.cut = False
+
+    async def write(self, data: bytes) -> bool:
+        if self.cut:
+            return False
+        self._deadline += len(data) / ANSWER_MIN_RATE
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                await self._resp.write(data)
+            return True
+        except TimeoutError:
+            self.abort()
+            return False
+
+    async def end(self) -> None:
+        """The answer's end (its last chunk), unless it was cut."""
+        if not self.cut:
+            try:
+                async with asyncio.timeout_at(self._deadline):
+                    await self._resp.write_eof()
+            except TimeoutError:
+                self.abort()
+
+    def abort(self) -> None:
+        self.cut = True
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
 
 def store_of(request: web.Request) -> StoreId:

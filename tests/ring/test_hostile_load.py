@@ -114,9 +114,10 @@ async def test_restores_through_a_node_take_turns_under_its_budget(tmp_path: Pat
 
 async def test_tree_folds_are_held_to_the_budget(tmp_path: Path) -> None:
     """Eight tree hops at once, each folding the store's three versions held on the node
-    (``POST /v1/relay`` with a folding plan, as a restorer's tree sends it): each reserves
-    what its fold holds before folding, and one that finds no room is refused at once (429:
-    its parent fetches the chunks itself) rather than folding beside the others."""
+    (``POST /v1/relay`` with a folding plan, as a restorer's tree sends it): each takes what
+    its rows hold before merging them, and one that finds no room fails at once (an E frame:
+    its parent fetches the chunks itself) rather than folding beside the others or waiting;
+    every answer is a whole stream, and the budget is all given back."""
     node = await _node_with_state(tmp_path)
     try:
         assert node.proc is not None
@@ -142,18 +143,24 @@ async def test_tree_folds_are_held_to_the_budget(tmp_path: Path) -> None:
 
             answers = await asyncio.gather(*(fold() for _ in range(8)))
             grew = peak_rss(node.proc.pid) - before
-        assert {status for status, _ in answers} <= {200, 429}
-        assert any(status == 200 for status, _ in answers)
-        for status, frames in answers:
-            if status != 200:
-                continue
+            async with s.get(f"http://{node.address}/metrics") as r:
+                metrics = await r.text()
+        assert {status for status, _ in answers} == {200}
+        folds = []
+        for _, frames in answers:
             kinds = []
             at = 0
-            while at < len(frames):
+            while at < len(frames):  # whole frames to the end: no error answer inside
                 kind, meta_len, data_len = HEADER.unpack_from(frames, at)
                 kinds.append(kind)
                 at += HEADER.size + meta_len + data_len
-            assert b"E" not in kinds and b"F" in kinds
+            assert at == len(frames)
+            # folded (its covers, its rows, its stats), or refused
+            folded = kinds[0] == b"D" and kinds[-1] == b"D" and set(kinds[1:-1]) == {b"F"}
+            assert folded or kinds == [b"E"], kinds
+            folds.append(folded)
+        assert any(folds)
+        assert "statestore_memory_budget_used_bytes 0.0" in metrics
         assert grew < 160 * MIB, f"peak RSS grew {grew / MIB:.0f} MiB"
     finally:
         node.stop()

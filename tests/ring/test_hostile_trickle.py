@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import socket
 from pathlib import Path
 
+import aiohttp
+import pytest
+
 from client import StoreId
+from statestore.node import request as request_module
 from statestore.node.server import start_node, stop_node
 from statestore.wire.rows import encode_puts
 from tests.ringkit import call, config, eventually
@@ -68,5 +74,41 @@ async def test_a_trickled_commit_gives_its_budget_back(tmp_path: Path) -> None:
         w.close()
         with contextlib.suppress(OSError):
             await w.wait_closed()
+    finally:
+        await stop_node(node, runner)
+
+
+async def test_a_restore_answer_left_unread_gives_its_budget_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore through a node reserves its state's memory until the answer is sent; a
+    reader that asks and never reads held that reservation (and the state) for as long as
+    it liked (hostile review 5). Now the answer must be read within the body timeout plus
+    its length at ``ANSWER_MIN_RATE`` (set high here, 16 MiB/s, to keep the test short):
+    the connection is cut and the reservation given back."""
+    monkeypatch.setattr(request_module, "ANSWER_MIN_RATE", 16 << 20)
+    cfg = config(
+        tmp_path, "n", replicas=1, write_quorum=1, memory_budget=64 << 20, body_timeout=1.0
+    )
+    node, runner = await start_node(cfg)
+    try:
+        keys = [b"k%06d" % i for i in range(16384)]
+        rows = encode_puts(keys, [b"%06d" % i + b"v" * 994 for i in range(len(keys))])  # 16 MiB
+        path = f"/v1/stores/{SID.path}/commit?version=1&epoch=1"
+        status, body = await call(node.address, "POST", path, data=io.BytesIO(rows))
+        assert status == 201, body
+        host, port = node.address.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(f"GET /v1/stores/{SID.path}/state HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await eventually(lambda: node.budget.used > 16 << 20, "the restore's reservation taken")
+        # never read: cut once its deadline passes, and the reservation given back
+        await eventually(lambda: node.budget.used == 0, "the reservation given back")
+        sock.close()
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://{node.address}/v1/stores/{SID.path}/state") as r,
+        ):
+            assert r.status == 200 and len(await r.read()) > 16_000_000
     finally:
         await stop_node(node, runner)

@@ -231,3 +231,23 @@ def test_cli_restore_explain_and_out(ring5: LocalRing, tmp_path: Path) -> None:
         [*base, "--store", "nothing/0/0/default"], capture_output=True, text=True, timeout=60
     )
     assert missing.returncode == 1 and "has no committed version" in missing.stderr
+
+
+def test_tree_hops_without_memory_fail_and_the_restore_fetches_their_chunks(
+    tmp_path: Path,
+) -> None:
+    """Nodes whose memory budget (2 MiB) cannot hold a tree hop's fold: each hop takes its
+    rows from the budget as they come, finds no room and fails with an E frame at once (it
+    does not wait, nor garble its stream); the restorer fetches the hops' chunks itself, and
+    the state is exact."""
+    args = [*FAST, "--snapshot-every", "1000", "--memory-budget", str(2 << 20),
+            "--max-body", str(1 << 20)]  # fmt: skip
+    with local_ring(tmp_path, 3, args) as ring:
+        sid = StoreId("tight", 0, 0)
+        with RingClient(ring.seeds, chunk_size=32 * 1024) as client:
+            state = counts_workload(client, sid, 3, 40_000, seed=3)
+            st = client.restore(sid, plan="tree")
+            assert dict(st) == state
+            assert st.plan == "tree"
+            assert st.stats["failed_hops"], st.stats  # the hops said why: no room
+            assert st.stats["rerouted"] > 0

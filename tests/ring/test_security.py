@@ -60,6 +60,21 @@ async def signed_ring(tmp_path: Path) -> AsyncIterator[list[Node]]:
         await stop_node(a, ra)
 
 
+async def test_a_relay_between_signed_nodes_keeps_its_plan(signed_ring: list[Node]) -> None:
+    """A line restore over the two nodes of a ring with the cluster secret: the root hop's
+    signed request to its child carries the plan, and the child streams its chunks. The
+    child once read the plan from a body the auth middleware had already read (empty), and
+    failed: every relay between nodes of such a ring fell back to star."""
+    a, b = signed_ring
+    rows = {b"k%05d" % i: b"v" * 200 for i in range(5000)}
+    async with AsyncRingClient([a.address], chunk_size=32 * 1024) as client:
+        await client.commit(SID, 1, rows, [], {}, epoch=1)
+        st = await client.restore(SID, plan="line")
+    assert dict(st) == rows
+    assert st.plan == "line" and not st.stats["failed_hops"], st.stats
+    assert {h["hop"] for h in st.stats["hops"]} == {a.address, b.address}, st.stats
+
+
 def gossip_body(ident: str, address: str) -> dict[str, Any]:
     return {
         "epoch": 1,
