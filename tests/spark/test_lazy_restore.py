@@ -84,6 +84,8 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, folding_ring: Lo
     # off: it would read the whole base while the batch runs)
     small = {
         **spec["conf"],
+        # its batches revisit a few keys of each chunk: read ahead however few
+        "spark.statestore.readAheadMinKeys": "1",
         "spark.statestore.snapshotInterval": "0",
         "spark.statestore.cacheBytes": str(2 << 20),
         "spark.statestore.prefetchBytesPerSec": "0",

@@ -492,13 +492,16 @@ def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_stor
     """Spark's state reader opens a second provider of a store in the task's JVM and closes
     it: the batch's read-ahead still finds the task's lazily loaded version (it found none
     once the second provider closed, when one provider a store was registered) and brings
-    the keys' values in lookups; the version then answers them exactly."""
+    the keys' values in lookups; the version then answers them exactly. A few keys of a
+    chunk are left to block reads."""
     seeds = ",".join(ring3.seeds)
     conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
     r = harness(classpath, "read-ahead", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
     assert r["lazy"] is True, r
     assert 90 <= r["brought"] <= 100 and r["failed"] == 0, r  # a key whose block is held: none
     assert r["values"] == list(range(0, 2000, 20)), r
+    # 5 keys of one chunk: fewer than LazyBase.LOOKUP_MIN_KEYS, read block by block
+    assert r["few_brought"] == 0 and r["few_values"] == list(range(1, 2000, 400)), r
 
 
 def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_chains(

@@ -225,6 +225,14 @@ final class LazyBase {
     }
   }
 
+  /**
+   * The fewest keys a read-ahead asks of one chunk by default ({@code readAheadMinKeys}):
+   * fewer are left to {@link #lookup}'s block reads. A lookup costs its node a request and the chunk's index (read into the node's
+   * cache), a block read a request a key: a windowed count at 2 GiB, whose batches touch a
+   * few keys of each of hundreds of chunks (6,292 keys in 1,189 lookups), restarted in 23.2 s
+   * with lookups against 17.4 s with block reads alone (docs/benchmarks.md).
+   */
+  static final int LOOKUP_MIN_KEYS = 16;
   /** The most keys of one read-ahead lookup (the node takes up to 1,000). */
   static final int LOOKUP_KEYS = 500;
   /** The most key bytes of one read-ahead lookup (the node takes up to 256 KiB). */
@@ -248,7 +256,8 @@ final class LazyBase {
   /**
    * Bring what the base holds under {@code keys} into the memo of looked-up rows, many keys
    * a request: the keys the memo lacks and whose blocks are not cached, grouped by the
-   * chunks that can hold them, each group asked of one holder of its chunk in lookups
+   * chunks that can hold them, each group of at least {@code minKeys} keys asked of
+   * one holder of its chunk in lookups
    * ({@code POST .../lookup}, node/lookup.py) of up to {@link #LOOKUP_KEYS} keys, up to 8 of
    * them at a time. The node reads and verifies the blocks against the index checksums the
    * manifest names and answers each key's value or nil, so a batch that touches keys all
@@ -256,7 +265,7 @@ final class LazyBase {
    * key ({@link #lookup} then finds them in the memo). Best effort: a lookup that fails
    * leaves its keys to {@link #lookup}, which reads their blocks. Returns the keys brought.
    */
-  int readAhead(List<UnsafeRow> keys) {
+  int readAhead(List<UnsafeRow> keys, int minKeys) {
     Map<List<Part>, List<byte[]>> byPath = new LinkedHashMap<>();
     Map<List<Part>, Integer> shardOf = new HashMap<>();
     java.util.Set<ByteBuffer> seen = new java.util.HashSet<>();
@@ -287,6 +296,9 @@ final class LazyBase {
     List<Callable<Integer>> calls = new ArrayList<>();
     for (Map.Entry<List<Part>, List<byte[]>> e : byPath.entrySet()) {
       List<byte[]> all = e.getValue();
+      if (all.size() < minKeys) {
+        continue; // cheaper read block by block when asked for
+      }
       int from = 0;
       while (from < all.size()) {
         int to = from;

@@ -43,6 +43,11 @@ final class RingConfig {
    * ({@code ReadAheadExec}): {@code readAhead}, on by default.
    */
   boolean readAhead = true;
+  /**
+   * The fewest keys a read-ahead asks of one chunk in a lookup; fewer are read block by
+   * block ({@link LazyBase#LOOKUP_MIN_KEYS}): {@code readAheadMinKeys}.
+   */
+  int readAheadMinKeys = LazyBase.LOOKUP_MIN_KEYS;
   /** Bytes a second the JVM reads to make lazy versions whole ({@link Prefetcher}; 0: off). */
   long prefetchBytesPerSec = DEFAULT_PREFETCH;
   static final long DEFAULT_PREFETCH = 32L << 20;
@@ -145,6 +150,8 @@ final class RingConfig {
           "RingStateStoreProvider: " + PREFIX + "readAhead '" + ahead + "' is not true or false");
     }
     out.readAhead = ahead.equals("true");
+    out.readAheadMinKeys = (int) number(hadoopConf, storeConf, "readAheadMinKeys",
+        LazyBase.LOOKUP_MIN_KEYS, 1, 1_000_000);
     out.prefetchBytesPerSec = number(hadoopConf, storeConf, "prefetchBytesPerSec",
         DEFAULT_PREFETCH, 0, Long.MAX_VALUE);
     return out;

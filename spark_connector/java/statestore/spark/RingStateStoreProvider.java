@@ -255,7 +255,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
           data = p.cached;
         }
         if (data != null && data.version == version) {
-          data.readAhead(keys); // of each holding it: which one the restore reads, it knows
+          data.readAhead(keys, p.config.readAheadMinKeys); // of each holding it
         }
       } catch (RuntimeException e) {
         // best effort: the restore reads those keys one by one, and says what is wrong

@@ -503,9 +503,10 @@ final class StateData {
   /**
    * Bring what the lazy base holds under those of {@code keys} this version's own rows do
    * not decide ({@link LazyBase#readAhead}): a batch's keys, before it asks for them one by
-   * one. Nothing for a whole version. Returns the keys brought.
+   * one ({@code minKeys}: the fewest of a chunk asked in a lookup). Nothing for a whole
+   * version. Returns the keys brought.
    */
-  int readAhead(List<UnsafeRow> keys) {
+  int readAhead(List<UnsafeRow> keys, int minKeys) {
     LazyBase base = remote;
     if (base == null) {
       return 0;
@@ -516,7 +517,7 @@ final class StateData {
         wanted.add(key);
       }
     }
-    return wanted.isEmpty() ? 0 : base.readAhead(wanted);
+    return wanted.isEmpty() ? 0 : base.readAhead(wanted, minKeys);
   }
 
   private UnsafeRow localGet(UnsafeRow key) {

@@ -672,6 +672,19 @@ public final class ProviderHarness {
       got.add(valueOf(s.get(k, null)));
     }
     out.put("values", got);
+    // a few keys of a chunk are left to block reads: none brought
+    List<UnsafeRow> few = new ArrayList<>();
+    for (int k = 1; k < 2000; k += 400) {
+      few.add(key(k));
+    }
+    before = RingStateStoreProvider.readAheadKeys();
+    RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, few);
+    out.put("few_brought", RingStateStoreProvider.readAheadKeys() - before);
+    List<Object> fewGot = new ArrayList<>();
+    for (UnsafeRow k : few) {
+      fewGot.add(valueOf(s.get(k, null)));
+    }
+    out.put("few_values", fewGot);
     s.abort();
     lazy.close();
     writer.close();
