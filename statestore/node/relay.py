@@ -174,7 +174,6 @@ async def _tree(
     # headers go out now: the parent must not mistake a long fold for a dead hop
     resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
     await resp.prepare(request)
-    answer = PacedAnswer(request, resp, node.config.body_timeout)
 
     async def absorb(rows: list[Positioned]) -> None:
         held = sum(len(k) + len(v or b"") + TREE_ROW_HELD for k, _, v in rows)
@@ -221,6 +220,7 @@ async def _tree(
     except StateStoreError as exc:  # no room, a chunk of its own unusable: this hop failed
         folded.clear()
         meta = {"hop": node.address, "error": f"{type(exc).__name__}: {exc}"}
+        answer = PacedAnswer(request, resp, node.config.body_timeout)
         if await answer.write(encode_frame(b"E", meta)):
             await answer.end()
         return resp  # headers went out: an error answer now would garble the stream
@@ -228,6 +228,8 @@ async def _tree(
         for task in children:
             task.cancel()
 
+    # the fold is done: from now on the parent must read what it holds at a pace
+    answer = PacedAnswer(request, resp, node.config.body_timeout)
     header = {"hop": node.address, "depth": depth, "covers": covers}
     if not await answer.write(encode_frame(b"D", header)):
         return resp
