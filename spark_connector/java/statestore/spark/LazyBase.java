@@ -227,12 +227,14 @@ final class LazyBase {
 
   /**
    * The fewest keys a read-ahead asks of one chunk by default ({@code readAheadMinKeys}):
-   * fewer are left to {@link #lookup}'s block reads. A lookup costs its node a request and the chunk's index (read into the node's
-   * cache), a block read a request a key: a windowed count at 2 GiB, whose batches touch a
-   * few keys of each of hundreds of chunks (6,292 keys in 1,189 lookups), restarted in 23.2 s
-   * with lookups against 17.4 s with block reads alone (docs/benchmarks.md).
+   * fewer are left to {@link #lookup}'s block reads. A lookup costs its node a request (about
+   * 0.7 ms of its CPU) and, unless its cache holds it, the chunk's index (30-80 KiB read and
+   * parsed), then ~0.04 ms a key; a block read ~0.3 ms a key. Below a handful of keys a
+   * lookup saves nothing: a windowed count at 2 GiB, whose batches touch ~5 keys of each of
+   * hundreds of chunks, sent 1,189 lookups for 6,292 keys (not measured apart from the
+   * restart's order: docs/benchmarks.md). The count query's windows hold 50-100 keys a chunk.
    */
-  static final int LOOKUP_MIN_KEYS = 16;
+  static final int LOOKUP_MIN_KEYS = 8;
   /** The most keys of one read-ahead lookup (the node takes up to 1,000). */
   static final int LOOKUP_KEYS = 500;
   /** The most key bytes of one read-ahead lookup (the node takes up to 256 KiB). */
