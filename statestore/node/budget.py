@@ -110,15 +110,15 @@ class Lease:
         await self.budget.take(nbytes, what, held=self.held, patient=patient)
         self.held += nbytes
 
-    async def reserve(self, nbytes: int, what: str, patient: bool = True) -> None:
+    async def reserve(self, nbytes: int, what: str) -> None:
         """Take ``nbytes``, or what the whole budget leaves this request when that is less:
         where :meth:`take` refuses a request larger than the budget, one that reserves runs
         alone instead (it waits until the others' holdings leave it the budget, and takes it
         all until it ends). For what a request builds rather than receives: a restore's fold.
-        Not ``patient``: refused at once when there is no room now (a tree hop, whose parent
-        holds its own reservation while it waits for the hop, and fetches the hop's chunks
-        itself when it is refused: a hop that waited could wait on its own parent)."""
-        await self.take(max(0, min(nbytes, self.budget.limit - self.held)), what, patient)
+        (A tree hop's fold takes with ``patient=False`` instead: its parent holds its own
+        memory while it waits for the hop, so a hop that waited could wait on its own
+        parent; refused, it fails and the parent fetches its chunks.)"""
+        await self.take(max(0, min(nbytes, self.budget.limit - self.held)), what)
 
     async def close(self) -> None:
         self.closed = True

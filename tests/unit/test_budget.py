@@ -81,9 +81,10 @@ def test_a_reservation_larger_than_the_budget_waits_to_run_alone() -> None:
     ]  # fmt: skip
 
 
-def test_an_impatient_reservation_without_room_is_refused_at_once() -> None:
-    """A tree hop's reservation (``patient=False``) does not wait on a budget others hold:
-    its parent holds its own reservation meanwhile and can fetch the hop's chunks itself."""
+def test_an_impatient_take_without_room_is_refused_at_once() -> None:
+    """A tree hop's take (``patient=False``) does not wait on a budget others hold: its
+    parent holds its own memory meanwhile and can fetch the hop's chunks itself. A lease
+    whose request ended takes nothing (a task it left behind)."""
 
     async def run() -> tuple[int, int, int]:
         budget = MemoryBudget(100, wait=30.0, max_body=10)
@@ -91,8 +92,12 @@ def test_an_impatient_reservation_without_room_is_refused_at_once() -> None:
         await other.take(90, "a")
         hop = Lease(budget)
         with pytest.raises(RateLimited):
-            await asyncio.wait_for(hop.reserve(50, "a tree fold", patient=False), 1.0)
-        await hop.reserve(10, "a small fold", patient=False)  # room now: taken
-        return budget.used, hop.held, budget.refused
+            await asyncio.wait_for(hop.take(50, "a tree fold", patient=False), 1.0)
+        await hop.take(10, "a small fold", patient=False)  # room now: taken
+        used, held = budget.used, hop.held
+        await hop.close()
+        with pytest.raises(RateLimited):
+            await hop.take(1, "a fold left behind", patient=False)
+        return used, held, budget.refused, budget.used
 
-    assert asyncio.run(run()) == (100, 10, 1)
+    assert asyncio.run(run()) == (100, 10, 1, 90)
