@@ -702,7 +702,7 @@ def test_java_writer_writes_to_pending_owners(harness: Harness) -> None:
     """A Java commit while a node joins and another leaves: every chunk and the manifest go
     to their current and their pending owners, and the commit counts only with W of each
     (a refusing joining node fails it where Python's rule does)."""
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Member) for _ in range(5)]
+    servers = [_Server(("127.0.0.1", 0), _Member) for _ in range(5)]
     addresses = [f"127.0.0.1:{s.server_address[1]}" for s in servers]
     states = ["normal", "normal", "normal", "joining", "leaving"]
     v = {
@@ -976,7 +976,7 @@ class _Liar(http.server.BaseHTTPRequestHandler):
 
 
 def test_java_writer_does_not_count_an_empty_200_as_a_copy(harness: Harness) -> None:
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Liar) for _ in range(2)]
+    servers = [_Server(("127.0.0.1", 0), _Liar) for _ in range(2)]
     addresses = [f"127.0.0.1:{s.server_address[1]}" for s in servers]
     members = [
         {"id": f"liar{i}", "address": a, "status": "up", "zone": ""}
