@@ -14,6 +14,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,28 @@ def local_ring(
             yield ring
         finally:
             ring.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user and system CPU seconds so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def quiet(ring: LocalRing, below: float = 0.05, window: float = 5.0, limit: float = 600.0) -> float:
+    """Wait until ``ring``'s node processes together use less than ``below`` of a core over
+    ``window`` seconds (their compaction, repair and retention done), at most ``limit``
+    seconds; return the seconds waited. A measurement that starts while the nodes still fold
+    what the last one wrote pays for that work, whichever runs first."""
+    start = time.monotonic()
+    pids = [p.proc.pid for p in ring.procs if p.proc is not None and p.alive]
+    while time.monotonic() - start < limit:
+        before = sum(cpu_seconds(pid) for pid in pids)
+        time.sleep(window)
+        if (sum(cpu_seconds(pid) for pid in pids) - before) / window < below:
+            break
+    return time.monotonic() - start
 
 
 def client_options(ring: LocalRing) -> dict[str, Any]:

@@ -294,7 +294,7 @@ def main() -> None:
     wk = args.window_keys if windowed else 0
 
     import numpy as np
-    from _common import local_ring, machine, table
+    from _common import local_ring, machine, quiet, table
 
     print(machine(), flush=True)
     if windowed:
@@ -404,6 +404,11 @@ def main() -> None:
                             wk,
                         )
                     for provider in ok if r % 2 == 0 else ok[::-1]:
+                        # the nodes fold what was written before in the background: the
+                        # first restart of a run paid ~10 s more than a later one of the same
+                        # work before this wait (docs/benchmarks.md)
+                        waited = quiet(ring)
+                        print(f"  the nodes quiet after {waited:.0f} s", flush=True)
                         got, wall = call(
                             job(
                                 provider,

@@ -27,7 +27,6 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 from statestore.core.bucket import TokenBucket
@@ -40,7 +39,7 @@ from statestore.core.errors import (
 from statestore.core.fold import STATE_ROW_HELD, ChainFold, fold_held
 from statestore.core.ids import StoreId
 from statestore.core.links import LinkTable
-from statestore.core.manifest import Manifest
+from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.plan import ChunkTask, CostModel, Plan, build, learn_fold_ratio
 from statestore.core.reroute import (
     ChunkArrived,
@@ -67,7 +66,9 @@ __all__ = [
     "RecoveryResult",
     "Restorer",
     "chain_tasks",
+    "decode_measured",
     "hedge_after",
+    "hold_beyond_claim",
     "hold_fold",
 ]
 
@@ -142,6 +143,30 @@ async def hold_fold(store: StoreId, chain: Sequence[Manifest]) -> None:
     if hold is not None:
         cost = fold_held(((c.raw_size, c.rows) for m in chain for c in m.chunks), STATE_ROW_HELD)
         await hold(cost, f"a restore of {store}")
+
+
+def decode_measured(data: bytes, max_raw: int, what: str) -> tuple[Rows, int]:
+    """A chunk's rows (core/chunk.decode_chunk) and, when the task has a :data:`HOLD` (a
+    node restoring), the bytes of their keys and values for :func:`hold_beyond_claim`; for
+    an executor thread (the context is copied into it), off the event loop."""
+    rows = decode_chunk(data, max_raw=max_raw, what=what)
+    return rows, sum(len(k) + len(v or b"") for k, v in rows) if HOLD.get() is not None else 0
+
+
+async def hold_beyond_claim(t: ChunkTask | ChunkRef, rows: int, raw: int, what: str) -> None:
+    """Take from the task's :data:`HOLD` what a chunk's decoded rows (``rows`` of ``raw``
+    bytes: :func:`decode_measured`) hold beyond what its manifest claimed. :func:`hold_fold`
+    reserved the claims, a writer's word: one that understates its chunks' sizes would
+    otherwise make a node's restores of its stores hold more than they took. An honest
+    chunk's rows take nothing more: their bytes are within its raw size, which counts their
+    encoding too."""
+    hold = HOLD.get()
+    if hold is None:
+        return
+    claimed = fold_held([(t.raw_size, t.rows)], STATE_ROW_HELD)
+    actual = fold_held([(raw, rows)], STATE_ROW_HELD)
+    if actual > claimed:
+        await hold(actual - claimed, f"{what}, beyond its manifest's sizes")
 
 
 class Restorer:
@@ -452,12 +477,13 @@ class Restorer:
         loop = asyncio.get_running_loop()
         try:
             verify(data, t.checksum, t.key)
-            rows = await loop.run_in_executor(
-                None, lambda: decode_chunk(data, max_raw=self.max_raw, what=t.key)
+            rows, raw = await loop.run_in_executor(
+                None, contextvars.copy_context().run, decode_measured, data, self.max_raw, t.key
             )
         except CorruptChunk:
             events.append(ChunkArrived(t.key, source, intact=False))
             return
+        await hold_beyond_claim(t, len(rows), raw, f"chunk {t.key}")
         fold.add_chunk(t.pos, rows, t.name[:1] in ("s", "w"))
         events.append(ChunkArrived(t.key, source))
 
@@ -504,9 +530,10 @@ class Restorer:
             by[address] = by.get(address, 0) + len(body)
             if progress is not None:
                 progress(len(body))
-            rows = await loop.run_in_executor(
-                None, partial(decode_chunk, body, max_raw=self.max_raw, what=t.key)
+            rows, raw = await loop.run_in_executor(
+                None, contextvars.copy_context().run, decode_measured, body, self.max_raw, t.key
             )
+            await hold_beyond_claim(t, len(rows), raw, f"chunk {t.key}")
             fold.add_chunk(t.pos, rows, t.name[:1] in ("s", "w"))
 
         tasks_ = [asyncio.ensure_future(one(r)) for r in missing]

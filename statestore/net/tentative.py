@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from statestore.core.chunk import MAX_CHUNK_RAW, EncodedChunk, decode_chunk, verify
+from statestore.core.chunk import MAX_CHUNK_RAW, EncodedChunk, verify
 from statestore.core.errors import (
     DelayBoundExceeded,
     StaleEpoch,
@@ -39,7 +39,13 @@ from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.quorate import GRACE, until_enough
 from statestore.net.reads import read_chain, read_head, stand_ins
-from statestore.net.restorer import HEDGE, Restorer, hold_fold
+from statestore.net.restorer import (
+    HEDGE,
+    Restorer,
+    decode_measured,
+    hold_beyond_claim,
+    hold_fold,
+)
 from statestore.net.transport import ERROR_BYTES, Transport
 from statestore.wire.manifest import decode_chain, encode_manifest
 from statestore.wire.tentative import MAX_HOLDERS, decode_outcomes
@@ -328,7 +334,9 @@ async def read_reachable(
 
             _, body = await first_holder(key, holders[(m.epoch, m.version, m.kind)], read)
             stats.bytes_in += len(body)
-            for k, v in decode_chunk(body, max_raw=max_raw, what=key):
+            rows, raw = decode_measured(body, max_raw, key)
+            await hold_beyond_claim(ref, len(rows), raw, f"chunk {key}")
+            for k, v in rows:
                 if v is None:
                     state.pop(k, None)
                 else:

@@ -67,6 +67,7 @@ from statestore.node.quotas import charged_limit
 from statestore.node.relay import relay_handler
 from statestore.node.repair import check_floor, check_thinning
 from statestore.node.request import (
+    MIN_RATE,
     PacedAnswer,
     addressed_to,
     prove_answer,
@@ -312,10 +313,6 @@ def _byte_range(request: web.Request) -> tuple[int, int] | None:
 
 
 STATE_WRITE_BYTES = 1 << 20  # bytes of rows per write of a streamed state
-# the slowest a commit body may come, besides the body timeout: 1 Mbit/s (a 64 MiB one gets
-# 512 s more), far below any link a state store's writer uses, and a trickled body gives its
-# budget share back within minutes
-COMMIT_MIN_RATE = 128 << 10
 
 
 async def read_chunks(request: web.Request) -> web.StreamResponse:
@@ -626,10 +623,10 @@ async def commit(request: web.Request) -> web.Response:
         )
     if declared:  # the whole commit's memory at once (node/budget.py), before any read
         await lease.take(COMMIT_FACTOR * declared, "a commit")
-    # a piece at least every body timeout, and the whole body at COMMIT_MIN_RATE: a body
+    # a piece at least every body timeout, and the whole body at MIN_RATE: a body
     # trickled in just inside the timeout would hold its share of the budget for ever
     loop = asyncio.get_running_loop()
-    whole = limit + (declared or most) / COMMIT_MIN_RATE
+    whole = limit + (declared or most) / MIN_RATE
     deadline = loop.time() + whole
     while True:
         try:
@@ -639,7 +636,7 @@ async def commit(request: web.Request) -> web.Response:
             if loop.time() >= deadline:
                 raise SlowRequest(
                     f"commit body did not arrive within {whole:.0f}s (the body timeout and "
-                    f"{COMMIT_MIN_RATE >> 10} KiB/s): send it faster"
+                    f"{MIN_RATE >> 10} KiB/s): send it faster"
                 ) from exc
             raise SlowRequest(f"commit body stalled for {limit:.0f}s: send it faster") from exc
         if not piece:

@@ -29,13 +29,15 @@ from typing import Any
 
 import xxhash
 
-from statestore.core.chunk import encode_chunks
+from statestore.core.chunk import EncodedChunk, encode_chunks
 from statestore.core.errors import StaleEpoch, StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.retention import Thinning, plan_compaction, rung_spacing
 from statestore.core.view import RingView
+from statestore.net.restorer import HOLD
 from statestore.net.writes import write_commit
+from statestore.node.budget import Lease
 from statestore.node.daemon import Node
 
 __all__ = ["compact_store", "compaction_loop"]
@@ -44,17 +46,41 @@ log = logging.getLogger(__name__)
 
 
 async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | None:
-    """Write version ``top.version`` back as a snapshot; None if a newer writer fenced us."""
-    chain, plan = await node.restorer.plan(view, top.store, top.version, "star")
-    state = (await node.restorer.run(view, top.store, chain, plan)).state
-    # the snapshot is of the chain the ring resolved (its epoch and base say whose state it
-    # is: core/manifest.py, "Lineage"), which this replica's own manifests may not all show
-    top = chain[-1]
-    chunks = await asyncio.to_thread(
-        partial(
-            encode_chunks, state, [], groups=top.key_groups, kind="s", block_size=view.block_size()
+    """Write version ``top.version`` back as a snapshot; None if a newer writer fenced us.
+    The fold and its chunks are held to the node's memory budget, as a restore a caller asks
+    for is (node/budget.py): the pass waits for room, and without it within the body timeout
+    it fails (RateLimited) and the next pass tries again."""
+    lease = Lease(node.budget)
+    hold = HOLD.set(lease.reserve)
+    try:
+        chain, plan = await node.restorer.plan(view, top.store, top.version, "star")
+        state = (await node.restorer.run(view, top.store, chain, plan)).state
+        # the snapshot is of the chain the ring resolved (its epoch and base say whose state
+        # it is: core/manifest.py, "Lineage"), which this replica's own manifests may not show
+        top = chain[-1]
+        chunks = await asyncio.to_thread(
+            partial(
+                encode_chunks,
+                state,
+                [],
+                groups=top.key_groups,
+                kind="s",
+                block_size=view.block_size(),
+            )
         )
-    )
+        # the fold's reservation (its raw bytes and 200 a row) is held until the snapshot is
+        # written; its chunks, compressed, fit in it once the state is dropped (while they
+        # are encoded both are held: the chunks are not charged on top)
+        del state
+        return await _write_snapshot(node, view, top, chunks)
+    finally:
+        HOLD.reset(hold)
+        await lease.close()
+
+
+async def _write_snapshot(
+    node: Node, view: RingView, top: Manifest, chunks: list[EncodedChunk]
+) -> Manifest | None:
     snap = Manifest(
         top.store,
         top.version,

@@ -34,7 +34,7 @@ from statestore.net.streams import read_frames
 from statestore.node.auth import allow, principal
 from statestore.node.budget import LEASE
 from statestore.node.daemon import NODE, Node
-from statestore.node.request import PacedAnswer
+from statestore.node.request import PacedAnswer, while_requester_stays
 from statestore.wire.frames import (
     MAX_PLAN_BYTES,
     decode_folded,
@@ -348,9 +348,18 @@ async def relay_handler(request: web.Request) -> web.StreamResponse:
     check_plan_hops(node, hop, depth)
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
-    if fold:
-        return await _tree(node, request, store.path, hop, depth, groups)
-    return await _line(node, request, store.path, hop, depth)
+    work = (
+        _tree(node, request, store.path, hop, depth, groups)
+        if fold
+        else _line(node, request, store.path, hop, depth)
+    )
+    # a hop waits on its children with no bound of its own (a tree hop's child sends
+    # nothing until its subtree is folded): it stops when its requester leaves, which the
+    # restorer at the top does once the stream is quiet for longer than the plan predicts
+    resp = await while_requester_stays(request, work)
+    if resp is None:  # nobody is there to read an answer: this one is never sent
+        return web.Response(status=499, reason="Requester Left")
+    return resp
 
 
 def _named_checksum(key: str) -> int:

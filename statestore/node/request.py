@@ -1,13 +1,17 @@
-"""Reading a request's body within the node's limits (one place for every handler), sending
-an answer that holds memory at a pace (:class:`PacedAnswer`), and the node-signature shell
-around it: who a signed request was addressed to, its body checked against its signed
-digest, and the proof a node signs onto its answer (core/identity)."""
+"""Reading a request's body within the node's limits (one place for every handler), the
+slowest a body or an answer that holds memory may move (:data:`MIN_RATE`,
+:class:`PacedAnswer`), work that stops when its requester leaves
+(:func:`while_requester_stays`), and the node-signature shell around it: who a signed
+request was addressed to, its body checked against its signed digest, and the proof a node
+signs onto its answer (core/identity)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -18,24 +22,31 @@ from statestore.node.auth import Principal
 from statestore.node.daemon import NODE, Node
 
 __all__ = [
-    "ANSWER_MIN_RATE",
+    "MIN_RATE",
     "PacedAnswer",
     "addressed_to",
     "prove_answer",
     "read_body",
     "read_signed_body",
     "store_of",
+    "while_requester_stays",
 ]
 
-# the slowest an answer that holds memory (a restore's state, a tree hop's fold) may be read,
-# besides the node's body timeout: as for commit bodies (node/api.py, COMMIT_MIN_RATE), a
-# reader that stops reading must not hold its share of the memory budget for ever
-ANSWER_MIN_RATE = 128 << 10
+T = TypeVar("T")
+
+# the slowest a transfer that holds memory may move, besides the node's body timeout: a
+# commit's body (node/api.py) and an answer built in memory (a restore's state, a tree hop's
+# fold, :class:`PacedAnswer`). 1 Mbit/s: far below any link a state store's writer or reader
+# uses (a 64 MiB one gets 512 s more), and a peer that trickles or stops reading gives its
+# share of the memory budget back within minutes
+MIN_RATE = 128 << 10
+# how often work that waits on other nodes checks that its requester is still connected
+REQUESTER_CHECK = 1.0
 
 
 class PacedAnswer:
     """Writes of a streamed answer that the reader must take within the body timeout plus
-    what was written at :data:`ANSWER_MIN_RATE`. Past that the connection is aborted and
+    what was written at :data:`MIN_RATE`. Past that the connection is aborted and
     :meth:`write` says so (False): the handler stops writing and returns its response, and
     what the request held (its lease, its state) is given back. Never an exception after the
     headers went out: an error answer written into a started stream would garble it."""
@@ -49,7 +60,7 @@ class PacedAnswer:
     async def write(self, data: bytes) -> bool:
         if self.cut:
             return False
-        self._deadline += len(data) / ANSWER_MIN_RATE
+        self._deadline += len(data) / MIN_RATE
         try:
             async with asyncio.timeout_at(self._deadline):
                 await self._resp.write(data)
@@ -72,6 +83,29 @@ class PacedAnswer:
         transport = self._request.transport
         if transport is not None:
             transport.abort()
+
+
+async def while_requester_stays(request: web.Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None once the connection of the request it serves has closed:
+    ``work`` is then cancelled. aiohttp does not cancel a handler whose client left, so a
+    relay hop waiting on a child that answered its headers and then stalled (a paused or
+    wedged node) waited for ever, holding its share of the memory budget and its children's
+    connections; with this, a hop lives no longer than its parent does, and the restorer at
+    the top gives up on a quiet stream (net/restorer.py)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=REQUESTER_CHECK)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return None
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 def store_of(request: web.Request) -> StoreId:

@@ -7,18 +7,24 @@ on a real node process."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from statestore.cli.local import NodeProcess
+from statestore.core.chunk import encode_chunks
 from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.plan import ChunkTask, Hop
+from statestore.node.budget import Lease
+from statestore.node.compaction import compact_store
 from statestore.wire.frames import HEADER, encode_hop
 from statestore.wire.manifest import decode_chain
 from statestore.wire.rows import encode_puts
-from tests.ringkit import peak_rss
+from tests.ringkit import nodes, peak_rss
 
 MIB = 1 << 20
 
@@ -164,3 +170,75 @@ async def test_tree_folds_are_held_to_the_budget(tmp_path: Path) -> None:
         assert grew < 160 * MIB, f"peak RSS grew {grew / MIB:.0f} MiB"
     finally:
         node.stop()
+
+
+async def test_a_restore_takes_what_understated_chunks_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore through a node reserves its fold from the chain's manifests, a writer's
+    word. A writer whose manifest claims 10 raw bytes and 1 row for a chunk of 2,048 rows
+    of 1 KiB made the node's restores of its store reserve 210 bytes and hold over 2 MiB
+    (hostile review 5, left open then). Now each chunk's rows beyond its claim are taken
+    as it is decoded: the restore reserves what it holds, and still answers it whole."""
+    reserved: list[int] = []
+    reserve = Lease.reserve
+
+    async def recorded(self: Lease, nbytes: int, what: str) -> None:
+        reserved.append(nbytes)
+        await reserve(self, nbytes, what)
+
+    monkeypatch.setattr(Lease, "reserve", recorded)
+    store = StoreId.parse(STORE)
+    rows = {b"k%05d" % i: bytes([i % 251]) * 1024 for i in range(2048)}
+    (c,) = encode_chunks(rows, [])
+    held = sum(len(k) + len(v) for k, v in rows.items())
+    async with nodes(tmp_path, 1, replicas=1, write_quorum=1) as (node,):
+        node.store.put_chunk(chunk_key(store, 1, c.name), c.data)
+        ref = dataclasses.replace(ChunkRef.of(c), raw_size=10, rows=1)
+        node.store.put_manifest(Manifest(store, 1, "snapshot", 1, 128, (ref,), {}))
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://{node.address}/v1/stores/{STORE}/state?plan=star") as r,
+        ):
+            assert r.status == 200, await r.text()
+            answer = await r.read()
+        assert all(k in answer and v in answer for k, v in list(rows.items())[::256])
+        assert sum(reserved) >= held, reserved
+        assert node.budget.used == 0
+
+
+async def test_compaction_folds_within_the_memory_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's compaction restores a store's head to write it back as a snapshot: that fold
+    held the whole state outside ``--memory-budget`` (hostile review 5, left open then).
+    Now it reserves the fold as a restore a caller asks for does, and gives it back."""
+    reserved: list[tuple[int, str]] = []
+    reserve = Lease.reserve
+
+    async def recorded(self: Lease, nbytes: int, what: str) -> None:
+        reserved.append((nbytes, what))
+        await reserve(self, nbytes, what)
+
+    monkeypatch.setattr(Lease, "reserve", recorded)
+    store = StoreId.parse(STORE)
+    written = 0
+    async with (
+        nodes(tmp_path, 1, replicas=1, write_quorum=1, snapshot_every=2, compact_interval=3600) as (
+            node,
+        ),
+        aiohttp.ClientSession() as s,
+    ):
+        for v in (1, 2, 3):
+            keys = [b"k%d-%05d" % (v, i) for i in range(2000)]
+            body = encode_puts(keys, [bytes([v]) * 1000] * len(keys))
+            written += sum(len(k) + 1000 for k in keys)
+            url = f"http://{node.address}/v1/stores/{STORE}/commit?version={v}&epoch=1"
+            async with s.post(url, data=io.BytesIO(body)) as r:
+                assert r.status == 201, await r.text()
+        assert not node.store.manifests(store)[1]  # no snapshot yet
+        assert await compact_store(node, node.view(), store)
+        assert node.store.manifests(store)[1]  # folded
+        folds = [n for n, what in reserved if "restore" in what]
+        assert folds and max(folds) >= written, reserved
+        assert node.budget.used == 0

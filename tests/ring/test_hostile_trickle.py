@@ -1,10 +1,13 @@
-"""A coordinator commit takes 3x its declared length of ``--memory-budget`` before its body
+"""Peers that hold a node's memory by going slow or quiet.
+
+A coordinator commit takes 3x its declared length of ``--memory-budget`` before its body
 is read, and its body may pause up to the body timeout between two pieces. A client
 trickling one byte a second against a 2 s body timeout held that share for as long as
 it liked on the builds before (hostile review 3: 12 s later it still held 63 of 64 MiB, and
 an honest commit got 429). Now the whole body must come within the body timeout plus its
-length at ``COMMIT_MIN_RATE`` (128 KiB/s): then it is cut off, its share given back, and
-the honest commit goes through."""
+length at ``MIN_RATE`` (128 KiB/s): then it is cut off, its share given back, and
+the honest commit goes through. An answer built in memory must be read at the same pace,
+and a relay hop whose child stalls gives up once its requester has left."""
 
 from __future__ import annotations
 
@@ -13,15 +16,20 @@ import contextlib
 import io
 import socket
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from client import StoreId
+from statestore.core.ids import chunk_key
+from statestore.core.plan import ChunkTask, Hop
 from statestore.node import request as request_module
 from statestore.node.server import start_node, stop_node
+from statestore.wire.frames import encode_hop
+from statestore.wire.manifest import decode_chain
 from statestore.wire.rows import encode_puts
-from tests.ringkit import call, config, eventually
+from tests.ringkit import call, config, eventually, nodes
 
 SID = StoreId("q1", 0, 1, "default")
 
@@ -84,9 +92,9 @@ async def test_a_restore_answer_left_unread_gives_its_budget_back(
     """A restore through a node reserves its state's memory until the answer is sent; a
     reader that asks and never reads held that reservation (and the state) for as long as
     it liked (hostile review 5). Now the answer must be read within the body timeout plus
-    its length at ``ANSWER_MIN_RATE`` (set high here, 16 MiB/s, to keep the test short):
+    its length at ``MIN_RATE`` (set high here, 16 MiB/s, to keep the test short):
     the connection is cut and the reservation given back."""
-    monkeypatch.setattr(request_module, "ANSWER_MIN_RATE", 16 << 20)
+    monkeypatch.setattr(request_module, "MIN_RATE", 16 << 20)
     cfg = config(
         tmp_path, "n", replicas=1, write_quorum=1, memory_budget=64 << 20, body_timeout=1.0
     )
@@ -112,3 +120,80 @@ async def test_a_restore_answer_left_unread_gives_its_budget_back(
             assert r.status == 200 and len(await r.read()) > 16_000_000
     finally:
         await stop_node(node, runner)
+
+
+class _Stalled:
+    """A child's stream that answered its headers and then says nothing (a paused node)."""
+
+    def __init__(self, closed: list[str]) -> None:
+        self._closed = closed
+
+    async def readexactly(self, n: int) -> bytes:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._closed.append("closed")
+
+
+async def test_a_relay_hop_gives_up_on_a_stalled_child_once_its_requester_leaves(
+    tmp_path: Path,
+) -> None:
+    """A tree hop folds its own chunks (taking their rows from its budget), then waits on
+    its children, with no bound of its own: a child sends nothing until its subtree is
+    folded. A child that answered its headers and then stalled held every hop above it,
+    their budget shares and connections, for ever, even after the restorer at the top gave
+    up (aiohttp does not cancel a handler whose client left). Here node B's child (node C,
+    as B sees it) never speaks, node A relays B, and the requester of A leaves: both hops
+    must end and give back what they took."""
+    async with nodes(tmp_path, 3, replicas=3, write_quorum=3) as (a, b, c):
+        rows = encode_puts([b"k%04d" % i for i in range(2000)], [b"v" * 200] * 2000)
+        path = f"/v1/stores/{SID.path}/commit?version=1&epoch=1"
+        status, body = await call(a, "POST", path, data=rows)
+        assert status == 201, body
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://{a.address}/v1/stores/{SID.path}/chain?version=1") as r,
+        ):
+            assert r.status == 200
+            chain = decode_chain(await r.read())
+        tasks = tuple(
+            ChunkTask(chunk_key(SID, m.version, c.name), pos, m.version, c.name, c.checksum,
+                      c.size, c.raw_size, c.rows, (a.address, b.address), c.lo, c.hi)
+            for pos, m in enumerate(chain)
+            for c in m.chunks
+        )  # fmt: skip
+        leaf = Hop(c.address, ())
+        plan = encode_hop(
+            SID, Hop(a.address, tasks, (Hop(b.address, tasks, (leaf,)),)), True, 0,
+            chain[-1].key_groups,
+        )  # fmt: skip
+        asked: list[str] = []
+        closed: list[str] = []
+
+        async def stalled(address: str, path: str, body: bytes, **kw: Any) -> _Stalled:
+            asked.append(address)
+            return _Stalled(closed)
+
+        b.transport.open_stream = stalled  # type: ignore[method-assign]
+        host, port = a.address.rsplit(":", 1)
+        reader, w = await asyncio.open_connection(host, int(port))
+        w.write(
+            f"POST /v1/relay?store={SID.path} HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Length: {len(plan)}\r\n\r\n".encode()
+            + plan
+        )
+        await w.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        assert b" 200 " in head.split(b"\r\n", 1)[0], head
+        await eventually(
+            lambda: asked and a.budget.used > 0 and b.budget.used > 0,
+            "both hops folded their own chunks and wait on their children",
+        )
+        w.close()  # the requester gives up
+        with contextlib.suppress(OSError):
+            await w.wait_closed()
+        await eventually(
+            lambda: a.budget.used == 0 and b.budget.used == 0 and closed,
+            "both hops ended, their shares given back and the stalled stream closed",
+        )
