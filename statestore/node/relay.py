@@ -27,7 +27,7 @@ from aiohttp import web
 
 from statestore.core.chunk import decode_chunk, key_group, verify
 from statestore.core.errors import InvalidRequest, MalformedData, PayloadTooLarge, StateStoreError
-from statestore.core.fold import TREE_ROW_HELD, Positioned, merge_positioned
+from statestore.core.fold import TREE_ROW_HELD, Positioned, fold_held, merge_positioned
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.plan import ChunkTask, Hop
 from statestore.net.streams import read_frames
@@ -175,17 +175,25 @@ async def _tree(
     resp = web.StreamResponse(headers={"Content-Type": FRAMES_CONTENT_TYPE})
     await resp.prepare(request)
 
-    async def absorb(rows: list[Positioned]) -> None:
+    async def absorb(rows: list[Positioned], taken: int = 0) -> None:
         held = sum(len(k) + len(v or b"") + TREE_ROW_HELD for k, _, v in rows)
-        await lease.take(held, what, patient=False)
+        if held > taken:
+            await lease.take(held - taken, what, patient=False)
         merge_positioned(folded, rows)
+
+    # a chunk's rows as the plan claims them (its manifest's raw size and rows), taken before
+    # it is decoded: the decoded chunk is then within the budget too (the rows beyond the
+    # claim, a requester's word, are taken once decoded)
+    claims = {t.key: fold_held([(t.raw_size, t.rows)], TREE_ROW_HELD) for t in hop.all_chunks()}
 
     async def absorb_chunk(key: str, pos: int, data: bytes) -> None:
         verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
+        claim = claims.get(key, 0)
+        await lease.take(claim, what, patient=False)
         rows = await loop.run_in_executor(
             None, lambda: decode_chunk(data, max_raw=max_raw, what=key)
         )
-        await absorb([(k, pos, v) for k, v in rows])
+        await absorb([(k, pos, v) for k, v in rows], claim)
         covers.append(key)
 
     def handler(child_covers: list[str]) -> Any:

@@ -16,9 +16,11 @@ import pytest
 
 from statestore.cli.local import NodeProcess
 from statestore.core.chunk import encode_chunks
+from statestore.core.fold import TREE_ROW_HELD
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.plan import ChunkTask, Hop
+from statestore.node import relay
 from statestore.node.budget import Lease
 from statestore.node.compaction import compact_store
 from statestore.wire.frames import HEADER, encode_hop
@@ -241,4 +243,51 @@ async def test_compaction_folds_within_the_memory_budget(
         assert node.store.manifests(store)[1]  # folded
         folds = [n for n, what in reserved if "restore" in what]
         assert folds and max(folds) >= written, reserved
+        assert node.budget.used == 0
+
+
+async def test_a_tree_hop_takes_a_chunk_before_it_decodes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree hop took each chunk's rows from the budget once it had decoded them, so each
+    hop could hold a decoded chunk it was then refused room for (hostile review 5). Now it
+    takes what the plan says the chunk holds (its manifest's raw size and rows) first."""
+    seen: list[tuple[int, int]] = []  # (the budget's use when a chunk is decoded, its claim)
+    decode = relay.decode_chunk
+    store = StoreId.parse(STORE)
+    async with nodes(tmp_path, 1, replicas=1, write_quorum=1) as (node,):
+        claims: dict[int, int] = {}
+
+        def recorded(data: bytes, **kw: object) -> object:
+            seen.append((node.budget.used, claims[len(data)]))
+            return decode(data, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(relay, "decode_chunk", recorded)
+        async with aiohttp.ClientSession() as s:
+            for v in (1, 2):
+                keys = [b"k%d-%05d" % (v, i) for i in range(3000)]
+                body = encode_puts(keys, [bytes([v]) * 500] * len(keys))
+                url = f"http://{node.address}/v1/stores/{STORE}/commit?version={v}&epoch=1"
+                async with s.post(url, data=io.BytesIO(body)) as r:
+                    assert r.status == 201, await r.text()
+            url = f"http://{node.address}/v1/stores/{STORE}/chain?version=2"
+            async with s.get(url) as r:
+                chain = decode_chain(await r.read())
+            tasks = tuple(
+                ChunkTask(chunk_key(store, m.version, c.name), pos, m.version, c.name,
+                          c.checksum, c.size, c.raw_size, c.rows, (node.address,), c.lo, c.hi)
+                for pos, m in enumerate(chain)
+                for c in m.chunks
+            )  # fmt: skip
+            claims.update({t.size: t.raw_size + t.rows * TREE_ROW_HELD for t in tasks})
+            plan = encode_hop(store, Hop(node.address, tasks), True, 0, chain[-1].key_groups)
+            async with s.post(f"http://{node.address}/v1/relay?store={STORE}", data=plan) as r:
+                assert r.status == 200
+                frames = await r.read()
+        assert HEADER.unpack_from(frames, 0)[0] == b"D"  # folded, not refused
+        assert len(seen) == len(tasks) >= 2
+        taken = 0
+        for used, claim in seen:  # each chunk's claim taken before it is decoded
+            taken += claim
+            assert used >= taken, seen
         assert node.budget.used == 0
