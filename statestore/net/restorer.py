@@ -36,10 +36,10 @@ from statestore.core.errors import (
     CorruptChunk,
     StateStoreError,
 )
-from statestore.core.fold import STATE_ROW_HELD, ChainFold, fold_held
+from statestore.core.fold import STATE_ROW_HELD, ChainFold, Positioned, fold_held
 from statestore.core.ids import StoreId
 from statestore.core.links import LinkTable
-from statestore.core.manifest import ChunkRef, Manifest
+from statestore.core.manifest import Manifest
 from statestore.core.plan import ChunkTask, CostModel, Plan, build, learn_fold_ratio
 from statestore.core.reroute import (
     ChunkArrived,
@@ -61,14 +61,17 @@ from statestore.net.transport import ERROR_BYTES, Transport
 from statestore.wire.frames import decode_folded, encode_hop
 
 __all__ = [
+    "FOLD",
     "HEDGE",
     "HOLD",
+    "FoldHold",
+    "Hold",
     "RecoveryResult",
     "Restorer",
     "chain_tasks",
     "decode_measured",
     "hedge_after",
-    "hold_beyond_claim",
+    "held_rows",
     "hold_fold",
 ]
 
@@ -137,36 +140,63 @@ Hold = Callable[[int, str], Awaitable[None]]
 HOLD: contextvars.ContextVar[Hold | None] = contextvars.ContextVar("restore_hold", default=None)
 
 
-async def hold_fold(store: StoreId, chain: Sequence[Manifest]) -> None:
-    """Take what folding ``chain`` holds from the task's :data:`HOLD`, if it has one."""
+class FoldHold:
+    """A node's restore held to its memory budget (:data:`HOLD`): the chain's claims first
+    (:func:`hold_fold`), then what the rows it decodes (chunks, a tree's folded frames) hold
+    beyond all it took, as a running total: the claims are a writer's word (its manifests'
+    sizes) and a tree hop's folded rows a hop's, and either may understate. An honest
+    chain's rows take nothing more: a chunk's keys and values are within its raw size, which
+    counts their encoding too, and a hop's folded rows are some of the chunks it covered."""
+
+    def __init__(self, hold: Hold, what: str, taken: int) -> None:
+        self._hold = hold
+        self.what = what
+        self.taken = taken
+        self.decoded = 0
+
+    async def rows(self, rows: int, raw: int) -> None:
+        """``rows`` rows of ``raw`` bytes (keys and values) decoded into the fold."""
+        self.decoded += fold_held([(raw, rows)], STATE_ROW_HELD)
+        if self.decoded > self.taken:
+            extra, self.taken = self.decoded - self.taken, self.decoded
+            await self._hold(extra, f"{self.what}: its rows beyond what its manifests say")
+
+
+# the fold the current restore holds, if a node runs it (set by Restorer.run)
+FOLD: contextvars.ContextVar[FoldHold | None] = contextvars.ContextVar("restore_fold", default=None)
+
+
+async def hold_fold(store: StoreId, chain: Sequence[Manifest]) -> FoldHold | None:
+    """Take what folding ``chain`` holds from the task's :data:`HOLD`, if it has one, and
+    return what to charge its decoded rows to."""
     hold = HOLD.get()
-    if hold is not None:
-        cost = fold_held(((c.raw_size, c.rows) for m in chain for c in m.chunks), STATE_ROW_HELD)
-        await hold(cost, f"a restore of {store}")
+    if hold is None:
+        return None
+    cost = fold_held(((c.raw_size, c.rows) for m in chain for c in m.chunks), STATE_ROW_HELD)
+    what = f"a restore of {store}"
+    await hold(cost, what)
+    return FoldHold(hold, what, cost)
 
 
 def decode_measured(data: bytes, max_raw: int, what: str) -> tuple[Rows, int]:
-    """A chunk's rows (core/chunk.decode_chunk) and, when the task has a :data:`HOLD` (a
-    node restoring), the bytes of their keys and values for :func:`hold_beyond_claim`; for
-    an executor thread (the context is copied into it), off the event loop."""
+    """A chunk's rows (core/chunk.decode_chunk) and, when the task's restore holds its fold
+    (:data:`FOLD`: a node restoring), the bytes of their keys and values; for an executor
+    thread (the context copied into it), off the event loop."""
     rows = decode_chunk(data, max_raw=max_raw, what=what)
-    return rows, sum(len(k) + len(v or b"") for k, v in rows) if HOLD.get() is not None else 0
+    return rows, sum(len(k) + len(v or b"") for k, v in rows) if FOLD.get() is not None else 0
 
 
-async def hold_beyond_claim(t: ChunkTask | ChunkRef, rows: int, raw: int, what: str) -> None:
-    """Take from the task's :data:`HOLD` what a chunk's decoded rows (``rows`` of ``raw``
-    bytes: :func:`decode_measured`) hold beyond what its manifest claimed. :func:`hold_fold`
-    reserved the claims, a writer's word: one that understates its chunks' sizes would
-    otherwise make a node's restores of its stores hold more than they took. An honest
-    chunk's rows take nothing more: their bytes are within its raw size, which counts their
-    encoding too."""
-    hold = HOLD.get()
-    if hold is None:
-        return
-    claimed = fold_held([(t.raw_size, t.rows)], STATE_ROW_HELD)
-    actual = fold_held([(raw, rows)], STATE_ROW_HELD)
-    if actual > claimed:
-        await hold(actual - claimed, f"{what}, beyond its manifest's sizes")
+def _folded_measured(data: bytes, max_raw: int) -> tuple[list[Positioned], int]:
+    """A tree hop's folded rows and, as :func:`decode_measured`, their bytes."""
+    rows = decode_folded(data, max_raw)
+    return rows, sum(len(k) + len(v or b"") for k, _, v in rows) if FOLD.get() is not None else 0
+
+
+async def held_rows(rows: int, raw: int) -> None:
+    """Charge decoded rows to the current restore's :data:`FOLD`, if a node runs it."""
+    fold = FOLD.get()
+    if fold is not None:
+        await fold.rows(rows, raw)
 
 
 class Restorer:
@@ -258,7 +288,22 @@ class Restorer:
         prefetched: _Prefetched | None = None,
     ) -> RecoveryResult:
         """Carry out ``plan``; ``prefetched`` holds what :meth:`run_many` already read."""
-        await hold_fold(store, chain)
+        token = FOLD.set(await hold_fold(store, chain))
+        try:
+            return await self._run(view, store, chain, plan, progress, sem, prefetched)
+        finally:
+            FOLD.reset(token)
+
+    async def _run(
+        self,
+        view: RingView,
+        store: StoreId,
+        chain: list[Manifest],
+        plan: Plan,
+        progress: Callable[[int], None] | None,
+        sem: asyncio.Semaphore | None,
+        prefetched: _Prefetched | None,
+    ) -> RecoveryResult:
         pre = prefetched or _Prefetched(self.clock())
         started = pre.started
         fold = pre.fold
@@ -347,8 +392,12 @@ class Restorer:
                     elif kind == b"F":
                         if plan.kind != "tree":
                             continue  # only a tree's hops fold: anything else is not believed
-                        rows = await loop.run_in_executor(None, decode_folded, data, self.max_raw)
-                        fold.add_folded(rows)
+                        folded, raw = await loop.run_in_executor(
+                            None, contextvars.copy_context().run, _folded_measured, data,
+                            self.max_raw,
+                        )  # fmt: skip
+                        await held_rows(len(folded), raw)
+                        fold.add_folded(folded)
                         g = meta.get("g")
                         if isinstance(g, list) and len(g) == 2:
                             events.append(FoldedArrived(int(g[0]), int(g[1])))
@@ -483,7 +532,7 @@ class Restorer:
         except CorruptChunk:
             events.append(ChunkArrived(t.key, source, intact=False))
             return
-        await hold_beyond_claim(t, len(rows), raw, f"chunk {t.key}")
+        await held_rows(len(rows), raw)
         fold.add_chunk(t.pos, rows, t.name[:1] in ("s", "w"))
         events.append(ChunkArrived(t.key, source))
 
@@ -533,7 +582,7 @@ class Restorer:
             rows, raw = await loop.run_in_executor(
                 None, contextvars.copy_context().run, decode_measured, body, self.max_raw, t.key
             )
-            await hold_beyond_claim(t, len(rows), raw, f"chunk {t.key}")
+            await held_rows(len(rows), raw)
             fold.add_chunk(t.pos, rows, t.name[:1] in ("s", "w"))
 
         tasks_ = [asyncio.ensure_future(one(r)) for r in missing]

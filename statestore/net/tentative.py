@@ -40,10 +40,11 @@ from statestore.net.failover import first_holder
 from statestore.net.quorate import GRACE, until_enough
 from statestore.net.reads import read_chain, read_head, stand_ins
 from statestore.net.restorer import (
+    FOLD,
     HEDGE,
     Restorer,
     decode_measured,
-    hold_beyond_claim,
+    held_rows,
     hold_fold,
 )
 from statestore.net.transport import ERROR_BYTES, Transport
@@ -313,7 +314,26 @@ async def read_reachable(
             view, store, chain, restorer.plan_chain(view, store, chain, "star")
         )
         state, stats, last = result.state, result.stats, chain[-1]
-    await hold_fold(store, line)  # the tentative commits' rows, beside the base's
+    token = FOLD.set(await hold_fold(store, line))  # the tentative commits', beside the base
+    try:
+        state, last = await _fold_line(transport, store, line, hinted, state, last, stats, max_raw)
+    finally:
+        FOLD.reset(token)
+    return state, last, stats, bool(line)
+
+
+async def _fold_line(
+    transport: Transport,
+    store: StoreId,
+    line: list[Manifest],
+    hinted: list[tuple[str, Manifest]],
+    state: dict[bytes, bytes],
+    last: Manifest | None,
+    stats: RestoreStats,
+    max_raw: int,
+) -> tuple[dict[bytes, bytes], Manifest]:
+    """``state`` with the tentative ``line`` applied on top, each chunk read from a node that
+    holds it as a hint."""
     holders: dict[tuple[int, int, str], list[str]] = {}
     for address, m in hinted:
         holders.setdefault((m.epoch, m.version, m.kind), []).append(address)
@@ -335,7 +355,7 @@ async def read_reachable(
             _, body = await first_holder(key, holders[(m.epoch, m.version, m.kind)], read)
             stats.bytes_in += len(body)
             rows, raw = decode_measured(body, max_raw, key)
-            await hold_beyond_claim(ref, len(rows), raw, f"chunk {key}")
+            await held_rows(len(rows), raw)
             for k, v in rows:
                 if v is None:
                     state.pop(k, None)
@@ -343,4 +363,4 @@ async def read_reachable(
                     state[k] = v
         last = m
     assert last is not None
-    return state, last, stats, bool(line)
+    return state, last

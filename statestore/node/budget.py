@@ -120,6 +120,13 @@ class Lease:
         parent; refused, it fails and the parent fetches its chunks.)"""
         await self.take(max(0, min(nbytes, self.budget.limit - self.held)), what)
 
+    async def give(self, nbytes: int) -> None:
+        """Give back ``nbytes`` of what it took (at most what it holds): a claim taken
+        before the memory it stood for was known, trued up."""
+        nbytes = max(0, min(nbytes, self.held))
+        self.held -= nbytes
+        await self.budget.give(nbytes)
+
     async def close(self) -> None:
         self.closed = True
         held, self.held = self.held, 0

@@ -35,7 +35,7 @@ from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.retention import Thinning, plan_compaction, rung_spacing
 from statestore.core.view import RingView
-from statestore.net.restorer import HOLD
+from statestore.net.restorer import HOLD, Hold
 from statestore.net.writes import write_commit
 from statestore.node.budget import Lease
 from statestore.node.daemon import Node
@@ -47,11 +47,10 @@ log = logging.getLogger(__name__)
 
 async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | None:
     """Write version ``top.version`` back as a snapshot; None if a newer writer fenced us.
-    The fold and its chunks are held to the node's memory budget, as a restore a caller asks
-    for is (node/budget.py): the pass waits for room, and without it within the body timeout
-    it fails (RateLimited) and the next pass tries again."""
+    The fold is held to the node's memory budget as far as there is room for it now (see
+    :func:`_fold_hold`), and given back before the snapshot is written."""
     lease = Lease(node.budget)
-    hold = HOLD.set(lease.reserve)
+    hold = HOLD.set(_fold_hold(lease))
     try:
         chain, plan = await node.restorer.plan(view, top.store, top.version, "star")
         state = (await node.restorer.run(view, top.store, chain, plan)).state
@@ -68,14 +67,33 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
                 block_size=view.block_size(),
             )
         )
-        # the fold's reservation (its raw bytes and 200 a row) is held until the snapshot is
-        # written; its chunks, compressed, fit in it once the state is dropped (while they
-        # are encoded both are held: the chunks are not charged on top)
         del state
-        return await _write_snapshot(node, view, top, chunks)
     finally:
         HOLD.reset(hold)
+        # given back before the chunks are written: each write takes them from the budget of
+        # the node it goes to, this one's too, which a fold still held here could leave no
+        # room for (a review found the node refusing its own snapshot's chunks, every pass)
         await lease.close()
+    return await _write_snapshot(node, view, top, chunks)
+
+
+def _fold_hold(lease: Lease) -> Hold:
+    """How compaction takes its fold (net/restorer.HOLD): what there is room for now, up to
+    half the budget, and never a wait. Background work must neither wait on the requests it
+    serves (under steady load a fold waiting for its whole size never ran, and a store's
+    chain and disk grew without bound) nor hold all their room; what it takes makes
+    requests wait for room while the fold holds the memory, and the rest of a fold larger
+    than that is outside the budget, as the log says."""
+    budget = lease.budget
+
+    async def take(nbytes: int, what: str) -> None:
+        room = max(0, min(budget.limit // 2 - lease.held, budget.limit - budget.used))
+        if nbytes > room:
+            log.debug("%s: %d bytes of it outside the memory budget", what, nbytes - room)
+        if min(nbytes, room):
+            await lease.take(min(nbytes, room), what, patient=False)
+
+    return take
 
 
 async def _write_snapshot(

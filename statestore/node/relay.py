@@ -176,24 +176,31 @@ async def _tree(
     await resp.prepare(request)
 
     async def absorb(rows: list[Positioned], taken: int = 0) -> None:
+        """Merge ``rows``, of which ``taken`` bytes were taken before they were decoded:
+        what they hold beyond that is taken now, what was taken beyond it given back."""
         held = sum(len(k) + len(v or b"") + TREE_ROW_HELD for k, _, v in rows)
         if held > taken:
             await lease.take(held - taken, what, patient=False)
+        elif held < taken:
+            await lease.give(taken - held)
         merge_positioned(folded, rows)
 
-    # a chunk's rows as the plan claims them (its manifest's raw size and rows), taken before
-    # it is decoded: the decoded chunk is then within the budget too (the rows beyond the
-    # claim, a requester's word, are taken once decoded)
+    # a chunk's rows as the plan claims them (its manifest's raw size and rows) are taken
+    # before it is decoded, so that the decoded chunk is within the budget too, and trued up
+    # once it is (the claim is the requester's word). This hop's own chunks are taken all at
+    # once, before the first is read: hops folding side by side each get all of theirs or
+    # fail at once, where taken a chunk at a time they all got part way and all failed
     claims = {t.key: fold_held([(t.raw_size, t.rows)], TREE_ROW_HELD) for t in hop.all_chunks()}
 
-    async def absorb_chunk(key: str, pos: int, data: bytes) -> None:
+    async def absorb_chunk(key: str, pos: int, data: bytes, taken: int | None = None) -> None:
         verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
-        claim = claims.get(key, 0)
-        await lease.take(claim, what, patient=False)
+        if taken is None:
+            taken = claims.get(key, 0)
+            await lease.take(taken, what, patient=False)
         rows = await loop.run_in_executor(
             None, lambda: decode_chunk(data, max_raw=max_raw, what=key)
         )
-        await absorb([(k, pos, v) for k, v in rows], claim)
+        await absorb([(k, pos, v) for k, v in rows], taken)
         covers.append(key)
 
     def handler(child_covers: list[str]) -> Any:
@@ -219,9 +226,10 @@ async def _tree(
         for c, cc in zip(hop.children, child_covers, strict=True)
     ]
     try:
+        await lease.take(sum(claims.get(t.key, 0) for t in hop.chunks), what, patient=False)
         for t, data in _local_chunks(node, hop):  # folded in while the children stream
             own += len(data)
-            await absorb_chunk(t.key, t.pos, data)
+            await absorb_chunk(t.key, t.pos, data, claims.get(t.key, 0))
         for task, cc in zip(children, child_covers, strict=True):
             if await task:  # a child cut mid-stream: its chunks are not vouched for
                 covers.extend(cc)

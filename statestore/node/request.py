@@ -8,7 +8,6 @@ signs onto its answer (core/identity)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -91,7 +90,10 @@ async def while_requester_stays(request: web.Request, work: Awaitable[T]) -> T |
     relay hop waiting on a child that answered its headers and then stalled (a paused or
     wedged node) waited for ever, holding its share of the memory budget and its children's
     connections; with this, a hop lives no longer than its parent does, and the restorer at
-    the top gives up on a quiet stream (net/restorer.py)."""
+    the top gives up on a quiet stream (net/restorer.py). A request with no transport (the
+    in-process network of the simulator and the tests, net/inproc.py) is not watched."""
+    if request.transport is None:
+        return await work
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -104,8 +106,9 @@ async def while_requester_stays(request: web.Request, work: Awaitable[T]) -> T |
     finally:
         if not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await asyncio.wait({task})  # its end, not its exception; our own cancel stands
+            if not task.cancelled():
+                task.exception()  # retrieved: it ended on its own way, unasked
 
 
 def store_of(request: web.Request) -> StoreId:

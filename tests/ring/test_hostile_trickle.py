@@ -23,8 +23,13 @@ import pytest
 
 from client import StoreId
 from statestore.core.ids import chunk_key
+from statestore.core.manifest import Manifest
 from statestore.core.plan import ChunkTask, Hop
+from statestore.net.inproc import Answer, exchange
+from statestore.net.streams import read_frames
 from statestore.node import request as request_module
+from statestore.node.api import build_app
+from statestore.node.daemon import Node
 from statestore.node.server import start_node, stop_node
 from statestore.wire.frames import encode_hop
 from statestore.wire.manifest import decode_chain
@@ -122,6 +127,30 @@ async def test_a_restore_answer_left_unread_gives_its_budget_back(
         await stop_node(node, runner)
 
 
+async def _committed(node: Node, n: int) -> list[Manifest]:
+    """Version 1 of SID, ``n`` rows of 200 bytes, committed through ``node``: its chain."""
+    rows = encode_puts([b"k%04d" % i for i in range(n)], [b"v" * 200] * n)
+    path = f"/v1/stores/{SID.path}/commit?version=1&epoch=1"
+    status, body = await call(node, "POST", path, data=rows)
+    assert status == 201, body
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"http://{node.address}/v1/stores/{SID.path}/chain?version=1") as r,
+    ):
+        assert r.status == 200
+        return decode_chain(await r.read())
+
+
+def _tasks(chain: list[Manifest], holders: tuple[str, ...]) -> tuple[ChunkTask, ...]:
+    """A restorer's tasks for the chunks of ``chain`` (of SID), held by ``holders``."""
+    return tuple(
+        ChunkTask(chunk_key(SID, m.version, c.name), pos, m.version, c.name, c.checksum,
+                  c.size, c.raw_size, c.rows, holders, c.lo, c.hi)
+        for pos, m in enumerate(chain)
+        for c in m.chunks
+    )  # fmt: skip
+
+
 class _Stalled:
     """A child's stream that answered its headers and then says nothing (a paused node)."""
 
@@ -147,22 +176,8 @@ async def test_a_relay_hop_gives_up_on_a_stalled_child_once_its_requester_leaves
     as B sees it) never speaks, node A relays B, and the requester of A leaves: both hops
     must end and give back what they took."""
     async with nodes(tmp_path, 3, replicas=3, write_quorum=3) as (a, b, c):
-        rows = encode_puts([b"k%04d" % i for i in range(2000)], [b"v" * 200] * 2000)
-        path = f"/v1/stores/{SID.path}/commit?version=1&epoch=1"
-        status, body = await call(a, "POST", path, data=rows)
-        assert status == 201, body
-        async with (
-            aiohttp.ClientSession() as s,
-            s.get(f"http://{a.address}/v1/stores/{SID.path}/chain?version=1") as r,
-        ):
-            assert r.status == 200
-            chain = decode_chain(await r.read())
-        tasks = tuple(
-            ChunkTask(chunk_key(SID, m.version, c.name), pos, m.version, c.name, c.checksum,
-                      c.size, c.raw_size, c.rows, (a.address, b.address), c.lo, c.hi)
-            for pos, m in enumerate(chain)
-            for c in m.chunks
-        )  # fmt: skip
+        chain = await _committed(a, 2000)
+        tasks = _tasks(chain, (a.address, b.address))
         leaf = Hop(c.address, ())
         plan = encode_hop(
             SID, Hop(a.address, tasks, (Hop(b.address, tasks, (leaf,)),)), True, 0,
@@ -197,3 +212,47 @@ async def test_a_relay_hop_gives_up_on_a_stalled_child_once_its_requester_leaves
             lambda: a.budget.used == 0 and b.budget.used == 0 and closed,
             "both hops ended, their shares given back and the stalled stream closed",
         )
+
+
+class _SlowEmpty:
+    """A child's stream that ends cleanly, with no frame, after its subtree took 1.5 s."""
+
+    async def readexactly(self, n: int) -> bytes:
+        raise asyncio.IncompleteReadError(b"", n)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_an_in_process_relay_hop_slower_than_a_second_answers_whole(
+    tmp_path: Path,
+) -> None:
+    """The in-process network (net/inproc.py: the simulator's, the fuzzers') serves requests
+    with no transport. A first build of the stop on a leaving requester read that as "left"
+    and cut every hop still working after a second, so slow line and tree hops fell back to
+    star unseen (a review of it found it). A hop served in process answers whole."""
+    async with nodes(tmp_path, 2, replicas=2, write_quorum=2) as (a, b):
+        chain = await _committed(a, 200)
+        tasks = _tasks(chain, (a.address, b.address))
+        hop = Hop(a.address, tasks, (Hop(b.address, ()),))
+        plan = encode_hop(SID, hop, True, 0, chain[-1].key_groups)
+
+        async def slow(address: str, path: str, body: bytes, **kw: Any) -> _SlowEmpty:
+            await asyncio.sleep(1.5)
+            return _SlowEmpty()
+
+        a.transport.open_stream = slow  # type: ignore[method-assign]
+        app = build_app(a)
+        app.freeze()
+        answer = Answer(a.address)
+        served = asyncio.create_task(
+            exchange(
+                app, answer, method="POST", address=a.address,
+                path=f"/v1/relay?store={SID.path}", body=plan, headers={}, peer="client:1",
+                client_max_size=1 << 20,
+            )
+        )  # fmt: skip
+        assert (await answer.status)[0] == 200
+        frames = [(kind, meta) async for kind, meta, _data, _raw in read_frames(answer, 1 << 28)]
+        await served
+        assert any(kind == b"D" and "out" in meta for kind, meta in frames), frames
