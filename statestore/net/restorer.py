@@ -25,9 +25,9 @@ import asyncio
 import contextvars
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from statestore.core.bucket import TokenBucket
 from statestore.core.calibration import Calibration
@@ -132,11 +132,23 @@ def hedge_after(size: int) -> float:
 HEDGE_RATE = 20e6
 # the fixed part of hedge_after; a read within a delay bound sets a shorter one for its task
 HEDGE: contextvars.ContextVar[float] = contextvars.ContextVar("hedge", default=0.5)
-# Where a restore takes the memory its fold will hold before it reads a chunk: a node
-# restoring for a caller sets it for the request (node/api.py: its memory budget's lease);
-# called with the bytes (core/fold.fold_held) and what for. None (a client's own restores):
-# nothing is taken.
-Hold = Callable[[int, str], Awaitable[None]]
+
+
+class Hold(Protocol):
+    """Where a restore takes the memory its fold holds (node/budget.FoldLease: a memory
+    budget's lease), each call with the bytes (core/fold.fold_held) and what for."""
+
+    async def claim(self, nbytes: int, what: str) -> None:
+        """What the chain's manifests say the fold holds, before a chunk is read: may wait
+        for room, may refuse."""
+
+    async def beyond(self, nbytes: int, what: str) -> None:
+        """What the rows decoded hold beyond the claims: they are held already, so this
+        neither waits nor refuses (it takes what room there is)."""
+
+
+# a node restoring for a caller, or compacting, sets it for the task; None (a client's own
+# restores): nothing is taken
 HOLD: contextvars.ContextVar[Hold | None] = contextvars.ContextVar("restore_hold", default=None)
 
 
@@ -144,9 +156,11 @@ class FoldHold:
     """A node's restore held to its memory budget (:data:`HOLD`): the chain's claims first
     (:func:`hold_fold`), then what the rows it decodes (chunks, a tree's folded frames) hold
     beyond all it took, as a running total: the claims are a writer's word (its manifests'
-    sizes) and a tree hop's folded rows a hop's, and either may understate. An honest
-    chain's rows take nothing more: a chunk's keys and values are within its raw size, which
-    counts their encoding too, and a hop's folded rows are some of the chunks it covered."""
+    sizes) and a tree hop's folded rows a hop's, and either may understate. A chain's
+    chunks take nothing more (a chunk's keys and values are within its raw size, which
+    counts their encoding too); a tree restore may (a hop cut after its folded rows keeps
+    them in the fold its parent sends, and the restorer fetches the chunks again), taken as
+    far as there is room: the rows are held already."""
 
     def __init__(self, hold: Hold, what: str, taken: int) -> None:
         self._hold = hold
@@ -159,7 +173,7 @@ class FoldHold:
         self.decoded += fold_held([(raw, rows)], STATE_ROW_HELD)
         if self.decoded > self.taken:
             extra, self.taken = self.decoded - self.taken, self.decoded
-            await self._hold(extra, f"{self.what}: its rows beyond what its manifests say")
+            await self._hold.beyond(extra, f"{self.what}: its rows beyond its claims")
 
 
 # the fold the current restore holds, if a node runs it (set by Restorer.run)
@@ -174,7 +188,7 @@ async def hold_fold(store: StoreId, chain: Sequence[Manifest]) -> FoldHold | Non
         return None
     cost = fold_held(((c.raw_size, c.rows) for m in chain for c in m.chunks), STATE_ROW_HELD)
     what = f"a restore of {store}"
-    await hold(cost, what)
+    await hold.claim(cost, what)
     return FoldHold(hold, what, cost)
 
 

@@ -48,7 +48,7 @@ from statestore.core.repair import content_digest
 from statestore.core.retention import MAX_RETAIN, Thinning
 from statestore.net.restorer import HOLD
 from statestore.node.auth import PRINCIPAL, allow, enforce, principal
-from statestore.node.budget import COMMIT_FACTOR, LEASE, budget_middleware
+from statestore.node.budget import COMMIT_FACTOR, LEASE, FoldLease, budget_middleware
 from statestore.node.coordinator import (
     POSITIONS_HEADER,
     STATS_HEADER,
@@ -706,7 +706,7 @@ async def state(request: web.Request) -> web.StreamResponse:
     tentative = False
     # the state folded here is held until it is sent: reserved from the memory budget
     # before a chunk is read (net/restorer.HOLD; one larger than the budget runs alone)
-    held = HOLD.set(request[LEASE].reserve)
+    held = HOLD.set(FoldLease(request[LEASE]))
     try:
         if delay_bound is None or version is not None:
             data, top, stats = await _bounded(

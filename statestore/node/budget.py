@@ -29,7 +29,15 @@ from aiohttp.typedefs import Middleware
 
 from statestore.core.errors import PayloadTooLarge, RateLimited
 
-__all__ = ["COMMIT_FACTOR", "LEASE", "Lease", "MemoryBudget", "budget_middleware", "is_commit"]
+__all__ = [
+    "COMMIT_FACTOR",
+    "LEASE",
+    "FoldLease",
+    "Lease",
+    "MemoryBudget",
+    "budget_middleware",
+    "is_commit",
+]
 
 # a coordinator commit's peak over its body: the body, the decoded rows, the chunks built
 COMMIT_FACTOR = 3
@@ -127,10 +135,40 @@ class Lease:
         self.held -= nbytes
         await self.budget.give(nbytes)
 
+    async def take_room(self, nbytes: int, what: str, most: int | None = None) -> None:
+        """Take ``nbytes``, or what room the budget has now when that is less (and at most
+        ``most`` held by this request in all): never a wait, never a refusal. For memory
+        that is held already, or for background work that must neither wait on the
+        requests it serves nor take all their room."""
+        most = self.budget.limit if most is None else most
+        room = max(0, min(nbytes, most - self.held, self.budget.limit - self.budget.used))
+        if room and not self.closed:
+            await self.take(room, what, patient=False)
+
     async def close(self) -> None:
         self.closed = True
         held, self.held = self.held, 0
         await self.budget.give(held)
+
+
+class FoldLease:
+    """A fold a node builds (net/restorer.Hold), held to its lease: its claims reserved
+    (:meth:`Lease.reserve`: a request's restore waits for room, runs alone if larger than the
+    budget) or, for background work (``most``: compaction), taken as far as there is room up
+    to ``most``; the rows beyond the claims as far as there is room."""
+
+    def __init__(self, lease: Lease, most: int | None = None) -> None:
+        self.lease = lease
+        self.most = most
+
+    async def claim(self, nbytes: int, what: str) -> None:
+        if self.most is None:
+            await self.lease.reserve(nbytes, what)
+        else:
+            await self.lease.take_room(nbytes, what, self.most)
+
+    async def beyond(self, nbytes: int, what: str) -> None:
+        await self.lease.take_room(nbytes, what, self.most)
 
 
 LEASE = web.RequestKey("lease", Lease)

@@ -35,9 +35,9 @@ from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.retention import Thinning, plan_compaction, rung_spacing
 from statestore.core.view import RingView
-from statestore.net.restorer import HOLD, Hold
+from statestore.net.restorer import HOLD
 from statestore.net.writes import write_commit
-from statestore.node.budget import Lease
+from statestore.node.budget import FoldLease, Lease
 from statestore.node.daemon import Node
 
 __all__ = ["compact_store", "compaction_loop"]
@@ -77,23 +77,14 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
     return await _write_snapshot(node, view, top, chunks)
 
 
-def _fold_hold(lease: Lease) -> Hold:
+def _fold_hold(lease: Lease) -> FoldLease:
     """How compaction takes its fold (net/restorer.HOLD): what there is room for now, up to
     half the budget, and never a wait. Background work must neither wait on the requests it
     serves (under steady load a fold waiting for its whole size never ran, and a store's
     chain and disk grew without bound) nor hold all their room; what it takes makes
     requests wait for room while the fold holds the memory, and the rest of a fold larger
-    than that is outside the budget, as the log says."""
-    budget = lease.budget
-
-    async def take(nbytes: int, what: str) -> None:
-        room = max(0, min(budget.limit // 2 - lease.held, budget.limit - budget.used))
-        if nbytes > room:
-            log.debug("%s: %d bytes of it outside the memory budget", what, nbytes - room)
-        if min(nbytes, room):
-            await lease.take(min(nbytes, room), what, patient=False)
-
-    return take
+    than that is outside the budget."""
+    return FoldLease(lease, most=lease.budget.limit // 2)
 
 
 async def _write_snapshot(

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from statestore.core.chunk import decode_chunk, key_group, verify
+from statestore.core.chunk import MAX_CHUNK_ROWS, decode_chunk, key_group, verify
 from statestore.core.errors import InvalidRequest, MalformedData, PayloadTooLarge, StateStoreError
 from statestore.core.fold import TREE_ROW_HELD, Positioned, fold_held, merge_positioned
 from statestore.core.ids import StoreId, parse_chunk_key
@@ -62,14 +62,19 @@ def relay_path(store_path: str) -> str:
     return f"/v1/relay?store={store_path}"
 
 
+def _local_chunk(node: Node, t: ChunkTask) -> bytes | None:
+    """One of this hop's own chunks, if it is here and sound; else the restorer fetches it."""
+    try:
+        return node.store.get_chunk(t.key)
+    except StateStoreError as exc:
+        log.warning("relay: own chunk %s unusable: %s", t.key, exc)
+        return None
+
+
 def _local_chunks(node: Node, hop: Hop) -> Iterator[tuple[ChunkTask, bytes]]:
     """This hop's own chunks that are here and sound; the rest the restorer fetches."""
     for t in hop.chunks:
-        try:
-            data = node.store.get_chunk(t.key)
-        except StateStoreError as exc:
-            log.warning("relay: own chunk %s unusable: %s", t.key, exc)
-            continue
+        data = _local_chunk(node, t)
         if data is not None:
             yield t, data
 
@@ -190,7 +195,12 @@ async def _tree(
     # once it is (the claim is the requester's word). This hop's own chunks are taken all at
     # once, before the first is read: hops folding side by side each get all of theirs or
     # fail at once, where taken a chunk at a time they all got part way and all failed
-    claims = {t.key: fold_held([(t.raw_size, t.rows)], TREE_ROW_HELD) for t in hop.all_chunks()}
+    # (capped at what a chunk may decode to), and given back for one this node lacks
+    claims = {
+        t.key: fold_held([(min(t.raw_size, max_raw), min(t.rows, MAX_CHUNK_ROWS))], TREE_ROW_HELD)
+        for t in hop.all_chunks()
+    }
+    mine = {t.key: t for t in hop.chunks}  # a chunk named twice is folded once
 
     async def absorb_chunk(key: str, pos: int, data: bytes, taken: int | None = None) -> None:
         verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
@@ -226,10 +236,14 @@ async def _tree(
         for c, cc in zip(hop.children, child_covers, strict=True)
     ]
     try:
-        await lease.take(sum(claims.get(t.key, 0) for t in hop.chunks), what, patient=False)
-        for t, data in _local_chunks(node, hop):  # folded in while the children stream
+        await lease.take(sum(claims[key] for key in mine), what, patient=False)
+        for t in mine.values():  # folded in while the children stream
+            data = _local_chunk(node, t)
+            if data is None:  # not here, or unusable: the restorer fetches it elsewhere
+                await lease.give(claims[t.key])
+                continue
             own += len(data)
-            await absorb_chunk(t.key, t.pos, data, claims.get(t.key, 0))
+            await absorb_chunk(t.key, t.pos, data, claims[t.key])
         for task, cc in zip(children, child_covers, strict=True):
             if await task:  # a child cut mid-stream: its chunks are not vouched for
                 covers.extend(cc)

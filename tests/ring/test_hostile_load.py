@@ -13,10 +13,11 @@ import os
 from pathlib import Path
 
 import aiohttp
+import msgpack
 import pytest
 
 from statestore.cli.local import NodeProcess
-from statestore.core.chunk import encode_chunks
+from statestore.core.chunk import EncodedChunk, encode_chunks
 from statestore.core.fold import TREE_ROW_HELD
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Manifest
@@ -371,3 +372,103 @@ async def test_a_tree_hop_takes_a_chunk_before_it_decodes_it(
             assert used >= left, seen
             left -= claim
         assert node.budget.used == 0
+
+
+def _kib_rows(version: int, n: int) -> list[EncodedChunk]:
+    """``n`` rows of 1 KiB (distinct per version), chunked as a writer chunks them."""
+    rows = {b"v%d-%06d" % (version, i): bytes([i % 251]) * 1024 for i in range(n)}
+    return encode_chunks(rows, [], target_size=1 << 20)
+
+
+def _honest(
+    version: int, chunks: list[EncodedChunk], holders: tuple[str, ...]
+) -> tuple[ChunkTask, ...]:
+    """Tasks for ``chunks`` of STORE, their claims the chunks' true raw sizes and rows."""
+    store = StoreId.parse(STORE)
+    return tuple(
+        ChunkTask(chunk_key(store, version, c.name), version - 1, version, c.name, c.checksum,
+                  len(c.data), c.raw_size, c.rows, holders, c.lo, c.hi)
+        for c in chunks
+    )  # fmt: skip
+
+
+async def _relay_frames(address: str, plan: bytes) -> list[tuple[bytes, dict[str, object]]]:
+    """The frames (kind, meta) a hop answers ``plan`` with."""
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://{address}/v1/relay?store={STORE}", data=plan) as r,
+    ):
+        assert r.status == 200, await r.text()
+        body = await r.read()
+    frames, at = [], 0
+    while at < len(body):
+        kind, meta_len, data_len = HEADER.unpack_from(body, at)
+        meta = msgpack.unpackb(body[at + HEADER.size : at + HEADER.size + meta_len])
+        frames.append((kind, meta))
+        at += HEADER.size + meta_len + data_len
+    return frames
+
+
+async def test_a_tree_hop_gives_back_the_claims_of_chunks_it_lacks(tmp_path: Path) -> None:
+    """A first build of the up-front claims (above) kept the claims of the hop's chunks it
+    did not hold (a replaced disk not yet repaired: the restorer fetches them elsewhere)
+    until the request ended: hop A, planned 9 MiB it had lost, had no room left for its
+    child's 5 MiB fold under a 16 MiB budget, and refused it (a review found it)."""
+    store = StoreId.parse(STORE)
+    async with nodes(
+        tmp_path, 2, replicas=2, write_quorum=2, memory_budget=16 * MIB, max_body=4 * MIB
+    ) as (a, b):
+        lost, theirs = _kib_rows(1, 9 * 1024), _kib_rows(2, 5 * 1024)
+        for c in theirs:
+            b.store.put_chunk(chunk_key(store, 2, c.name), c.data)
+        child = _honest(2, theirs, (b.address,))
+        hop = Hop(a.address, _honest(1, lost, (a.address, b.address)), (Hop(b.address, child),))
+        frames = await _relay_frames(a.address, encode_hop(store, hop, True, 0, 0))
+        assert not [m for k, m in frames if k == b"E"], frames
+        covers = next(m["covers"] for k, m in frames if k == b"D" and "covers" in m)
+        assert set(covers) == {t.key for t in child}  # type: ignore[union-attr]
+        assert a.budget.used == 0 and b.budget.used == 0
+
+
+async def test_a_plan_naming_chunks_a_hop_lacks_holds_nothing(tmp_path: Path) -> None:
+    """A requester with read rights named four chunks node A does not hold, each claimed at
+    3 MiB, and A held 12 of its 16 MiB with nothing behind it for as long as the hop ran
+    (its child here takes 2 s), on the same first build (the review above)."""
+    store = StoreId.parse(STORE)
+    async with nodes(
+        tmp_path, 2, replicas=2, write_quorum=2, memory_budget=16 * MIB, max_body=4 * MIB
+    ) as (a, b):
+        names = [f"d{i}-{i + 1:016x}" for i in range(4)]
+        fake = tuple(
+            ChunkTask(chunk_key(store, 1, name), 0, 1, name, i + 1, 100, 3 * MIB, 1,
+                      (a.address,), 0, 0)
+            for i, name in enumerate(names)
+        )  # fmt: skip
+
+        class SlowEmpty:  # a child that ends cleanly, with no frame, after 2 s
+            async def readexactly(self, n: int) -> bytes:
+                raise asyncio.IncompleteReadError(b"", n)
+
+            def close(self) -> None:
+                pass
+
+        async def slow(address: str, path: str, body: bytes, **kw: object) -> SlowEmpty:
+            await asyncio.sleep(2)
+            return SlowEmpty()
+
+        a.transport.open_stream = slow  # type: ignore[method-assign]
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, a.budget.used)
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            hop = Hop(a.address, fake, (Hop(b.address, ()),))
+            await _relay_frames(a.address, encode_hop(store, hop, True, 0, 0))
+        finally:
+            watcher.cancel()
+        assert peak < MIB, f"A held {peak / MIB:.1f} MiB for chunks it does not have"

@@ -101,3 +101,28 @@ def test_an_impatient_take_without_room_is_refused_at_once() -> None:
         return used, held, budget.refused, budget.used
 
     assert asyncio.run(run()) == (100, 10, 1, 90)
+
+
+def test_taking_room_never_waits_nor_refuses_and_giving_back_is_bounded() -> None:
+    """Background work and rows already decoded take what room there is now, up to a cap
+    (``Lease.take_room``: compaction's fold, a restore's rows beyond its claims), and a
+    claim trued up gives back at most what the lease holds (``Lease.give``)."""
+
+    async def run() -> list[int]:
+        budget = MemoryBudget(100, wait=30.0, max_body=10)
+        other = Lease(budget)
+        await other.take(70, "a")
+        work = Lease(budget)
+        await asyncio.wait_for(work.take_room(50, "a fold"), 1.0)  # 30 of room: 30 taken
+        seen = [work.held, budget.used]
+        await other.close()
+        await work.take_room(50, "a fold", most=40)  # room now, but at most 40 held in all
+        seen += [work.held]
+        await work.give(25)
+        await work.give(100)  # no more than it holds
+        seen += [work.held, budget.used]
+        await work.close()
+        await work.take_room(10, "left behind")  # its request ended: nothing
+        return [*seen, budget.used]
+
+    assert asyncio.run(run()) == [30, 100, 40, 0, 0, 0]
