@@ -9,8 +9,8 @@ under a budget the restores take turns, and a node's memory grows with the budge
 the restores in flight. Per size, two node processes in turn hold the same state: one with
 ``--budget`` MiB (default 64), one whose budget is past anything they hold (``--free``,
 default 8 GiB: the budget never makes a restore wait, as before restores were charged). The
-figure is the growth of each process's peak resident set (VmHWM) over eight restores at once,
-then over eight tree folds at once, and their ratio.
+figure is the growth of each process's peak resident set (VmHWM, started afresh before each
+phase) over eight restores at once, then over eight tree folds at once, and their ratio.
 
     .venv/bin/python bench/restore_memory.py [--sizes 16,48] [--budget 64]
 """
@@ -34,8 +34,13 @@ from statestore.wire.manifest import decode_chain
 from statestore.wire.rows import encode_puts
 
 STORE = "q/0/0/s"
-ROW = 4096  # bytes of a value: a version of 4,096 rows is 16 MiB
+ROW = 4000  # bytes of a value: a version of 4,096 rows is ~16 MiB
 KEYS = 4096
+
+
+def reset_peak(pid: int) -> None:
+    """Start ``pid``'s peak resident set (VmHWM) afresh at its current one (clear_refs 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def peak(pid: int) -> int:
@@ -67,6 +72,7 @@ async def measure(work: Path, size: int, budget: int) -> tuple[int, int]:
                 url = f"http://{node.address}/v1/stores/{STORE}/commit?version={v}&epoch=1"
                 async with s.post(url, data=io.BytesIO(encode_puts(keys, values))) as r:
                     assert r.status == 201, await r.text()
+            reset_peak(node.proc.pid)
             before = peak(node.proc.pid)
 
             async def restore() -> int:
@@ -89,6 +95,7 @@ async def measure(work: Path, size: int, budget: int) -> tuple[int, int]:
                 for c in m.chunks
             )  # fmt: skip
             plan = encode_hop(store, Hop(node.address, tasks), True, 0, chain[-1].key_groups)
+            reset_peak(node.proc.pid)
             before = peak(node.proc.pid)
 
             async def fold() -> int:
