@@ -170,10 +170,10 @@ async def _tree(
     received = [0]
     loop = asyncio.get_running_loop()
     max_raw = node.config.max_chunk
-    # the fold is held until it is sent: the rows it absorbs are taken from the memory budget
-    # before they are merged, as they come (not from the plan's sizes, its sender's word);
-    # without room now the hop fails (an E frame: its parent, holding its own memory, fetches
-    # the hop's chunks itself) rather than waiting, which could be waiting on its own parent
+    # the fold is held until it is sent: what it absorbs is taken from the memory budget
+    # before it is merged (below); without room now the hop fails (an E frame: its parent,
+    # holding its own memory, fetches the hop's chunks itself) rather than waiting, which
+    # could be waiting on its own parent
     lease = request[LEASE]
     what = f"a tree fold of {store_path}"
     # headers go out now: the parent must not mistake a long fold for a dead hop
@@ -190,12 +190,12 @@ async def _tree(
             await lease.give(taken - held)
         merge_positioned(folded, rows)
 
-    # a chunk's rows as the plan claims them (its manifest's raw size and rows) are taken
-    # before it is decoded, so that the decoded chunk is within the budget too, and trued up
-    # once it is (the claim is the requester's word). This hop's own chunks are taken all at
-    # once, before the first is read: hops folding side by side each get all of theirs or
-    # fail at once, where taken a chunk at a time they all got part way and all failed
-    # (capped at what a chunk may decode to), and given back for one this node lacks
+    # a chunk's rows as the plan claims them (its manifest's raw size and rows, capped at
+    # what a chunk may decode to) are taken before it is decoded, so that the decoded chunk
+    # is within the budget too, and trued up once it is (the claim is the requester's word).
+    # This hop's own chunks are taken all at once, before the first is read: hops folding
+    # side by side each get all of theirs or fail at once, where taken a chunk at a time
+    # they all got part way and all failed; the claim of one this node lacks is given back
     claims = {
         t.key: fold_held([(min(t.raw_size, max_raw), min(t.rows, MAX_CHUNK_ROWS))], TREE_ROW_HELD)
         for t in hop.all_chunks()
