@@ -143,8 +143,9 @@ class Hold(Protocol):
         for room, may refuse."""
 
     async def beyond(self, nbytes: int, what: str) -> None:
-        """What the rows decoded hold beyond the claims: they are held already, so this
-        neither waits nor refuses (it takes what room there is)."""
+        """What the rows decoded hold beyond the claims, as they come: no wait (they are
+        held already); refused (RateLimited) when there is no room, which fails the restore
+        and drops its rows."""
 
 
 # a node restoring for a caller, or compacting, sets it for the task; None (a client's own
@@ -159,8 +160,7 @@ class FoldHold:
     sizes) and a tree hop's folded rows a hop's, and either may understate. A chain's
     chunks take nothing more (a chunk's keys and values are within its raw size, which
     counts their encoding too); a tree restore may (a hop cut after its folded rows keeps
-    them in the fold its parent sends, and the restorer fetches the chunks again), taken as
-    far as there is room: the rows are held already."""
+    them in the fold its parent sends, and the restorer fetches the chunks again)."""
 
     def __init__(self, hold: Hold, what: str, taken: int) -> None:
         self._hold = hold
@@ -172,8 +172,8 @@ class FoldHold:
         """``rows`` rows of ``raw`` bytes (keys and values) decoded into the fold."""
         self.decoded += fold_held([(raw, rows)], STATE_ROW_HELD)
         if self.decoded > self.taken:
-            extra, self.taken = self.decoded - self.taken, self.decoded
-            await self._hold.beyond(extra, f"{self.what}: its rows beyond its claims")
+            await self._hold.beyond(self.decoded - self.taken, f"{self.what}: rows beyond claims")
+            self.taken = self.decoded
 
 
 # the fold the current restore holds, if a node runs it (set by Restorer.run)

@@ -152,10 +152,13 @@ class Lease:
 
 
 class FoldLease:
-    """A fold a node builds (net/restorer.Hold), held to its lease: its claims reserved
-    (:meth:`Lease.reserve`: a request's restore waits for room, runs alone if larger than the
-    budget) or, for background work (``most``: compaction), taken as far as there is room up
-    to ``most``; the rows beyond the claims as far as there is room."""
+    """A fold a node builds (net/restorer.Hold), held to its lease. A request's restore
+    reserves its claims (:meth:`Lease.reserve`: it waits for room, runs alone if larger than
+    the budget) and takes the rows beyond them at once or is refused (RateLimited: its rows
+    are dropped; what it holds outside the budget is then at most the chunk that found no
+    room, however many restores a reader starts). Background work (``most``: compaction)
+    takes both as far as there is room, up to ``most``: it is one store at a time, and must
+    neither wait on the requests it serves nor fail for them."""
 
     def __init__(self, lease: Lease, most: int | None = None) -> None:
         self.lease = lease
@@ -168,7 +171,10 @@ class FoldLease:
             await self.lease.take_room(nbytes, what, self.most)
 
     async def beyond(self, nbytes: int, what: str) -> None:
-        await self.lease.take_room(nbytes, what, self.most)
+        if self.most is None:
+            await self.lease.take(nbytes, what, patient=False)
+        else:
+            await self.lease.take_room(nbytes, what, self.most)
 
 
 LEASE = web.RequestKey("lease", Lease)

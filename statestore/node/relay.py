@@ -195,12 +195,15 @@ async def _tree(
     # is within the budget too, and trued up once it is (the claim is the requester's word).
     # This hop's own chunks are taken all at once, before the first is read: hops folding
     # side by side each get all of theirs or fail at once, where taken a chunk at a time
-    # they all got part way and all failed; the claim of one this node lacks is given back
+    # they all got part way and all failed; a chunk this node lacks is not claimed
     claims = {
         t.key: fold_held([(min(t.raw_size, max_raw), min(t.rows, MAX_CHUNK_ROWS))], TREE_ROW_HELD)
         for t in hop.all_chunks()
     }
-    mine = {t.key: t for t in hop.chunks}  # a chunk named twice is folded once
+    named = {t.key: t for t in hop.chunks}  # a chunk named twice is folded once
+    # only those held here are claimed (one read of the keys): the restorer fetches the rest
+    held_here = node.store.has_chunks(list(named))
+    mine = {k: t for (k, t), here in zip(named.items(), held_here, strict=True) if here}
 
     async def absorb_chunk(key: str, pos: int, data: bytes, taken: int | None = None) -> None:
         verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
@@ -239,7 +242,7 @@ async def _tree(
         await lease.take(sum(claims[key] for key in mine), what, patient=False)
         for t in mine.values():  # folded in while the children stream
             data = _local_chunk(node, t)
-            if data is None:  # not here, or unusable: the restorer fetches it elsewhere
+            if data is None:  # gone since, or unusable: the restorer fetches it elsewhere
                 await lease.give(claims[t.key])
                 continue
             own += len(data)

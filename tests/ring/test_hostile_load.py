@@ -11,6 +11,7 @@ import dataclasses
 import io
 import os
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgpack
@@ -22,10 +23,13 @@ from statestore.core.fold import TREE_ROW_HELD
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.plan import ChunkTask, Hop
+from statestore.net import restorer as restorer_module
+from statestore.net.restorer import FoldHold, Restorer
 from statestore.node import relay
 from statestore.node.budget import Lease
 from statestore.node.compaction import compact_store
 from statestore.node.daemon import Node
+from statestore.node.request import PacedAnswer
 from statestore.wire.frames import HEADER, encode_hop
 from statestore.wire.manifest import decode_chain
 from statestore.wire.rows import encode_puts
@@ -392,6 +396,15 @@ def _honest(
     )  # fmt: skip
 
 
+def _absent(store: StoreId, holder: str) -> tuple[ChunkTask, ...]:
+    """Four tasks for chunks no node holds, each claimed at 3 MiB, said held by ``holder``."""
+    names = [f"d{i}-{i + 1:016x}" for i in range(4)]
+    return tuple(
+        ChunkTask(chunk_key(store, 1, name), 0, 1, name, i + 1, 100, 3 * MIB, 1, (holder,), 0, 0)
+        for i, name in enumerate(names)
+    )
+
+
 async def _relay_frames(address: str, plan: bytes) -> list[tuple[bytes, dict[str, object]]]:
     """The frames (kind, meta) a hop answers ``plan`` with."""
     async with (
@@ -438,12 +451,7 @@ async def test_a_plan_naming_chunks_a_hop_lacks_holds_nothing(tmp_path: Path) ->
     async with nodes(
         tmp_path, 2, replicas=2, write_quorum=2, memory_budget=16 * MIB, max_body=4 * MIB
     ) as (a, b):
-        names = [f"d{i}-{i + 1:016x}" for i in range(4)]
-        fake = tuple(
-            ChunkTask(chunk_key(store, 1, name), 0, 1, name, i + 1, 100, 3 * MIB, 1,
-                      (a.address,), 0, 0)
-            for i, name in enumerate(names)
-        )  # fmt: skip
+        fake = _absent(store, a.address)
 
         class SlowEmpty:  # a child that ends cleanly, with no frame, after 2 s
             async def readexactly(self, n: int) -> bytes:
@@ -472,3 +480,101 @@ async def test_a_plan_naming_chunks_a_hop_lacks_holds_nothing(tmp_path: Path) ->
         finally:
             watcher.cancel()
         assert peak < MIB, f"A held {peak / MIB:.1f} MiB for chunks it does not have"
+
+
+async def test_restores_of_an_understated_store_stay_within_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's manifests claim 10 bytes and 1 row for each chunk of a 2 MiB state: a
+    restore of it reserves a few hundred bytes, so a reader could start eight at once, and
+    a first build took their rows beyond the claims only as far as there was room: all
+    eight answered at once, 19 MiB of folds under a 4 MiB budget (a review found it). Now
+    a restore's rows beyond its claims are taken at once or it is refused (429): the folds
+    whose answers are held open together fit the budget."""
+    store = StoreId.parse(STORE)
+    rows = {b"k%05d" % i: bytes([i % 251]) * 1024 for i in range(2048)}
+    chunks = encode_chunks(rows, [], target_size=256 << 10)
+    n = 8
+    folds: dict[object, FoldHold] = {}  # each restore's fold, by its task
+    answering: list[FoldHold] = []
+    ended = [0]  # restores answered or refused
+    all_in = asyncio.Event()
+    hold_fold, run, write = restorer_module.hold_fold, Restorer.run, PacedAnswer.write
+
+    async def tracked_hold_fold(*a: Any) -> FoldHold | None:
+        fold = await hold_fold(*a)
+        if fold is not None:
+            folds[asyncio.current_task()] = fold
+        return fold
+
+    async def tracked_run(self: Restorer, *a: Any, **kw: Any) -> Any:
+        try:
+            return await run(self, *a, **kw)
+        except BaseException:
+            ended[0] += 1
+            if ended[0] == n:
+                all_in.set()
+            raise
+
+    async def gated(self: PacedAnswer, data: bytes) -> bool:
+        fold = folds.pop(asyncio.current_task(), None)
+        if fold is not None:  # this answer's first write: its fold is done and held
+            answering.append(fold)
+            ended[0] += 1
+            if ended[0] == n:
+                all_in.set()
+            await all_in.wait()  # every restore answered or refused: the answers overlap
+        return await write(self, data)
+
+    monkeypatch.setattr(restorer_module, "hold_fold", tracked_hold_fold)
+    monkeypatch.setattr(Restorer, "run", tracked_run)
+    monkeypatch.setattr(PacedAnswer, "write", gated)
+    async with nodes(
+        tmp_path, 1, replicas=1, write_quorum=1, memory_budget=4 * MIB, max_body=MIB
+    ) as (node,):
+        refs = tuple(dataclasses.replace(ChunkRef.of(c), raw_size=10, rows=1) for c in chunks)
+        for c in chunks:
+            node.store.put_chunk(chunk_key(store, 1, c.name), c.data)
+        node.store.put_manifest(Manifest(store, 1, "snapshot", 1, 128, refs, {}))
+
+        async def restore(s: aiohttp.ClientSession) -> int:
+            url = f"http://{node.address}/v1/stores/{STORE}/state?plan=star"
+            async with s.get(url) as r:
+                await r.read()
+                return r.status
+
+        async with aiohttp.ClientSession() as s:
+            statuses = await asyncio.wait_for(asyncio.gather(*(restore(s) for _ in range(n))), 60)
+        assert set(statuses) <= {200, 429} and 200 in statuses, statuses
+        assert node.budget.used == 0
+        held = sum(f.decoded for f in answering)
+        assert held <= node.budget.limit, f"{held / MIB:.1f} MiB of folds answered at once"
+
+
+async def test_a_tree_hop_claims_only_the_chunks_it_holds(tmp_path: Path) -> None:
+    """A plan naming the hop's two real chunks first and then four it does not hold, each
+    claimed at 3 MiB: a first build gave those claims back only when its loop came to them,
+    so the node held 12 MiB of a 16 MiB budget with nothing behind it while it folded the
+    real ones (a review found it). It claims only the chunks it holds now."""
+    store = StoreId.parse(STORE)
+    async with nodes(
+        tmp_path, 1, replicas=1, write_quorum=1, memory_budget=16 * MIB, max_body=MIB
+    ) as (a,):
+        real = _kib_rows(1, 2 * 1024)  # 2 MiB of rows, two chunks
+        for c in real:
+            a.store.put_chunk(chunk_key(store, 1, c.name), c.data)
+        fake = _absent(store, a.address)
+        seen: list[int] = []
+        decode = relay.decode_chunk
+
+        def watched(data: bytes, **kw: Any) -> Any:
+            seen.append(a.budget.used)
+            return decode(data, **kw)
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(relay, "decode_chunk", watched)
+            hop = Hop(a.address, _honest(1, real, (a.address,)) + fake, ())
+            frames = await _relay_frames(a.address, encode_hop(store, hop, True, 0, 0))
+        assert not [meta for kind, meta in frames if kind == b"E"], frames
+        assert len(seen) == len(real) and max(seen) < 4 * MIB, seen
+        assert a.budget.used == 0
