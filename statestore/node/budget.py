@@ -116,6 +116,9 @@ class Lease:
         if self.closed:  # its request ended: a task it left behind takes nothing for ever
             raise RateLimited(f"{what}: its request has ended", retry_after=1.0)
         await self.budget.take(nbytes, what, held=self.held, patient=patient)
+        if self.closed:  # it ended while this one waited for room: given back at once
+            await self.budget.give(nbytes)
+            raise RateLimited(f"{what}: its request has ended", retry_after=1.0)
         self.held += nbytes
 
     async def reserve(self, nbytes: int, what: str) -> None:

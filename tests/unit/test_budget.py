@@ -126,3 +126,25 @@ def test_taking_room_never_waits_nor_refuses_and_giving_back_is_bounded() -> Non
         return [*seen, budget.used]
 
     assert asyncio.run(run()) == [30, 100, 40, 0, 0, 0]
+
+
+def test_a_take_that_waited_past_its_requests_end_gives_its_room_back() -> None:
+    """A take waiting for room in a task that outlives its request: once the room comes,
+    the request has ended and closed its lease, so nothing would ever give it back. It is
+    given back at once and the take refused (a review's remark, latent on the builds
+    before: every take that waits runs in its request's own task today)."""
+
+    async def run() -> int:
+        budget = MemoryBudget(100, wait=30.0, max_body=10)
+        other = Lease(budget)
+        await other.take(90, "a")
+        late = Lease(budget)
+        waiting = asyncio.create_task(late.take(50, "a task left behind"))
+        await asyncio.sleep(0.01)
+        await late.close()  # its request ends while the take waits
+        await other.close()  # room comes
+        with pytest.raises(RateLimited):
+            await asyncio.wait_for(waiting, 1.0)
+        return budget.used
+
+    assert asyncio.run(run()) == 0
