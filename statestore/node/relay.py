@@ -201,9 +201,6 @@ async def _tree(
         for t in hop.all_chunks()
     }
     named = {t.key: t for t in hop.chunks}  # a chunk named twice is folded once
-    # only those held here are claimed (one read of the keys): the restorer fetches the rest
-    held_here = node.store.has_chunks(list(named))
-    mine = {k: t for (k, t), here in zip(named.items(), held_here, strict=True) if here}
 
     async def absorb_chunk(key: str, pos: int, data: bytes, taken: int | None = None) -> None:
         verify(data, _named_checksum(key), key)  # a child's frame, as the restorer checks one
@@ -239,6 +236,10 @@ async def _tree(
         for c, cc in zip(hop.children, child_covers, strict=True)
     ]
     try:
+        # only those held here are claimed (one read of the keys): the restorer fetches the
+        # rest
+        held_here = node.store.has_chunks(list(named))
+        mine = {k: t for (k, t), here in zip(named.items(), held_here, strict=True) if here}
         await lease.take(sum(claims[key] for key in mine), what, patient=False)
         for t in mine.values():  # folded in while the children stream
             data = _local_chunk(node, t)
