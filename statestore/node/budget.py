@@ -158,8 +158,8 @@ class FoldLease:
     """A fold a node builds (net/restorer.Hold), held to its lease. A request's restore
     reserves its claims (:meth:`Lease.reserve`: it waits for room, runs alone if larger than
     the budget) and takes the rows beyond them at once or is refused (RateLimited: its rows
-    are dropped; what it holds outside the budget is then at most the chunk that found no
-    room, however many restores a reader starts). Background work (``most``: compaction)
+    are dropped; what it holds outside the budget is then at most the chunks it has
+    decoding, however many restores a reader starts). Background work (``most``: compaction)
     takes both as far as there is room, up to ``most``: it is one store at a time, and must
     neither wait on the requests it serves nor fail for them."""
 
