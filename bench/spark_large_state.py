@@ -404,9 +404,10 @@ def main() -> None:
                             wk,
                         )
                     for provider in ok if r % 2 == 0 else ok[::-1]:
-                        # the nodes fold what was written before in the background: the
-                        # first restart of a run paid ~10 s more than a later one of the same
-                        # work before this wait (docs/benchmarks.md)
+                        # each restart starts on quiet nodes (they fold what was written
+                        # before in the background). The first restart of a run was once
+                        # ~10 s slower; the nodes proved quiet within 5-20 s, so that was
+                        # not it (docs/benchmarks.md)
                         waited = quiet(ring)
                         print(f"  the nodes quiet after {waited:.0f} s", flush=True)
                         got, wall = call(
