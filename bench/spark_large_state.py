@@ -15,7 +15,9 @@ size / (payload + 48 bytes)):
   ``ring-lazy-jdk`` (``ring-lazy`` with the direct path's GETs through java.net.http, as
   before pooled connections: ``-Dstatestore.spark.httpClient=jdk``) and ``ring-lazy-one``
   (``ring-lazy`` without the read-ahead, ``spark.statestore.readAhead=false``: each key a
-  batch touches read alone, as before), each
+  batch touches read alone, as before) and, with ``--before-jar``, ``ring-lazy-before``
+  (``ring-lazy`` on another build's provider jar, first in ``spark.jars``: the build before
+  a change, side by side with it), each
   with its own stores; with ``--rounds``, the ring's state is built once more, timed apart,
   with the second batch written as a snapshot (``snapshotInterval=2``): the base a lazy
   restart reads by blocks, as the ring's compaction makes one every ``--snapshot-every``
@@ -74,6 +76,7 @@ PROVIDERS = {
     "ring-whole": _BASE["ring"],
     "ring-lazy-jdk": _BASE["ring"],
     "ring-lazy-one": _BASE["ring"],
+    "ring-lazy-before": _BASE["ring"],
 }
 RING_CONF = {
     "ring": {"spark.statestore.lazyRestore": "true"},
@@ -95,6 +98,11 @@ RING_CONF = {
         "spark.statestore.lazyRestore": "true",
         "spark.statestore.prefetchBytesPerSec": "0",
         "spark.statestore.readAhead": "false",
+    },
+    # ring-lazy on the jar --before-jar names (first in spark.jars, so its classes win)
+    "ring-lazy-before": {
+        "spark.statestore.lazyRestore": "true",
+        "spark.statestore.prefetchBytesPerSec": "0",
     },
 }
 
@@ -273,11 +281,24 @@ def main() -> None:
         "hour and key, each new batch touching --window-keys / 10 keys of the latest 2 hours",
     )
     p.add_argument("--window-keys", type=int, default=32768, help="windowed: the keys of each hour")
+    p.add_argument(
+        "--before-jar",
+        type=Path,
+        help="another build's provider jar (`statestore spark-jar` in its checkout), run as "
+        "ring-lazy-before",
+    )
     args = p.parse_args()
     providers = [x for x in args.providers.split(",") if x]
     unknown = [x for x in providers if x not in PROVIDERS]
     if unknown or not providers:
         raise SystemExit(f"unknown provider(s) {unknown}: choose from {list(PROVIDERS)}")
+    if ("ring-lazy-before" in providers) != (args.before_jar is not None):
+        raise SystemExit("ring-lazy-before runs with --before-jar, and --before-jar with it")
+    before_jar: dict[str, str] = {}
+    if args.before_jar is not None:
+        if not args.before_jar.is_file():
+            raise SystemExit(f"--before-jar {args.before_jar}: no such file")
+        before_jar = {"spark.jars": str(args.before_jar.resolve())}
     sizes = [int(x) for x in args.sizes.split(",")]
     if (
         any(s < 1 for s in sizes)
@@ -331,7 +352,10 @@ def main() -> None:
                     tag: str = "",
                 ) -> dict[str, Any]:
                     return {
-                        "conf": conf or {},
+                        "conf": {
+                            **(before_jar if provider == "ring-lazy-before" else {}),
+                            **(conf or {}),
+                        },
                         "provider": provider,
                         "what": what,
                         "seeds": ring.seeds,
@@ -446,7 +470,7 @@ def main() -> None:
                             for a, b in zip(restarts[lazy], restarts["ring-whole"], strict=True)
                         ]
                         notes.append(f"{size} MiB: restart {lazy} / ring-whole {spread(lazy_vs)}x")
-                for other in ("ring-lazy-jdk", "ring-lazy-one"):
+                for other in ("ring-lazy-jdk", "ring-lazy-one", "ring-lazy-before"):
                     if "ring-lazy" not in restarts or other not in restarts:
                         continue
                     pairs = list(zip(restarts["ring-lazy"], restarts[other], strict=True))

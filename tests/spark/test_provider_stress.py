@@ -504,6 +504,24 @@ def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_stor
     assert r["few_brought"] == 0 and r["few_values"] == list(range(1, 2000, 400)), r
 
 
+def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    """A version loaded lazily over a base of several chunks reads at most the first chunk's
+    index (the first row's format check), where the build before read every chunk's index at
+    the load: a restart's cost grew with the state. A read-ahead of keys spread over every
+    chunk goes to the nodes, which hold the indexes, and reads none; keys asked for without
+    a read-ahead read their chunks' indexes, once each, and a block a key. Every value is exact."""
+    seeds = ",".join(ring3.seeds)
+    conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
+    r = harness(classpath, "lazy-indexes", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
+    assert r["lazy"] is True and r["chunks"] >= 3, r
+    assert r["loaded_indexes"] <= 1 and r["ahead_indexes"] <= 1 and r["failed"] == 0, r
+    assert r["values"] == list(range(3, 40_000, 400)), r
+    assert r["later"] == list(range(1, 40_000, 800)), r
+    assert r["later_indexes"] == r["chunks"], str({k: v for k, v in r.items() if k != "values"})
+
+
 def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_chains(
     tmp_path: Path, ring3: LocalRing, classpath: str
 ) -> None:

@@ -16,9 +16,12 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * The part of a lazily loaded version that is still on the ring: the first manifest of each
  * shard's chain (its snapshot, or version 1), whose chunks are blocked ({@link ChunkCodec}:
  * blocks of ~4 KiB in a snapshot, each compressed and checksummed on its own, with an
- * index). Loading it read only the chunks' indexes (the manifests vouch for them); a key is
- * then read by fetching the one block that can hold it, by range, verified against the index
- * ({@link #lookup}). The deltas above the base were folded into the version's own map when
+ * index). Loading it read nothing of them: a batch's keys read ahead go to the nodes, which
+ * read the indexes and blocks they hold ({@link #readAhead}); a key read alone reads its
+ * chunk's index the first time a read needs it (verified against the manifest, kept with the
+ * version), then the one block that can hold it, by range, verified against the index
+ * ({@link #lookup}). So a restart reads what its batch touches, not indexes that grow with
+ * the state. The deltas above the base were folded into the version's own map when
  * it was loaded ({@link StateData}), so a key costs at most one block fetch per chunk of the
  * base that covers its key group (one, unless a group spans chunks). Its chunks are read
  * whole, one at a time ({@link #chunk}), when the version is made whole (a scan, the
@@ -44,9 +47,44 @@ final class LazyBase {
   /** Neither the LRU nor the memo is smaller than this, whatever {@code cacheBytes} says. */
   static final long MIN_BYTES = 256L << 10;
 
-  /** One chunk of a shard's base with its parsed index, its version and its manifest entry. */
-  record Part(String key, int lo, int hi, ChunkCodec.Index index, long version,
-      ManifestCodec.ChunkRef ref) {}
+  /**
+   * One chunk of a shard's base: its key, the key groups it covers, its version and its
+   * manifest entry, and its index once a read needed it ({@link #index(Part)}). Equal only to
+   * itself.
+   */
+  static final class Part {
+    final String key;
+    final int lo;
+    final int hi;
+    private final long version;
+    private final ManifestCodec.ChunkRef ref;
+    /** The parsed index, once read (null before). */
+    private volatile ChunkCodec.Index index;
+
+    Part(String key, long version, ManifestCodec.ChunkRef ref) {
+      this.key = key;
+      this.lo = ref.lo();
+      this.hi = ref.hi();
+      this.version = version;
+      this.ref = ref;
+    }
+
+    long version() {
+      return version;
+    }
+
+    ManifestCodec.ChunkRef ref() {
+      return ref;
+    }
+
+    /** Whether the index was read. */
+    boolean indexed() {
+      return index != null;
+    }
+  }
+
+  /** Indexes the lazy bases of this JVM read (tests, the bench). */
+  static final AtomicLong INDEXES_READ = new AtomicLong();
 
   private record Block(Map<ByteBuffer, byte[]> rows, long bytes) {}
 
@@ -120,8 +158,8 @@ final class LazyBase {
   byte[][] firstRow() {
     for (List<Part> shard : parts) {
       for (Part p : shard) {
-        if (p.index.offsets().length > 0) {
-          ChunkCodec.Index ix = p.index;
+        ChunkCodec.Index ix = index(p);
+        if (ix.offsets().length > 0) {
           byte[] first = ix.firstKeys()[0];
           byte[] v = block(p, 0).rows.get(ByteBuffer.wrap(first));
           if (v != null) {
@@ -226,8 +264,10 @@ final class LazyBase {
   }
 
   /**
-   * The fewest keys a read-ahead asks of one chunk by default ({@code readAheadMinKeys}):
-   * fewer are left to {@link #lookup}'s block reads. A lookup costs its node a request (about
+   * The fewest keys a read-ahead asks of one chunk whose index this JVM holds, by default
+   * ({@code readAheadMinKeys}): fewer are left to {@link #lookup}'s block reads (the keys of a
+   * chunk whose index it lacks are asked however few: a lookup costs less than the index and
+   * a block). A lookup costs its node a request (about
    * 0.7 ms of its CPU) and, unless its cache holds it, the chunk's index (30-80 KiB read and
    * parsed), then ~0.04 ms a key; a block read ~0.3 ms a key. Below a handful of keys a
    * lookup saves nothing: a windowed count at 2 GiB, whose batches touch ~5 keys of each of
@@ -258,7 +298,9 @@ final class LazyBase {
   /**
    * Bring what the base holds under {@code keys} into the memo of looked-up rows, many keys
    * a request: the keys the memo lacks and whose blocks are not cached, grouped by the
-   * chunks that can hold them, each group of at least {@code minKeys} keys asked of
+   * chunks that can hold them (those covering its key group, or of those the ones whose
+   * indexes and Bloom filters do not rule it out once the JVM read them), each group of at
+   * least {@code minKeys} keys (any number when an index is not read) asked of
    * one holder of its chunk in lookups
    * ({@code POST .../lookup}, node/lookup.py) of up to {@link #LOOKUP_KEYS} keys, up to 8 of
    * them at a time. The node reads and verifies the blocks against the index checksums the
@@ -270,6 +312,7 @@ final class LazyBase {
   int readAhead(List<UnsafeRow> keys, int minKeys) {
     Map<List<Part>, List<byte[]>> byPath = new LinkedHashMap<>();
     Map<List<Part>, Integer> shardOf = new HashMap<>();
+    java.util.Set<List<Part>> unindexed = new java.util.HashSet<>();
     java.util.Set<ByteBuffer> seen = new java.util.HashSet<>();
     for (UnsafeRow key : keys) {
       byte[] k = key.getBytes().clone();
@@ -282,13 +325,20 @@ final class LazyBase {
         }
       }
       int shard = shardOf(key);
+      List<Part> covering = covering(shard, k);
       List<Part> path = new ArrayList<>(2);
       boolean fetch = false;
-      for (Spot s : spots(shard, k)) {
-        path.add(s.part);
-        synchronized (LOCK) {
-          fetch |= !BLOCKS.containsKey(s.part.key + "#" + s.block);
+      if (covering.stream().allMatch(Part::indexed)) {
+        for (Spot s : spots(shard, k)) {
+          path.add(s.part);
+          synchronized (LOCK) {
+            fetch |= !BLOCKS.containsKey(s.part.key + "#" + s.block);
+          }
         }
+      } else { // the node reads the indexes it lacks: every chunk covering the key's group
+        path = covering;
+        fetch = !path.isEmpty();
+        unindexed.add(path);
       }
       if (fetch) { // else ruled out by the indexes, or its blocks are here: nothing to send
         byPath.computeIfAbsent(path, x -> new ArrayList<>()).add(k);
@@ -298,8 +348,8 @@ final class LazyBase {
     List<Callable<Integer>> calls = new ArrayList<>();
     for (Map.Entry<List<Part>, List<byte[]>> e : byPath.entrySet()) {
       List<byte[]> all = e.getValue();
-      if (all.size() < minKeys) {
-        continue; // cheaper read block by block when asked for
+      if (all.size() < minKeys && !unindexed.contains(e.getKey())) {
+        continue; // cheaper read block by block when asked for, the indexes being here
       }
       int from = 0;
       while (from < all.size()) {
@@ -386,15 +436,61 @@ final class LazyBase {
   private List<Spot> spots(int shard, byte[] k) {
     int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
     List<Spot> out = new ArrayList<>(2);
-    for (Part p : parts.get(shard)) {
-      if (g >= p.lo && g <= p.hi) {
-        int i = p.index.find(g, k);
-        if (i >= 0) {
-          out.add(new Spot(p, i));
-        }
+    for (Part p : covering(shard, k)) {
+      int i = index(p).find(g, k);
+      if (i >= 0) {
+        out.add(new Spot(p, i));
       }
     }
     return out;
+  }
+
+  /** The chunks of shard {@code shard}'s base covering the key group of {@code k}, in order. */
+  private List<Part> covering(int shard, byte[] k) {
+    int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
+    List<Part> out = new ArrayList<>(2);
+    for (Part p : parts.get(shard)) {
+      if (g >= p.lo && g <= p.hi) {
+        out.add(p);
+      }
+    }
+    return out;
+  }
+
+  /**
+   * The index of {@code p}, read from the ring and verified against its manifest entry the
+   * first time a read needs it (a block read, {@link #firstRow}); {@link Unreadable} when it
+   * cannot be read. A lazy load reads none: a batch's keys read ahead go to the nodes, which
+   * hold the indexes ({@link #readAhead}).
+   */
+  private ChunkCodec.Index index(Part p) {
+    ChunkCodec.Index ix = p.index;
+    if (ix != null) {
+      return ix;
+    }
+    synchronized (p) {
+      if (p.index == null) {
+        ManifestCodec.ChunkRef ref = p.ref;
+        long at = ref.size() - 4 - ref.indexLen();
+        byte[] raw;
+        try {
+          raw = direct.fetchPart(p.key, at, ref.indexLen(), ref.indexChecksum(),
+              System.nanoTime() + timeoutMs * 1_000_000L);
+        } catch (IOException e) {
+          throw new Unreadable("RingStateStoreProvider: cannot read the index of " + p.key
+              + " from the ring: " + e.getMessage(), e);
+        }
+        try {
+          p.index = ChunkCodec.parseIndex(raw, 0, raw.length, at - 1, p.key);
+        } catch (ChunkCodec.CorruptChunkException e) {
+          throw new Unreadable("RingStateStoreProvider: the index of " + p.key
+              + " read from the ring is corrupt: " + e.getMessage(), e);
+        }
+        reads.fetched.addAndGet(raw.length);
+        INDEXES_READ.incrementAndGet();
+      }
+      return p.index;
+    }
   }
 
   private Block block(Part p, int i) {
@@ -405,7 +501,7 @@ final class LazyBase {
         return hit;
       }
     }
-    ChunkCodec.Index ix = p.index;
+    ChunkCodec.Index ix = index(p);
     byte[] frame;
     try {
       frame = direct.fetchPart(p.key, ix.offsets()[i], ix.lengths()[i], ix.checksums()[i],

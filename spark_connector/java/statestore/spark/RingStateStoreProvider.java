@@ -625,9 +625,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * Version {@code version} loaded lazily ({@code spark.statestore.lazyRestore}), or null
    * when it cannot be: the coordinator path or a relayed plan, an operator that scans by
    * prefix, a version whose commit did not count its keys (before 0.3.0, or the coordinator
-   * path), or a base with whole chunks. Reads each shard's chain, the deltas above its base
-   * (folded into the version's map) and the indexes of the base's chunks; the base's rows
-   * stay on the ring until a key is read ({@link LazyBase}) or a scan needs them all.
+   * path), or a base with whole chunks. Reads each shard's chain and the deltas above its base
+   * (folded into the version's map); the base's chunks, their indexes too, stay on the ring
+   * until a key is read ({@link LazyBase}) or a scan needs them all.
    */
   private StateData lazyLoad(long version, Loaded l) {
     long started = System.nanoTime();
@@ -641,11 +641,11 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * {@link #lazyHorizon} versions ago: the chains of {@code version} read again. Still
    * starting at that base, the ring needs the base to restore the version it now holds, so the
    * version stays lazy (and is checked again a horizon later). Starting at a newer snapshot
-   * (the nodes folded one since), the version is loaded lazily again over that one (its
-   * indexes, and the deltas above it), before the ring's retention or thinning may drop the
+   * (the nodes folded one since), the version is loaded lazily again over that one (the
+   * deltas above it), before the ring's retention or thinning may drop the
    * old base's chunks; the old version is dropped. Made whole only when it cannot be loaded
    * lazily any more (the newer base has whole chunks, say): a version kept for a long time
-   * costs a chain read every horizon and an index read every newer base, not the whole state.
+   * costs a chain read every horizon and the deltas above every newer base, not the whole state.
    * Between two checks the base stays: thinning drops a snapshot only once two newer ones
    * were written, 2 x {@code --snapshot-every} versions at least (more than the horizon while
    * that is 4 or more; 10 by default), and its chunks 10 compaction passes after that. A base
@@ -748,12 +748,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
           }
         }
       }
-      data.remote = lazyBase(version, bases, deadline, null);
-      for (ManifestCodec.Manifest base : bases) {
-        for (ManifestCodec.ChunkRef ref : base.chunks()) {
-          bytes += ref.indexLen();
-        }
-      }
+      data.remote = lazyBase(bases, null);
     } catch (IOException | ChunkCodec.CorruptChunkException e) {
       throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
           + " of " + storePath + " from the ring: " + e.getMessage(), e);
@@ -795,32 +790,19 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   }
 
   /**
-   * The lazy base over {@code bases} (each shard's first manifest, blocked chunks): the index
-   * of every chunk read at once. {@code reads}: the counters of the base it replaces (null: a
-   * new version's).
+   * The lazy base over {@code bases} (each shard's first manifest, blocked chunks): nothing
+   * read, each chunk's index is read when a read needs it ({@link LazyBase}). {@code reads}:
+   * the counters of the base it replaces (null: a new version's).
    */
-  private LazyBase lazyBase(long version, List<ManifestCodec.Manifest> bases, long deadline,
-      LazyBase.Reads reads) throws IOException {
-    List<Callable<LazyBase.Part>> indexes = new ArrayList<>();
+  private LazyBase lazyBase(List<ManifestCodec.Manifest> bases, LazyBase.Reads reads) {
+    List<List<LazyBase.Part>> parts = new ArrayList<>();
     for (ManifestCodec.Manifest base : bases) {
+      List<LazyBase.Part> shard = new ArrayList<>(base.chunks().size());
       for (ManifestCodec.ChunkRef ref : base.chunks()) {
         String key = RingWriter.chunkKey(base.store(), base.version(), ref.name());
-        long at = ref.size() - 4 - ref.indexLen();
-        indexes.add(() -> {
-          byte[] index = direct.fetchPart(key, at, ref.indexLen(), ref.indexChecksum(),
-              deadline);
-          return new LazyBase.Part(key, ref.lo(), ref.hi(),
-              ChunkCodec.parseIndex(index, 0, index.length, at - 1, key), base.version(), ref);
-        });
+        shard.add(new LazyBase.Part(key, base.version(), ref));
       }
-    }
-    List<LazyBase.Part> read = RingDirect.together(indexes, deadline,
-        "reading the indexes of " + storePath + " version " + version);
-    List<List<LazyBase.Part>> parts = new ArrayList<>();
-    int next = 0;
-    for (ManifestCodec.Manifest base : bases) {
-      parts.add(new ArrayList<>(read.subList(next, next + base.chunks().size())));
-      next += base.chunks().size();
+      parts.add(shard);
     }
     return new LazyBase(direct, config.restoreTimeoutMs, bases, parts, reads, this::newerBase);
   }
@@ -843,13 +825,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     if (bases == null) {
       return null;
     }
-    LazyBase fresh;
-    try {
-      fresh = lazyBase(version, bases, deadline, stale.reads);
-    } catch (IOException | ChunkCodec.CorruptChunkException e) {
-      throw new IllegalStateException("RingStateStoreProvider: cannot read the newer base of "
-          + storePath + " version " + version + " from the ring: " + e.getMessage(), e);
-    }
+    LazyBase fresh = lazyBase(bases, stale.reads);
     LOG.warn("{} version {}: its lazy base ({}) could not be read and its chains start at a "
         + "newer snapshot ({}) now: reading that one (the nodes fold and thin snapshots "
         + "faster than the provider's checks: --snapshot-every below 4?)", storePath, version,

@@ -691,6 +691,51 @@ public final class ProviderHarness {
   }
 
   /**
+   * A version loaded lazily over a base of several chunks reads none of their indexes: a
+   * read-ahead of keys from every chunk goes to the nodes, which hold them; a key asked for
+   * without a read-ahead then reads its chunk's index, once, and one block. Per step: the indexes
+   * the JVM read, and the values.
+   */
+  void lazyIndexes() {
+    RingStateStoreProvider writer = provider();
+    StateStore w = write(writer, 0, false); // version 1: a snapshot of several chunks
+    int n = 40_000;
+    for (int k = 0; k < n; k++) {
+      w.put(key(k), value(k, 300), null);
+    }
+    w.commit();
+    RingStateStoreProvider lazy = provider(); // another executor's: version 1 loaded lazily
+    long indexes = LazyBase.INDEXES_READ.get();
+    WriteStore s = write(lazy, 1, false);
+    LazyBase base = s.data.remote;
+    out.put("lazy", base != null);
+    out.put("chunks", base.chunks());
+    out.put("loaded_indexes", LazyBase.INDEXES_READ.get() - indexes);
+    List<UnsafeRow> keys = new ArrayList<>();
+    for (int k = 3; k < n; k += 400) { // 100 keys over every chunk
+      keys.add(key(k));
+    }
+    RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, keys);
+    List<Object> got = new ArrayList<>();
+    for (UnsafeRow k : keys) {
+      got.add(valueOf(s.get(k, null)));
+    }
+    out.put("values", got);
+    out.put("ahead_indexes", LazyBase.INDEXES_READ.get() - indexes);
+    out.put("failed", RingStateStoreProvider.readAheadFailed());
+    // 50 keys not read ahead, over every chunk: each chunk's index once, and a block a key
+    List<Object> later = new ArrayList<>();
+    for (int k = 1; k < n; k += 800) {
+      later.add(valueOf(s.get(key(k), null)));
+    }
+    out.put("later", later);
+    out.put("later_indexes", LazyBase.INDEXES_READ.get() - indexes);
+    s.abort();
+    lazy.close();
+    writer.close();
+  }
+
+  /**
    * A version loaded lazily whose base the ring drops before the provider's check at the
    * horizon (nodes folding a snapshot every delta and thinning them): once the nodes folded
    * version 3 into a snapshot, another provider loads it lazily over that snapshot and
@@ -862,6 +907,7 @@ public final class ProviderHarness {
       case "together" -> h.together();
       case "horizon" -> h.horizon();
       case "read-ahead" -> h.readAhead();
+      case "lazy-indexes" -> h.lazyIndexes();
       case "vanished" -> h.vanished();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
