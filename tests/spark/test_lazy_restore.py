@@ -1,6 +1,6 @@
 """Lazy restore (issue 38, item 2): with ``spark.statestore.lazyRestore=true`` a restarted query
-loads nothing of a partition's base but its chunks' indexes; a batch reads, of the keys it
-touches, the one block each can be in (blocked chunks, core/chunk.py).
+loads nothing of a partition's base; a batch reads, of the keys it touches, what the nodes
+answer for them (read ahead) or the one block each can be in (blocked chunks, core/chunk.py).
 
 Real Spark (local mode) in a subprocess, a real ring node folding a snapshot every 2 deltas;
 the job is tests/spark/bounded_job.py (a count-and-max aggregation). Three batches in a first
@@ -59,8 +59,8 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, folding_ring: Lo
         "repeat": 2,
         "partitions": 2,
         # version 3 is a snapshot (the base the restart loads lazily), 4 and 5 deltas; each
-        # partition's version (~6 MB) is split in 4 shards, whose chains and indexes a lazy
-        # load reads at once
+        # partition's version (~6 MB) is split in 4 shards, whose chains a lazy load reads at
+        # once
         "conf": {
             "spark.statestore.lazyRestore": "true",
             "spark.statestore.snapshotInterval": "3",
@@ -104,7 +104,7 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, folding_ring: Lo
     assert lazy["customMetrics"]["ringRestoredRows"] == 0, lazy
     # version 8 is 5 versions past its base (the horizon): its chains, read again, start at
     # a newer snapshot the nodes folded, and it is loaded lazily over that one (a miss: the
-    # new base's indexes and the delta above it), not read whole; so the last batch's
+    # delta above the new base), not read whole; so the last batch's
     # version holds about what changed since that base, not every row
     horizon = batches[5]
     assert horizon["customMetrics"]["ringCacheMissCount"] > 0, horizon
@@ -138,5 +138,5 @@ def test_a_restart_reads_what_the_batch_touches(tmp_path: Path, folding_ring: Lo
     assert whole["customMetrics"]["ringRestoredRows"] >= 10 * keys, whole
     fetched_lazy = lazy["customMetrics"]["ringBytesFetched"]
     fetched_whole = whole["customMetrics"]["ringBytesFetched"]
-    # batch 4 read its deltas, the indexes and a block per revisited key; batch 5 everything
+    # batch 4 read its deltas and what its revisited keys needed; batch 5 everything
     assert 0 < fetched_lazy < 0.25 * fetched_whole, (fetched_lazy, fetched_whole)

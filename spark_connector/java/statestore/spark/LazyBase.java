@@ -310,9 +310,11 @@ final class LazyBase {
    * leaves its keys to {@link #lookup}, which reads their blocks. Returns the keys brought.
    */
   int readAhead(List<UnsafeRow> keys, int minKeys) {
-    Map<List<Part>, List<byte[]>> byPath = new LinkedHashMap<>();
-    Map<List<Part>, Integer> shardOf = new HashMap<>();
-    java.util.Set<List<Part>> unindexed = new java.util.HashSet<>();
+    // keys whose chunks' indexes are read: by the blocks' chunks (the exact path)
+    Map<List<Part>, Ahead> byPath = new LinkedHashMap<>();
+    // keys of chunks whose indexes are not: by the first chunk covering their group, the
+    // path the union of their chunks (a group split over two chunks adds the next one)
+    Map<Part, Ahead> byHead = new LinkedHashMap<>();
     java.util.Set<ByteBuffer> seen = new java.util.HashSet<>();
     for (UnsafeRow key : keys) {
       byte[] k = key.getBytes().clone();
@@ -326,44 +328,57 @@ final class LazyBase {
       }
       int shard = shardOf(key);
       List<Part> covering = covering(shard, k);
-      List<Part> path = new ArrayList<>(2);
-      boolean fetch = false;
-      if (covering.stream().allMatch(Part::indexed)) {
-        for (Spot s : spots(shard, k)) {
-          path.add(s.part);
-          synchronized (LOCK) {
-            fetch |= !BLOCKS.containsKey(s.part.key + "#" + s.block);
+      if (covering.isEmpty()) {
+        continue;
+      }
+      if (!covering.stream().allMatch(Part::indexed)) { // the node reads the indexes
+        Ahead a = byHead.computeIfAbsent(covering.get(0), x -> new Ahead(shard, false));
+        for (Part p : covering) {
+          if (!a.path.contains(p)) {
+            a.path.add(p); // in order: a group's chunks follow the head's
           }
         }
-      } else { // the node reads the indexes it lacks: every chunk covering the key's group
-        path = covering;
-        fetch = !path.isEmpty();
-        unindexed.add(path);
+        a.keys.add(k);
+        continue;
+      }
+      List<Part> path = new ArrayList<>(2);
+      boolean fetch = false;
+      for (Spot s : spots(shard, k)) {
+        path.add(s.part);
+        synchronized (LOCK) {
+          fetch |= !BLOCKS.containsKey(s.part.key + "#" + s.block);
+        }
       }
       if (fetch) { // else ruled out by the indexes, or its blocks are here: nothing to send
-        byPath.computeIfAbsent(path, x -> new ArrayList<>()).add(k);
-        shardOf.put(path, shard);
+        Ahead a = byPath.computeIfAbsent(path, x -> new Ahead(shard, true));
+        if (a.path.isEmpty()) {
+          a.path.addAll(path);
+        }
+        a.keys.add(k);
       }
     }
     List<Callable<Integer>> calls = new ArrayList<>();
-    for (Map.Entry<List<Part>, List<byte[]>> e : byPath.entrySet()) {
-      List<byte[]> all = e.getValue();
-      if (all.size() < minKeys && !unindexed.contains(e.getKey())) {
+    List<Ahead> all = new ArrayList<>(byPath.values());
+    all.addAll(byHead.values());
+    for (Ahead a : all) {
+      if (a.indexed && a.keys.size() < minKeys) {
         continue; // cheaper read block by block when asked for, the indexes being here
       }
       int from = 0;
-      while (from < all.size()) {
+      while (from < a.keys.size()) {
         int to = from;
         int bytes = 0;
-        while (to < all.size() && to - from < LOOKUP_KEYS
-            && (to == from || bytes + all.get(to).length <= LOOKUP_KEY_BYTES)) {
-          bytes += all.get(to).length;
+        while (to < a.keys.size() && to - from < LOOKUP_KEYS
+            && (to == from || bytes + a.keys.get(to).length <= LOOKUP_KEY_BYTES)) {
+          bytes += a.keys.get(to).length;
           to++;
         }
-        List<byte[]> batch = all.subList(from, to);
-        List<Part> path = e.getKey();
-        ManifestCodec.Manifest base = bases.get(shardOf.get(path));
-        calls.add(() -> lookupAhead(base.store(), base.keyGroups(), path, batch));
+        List<byte[]> batch = a.keys.subList(from, to);
+        ManifestCodec.Manifest base = bases.get(a.shard);
+        // sent to a holder of a chunk its keys are in: the head, which holds most of them,
+        // or (the blocks' chunks) the path's last
+        Part anchor = a.indexed ? a.path.get(a.path.size() - 1) : a.path.get(0);
+        calls.add(() -> lookupAhead(base.store(), base.keyGroups(), a.path, anchor, batch));
         from = to;
       }
     }
@@ -382,9 +397,26 @@ final class LazyBase {
     return brought;
   }
 
-  /** One read-ahead lookup of {@code batch} along {@code path}; the keys it brought. */
-  private int lookupAhead(String storePath, int groups, List<Part> path, List<byte[]> batch) {
-    Part anchor = path.get(path.size() - 1);
+  /** The keys of one shard a read-ahead asks along one path (see {@link #readAhead}). */
+  private static final class Ahead {
+    final int shard;
+    /** Whether the path's indexes were read (it names the blocks' chunks only). */
+    final boolean indexed;
+    final List<Part> path = new ArrayList<>(2);
+    final List<byte[]> keys = new ArrayList<>();
+
+    Ahead(int shard, boolean indexed) {
+      this.shard = shard;
+      this.indexed = indexed;
+    }
+  }
+
+  /**
+   * One read-ahead lookup of {@code batch} along {@code path}, sent to a holder of
+   * {@code anchor} first; the keys it brought.
+   */
+  private int lookupAhead(String storePath, int groups, List<Part> path, Part anchor,
+      List<byte[]> batch) {
     List<byte[]> values;
     try {
       values = direct.lookup(storePath, anchor.key, groups, batch, path,

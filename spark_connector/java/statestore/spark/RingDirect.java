@@ -484,7 +484,7 @@ final class RingDirect {
   /**
    * The values {@code keys} have along {@code path} (chunks of one version, in group order),
    * or null for a key they do not hold: {@code POST /v1/stores/{store}/lookup} to the first
-   * holder of the path's last chunk that answers (docs/api.md). One pass over the holders, no
+   * holder of the chunk {@code anchor} (one of the path's) that answers (docs/api.md). One pass over the holders, no
    * retry: a read-ahead's keys are read block by block when it fails.
    */
   List<byte[]> lookup(String storePath, String anchor, int groups, List<byte[]> keys,

@@ -715,7 +715,9 @@ public final class ProviderHarness {
     for (int k = 3; k < n; k += 400) { // 100 keys over every chunk
       keys.add(key(k));
     }
+    long lookups = RingStateStoreProvider.readAheadLookups();
     RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, keys);
+    out.put("ahead_lookups", RingStateStoreProvider.readAheadLookups() - lookups);
     List<Object> got = new ArrayList<>();
     for (UnsafeRow k : keys) {
       got.add(valueOf(s.get(k, null)));
