@@ -518,10 +518,10 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     assert r["lazy"] is True and r["chunks"] >= 3, r
     assert r["loaded_indexes"] <= 1 and r["ahead_indexes"] <= 1 and r["failed"] == 0, r
     assert r["values"] == list(range(3, 40_000, 400)), r
-    # a lookup a chunk: a key of a group split over two chunks goes with the first one's (a
-    # first draft sent such keys alone: 7 lookups here); the first chunk's index was read (the
-    # format check), so its own keys go in one lookup and those it shares with the next in
-    # another
+    # a lookup a chunk: a key of a group split over two chunks is asked of both chunks' (a
+    # first draft sent such keys in lookups of their own: 7 here); the first chunk's index
+    # was read (the format check), so its keys go in a lookup of their own, and those it
+    # shares with the next in that one's and in another of the first chunk
     assert r["ahead_lookups"] <= r["chunks"] + 1, str({k: v for k, v in r.items() if k != "values"})
     assert r["later"] == list(range(1, 40_000, 800)), r
     assert r["later_indexes"] == r["chunks"], str({k: v for k, v in r.items() if k != "values"})

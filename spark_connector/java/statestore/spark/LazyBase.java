@@ -8,6 +8,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
@@ -298,9 +299,10 @@ final class LazyBase {
   /**
    * Bring what the base holds under {@code keys} into the memo of looked-up rows, many keys
    * a request: the keys the memo lacks and whose blocks are not cached, grouped by the
-   * chunks that can hold them (those covering its key group, or of those the ones whose
-   * indexes and Bloom filters do not rule it out once the JVM read them), each group of at
-   * least {@code minKeys} keys (any number when an index is not read) asked of
+   * chunks that can hold them (until the JVM read their indexes, each chunk covering the
+   * key's group, asked alone: a lookup a chunk, whose node reads that chunk's index only;
+   * after, the chunks whose indexes and Bloom filters do not rule it out), each group
+   * asked, when its indexes were read only if it has at least {@code minKeys} keys, of
    * one holder of its chunk in lookups
    * ({@code POST .../lookup}, node/lookup.py) of up to {@link #LOOKUP_KEYS} keys, up to 8 of
    * them at a time. The node reads and verifies the blocks against the index checksums the
@@ -312,9 +314,12 @@ final class LazyBase {
   int readAhead(List<UnsafeRow> keys, int minKeys) {
     // keys whose chunks' indexes are read: by the blocks' chunks (the exact path)
     Map<List<Part>, Ahead> byPath = new LinkedHashMap<>();
-    // keys of chunks whose indexes are not: by the first chunk covering their group, the
-    // path the union of their chunks (a group split over two chunks adds the next one)
-    Map<Part, Ahead> byHead = new LinkedHashMap<>();
+    // keys of chunks whose indexes are not: by chunk, each asked of every chunk covering its
+    // group (a group split over two chunks: of both, in their own lookups, so that a node
+    // reads the indexes of the chunks it is asked about only; the key is in one of them)
+    Map<Part, Ahead> byChunk = new LinkedHashMap<>();
+    // of those, the keys asked of several chunks: how many have not answered nil yet
+    Map<ByteBuffer, AtomicInteger> split = new HashMap<>();
     java.util.Set<ByteBuffer> seen = new java.util.HashSet<>();
     for (UnsafeRow key : keys) {
       byte[] k = key.getBytes().clone();
@@ -332,13 +337,16 @@ final class LazyBase {
         continue;
       }
       if (!covering.stream().allMatch(Part::indexed)) { // the node reads the indexes
-        Ahead a = byHead.computeIfAbsent(covering.get(0), x -> new Ahead(shard, false));
         for (Part p : covering) {
-          if (!a.path.contains(p)) {
-            a.path.add(p); // in order: a group's chunks follow the head's
+          Ahead a = byChunk.computeIfAbsent(p, x -> new Ahead(shard, false));
+          if (a.path.isEmpty()) {
+            a.path.add(p);
           }
+          a.keys.add(k);
         }
-        a.keys.add(k);
+        if (covering.size() > 1) {
+          split.put(ByteBuffer.wrap(k), new AtomicInteger(covering.size()));
+        }
         continue;
       }
       List<Part> path = new ArrayList<>(2);
@@ -359,7 +367,7 @@ final class LazyBase {
     }
     List<Callable<Integer>> calls = new ArrayList<>();
     List<Ahead> all = new ArrayList<>(byPath.values());
-    all.addAll(byHead.values());
+    all.addAll(byChunk.values());
     for (Ahead a : all) {
       if (a.indexed && a.keys.size() < minKeys) {
         continue; // cheaper read block by block when asked for, the indexes being here
@@ -375,10 +383,7 @@ final class LazyBase {
         }
         List<byte[]> batch = a.keys.subList(from, to);
         ManifestCodec.Manifest base = bases.get(a.shard);
-        // sent to a holder of a chunk its keys are in: the head, which holds most of them,
-        // or (the blocks' chunks) the path's last
-        Part anchor = a.indexed ? a.path.get(a.path.size() - 1) : a.path.get(0);
-        calls.add(() -> lookupAhead(base.store(), base.keyGroups(), a.path, anchor, batch));
+        calls.add(() -> lookupAhead(base.store(), base.keyGroups(), a.path, batch, split));
         from = to;
       }
     }
@@ -394,6 +399,7 @@ final class LazyBase {
     } catch (IOException | RuntimeException e) {
       // best effort: what was not brought is read block by block when it is asked for
     }
+    READ_AHEAD_KEYS.addAndGet(brought);
     return brought;
   }
 
@@ -412,11 +418,14 @@ final class LazyBase {
   }
 
   /**
-   * One read-ahead lookup of {@code batch} along {@code path}, sent to a holder of
-   * {@code anchor} first; the keys it brought.
+   * One read-ahead lookup of {@code batch} along {@code path}, sent to a holder of its last
+   * chunk first; the keys it brought. A key of {@code split} was asked of other chunks too
+   * (it is in one of them at most): a nil from this one is the base's answer only once every
+   * one of them said nil.
    */
-  private int lookupAhead(String storePath, int groups, List<Part> path, Part anchor,
-      List<byte[]> batch) {
+  private int lookupAhead(String storePath, int groups, List<Part> path, List<byte[]> batch,
+      Map<ByteBuffer, AtomicInteger> split) {
+    Part anchor = path.get(path.size() - 1);
     List<byte[]> values;
     try {
       values = direct.lookup(storePath, anchor.key, groups, batch, path,
@@ -426,15 +435,25 @@ final class LazyBase {
       return 0; // its keys are read block by block when asked for
     }
     long bytes = 0;
+    int brought = 0;
     for (int i = 0; i < batch.size(); i++) {
       byte[] v = values.get(i);
-      remember(new Looked(this, ByteBuffer.wrap(batch.get(i))), v == null ? ABSENT : v);
+      ByteBuffer k = ByteBuffer.wrap(batch.get(i));
+      AtomicInteger others = split.get(k);
       bytes += batch.get(i).length + (v == null ? 1 : v.length);
+      if (others != null) {
+        if (v != null) {
+          others.set(Integer.MIN_VALUE / 2); // found: the other chunks' nils say nothing
+        } else if (others.decrementAndGet() != 0) {
+          continue; // another chunk may hold it, or did
+        }
+      }
+      remember(new Looked(this, k), v == null ? ABSENT : v);
+      brought++;
     }
     reads.fetched.addAndGet(bytes);
     READ_AHEAD_LOOKUPS.incrementAndGet();
-    READ_AHEAD_KEYS.addAndGet(batch.size());
-    return batch.size();
+    return brought;
   }
 
   /**
