@@ -715,6 +715,9 @@ public final class ProviderHarness {
     for (int k = 3; k < n; k += 400) { // 100 keys over every chunk
       keys.add(key(k));
     }
+    for (int k = n; k < n + 200; k++) { // and 200 the base lacks: asked of every chunk too
+      keys.add(key(k));
+    }
     long lookups = RingStateStoreProvider.readAheadLookups();
     RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, keys);
     out.put("ahead_lookups", RingStateStoreProvider.readAheadLookups() - lookups);
