@@ -510,8 +510,9 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     """A version loaded lazily over a base of several chunks reads at most the first chunk's
     index (the first row's format check), where the build before read every chunk's index at
     the load: a restart's cost grew with the state. A read-ahead of keys spread over every
-    chunk goes to the nodes, which hold the indexes, a lookup a chunk, and reads none; keys asked for without
-    a read-ahead read their chunks' indexes, once each, and a block a key. Every value is exact."""
+    chunk goes to the nodes, which hold the indexes, a lookup a chunk, and reads none; keys
+    asked for without a read-ahead read their chunks' indexes, once each, and a block a key.
+    Every value is exact, and keys the base lacks are answered absent."""
     seeds = ",".join(ring3.seeds)
     conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
     r = harness(classpath, "lazy-indexes", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
