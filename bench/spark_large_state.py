@@ -200,6 +200,10 @@ def worker(spec: dict[str, Any]) -> None:
             "lookups": int(provider_class.readAheadLookups()),
             "failed": int(provider_class.readAheadFailed()),
         }
+        try:  # of the keys, those read from their blocks (not in a --before-jar's build)
+            ahead["from_blocks"] = int(provider_class.readAheadBlockKeys())
+        except Exception:  # py4j's error for a method the jar lacks
+            pass
     spark.stop()
     if ring != provider.startswith("ring"):
         raise SystemExit(f"the query ran on another provider than {provider}")

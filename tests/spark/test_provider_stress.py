@@ -493,15 +493,17 @@ def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_stor
     it: the batch's read-ahead still finds the task's lazily loaded version (it found none
     once the second provider closed, when one provider a store was registered) and brings
     the keys' values in lookups; the version then answers them exactly. A few keys of a
-    chunk are left to block reads."""
+    chunk are read from their blocks in the read-ahead, in no lookup."""
     seeds = ",".join(ring3.seeds)
     conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
     r = harness(classpath, "read-ahead", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
     assert r["lazy"] is True, r
     assert 90 <= r["brought"] <= 100 and r["failed"] == 0, r  # a key whose block is held: none
     assert r["values"] == list(range(0, 2000, 20)), r
-    # 5 keys of one chunk: fewer than LazyBase.LOOKUP_MIN_KEYS, read block by block
-    assert r["few_brought"] == 0 and r["few_values"] == list(range(1, 2000, 400)), r
+    # 5 keys of one chunk: fewer than LazyBase.LOOKUP_MIN_KEYS, read from their blocks in the
+    # read-ahead (the build before left them to the task's reads: none brought)
+    assert r["few_brought"] == r["few_from_blocks"] == 5 and r["few_lookups"] == 0, r
+    assert r["few_values"] == list(range(1, 2000, 400)), r
 
 
 def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
@@ -510,8 +512,10 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     """A version loaded lazily over a base of several chunks reads at most the first chunk's
     index (the first row's format check), where the build before read every chunk's index at
     the load: a restart's cost grew with the state. A read-ahead of keys spread over every
-    chunk goes to the nodes, which hold the indexes, a lookup a chunk, and reads none; keys
-    asked for without a read-ahead read their chunks' indexes, once each, and a block a key.
+    chunk goes to the nodes, which hold the indexes, a lookup a chunk, and reads none; a
+    read-ahead of a few keys a chunk reads their chunks' indexes and blocks, and sends no
+    lookup; keys asked for without a read-ahead read their chunks' indexes, once each, and a
+    block a key.
     Every value is exact, and keys the base lacks are answered absent."""
     seeds = ",".join(ring3.seeds)
     conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
@@ -524,6 +528,10 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     # was read (the format check), so its keys go in a lookup of their own, and those it
     # shares with the next in that one's and in another of the first chunk
     assert r["ahead_lookups"] <= r["chunks"] + 1, str({k: v for k, v in r.items() if k != "values"})
+    # 3 keys, fewer than readAheadMinKeys of any chunk: read from their blocks, their chunks'
+    # indexes read first, and no lookup (the build before sent a lookup a chunk)
+    assert r["sparse_lookups"] == 0 and r["sparse_from_blocks"] == 3, r
+    assert r["sparse_values"] == [5, 20_005, 39_005], r
     assert r["later"] == list(range(1, 40_000, 800)), r
     assert r["later_indexes"] == r["chunks"], str({k: v for k, v in r.items() if k != "values"})
 

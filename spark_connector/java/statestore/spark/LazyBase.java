@@ -18,7 +18,8 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * shard's chain (its snapshot, or version 1), whose chunks are blocked ({@link ChunkCodec}:
  * blocks of ~4 KiB in a snapshot, each compressed and checksummed on its own, with an
  * index). Loading it read nothing of them: a batch's keys read ahead go to the nodes, which
- * read the indexes and blocks they hold ({@link #readAhead}); a key read alone reads its
+ * read the indexes and blocks they hold, where a chunk has many of them, and are read from
+ * their blocks where it has a few ({@link #readAhead}); a key read alone reads its
  * chunk's index the first time a read needs it (verified against the manifest, kept with the
  * version), then the one block that can hold it, by range, verified against the index
  * ({@link #lookup}). So a restart reads what its batch touches, not indexes that grow with
@@ -234,7 +235,7 @@ final class LazyBase {
         return seen == ABSENT ? null : seen;
       }
     }
-    byte[] v = find(key, k);
+    byte[] v = find(shardOf(key), k);
     if (v == null) {
       return null; // ruled out by the indexes: nothing to remember
     }
@@ -265,15 +266,15 @@ final class LazyBase {
   }
 
   /**
-   * The fewest keys a read-ahead asks of one chunk whose index this JVM holds, by default
-   * ({@code readAheadMinKeys}): fewer are left to {@link #lookup}'s block reads (the keys of a
-   * chunk whose index it lacks are asked however few: a lookup costs less than the index and
-   * a block). A lookup costs its node a request (about
+   * The fewest keys of one chunk a read-ahead asks in a lookup, by default
+   * ({@code readAheadMinKeys}): fewer are read from their blocks in the read-ahead, the
+   * chunk's index read first when the JVM lacks it. A lookup costs its node a request (about
    * 0.7 ms of its CPU) and, unless its cache holds it, the chunk's index (30-80 KiB read and
-   * parsed), then ~0.04 ms a key; a block read ~0.3 ms a key. Below a handful of keys a
-   * lookup saves nothing: a windowed count at 2 GiB, whose batches touch ~5 keys of each of
-   * hundreds of chunks, sent 1,189 lookups for 6,292 keys (not measured apart from the
-   * restart's order: docs/benchmarks.md). The count query's windows hold 50-100 keys a chunk.
+   * parsed), then ~0.04 ms a key; a block read ~0.3 ms a key, and the index once a JVM.
+   * Below a handful of keys a lookup saves nothing: a windowed count at 2 GiB, whose batches
+   * touch ~5 keys of each of hundreds of chunks, sent 1,200 lookups a batch, a lookup a chunk,
+   * and its next batch took 1.23x the time of block reads with the indexes held
+   * (docs/benchmarks.md). The count query's windows hold 50-100 keys a chunk.
    */
   static final int LOOKUP_MIN_KEYS = 8;
   /** The most keys of one read-ahead lookup (the node takes up to 1,000). */
@@ -293,38 +294,39 @@ final class LazyBase {
   static final AtomicLong READ_AHEAD_KEYS = new AtomicLong();
   /** Lookups the read-aheads sent (tests, the bench). */
   static final AtomicLong READ_AHEAD_LOOKUPS = new AtomicLong();
-  /** Read-ahead lookups that failed (their keys read block by block). */
+  /** Of {@link #READ_AHEAD_KEYS}, the keys a read-ahead read from blocks (tests, the bench). */
+  static final AtomicLong READ_AHEAD_BLOCK_KEYS = new AtomicLong();
+  /** Read-ahead lookups and block reads that failed (their keys read when asked for). */
   static final AtomicLong READ_AHEAD_FAILED = new AtomicLong();
 
   /**
-   * Bring what the base holds under {@code keys} into the memo of looked-up rows, many keys
-   * a request: the keys the memo lacks and whose blocks are not cached, grouped by the
-   * chunks that can hold them (until the JVM read their indexes, each chunk covering the
-   * key's group, asked alone: a lookup a chunk, whose node reads that chunk's index only;
-   * after, the chunks whose indexes and Bloom filters do not rule it out), each group
-   * asked, when its indexes were read only if it has at least {@code minKeys} keys, of
-   * one holder of its chunk in lookups
-   * ({@code POST .../lookup}, node/lookup.py) of up to {@link #LOOKUP_KEYS} keys, up to 8 of
-   * them at a time. The node reads and verifies the blocks against the index checksums the
-   * manifest names and answers each key's value or nil, so a batch that touches keys all
-   * over the base costs one request per chunk and window of keys, not one block read per
-   * key ({@link #lookup} then finds them in the memo). Best effort: a lookup that fails
-   * leaves its keys to {@link #lookup}, which reads their blocks. Returns the keys brought.
+   * Bring what the base holds under {@code keys} into the memo of looked-up rows, up to 8
+   * requests at a time: the keys the memo lacks and whose blocks are not cached, grouped by
+   * the chunks that can hold them. A chunk covering fewer than {@code minKeys} of them has
+   * its index read (all such at once) if the JVM lacks it. Then the keys of chunks whose
+   * indexes are read are grouped by the chunks whose indexes and Bloom filters do not rule
+   * them out; the other keys by each chunk covering their group (a key of a group split
+   * over two chunks asked of both: a lookup a chunk, whose node reads that chunk's index
+   * only). A group of at least {@code minKeys} keys, or whose indexes are not read, is asked
+   * of one holder of its chunk in lookups ({@code POST .../lookup}, node/lookup.py) of up to
+   * {@link #LOOKUP_KEYS} keys: the node reads and verifies the blocks against the index
+   * checksums the manifest names and answers each key's value or nil, so a batch that
+   * touches many keys of a chunk costs one request per chunk and window of keys, not one
+   * block read per key. A smaller group is read from its blocks here, as {@link #lookup}
+   * would. Best effort: a lookup or block read that fails leaves its keys to
+   * {@link #lookup}, which reads their blocks. Returns the keys brought.
    */
   int readAhead(List<UnsafeRow> keys, int minKeys) {
-    // keys whose chunks' indexes are read: by the blocks' chunks (the exact path)
-    Map<List<Part>, Ahead> byPath = new LinkedHashMap<>();
-    // keys of chunks whose indexes are not: by chunk, each asked of every chunk covering its
-    // group (a group split over two chunks: of both, in their own lookups, so that a node
-    // reads the indexes of the chunks it is asked about only; the key is in one of them)
-    Map<Part, Ahead> byChunk = new LinkedHashMap<>();
-    // of those, the keys asked of several chunks: how many have not answered nil yet
-    Map<ByteBuffer, AtomicInteger> split = new HashMap<>();
+    // the keys to ask: each once (the node refuses a key twice in a lookup), not in the memo,
+    // with a chunk covering its group
+    List<Want> wants = new ArrayList<>();
     java.util.Set<ByteBuffer> seen = new java.util.HashSet<>();
+    // of the chunks whose indexes are not read, how many of the keys each covers
+    Map<Part, Integer> unindexed = new LinkedHashMap<>();
     for (UnsafeRow key : keys) {
       byte[] k = key.getBytes().clone();
       if (!seen.add(ByteBuffer.wrap(k))) {
-        continue; // once a lookup: the node refuses a key twice
+        continue;
       }
       synchronized (MEMO) {
         if (MEMO.containsKey(new Looked(this, ByteBuffer.wrap(k)))) {
@@ -336,6 +338,49 @@ final class LazyBase {
       if (covering.isEmpty()) {
         continue;
       }
+      wants.add(new Want(k, shard, covering));
+      for (Part p : covering) {
+        if (!p.indexed()) {
+          unindexed.merge(p, 1, Integer::sum);
+        }
+      }
+    }
+    // a chunk with fewer than minKeys of them: its index read here (all such at once), its
+    // keys then read block by block below, as a chunk's whose index was read already (a
+    // lookup of a few keys costs its node the index too, and a request: a windowed count at
+    // 2 GiB touches ~5 keys of each of hundreds of chunks a batch)
+    List<Callable<Integer>> indexes = new ArrayList<>();
+    for (Map.Entry<Part, Integer> e : unindexed.entrySet()) {
+      if (e.getValue() < minKeys) {
+        Part p = e.getKey();
+        indexes.add(() -> {
+          try {
+            index(p);
+            return 1;
+          } catch (RuntimeException x) {
+            return 0; // best effort: its keys go in a lookup
+          }
+        });
+      }
+    }
+    long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+    try {
+      RingDirect.together(indexes, deadline, "reading indexes ahead");
+    } catch (IOException | RuntimeException e) {
+      // best effort: the keys of a chunk whose index was not read go in a lookup
+    }
+    // keys whose chunks' indexes are read: by the blocks' chunks (the exact path)
+    Map<List<Part>, Ahead> byPath = new LinkedHashMap<>();
+    // keys of chunks whose indexes are not: by chunk, each asked of every chunk covering its
+    // group (a group split over two chunks: of both, in their own lookups, so that a node
+    // reads the indexes of the chunks it is asked about only; the key is in one of them)
+    Map<Part, Ahead> byChunk = new LinkedHashMap<>();
+    // of those, the keys asked of several chunks: how many have not answered nil yet
+    Map<ByteBuffer, AtomicInteger> split = new HashMap<>();
+    for (Want want : wants) {
+      byte[] k = want.key;
+      int shard = want.shard;
+      List<Part> covering = want.covering;
       if (!covering.stream().allMatch(Part::indexed)) { // the node reads the indexes
         for (Part p : covering) {
           Ahead a = byChunk.computeIfAbsent(p, x -> new Ahead(shard, false));
@@ -369,8 +414,9 @@ final class LazyBase {
     List<Ahead> all = new ArrayList<>(byPath.values());
     all.addAll(byChunk.values());
     for (Ahead a : all) {
-      if (a.indexed && a.keys.size() < minKeys) {
-        continue; // cheaper read block by block when asked for, the indexes being here
+      if (a.indexed && a.keys.size() < minKeys) { // cheaper block by block, the indexes here
+        calls.add(() -> readBlocks(a.shard, a.keys));
+        continue;
       }
       int from = 0;
       while (from < a.keys.size()) {
@@ -390,7 +436,6 @@ final class LazyBase {
     if (calls.isEmpty()) {
       return 0;
     }
-    long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
     int brought = 0;
     try {
       for (int n : RingDirect.together(calls, deadline, "reading ahead")) {
@@ -400,6 +445,31 @@ final class LazyBase {
       // best effort: what was not brought is read block by block when it is asked for
     }
     READ_AHEAD_KEYS.addAndGet(brought);
+    return brought;
+  }
+
+  /** A key a read-ahead asks: its shard and the chunks covering its key group. */
+  private record Want(byte[] key, int shard, List<Part> covering) {}
+
+  /**
+   * The keys of {@code shard} whose chunks' indexes are read, each read from its blocks as
+   * {@link #lookup} does and kept in the memo; the keys brought. Best effort: a block that
+   * cannot be read leaves its key and those after it to {@link #lookup}.
+   */
+  private int readBlocks(int shard, List<byte[]> batch) {
+    int brought = 0;
+    try {
+      for (byte[] k : batch) {
+        byte[] v = find(shard, k);
+        if (v != null) { // else ruled out by the indexes: nothing to remember
+          remember(new Looked(this, ByteBuffer.wrap(k)), v);
+          brought++;
+        }
+      }
+    } catch (RuntimeException e) {
+      READ_AHEAD_FAILED.incrementAndGet();
+    }
+    READ_AHEAD_BLOCK_KEYS.addAndGet(brought);
     return brought;
   }
 
@@ -460,9 +530,9 @@ final class LazyBase {
    * The value of {@code key} in the base; {@link #ABSENT} if a block that could hold it does
    * not, null if no block can (the indexes and Bloom filters rule it out: nothing read).
    */
-  private byte[] find(UnsafeRow key, byte[] k) {
+  private byte[] find(int shard, byte[] k) {
     byte[] out = null;
-    for (Spot s : spots(shardOf(key), k)) {
+    for (Spot s : spots(shard, k)) {
       byte[] v = block(s.part, s.block).rows.get(ByteBuffer.wrap(k));
       if (v != null) {
         return v;

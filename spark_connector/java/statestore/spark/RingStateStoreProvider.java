@@ -215,7 +215,12 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     return LazyBase.READ_AHEAD_LOOKUPS.get();
   }
 
-  /** Read-ahead lookups of this JVM that failed (tests, the bench). */
+  /** Of {@link #readAheadKeys}, the keys read from their blocks (tests, the bench). */
+  public static long readAheadBlockKeys() {
+    return LazyBase.READ_AHEAD_BLOCK_KEYS.get();
+  }
+
+  /** Read-ahead lookups and block reads of this JVM that failed (tests, the bench). */
   public static long readAheadFailed() {
     return LazyBase.READ_AHEAD_FAILED.get();
   }

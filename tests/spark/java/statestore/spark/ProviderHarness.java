@@ -63,6 +63,15 @@ public final class ProviderHarness {
     return row == null ? null : row.getLong(0);
   }
 
+  /** What {@code store} answers for each of {@code keys} ({@link #valueOf}). */
+  static List<Object> values(StateStore store, List<UnsafeRow> keys) {
+    List<Object> out = new ArrayList<>(keys.size());
+    for (UnsafeRow k : keys) {
+      out.add(valueOf(store.get(k, null)));
+    }
+    return out;
+  }
+
   RingStateStoreProvider provider() {
     return provider(KEY, VALUE);
   }
@@ -667,27 +676,32 @@ public final class ProviderHarness {
     RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, keys);
     out.put("brought", RingStateStoreProvider.readAheadKeys() - before);
     out.put("failed", RingStateStoreProvider.readAheadFailed());
-    List<Object> got = new ArrayList<>();
-    for (UnsafeRow k : keys) {
-      got.add(valueOf(s.get(k, null)));
-    }
-    out.put("values", got);
-    // a few keys of a chunk are left to block reads: none brought
+    out.put("values", values(s, keys));
+    // a few keys of a chunk: read from their blocks in the read-ahead, no lookup
     List<UnsafeRow> few = new ArrayList<>();
     for (int k = 1; k < 2000; k += 400) {
       few.add(key(k));
     }
-    before = RingStateStoreProvider.readAheadKeys();
-    RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, few);
-    out.put("few_brought", RingStateStoreProvider.readAheadKeys() - before);
-    List<Object> fewGot = new ArrayList<>();
-    for (UnsafeRow k : few) {
-      fewGot.add(valueOf(s.get(k, null)));
-    }
-    out.put("few_values", fewGot);
+    readAheadOf("few", lazy, s, few);
     s.abort();
     lazy.close();
     writer.close();
+  }
+
+  /**
+   * A read-ahead of {@code keys} into version 1 of {@code lazy}'s store, then what {@code s}
+   * answers for them: {@code name}_brought, _lookups, _from_blocks (the keys read from their
+   * blocks) and _values.
+   */
+  void readAheadOf(String name, RingStateStoreProvider lazy, StateStore s, List<UnsafeRow> keys) {
+    long brought = RingStateStoreProvider.readAheadKeys();
+    long lookups = RingStateStoreProvider.readAheadLookups();
+    long fromBlocks = RingStateStoreProvider.readAheadBlockKeys();
+    RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, keys);
+    out.put(name + "_brought", RingStateStoreProvider.readAheadKeys() - brought);
+    out.put(name + "_lookups", RingStateStoreProvider.readAheadLookups() - lookups);
+    out.put(name + "_from_blocks", RingStateStoreProvider.readAheadBlockKeys() - fromBlocks);
+    out.put(name + "_values", values(s, keys));
   }
 
   /**
@@ -721,13 +735,13 @@ public final class ProviderHarness {
     long lookups = RingStateStoreProvider.readAheadLookups();
     RingStateStoreProvider.readAhead(lazy.stateStoreId(), 1, keys);
     out.put("ahead_lookups", RingStateStoreProvider.readAheadLookups() - lookups);
-    List<Object> got = new ArrayList<>();
-    for (UnsafeRow k : keys) {
-      got.add(valueOf(s.get(k, null)));
-    }
-    out.put("values", got);
+    out.put("values", values(s, keys));
     out.put("ahead_indexes", LazyBase.INDEXES_READ.get() - indexes);
     out.put("failed", RingStateStoreProvider.readAheadFailed());
+    // 3 keys not asked yet, fewer than readAheadMinKeys of any chunk: read from their blocks
+    // in the read-ahead, their chunks' indexes read first, and no lookup sent
+    List<UnsafeRow> sparse = List.of(key(5), key(20_005), key(39_005));
+    readAheadOf("sparse", lazy, s, sparse);
     // 50 keys not read ahead, over every chunk: each chunk's index once, and a block a key
     List<Object> later = new ArrayList<>();
     for (int k = 1; k < n; k += 800) {
