@@ -305,9 +305,9 @@ final class LazyBase {
    * the chunks that can hold them. A chunk covering fewer than {@code minKeys} of them has
    * its index read (all such at once) if the JVM lacks it. Then the keys of chunks whose
    * indexes are read are grouped by the chunks whose indexes and Bloom filters do not rule
-   * them out; the other keys by each chunk covering their group (a key of a group split
-   * over two chunks asked of both: a lookup a chunk, whose node reads that chunk's index
-   * only). A group of at least {@code minKeys} keys, or whose indexes are not read, is asked
+   * them out; the other keys by each chunk covering their group that no index held rules
+   * out (a key of a group split over two chunks asked of both: a lookup a chunk, whose node
+   * reads that chunk's index only). A group of at least {@code minKeys} keys, or whose indexes are not read, is asked
    * of one holder of its chunk in lookups ({@code POST .../lookup}, node/lookup.py) of up to
    * {@link #LOOKUP_KEYS} keys: the node reads and verifies the blocks against the index
    * checksums the manifest names and answers each key's value or nil, so a batch that
@@ -382,15 +382,22 @@ final class LazyBase {
       int shard = want.shard;
       List<Part> covering = want.covering;
       if (!covering.stream().allMatch(Part::indexed)) { // the node reads the indexes
+        int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
+        List<Part> asked = new ArrayList<>(covering.size());
         for (Part p : covering) {
+          if (!p.indexed() || index(p).find(g, k) >= 0) { // not a chunk its index rules out
+            asked.add(p);
+          }
+        }
+        for (Part p : asked) {
           Ahead a = byChunk.computeIfAbsent(p, x -> new Ahead(shard, false));
           if (a.path.isEmpty()) {
             a.path.add(p);
           }
           a.keys.add(k);
         }
-        if (covering.size() > 1) {
-          split.put(ByteBuffer.wrap(k), new AtomicInteger(covering.size()));
+        if (asked.size() > 1) {
+          split.put(ByteBuffer.wrap(k), new AtomicInteger(asked.size()));
         }
         continue;
       }
