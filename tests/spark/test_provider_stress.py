@@ -536,6 +536,27 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     assert r["later_indexes"] == r["chunks"], str({k: v for k, v in r.items() if k != "values"})
 
 
+def test_the_indexes_a_lazy_base_reads_are_bounded_by_a_quarter_of_the_cache(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    """Under a 100 KB cache, whose quarter (the LRU of indexes, counted in the cache) holds
+    one of the base's four ~15 KB chunk indexes, keys read alone from every chunk read
+    each chunk's index, and the JVM holds no more index bytes than the LRU's (the build
+    before kept every index it read as long as the version lived: they grew with the chunks
+    its batches touched, outside the cache): a dropped index is read again when a key
+    needs it. Every value is exact, and again from the memo of rows."""
+    seeds = ",".join(ring3.seeds)
+    conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0", "cacheBytes": "100000"}
+    r = harness(classpath, "index-bound", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
+    want = list(range(1, 40_000, 800))
+    assert r["lazy"] is True and r["chunks"] >= 3, r
+    assert r["values"] == want and r["again"] == want, r
+    # one index held at a time: a key of another chunk drops it, and reads its own
+    assert r["indexes_read"] > r["chunks"], r
+    assert 0 < r["held"] <= r["limit"] and 0 < r["held_again"] <= r["limit"], r
+    assert r["chunks_indexed"] < r["chunks"], r
+
+
 def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_chains(
     tmp_path: Path, ring3: LocalRing, classpath: str
 ) -> None:

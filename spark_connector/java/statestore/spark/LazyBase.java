@@ -20,8 +20,8 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * index). Loading it read nothing of them: a batch's keys read ahead go to the nodes, which
  * read the indexes and blocks they hold, where a chunk has many of them, and are read from
  * their blocks where it has a few ({@link #readAhead}); a key read alone reads its
- * chunk's index the first time a read needs it (verified against the manifest, kept with the
- * version), then the one block that can hold it, by range, verified against the index
+ * chunk's index when a read needs it (verified against the manifest, kept in a per-JVM LRU
+ * of indexes, 1/4 of the cache), then the one block that can hold it, by range, verified against the index
  * ({@link #lookup}). So a restart reads what its batch touches, not indexes that grow with
  * the state. The deltas above the base were folded into the version's own map when
  * it was loaded ({@link StateData}), so a key costs at most one block fetch per chunk of the
@@ -32,8 +32,9 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * <p>Decoded blocks are kept in an LRU shared by every lazily loaded version of the JVM
  * ({@link #cacheBytes}: 1/8 of {@code spark.statestore.cacheBytes}), so neighbouring keys and
  * repeated reads fetch nothing; blocks never change (a chunk's name carries its checksum).
- * The LRU and the memo below count in the executor's cache ({@link StateBudget}), so the
- * heap holds at most about {@code cacheBytes} of state, lazy or not. Nothing here is written:
+ * The LRUs of blocks and of indexes and the memo below count in the executor's cache
+ * ({@link StateBudget}), so the heap holds at most about {@code cacheBytes} of state, lazy or
+ * not. Nothing here is written:
  * a version's changes stay in its map, and a copy of the version shares its base.
  *
  * <p>A batch reads a key of the base more than once: the read store's {@code get}, then
@@ -51,7 +52,7 @@ final class LazyBase {
 
   /**
    * One chunk of a shard's base: its key, the key groups it covers, its version and its
-   * manifest entry, and its index once a read needed it ({@link #index(Part)}). Equal only to
+   * manifest entry, and its index while the JVM holds it ({@link #index(Part)}). Equal only to
    * itself.
    */
   static final class Part {
@@ -60,7 +61,7 @@ final class LazyBase {
     final int hi;
     private final long version;
     private final ManifestCodec.ChunkRef ref;
-    /** The parsed index, once read (null before). */
+    /** The parsed index, while the LRU of indexes holds it (null before it is read and after). */
     private volatile ChunkCodec.Index index;
 
     Part(String key, long version, ManifestCodec.ChunkRef ref) {
@@ -79,7 +80,7 @@ final class LazyBase {
       return ref;
     }
 
-    /** Whether the index was read. */
+    /** Whether the index is held. */
     boolean indexed() {
       return index != null;
     }
@@ -93,6 +94,9 @@ final class LazyBase {
   private static final Object LOCK = new Object();
   private static final LinkedHashMap<String, Block> BLOCKS = new LinkedHashMap<>(64, 0.75f, true);
   private static long cached;
+  /** The chunks whose indexes are held, with their heap bytes, least recently used first. */
+  private static final LinkedHashMap<Part, Long> INDEXES = new LinkedHashMap<>(64, 0.75f, true);
+  private static long indexesHeld;
 
   private final RingDirect direct;
   private final long timeoutMs;
@@ -221,6 +225,38 @@ final class LazyBase {
     return Math.max(MIN_BYTES, StateBudget.limit() / 16);
   }
 
+  /** The least the index LRU holds, whatever {@code cacheBytes} says. */
+  static final long MIN_INDEX_BYTES = 16L << 10;
+
+  /**
+   * Bytes of parsed indexes kept per JVM ({@link #heapBytes}): 1/4 of the cache, counted in
+   * it. The indexes a JVM reads grow with the chunks its batches touch, so with the state (a
+   * windowed count at 2 GiB reads ~50 MiB of them, under a 205 MiB cache's quarter); past
+   * this the least recently used is dropped, and read again when a read needs it.
+   */
+  static long indexBytes() {
+    return Math.max(MIN_INDEX_BYTES, StateBudget.limit() / 4);
+  }
+
+  /** The parsed indexes' bytes the JVM holds now (tests). */
+  static long indexesHeld() {
+    synchronized (LOCK) {
+      return indexesHeld;
+    }
+  }
+
+  /**
+   * What a parsed index takes on the heap: its arrays (a block's group, first key, offset,
+   * length, checksum and row count, with the first key's array header) and its Bloom filter.
+   */
+  static long heapBytes(ChunkCodec.Index ix) {
+    long out = 256 + 52L * ix.offsets().length + (ix.keys() == null ? 0 : ix.keys().length);
+    for (byte[] k : ix.firstKeys()) {
+      out += k.length;
+    }
+    return out;
+  }
+
   /**
    * The value of {@code key} in the base, or null if the base does not hold it;
    * {@link Unreadable} when the block that may hold it cannot be read.
@@ -303,7 +339,7 @@ final class LazyBase {
    * Bring what the base holds under {@code keys} into the memo of looked-up rows, up to 8
    * requests at a time: the keys the memo lacks and whose blocks are not cached, grouped by
    * the chunks that can hold them. A chunk covering fewer than {@code minKeys} of them has
-   * its index read (all such at once) if the JVM lacks it. Then the keys of chunks whose
+   * its index read (all such at once, up to half the LRU of indexes) if the JVM lacks it. Then the keys of chunks whose
    * indexes are read are grouped by the chunks whose indexes and Bloom filters do not rule
    * them out; the other keys by each chunk covering their group that no index held rules
    * out (a key of a group split over two chunks asked of both: a lookup a chunk, whose node
@@ -348,10 +384,15 @@ final class LazyBase {
     // a chunk with fewer than minKeys of them: its index read here (all such at once), its
     // keys then read block by block below, as a chunk's whose index was read already (a
     // lookup of a few keys costs its node the index too, and a request: a windowed count at
-    // 2 GiB touches ~5 keys of each of hundreds of chunks a batch)
+    // 2 GiB touches ~5 keys of each of hundreds of chunks a batch); up to half the LRU of
+    // indexes a read-ahead (a parsed index takes about twice its bytes as stored), so that
+    // those it reads stay until its keys are read: the others' keys go in lookups
     List<Callable<Integer>> indexes = new ArrayList<>();
+    long room = indexBytes() / 2;
     for (Map.Entry<Part, Integer> e : unindexed.entrySet()) {
-      if (e.getValue() < minKeys) {
+      long cost = 2L * e.getKey().ref.indexLen();
+      if (e.getValue() < minKeys && cost <= room) {
+        room -= cost;
         Part p = e.getKey();
         indexes.add(() -> {
           try {
@@ -586,38 +627,70 @@ final class LazyBase {
   }
 
   /**
-   * The index of {@code p}, read from the ring and verified against its manifest entry the
-   * first time a read needs it (a block read, {@link #firstRow}); {@link Unreadable} when it
-   * cannot be read. A lazy load reads none: a batch's keys read ahead go to the nodes, which
+   * The index of {@code p}, read from the ring and verified against its manifest entry when a
+   * read needs it (a block read, {@link #firstRow}) and the JVM does not hold it, then held in
+   * the LRU of indexes ({@link #keep}); {@link Unreadable} when it cannot be read. A lazy load reads none: a batch's keys read ahead go to the nodes, which
    * hold the indexes ({@link #readAhead}).
    */
   private ChunkCodec.Index index(Part p) {
     ChunkCodec.Index ix = p.index;
     if (ix != null) {
+      synchronized (LOCK) {
+        INDEXES.get(p); // the most recently used now
+      }
       return ix;
     }
     synchronized (p) {
-      if (p.index == null) {
-        ManifestCodec.ChunkRef ref = p.ref;
-        long at = ref.size() - 4 - ref.indexLen();
-        byte[] raw;
-        try {
-          raw = direct.fetchPart(p.key, at, ref.indexLen(), ref.indexChecksum(),
-              System.nanoTime() + timeoutMs * 1_000_000L);
-        } catch (IOException e) {
-          throw new Unreadable("RingStateStoreProvider: cannot read the index of " + p.key
-              + " from the ring: " + e.getMessage(), e);
-        }
-        try {
-          p.index = ChunkCodec.parseIndex(raw, 0, raw.length, at - 1, p.key);
-        } catch (ChunkCodec.CorruptChunkException e) {
-          throw new Unreadable("RingStateStoreProvider: the index of " + p.key
-              + " read from the ring is corrupt: " + e.getMessage(), e);
-        }
-        reads.fetched.addAndGet(raw.length);
-        INDEXES_READ.incrementAndGet();
+      ix = p.index;
+      if (ix != null) {
+        return ix;
       }
-      return p.index;
+      ManifestCodec.ChunkRef ref = p.ref;
+      long at = ref.size() - 4 - ref.indexLen();
+      byte[] raw;
+      try {
+        raw = direct.fetchPart(p.key, at, ref.indexLen(), ref.indexChecksum(),
+            System.nanoTime() + timeoutMs * 1_000_000L);
+      } catch (IOException e) {
+        throw new Unreadable("RingStateStoreProvider: cannot read the index of " + p.key
+            + " from the ring: " + e.getMessage(), e);
+      }
+      try {
+        ix = ChunkCodec.parseIndex(raw, 0, raw.length, at - 1, p.key);
+      } catch (ChunkCodec.CorruptChunkException e) {
+        throw new Unreadable("RingStateStoreProvider: the index of " + p.key
+            + " read from the ring is corrupt: " + e.getMessage(), e);
+      }
+      reads.fetched.addAndGet(raw.length);
+      INDEXES_READ.incrementAndGet();
+      p.index = ix;
+      keep(p, heapBytes(ix));
+      return ix; // p.index may be dropped already: this read has its own
+    }
+  }
+
+  /**
+   * Hold {@code p}'s index, just read, in the LRU of indexes ({@link #indexBytes}, counted in
+   * the cache): the least recently used go past its bytes (their chunks' indexes read again
+   * when a read needs them), never {@code p}'s own.
+   */
+  private static void keep(Part p, long bytes) {
+    synchronized (LOCK) {
+      long delta = bytes;
+      INDEXES.put(p, bytes);
+      long limit = indexBytes();
+      var it = INDEXES.entrySet().iterator();
+      while (indexesHeld + delta > limit && it.hasNext()) {
+        var e = it.next();
+        if (e.getKey() == p) {
+          break; // the newest: kept, whatever it costs
+        }
+        e.getKey().index = null;
+        delta -= e.getValue();
+        it.remove();
+      }
+      indexesHeld += delta;
+      StateBudget.add(delta);
     }
   }
 
@@ -665,6 +738,17 @@ final class LazyBase {
       StateBudget.add(delta);
     }
     return out;
+  }
+
+  /** Chunks of the bases whose indexes the JVM holds now (tests). */
+  int indexed() {
+    int n = 0;
+    for (List<Part> shard : parts) {
+      for (Part p : shard) {
+        n += p.indexed() ? 1 : 0;
+      }
+    }
+    return n;
   }
 
   /** Chunks of the bases, every shard's in order: what {@link #chunk} numbers. */

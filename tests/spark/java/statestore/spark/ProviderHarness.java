@@ -705,19 +705,28 @@ public final class ProviderHarness {
   }
 
   /**
+   * A provider that committed version 1 as a snapshot of {@code n} keys of ~300 bytes:
+   * several chunks (4 at 40,000 keys).
+   */
+  RingStateStoreProvider severalChunks(int n) {
+    RingStateStoreProvider writer = provider();
+    StateStore w = write(writer, 0, false);
+    for (int k = 0; k < n; k++) {
+      w.put(key(k), value(k, 300), null);
+    }
+    w.commit();
+    return writer;
+  }
+
+  /**
    * A version loaded lazily over a base of several chunks reads none of their indexes: a
    * read-ahead of keys from every chunk goes to the nodes, which hold them; a key asked for
    * without a read-ahead then reads its chunk's index, once, and one block. Per step: the indexes
    * the JVM read, and the values.
    */
   void lazyIndexes() {
-    RingStateStoreProvider writer = provider();
-    StateStore w = write(writer, 0, false); // version 1: a snapshot of several chunks
     int n = 40_000;
-    for (int k = 0; k < n; k++) {
-      w.put(key(k), value(k, 300), null);
-    }
-    w.commit();
+    RingStateStoreProvider writer = severalChunks(n);
     RingStateStoreProvider lazy = provider(); // another executor's: version 1 loaded lazily
     long indexes = LazyBase.INDEXES_READ.get();
     WriteStore s = write(lazy, 1, false);
@@ -749,6 +758,37 @@ public final class ProviderHarness {
     }
     out.put("later", later);
     out.put("later_indexes", LazyBase.INDEXES_READ.get() - indexes);
+    s.abort();
+    lazy.close();
+    writer.close();
+  }
+
+  /**
+   * Keys read alone from every chunk of a lazy base under a cache whose quarter, the LRU of
+   * indexes, holds fewer than the chunks' indexes: the indexes read, the bytes held against
+   * the LRU's, how many of the base's chunks hold one; the values, then the same keys'
+   * values again.
+   */
+  void indexBound() {
+    int n = 40_000;
+    RingStateStoreProvider writer = severalChunks(n);
+    RingStateStoreProvider lazy = provider();
+    long indexes = LazyBase.INDEXES_READ.get();
+    WriteStore s = write(lazy, 1, false);
+    LazyBase base = s.data.remote;
+    out.put("lazy", base != null);
+    out.put("chunks", base.chunks());
+    List<UnsafeRow> keys = new ArrayList<>();
+    for (int k = 1; k < n; k += 800) { // 50 keys over every chunk, read alone
+      keys.add(key(k));
+    }
+    out.put("values", values(s, keys));
+    out.put("indexes_read", LazyBase.INDEXES_READ.get() - indexes);
+    out.put("held", LazyBase.indexesHeld());
+    out.put("limit", LazyBase.indexBytes());
+    out.put("chunks_indexed", base.indexed());
+    out.put("again", values(s, keys)); // from the memo of rows
+    out.put("held_again", LazyBase.indexesHeld());
     s.abort();
     lazy.close();
     writer.close();
@@ -927,6 +967,7 @@ public final class ProviderHarness {
       case "horizon" -> h.horizon();
       case "read-ahead" -> h.readAhead();
       case "lazy-indexes" -> h.lazyIndexes();
+      case "index-bound" -> h.indexBound();
       case "vanished" -> h.vanished();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
