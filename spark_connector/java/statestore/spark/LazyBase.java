@@ -19,15 +19,15 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * blocks of ~4 KiB in a snapshot, each compressed and checksummed on its own, with an
  * index). Loading it read nothing of them: a batch's keys read ahead go to the nodes, which
  * read the indexes and blocks they hold, where a chunk has many of them, and are read from
- * their blocks where it has a few ({@link #readAhead}); a key read alone reads its
- * chunk's index when a read needs it (verified against the manifest, kept in a per-JVM LRU
- * of indexes, 1/4 of the cache), then the one block that can hold it, by range, verified against the index
- * ({@link #lookup}). So a restart reads what its batch touches, not indexes that grow with
- * the state. The deltas above the base were folded into the version's own map when
- * it was loaded ({@link StateData}), so a key costs at most one block fetch per chunk of the
- * base that covers its key group (one, unless a group spans chunks). Its chunks are read
- * whole, one at a time ({@link #chunk}), when the version is made whole (a scan, the
- * {@link Prefetcher}).
+ * their blocks where it has a few ({@link #readAhead}); a key read alone reads its chunk's
+ * index when a read needs it (verified against the manifest, kept in a per-JVM LRU of
+ * indexes, 1/4 of the cache), then the one block that can hold it, by range, verified
+ * against the index ({@link #lookup}). So a restart reads what its batch touches, not
+ * indexes that grow with the state. The deltas above the base were folded into the
+ * version's own map when it was loaded ({@link StateData}), so a key costs at most one block
+ * fetch per chunk of the base that covers its key group (one, unless a group spans
+ * chunks). Its chunks are read whole, one at a time ({@link #chunk}), when the version is
+ * made whole (a scan, the {@link Prefetcher}).
  *
  * <p>Decoded blocks are kept in an LRU shared by every lazily loaded version of the JVM
  * ({@link #cacheBytes}: 1/8 of {@code spark.statestore.cacheBytes}), so neighbouring keys and
@@ -339,18 +339,19 @@ final class LazyBase {
    * Bring what the base holds under {@code keys} into the memo of looked-up rows, up to 8
    * requests at a time: the keys the memo lacks and whose blocks are not cached, grouped by
    * the chunks that can hold them. A chunk covering fewer than {@code minKeys} of them has
-   * its index read (all such at once, up to half the LRU of indexes) if the JVM lacks it. Then the keys of chunks whose
-   * indexes are read are grouped by the chunks whose indexes and Bloom filters do not rule
-   * them out; the other keys by each chunk covering their group that no index held rules
-   * out (a key of a group split over two chunks asked of both: a lookup a chunk, whose node
-   * reads that chunk's index only). A group of at least {@code minKeys} keys, or whose indexes are not read, is asked
-   * of one holder of its chunk in lookups ({@code POST .../lookup}, node/lookup.py) of up to
-   * {@link #LOOKUP_KEYS} keys: the node reads and verifies the blocks against the index
-   * checksums the manifest names and answers each key's value or nil, so a batch that
-   * touches many keys of a chunk costs one request per chunk and window of keys, not one
-   * block read per key. A smaller group is read from its blocks here, as {@link #lookup}
-   * would. Best effort: a lookup or block read that fails leaves its keys to
-   * {@link #lookup}, which reads their blocks. Returns the keys brought.
+   * its index read (all such at once, up to half the LRU of indexes) if the JVM lacks it.
+   * Then the keys of chunks whose indexes are read are grouped by the chunks whose indexes
+   * and Bloom filters do not rule them out; the other keys by each chunk covering their
+   * group that no index held rules out (a key of a group split over two chunks asked of
+   * both: a lookup a chunk, whose node reads that chunk's index only). A group of at least
+   * {@code minKeys} keys, or whose indexes are not read, is asked of one holder of its chunk
+   * in lookups ({@code POST .../lookup}, node/lookup.py) of up to {@link #LOOKUP_KEYS} keys:
+   * the node reads and verifies the blocks against the index checksums the manifest names
+   * and answers each key's value or nil, so a batch that touches many keys of a chunk costs
+   * one request per chunk and window of keys, not one block read per key. A smaller group is
+   * read from its blocks here, as {@link #lookup} would. Best effort: a lookup or block read
+   * that fails leaves its keys to {@link #lookup}, which reads their blocks. Returns the keys
+   * brought.
    */
   int readAhead(List<UnsafeRow> keys, int minKeys) {
     // the keys to ask: each once (the node refuses a key twice in a lookup), not in the memo,
@@ -629,8 +630,9 @@ final class LazyBase {
   /**
    * The index of {@code p}, read from the ring and verified against its manifest entry when a
    * read needs it (a block read, {@link #firstRow}) and the JVM does not hold it, then held in
-   * the LRU of indexes ({@link #keep}); {@link Unreadable} when it cannot be read. A lazy load reads none: a batch's keys read ahead go to the nodes, which
-   * hold the indexes ({@link #readAhead}).
+   * the LRU of indexes ({@link #keep}); {@link Unreadable} when it cannot be read. A lazy
+   * load reads none: a batch's keys read ahead go to the nodes, which hold the indexes
+   * ({@link #readAhead}).
    */
   private ChunkCodec.Index index(Part p) {
     ChunkCodec.Index ix = p.index;
