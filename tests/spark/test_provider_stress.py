@@ -544,7 +544,8 @@ def test_the_indexes_a_lazy_base_reads_are_bounded_by_a_quarter_of_the_cache(
     each chunk's index, and the JVM holds no more index bytes than the LRU's (the build
     before kept every index it read as long as the version lived: they grew with the chunks
     its batches touched, outside the cache): a dropped index is read again when a key
-    needs it. Every value is exact, and again from the memo of rows."""
+    needs it. Every value is exact, and again from the memo of rows, and from 4 threads
+    reading at once, after which the LRU's bytes are its entries' sum."""
     seeds = ",".join(ring3.seeds)
     conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0", "cacheBytes": "100000"}
     r = harness(classpath, "index-bound", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
@@ -555,6 +556,9 @@ def test_the_indexes_a_lazy_base_reads_are_bounded_by_a_quarter_of_the_cache(
     assert r["indexes_read"] > r["chunks"], r
     assert 0 < r["held"] <= r["limit"] and 0 < r["held_again"] <= r["limit"], r
     assert r["chunks_indexed"] < r["chunks"], r
+    # 4 threads at once, each dropping the others' indexes: exact, and the LRU's bytes agree
+    assert r["threads_wrong"] == [] and r["consistent"] is True, r
+    assert 0 < r["threads_held"] <= r["limit"], r
 
 
 def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_chains(

@@ -94,6 +94,8 @@ final class LazyBase {
   private static final Object LOCK = new Object();
   private static final LinkedHashMap<String, Block> BLOCKS = new LinkedHashMap<>(64, 0.75f, true);
   private static long cached;
+  /** Guards {@link #INDEXES} and {@link #indexesHeld}. */
+  private static final Object INDEX_LOCK = new Object();
   /** The chunks whose indexes are held, with their heap bytes, least recently used first. */
   private static final LinkedHashMap<Part, Long> INDEXES = new LinkedHashMap<>(64, 0.75f, true);
   private static long indexesHeld;
@@ -238,9 +240,26 @@ final class LazyBase {
     return Math.max(MIN_INDEX_BYTES, StateBudget.limit() / 4);
   }
 
+  /**
+   * Whether the LRU of indexes agrees with itself (tests): its bytes are its entries' sum,
+   * and every chunk in it holds its index.
+   */
+  static boolean indexesConsistent() {
+    synchronized (INDEX_LOCK) {
+      long sum = 0;
+      for (Map.Entry<Part, Long> e : INDEXES.entrySet()) {
+        if (e.getKey().index == null) {
+          return false;
+        }
+        sum += e.getValue();
+      }
+      return sum == indexesHeld;
+    }
+  }
+
   /** The parsed indexes' bytes the JVM holds now (tests). */
   static long indexesHeld() {
-    synchronized (LOCK) {
+    synchronized (INDEX_LOCK) {
       return indexesHeld;
     }
   }
@@ -405,9 +424,11 @@ final class LazyBase {
         });
       }
     }
-    long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+    // the indexes get half the read-ahead's time, the lookups and block reads the rest
+    long start = System.nanoTime();
+    long deadline = start + timeoutMs * 1_000_000L;
     try {
-      RingDirect.together(indexes, deadline, "reading indexes ahead");
+      RingDirect.together(indexes, start + timeoutMs * 500_000L, "reading indexes ahead");
     } catch (IOException | RuntimeException e) {
       // best effort: the keys of a chunk whose index was not read go in a lookup
     }
@@ -423,12 +444,19 @@ final class LazyBase {
       byte[] k = want.key;
       int shard = want.shard;
       List<Part> covering = want.covering;
-      if (!covering.stream().allMatch(Part::indexed)) { // the node reads the indexes
-        int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
+      int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
+      // the covering chunks' indexes held now: one the LRU drops meanwhile is not read here
+      ChunkCodec.Index[] held = new ChunkCodec.Index[covering.size()];
+      boolean all = true;
+      for (int i = 0; i < held.length; i++) {
+        held[i] = covering.get(i).index;
+        all &= held[i] != null;
+      }
+      if (!all) { // the node reads the indexes
         List<Part> asked = new ArrayList<>(covering.size());
-        for (Part p : covering) {
-          if (!p.indexed() || index(p).find(g, k) >= 0) { // not a chunk its index rules out
-            asked.add(p);
+        for (int i = 0; i < held.length; i++) {
+          if (held[i] == null || held[i].find(g, k) >= 0) { // not ruled out by its index
+            asked.add(covering.get(i));
           }
         }
         for (Part p : asked) {
@@ -445,10 +473,14 @@ final class LazyBase {
       }
       List<Part> path = new ArrayList<>(2);
       boolean fetch = false;
-      for (Spot s : spots(shard, k)) {
-        path.add(s.part);
-        synchronized (LOCK) {
-          fetch |= !BLOCKS.containsKey(s.part.key + "#" + s.block);
+      for (int i = 0; i < held.length; i++) { // the blocks that may hold it, as spots() finds
+        int block = held[i].find(g, k);
+        if (block >= 0) {
+          Part p = covering.get(i);
+          path.add(p);
+          synchronized (LOCK) {
+            fetch |= !BLOCKS.containsKey(p.key + "#" + block);
+          }
         }
       }
       if (fetch) { // else ruled out by the indexes, or its blocks are here: nothing to send
@@ -482,8 +514,8 @@ final class LazyBase {
         from = to;
       }
     }
-    if (calls.isEmpty()) {
-      return 0;
+    if (calls.isEmpty() || System.nanoTime() >= deadline) {
+      return 0; // nothing to ask, or no time left: the keys are read when asked for
     }
     int brought = 0;
     try {
@@ -637,7 +669,7 @@ final class LazyBase {
   private ChunkCodec.Index index(Part p) {
     ChunkCodec.Index ix = p.index;
     if (ix != null) {
-      synchronized (LOCK) {
+      synchronized (INDEX_LOCK) {
         INDEXES.get(p); // the most recently used now
       }
       return ix;
@@ -677,9 +709,9 @@ final class LazyBase {
    * when a read needs them), never {@code p}'s own.
    */
   private static void keep(Part p, long bytes) {
-    synchronized (LOCK) {
-      long delta = bytes;
-      INDEXES.put(p, bytes);
+    synchronized (INDEX_LOCK) {
+      Long was = INDEXES.put(p, bytes); // none: a held index is not read again
+      long delta = was == null ? bytes : bytes - was;
       long limit = indexBytes();
       var it = INDEXES.entrySet().iterator();
       while (indexesHeld + delta > limit && it.hasNext()) {

@@ -767,7 +767,8 @@ public final class ProviderHarness {
    * Keys read alone from every chunk of a lazy base under a cache whose quarter, the LRU of
    * indexes, holds fewer than the chunks' indexes: the indexes read, the bytes held against
    * the LRU's, how many of the base's chunks hold one; the values, then the same keys'
-   * values again.
+   * values again; then keys read by 4 threads at once: those answered wrong, and whether the
+   * LRU agrees with itself.
    */
   void indexBound() {
     int n = 40_000;
@@ -789,6 +790,34 @@ public final class ProviderHarness {
     out.put("chunks_indexed", base.indexed());
     out.put("again", values(s, keys)); // from the memo of rows
     out.put("held_again", LazyBase.indexesHeld());
+    // 4 threads reading keys alone at once, each chunk's index dropped and read again by one
+    // while the others use theirs: every value exact, the LRU consistent
+    List<Thread> threads = new ArrayList<>();
+    java.util.concurrent.ConcurrentHashMap<Integer, Object> wrong =
+        new java.util.concurrent.ConcurrentHashMap<>();
+    for (int t = 0; t < 4; t++) {
+      int from = 2 + t;
+      Thread th = new Thread(() -> {
+        for (int k = from; k < n; k += 397) {
+          Long v = valueOf(s.get(key(k), null));
+          if (v == null || v != k) {
+            wrong.put(k, v == null ? "none" : v);
+          }
+        }
+      });
+      threads.add(th);
+      th.start();
+    }
+    for (Thread th : threads) {
+      try {
+        th.join();
+      } catch (InterruptedException e) {
+        throw new IllegalStateException(e);
+      }
+    }
+    out.put("threads_wrong", new ArrayList<>(wrong.keySet()));
+    out.put("threads_held", LazyBase.indexesHeld());
+    out.put("consistent", LazyBase.indexesConsistent());
     s.abort();
     lazy.close();
     writer.close();
