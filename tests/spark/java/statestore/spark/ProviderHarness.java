@@ -790,24 +790,36 @@ public final class ProviderHarness {
     out.put("chunks_indexed", base.indexed());
     out.put("again", values(s, keys)); // from the memo of rows
     out.put("held_again", LazyBase.indexesHeld());
-    // 4 threads reading keys alone at once, each chunk's index dropped and read again by one
-    // while the others use theirs: every value exact, the LRU consistent
+    // 4 tasks at once, each its own provider's lazy version of the store (as Spark's tasks of
+    // a JVM), reading keys alone: each chunk's index dropped and read again by one while the
+    // others use theirs; every value exact, the LRU consistent. The keys are made here: a
+    // projection is not for two threads at once
     List<Thread> threads = new ArrayList<>();
+    List<RingStateStoreProvider> providers = new ArrayList<>();
+    List<WriteStore> stores = new ArrayList<>();
     java.util.concurrent.ConcurrentHashMap<Integer, Object> wrong =
         new java.util.concurrent.ConcurrentHashMap<>();
     for (int t = 0; t < 4; t++) {
-      int from = 2 + t;
-      Thread th = new Thread(() -> {
-        for (int k = from; k < n; k += 397) {
-          Long v = valueOf(s.get(key(k), null));
-          if (v == null || v != k) {
-            wrong.put(k, v == null ? "none" : v);
+      RingStateStoreProvider task = provider();
+      WriteStore store = write(task, 1, false);
+      providers.add(task);
+      stores.add(store);
+      List<Integer> ks = new ArrayList<>();
+      List<UnsafeRow> rows = new ArrayList<>();
+      for (int k = 2 + t; k < n; k += 397) {
+        ks.add(k);
+        rows.add(key(k));
+      }
+      threads.add(new Thread(() -> {
+        for (int i = 0; i < ks.size(); i++) {
+          Long v = valueOf(store.get(rows.get(i), null));
+          if (v == null || v.longValue() != ks.get(i)) {
+            wrong.put(ks.get(i), v == null ? "none" : v);
           }
         }
-      });
-      threads.add(th);
-      th.start();
+      }));
     }
+    threads.forEach(Thread::start);
     for (Thread th : threads) {
       try {
         th.join();
@@ -815,7 +827,11 @@ public final class ProviderHarness {
         throw new IllegalStateException(e);
       }
     }
-    out.put("threads_wrong", new ArrayList<>(wrong.keySet()));
+    stores.forEach(WriteStore::abort);
+    providers.forEach(RingStateStoreProvider::close);
+    List<String> wrongs = new ArrayList<>();
+    wrong.forEach((k, v) -> wrongs.add(k + "=" + v));
+    out.put("threads_wrong", wrongs);
     out.put("threads_held", LazyBase.indexesHeld());
     out.put("consistent", LazyBase.indexesConsistent());
     s.abort();
