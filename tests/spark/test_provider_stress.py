@@ -486,6 +486,25 @@ def test_reads_run_together_keep_their_order_and_fail_with_their_own_error(
     assert r["late_cause"] == "node y: read cut", r
 
 
+def test_a_byte_bounded_lru_drops_the_least_recently_used_and_counts_what_it_holds(
+    tmp_path: Path, classpath: str
+) -> None:
+    """The LRU a lazy base keeps its decoded blocks, looked-up rows and parsed indexes in
+    (ByteLru: one class for the three, which were written out three times): under a 100-byte
+    limit the least recently used entry goes first, the entry just put stays whatever it
+    costs (its caller is about to use it), a replaced entry counts its new bytes once, and
+    the executor's count (StateBudget) moves with the bytes held; from 4 threads at once the
+    bytes held stay their entries' sum, within the limit but for the newest entry."""
+    r = harness(classpath, "byte-lru", tmp_path)
+    assert r["dropped"] == ["b"] and r["held"] == 80, r
+    assert r["has"] == [True, False, True], r
+    assert r["big_held"] == 250 and r["big_size"] == 1, r
+    assert r["replaced_held"] == 10 and r["counted"] == 10, r
+    assert r["consistent"] is True and r["all_dropped"] == ["b", "a", "c"], r
+    assert r["threads_consistent"] is True and r["threads_counted"] is True, r
+    assert 0 < r["threads_most"] <= 200 + 30, r
+
+
 def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_store_closed(
     tmp_path: Path, ring3: LocalRing, classpath: str
 ) -> None:
@@ -534,6 +553,25 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     assert r["sparse_values"] == [5, 20_005, 39_005], r
     assert r["later"] == list(range(1, 40_000, 800)), r
     assert r["later_indexes"] == r["chunks"], str({k: v for k, v in r.items() if k != "values"})
+
+
+def test_a_read_ahead_asks_a_split_group_key_only_of_the_chunk_a_held_index_leaves(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    """Keys of a key group split over two chunks, A and B, all of them in B, read ahead with
+    A's index held and B's not: A's index rules them out, so they are asked of B alone, in
+    one lookup (asked of both, as when neither index is held, they cost two), B's index is
+    left to its node, and every value is exact."""
+    seeds = ",".join(ring3.seeds)
+    # version 1 a snapshot: its chunks carry Bloom filters (a delta's index cannot rule out a
+    # key its chunk's blocks span)
+    conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0", "snapshotInterval": "1"}
+    r = harness(classpath, "split-group", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
+    assert r["lazy"] is True and r["split"] is True, r
+    assert r["in_b"] >= 8 and r["b_indexed"] is False, r  # at least readAheadMinKeys: a lookup
+    assert r["split_lookups"] == 1 and r["split_indexes"] == 0, r
+    assert r["split_brought"] == r["in_b"], r
+    assert r["split_values"] == r["split_want"], r
 
 
 def test_the_indexes_a_lazy_base_reads_are_bounded_by_a_quarter_of_the_cache(

@@ -91,14 +91,16 @@ final class LazyBase {
 
   private record Block(Map<ByteBuffer, byte[]> rows, long bytes) {}
 
-  private static final Object LOCK = new Object();
-  private static final LinkedHashMap<String, Block> BLOCKS = new LinkedHashMap<>(64, 0.75f, true);
-  private static long cached;
-  /** Guards {@link #INDEXES} and {@link #indexesHeld}. */
-  private static final Object INDEX_LOCK = new Object();
-  /** The chunks whose indexes are held, with their heap bytes, least recently used first. */
-  private static final LinkedHashMap<Part, Long> INDEXES = new LinkedHashMap<>(64, 0.75f, true);
-  private static long indexesHeld;
+  /** Decoded blocks, by chunk key and block ({@link #cacheBytes}). */
+  private static final ByteLru<String, Block> BLOCKS =
+      new ByteLru<>(64, LazyBase::cacheBytes, (name, b) -> b.bytes());
+  /**
+   * The chunks whose indexes are held, with their heap bytes ({@link #indexBytes}): a chunk
+   * pushed out drops its index, read again when a read needs it. Its lock is taken after a
+   * Part's, never before.
+   */
+  private static final ByteLru<Part, Long> INDEXES =
+      new ByteLru<>(64, LazyBase::indexBytes, (p, bytes) -> bytes, (p, bytes) -> p.index = null);
 
   private final RingDirect direct;
   private final long timeoutMs;
@@ -110,9 +112,12 @@ final class LazyBase {
   /** A key of one base, in the memo. */
   private record Looked(LazyBase base, ByteBuffer key) {}
 
-  /** Rows looked up lately, of every base of the JVM (value, or {@link #ABSENT}), LRU. */
-  private static final LinkedHashMap<Looked, byte[]> MEMO = new LinkedHashMap<>(256, 0.75f, true);
-  private static long memoUsed;
+  /**
+   * Rows looked up lately, of every base of the JVM (value, or {@link #ABSENT}; key + value +
+   * {@link StateBudget#ROW_COST} a row, {@link #memoBytes}).
+   */
+  private static final ByteLru<Looked, byte[]> MEMO = new ByteLru<>(256, LazyBase::memoBytes,
+      (mk, v) -> mk.key().remaining() + v.length + StateBudget.ROW_COST);
   /**
    * Bytes a base's reads took from the ring, for {@code ringBytesFetched}: kept by the version
    * after it is whole ({@link StateData#reads}), so what a prefetch read is reported too.
@@ -245,23 +250,12 @@ final class LazyBase {
    * and every chunk in it holds its index.
    */
   static boolean indexesConsistent() {
-    synchronized (INDEX_LOCK) {
-      long sum = 0;
-      for (Map.Entry<Part, Long> e : INDEXES.entrySet()) {
-        if (e.getKey().index == null) {
-          return false;
-        }
-        sum += e.getValue();
-      }
-      return sum == indexesHeld;
-    }
+    return INDEXES.consistent((p, bytes) -> p.index != null);
   }
 
   /** The parsed indexes' bytes the JVM holds now (tests). */
   static long indexesHeld() {
-    synchronized (INDEX_LOCK) {
-      return indexesHeld;
-    }
+    return INDEXES.held();
   }
 
   /**
@@ -284,40 +278,16 @@ final class LazyBase {
     // a copy: getBytes() may answer the row's own buffer, which its caller reuses
     byte[] k = key.getBytes().clone();
     Looked mk = new Looked(this, ByteBuffer.wrap(k));
-    synchronized (MEMO) {
-      byte[] seen = MEMO.get(mk);
-      if (seen != null) {
-        return seen == ABSENT ? null : seen;
-      }
+    byte[] seen = MEMO.get(mk);
+    if (seen != null) {
+      return seen == ABSENT ? null : seen;
     }
     byte[] v = find(shardOf(key), k);
     if (v == null) {
       return null; // ruled out by the indexes: nothing to remember
     }
-    remember(mk, v);
+    MEMO.put(mk, v);
     return v == ABSENT ? null : v;
-  }
-
-  /** Keep {@code v} (a value, or {@link #ABSENT}) as what the base holds under a key. */
-  private static void remember(Looked mk, byte[] v) {
-    synchronized (MEMO) {
-      long delta = 0;
-      byte[] old = MEMO.put(mk, v);
-      if (old == null) {
-        delta += mk.key().remaining() + v.length + StateBudget.ROW_COST;
-      } else {
-        delta += v.length - old.length;
-      }
-      long limit = memoBytes();
-      var it = MEMO.entrySet().iterator();
-      while (memoUsed + delta > limit && it.hasNext()) {
-        var e = it.next();
-        delta -= e.getKey().key().remaining() + e.getValue().length + StateBudget.ROW_COST;
-        it.remove();
-      }
-      memoUsed += delta;
-      StateBudget.add(delta);
-    }
   }
 
   /**
@@ -384,10 +354,8 @@ final class LazyBase {
       if (!seen.add(ByteBuffer.wrap(k))) {
         continue;
       }
-      synchronized (MEMO) {
-        if (MEMO.containsKey(new Looked(this, ByteBuffer.wrap(k)))) {
-          continue;
-        }
+      if (MEMO.contains(new Looked(this, ByteBuffer.wrap(k)))) {
+        continue;
       }
       int shard = shardOf(key);
       List<Part> covering = covering(shard, k);
@@ -478,9 +446,7 @@ final class LazyBase {
         if (block >= 0) {
           Part p = covering.get(i);
           path.add(p);
-          synchronized (LOCK) {
-            fetch |= !BLOCKS.containsKey(p.key + "#" + block);
-          }
+          fetch |= !BLOCKS.contains(p.key + "#" + block);
         }
       }
       if (fetch) { // else ruled out by the indexes, or its blocks are here: nothing to send
@@ -543,7 +509,7 @@ final class LazyBase {
       for (byte[] k : batch) {
         byte[] v = find(shard, k);
         if (v != null) { // else ruled out by the indexes: nothing to remember
-          remember(new Looked(this, ByteBuffer.wrap(k)), v);
+          MEMO.put(new Looked(this, ByteBuffer.wrap(k)), v);
           brought++;
         }
       }
@@ -599,7 +565,7 @@ final class LazyBase {
           continue; // another chunk may hold it, or did
         }
       }
-      remember(new Looked(this, k), v == null ? ABSENT : v);
+      MEMO.put(new Looked(this, k), v == null ? ABSENT : v);
       brought++;
     }
     reads.fetched.addAndGet(bytes);
@@ -648,6 +614,11 @@ final class LazyBase {
   }
 
   /** The chunks of shard {@code shard}'s base covering the key group of {@code k}, in order. */
+  /** The chunks of the base covering {@code key}'s group, one or two (tests). */
+  List<Part> coveringOf(UnsafeRow key) {
+    return covering(shardOf(key), key.getBytes().clone());
+  }
+
   private List<Part> covering(int shard, byte[] k) {
     int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
     List<Part> out = new ArrayList<>(2);
@@ -662,16 +633,14 @@ final class LazyBase {
   /**
    * The index of {@code p}, read from the ring and verified against its manifest entry when a
    * read needs it (a block read, {@link #firstRow}) and the JVM does not hold it, then held in
-   * the LRU of indexes ({@link #keep}); {@link Unreadable} when it cannot be read. A lazy
+   * the LRU of indexes ({@link #INDEXES}); {@link Unreadable} when it cannot be read. A lazy
    * load reads none: a batch's keys read ahead go to the nodes, which hold the indexes
    * ({@link #readAhead}).
    */
-  private ChunkCodec.Index index(Part p) {
+  ChunkCodec.Index index(Part p) {
     ChunkCodec.Index ix = p.index;
     if (ix != null) {
-      synchronized (INDEX_LOCK) {
-        INDEXES.get(p); // the most recently used now
-      }
+      INDEXES.get(p); // the most recently used now
       return ix;
     }
     synchronized (p) {
@@ -698,43 +667,18 @@ final class LazyBase {
       reads.fetched.addAndGet(raw.length);
       INDEXES_READ.incrementAndGet();
       p.index = ix;
-      keep(p, heapBytes(ix));
+      // held in the LRU of indexes, counted in the cache: the least recently used go past its
+      // bytes (their chunks' indexes read again when a read needs them), never p's own
+      INDEXES.put(p, heapBytes(ix));
       return ix; // p.index may be dropped already: this read has its own
-    }
-  }
-
-  /**
-   * Hold {@code p}'s index, just read, in the LRU of indexes ({@link #indexBytes}, counted in
-   * the cache): the least recently used go past its bytes (their chunks' indexes read again
-   * when a read needs them), never {@code p}'s own.
-   */
-  private static void keep(Part p, long bytes) {
-    synchronized (INDEX_LOCK) {
-      Long was = INDEXES.put(p, bytes); // none: a held index is not read again
-      long delta = was == null ? bytes : bytes - was;
-      long limit = indexBytes();
-      var it = INDEXES.entrySet().iterator();
-      while (indexesHeld + delta > limit && it.hasNext()) {
-        var e = it.next();
-        if (e.getKey() == p) {
-          break; // the newest: kept, whatever it costs
-        }
-        e.getKey().index = null;
-        delta -= e.getValue();
-        it.remove();
-      }
-      indexesHeld += delta;
-      StateBudget.add(delta);
     }
   }
 
   private Block block(Part p, int i) {
     String name = p.key + "#" + i;
-    synchronized (LOCK) {
-      Block hit = BLOCKS.get(name);
-      if (hit != null) {
-        return hit;
-      }
+    Block hit = BLOCKS.get(name);
+    if (hit != null) {
+      return hit;
     }
     ChunkCodec.Index ix = index(p);
     byte[] frame;
@@ -757,20 +701,7 @@ final class LazyBase {
       }
     }
     Block out = new Block(map, bytes);
-    synchronized (LOCK) {
-      long delta = 0;
-      if (BLOCKS.put(name, out) == null) {
-        delta += bytes;
-      }
-      long limit = cacheBytes();
-      var it = BLOCKS.values().iterator();
-      while (cached + delta > limit && it.hasNext()) {
-        delta -= it.next().bytes;
-        it.remove();
-      }
-      cached += delta;
-      StateBudget.add(delta);
-    }
+    BLOCKS.put(name, out);
     return out;
   }
 

@@ -764,6 +764,70 @@ public final class ProviderHarness {
   }
 
   /**
+   * A read-ahead of keys of a key group split over two chunks, A and B, all of them in B:
+   * with A's index held (read first) and B's not, the keys A's index rules out are asked of
+   * B alone, in one lookup, B's index not read here; the keys brought, the lookups, and the
+   * values.
+   */
+  void splitGroup() {
+    int n = 40_000;
+    RingStateStoreProvider writer = severalChunks(n);
+    RingStateStoreProvider lazy = provider();
+    WriteStore s = write(lazy, 1, false);
+    LazyBase base = s.data.remote;
+    out.put("lazy", base != null);
+    // the chunk pairs sharing a group, in order (A of a pair is B of the one before)
+    Map<List<LazyBase.Part>, List<UnsafeRow>> pairs = new LinkedHashMap<>();
+    for (int k = 0; k < n; k++) {
+      UnsafeRow key = key(k);
+      List<LazyBase.Part> covering = base.coveringOf(key);
+      if (covering.size() == 2) {
+        pairs.computeIfAbsent(covering, c -> new ArrayList<>()).add(key);
+      }
+    }
+    out.put("pairs", pairs.size());
+    // the first pair whose group A's index (read now) rules 8 keys or more out of: B holds
+    // them (a group may end A and start B without being split)
+    int groups = base.bases.get(0).keyGroups();
+    List<LazyBase.Part> pair = null;
+    List<UnsafeRow> inB = new ArrayList<>();
+    List<Integer> ids = new ArrayList<>();
+    for (Map.Entry<List<LazyBase.Part>, List<UnsafeRow>> e : pairs.entrySet()) {
+      ChunkCodec.Index first = base.index(e.getKey().get(0));
+      for (UnsafeRow key : e.getValue()) {
+        byte[] k = key.getBytes();
+        if (first.find(ChunkCodec.keyGroup(k, groups), k) < 0 && inB.size() < 40) {
+          inB.add(key);
+          ids.add(key.getInt(0));
+        }
+      }
+      if (inB.size() >= 8) {
+        pair = e.getKey();
+        break;
+      }
+      inB.clear();
+      ids.clear();
+    }
+    out.put("split", pair != null);
+    out.put("in_b", inB.size());
+    if (pair == null) {
+      return;
+    }
+    out.put("b_indexed", pair.get(1).indexed());
+    long indexes = LazyBase.INDEXES_READ.get();
+    readAheadOf("split", lazy, s, inB);
+    out.put("split_indexes", LazyBase.INDEXES_READ.get() - indexes);
+    List<Object> want = new ArrayList<>();
+    for (int id : ids) {
+      want.add(id);
+    }
+    out.put("split_want", want);
+    s.abort();
+    lazy.close();
+    writer.close();
+  }
+
+  /**
    * Keys read alone from every chunk of a lazy base under a cache whose quarter, the LRU of
    * indexes, holds fewer than the chunks' indexes: the indexes read, the bytes held against
    * the LRU's, how many of the base's chunks hold one; the values, then the same keys'
@@ -919,6 +983,63 @@ public final class ProviderHarness {
   }
 
   /**
+   * {@link ByteLru} (no ring): a limit of 100 bytes, an entry costing its value's length; the
+   * order entries are dropped in, the entry just put kept whatever it costs, a replaced
+   * entry's bytes, and the executor's count moving with the bytes held; then 4 threads
+   * putting and getting at once.
+   */
+  void byteLru() throws Exception {
+    List<String> dropped = java.util.Collections.synchronizedList(new ArrayList<>());
+    ByteLru<String, byte[]> lru = new ByteLru<>(4, () -> 100, (k, v) -> v.length,
+        (k, v) -> dropped.add(k));
+    long counted = StateBudget.used();
+    lru.put("a", new byte[40]);
+    lru.put("b", new byte[40]);
+    lru.get("a"); // a is the most recently used now: b goes first
+    lru.put("c", new byte[40]);
+    out.put("dropped", new ArrayList<>(dropped));
+    out.put("held", lru.held());
+    out.put("has", List.of(lru.contains("a"), lru.contains("b"), lru.contains("c")));
+    lru.put("big", new byte[250]); // over the limit alone: kept, every other dropped
+    out.put("big_held", lru.held());
+    out.put("big_size", lru.size());
+    lru.put("big", new byte[10]); // replaced: its bytes are the new value's
+    out.put("replaced_held", lru.held());
+    out.put("counted", StateBudget.used() - counted);
+    out.put("consistent", lru.consistent((k, v) -> true));
+    out.put("all_dropped", new ArrayList<>(dropped));
+    // 4 threads at once over 64 keys of 1-30 bytes
+    ByteLru<Integer, byte[]> shared = new ByteLru<>(16, () -> 200, (k, v) -> v.length);
+    long before = StateBudget.used();
+    List<Thread> threads = new ArrayList<>();
+    java.util.concurrent.atomic.AtomicLong most = new java.util.concurrent.atomic.AtomicLong();
+    for (int t = 0; t < 4; t++) {
+      long seed = t;
+      threads.add(new Thread(() -> {
+        java.util.Random rnd = new java.util.Random(seed);
+        for (int i = 0; i < 20_000; i++) {
+          int k = rnd.nextInt(64);
+          if (rnd.nextBoolean()) {
+            shared.put(k, new byte[1 + rnd.nextInt(30)]);
+          } else {
+            shared.get(k);
+          }
+          most.accumulateAndGet(shared.held(), Math::max);
+        }
+      }));
+    }
+    for (Thread t : threads) {
+      t.start();
+    }
+    for (Thread t : threads) {
+      t.join();
+    }
+    out.put("threads_consistent", shared.consistent((k, v) -> true));
+    out.put("threads_most", most.get());
+    out.put("threads_counted", StateBudget.used() - before == shared.held());
+  }
+
+  /**
    * {@link RingDirect#together} (no ring): six calls finishing in reverse order; a call that
    * fails while another hangs; a deadline that passes just before a call fails.
    */
@@ -1009,10 +1130,12 @@ public final class ProviderHarness {
       case "get" -> h.get();
       case "interrupted-get" -> h.interruptedGet();
       case "together" -> h.together();
+      case "byte-lru" -> h.byteLru();
       case "horizon" -> h.horizon();
       case "read-ahead" -> h.readAhead();
       case "lazy-indexes" -> h.lazyIndexes();
       case "index-bound" -> h.indexBound();
+      case "split-group" -> h.splitGroup();
       case "vanished" -> h.vanished();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
