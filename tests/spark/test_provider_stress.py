@@ -547,12 +547,38 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     # was read (the format check), so its keys go in a lookup of their own, and those it
     # shares with the next in that one's and in another of the first chunk
     assert r["ahead_lookups"] <= r["chunks"] + 1, str({k: v for k, v in r.items() if k != "values"})
+    # 3 keys of 3 chunks while other tasks' read-aheads hold all the room for indexes (half
+    # the LRU, shared: each took half of it alone before): no index read, a lookup a chunk
+    # whose index is not held (keys of chunks whose indexes are held, as the first chunk's
+    # is, are read from their blocks, or found in a block held)
+    assert r["crowded_indexes"] == 0 and r["crowded_lookups"] >= 1, r
+    assert r["crowded_values"] == [6, 20_006, 39_006], r
     # 3 keys, fewer than readAheadMinKeys of any chunk: read from their blocks, their chunks'
     # indexes read first, and no lookup (the build before sent a lookup a chunk)
     assert r["sparse_lookups"] == 0 and r["sparse_from_blocks"] == 3, r
     assert r["sparse_values"] == [5, 20_005, 39_005], r
     assert r["later"] == list(range(1, 40_000, 800)), r
     assert r["later_indexes"] == r["chunks"], str({k: v for k, v in r.items() if k != "values"})
+
+
+def test_what_the_jvm_holds_of_a_lazy_base_goes_when_no_version_reads_it(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    """A lazy base's indexes, decoded blocks and memo rows, counted in the cache, stay while a
+    version reads the base (a version made whole while its copy still reads it keeps them)
+    and go when none does: once the copy is whole too, and when a provider whose version
+    reads the base is closed. The build before kept them until newer entries pushed them
+    out: after the prefetch made every version whole, up to 7/16 of the cache for nothing."""
+    seeds = ",".join(ring3.seeds)
+    conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
+    r = harness(classpath, "forget", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
+    want = list(range(1, 40_000, 800))
+    assert r["lazy"] is True and r["values"] == want and r["values_whole"] == want, r
+    assert r["indexes_read"] > 0 and r["blocks_read"] > 0, r
+    assert r["indexes_one_whole"] == r["indexes_read"] and r["blocks_one_whole"] > 0, r
+    assert r["indexes_both_whole"] == 0 and r["blocks_both_whole"] == 0, r
+    assert r["other_lazy"] is True and r["other_values"] == want and r["indexes_other"] > 0, r
+    assert r["indexes_closed"] == 0 and r["blocks_closed"] == 0, r
 
 
 def test_a_read_ahead_asks_a_split_group_key_only_of_the_chunk_a_held_index_leaves(

@@ -67,6 +67,25 @@ final class ByteLru<K, V> {
     StateBudget.add(delta);
   }
 
+  /** Drop every entry {@code which} accepts (each told to {@code dropped}); how many. */
+  synchronized int removeIf(BiPredicate<? super K, ? super V> which) {
+    long delta = 0;
+    int n = 0;
+    var it = map.entrySet().iterator();
+    while (it.hasNext()) {
+      Map.Entry<K, V> e = it.next();
+      if (which.test(e.getKey(), e.getValue())) {
+        delta -= cost.applyAsLong(e.getKey(), e.getValue());
+        it.remove();
+        dropped.accept(e.getKey(), e.getValue());
+        n++;
+      }
+    }
+    held += delta;
+    StateBudget.add(delta);
+    return n;
+  }
+
   /** The bytes held now, by the entries' costs. */
   synchronized long held() {
     return held;

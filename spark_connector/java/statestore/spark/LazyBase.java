@@ -109,8 +109,8 @@ final class LazyBase {
   private final List<List<Part>> parts;
   /** The memo's mark for a key the base does not hold (compared by identity). */
   private static final byte[] ABSENT = new byte[0];
-  /** A key of one base, in the memo. */
-  private record Looked(LazyBase base, ByteBuffer key) {}
+  /** A key of one base (its {@link Held}), in the memo. */
+  private record Looked(Held owner, ByteBuffer key) {}
 
   /**
    * Rows looked up lately, of every base of the JVM (value, or {@link #ABSENT}; key + value +
@@ -148,6 +148,8 @@ final class LazyBase {
 
   /** Where a newer base comes from when this one's chunks cannot be read (null: nowhere). */
   final Rebaser rebaser;
+  /** What the JVM holds of this base, and the versions reading it. */
+  final Held held;
 
   LazyBase(RingDirect direct, long timeoutMs, List<ManifestCodec.Manifest> bases,
       List<List<Part>> parts, Reads reads, Rebaser rebaser) {
@@ -157,6 +159,7 @@ final class LazyBase {
     this.parts = List.copyOf(parts);
     this.reads = reads == null ? new Reads() : reads;
     this.rebaser = rebaser;
+    this.held = new Held(this.parts);
     this.confirmed = oldest();
   }
 
@@ -258,6 +261,63 @@ final class LazyBase {
     return INDEXES.held();
   }
 
+  /** The bytes of decoded blocks and of the memo the JVM holds now (tests). */
+  static long blocksAndMemoHeld() {
+    return BLOCKS.held() + MEMO.held();
+  }
+
+  /**
+   * What the JVM holds of one base, and the versions that read it now
+   * ({@link StateData#readFrom}). It refers to the base's chunks only, not to the base or its
+   * provider: a version's cleanup holds it, and must not keep the version reachable.
+   */
+  static final class Held {
+    private final AtomicInteger users = new AtomicInteger();
+    private final List<List<Part>> parts;
+
+    Held(List<List<Part>> parts) {
+      this.parts = parts;
+    }
+
+    /** A version reads the base now. */
+    void use() {
+      users.incrementAndGet();
+    }
+
+    /**
+     * A version no longer reads the base (it is whole, reads a newer base, or was let go):
+     * when none does, what the JVM holds of it goes ({@link #forget}).
+     */
+    void unuse() {
+      if (users.decrementAndGet() == 0) {
+        forget();
+      }
+    }
+
+    /**
+     * Drop what the JVM holds of the base: its chunks' indexes, its decoded blocks and its
+     * rows in the memo, and their bytes from the cache, where they stayed until newer entries
+     * pushed them out (a version the prefetch made whole reads no more: up to 7/16 of
+     * {@code cacheBytes} held for nothing, and versions spilled that could stay on the
+     * heap). A block of the same chunk that another base reads goes too, read again if it is
+     * needed.
+     */
+    void forget() {
+      java.util.Set<Part> mine =
+          java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
+      java.util.Set<String> chunks = new java.util.HashSet<>();
+      for (List<Part> shard : parts) {
+        for (Part p : shard) {
+          mine.add(p);
+          chunks.add(p.key);
+        }
+      }
+      INDEXES.removeIf((p, bytes) -> mine.contains(p));
+      BLOCKS.removeIf((name, b) -> chunks.contains(name.substring(0, name.lastIndexOf('#'))));
+      MEMO.removeIf((mk, v) -> mk.owner() == this);
+    }
+  }
+
   /**
    * What a parsed index takes on the heap: its arrays (a block's group, first key, offset,
    * length, checksum and row count, with the first key's array header) and its Bloom filter.
@@ -277,7 +337,7 @@ final class LazyBase {
   byte[] lookup(UnsafeRow key) {
     // a copy: getBytes() may answer the row's own buffer, which its caller reuses
     byte[] k = key.getBytes().clone();
-    Looked mk = new Looked(this, ByteBuffer.wrap(k));
+    Looked mk = new Looked(held, ByteBuffer.wrap(k));
     byte[] seen = MEMO.get(mk);
     if (seen != null) {
       return seen == ABSENT ? null : seen;
@@ -328,7 +388,8 @@ final class LazyBase {
    * Bring what the base holds under {@code keys} into the memo of looked-up rows, up to 8
    * requests at a time: the keys the memo lacks and whose blocks are not cached, grouped by
    * the chunks that can hold them. A chunk covering fewer than {@code minKeys} of them has
-   * its index read (all such at once, up to half the LRU of indexes) if the JVM lacks it.
+   * its index read (all such at once, up to half the LRU of indexes among the read-aheads
+   * running at once, {@link #AHEAD_ROOM}) if the JVM lacks it.
    * Then the keys of chunks whose indexes are read are grouped by the chunks whose indexes
    * and Bloom filters do not rule them out; the other keys by each chunk covering their
    * group that no index held rules out (a key of a group split over two chunks asked of
@@ -354,7 +415,7 @@ final class LazyBase {
       if (!seen.add(ByteBuffer.wrap(k))) {
         continue;
       }
-      if (MEMO.contains(new Looked(this, ByteBuffer.wrap(k)))) {
+      if (MEMO.contains(new Looked(held, ByteBuffer.wrap(k)))) {
         continue;
       }
       int shard = shardOf(key);
@@ -373,14 +434,15 @@ final class LazyBase {
     // keys then read block by block below, as a chunk's whose index was read already (a
     // lookup of a few keys costs its node the index too, and a request: a windowed count at
     // 2 GiB touches ~5 keys of each of hundreds of chunks a batch); up to half the LRU of
-    // indexes a read-ahead (a parsed index takes about twice its bytes as stored), so that
-    // those it reads stay until its keys are read: the others' keys go in lookups
+    // indexes among the read-aheads running at once (a parsed index takes about twice its
+    // bytes as stored; each task of an executor reads ahead its own batch), so that those
+    // they read stay until their keys are read: the others' keys go in lookups
     List<Callable<Integer>> indexes = new ArrayList<>();
-    long room = indexBytes() / 2;
+    long taken = 0; // of the room the read-aheads running at once share
     for (Map.Entry<Part, Integer> e : unindexed.entrySet()) {
       long cost = 2L * e.getKey().ref.indexLen();
-      if (e.getValue() < minKeys && cost <= room) {
-        room -= cost;
+      if (e.getValue() < minKeys && takeAheadRoom(cost)) {
+        taken += cost;
         Part p = e.getKey();
         indexes.add(() -> {
           try {
@@ -392,6 +454,35 @@ final class LazyBase {
         });
       }
     }
+    try {
+      return readAhead(wants, indexes, minKeys);
+    } finally {
+      AHEAD_ROOM.addAndGet(-taken); // its keys are read: its indexes may go
+    }
+  }
+
+  /**
+   * Bytes of indexes the read-aheads running now may read, together ({@link #readAhead}):
+   * half the LRU of indexes, so that what each reads stays until its keys are read, however
+   * many tasks read ahead at once.
+   */
+  private static final AtomicLong AHEAD_ROOM = new AtomicLong();
+
+  /** Take {@code bytes} of {@link #AHEAD_ROOM} if there is that much left (tests: negative). */
+  static boolean takeAheadRoom(long bytes) {
+    while (true) {
+      long now = AHEAD_ROOM.get();
+      if (bytes > 0 && now + bytes > indexBytes() / 2) {
+        return false;
+      }
+      if (AHEAD_ROOM.compareAndSet(now, now + bytes)) {
+        return true;
+      }
+    }
+  }
+
+  /** {@link #readAhead}, once its indexes to read are chosen. */
+  private int readAhead(List<Want> wants, List<Callable<Integer>> indexes, int minKeys) {
     // the indexes get half the read-ahead's time, the lookups and block reads the rest
     long start = System.nanoTime();
     long deadline = start + timeoutMs * 1_000_000L;
@@ -509,7 +600,7 @@ final class LazyBase {
       for (byte[] k : batch) {
         byte[] v = find(shard, k);
         if (v != null) { // else ruled out by the indexes: nothing to remember
-          MEMO.put(new Looked(this, ByteBuffer.wrap(k)), v);
+          MEMO.put(new Looked(held, ByteBuffer.wrap(k)), v);
           brought++;
         }
       }
@@ -565,7 +656,7 @@ final class LazyBase {
           continue; // another chunk may hold it, or did
         }
       }
-      MEMO.put(new Looked(this, k), v == null ? ABSENT : v);
+      MEMO.put(new Looked(held, k), v == null ? ABSENT : v);
       brought++;
     }
     reads.fetched.addAndGet(bytes);

@@ -753,7 +753,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
           }
         }
       }
-      data.remote = lazyBase(bases, null);
+      data.readFrom(lazyBase(bases, null));
     } catch (IOException | ChunkCodec.CorruptChunkException e) {
       throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
           + " of " + storePath + " from the ring: " + e.getMessage(), e);

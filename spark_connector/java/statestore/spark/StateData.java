@@ -99,6 +99,8 @@ final class StateData {
   private static final class Release implements Runnable {
     final AtomicLong heapBytes = new AtomicLong();
     volatile SpillStore spill;
+    /** What the JVM holds of the base the version reads ({@link #readFrom}), let go with it. */
+    LazyBase.Held base;
     volatile boolean done;
 
     @Override
@@ -109,6 +111,11 @@ final class StateData {
       spill = null;
       if (s != null) {
         s.close();
+      }
+      LazyBase.Held b = base;
+      base = null;
+      if (b != null) {
+        b.unuse();
       }
     }
   }
@@ -156,7 +163,7 @@ final class StateData {
     out.removed.addAll(removed);
     out.lazyCount.set(lazyCount.get());
     out.merged = merged;
-    out.remote = remote;
+    out.readFrom(remote);
     out.reads = reads;
     return out;
   }
@@ -271,7 +278,7 @@ final class StateData {
       if (remote != base) {
         return remote;
       }
-      remote = fresh;
+      readFrom(fresh);
       merged = 0; // a prefetch merges the new base's chunks (rows held here win)
       return fresh;
     }
@@ -285,8 +292,30 @@ final class StateData {
       org.slf4j.LoggerFactory.getLogger(StateData.class).warn("version {} holds {} keys once "
           + "whole, not the {} its commit counted", version, held, lazyCount.get());
     }
-    remote = null;
+    readFrom(null);
     removed.clear();
+  }
+
+  /**
+   * Read {@code base} from now on (null: the version is whole), counted in the base's users:
+   * the base the version read before is let go ({@link LazyBase.Held#unuse}), as it is when the
+   * version is let go itself ({@link Release}). A version let go counts nothing.
+   */
+  void readFrom(LazyBase base) {
+    synchronized (release) {
+      LazyBase old = remote;
+      remote = base;
+      if (release.done || old == base) {
+        return;
+      }
+      release.base = base == null ? null : base.held;
+      if (base != null) {
+        base.held.use();
+      }
+      if (old != null) {
+        old.held.unuse();
+      }
+    }
   }
 
   /** Whether this version was let go (its bytes and spill released). */

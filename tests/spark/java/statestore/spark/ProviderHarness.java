@@ -747,6 +747,15 @@ public final class ProviderHarness {
     out.put("values", values(s, keys));
     out.put("ahead_indexes", LazyBase.INDEXES_READ.get() - indexes);
     out.put("failed", RingStateStoreProvider.readAheadFailed());
+    // 3 keys of the chunks the next step reads, fewer than readAheadMinKeys of any, while
+    // other read-aheads hold all the room for indexes: no index read, the keys in lookups
+    if (!LazyBase.takeAheadRoom(LazyBase.indexBytes() / 2)) {
+      throw new IllegalStateException("the read-aheads' room is taken already");
+    }
+    long crowded = LazyBase.INDEXES_READ.get();
+    readAheadOf("crowded", lazy, s, List.of(key(6), key(20_006), key(39_006)));
+    out.put("crowded_indexes", LazyBase.INDEXES_READ.get() - crowded);
+    LazyBase.takeAheadRoom(-(LazyBase.indexBytes() / 2));
     // 3 keys not asked yet, fewer than readAheadMinKeys of any chunk: read from their blocks
     // in the read-ahead, their chunks' indexes read first, and no lookup sent
     List<UnsafeRow> sparse = List.of(key(5), key(20_005), key(39_005));
@@ -760,6 +769,48 @@ public final class ProviderHarness {
     out.put("later_indexes", LazyBase.INDEXES_READ.get() - indexes);
     s.abort();
     lazy.close();
+    writer.close();
+  }
+
+  /**
+   * What the JVM holds of a lazy base (its indexes, blocks and memo rows) while versions read
+   * it and once none does: a version and a copy of it read keys, the version is made whole
+   * (the copy still reads the base), then the copy; then another provider's lazy version
+   * read from and closed (its version let go, not made whole).
+   */
+  void forget() {
+    int n = 40_000;
+    RingStateStoreProvider writer = severalChunks(n);
+    RingStateStoreProvider lazy = provider();
+    WriteStore s = write(lazy, 1, false);
+    out.put("lazy", s.data.remote != null);
+    List<UnsafeRow> keys = new ArrayList<>();
+    for (int k = 1; k < n; k += 800) {
+      keys.add(key(k));
+    }
+    out.put("values", values(s, keys));
+    out.put("indexes_read", LazyBase.indexesHeld());
+    out.put("blocks_read", LazyBase.blocksAndMemoHeld());
+    StateData copy = s.data.copy(); // the next version in the making reads the base too
+    s.data.materialize();
+    out.put("indexes_one_whole", LazyBase.indexesHeld());
+    out.put("blocks_one_whole", LazyBase.blocksAndMemoHeld());
+    copy.materialize();
+    out.put("indexes_both_whole", LazyBase.indexesHeld());
+    out.put("blocks_both_whole", LazyBase.blocksAndMemoHeld());
+    out.put("values_whole", values(s, keys));
+    s.abort();
+    copy.retire();
+    lazy.close();
+    RingStateStoreProvider other = provider();
+    WriteStore o = write(other, 1, false);
+    out.put("other_lazy", o.data.remote != null);
+    out.put("other_values", values(o, keys));
+    out.put("indexes_other", LazyBase.indexesHeld());
+    o.abort();
+    other.close(); // its version let go while it reads the base
+    out.put("indexes_closed", LazyBase.indexesHeld());
+    out.put("blocks_closed", LazyBase.blocksAndMemoHeld());
     writer.close();
   }
 
@@ -1136,6 +1187,7 @@ public final class ProviderHarness {
       case "lazy-indexes" -> h.lazyIndexes();
       case "index-bound" -> h.indexBound();
       case "split-group" -> h.splitGroup();
+      case "forget" -> h.forget();
       case "vanished" -> h.vanished();
       default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
     }
