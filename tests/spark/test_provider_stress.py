@@ -501,6 +501,12 @@ def test_a_byte_bounded_lru_drops_the_least_recently_used_and_counts_what_it_hol
     assert r["big_held"] == 250 and r["big_size"] == 1, r
     assert r["replaced_held"] == 10 and r["counted"] == 10, r
     assert r["consistent"] is True and r["all_dropped"] == ["b", "a", "c"], r
+    # x replaced after y: y, older, goes before it
+    assert r["replaced_order"] == [False, False, True, True], r
+    assert r["replaced_order_held"] == 80, r
+    assert r["removed"] == 1 and r["removed_dropped"] == ["x"], r
+    assert r["removed_held"] == 40 and r["removed_counted"] == -40, r
+    assert r["refused"] == [False, False, 40], r
     assert r["threads_consistent"] is True and r["threads_counted"] is True, r
     assert 0 < r["threads_most"] <= 200 + 30, r
 
@@ -547,10 +553,12 @@ def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(
     # was read (the format check), so its keys go in a lookup of their own, and those it
     # shares with the next in that one's and in another of the first chunk
     assert r["ahead_lookups"] <= r["chunks"] + 1, str({k: v for k, v in r.items() if k != "values"})
-    # 3 keys of 3 chunks while other tasks' read-aheads hold all the room for indexes (half
-    # the LRU, shared: each took half of it alone before): no index read, a lookup a chunk
+    # 3 keys of 3 chunks while other tasks' read-aheads hold all the room for indexes (the
+    # LRU, shared: each took half of it, however many ran, before): no index read, a lookup
+    # a chunk
     # whose index is not held (keys of chunks whose indexes are held, as the first chunk's
     # is, are read from their blocks, or found in a block held)
+    assert r["crowded_indexed_before"] < r["chunks"], r
     assert r["crowded_indexes"] == 0 and r["crowded_lookups"] >= 1, r
     assert r["crowded_values"] == [6, 20_006, 39_006], r
     # 3 keys, fewer than readAheadMinKeys of any chunk: read from their blocks, their chunks'
@@ -566,7 +574,8 @@ def test_what_the_jvm_holds_of_a_lazy_base_goes_when_no_version_reads_it(
 ) -> None:
     """A lazy base's indexes, decoded blocks and memo rows, counted in the cache, stay while a
     version reads the base (a version made whole while its copy still reads it keeps them)
-    and go when none does: once the copy is whole too, and when a provider whose version
+    and go when none does: once the copy is whole too (but the blocks, which another
+    provider's lazy load of the same version shares), and when a provider whose version
     reads the base is closed. The build before kept them until newer entries pushed them
     out: after the prefetch made every version whole, up to 7/16 of the cache for nothing."""
     seeds = ",".join(ring3.seeds)
@@ -574,11 +583,17 @@ def test_what_the_jvm_holds_of_a_lazy_base_goes_when_no_version_reads_it(
     r = harness(classpath, "forget", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
     want = list(range(1, 40_000, 800))
     assert r["lazy"] is True and r["values"] == want and r["values_whole"] == want, r
-    assert r["indexes_read"] > 0 and r["blocks_read"] > 0, r
-    assert r["indexes_one_whole"] == r["indexes_read"] and r["blocks_one_whole"] > 0, r
-    assert r["indexes_both_whole"] == 0 and r["blocks_both_whole"] == 0, r
-    assert r["other_lazy"] is True and r["other_values"] == want and r["indexes_other"] > 0, r
-    assert r["indexes_closed"] == 0 and r["blocks_closed"] == 0, r
+    indexes, blocks, memo = r["read"]
+    assert indexes > 0 and blocks > 0 and memo > 0, r
+    assert r["one_whole"] == r["read"], r  # the copy reads the base still
+    # the copy whole: no version reads the first base, whose indexes and memo rows go; the
+    # other provider's base (the index its load read) shares its blocks, which stay
+    assert r["other_lazy"] is True and r["with_other"] > indexes, r
+    assert r["both_whole"] == [r["with_other"] - indexes, blocks, 0], r
+    assert r["first_indexed"] == 0 and r["consistent"] is True, r
+    assert r["late_read"] is True and r["after_late"] == r["both_whole"], r
+    assert r["other_values"] == want and r["other_indexes"] > 0, r
+    assert r["closed"] == [0, 0, 0] and r["closed_consistent"] is True, r
 
 
 def test_a_read_ahead_asks_a_split_group_key_only_of_the_chunk_a_held_index_leaves(
@@ -623,6 +638,8 @@ def test_the_indexes_a_lazy_base_reads_are_bounded_by_a_quarter_of_the_cache(
     # 4 threads at once, each dropping the others' indexes: exact, and the LRU's bytes agree
     assert r["threads_wrong"] == [] and r["consistent"] is True, r
     assert 0 < r["threads_held"] <= r["limit"], r
+    # the 4 providers closed: their bases' indexes go (the first provider's version reads on)
+    assert r["closed_held"] < r["threads_held"] and r["closed_consistent"] is True, r
 
 
 def test_a_lazy_version_past_the_horizon_stays_lazy_while_its_base_starts_its_chains(

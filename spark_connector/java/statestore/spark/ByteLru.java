@@ -50,6 +50,18 @@ final class ByteLru<K, V> {
    * used entries, never this one, until the bytes held are within the limit.
    */
   synchronized void put(K key, V value) {
+    putIf(key, value, () -> true);
+  }
+
+  /**
+   * {@link #put}, if {@code ok} says so under the map's lock (an entry whose owner is gone is
+   * not held: what decides it is read after the owner's entries were dropped, or before they
+   * are, never between); whether it was put.
+   */
+  synchronized boolean putIf(K key, V value, java.util.function.BooleanSupplier ok) {
+    if (!ok.getAsBoolean()) {
+      return false;
+    }
     V old = map.put(key, value);
     long delta = cost.applyAsLong(key, value) - (old == null ? 0 : cost.applyAsLong(key, old));
     long most = limit.getAsLong();
@@ -65,6 +77,7 @@ final class ByteLru<K, V> {
     }
     held += delta;
     StateBudget.add(delta);
+    return true;
   }
 
   /** Drop every entry {@code which} accepts (each told to {@code dropped}); how many. */

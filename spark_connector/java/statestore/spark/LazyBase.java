@@ -8,6 +8,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 
@@ -261,9 +262,14 @@ final class LazyBase {
     return INDEXES.held();
   }
 
-  /** The bytes of decoded blocks and of the memo the JVM holds now (tests). */
-  static long blocksAndMemoHeld() {
-    return BLOCKS.held() + MEMO.held();
+  /** The bytes of decoded blocks the JVM holds now (tests). */
+  static long blocksHeld() {
+    return BLOCKS.held();
+  }
+
+  /** The bytes of the memo of looked-up rows the JVM holds now (tests). */
+  static long memoHeld() {
+    return MEMO.held();
   }
 
   /**
@@ -272,16 +278,21 @@ final class LazyBase {
    * provider: a version's cleanup holds it, and must not keep the version reachable.
    */
   static final class Held {
-    private final AtomicInteger users = new AtomicInteger();
+    /** The bases some version reads now: their chunks' blocks are not dropped. */
+    private static final java.util.Set<Held> LIVE = ConcurrentHashMap.newKeySet();
     private final List<List<Part>> parts;
+    /** Versions reading the base now (under this object's lock). */
+    private int users;
 
     Held(List<List<Part>> parts) {
       this.parts = parts;
     }
 
     /** A version reads the base now. */
-    void use() {
-      users.incrementAndGet();
+    synchronized void use() {
+      if (users++ == 0) {
+        LIVE.add(this);
+      }
     }
 
     /**
@@ -289,9 +300,28 @@ final class LazyBase {
      * when none does, what the JVM holds of it goes ({@link #forget}).
      */
     void unuse() {
-      if (users.decrementAndGet() == 0) {
-        forget();
+      synchronized (this) {
+        if (--users > 0) {
+          return;
+        }
+        if (users < 0) {
+          users = 0; // let go more often than used: a bug, said once and not compounded
+          org.slf4j.LoggerFactory.getLogger(LazyBase.class).error(
+              "a lazy base let go by more versions than read it");
+          return;
+        }
+        LIVE.remove(this);
       }
+      forget();
+    }
+
+    /**
+     * Whether a version reads the base: what a read of it brings is kept only then (a read
+     * under way when the last version let go, a read-ahead or a task's get, would otherwise
+     * leave entries no {@link #forget} drops).
+     */
+    synchronized boolean live() {
+      return users > 0;
     }
 
     /**
@@ -299,8 +329,8 @@ final class LazyBase {
      * rows in the memo, and their bytes from the cache, where they stayed until newer entries
      * pushed them out (a version the prefetch made whole reads no more: up to 7/16 of
      * {@code cacheBytes} held for nothing, and versions spilled that could stay on the
-     * heap). A block of the same chunk that another base reads goes too, read again if it is
-     * needed.
+     * heap). A block of a chunk that a base still read shares (the same version loaded
+     * lazily again, by this provider or another of the JVM) stays.
      */
     void forget() {
       java.util.Set<Part> mine =
@@ -310,6 +340,13 @@ final class LazyBase {
         for (Part p : shard) {
           mine.add(p);
           chunks.add(p.key);
+        }
+      }
+      for (Held other : LIVE) {
+        for (List<Part> shard : other.parts) {
+          for (Part p : shard) {
+            chunks.remove(p.key);
+          }
         }
       }
       INDEXES.removeIf((p, bytes) -> mine.contains(p));
@@ -346,7 +383,7 @@ final class LazyBase {
     if (v == null) {
       return null; // ruled out by the indexes: nothing to remember
     }
-    MEMO.put(mk, v);
+    MEMO.putIf(mk, v, held::live);
     return v == ABSENT ? null : v;
   }
 
@@ -388,8 +425,8 @@ final class LazyBase {
    * Bring what the base holds under {@code keys} into the memo of looked-up rows, up to 8
    * requests at a time: the keys the memo lacks and whose blocks are not cached, grouped by
    * the chunks that can hold them. A chunk covering fewer than {@code minKeys} of them has
-   * its index read (all such at once, up to half the LRU of indexes among the read-aheads
-   * running at once, {@link #AHEAD_ROOM}) if the JVM lacks it.
+   * its index read (all such at once, up to half the LRU of indexes, and the whole of it
+   * among the read-aheads running at once, {@link #AHEAD_ROOM}) if the JVM lacks it.
    * Then the keys of chunks whose indexes are read are grouped by the chunks whose indexes
    * and Bloom filters do not rule them out; the other keys by each chunk covering their
    * group that no index held rules out (a key of a group split over two chunks asked of
@@ -434,27 +471,29 @@ final class LazyBase {
     // keys then read block by block below, as a chunk's whose index was read already (a
     // lookup of a few keys costs its node the index too, and a request: a windowed count at
     // 2 GiB touches ~5 keys of each of hundreds of chunks a batch); up to half the LRU of
-    // indexes among the read-aheads running at once (a parsed index takes about twice its
-    // bytes as stored; each task of an executor reads ahead its own batch), so that those
-    // they read stay until their keys are read: the others' keys go in lookups
+    // indexes a read-ahead and the whole LRU among the read-aheads running at once (a parsed
+    // index takes about twice its bytes as stored; each task of an executor reads ahead its
+    // own batch), so that those they read stay until their keys are read: the others' keys
+    // go in lookups
     List<Callable<Integer>> indexes = new ArrayList<>();
     long taken = 0; // of the room the read-aheads running at once share
-    for (Map.Entry<Part, Integer> e : unindexed.entrySet()) {
-      long cost = 2L * e.getKey().ref.indexLen();
-      if (e.getValue() < minKeys && takeAheadRoom(cost)) {
-        taken += cost;
-        Part p = e.getKey();
-        indexes.add(() -> {
-          try {
-            index(p);
-            return 1;
-          } catch (RuntimeException x) {
-            return 0; // best effort: its keys go in a lookup
-          }
-        });
-      }
-    }
     try {
+      for (Map.Entry<Part, Integer> e : unindexed.entrySet()) {
+        long cost = 2L * e.getKey().ref.indexLen();
+        if (e.getValue() < minKeys && taken + cost <= indexBytes() / 2
+            && takeAheadRoom(cost)) {
+          taken += cost;
+          Part p = e.getKey();
+          indexes.add(() -> {
+            try {
+              index(p);
+              return 1;
+            } catch (RuntimeException x) {
+              return 0; // best effort: its keys go in a lookup
+            }
+          });
+        }
+      }
       return readAhead(wants, indexes, minKeys);
     } finally {
       AHEAD_ROOM.addAndGet(-taken); // its keys are read: its indexes may go
@@ -462,9 +501,10 @@ final class LazyBase {
   }
 
   /**
-   * Bytes of indexes the read-aheads running now may read, together ({@link #readAhead}):
-   * half the LRU of indexes, so that what each reads stays until its keys are read, however
-   * many tasks read ahead at once.
+   * Bytes of indexes the read-aheads running now read, together ({@link #readAhead}): at
+   * most the LRU of indexes, so that what each reads stays until its keys are read however
+   * many tasks read ahead at once (each reads up to half of it: two tasks, as on 2 cores,
+   * the whole, and more share it).
    */
   private static final AtomicLong AHEAD_ROOM = new AtomicLong();
 
@@ -472,7 +512,7 @@ final class LazyBase {
   static boolean takeAheadRoom(long bytes) {
     while (true) {
       long now = AHEAD_ROOM.get();
-      if (bytes > 0 && now + bytes > indexBytes() / 2) {
+      if (bytes > 0 && now + bytes > indexBytes()) {
         return false;
       }
       if (AHEAD_ROOM.compareAndSet(now, now + bytes)) {
@@ -505,16 +545,16 @@ final class LazyBase {
       List<Part> covering = want.covering;
       int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
       // the covering chunks' indexes held now: one the LRU drops meanwhile is not read here
-      ChunkCodec.Index[] held = new ChunkCodec.Index[covering.size()];
+      ChunkCodec.Index[] known = new ChunkCodec.Index[covering.size()];
       boolean all = true;
-      for (int i = 0; i < held.length; i++) {
-        held[i] = covering.get(i).index;
-        all &= held[i] != null;
+      for (int i = 0; i < known.length; i++) {
+        known[i] = covering.get(i).index;
+        all &= known[i] != null;
       }
       if (!all) { // the node reads the indexes
         List<Part> asked = new ArrayList<>(covering.size());
-        for (int i = 0; i < held.length; i++) {
-          if (held[i] == null || held[i].find(g, k) >= 0) { // not ruled out by its index
+        for (int i = 0; i < known.length; i++) {
+          if (known[i] == null || known[i].find(g, k) >= 0) { // not ruled out by its index
             asked.add(covering.get(i));
           }
         }
@@ -532,8 +572,8 @@ final class LazyBase {
       }
       List<Part> path = new ArrayList<>(2);
       boolean fetch = false;
-      for (int i = 0; i < held.length; i++) { // the blocks that may hold it, as spots() finds
-        int block = held[i].find(g, k);
+      for (int i = 0; i < known.length; i++) { // the blocks that may hold it, as spots() finds
+        int block = known[i].find(g, k);
         if (block >= 0) {
           Part p = covering.get(i);
           path.add(p);
@@ -600,7 +640,7 @@ final class LazyBase {
       for (byte[] k : batch) {
         byte[] v = find(shard, k);
         if (v != null) { // else ruled out by the indexes: nothing to remember
-          MEMO.put(new Looked(held, ByteBuffer.wrap(k)), v);
+          MEMO.putIf(new Looked(held, ByteBuffer.wrap(k)), v, held::live);
           brought++;
         }
       }
@@ -656,7 +696,7 @@ final class LazyBase {
           continue; // another chunk may hold it, or did
         }
       }
-      MEMO.put(new Looked(held, k), v == null ? ABSENT : v);
+      MEMO.putIf(new Looked(held, k), v == null ? ABSENT : v, held::live);
       brought++;
     }
     reads.fetched.addAndGet(bytes);
@@ -704,12 +744,12 @@ final class LazyBase {
     return out;
   }
 
-  /** The chunks of shard {@code shard}'s base covering the key group of {@code k}, in order. */
   /** The chunks of the base covering {@code key}'s group, one or two (tests). */
   List<Part> coveringOf(UnsafeRow key) {
     return covering(shardOf(key), key.getBytes().clone());
   }
 
+  /** The chunks of shard {@code shard}'s base covering the key group of {@code k}, in order. */
   private List<Part> covering(int shard, byte[] k) {
     int g = ChunkCodec.keyGroup(k, bases.get(shard).keyGroups());
     List<Part> out = new ArrayList<>(2);
@@ -759,8 +799,11 @@ final class LazyBase {
       INDEXES_READ.incrementAndGet();
       p.index = ix;
       // held in the LRU of indexes, counted in the cache: the least recently used go past its
-      // bytes (their chunks' indexes read again when a read needs them), never p's own
-      INDEXES.put(p, heapBytes(ix));
+      // bytes (their chunks' indexes read again when a read needs them), never p's own; not
+      // held when no version reads the base any more
+      if (!INDEXES.putIf(p, heapBytes(ix), held::live)) {
+        p.index = null;
+      }
       return ix; // p.index may be dropped already: this read has its own
     }
   }
@@ -792,7 +835,7 @@ final class LazyBase {
       }
     }
     Block out = new Block(map, bytes);
-    BLOCKS.put(name, out);
+    BLOCKS.putIf(name, out, held::live);
     return out;
   }
 

@@ -755,19 +755,25 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       }
       data.readFrom(lazyBase(bases, null));
     } catch (IOException | ChunkCodec.CorruptChunkException e) {
+      data.retire(); // what it loaded leaves the cache now, not when it is collected
       throw new IllegalStateException("RingStateStoreProvider: cannot load version " + version
           + " of " + storePath + " from the ring: " + e.getMessage(), e);
     }
     data.reads = data.remote.reads;
     if (!validated && storeConf.formatValidationEnabled()) {
       // the first row of the base is checked, as a whole restore checks its first row
-      byte[][] row = data.remote.firstRow();
-      if (row != null) {
-        UnsafeRow key = new UnsafeRow(keyFields);
-        key.pointTo(row[0], row[0].length);
-        UnsafeRow value = new UnsafeRow(valueFields);
-        value.pointTo(row[1], row[1].length);
-        validate(key, value, version);
+      try {
+        byte[][] row = data.remote.firstRow();
+        if (row != null) {
+          UnsafeRow key = new UnsafeRow(keyFields);
+          key.pointTo(row[0], row[0].length);
+          UnsafeRow value = new UnsafeRow(valueFields);
+          value.pointTo(row[1], row[1].length);
+          validate(key, value, version);
+        }
+      } catch (RuntimeException e) {
+        data.retire(); // its base and what it read of it let go now
+        throw e;
       }
     }
     data.lazyCount.set(keys);

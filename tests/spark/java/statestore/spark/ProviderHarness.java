@@ -749,13 +749,18 @@ public final class ProviderHarness {
     out.put("failed", RingStateStoreProvider.readAheadFailed());
     // 3 keys of the chunks the next step reads, fewer than readAheadMinKeys of any, while
     // other read-aheads hold all the room for indexes: no index read, the keys in lookups
-    if (!LazyBase.takeAheadRoom(LazyBase.indexBytes() / 2)) {
+    long room = LazyBase.indexBytes();
+    if (!LazyBase.takeAheadRoom(room)) {
       throw new IllegalStateException("the read-aheads' room is taken already");
     }
+    out.put("crowded_indexed_before", base.indexed());
     long crowded = LazyBase.INDEXES_READ.get();
-    readAheadOf("crowded", lazy, s, List.of(key(6), key(20_006), key(39_006)));
+    try {
+      readAheadOf("crowded", lazy, s, List.of(key(6), key(20_006), key(39_006)));
+    } finally {
+      LazyBase.takeAheadRoom(-room);
+    }
     out.put("crowded_indexes", LazyBase.INDEXES_READ.get() - crowded);
-    LazyBase.takeAheadRoom(-(LazyBase.indexBytes() / 2));
     // 3 keys not asked yet, fewer than readAheadMinKeys of any chunk: read from their blocks
     // in the read-ahead, their chunks' indexes read first, and no lookup sent
     List<UnsafeRow> sparse = List.of(key(5), key(20_005), key(39_005));
@@ -775,8 +780,9 @@ public final class ProviderHarness {
   /**
    * What the JVM holds of a lazy base (its indexes, blocks and memo rows) while versions read
    * it and once none does: a version and a copy of it read keys, the version is made whole
-   * (the copy still reads the base), then the copy; then another provider's lazy version
-   * read from and closed (its version let go, not made whole).
+   * (the copy still reads the base); another provider loads the same version lazily (its own
+   * base over the same chunks); the copy is made whole; the other provider's version reads
+   * keys, then the provider is closed (its version let go, not made whole).
    */
   void forget() {
     int n = 40_000;
@@ -789,28 +795,36 @@ public final class ProviderHarness {
       keys.add(key(k));
     }
     out.put("values", values(s, keys));
-    out.put("indexes_read", LazyBase.indexesHeld());
-    out.put("blocks_read", LazyBase.blocksAndMemoHeld());
+    out.put("read", List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
     StateData copy = s.data.copy(); // the next version in the making reads the base too
     s.data.materialize();
-    out.put("indexes_one_whole", LazyBase.indexesHeld());
-    out.put("blocks_one_whole", LazyBase.blocksAndMemoHeld());
+    out.put("one_whole",
+        List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    RingStateStoreProvider other = provider();
+    WriteStore o = write(other, 1, false); // the same version, over the same chunks
+    out.put("other_lazy", o.data.remote != null);
+    out.put("with_other", LazyBase.indexesHeld()); // the load reads one index (a format check)
+    LazyBase first = copy.remote;
     copy.materialize();
-    out.put("indexes_both_whole", LazyBase.indexesHeld());
-    out.put("blocks_both_whole", LazyBase.blocksAndMemoHeld());
+    out.put("both_whole",
+        List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    out.put("first_indexed", first.indexed()); // its chunks hold no index: dropped, not lost
+    out.put("consistent", LazyBase.indexesConsistent());
+    // a read through the base no version reads (as a read-ahead under way when the last
+    // version let go): answered, and nothing it read is kept
+    out.put("late_read", first.lookup(key(7)) != null);
+    out.put("after_late",
+        List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
     out.put("values_whole", values(s, keys));
     s.abort();
     copy.retire();
     lazy.close();
-    RingStateStoreProvider other = provider();
-    WriteStore o = write(other, 1, false);
-    out.put("other_lazy", o.data.remote != null);
     out.put("other_values", values(o, keys));
-    out.put("indexes_other", LazyBase.indexesHeld());
+    out.put("other_indexes", LazyBase.indexesHeld());
     o.abort();
     other.close(); // its version let go while it reads the base
-    out.put("indexes_closed", LazyBase.indexesHeld());
-    out.put("blocks_closed", LazyBase.blocksAndMemoHeld());
+    out.put("closed", List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    out.put("closed_consistent", LazyBase.indexesConsistent());
     writer.close();
   }
 
@@ -942,13 +956,15 @@ public final class ProviderHarness {
         throw new IllegalStateException(e);
       }
     }
+    out.put("threads_held", LazyBase.indexesHeld());
+    out.put("consistent", LazyBase.indexesConsistent());
     stores.forEach(WriteStore::abort);
-    providers.forEach(RingStateStoreProvider::close);
+    providers.forEach(RingStateStoreProvider::close); // their bases' indexes go with them
     List<String> wrongs = new ArrayList<>();
     wrong.forEach((k, v) -> wrongs.add(k + "=" + v));
     out.put("threads_wrong", wrongs);
-    out.put("threads_held", LazyBase.indexesHeld());
-    out.put("consistent", LazyBase.indexesConsistent());
+    out.put("closed_held", LazyBase.indexesHeld());
+    out.put("closed_consistent", LazyBase.indexesConsistent());
     s.abort();
     lazy.close();
     writer.close();
@@ -1059,6 +1075,23 @@ public final class ProviderHarness {
     out.put("counted", StateBudget.used() - counted);
     out.put("consistent", lru.consistent((k, v) -> true));
     out.put("all_dropped", new ArrayList<>(dropped));
+    // a replaced entry in the middle of the order becomes the newest: the oldest goes first
+    lru.put("x", new byte[30]);
+    lru.put("y", new byte[30]);
+    lru.put("x", new byte[40]); // x: 40 bytes, the newest; y the oldest after big
+    lru.put("z", new byte[40]); // 10 + 30 + 40 + 40 > 100: big then y go
+    out.put("replaced_order", List.of(lru.contains("big"), lru.contains("y"),
+        lru.contains("x"), lru.contains("z")));
+    out.put("replaced_order_held", lru.held());
+    // removeIf: its entries told to dropped, their bytes out of the map's and the executor's
+    dropped.clear();
+    long beforeRemove = StateBudget.used();
+    out.put("removed", lru.removeIf((k, v) -> k.equals("x")));
+    out.put("removed_dropped", new ArrayList<>(dropped));
+    out.put("removed_held", lru.held());
+    out.put("removed_counted", StateBudget.used() - beforeRemove);
+    out.put("refused", List.of(lru.putIf("w", new byte[5], () -> false), lru.contains("w"),
+        lru.held()));
     // 4 threads at once over 64 keys of 1-30 bytes
     ByteLru<Integer, byte[]> shared = new ByteLru<>(16, () -> 200, (k, v) -> v.length);
     long before = StateBudget.used();
