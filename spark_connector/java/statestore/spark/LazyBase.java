@@ -281,8 +281,8 @@ final class LazyBase {
     /** The bases some version reads now: their chunks' blocks are not dropped. */
     private static final java.util.Set<Held> LIVE = ConcurrentHashMap.newKeySet();
     private final List<List<Part>> parts;
-    /** Versions reading the base now (under this object's lock). */
-    private int users;
+    /** Versions reading the base now (changed under this object's lock, read without it). */
+    private volatile int users;
 
     Held(List<List<Part>> parts) {
       this.parts = parts;
@@ -320,7 +320,7 @@ final class LazyBase {
      * under way when the last version let go, a read-ahead or a task's get, would otherwise
      * leave entries no {@link #forget} drops).
      */
-    synchronized boolean live() {
+    boolean live() {
       return users > 0;
     }
 
