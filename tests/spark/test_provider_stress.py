@@ -680,6 +680,8 @@ def test_a_lazy_version_whose_base_the_ring_dropped_reads_the_newer_one(
     assert r["lazy"] and r["base"] == 3 and r["gone"], r
     assert r["read"] == [1500, 1999, 3000, 4000, 1, None], r
     assert r["rebased"] and r["new_base"] > 3, r
+    # the old base, read by no version since the rebase, holds no index (they went with it)
+    assert r["first_indexed"] == 0 and r["consistent"] is True, r
     assert r["commit"] == "ok", r
     assert r["after"] == [1500, 3000, 6000, None], r
 

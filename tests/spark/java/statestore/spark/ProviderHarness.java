@@ -1035,6 +1035,9 @@ public final class ProviderHarness {
     LazyBase now = at5.data.remote;
     out.put("rebased", now != null && now != first);
     out.put("new_base", now == null ? null : now.oldest());
+    // no version reads the old base now: what the JVM held of it went (LazyBase.Held)
+    out.put("first_indexed", first.indexed());
+    out.put("consistent", LazyBase.indexesConsistent());
     out.put("commit", attempt(() -> {
       at5.put(key(6), value(6000, 100), null);
       at5.commit();
