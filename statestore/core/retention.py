@@ -259,7 +259,11 @@ def plan_compaction(
         snaps[m.version] = [*snaps.get(m.version, ()), _as_snapshot(m)]
 
     every = thin.every
-    if worth(chain):
+    # a fold the line drops is refused by every node that took it (NodeStore.put_manifest):
+    # the head of a newer writer that rewound below a line an older one drew. The chain
+    # waits for the next version the line keeps (a rung: at most ``every`` - 1 more deltas);
+    # a refused fold would fail every pass, and the line's second step behind it
+    if worth(chain) and not thin.drops(chain[-1].version, floor):
         write(chain[-1])
     # a snapshot above the head is a dead branch's (the head is the newest writer's): the
     # line never passes the head, or the head's own bases would be dropped as thinned

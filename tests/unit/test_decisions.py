@@ -806,6 +806,26 @@ def test_a_dead_branch_above_the_head_draws_no_line() -> None:
     assert todo.thin is not None and todo.thin.below == 45, todo
 
 
+def test_a_newer_writer_below_a_dead_branchs_line_folds_only_what_the_line_keeps() -> None:
+    """An older writer went on alone to version 14 (epoch 1) and drew a line at 14 (rungs
+    every 4); a newer one rewound to 4, committed 5 whole and 6-7 on it (epoch 2). Every node
+    that took the line refuses a fold of 7 (a snapshot the line drops), so none is planned:
+    the chain waits for 8, a rung. The build before planned 7 on every pass, each refused,
+    and the line's second step behind it never ran (tests/ring/test_retention.py)."""
+    deltas = {v: [_manifest(v, "delta", 1)] for v in range(1, 15)}
+    for v in (6, 7, 8):
+        deltas[v] = [_manifest(v, "delta", 2, base=2), *deltas[v]]
+    snaps = {v: [_manifest(v, "snapshot", 1)] for v in (4, 8, 12, 14)}
+    snaps[5] = [_manifest(5, "snapshot", 2, base=1)]
+    line = Thinning(14, 4, 0, 1)
+    for head, folded in ((7, []), (8, [8])):
+        todo = plan_compaction(
+            SID, head, deltas, snaps, snapshot_every=2, retain=100, floor=0, thin=line
+        )
+        assert [m.version for m in todo.snapshots] == folded, (head, todo)
+        assert not any(line.drops(m.version, 0) for m in todo.snapshots)
+
+
 def test_a_first_version_committed_whole_holds_no_line_down() -> None:
     """A store whose version 1 was committed whole (the SDK's ``snapshot=True``; no delta:
     no line may drop it) thins the snapshots above it before the retention line reaches a
