@@ -220,6 +220,7 @@ def plan_compaction(
     floor: int,
     rebase_at: float = 0.0,
     thin: Thinning = Thinning(),
+    draw: bool = True,
 ) -> Compaction:
     """The snapshots to write and the new floor for ``store`` at ``head``.
 
@@ -236,6 +237,9 @@ def plan_compaction(
             new base is written (0: every ``snapshot_every`` deltas).
         thin: the store's thinning as applied here, its ``every`` the store's spacing
             (:func:`rung_spacing`, fixed by its first line; 0: every snapshot is kept).
+        draw: whether a new line may be drawn (``--thin-snapshots`` on). A line already
+            held binds either way: every node that took it refuses a fold it drops, so
+            folds go only where it keeps a snapshot, and the floor climbs by its rungs.
 
     A chain this replica cannot resolve (a version missing: repair will bring it) yields
     nothing to do.
@@ -268,7 +272,7 @@ def plan_compaction(
     # a snapshot above the head is a dead branch's (the head is the newest writer's): the
     # line never passes the head, or the head's own bases would be dropped as thinned
     newest = [v for v in usable_snapshots(snaps, deltas) if v <= head]
-    line = max(thin.below, newest[-1] if newest else 0) if every else 0
+    line = max(thin.below, newest[-1] if newest else 0) if every and draw else thin.below
     kept = Thinning(line, every, thin.chunks, thin.floor)
     held = {v: s for v, s in snaps.items() if not kept.drops(v, floor) or _whole(v)}
     oldest_kept = head - retain + 1

@@ -139,13 +139,17 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         return False
     deltas, snaps = node.store.manifests(store)
     retain = node.store.retain(store) or node.config.retain_versions
+    if node.store.thinning_lost(store):
+        # a line rotted on this node's disk has lost the store's spacing, and this node
+        # refuses every snapshot below the head meanwhile (NodeStore.thinned): no fold, no
+        # line, no floor until a peer's sync/have gives the line back (repair)
+        return False
     held = node.store.thinning(store)
-    # a store's first line fixes its spacing on every node (NodeStore.apply_thinning); a
-    # line rotted on this node's disk has lost it: no line is drawn here until a peer's
-    # sync/have gives it back (repair)
-    every = (
-        (held.every or rung_spacing(node.config.thin_snapshots, retain, node.config.snapshot_every))
-        if node.config.thin_snapshots and not node.store.thinning_lost(store)
+    # a store's first line fixes its spacing on every node (NodeStore.apply_thinning); a line
+    # held binds with thinning off too (every node that took it refuses what it drops)
+    every = held.every or (
+        rung_spacing(node.config.thin_snapshots, retain, node.config.snapshot_every)
+        if node.config.thin_snapshots
         else 0
     )
     todo = plan_compaction(
@@ -158,6 +162,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         retain=retain,
         floor=node.store.floor(store),
         thin=Thinning(held.below, every, held.chunks, held.floor),
+        draw=node.config.thin_snapshots > 0,
     )
     for top in todo.snapshots:
         if await _snapshot(node, view, top) is None:
@@ -272,4 +277,5 @@ async def compaction_loop(node: Node) -> None:
                 if not await compact_store(node, view, store):
                     settled[store] = inputs
             except StateStoreError as exc:
+                node.stats["compaction_failed"] += 1
                 log.warning("compaction of %s failed: %s", store, exc)

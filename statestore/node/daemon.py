@@ -365,6 +365,7 @@ class Node:
             "repaired": 0,
             "handed_off": 0,
             "snapshots": 0,
+            "compaction_failed": 0,  # store compaction passes that failed (logged)
             "gc": 0,
             "hints": 0,
             "hints_taken": 0,

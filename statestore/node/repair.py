@@ -161,6 +161,22 @@ async def ask_have(
     return answers
 
 
+async def recover_lines(node: Node, view: RingView) -> None:
+    """Ask the other owners of each store whose thinning line rotted here for theirs (one
+    ``sync/have`` of its head's item each: the answer carries the store's line, taken as
+    :func:`_apply_thinning` takes one). The pass's own questions may carry no item of the
+    store (its ranges agree by digest), and until the line is back this node refuses every
+    snapshot below the head and, as the store's leader, compacts nothing of it."""
+    for store in node.store.lost_lines():
+        head = node.store.head(store)
+        if head is None:
+            continue
+        owners = set(view.store_replicas(store)) | set(view.write_homes(store.path))
+        item = ManifestItem(store, head.version, "delta", head.epoch).name()
+        peers = sorted(owners & set(view.live_addresses()) - {node.address})
+        await ask_have(node, {a: [item] for a in peers})
+
+
 async def check_floor(node: Node, store: StoreId, floor: int) -> None:
     """InvalidRequest unless raising ``store``'s floor to ``floor`` here keeps it restorable
     (core/retention.check_floor): a compactor's ``gc`` and a floor a peer's ``sync/have``
@@ -382,6 +398,7 @@ async def repair_pass(
     digests = await asyncio.to_thread(node.store.manifest_digests)
     differ: set[tuple[str, str]] = set()
     answers = await ask_have(node, want, view, digests, differ)
+    await recover_lines(node, view)
     # one version and epoch held with different content: reconciled to the content W owners
     # hold, never pushed meanwhile (a copy would spread the one that is not acknowledged)
     divergent = sorted({item for _, item in differ})

@@ -711,6 +711,15 @@ class NodeStore:
         raw = self.backend.get(_skey(Prefix.THINNING, store))
         return raw is not None and _line(raw) is None
 
+    def lost_lines(self) -> list[StoreId]:
+        """The stores whose thinning line is held but rotted (:meth:`thinning_lost`): one
+        scan of the line records, a few bytes a store that has one."""
+        return [
+            StoreId.parse(_text(k))
+            for k, raw in self.backend.scan(Prefix.THINNING)
+            if _line(raw) is None
+        ]
+
     def thinned(self, store: StoreId, version: int) -> bool:
         """Whether a snapshot of ``version`` is one the store's thinning dropped. While the
         line is lost (:meth:`thinning_lost`), every snapshot below the head counts as

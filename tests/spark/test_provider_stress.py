@@ -576,8 +576,10 @@ def test_what_the_jvm_holds_of_a_lazy_base_goes_when_no_version_reads_it(
     version reads the base (a version made whole while its copy still reads it keeps them)
     and go when none does: once the copy is whole too (but the blocks, which another
     provider's lazy load of the same version shares), and when a provider whose version
-    reads the base is closed. The build before kept them until newer entries pushed them
-    out: after the prefetch made every version whole, up to 7/16 of the cache for nothing."""
+    reads the base is closed; when a copy no store holds is collected (its Cleaner); and a
+    version made whole after it was retired holds and counts nothing. The build before kept
+    them until newer entries pushed them out: after the prefetch made every version whole,
+    up to 7/16 of the cache for nothing."""
     seeds = ",".join(ring3.seeds)
     conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
     r = harness(classpath, "forget", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
@@ -594,6 +596,13 @@ def test_what_the_jvm_holds_of_a_lazy_base_goes_when_no_version_reads_it(
     assert r["late_read"] is True and r["after_late"] == r["both_whole"], r
     assert r["other_values"] == want and r["other_indexes"] > 0, r
     assert r["closed"] == [0, 0, 0] and r["closed_consistent"] is True, r
+    # a copy let go without being retired: its Cleaner lets the base go once it is collected
+    assert r["last_values"] == want and all(b > 0 for b in r["orphan_reads"]), r
+    assert r["collected"] == [0, 0, 0], r
+    # a version retired, then made whole (a prefetch's merge that lost the race): nothing
+    # more is held or counted
+    assert r["again_values"] == want and r["retired_held"] == [0, 0, 0], r
+    assert r["retired_whole"] == "ok" and r["retired_after"] == [[0, 0, 0], 0, 0], r
 
 
 def test_a_read_ahead_asks_a_split_group_key_only_of_the_chunk_a_held_index_leaves(

@@ -19,6 +19,7 @@ from statestore.core.ids import parse_chunk_key
 from statestore.net.memory import MemoryNetwork
 from statestore.node.config import NodeConfig
 from statestore.node.daemon import Node
+from statestore.node.replica import Prefix, _skey
 from statestore.testing.clock import run_simulated
 from statestore.testing.cluster import SIM_CONFIG, Cluster
 
@@ -195,6 +196,119 @@ def test_thinning_drops_the_bases_between_rungs_on_every_node(tmp_path: Path) ->
         assert len(above) <= 1 + (40 - floor) // n, (address, manifests)
         assert [v for v in above if v % n] == above[-1:] or not above, (address, manifests)
         assert not {v for v in chunks if floor < v < line and v % n}, (address, chunks)
+
+
+def test_a_ring_restarted_with_thinning_off_folds_where_its_line_keeps(tmp_path: Path) -> None:
+    """A thinned ring restarted at ``--thin-snapshots 0`` (the advice while a member reads no
+    chunk format 3) keeps its line: every node refuses a snapshot the line drops. Its
+    leader folds only where the line keeps one, so the floor climbs by the line's rungs, no
+    fold is refused, no new line is drawn, and every retained version restores exactly. The
+    build before planned as if no line were held: it folded at the retention line, every
+    node refused it every pass, and the floor stopped (a hostile review ran it)."""
+    store = StoreId("thin", 0, 0)
+    n, retain = 4, 12
+
+    async def main() -> tuple[list[int], list[int], int, list[bool]]:
+        config = replace(SIM_CONFIG, thin_snapshots=n, retain_versions=retain, snapshot_every=2)
+        cluster, client = await _thinning_ring(tmp_path, config)
+        rng = random.Random(8)
+        states: dict[int, dict[bytes, bytes]] = {}
+        state: dict[bytes, bytes] = {}
+
+        async def commit(v: int) -> None:
+            puts = {f"k{rng.randrange(30)}".encode(): rng.randbytes(8) for _ in range(3)}
+            await client.commit(store, v, puts, [], {"v": v})
+            state.update(puts)
+            states[v] = dict(state)
+            await asyncio.sleep(SIM_CONFIG.compact_interval)
+
+        try:
+            for v in range(1, 43):
+                await commit(v)
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            line = [cluster.node(a).store.thinning(store).below for a in cluster.addresses]
+            await cluster.stop_all()
+            cluster.config = replace(config, thin_snapshots=0)
+            await cluster.start_all()
+            await asyncio.sleep(SIM_CONFIG.down_after)
+            for v in range(43, 51):
+                await commit(v)
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            nodes = [cluster.node(a) for a in cluster.addresses]
+            floors = [n.store.floor(store) for n in nodes]
+            after = [n.store.thinning(store).below for n in nodes]
+            failed = sum(n.stats["compaction_failed"] for n in nodes)
+            exact = [
+                dict(await client.restore(store, v)) == states[v]
+                for v in range(50 - retain + 1, 51)
+            ]
+            assert after == line, (line, after)  # no line drawn with thinning off
+            return floors, line, failed, exact
+        finally:
+            await client.close()
+            await cluster.stop_all()
+
+    floors, line, failed, exact = run_simulated(main)
+    assert all(exact)
+    assert min(line) > 39, line  # the retention line (39) is below the line
+    # the rung under the retention line; the build before stayed at 28
+    assert floors == [36, 36, 36], floors
+    assert failed == 0
+
+
+def test_a_leader_whose_line_rotted_folds_nothing_until_repair_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    """The store's leader finds its thinning line rotted on disk (it refuses every snapshot
+    below the head meanwhile, and knows no spacing): it folds nothing and draws nothing for
+    the store until repair gives it the line back from a peer; then the floor climbs by the
+    line's rungs, no fold refused, and every retained version restores exactly. The build
+    before planned as if no line were held: a fold at the retention line, refused."""
+    store = StoreId("thin", 0, 0)
+    retain = 12
+
+    async def main() -> tuple[list[int], int, bool, list[bool]]:
+        config = replace(SIM_CONFIG, thin_snapshots=4, retain_versions=retain, snapshot_every=2)
+        cluster, client = await _thinning_ring(tmp_path, config)
+        rng = random.Random(8)
+        states: dict[int, dict[bytes, bytes]] = {}
+        state: dict[bytes, bytes] = {}
+
+        async def commit(v: int) -> None:
+            puts = {f"k{rng.randrange(30)}".encode(): rng.randbytes(8) for _ in range(3)}
+            await client.commit(store, v, puts, [], {"v": v})
+            state.update(puts)
+            states[v] = dict(state)
+            await asyncio.sleep(SIM_CONFIG.compact_interval)
+
+        try:
+            for v in range(1, 43):
+                await commit(v)
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            nodes = [cluster.node(a) for a in cluster.addresses]
+            leader = next(n for n in nodes if n.view().store_replicas(store)[0] == n.address)
+            key = _skey(Prefix.THINNING, store)
+            leader.store.backend.write({key: b"rot" + leader.store.backend.get(key)})
+            lost = leader.store.thinning_lost(store)
+            for v in range(43, 51):
+                await commit(v)
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            floors = [n.store.floor(store) for n in nodes]
+            failed = sum(n.stats["compaction_failed"] for n in nodes)
+            back = not leader.store.thinning_lost(store)
+            exact = [
+                dict(await client.restore(store, v)) == states[v]
+                for v in range(50 - retain + 1, 51)
+            ]
+            return floors, failed, lost and back, exact
+        finally:
+            await client.close()
+            await cluster.stop_all()
+
+    floors, failed, lost_then_back, exact = run_simulated(main)
+    assert lost_then_back and all(exact)
+    assert floors == [36, 36, 36], floors
+    assert failed == 0
 
 
 def test_the_floor_climbs_under_a_new_writer_every_few_versions(tmp_path: Path) -> None:

@@ -795,26 +795,23 @@ public final class ProviderHarness {
       keys.add(key(k));
     }
     out.put("values", values(s, keys));
-    out.put("read", List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    out.put("read", held());
     StateData copy = s.data.copy(); // the next version in the making reads the base too
     s.data.materialize();
-    out.put("one_whole",
-        List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    out.put("one_whole", held());
     RingStateStoreProvider other = provider();
     WriteStore o = write(other, 1, false); // the same version, over the same chunks
     out.put("other_lazy", o.data.remote != null);
     out.put("with_other", LazyBase.indexesHeld()); // the load reads one index (a format check)
     LazyBase first = copy.remote;
     copy.materialize();
-    out.put("both_whole",
-        List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    out.put("both_whole", held());
     out.put("first_indexed", first.indexed()); // its chunks hold no index: dropped, not lost
     out.put("consistent", LazyBase.indexesConsistent());
     // a read through the base no version reads (as a read-ahead under way when the last
     // version let go): answered, and nothing it read is kept
     out.put("late_read", first.lookup(key(7)) != null);
-    out.put("after_late",
-        List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    out.put("after_late", held());
     out.put("values_whole", values(s, keys));
     s.abort();
     copy.retire();
@@ -823,9 +820,47 @@ public final class ProviderHarness {
     out.put("other_indexes", LazyBase.indexesHeld());
     o.abort();
     other.close(); // its version let go while it reads the base
-    out.put("closed", List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld()));
+    out.put("closed", held());
     out.put("closed_consistent", LazyBase.indexesConsistent());
+    // a version let go without being retired (a copy no store holds, collected): its Cleaner
+    // lets the base go
+    RingStateStoreProvider last = provider();
+    WriteStore w = write(last, 1, false);
+    out.put("last_values", values(w, keys));
+    StateData orphan = w.data.copy();
+    w.abort();
+    last.close(); // what the provider holds is retired; the copy reads the base still
+    out.put("orphan_reads", held());
+    orphan = null;
+    for (int i = 0; i < 200 && !held().equals(List.of(0L, 0L, 0L)); i++) {
+      System.gc();
+      try {
+        Thread.sleep(50);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        break;
+      }
+    }
+    out.put("collected", held());
+    // a version retired, then made whole (a prefetch's merge that lost the race): it reads
+    // nothing more into the cache, and counts nothing
+    RingStateStoreProvider again = provider();
+    WriteStore r = write(again, 1, false);
+    out.put("again_values", values(r, keys));
+    StateData retired = r.data.copy();
+    r.abort();
+    again.close();
+    retired.retire();
+    out.put("retired_held", held());
+    long used = StateBudget.used();
+    out.put("retired_whole", attempt(retired::materialize));
+    out.put("retired_after", List.of(held(), StateBudget.used() - used, retired.heapBytes()));
     writer.close();
+  }
+
+  /** The bytes of the lazy bases' indexes, decoded blocks and memo rows the JVM holds. */
+  static List<Long> held() {
+    return List.of(LazyBase.indexesHeld(), LazyBase.blocksHeld(), LazyBase.memoHeld());
   }
 
   /**
