@@ -198,6 +198,33 @@ def test_thinning_drops_the_bases_between_rungs_on_every_node(tmp_path: Path) ->
         assert not {v for v in chunks if floor < v < line and v % n}, (address, chunks)
 
 
+class _Versions:
+    """Versions of a store committed one a compaction pass (3 of 30 keys each, seeded), and
+    the state of each, to restore against."""
+
+    def __init__(self, client: AsyncRingClient, store: StoreId) -> None:
+        self.client, self.store = client, store
+        self.rng = random.Random(8)
+        self.states: dict[int, dict[bytes, bytes]] = {}
+        self.state: dict[bytes, bytes] = {}
+
+    async def commit(self, versions: range) -> None:
+        for v in versions:
+            puts = {f"k{self.rng.randrange(30)}".encode(): self.rng.randbytes(8) for _ in range(3)}
+            await self.client.commit(self.store, v, puts, [], {"v": v})
+            self.state.update(puts)
+            self.states[v] = dict(self.state)
+            await asyncio.sleep(SIM_CONFIG.compact_interval)
+
+    async def exact(self, versions: range) -> list[bool]:
+        return [dict(await self.client.restore(self.store, v)) == self.states[v] for v in versions]
+
+
+# rungs every 4 versions, 12 retained: after 42 versions the floor is 28 and the line above
+# 39; 8 versions more move the retention line to 39, whose rung is 36
+_THINNED = replace(SIM_CONFIG, thin_snapshots=4, retain_versions=12, snapshot_every=2)
+
+
 def test_a_ring_restarted_with_thinning_off_folds_where_its_line_keeps(tmp_path: Path) -> None:
     """A thinned ring restarted at ``--thin-snapshots 0`` (the advice while a member reads no
     chunk format 3) keeps its line: every node refuses a snapshot the line drops. Its
@@ -206,53 +233,34 @@ def test_a_ring_restarted_with_thinning_off_folds_where_its_line_keeps(tmp_path:
     build before planned as if no line were held: it folded at the retention line, every
     node refused it every pass, and the floor stopped (a hostile review ran it)."""
     store = StoreId("thin", 0, 0)
-    n, retain = 4, 12
 
-    async def main() -> tuple[list[int], list[int], int, list[bool]]:
-        config = replace(SIM_CONFIG, thin_snapshots=n, retain_versions=retain, snapshot_every=2)
-        cluster, client = await _thinning_ring(tmp_path, config)
-        rng = random.Random(8)
-        states: dict[int, dict[bytes, bytes]] = {}
-        state: dict[bytes, bytes] = {}
-
-        async def commit(v: int) -> None:
-            puts = {f"k{rng.randrange(30)}".encode(): rng.randbytes(8) for _ in range(3)}
-            await client.commit(store, v, puts, [], {"v": v})
-            state.update(puts)
-            states[v] = dict(state)
-            await asyncio.sleep(SIM_CONFIG.compact_interval)
-
+    async def main() -> tuple[list[int], list[int], list[int], int, list[bool]]:
+        cluster, client = await _thinning_ring(tmp_path, _THINNED)
+        w = _Versions(client, store)
         try:
-            for v in range(1, 43):
-                await commit(v)
+            await w.commit(range(1, 43))
             await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
             line = [cluster.node(a).store.thinning(store).below for a in cluster.addresses]
             await cluster.stop_all()
-            cluster.config = replace(config, thin_snapshots=0)
+            cluster.config = replace(_THINNED, thin_snapshots=0)
             await cluster.start_all()
             await asyncio.sleep(SIM_CONFIG.down_after)
-            for v in range(43, 51):
-                await commit(v)
+            await w.commit(range(43, 51))
             await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
             nodes = [cluster.node(a) for a in cluster.addresses]
             floors = [n.store.floor(store) for n in nodes]
             after = [n.store.thinning(store).below for n in nodes]
             failed = sum(n.stats["compaction_failed"] for n in nodes)
-            exact = [
-                dict(await client.restore(store, v)) == states[v]
-                for v in range(50 - retain + 1, 51)
-            ]
-            assert after == line, (line, after)  # no line drawn with thinning off
-            return floors, line, failed, exact
+            return floors, line, after, failed, await w.exact(range(39, 51))
         finally:
             await client.close()
             await cluster.stop_all()
 
-    floors, line, failed, exact = run_simulated(main)
+    floors, line, after, failed, exact = run_simulated(main)
     assert all(exact)
+    assert after == line, (line, after)  # no line drawn with thinning off
     assert min(line) > 39, line  # the retention line (39) is below the line
-    # the rung under the retention line; the build before stayed at 28
-    assert floors == [36, 36, 36], floors
+    assert floors == [36, 36, 36], floors  # the rung under it; the build before stayed at 28
     assert failed == 0
 
 
@@ -263,44 +271,27 @@ def test_a_leader_whose_line_rotted_folds_nothing_until_repair_gives_it_back(
     below the head meanwhile, and knows no spacing): it folds nothing and draws nothing for
     the store until repair gives it the line back from a peer; then the floor climbs by the
     line's rungs, no fold refused, and every retained version restores exactly. The build
-    before planned as if no line were held: a fold at the retention line, refused."""
+    before planned as if no line were held (a fold at the retention line, refused), and
+    repair, whose passes list no item of a store whose ranges agree, never gave it back."""
     store = StoreId("thin", 0, 0)
-    retain = 12
 
     async def main() -> tuple[list[int], int, bool, list[bool]]:
-        config = replace(SIM_CONFIG, thin_snapshots=4, retain_versions=retain, snapshot_every=2)
-        cluster, client = await _thinning_ring(tmp_path, config)
-        rng = random.Random(8)
-        states: dict[int, dict[bytes, bytes]] = {}
-        state: dict[bytes, bytes] = {}
-
-        async def commit(v: int) -> None:
-            puts = {f"k{rng.randrange(30)}".encode(): rng.randbytes(8) for _ in range(3)}
-            await client.commit(store, v, puts, [], {"v": v})
-            state.update(puts)
-            states[v] = dict(state)
-            await asyncio.sleep(SIM_CONFIG.compact_interval)
-
+        cluster, client = await _thinning_ring(tmp_path, _THINNED)
+        w = _Versions(client, store)
         try:
-            for v in range(1, 43):
-                await commit(v)
+            await w.commit(range(1, 43))
             await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
             nodes = [cluster.node(a) for a in cluster.addresses]
             leader = next(n for n in nodes if n.view().store_replicas(store)[0] == n.address)
             key = _skey(Prefix.THINNING, store)
             leader.store.backend.write({key: b"rot" + leader.store.backend.get(key)})
             lost = leader.store.thinning_lost(store)
-            for v in range(43, 51):
-                await commit(v)
+            await w.commit(range(43, 51))
             await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
             floors = [n.store.floor(store) for n in nodes]
             failed = sum(n.stats["compaction_failed"] for n in nodes)
             back = not leader.store.thinning_lost(store)
-            exact = [
-                dict(await client.restore(store, v)) == states[v]
-                for v in range(50 - retain + 1, 51)
-            ]
-            return floors, failed, lost and back, exact
+            return floors, failed, lost and back, await w.exact(range(39, 51))
         finally:
             await client.close()
             await cluster.stop_all()
