@@ -142,7 +142,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
     if node.store.thinning_lost(store):
         # a line rotted on this node's disk has lost the store's spacing, and this node
         # refuses every snapshot below the head meanwhile (NodeStore.thinned): no fold, no
-        # line, no floor until a peer's sync/have gives the line back (repair)
+        # line, no floor until a peer gives the line back (node/repair.recover_lines)
         return False
     held = node.store.thinning(store)
     # a store's first line fixes its spacing on every node (NodeStore.apply_thinning); a line
