@@ -251,8 +251,8 @@ class NodeCollector(Collector):
             "statestore_node_events",
             "Background work done: repaired (copies pushed), handed_off (copies dropped after "
             "their owners confirmed), snapshots (folded by compaction), compaction_failed "
-            "(store compaction passes that failed: a fold too few replicas took), gc (items dropped "
-            "below retention), hints_taken (tentative commits kept as hints), "
+            "(store compaction passes that failed: a fold too few replicas took), gc (items "
+            "dropped below retention), hints_taken (tentative commits kept as hints), "
             "tentative_confirmed and tentative_rolled_back (verdicts this node reached), "
             "have_asked (items repair and hand-over listed to peers) and digest_confirmed "
             "(items range digests showed a peer holds, unlisted); scrubbed, scrub_corrupt and "
