@@ -152,7 +152,8 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         if node.config.thin_snapshots
         else 0
     )
-    todo = plan_compaction(
+    plan = partial(
+        plan_compaction,
         store,
         head.version,
         deltas,
@@ -164,9 +165,20 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         thin=Thinning(held.below, every, held.chunks, held.floor),
         draw=node.config.thin_snapshots > 0,
     )
+    todo = plan()
+    failed: StateStoreError | None = None
+    fenced = False
     for top in todo.snapshots:
-        if await _snapshot(node, view, top) is None:
-            return True  # fenced: a newer writer's commits decide
+        try:
+            # None: fenced, by a newer writer or by a replica whose lineage lags
+            fenced = await _snapshot(node, view, top) is None
+        except StateStoreError as exc:  # too few replicas took it: full, down, refusing
+            failed, fenced = exc, True
+        if fenced:
+            # the floor and the line the snapshots held allow still go: a fold that failed
+            # holds back no gc (on full replicas the gc may be what gives room back)
+            todo = plan(fold=False)
+            break
     held = node.store.thinning(store)
     thin = todo.thin or (held if held.every and held.chunks < held.below else None)
     gc: dict[str, int] = {}
@@ -174,14 +186,16 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         gc["floor"] = todo.floor
     if thin is not None:
         gc |= {"thin_below": thin.below, "thin_every": thin.every, "thin_floor": thin.floor}
-    if not gc:
-        return bool(todo.snapshots)
-    answers = await _send_gc(node, view, store, gc)
-    if thin is not None:
-        await _drop_chunks(node, view, store, thin, answers)
-    # a second step still waiting (on an owner, or on the grace) is not work done: the
-    # store settles, and is planned again when its inputs change
-    return bool(todo.snapshots) or todo.floor is not None or todo.thin is not None
+    if gc:
+        answers = await _send_gc(node, view, store, gc)
+        if thin is not None:
+            await _drop_chunks(node, view, store, thin, answers)
+    if failed is not None:
+        raise failed  # counted and logged by the loop, and tried again next pass
+    # a fenced fold is tried again next pass (a lagging replica's repair changes nothing
+    # here); a second step still waiting (on an owner, or on the grace) is not work done:
+    # the store settles, and is planned again when its inputs change
+    return fenced or bool(todo.snapshots) or todo.floor is not None or todo.thin is not None
 
 
 # Lines drawn per (node, store): (line, when), oldest first; the chunks of a line go once it

@@ -208,13 +208,14 @@ class _Versions:
         self.states: dict[int, dict[bytes, bytes]] = {}
         self.state: dict[bytes, bytes] = {}
 
-    async def commit(self, versions: range) -> None:
+    async def commit(self, versions: range, *, paced: bool = True) -> None:
         for v in versions:
             puts = {f"k{self.rng.randrange(30)}".encode(): self.rng.randbytes(8) for _ in range(3)}
             await self.client.commit(self.store, v, puts, [], {"v": v})
             self.state.update(puts)
             self.states[v] = dict(self.state)
-            await asyncio.sleep(SIM_CONFIG.compact_interval)
+            if paced:  # a compaction pass after each
+                await asyncio.sleep(SIM_CONFIG.compact_interval)
 
     async def exact(self, versions: range) -> list[bool]:
         return [dict(await self.client.restore(self.store, v)) == self.states[v] for v in versions]
@@ -300,6 +301,40 @@ def test_a_leader_whose_line_rotted_folds_nothing_until_repair_gives_it_back(
     assert lost_then_back and all(exact)
     assert floors == [36, 36, 36], floors
     assert failed == 0
+
+
+def test_a_fold_no_replica_takes_holds_back_no_gc(tmp_path: Path) -> None:
+    """Every replica read-only (a full disk) right after a commit the leader will fold: the
+    fold fails every pass, but the line's second step, waiting for its grace, still runs:
+    the chunks of the snapshots the line dropped go on every node (on a full disk, that is
+    room given back). The build before ended the pass at the failed fold, every pass, and
+    the chunks stayed (a hostile review found it by reading)."""
+    store = StoreId("thin", 0, 0)
+
+    async def main() -> tuple[dict[str, tuple[list[int], set[int]]], int, int, int]:
+        cluster, client = await _thinning_ring(tmp_path, _THINNED)
+        w = _Versions(client, store)
+        try:
+            await w.commit(range(1, 42))
+            await w.commit(range(42, 43), paced=False)  # worth a fold: 2 deltas on 40
+            nodes = [cluster.node(a) for a in cluster.addresses]
+            for n in nodes:
+                n.read_only_reason = lambda: "disk nearly full (the test)"  # type: ignore[method-assign]
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            held = {n.address: _held(n, store) for n in nodes}
+            some = nodes[0].store
+            failed = sum(n.stats["compaction_failed"] for n in nodes)
+            return held, some.floor(store), some.thinning(store).below, failed
+        finally:
+            await client.close()
+            await cluster.stop_all()
+
+    held, floor, line, failed = run_simulated(main)
+    assert failed > 0  # the fold of 42 was refused, pass after pass
+    assert line > 38 > floor, (floor, line)
+    for address, (manifests, chunks) in held.items():
+        assert 42 not in manifests, (address, manifests)
+        assert not {v for v in chunks if floor < v < line and v % 4}, (address, chunks)
 
 
 def test_the_floor_climbs_under_a_new_writer_every_few_versions(tmp_path: Path) -> None:
