@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from statestore.core.errors import InvalidRequest, VersionNotFound
 from statestore.core.ids import StoreId
@@ -221,7 +222,7 @@ def plan_compaction(
     rebase_at: float = 0.0,
     thin: Thinning = Thinning(),
     draw: bool = True,
-    fold: bool = True,
+    folds: Literal["all", "head", "none"] = "all",
 ) -> Compaction:
     """The snapshots to write and the new floor for ``store`` at ``head``.
 
@@ -241,8 +242,10 @@ def plan_compaction(
         draw: whether a new line may be drawn (``--thin-snapshots`` on). A line already
             held binds either way: every node that took it refuses a fold it drops, so
             folds go only where it keeps a snapshot, and the floor climbs by its rungs.
-        fold: whether folds may be planned; without, the floor and the line that the
-            snapshots held allow (what a pass whose fold failed still sends).
+        folds: which folds may be planned: ``all``; ``head`` (none below the head: a
+            node whose line rotted refuses every snapshot below its head); ``none`` (the
+            floor and the line the snapshots held allow: what a pass whose fold failed
+            still sends).
 
     A chain this replica cannot resolve (a version missing: repair will bring it) yields
     nothing to do.
@@ -270,7 +273,7 @@ def plan_compaction(
     # the head of a newer writer that rewound below a line an older one drew. The chain
     # waits for the next version the line keeps (a rung: at most ``every`` - 1 more deltas);
     # a refused fold would fail every pass, and the line's second step behind it
-    if fold and worth(chain) and not thin.drops(chain[-1].version, floor):
+    if folds != "none" and worth(chain) and not thin.drops(chain[-1].version, floor):
         write(chain[-1])
     # a snapshot above the head is a dead branch's (the head is the newest writer's): the
     # line never passes the head, or the head's own bases would be dropped as thinned
@@ -309,7 +312,7 @@ def plan_compaction(
         # have cut (commits outran compaction): a snapshot at the retention line
         at = oldest_kept
         due = oldest_kept > max(new_floor, floor, 1) + snapshot_every
-    if due and fold:
+    if due and folds == "all":
         try:
             below = resolve_chain(store, at, deltas, held)
         except VersionNotFound:

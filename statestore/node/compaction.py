@@ -139,17 +139,17 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         return False
     deltas, snaps = node.store.manifests(store)
     retain = node.store.retain(store) or node.config.retain_versions
-    if node.store.thinning_lost(store):
-        # a line rotted on this node's disk has lost the store's spacing, and this node
-        # refuses every snapshot below the head meanwhile (NodeStore.thinned): no fold, no
-        # line, no floor until a peer gives the line back (node/repair.recover_lines)
-        return False
     held = node.store.thinning(store)
+    # a line rotted on this node's disk has lost the store's spacing, and this node refuses
+    # every snapshot below its head meanwhile (NodeStore.thinned): the head is folded, the
+    # floor climbs to the snapshots held, and no line is drawn until a peer gives the line
+    # back (node/repair.recover_lines; on a store with no other owner, never)
+    lost = node.store.thinning_lost(store)
     # a store's first line fixes its spacing on every node (NodeStore.apply_thinning); a line
     # held binds with thinning off too (every node that took it refuses what it drops)
     every = held.every or (
         rung_spacing(node.config.thin_snapshots, retain, node.config.snapshot_every)
-        if node.config.thin_snapshots
+        if node.config.thin_snapshots and not lost
         else 0
     )
     plan = partial(
@@ -163,9 +163,9 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         retain=retain,
         floor=node.store.floor(store),
         thin=Thinning(held.below, every, held.chunks, held.floor),
-        draw=node.config.thin_snapshots > 0,
+        draw=node.config.thin_snapshots > 0 and not lost,
     )
-    todo = plan()
+    todo = plan(folds="head" if lost else "all")
     failed: StateStoreError | None = None
     fenced = False
     for top in todo.snapshots:
@@ -177,7 +177,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         if fenced:
             # the floor and the line the snapshots held allow still go: a fold that failed
             # holds back no gc (on full replicas the gc may be what gives room back)
-            todo = plan(fold=False)
+            todo = plan(folds="none")
             break
     held = node.store.thinning(store)
     thin = todo.thin or (held if held.every and held.chunks < held.below else None)

@@ -162,19 +162,25 @@ async def ask_have(
 
 
 async def recover_lines(node: Node, view: RingView) -> None:
-    """Ask the other owners of each store whose thinning line rotted here for theirs (one
-    ``sync/have`` of its head's item each: the answer carries the store's line, taken as
-    :func:`_apply_thinning` takes one). The pass's own questions may carry no item of the
-    store (its ranges agree by digest), and until the line is back this node refuses every
-    snapshot below the head and, as the store's leader, compacts nothing of it."""
-    for store in node.store.lost_lines():
+    """Ask the other live owners of each store whose thinning line rotted here for theirs
+    (its head's item in ``sync/have``, batched by owner: an answer carries the line of each
+    store asked about, taken as :func:`_apply_thinning` takes one). The pass's own questions
+    may carry no item of the store (its ranges agree by digest), and until the line is back
+    this node refuses every snapshot below the head and, as the store's leader, folds only
+    its head and draws no line. The scan of the line records (a few bytes a store) runs off
+    the event loop."""
+    live = set(view.live_addresses())
+    want: dict[str, list[str]] = defaultdict(list)
+    for store in await asyncio.to_thread(node.store.lost_lines):
         head = node.store.head(store)
         if head is None:
-            continue
+            continue  # chunks only: nothing here is refused, the next gc gives the line
         owners = set(view.store_replicas(store)) | set(view.write_homes(store.path))
         item = ManifestItem(store, head.version, "delta", head.epoch).name()
-        peers = sorted(owners & set(view.live_addresses()) - {node.address})
-        await ask_have(node, {a: [item] for a in peers})
+        for a in sorted(owners & live - {node.address}):
+            want[a].append(item)
+    if want:
+        await ask_have(node, dict(want))
 
 
 async def check_floor(node: Node, store: StoreId, floor: int) -> None:

@@ -137,10 +137,12 @@ def _held(node: Node | None, store: StoreId) -> tuple[list[int], set[int]]:
     return node.store.snapshot_versions(store), chunks
 
 
-async def _thinning_ring(tmp_path: Path, config: NodeConfig) -> tuple[Cluster, AsyncRingClient]:
-    """Three nodes at ``config`` on a seeded in-memory network, and a client of theirs."""
+async def _thinning_ring(
+    tmp_path: Path, config: NodeConfig, nodes: int = 3
+) -> tuple[Cluster, AsyncRingClient]:
+    """``nodes`` nodes at ``config`` on a seeded in-memory network, and a client of theirs."""
     network = MemoryNetwork(random.Random(6))
-    cluster = Cluster(network, 3, random.Random(7), str(tmp_path), config=config)
+    cluster = Cluster(network, nodes, random.Random(7), str(tmp_path), config=config)
     await cluster.start_all()
     await asyncio.sleep(SIM_CONFIG.down_after)
     return cluster, await _client(cluster, network, 256)
@@ -265,15 +267,22 @@ def test_a_ring_restarted_with_thinning_off_folds_where_its_line_keeps(tmp_path:
     assert failed == 0
 
 
-def test_a_leader_whose_line_rotted_folds_nothing_until_repair_gives_it_back(
+def _rot_line(node: Node, store: StoreId) -> bool:
+    """Flip the store's thinning line record on ``node``'s disk; whether it reads as lost."""
+    key = _skey(Prefix.THINNING, store)
+    node.store.backend.write({key: b"rot" + (node.store.backend.get(key) or b"")})
+    return node.store.thinning_lost(store)
+
+
+def test_a_leader_whose_line_rotted_folds_below_its_head_only_once_repair_gives_it_back(
     tmp_path: Path,
 ) -> None:
     """The store's leader finds its thinning line rotted on disk (it refuses every snapshot
-    below the head meanwhile, and knows no spacing): it folds nothing and draws nothing for
-    the store until repair gives it the line back from a peer; then the floor climbs by the
-    line's rungs, no fold refused, and every retained version restores exactly. The build
-    before planned as if no line were held (a fold at the retention line, refused), and
-    repair, whose passes list no item of a store whose ranges agree, never gave it back."""
+    below the head meanwhile, and knows no spacing): it folds only its head and draws no line
+    until repair gives it the line back from a peer; then the floor climbs by the line's
+    rungs, no fold refused, and every retained version restores exactly. The build before
+    planned a fold at the retention line (refused), and repair, whose passes list no item of
+    a store whose ranges agree, never gave the line back."""
     store = StoreId("thin", 0, 0)
 
     async def main() -> tuple[list[int], int, bool, list[bool]]:
@@ -284,9 +293,7 @@ def test_a_leader_whose_line_rotted_folds_nothing_until_repair_gives_it_back(
             await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
             nodes = [cluster.node(a) for a in cluster.addresses]
             leader = next(n for n in nodes if n.view().store_replicas(store)[0] == n.address)
-            key = _skey(Prefix.THINNING, store)
-            leader.store.backend.write({key: b"rot" + leader.store.backend.get(key)})
-            lost = leader.store.thinning_lost(store)
+            lost = _rot_line(leader, store)
             await w.commit(range(43, 51))
             await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
             floors = [n.store.floor(store) for n in nodes]
@@ -300,6 +307,40 @@ def test_a_leader_whose_line_rotted_folds_nothing_until_repair_gives_it_back(
     floors, failed, lost_then_back, exact = run_simulated(main)
     assert lost_then_back and all(exact)
     assert floors == [36, 36, 36], floors
+    assert failed == 0
+
+
+def test_a_sole_owner_whose_line_rotted_goes_on_compacting(tmp_path: Path) -> None:
+    """A store on one node (R=1) whose line rotted: no peer can give the line back, and the
+    node goes on folding its head and raising its floor to the snapshots it holds, no fold
+    refused, every retained version restored exactly. A draft of this build folded nothing
+    while the line was lost: the floor stayed at 28 for good (a hostile review ran it)."""
+    store = StoreId("thin", 0, 0)
+    config = replace(_THINNED, replicas=1, write_quorum=1)
+
+    async def main() -> tuple[int, bool, int, list[bool]]:
+        cluster, client = await _thinning_ring(tmp_path, config, nodes=1)
+        w = _Versions(client, store)
+        try:
+            await w.commit(range(1, 43))
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            node = cluster.node(cluster.addresses[0])
+            assert _rot_line(node, store)
+            await w.commit(range(43, 71))
+            await asyncio.sleep(20 * SIM_CONFIG.compact_interval)
+            return (
+                node.store.floor(store),
+                node.store.thinning_lost(store),
+                node.stats["compaction_failed"],
+                await w.exact(range(59, 71)),
+            )
+        finally:
+            await client.close()
+            await cluster.stop_all()
+
+    floor, lost, failed, exact = run_simulated(main)
+    assert lost and all(exact)
+    assert floor == 58, floor  # the newest snapshot at or below the retention line, 59
     assert failed == 0
 
 
