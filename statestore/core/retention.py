@@ -66,6 +66,7 @@ __all__ = [
     "MAX_DELTAS_FACTOR",
     "MAX_RETAIN",
     "Compaction",
+    "Folds",
     "Thinning",
     "check_floor",
     "needs_snapshot",
@@ -210,6 +211,10 @@ class Compaction:
     thin: Thinning | None = None
 
 
+# which folds a compaction pass may plan (plan_compaction)
+Folds = Literal["all", "head", "none"]
+
+
 def plan_compaction(
     store: StoreId,
     head: int,
@@ -222,7 +227,7 @@ def plan_compaction(
     rebase_at: float = 0.0,
     thin: Thinning = Thinning(),
     draw: bool = True,
-    folds: Literal["all", "head", "none"] = "all",
+    folds: Folds = "all",
 ) -> Compaction:
     """The snapshots to write and the new floor for ``store`` at ``head``.
 

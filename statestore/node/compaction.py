@@ -33,7 +33,13 @@ from statestore.core.chunk import EncodedChunk, encode_chunks
 from statestore.core.errors import StaleEpoch, StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
-from statestore.core.retention import Thinning, plan_compaction, rung_spacing
+from statestore.core.retention import (
+    Compaction,
+    Folds,
+    Thinning,
+    plan_compaction,
+    rung_spacing,
+)
 from statestore.core.view import RingView
 from statestore.net.restorer import HOLD
 from statestore.net.writes import write_commit
@@ -131,12 +137,13 @@ def _inputs(node: Node, store: StoreId) -> tuple[object, ...]:
     )
 
 
-async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
-    """One compaction pass of ``store``: what :func:`plan_compaction` decides, performed.
-    Returns whether there was anything to do."""
+def _plan(node: Node, store: StoreId, folds: Folds = "all") -> Compaction | None:
+    """What :func:`plan_compaction` decides for ``store`` from what this node holds now
+    (None: no head here). ``folds`` ``none``: the floor and the line the snapshots held
+    allow, what a pass whose fold failed still sends."""
     head = node.store.head(store)
     if head is None:
-        return False
+        return None
     deltas, snaps = node.store.manifests(store)
     retain = node.store.retain(store) or node.config.retain_versions
     held = node.store.thinning(store)
@@ -152,8 +159,7 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         if node.config.thin_snapshots and not lost
         else 0
     )
-    plan = partial(
-        plan_compaction,
+    return plan_compaction(
         store,
         head.version,
         deltas,
@@ -164,8 +170,16 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         floor=node.store.floor(store),
         thin=Thinning(held.below, every, held.chunks, held.floor),
         draw=node.config.thin_snapshots > 0 and not lost,
+        folds="head" if lost and folds == "all" else folds,
     )
-    todo = plan(folds="head" if lost else "all")
+
+
+async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
+    """One compaction pass of ``store``: what :func:`plan_compaction` decides, performed.
+    Returns whether there was anything to do."""
+    todo = _plan(node, store)
+    if todo is None:
+        return False
     failed: StateStoreError | None = None
     fenced = False
     for top in todo.snapshots:
@@ -175,10 +189,13 @@ async def compact_store(node: Node, view: RingView, store: StoreId) -> bool:
         except StateStoreError as exc:  # too few replicas took it: full, down, refusing
             failed, fenced = exc, True
         if fenced:
-            # the floor and the line the snapshots held allow still go: a fold that failed
-            # holds back no gc (on full replicas the gc may be what gives room back)
-            todo = plan(folds="none")
+            # the floor and the line the snapshots held allow still go, planned from what
+            # is held now (a newer writer's head may have come meanwhile): a fold that
+            # failed holds back no gc (on full replicas the gc may be what gives room back)
+            todo = _plan(node, store, "none")
             break
+    if todo is None:
+        return True  # the store was dropped meanwhile
     held = node.store.thinning(store)
     thin = todo.thin or (held if held.every and held.chunks < held.below else None)
     gc: dict[str, int] = {}
