@@ -437,7 +437,8 @@ SETTINGS: tuple[Setting, ...] = (
         50,
         "keep, of the snapshots above the retention floor, the newest and those at "
         "multiples of N (the rungs the floor climbs by, written when it needs them; at most "
-        "half the versions the store retains), and drop the others (0: keep every one)",
+        "half the versions the store retains), and drop the others (0: draw no new line; a "
+        "line a store already holds still binds its folds)",
         ("thin_snapshots",),
         _non_negative_int,
         "N",
