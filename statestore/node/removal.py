@@ -235,10 +235,10 @@ def _precheck(node: Node, target: str) -> None:
     if m.removal == REMOVED:
         raise InvalidRequest(f"node {target} was removed from the ring already (by {m.removed_by})")
     state = _state(node)
-    if target in state.starting or _running(state.runs.get(target)):
+    if target in state.starting:
         raise InvalidRequest(
-            f"a removal of node {target} is already under way on this node ({node.id}): "
-            "follow it with `statestore ring`; run removenode again only if it failed"
+            f"a removal of node {target} is being started on this node ({node.id}): run "
+            "removenode again in a moment to follow it"
         )
     if m.removal == REMOVING and m.removed_by != node.id:
         remover = node.membership.get(m.removed_by)
@@ -260,11 +260,16 @@ def _precheck(node: Node, target: str) -> None:
 
 
 async def start_removal(node: Node, target: str) -> MoveStatus:
-    """Begin removing dead member ``target`` for good (module docstring); raises NotFound for
-    an unknown id and InvalidRequest saying why it may not be removed now."""
+    """Begin removing dead member ``target`` for good (module docstring), or return the
+    removal of it this node runs already (asking again follows it, as a decommission does);
+    raises NotFound for an unknown id and InvalidRequest saying why it may not be removed
+    now."""
     assert node.membership is not None
-    _precheck(node, target)
     state = _state(node)
+    under_way = state.runs.get(target)
+    if under_way is not None and _running(under_way):
+        return under_way  # asked again (after a --timeout, say): the run, to follow
+    _precheck(node, target)
     state.starting.add(target)
     try:
         peers = [a for i, a in _live_peers(node) if i != node.id]
