@@ -636,7 +636,11 @@ async def _load(
     query: str,
     touched: list[str],
     console: Any,
+    *,
+    held: frozenset[StoreId] = frozenset(),
 ) -> None:
+    """Write every backed-up manifest and its chunks into ``query``. ``held``: the stores
+    the query held before (``--force``)."""
     entries: list[StoreEntry] = index["stores"]
     manifests: dict[StoreId, list[Manifest]] = index["manifests"]
     total = sum(ref.size for ms in manifests.values() for m in ms for ref in m.chunks)
@@ -657,11 +661,23 @@ async def _load(
                         chunks.append(ref.encoded(data))
                     try:
                         await ring.routed(partial(_commit, ring, tm, chunks))
-                    except VersionConflict:
+                    except VersionConflict as exc:
                         if m.kind != "snapshot":
                             raise
-                        # the target's compactor folded the same version at the same epoch
-                        # first: a snapshot of the same state (its chunks may be cut otherwise)
+                        if tm.store in held:
+                            # what held the version before may be other state: the read-back
+                            # compares versions and epochs, not rows, so taking it would
+                            # report a restore the ring does not serve
+                            raise StateStoreError(
+                                f"{tm.store} v{m.version} (epoch {m.epoch}): the store held a "
+                                "snapshot of other content at this version and epoch before "
+                                "the load; --force loads over a query only where the two "
+                                "agree: drop the query first (statestore drop) to load the "
+                                "backup whole"
+                            ) from exc
+                        # into a query empty before the load: the target's compactor folded
+                        # the same version at the same epoch first, a snapshot of the same
+                        # state (its chunks may be cut otherwise)
                     progress.advance(task, sum(len(c.data) for c in chunks))
 
         await _all(one(e) for e in entries)
@@ -732,7 +748,10 @@ def restore_backup(
                 )
                 return 1
             try:
-                await _load(ring, root, index, query, touched, console)
+                # a member that did not answer (--force) may hold any of them
+                before = {dataclasses.replace(e.store, query=query) for e in index["stores"]}
+                suspect = frozenset(before if failed else held)
+                await _load(ring, root, index, query, touched, console, held=suspect)
                 await _check_loaded(ring, index, query)
             except (StateStoreError, OSError) as exc:
                 print(f"statestore restore-backup: loading failed: {exc}", file=sys.stderr)

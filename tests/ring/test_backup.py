@@ -288,3 +288,29 @@ def _thin_away(client: RingClient, sid: StoreId, snap: Manifest, ring: LocalRing
             return exc.code == 404
 
     eventually(gone, "version 3's snapshot chunks dropped", limit=90)
+
+
+def test_a_forced_restore_over_other_state_at_a_snapshots_version_fails(tmp_path: Path) -> None:
+    """``restore-backup --force`` over a store that held, before the load, a snapshot of
+    other content at a backed-up snapshot's version and epoch: the load fails and says so,
+    and the ring goes on serving what it held (nothing dropped, as --force promises). The
+    build before took the conflict for the target's compactor folding the same state,
+    read back versions and epochs only, and reported the restore done while the ring served
+    the other state (a hostile review found it)."""
+    sid = StoreId("q-force", 0, 0, "default")
+    backed_up, other = {b"k": b"from the backup"}, {b"k": b"held before"}
+    with local_ring(tmp_path / "ring", 3) as ring:
+        with RingClient(ring.seeds) as client:
+            client.commit(sid, 1, backed_up, [], {}, epoch=1, snapshot=True)
+            out = tmp_path / "backup"
+            r = cli("backup", "--seeds", ring.seeds[0], "--query", sid.query, "--out", str(out))
+            assert r.returncode == 0, r.stderr
+            assert (
+                cli("drop", "--seeds", ring.seeds[0], "--query", sid.query, "--yes").returncode == 0
+            )
+            client.commit(sid, 1, other, [], {}, epoch=1, snapshot=True)
+            r = cli("restore-backup", "--seeds", ring.seeds[0], "--from", str(out), "--force")
+            assert r.returncode == 1, r.stdout
+            assert "snapshot of other content at this version and epoch" in r.stderr, r.stderr
+            assert "nothing dropped" in r.stderr, r.stderr
+            assert dict(client.restore(sid, 1)) == other
