@@ -755,9 +755,12 @@ def restore_backup(
                 await _check_loaded(ring, index, query)
             except (StateStoreError, OSError) as exc:
                 print(f"statestore restore-backup: loading failed: {exc}", file=sys.stderr)
-                if held:
+                if held or failed:
+                    # the query held stores before (--force), or may have on a member that
+                    # did not say: a drop would delete them
+                    before_load = "held stores before" if held else "may have held stores"
                     print(
-                        f"query {query} held stores before (--force): nothing dropped; these "
+                        f"query {query} {before_load} (--force): nothing dropped; these "
                         "stores may be partly loaded: " + ", ".join(sorted(touched)),
                         file=sys.stderr,
                     )
