@@ -40,6 +40,7 @@ from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, NodeProcess, http_json
 from statestore.node.daemon import Node, NodeConfig
 from statestore.node.server import start_node, stop_node
+from statestore.wire.rows import encode_rows
 
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
 SECRET = b"0123456789abcdef0123456789abcdef"  # a cluster secret (node identity)
@@ -162,6 +163,19 @@ def post(address: str, path: str, body: object) -> object:
     )
     with urllib.request.urlopen(req, timeout=5) as resp:
         return json.loads(resp.read())
+
+
+def commit_row(seed: str, store: StoreId, version: int, query: str = "") -> int:
+    """One row ``k<version>`` = ``v`` committed at ``version`` (epoch 1) through the node's
+    ``POST .../commit``, ``query`` added to its query string; the status."""
+    body = b"".join(encode_rows([(f"k{version}".encode(), b"v")]))
+    url = f"http://{seed}/v1/stores/{store.path}/commit?version={version}&epoch=1{query}"
+    req = urllib.request.Request(url, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 async def call(

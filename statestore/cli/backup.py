@@ -61,7 +61,7 @@ from statestore.core.formats import VERSION
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
 from statestore.core.view import RingView
-from statestore.net.reads import ReadStats, fetch_chunk, read_chains, read_versions
+from statestore.net.reads import ReadStats, fetch_chunk, read_chains, read_retention
 from statestore.net.tls import client_context, tls_ca_file
 from statestore.net.writes import write_commit
 from statestore.wire.backup import (
@@ -249,8 +249,10 @@ async def _chains(
     return await read_chains(ring.transport, view, pairs)
 
 
-async def _commit(ring: _Ring, m: Manifest, chunks: list[EncodedChunk], view: RingView) -> None:
-    await write_commit(ring.transport, view, m, chunks)
+async def _commit(
+    ring: _Ring, m: Manifest, chunks: list[EncodedChunk], retain: int | None, view: RingView
+) -> None:
+    await write_commit(ring.transport, view, m, chunks, retain=retain)
 
 
 async def _all(coros: Iterable[Coroutine[Any, Any, None]]) -> None:
@@ -271,11 +273,11 @@ async def _all(coros: Iterable[Coroutine[Any, Any, None]]) -> None:
 
 async def _read_store(
     ring: _Ring, store: StoreId, version_at: int | None, warn: Callable[[str], None]
-) -> tuple[list[int], dict[int, list[Manifest]]]:
-    """The versions of ``store`` to back up and the chain of each, as a restore reads it."""
-    versions = pick_versions(
-        await ring.routed(lambda view: read_versions(ring.transport, view, store)), version_at
-    )
+) -> tuple[list[int], dict[int, list[Manifest]], int | None]:
+    """The versions of ``store`` to back up and the chain of each, as a restore reads it;
+    and the ``retain=N`` its writer asked its replicas for (None: none asked)."""
+    retention = await ring.routed(lambda view: read_retention(ring.transport, view, store))
+    versions = pick_versions(retention.versions, version_at)
     chains: dict[int, list[Manifest]] = {}
     for i in range(0, len(versions), BATCH):
         pairs = [(store, v) for v in versions[i : i + BATCH]]
@@ -293,7 +295,7 @@ async def _read_store(
                 if v == versions[-1]:
                     raise
                 warn(f"{store} v{v} left out: {exc} (retention dropped it during the backup?)")
-    return [v for v in versions if v in chains], chains
+    return [v for v in versions if v in chains], chains, retention.retain
 
 
 # Plans a store's backup makes at most: a backup that outlives the nodes' chunk grace may find
@@ -402,7 +404,7 @@ async def _plan_store(
     dropped since it was listed. ``before``: its plan before this one, if any: a version
     it held and this one does not is said."""
     try:
-        versions, chains = await _read_store(ring, store, version_at, console.print)
+        versions, chains, retain = await _read_store(ring, store, version_at, console.print)
     except StoreNotFound as exc:
         console.print(f"warning: {store} left out: {exc} (dropped during the backup?)")
         return _DROPPED
@@ -426,7 +428,7 @@ async def _plan_store(
         files[path] = meta
         for i, ref in enumerate(m.chunks):
             chunks.setdefault(chunk_file(store, ref.checksum), (store, m, i, ""))
-    entry = {
+    entry: dict[str, Any] = {
         "store": store.path,
         "versions": versions,
         "head": {"version": versions[-1], "epoch": chains[versions[-1]][-1].epoch},
@@ -434,6 +436,8 @@ async def _plan_store(
         "chains": {str(v): [[m.version, m.kind, m.epoch] for m in chains[v]] for v in versions},
         "manifests": list(files),
     }
+    if retain is not None:
+        entry["retain"] = retain
     return _StorePlan(entry, files, [(s, m, i, path) for path, (s, m, i, _) in chunks.items()])
 
 
@@ -660,7 +664,7 @@ async def _load(
                         verify(data, ref.checksum, ref.name)
                         chunks.append(ref.encoded(data))
                     try:
-                        await ring.routed(partial(_commit, ring, tm, chunks))
+                        await ring.routed(partial(_commit, ring, tm, chunks, entry.retain))
                     except VersionConflict as exc:
                         if m.kind != "snapshot":
                             raise

@@ -46,6 +46,7 @@ from statestore.core.errors import (
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest, candidates, resolve_chain
 from statestore.core.quorum import first_semantic, merge_heads, read_quorum
+from statestore.core.retention import MAX_RETAIN
 from statestore.core.view import RingView
 from statestore.net.failover import first_holder
 from statestore.net.quorate import Rest, until_enough
@@ -80,6 +81,7 @@ __all__ = [
     "read_head",
     "read_heads",
     "read_key",
+    "read_retention",
     "read_versions",
 ]
 
@@ -426,6 +428,21 @@ def _json(body: bytes, what: str) -> Any:
 
 
 async def read_versions(transport: Transport, view: RingView, store: StoreId) -> list[int]:
+    """The store's retained versions, oldest first (a read quorum of its replicas)."""
+    return (await read_retention(transport, view, store)).versions
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a store's replicas retain: its versions (oldest first, none below a floor one of
+    them answered) and how many versions its writer asked them to keep (``retain=N``; None
+    when none did: the nodes' ``--retain`` applies). Where replicas differ, the most kept."""
+
+    versions: list[int]
+    retain: int | None
+
+
+async def read_retention(transport: Transport, view: RingView, store: StoreId) -> Retention:
     path = f"/v1/stores/{store.path}/versions"
     bodies, errors, answered = await _ask_replicas(transport, view, store, path, home=True)
     _need(view, store, _among(view.store_replicas(store), answered), errors)
@@ -435,12 +452,16 @@ async def read_versions(transport: Transport, view: RingView, store: StoreId) ->
             _need(view, store, at_home, errors)
     out: set[int] = set()
     floor = 0
+    retain: int | None = None
     for o in map(json.loads, bodies):
         out.update(int(v) for v in o["versions"])
         floor = max(floor, int(o.get("floor", 0)))
+        asked = o.get("retain")
+        if type(asked) is int and 1 <= asked <= MAX_RETAIN:  # else a node of an older build
+            retain = max(retain or 0, asked)
     if not out:
         raise StoreNotFound(f"store {store} has no committed version: commit one first")
-    return sorted(v for v in out if v >= floor)
+    return Retention(sorted(v for v in out if v >= floor), retain)
 
 
 def _merge_chain(

@@ -475,7 +475,11 @@ async def versions(request: web.Request) -> web.Response:
         raise StoreNotFound(f"store {store} has no version on this node")
     floor = node.store.floor(store)
     vs = [v for v in node.store.versions(store) if v >= floor]
-    return web.json_response({"versions": vs, "floor": floor})
+    out: dict[str, object] = {"versions": vs, "floor": floor}
+    retain = node.store.retain(store)
+    if retain is not None:  # its writer's retain=N (a backup carries it)
+        out["retain"] = retain
+    return web.json_response(out)
 
 
 async def chain(request: web.Request) -> web.Response:

@@ -12,10 +12,12 @@ A backup is a directory::
 ``backup.json`` is a JSON object: ``format`` (``"statestore-backup"``), ``format_version``
 (1), what was backed up (``query``, ``version_at``, ``created_at``, ``statestore``: the
 build), ``stores`` (per store: its path, the ``versions`` backed up, for each of them the
-``chain`` a restore of it applies, as ``[version, kind, epoch]`` oldest first, and the
-``manifests`` files), ``files`` (every file of the backup but the index: ``path``, ``size``,
-``xxh3_128``) and last ``checksum``: the xxh3-128 of the canonical JSON of everything else
-(sorted keys, no spaces), so a truncated or edited index is refused as surely as a file.
+``chain`` a restore of it applies, as ``[version, kind, epoch]`` oldest first, the
+``manifests`` files and, when its writer set one, the ``retain`` it asked the replicas
+for, which the restore sets on the target), ``files`` (every file of the backup but the
+index: ``path``, ``size``, ``xxh3_128``) and last ``checksum``: the xxh3-128 of the
+canonical JSON of everything else (sorted keys, no spaces), so a truncated or edited index
+is refused as surely as a file.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import xxhash
 from statestore.core.errors import InvalidStoreId
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
+from statestore.core.retention import MAX_RETAIN
 
 __all__ = [
     "FORMAT",
@@ -119,6 +122,10 @@ class StoreEntry:
     versions: tuple[int, ...]
     chains: Mapping[int, tuple[ChainEntry, ...]]
     manifests: tuple[str, ...]
+    # the versions its writer asked the source's replicas to keep (retain=N; Spark's
+    # minBatchesToRetain), restored with it; None: the nodes' --retain applied (or a backup
+    # written before backups carried it)
+    retain: int | None = None
 
 
 def _fail(what: str) -> BackupInvalid:
@@ -173,7 +180,10 @@ def decode_index(data: bytes) -> dict[str, Any]:
                     raise _fail(f"names manifest {p!r:.80}, which it does not list")
             if set(chains) != set(versions):
                 raise _fail(f"gives store {store} chains for other versions than it backs up")
-            stores.append(StoreEntry(store, versions, chains, manifests))
+            retain = s.get("retain")
+            if retain is not None and not (type(retain) is int and 1 <= retain <= MAX_RETAIN):
+                raise _fail(f"gives store {store} a retain that is not 1..{MAX_RETAIN}")
+            stores.append(StoreEntry(store, versions, chains, manifests, retain))
     except (KeyError, TypeError, ValueError, AttributeError, InvalidStoreId) as exc:
         if isinstance(exc, BackupInvalid):
             raise

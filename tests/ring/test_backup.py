@@ -33,7 +33,7 @@ from statestore.cli.local import LocalRing, http_json
 from statestore.core.ids import chunk_key
 from statestore.core.manifest import Manifest
 from statestore.net.reads import fetch_chunk
-from tests.ringkit import FAST, eventually, local_ring
+from tests.ringkit import FAST, commit_row, eventually, local_ring
 
 Q = "q-bk"
 STORES = [StoreId(Q, 0, 0, "default"), StoreId(Q, 0, 1, "default"), StoreId(Q, 1, 0, "agg")]
@@ -221,6 +221,16 @@ def test_the_format_s_pure_rules() -> None:
         assert "not a path of this format" in str(exc)
     else:
         raise AssertionError("a path outside the backup was accepted")
+    entry = {"store": sid.path, "versions": [1], "chains": {"1": [[1, "snapshot", 1]]},
+             "manifests": []}  # fmt: skip
+    for retain, ok in ((None, True), (7, True), (0, False), (True, False), ("7", False)):
+        one = {**entry, "retain": retain} if retain is not None else entry
+        try:
+            got = decode_index(encode_index({**index, "stores": [one]}))["stores"][0].retain
+        except BackupInvalid as exc:
+            assert not ok and "retain" in str(exc), exc
+        else:
+            assert ok and got == retain, (retain, got)
 
 
 def test_a_backup_that_outlives_a_thinned_snapshot_reads_the_chains_again(
@@ -314,3 +324,30 @@ def test_a_forced_restore_over_other_state_at_a_snapshots_version_fails(tmp_path
             assert "snapshot of other content at this version and epoch" in r.stderr, r.stderr
             assert "nothing dropped" in r.stderr, r.stderr
             assert dict(client.restore(sid, 1)) == other
+
+
+def test_a_writers_retain_goes_with_its_store_into_the_restore(tmp_path: Path) -> None:
+    """A store whose writer asked its replicas to keep more versions than the nodes'
+    ``--retain`` (``retain=N``: Spark's ``minBatchesToRetain``) is restored with that
+    ``retain``: every replica of the restored store records it, where the build before
+    carried none and the target's ``--retain`` (here 3) then dropped versions the writer
+    counts on. A store without one is restored without one."""
+    kept, plain = StoreId("q-ret", 0, 0, "default"), StoreId("q-ret", 0, 1, "default")
+    with local_ring(tmp_path / "ring", 3, [*FAST, "--retain", "3"]) as ring:
+        seed = ring.seeds[0]
+        for v in (1, 2):
+            assert commit_row(seed, kept, v, "&retain=40") == 201
+            assert commit_row(seed, plain, v) == 201
+        out = tmp_path / "backup"
+        r = cli("backup", "--seeds", seed, "--query", kept.query, "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        entries = {e["store"]: e for e in json.loads((out / "backup.json").read_text())["stores"]}
+        assert entries[kept.path]["retain"] == 40 and "retain" not in entries[plain.path]
+        r = cli("restore-backup", "--seeds", seed, "--from", str(out), "--as", "q-ret2")
+        assert r.returncode == 0, r.stderr
+        for sid, want in ((kept, 40), (plain, None)):
+            target = StoreId("q-ret2", sid.operator, sid.partition, sid.name)
+            for address in ring.seeds:  # R=3 on 3 nodes: each is a replica
+                got = http_json(address, f"/v1/stores/{target.path}/versions")
+                assert isinstance(got, dict) and got["versions"] == [1, 2], got
+                assert got.get("retain") == want, (address, got)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,30 +20,18 @@ from client import AsyncRingClient, RingClient, StoreId, VersionNotFound
 from statestore.cli.local import http_json
 from statestore.node.daemon import Node
 from statestore.node.server import start_node, stop_node
-from statestore.wire.rows import encode_rows
-from tests.ringkit import FAST, config, eventually, local_ring, nodes
-
-
-def _commit(seed: str, store: StoreId, version: int, query: str = "") -> int:
-    body = b"".join(encode_rows([(f"k{version}".encode(), b"v")]))
-    url = f"http://{seed}/v1/stores/{store.path}/commit?version={version}&epoch=1{query}"
-    req = urllib.request.Request(url, data=body, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+from tests.ringkit import FAST, commit_row, config, eventually, local_ring, nodes
 
 
 def test_a_writer_sets_how_many_versions_its_store_keeps(tmp_path: Path) -> None:
     with local_ring(tmp_path, 3, [*FAST, "--snapshot-every", "2"]) as ring:
         short, long = StoreId("ret", 0, 0, "short"), StoreId("ret", 0, 0, "long")
         seed = ring.seeds[0]
-        assert _commit(seed, short, 1, "&retain=0") == 400  # refused: nothing written
-        assert _commit(seed, short, 1, "&retain=x") == 400
+        assert commit_row(seed, short, 1, "&retain=0") == 400  # refused: nothing written
+        assert commit_row(seed, short, 1, "&retain=x") == 400
         for v in range(1, 13):
-            assert _commit(seed, short, v, "&retain=3") == 201
-            assert _commit(seed, long, v) == 201
+            assert commit_row(seed, short, v, "&retain=3") == 201
+            assert commit_row(seed, long, v) == 201
         with RingClient(ring.seeds) as client:
             deadline = time.monotonic() + 60
             while client.versions(short)[0] < 10 - 2 and time.monotonic() < deadline:

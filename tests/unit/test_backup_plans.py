@@ -18,6 +18,7 @@ from statestore.core.chunk import checksum
 from statestore.core.errors import NodeUnavailable, StoreNotFound, VersionNotFound
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
+from statestore.net.reads import Retention
 
 A = StoreId("q", 0, 0, "default")
 B = StoreId("q", 1, 0, "default")
@@ -64,12 +65,12 @@ class _Script:
             async def close(self) -> None:
                 pass
 
-        async def read_versions(transport: Any, view: Any, store: StoreId) -> list[int]:
+        async def read_retention(transport: Any, view: Any, store: StoreId) -> Retention:
             ring.plan[store] += 1
             answer = ring.stores[store][ring.plan[store] - 1]
             if answer is None:
                 raise StoreNotFound(f"store {store} has no committed version")
-            return sorted(answer)
+            return Retention(sorted(answer), None)
 
         async def read_chains(transport: Any, view: Any, pairs: Any) -> list[list[Manifest]]:
             out = []
@@ -91,7 +92,7 @@ class _Script:
             return _DATA[ref.name]
 
         monkeypatch.setattr(backup_mod, "_Ring", Ring)
-        monkeypatch.setattr(backup_mod, "read_versions", read_versions)
+        monkeypatch.setattr(backup_mod, "read_retention", read_retention)
         monkeypatch.setattr(backup_mod, "read_chains", read_chains)
         monkeypatch.setattr(backup_mod, "fetch_chunk", fetch_chunk)
 
