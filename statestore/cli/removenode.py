@@ -45,12 +45,18 @@ def add_parser(sub: Subparsers) -> None:
         default=3600.0,
         help="seconds to wait (the removal keeps going after)",
     )
+    rn.add_argument(
+        "--force",
+        action="store_true",
+        help="remove it though other members are down (refused otherwise: a commit only it "
+        "and they acknowledged is on no live node, and only they keep it)",
+    )
     add_client_tls(rn)
     rn.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return removenode(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca)
+    return removenode(args.seeds, args.node, args.timeout, tls_ca=args.tls_ca, force=args.force)
 
 
 def _find(view: dict[str, Any], node: str) -> dict[str, Any] | None:
@@ -76,9 +82,11 @@ def removenode(
     timeout: float = 3600.0,
     poll: float = 0.5,
     tls_ca: str | None = None,
+    force: bool = False,
 ) -> int:
     """Run ``statestore removenode``; returns the exit code (0: the node is removed). Raises
-    from the error tree when no seed answers or the remover refuses (its reason)."""
+    from the error tree when no seed answers or the remover refuses (its reason).
+    ``force``: though other members are down."""
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
@@ -106,7 +114,11 @@ def removenode(
         return fail(f"node {target} left the ring already (decommissioned): nothing to remove")
     address = _remover(view, seed, target)
     started = request_json(
-        address, "/v1/handover/remove", body={"node": target}, timeout=30.0, tls_ca=tls_ca
+        address,
+        "/v1/handover/remove",
+        body={"node": target, "force": force},
+        timeout=30.0,
+        tls_ca=tls_ca,
     )
     remover = str(started.get("id", address)) if isinstance(started, dict) else address
     deadline = time.monotonic() + timeout

@@ -338,6 +338,8 @@ def remove_plan(
     asked: int,
     survivors: int,
     replicas: int,
+    others_down: Sequence[str] = (),
+    force: bool = False,
 ) -> str | None:
     """Why dead node ``target`` may not be removed for good now (``statestore removenode``;
     None: it may).
@@ -348,11 +350,16 @@ def remove_plan(
         asked: how many members were asked.
         survivors: the live ``normal`` members that would keep its share.
         replicas: R.
+        others_down: the other members that are down (not left).
+        force: remove it though others are down.
 
     Refused: no member answered; nobody knows ``target``; it was removed already; any member
     sees it up or suspect (a live node is decommissioned instead); it left the ring already;
-    fewer than R survivors would hold its share. A removal under way (``removing``) is the
-    shell's to judge: it knows whether the survivor running it still does."""
+    fewer than R survivors would hold its share; another member is down, unless ``force``: a
+    commit acknowledged by ``target`` and down members alone (W of its R replicas) is on no
+    live node, so the removal cannot re-make it, and it is kept only by the down members,
+    whose own removal would lose it. A removal under way (``removing``) is the shell's to
+    judge: it knows whether the survivor running it still does."""
     if not sightings:
         return f"none of the {asked} member(s) asked answered: cannot tell if {target} is dead"
     seen = {m: s for m, s in sightings.items() if s is not None}
@@ -378,5 +385,14 @@ def remove_plan(
             f"the ring would keep {survivors} normal live node(s), fewer than the R={replicas} "
             "copies of its share need: add a node first (statestore node --join), or give the "
             f"dead node's place to a new one (statestore node --replace {target})"
+        )
+    if others_down and not force:
+        down = ", ".join(sorted(others_down))
+        return (
+            f"member(s) {down} are down too: a commit that {target} and they alone "
+            f"acknowledged is on no live node, so removing {target} cannot re-make it, and "
+            "only they keep it: bring them back first (the removal then copies from them), "
+            "or pass --force to remove it anyway (removing them later would lose such a "
+            "commit for good)"
         )
     return None

@@ -259,11 +259,11 @@ def _precheck(node: Node, target: str) -> None:
             )
 
 
-async def start_removal(node: Node, target: str) -> MoveStatus:
+async def start_removal(node: Node, target: str, force: bool = False) -> MoveStatus:
     """Begin removing dead member ``target`` for good (module docstring), or return the
     removal of it this node runs already (asking again follows it, as a decommission does);
     raises NotFound for an unknown id and InvalidRequest saying why it may not be removed
-    now."""
+    now. ``force``: though other members are down (``remove_plan``)."""
     assert node.membership is not None
     state = _state(node)
     under_way = state.runs.get(target)
@@ -288,7 +288,14 @@ async def start_removal(node: Node, target: str) -> MoveStatus:
             for m in view.members
             if m.id != target and m.status == "up" and m.state == NodeState.NORMAL
         ]
-        why = remove_plan(target, sightings, len(peers) + 1, len(survivors), view.replicas)
+        down = [
+            m.id
+            for m in view.members
+            if m.id != target and m.status == "down" and m.state != NodeState.LEFT
+        ]
+        why = remove_plan(
+            target, sightings, len(peers) + 1, len(survivors), view.replicas, down, force
+        )
         if why is not None:
             raise InvalidRequest(f"cannot remove node {target}: {why}")
         if len([s for s in sightings.values() if s is not None]) < len(peers) + 1:
@@ -487,8 +494,10 @@ async def remove_handler(request: web.Request) -> web.Response:
     /v1/handover/remove``)."""
     node = request.app[NODE]
     allow_ring(request)
-    body = decode_json(await read_body(request), RemoveRequest, "remove", '{"node": ID}')
-    move = await start_removal(node, body.node)
+    body = decode_json(
+        await read_body(request), RemoveRequest, "remove", '{"node": ID, "force": false}'
+    )
+    move = await start_removal(node, body.node, body.force)
     return web.json_response(
         {"id": node.id, "node": body.node, "run": move.to_json(node.clock())}, status=202
     )

@@ -229,9 +229,11 @@ class HandoverItemsRequest(msgspec.Struct, frozen=True):
 
 class RemoveRequest(msgspec.Struct, frozen=True):
     """``POST /v1/handover/remove`` and ``/v1/handover/remove/sweep``: the dead member
-    ``node`` to remove for good (statestore removenode), or whose share to sweep."""
+    ``node`` to remove for good (statestore removenode), or whose share to sweep;
+    ``force``: remove it though other members are down (``--force``; a sweep ignores it)."""
 
     node: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+\Z")]
+    force: bool = False
 
 
 class TokensRequest(msgspec.Struct, frozen=True):

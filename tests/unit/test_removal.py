@@ -1,0 +1,61 @@
+"""``removenode`` while another member is down (node/removal.start_removal): real nodes (the
+daemon's ``Node``) on the in-memory network and simulated time (statestore/testing). Five
+nodes, R=3, two of them crashed: removing one is refused, naming the other (a commit the two
+alone acknowledged is on no live node: only the other keeps it), unless forced; the build
+before started the removal."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from statestore.core.errors import InvalidRequest
+from statestore.net.memory import MemoryNetwork
+from statestore.node.removal import start_removal
+from statestore.testing.clock import run_simulated
+from statestore.testing.cluster import SIM_CONFIG, Cluster
+
+
+def test_a_dead_node_is_removed_while_another_is_down_only_when_forced(tmp_path: Path) -> None:
+    async def main() -> tuple[str, str, str, str]:
+        cluster = Cluster(MemoryNetwork(random.Random(3)), 5, random.Random(4), str(tmp_path))
+        await cluster.start_all()
+        await asyncio.sleep(SIM_CONFIG.down_after)
+        try:
+            nodes = [cluster.node(a) for a in cluster.addresses]
+            assert all(nodes)
+            target, other = nodes[3].id, nodes[4].id  # type: ignore[union-attr]
+            await cluster.crash(cluster.addresses[3])
+            await cluster.crash(cluster.addresses[4])
+            live = [n for n in nodes[:3] if n is not None]
+            await asyncio.sleep(2 * SIM_CONFIG.down_after)
+            for n in live:  # every live member sees both down
+                assert {m.id for m in n.view().members if m.status == "down"} == {target, other}
+            remover = live[0]
+            with pytest.raises(InvalidRequest) as refused:
+                await start_removal(remover, target)
+            move = await start_removal(remover, target, force=True)
+            return str(refused.value), other, target, move.handover.kind
+        finally:
+            await cluster.stop_all()
+
+    why, other, target, kind = run_simulated(main)
+    assert f"member(s) {other} are down too" in why and f"removing {target}" in why, why
+    assert "--force" in why, why
+    assert kind == "remove"
+
+
+def test_remove_plan_names_the_other_down_members_unless_forced() -> None:
+    from statestore.core.handover import Sighting, remove_plan
+
+    seen = {"a": Sighting("down", "normal", 1)}
+    why = remove_plan("d", seen, 3, 3, 3, others_down=["f", "e"])
+    assert why is not None and "member(s) e, f are down too" in why, why
+    assert remove_plan("d", seen, 3, 3, 3, others_down=["e"], force=True) is None
+    assert remove_plan("d", seen, 3, 3, 3) is None
+    # fewer survivors than R is refused forced or not
+    forced = remove_plan("d", seen, 3, 2, 3, others_down=["e"], force=True)
+    assert forced is not None and "fewer than the R=3" in forced
