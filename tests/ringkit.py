@@ -38,8 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client import RingClient, StoreId
 from statestore.cli.local import LocalRing, NodeProcess, http_json
+from statestore.core.ids import chunk_key
+from statestore.core.manifest import Manifest
 from statestore.node.daemon import Node, NodeConfig
 from statestore.node.server import start_node, stop_node
+from statestore.wire.manifest import encode_manifest
 from statestore.wire.rows import encode_rows
 
 FAST = ["--gossip-interval", "0.2", "--suspect-after", "1", "--down-after", "2.5"]
@@ -163,6 +166,24 @@ def post(address: str, path: str, body: object) -> object:
     )
     with urllib.request.urlopen(req, timeout=5) as resp:
         return json.loads(resp.read())
+
+
+async def send_commit(node: Node, m: Manifest, chunks: list[Any], hint: str | None = None) -> None:
+    """What a writer sends one replica: the chunks, then the manifest (or the hint)."""
+    async with aiohttp.ClientSession() as s:
+        for c in chunks:
+            key = chunk_key(m.store, m.version, c.name)
+            async with s.put(f"http://{node.address}/v1/chunks/{key}", data=c.data) as r:
+                assert r.status in (200, 201), await r.text()
+        if hint is None:
+            url = f"http://{node.address}/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
+        else:
+            url = (
+                f"http://{node.address}/v1/hints/{m.store.path}/{m.version}/{m.kind}?holders={hint}"
+            )
+        headers = {"Content-Type": "application/msgpack"}
+        async with s.put(url, data=encode_manifest(m), headers=headers) as r:
+            assert r.status in (200, 201), await r.text()
 
 
 def commit_row(seed: str, store: StoreId, version: int, query: str = "") -> int:

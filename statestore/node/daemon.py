@@ -68,6 +68,7 @@ T = TypeVar("T")
 _ADDS_DATA = frozenset(
     {
         NodeStore.put_chunk,
+        NodeStore.restore_chunk,
         NodeStore.put_manifest,
         NodeStore.copy_manifest,
         NodeStore.copy_manifests,

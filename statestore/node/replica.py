@@ -1060,9 +1060,33 @@ class NodeStore:
         self._write({key: _seal(raw)})
         return True
 
-    def restore_manifest_record(self, key: bytes, raw: bytes) -> None:
+    def restore_manifest_record(self, key: bytes, raw: bytes, rotted: bytes) -> bool:
         """Write a replica's copy of a manifest over the rotted bytes under ``key`` (the
-        caller checked that ``raw`` is the same store, version and kind)."""
+        caller checked that ``raw`` is the same store, version and kind), if ``rotted`` is
+        still what the record holds: a drop, a gc or a copy that changed it meanwhile (the
+        caller fetched over the network) is not undone. Whether it was written."""
         if not key.startswith(_MANIFESTS):
             raise InvalidRequest(f"{key[:40]!r} is not a manifest's storage key")
+        if self.backend.get(key) != rotted:
+            return False
         self._write({key: _seal(raw)})
+        return True
+
+    def side_epochs(self, store: StoreId, version: int, kind: str) -> list[int]:
+        """The epochs of ``version`` and ``kind`` kept beside its main record (replaced by a
+        higher one), oldest first: key scans, no value read."""
+        keys = self.backend.scan_keys(
+            _under(Prefix.REPLACED, f"{store.path}/{version:020d}/{kind}")
+        )
+        return sorted(int(_manifest_parts(k)[3][0]) for k in keys)
+
+    def restore_chunk(self, key: str, data: bytes, tombstone: bytes | None) -> bool:
+        """Store a replica's copy of a chunk the scrub deleted as rotted, unless its query was
+        dropped (its tombstone is not ``tombstone``, read before the fetch) or retention
+        passed its version meanwhile: what they deleted is not brought back. Whether it was
+        written."""
+        store, version, _ = parse_chunk_key(key)
+        if self.tombstone(store.query) != tombstone or version < self.floor(store):
+            return False
+        self.put_chunk(key, data)
+        return True

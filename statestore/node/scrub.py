@@ -8,7 +8,10 @@ reading at most ``--scrub-mbps`` MB/s (default 8; a pass over 10 GiB takes about
 and resting ``--scrub-interval`` seconds between passes. A bad chunk is deleted (reads fail
 over at once and repair sees the copy missing) and fetched again, verified, from another
 replica of it; a manifest that no longer decodes is replaced by a replica's copy of the same
-version, kind and epoch. Counted in ``/metrics`` (``statestore_node_events``:
+version, kind and epoch (a version's main record, whose epoch the rot hid: the highest epoch a
+replica holds, above those kept beside it here), written only over the rotted bytes still
+there (a drop or gc meanwhile is not undone; a chunk's copy likewise only while its query's
+tombstone and floor are as they were). Counted in ``/metrics`` (``statestore_node_events``:
 ``scrubbed``, ``scrub_corrupt``, ``scrub_replaced``).
 
 Manifests are stored sealed with a checksum of their bytes (node/replica.py, disk format 2):
@@ -92,20 +95,25 @@ def _found(node: Node, what: str, exc: Exception) -> None:
 
 
 async def _replace_chunk(node: Node, key: str) -> None:
-    """Fetch ``key`` from another replica, verified, and store it (as a copy)."""
-    _, _, name = parse_chunk_key(key)
+    """Fetch ``key`` from another replica, verified, and store it (as a copy), unless its
+    query was dropped or retention passed it while it was fetched (NodeStore.restore_chunk)."""
+    store, _, name = parse_chunk_key(key)
     checksum = int(name.split("-", 1)[1], 16)
+    tombstone = await asyncio.to_thread(node.store.tombstone, store.query)
     for address in node.view().read_order(key):
         if address == node.address:
             continue
         try:
             resp = await node.transport.request("GET", address, f"/v1/chunks/{key}?copy=1")
             verify(resp.body, checksum, key)
-            await node.write(node.store.put_chunk, key, resp.body, order="copy")
+            put = await node.write(
+                node.store.restore_chunk, key, resp.body, tombstone, order="copy"
+            )
         except StateStoreError as exc:
             log.debug("scrub: %s from %s: %s", key, address, exc)
             continue
-        node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1
+        if put:
+            node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1
         return
     log.warning("scrub: no replica had a good copy of %s yet; repair pushes one back", key)
 
@@ -151,10 +159,20 @@ async def _scrub_manifest(node: Node, record: bytes, raw: bytes) -> bool:
 async def _replace_manifest(
     node: Node, record: bytes, store: StoreId, version: int, kind: str, epoch: int | None
 ) -> None:
-    """Fetch the manifest from another replica and write it over the rotted bytes."""
+    """Fetch the manifest from the other replicas and write it over the rotted bytes, if
+    they are still there when the write runs (a drop or a gc that deleted them meanwhile is
+    not undone). A side record names its epoch: the first replica's copy of it is taken. A
+    version's main record holds its highest epoch, which the rot hid: every other replica
+    is asked, and the highest epoch one gives is taken, if it is above the epochs kept
+    beside it here (a replica still holding an older writer's attempt, or lagging, would
+    otherwise put it back as the version's content: repair brings the rest)."""
+    rotted = await asyncio.to_thread(node.store.backend.get, record)
+    if rotted is None:
+        return  # gone meanwhile
     path = f"/v1/manifests/{store.path}/{version}/{kind}?copy=1"
     if epoch is not None:
         path += f"&epoch={epoch}"
+    best: tuple[int, bytes] | None = None
     for address in node.view().read_order(store.path):
         if address == node.address:
             continue
@@ -162,10 +180,25 @@ async def _replace_manifest(
             resp = await node.transport.request("GET", address, path)
             if not _matches(resp.body, store, version, kind, epoch):
                 continue
-            await node.write(node.store.restore_manifest_record, record, resp.body, order="copy")
+            got = decode_manifest(resp.body).epoch
         except (StateStoreError, ValueError) as exc:
             log.debug("scrub: manifest of %s v%d from %s: %s", store, version, address, exc)
             continue
-        node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1
+        if best is None or got > best[0]:
+            best = (got, resp.body)
+        if epoch is not None:
+            break
+    if best is None:
+        log.warning("scrub: no replica had manifest %s v%d/%s yet", store, version, kind)
         return
-    log.warning("scrub: no replica had manifest %s v%d/%s yet", store, version, kind)
+    if epoch is None:
+        beside = await asyncio.to_thread(node.store.side_epochs, store, version, kind)
+        if beside and best[0] <= beside[-1]:
+            log.warning(
+                "scrub: the replicas answered manifest %s v%d/%s at epoch %d at most, not above "
+                "epoch %d kept here beside its rotted main record; repair brings it back",
+                store, version, kind, best[0], beside[-1],
+            )  # fmt: skip
+            return
+    if await node.write(node.store.restore_manifest_record, record, best[1], rotted, order="copy"):
+        node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1

@@ -23,7 +23,7 @@ import pytest
 from statestore.core.commit import build_commit
 from statestore.core.errors import InsufficientStorage
 from statestore.core.hints import MAX_HINTS_PER_QUERY, PASS_BUDGET, pass_order, query_share
-from statestore.core.ids import StoreId, chunk_key
+from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
 from statestore.core.repair import acknowledged
 from statestore.node.daemon import Node
@@ -31,7 +31,7 @@ from statestore.node.hints import hint_pass
 from statestore.node.repair import repair_pass
 from statestore.node.server import start_node, stop_node
 from statestore.wire.manifest import encode_manifest
-from tests.ringkit import config, eventually, nodes
+from tests.ringkit import config, eventually, nodes, send_commit
 
 SID = StoreId("tenant", 0, 1, "default")
 
@@ -52,24 +52,6 @@ def _build(version: int, tag: str) -> tuple[Manifest, list[Any]]:
         SID, version, rows, [], None, 1, False, key_groups=128, chunk_size=1 << 20,
         max_chunk=1 << 22,
     )  # fmt: skip
-
-
-async def _send(node: Node, m: Manifest, chunks: list[Any], hint: str | None = None) -> None:
-    """What a writer sends one replica: the chunks, then the manifest (or the hint)."""
-    async with aiohttp.ClientSession() as s:
-        for c in chunks:
-            key = chunk_key(m.store, m.version, c.name)
-            async with s.put(f"http://{node.address}/v1/chunks/{key}", data=c.data) as r:
-                assert r.status in (200, 201), await r.text()
-        if hint is None:
-            url = f"http://{node.address}/v1/manifests/{m.store.path}/{m.version}/{m.kind}"
-        else:
-            url = (
-                f"http://{node.address}/v1/hints/{m.store.path}/{m.version}/{m.kind}?holders={hint}"
-            )
-        headers = {"Content-Type": "application/msgpack"}
-        async with s.put(url, data=encode_manifest(m), headers=headers) as r:
-            assert r.status in (200, 201), await r.text()
 
 
 def _content(node: Node) -> Manifest | None:
@@ -93,8 +75,8 @@ async def test_a_leftover_hint_never_lands_beside_the_acknowledged_content(
     b, b_chunks = _build(1, "retry-b")
     n0, n1, n2 = nodes3
     for n in (n0, n1):
-        await _send(n, b, b_chunks)  # the retry, acknowledged at W = 2
-    await _send(n2, a, a_chunks, hint=n2.address)  # the failed attempt's leftover hint
+        await send_commit(n, b, b_chunks)  # the retry, acknowledged at W = 2
+    await send_commit(n2, a, a_chunks, hint=n2.address)  # the failed attempt's leftover hint
     await hint_pass(n2, n2.view())
     await eventually(lambda: n2.store.hint_count() == 0, "the stale hint is dropped")
     held = _content(n2)
@@ -110,9 +92,9 @@ async def test_repair_reconciles_one_version_and_epoch_held_with_two_contents(
     a, a_chunks = _build(1, "attempt-a")
     b, b_chunks = _build(1, "retry-b")
     n0, n1, n2 = nodes3
-    await _send(n2, a, a_chunks)
+    await send_commit(n2, a, a_chunks)
     for n in (n0, n1):
-        await _send(n, b, b_chunks)
+        await send_commit(n, b, b_chunks)
     assert not _content(n2).same_content(b)  # type: ignore[union-attr]
     for _ in range(3):
         for n in nodes3:

@@ -8,11 +8,17 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from client import RingClient, StoreId
 from statestore.core.chunk import checksum
+from statestore.core.commit import build_commit
+from statestore.core.ids import chunk_key
+from statestore.core.manifest import Manifest
+from statestore.node.daemon import Node
+from statestore.node.scrub import scrub_pass
 from statestore.wire.manifest import decode_chain
-from tests.ringkit import FAST, local_ring
+from tests.ringkit import FAST, local_ring, nodes, send_commit
 
 SID = StoreId("scrubbed", 0, 0, "default")
 SCRUB = ["--scrub-mbps", "100", "--scrub-interval", "0.3"]
@@ -112,3 +118,85 @@ def test_a_manifest_that_no_longer_decodes_is_replaced_from_a_replica(tmp_path: 
                 assert exc.code == 404
             assert time.monotonic() < deadline, "the rotted manifest was never replaced"
             time.sleep(0.05)
+
+
+def _rot_main_record(node: Node) -> bytes:
+    """Flip a bit of the only manifest record ``node`` (in-process, memory storage) holds
+    under a version's main key; the record's key."""
+    key = next(
+        k for k in node.store.manifest_records() if node.store.manifest_record_names(k)[3] is None
+    )
+    data = node.store.backend._data  # type: ignore[attr-defined]
+    raw = bytearray(data[key])
+    raw[-3] ^= 0x10
+    data[key] = bytes(raw)
+    return key
+
+
+def _attempt(epoch: int, tag: str) -> tuple[Manifest, list[Any]]:
+    rows = {f"{tag}-{i}".encode(): tag.encode() * 4 for i in range(5)}
+    return build_commit(MAIN, 1, rows, [], None, epoch, False, key_groups=128,
+                        chunk_size=1 << 20, max_chunk=1 << 22)  # fmt: skip
+
+
+MAIN = StoreId("scrub-main", 0, 1, "default")
+
+
+async def test_a_rotted_main_record_takes_the_highest_epoch_the_replicas_hold(
+    tmp_path: Path,
+) -> None:
+    """A version's main manifest record rots: its epoch (in the value) is lost with it. The
+    first replica the scrub would ask holds an older writer's attempt at epoch 1, which never
+    reached W; the other holds the acknowledged epoch 2. The scrub takes epoch 2. The build
+    before took the first replica's copy, whatever its epoch: the node then held the failed
+    attempt as the version's content and the acknowledged one nowhere (a hostile review)."""
+    async with nodes(tmp_path, 3, replicas=3, write_quorum=2, scrub_mbps=0,
+                     repair_interval=3600.0) as live:  # fmt: skip
+        victim = live[0]
+        first = next(a for a in victim.view().read_order(MAIN.path) if a != victim.address)
+        lagging = next(n for n in live if n.address == first)
+        third = next(n for n in live if n not in (victim, lagging))
+        failed, failed_chunks = _attempt(1, "failed")
+        acked, acked_chunks = _attempt(2, "acked")
+        await send_commit(lagging, failed, failed_chunks)
+        await send_commit(victim, acked, acked_chunks)
+        await send_commit(third, acked, acked_chunks)
+        _rot_main_record(victim)
+        assert await scrub_pass(victim, 1e12) == 1
+        held = victim.store.get_manifest(MAIN, 1, "delta")
+        assert held is not None and held.same_content(acked), held
+        assert victim.stats["scrub_replaced"] == 1
+
+
+async def test_the_scrub_brings_back_nothing_a_drop_deleted_while_it_fetched(
+    tmp_path: Path,
+) -> None:
+    """The scrub finds a rotted manifest record and a rotted chunk and fetches replicas'
+    copies; the query is dropped while the answers are on their way. Nothing of it comes
+    back: the copies are written only over the rotted record still there, and a chunk only
+    while the query's tombstone and floor are as they were. The build before wrote both back
+    (a manifest of a dropped store, a hostile review found)."""
+    async with nodes(tmp_path, 3, replicas=3, write_quorum=2, scrub_mbps=0,
+                     repair_interval=3600.0) as live:  # fmt: skip
+        m, chunks = _attempt(1, "dropped")
+        for n in live:
+            await send_commit(n, m, chunks)
+        victim = live[0]
+        _rot_main_record(victim)
+        ckey = chunk_key(MAIN, 1, m.chunks[0].name)
+        data = victim.store.backend._data  # type: ignore[attr-defined]
+        stored = next(k for k in data if k.endswith(ckey.encode()))
+        data[stored] = data[stored][:-1] + bytes([data[stored][-1] ^ 1])
+        real = victim.transport.request
+
+        async def dropped_meanwhile(method: str, address: str, path: str, **kw: Any) -> Any:
+            answer = await real(method, address, path, **kw)
+            if "?copy=1" in path:  # the drop lands while the copy is on its way
+                victim.store.purge_query(MAIN.query, b"tombstone")
+            return answer
+
+        victim.transport.request = dropped_meanwhile  # type: ignore[method-assign]
+        await scrub_pass(victim, 1e12)
+        assert victim.store.manifest_records() == []
+        assert [k for k in victim.store.chunk_keys() if k.startswith(MAIN.query + "/")] == []
+        assert victim.stats.get("scrub_replaced", 0) == 0
