@@ -327,11 +327,11 @@ class LmdbBackend(Backend):
             before = os.path.getsize(data)
             tmp = os.path.join(self._path, _COMPACT_DIR)
             shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
             with self._log_lock:
                 self._log, self._logged, self._overflowed = [], 0, False
                 self._max_log = max_log or MAX_COMPACT_LOG
             try:
+                os.makedirs(tmp)
                 with self._gate.shared():  # a snapshot: every later write is in the log
                     self._env.copy(tmp, compact=True)
                 copy = self._lmdb.open(tmp, map_size=self._map_size, sync=False, max_readers=8)
@@ -354,10 +354,12 @@ class LmdbBackend(Backend):
                         self.last_pause = time.monotonic() - held
                 finally:
                     copy.close()  # a second close is a no-op
-            except self._lmdb.Error as exc:
+            except (self._lmdb.Error, OSError) as exc:
+                # LMDB, or the file system (a full or read-only disk: the copy's directory,
+                # an fsync): the file in place is whole, the old one or the copy swapped in
                 raise InsufficientStorage(
                     f"compacting the storage under {self._path} failed ({type(exc).__name__}: "
-                    f"{exc}); the file in place is unchanged"
+                    f"{exc}); the file in place is whole"
                 ) from exc
             finally:
                 with self._log_lock:

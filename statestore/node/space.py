@@ -56,7 +56,7 @@ async def reclaim(node: Node) -> tuple[int, int] | None:
     started = time.monotonic()
     try:
         before, after = await asyncio.to_thread(backend.compact, compact_log_bytes(node))
-    except InsufficientStorage as exc:  # LMDB failed, or too much was written meanwhile
+    except InsufficientStorage as exc:  # LMDB or the disk failed, or too much was written
         node.stats["compactions_given_up"] += 1
         log.warning("storage compaction skipped: %s", exc)
         return None

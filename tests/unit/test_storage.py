@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -342,6 +343,36 @@ def test_a_backend_closed_during_a_compaction_is_not_opened_again(tmp_path: Path
     assert len(again.scan_keys(b"k")) == 100 and again.space().file == before
     assert not (tmp_path / "db" / "compact.tmp").exists()
     again.close()
+
+
+def test_a_compaction_the_disk_fails_gives_up_and_keeps_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file system fails a compaction (a full or read-only disk: the copy's directory
+    cannot be made, or an fsync fails): it gives up as when LMDB fails (InsufficientStorage,
+    which node/space.py counts and backs off from), where the build before let the OSError
+    out of the space loop; the file in place serves every key and takes writes."""
+    backend = LmdbBackend(str(tmp_path / "db"))
+    backend.write({b"k%05d" % i: b"v" * 4000 for i in range(300)})
+    backend.write({}, [b"k%05d" % i for i in range(100, 300)])
+    real = os.makedirs
+
+    def full(path: str, *a: object, **kw: object) -> None:
+        raise OSError(28, "No space left on device", path)
+
+    monkeypatch.setattr(os, "makedirs", full)
+    with pytest.raises(InsufficientStorage, match="No space left"):
+        backend.compact()
+    monkeypatch.setattr(os, "makedirs", real)
+    monkeypatch.setattr(
+        "statestore.node.backends._fsync", lambda path: (_ for _ in ()).throw(OSError(5, "EIO"))
+    )
+    with pytest.raises(InsufficientStorage, match="EIO"):
+        backend.compact()
+    backend.write({b"after": b"1"})
+    assert len(backend.scan_keys(b"k")) == 100 and backend.get(b"after") == b"1"
+    assert backend._log is None
+    backend.close()
 
 
 def test_a_compaction_lets_go_of_writes_past_its_log_bound(tmp_path: Path) -> None:
