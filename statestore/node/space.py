@@ -14,7 +14,10 @@ quarter of ``--memory-budget`` and 256 MiB: past it they are let go at once and 
 compaction gives up until the next look) and replayed onto the copy, and
 only the last replay and the swap hold them (measured in docs/benchmarks.md, "Storage").
 With the defaults (a quarter of the file free, 64 MiB at least) a file is compacted at most
-once per quarter of it freed, so the write volume it adds is bounded by 3x what was freed.
+once per quarter of it freed, so the write volume it adds is bounded by 3x what was freed. A
+compaction starts only when the disk holds its copy and the node's read-only reserve
+(``min_free_bytes``, 64 MiB) besides: on a fuller disk it would fail half way or turn the
+node read-only.
 """
 
 from __future__ import annotations
@@ -27,7 +30,15 @@ from statestore.core.errors import InsufficientStorage
 from statestore.node.backends import MAX_COMPACT_LOG, Space
 from statestore.node.daemon import Node
 
-__all__ = ["CHECK_EVERY", "MAX_BACKOFF", "compact_log_bytes", "due", "reclaim", "space_loop"]
+__all__ = [
+    "CHECK_EVERY",
+    "MAX_BACKOFF",
+    "compact_log_bytes",
+    "due",
+    "reclaim",
+    "room_for_copy",
+    "space_loop",
+]
 
 log = logging.getLogger(__name__)
 CHECK_EVERY = 5.0  # seconds between two looks at the file
@@ -47,11 +58,31 @@ def compact_log_bytes(node: Node) -> int:
     return max(1, min(MAX_COMPACT_LOG, node.config.memory_budget // 4))
 
 
+def room_for_copy(space: Space, disk_free: int | None, reserve: int) -> bool:
+    """Whether the disk holds a compaction's copy (the live pages) and keeps the node's
+    read-only reserve (``min_free_bytes``) besides (None: the free space is unknown)."""
+    return disk_free is None or disk_free - space.used >= reserve
+
+
 async def reclaim(node: Node) -> tuple[int, int] | None:
-    """One look, and a compaction when :func:`due`: ``(bytes before, after)`` or None."""
+    """One look, and a compaction when :func:`due` and the disk holds its copy
+    (:func:`room_for_copy`; else it gives up, counted, as one that failed): ``(bytes
+    before, after)`` or None."""
     backend = node.store.backend
     space = await asyncio.to_thread(backend.space)
     if not due(space, node.config.reclaim_at, node.config.reclaim_min):
+        return None
+    disk_free = node.disk_free()
+    if not room_for_copy(space, disk_free, node.config.min_free_bytes):
+        node.stats["compactions_given_up"] += 1
+        log.warning(
+            "storage compaction skipped: its copy needs %d bytes and the disk has %d free, "
+            "which would leave less than the %d-byte reserve (the node would turn read-only "
+            "or the copy fail half way); it is tried again later",
+            space.used,
+            disk_free,
+            node.config.min_free_bytes,
+        )
         return None
     started = time.monotonic()
     try:

@@ -26,7 +26,7 @@ from statestore.core.retention import Thinning
 from statestore.node.backends import LmdbBackend, Space, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.replica import NodeStore
-from statestore.node.space import CHECK_EVERY, MAX_BACKOFF, space_loop
+from statestore.node.space import CHECK_EVERY, MAX_BACKOFF, reclaim, space_loop
 from statestore.testing.clock import run_simulated
 
 SID = StoreId("q", 1, 2, "agg")
@@ -428,6 +428,7 @@ def test_compactions_that_give_up_back_off() -> None:
         config=NodeConfig(),
         store=SimpleNamespace(backend=Busy()),
         stats={"compactions": 0, "bytes_reclaimed": 0, "compactions_given_up": 0},
+        disk_free=lambda: None,
     )
 
     async def main() -> None:
@@ -440,6 +441,37 @@ def test_compactions_that_give_up_back_off() -> None:
     assert node.stats["compactions_given_up"] == len(tries)
     assert gaps[0] == 2 * CHECK_EVERY and max(gaps) == MAX_BACKOFF
     assert len(tries) < 15  # not 1800 / CHECK_EVERY = 360
+
+
+def test_no_compaction_starts_on_a_disk_too_full_for_its_copy() -> None:
+    """node/space.reclaim: a compaction's copy takes the live pages' bytes on the same disk;
+    with less free than that plus the node's read-only reserve, none starts (counted as given
+    up, so the loop backs off), where the build before started it and let it fail half way
+    or turn the node read-only."""
+    copies: list[int] = []
+
+    class Loose:
+        gives_space_back = False
+
+        def space(self) -> Space:
+            return Space(1 << 30, 256 << 20)  # 768 MiB of free pages: due
+
+        def compact(self, max_log: int = 0) -> tuple[int, int]:
+            copies.append(1)
+            return 1 << 30, 256 << 20
+
+    free = {"bytes": (256 << 20) + (32 << 20)}  # the copy and 32 MiB: under the reserve
+    node = SimpleNamespace(
+        config=NodeConfig(min_free_bytes=64 << 20),
+        store=SimpleNamespace(backend=Loose()),
+        stats={"compactions": 0, "bytes_reclaimed": 0, "compactions_given_up": 0},
+        disk_free=lambda: free["bytes"],
+    )
+    assert asyncio.run(reclaim(node)) is None  # type: ignore[arg-type]
+    assert copies == [] and node.stats["compactions_given_up"] == 1
+    free["bytes"] = (256 << 20) + (64 << 20)  # the copy and the reserve
+    assert asyncio.run(reclaim(node)) == (1 << 30, 256 << 20)  # type: ignore[arg-type]
+    assert copies == [1] and node.stats["compactions"] == 1
 
 
 def test_a_stored_manifest_with_any_bit_flipped_is_never_read() -> None:
