@@ -476,8 +476,8 @@ async def versions(request: web.Request) -> web.Response:
     floor = node.store.floor(store)
     vs = [v for v in node.store.versions(store) if v >= floor]
     out: dict[str, object] = {"versions": vs, "floor": floor}
-    retain = node.store.retain(store)
-    if retain is not None:  # its writer's retain=N (a backup carries it)
+    retain = node.store.retain(store, if_rotted=None)
+    if retain is not None:  # its writer's retain=N (a backup carries it; not a rotted one)
         out["retain"] = retain
     return web.json_response(out)
 

@@ -288,11 +288,20 @@ async def start_removal(node: Node, target: str, force: bool = False) -> MoveSta
             for m in view.members
             if m.id != target and m.status == "up" and m.state == NodeState.NORMAL
         ]
+        # the other members down (not left, not being removed themselves); none when
+        # ``target`` is marked removing already: it was written off when the removal began
+        # (this node takes over a removal whose remover died, and that remover is down)
+        marked = {x.id for x in node.membership.removals()}
         down = [
             m.id
             for m in view.members
-            if m.id != target and m.status == "down" and m.state != NodeState.LEFT
+            if m.id != target
+            and m.status == "down"
+            and m.state != NodeState.LEFT
+            and m.id not in marked
         ]
+        if target in marked:
+            down = []
         why = remove_plan(
             target, sightings, len(peers) + 1, len(survivors), view.replicas, down, force
         )

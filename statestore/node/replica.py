@@ -647,8 +647,9 @@ class NodeStore:
         return True
 
     # -- retention -----------------------------------------------------------------------
-    def retain(self, store: StoreId) -> int | None:
-        """How many versions the store's writer asked to keep (None: the node's default)."""
+    def retain(self, store: StoreId, if_rotted: int | None = MAX_RETAIN) -> int | None:
+        """How many versions the store's writer asked to keep (None: the node's default);
+        ``if_rotted`` when its record rotted (MAX_RETAIN: nothing dropped)."""
         raw = self.backend.get(_skey(Prefix.RETAIN, store))
         if raw is None:
             return None
@@ -659,7 +660,7 @@ class NodeStore:
                 store,
                 f"{MAX_RETAIN} (nothing dropped) taken until its writer's next commit",
             )
-            return MAX_RETAIN
+            return if_rotted
         return got
 
     def set_retain(self, store: StoreId, versions: int) -> None:
@@ -1069,7 +1070,29 @@ class NodeStore:
             raise InvalidRequest(f"{key[:40]!r} is not a manifest's storage key")
         if self.backend.get(key) != rotted:
             return False
-        self._write({key: _seal(raw)})
+        puts = {key: _seal(raw)}
+        m = decode_manifest(raw)
+        head = self.head(m.store)
+        if head is None or (m.epoch, m.version) > head.key():  # as a copy raises it
+            puts[_skey(Prefix.HEAD, m.store)] = _seal(encode_stored(Head(m.version, m.epoch)))
+        self._write(puts)
+        return True
+
+    def promote_side_record(self, key: bytes, rotted: bytes) -> bool:
+        """Put the highest epoch kept beside a version's rotted main record ``key`` in its
+        place (as dropping the main manifest does), if ``rotted`` is still what ``key``
+        holds and such an epoch is kept: the scrub's way when no replica holds a higher
+        epoch (repair copies no manifest over a rotted main record). Whether it did."""
+        store, version, kind, rest = _manifest_parts(key)
+        if rest or not key.startswith(Prefix.MANIFEST) or self.backend.get(key) != rotted:
+            return False
+        side = self.backend.scan_keys(
+            _under(Prefix.REPLACED, f"{store.path}/{version:020d}/{kind}")
+        )
+        if not side:
+            return False
+        top = max(side)  # the epoch is zero-padded: the highest sorts last
+        self._write({key: self.backend.get(top) or b""}, [top])
         return True
 
     def side_epochs(self, store: StoreId, version: int, kind: str) -> list[int]:

@@ -194,11 +194,16 @@ async def _replace_manifest(
     if epoch is None:
         beside = await asyncio.to_thread(node.store.side_epochs, store, version, kind)
         if beside and best[0] <= beside[-1]:
+            # no replica holds an epoch above those kept here: the highest of those takes the
+            # main record's place (a higher one, this node's alone, went with the rot; a
+            # replica's comes back by repair once the record reads again)
             log.warning(
-                "scrub: the replicas answered manifest %s v%d/%s at epoch %d at most, not above "
-                "epoch %d kept here beside its rotted main record; repair brings it back",
+                "scrub: the replicas hold manifest %s v%d/%s at epoch %d at most, not above "
+                "epoch %d kept here beside its rotted main record: that one takes its place",
                 store, version, kind, best[0], beside[-1],
             )  # fmt: skip
+            if await node.write(node.store.promote_side_record, record, rotted, order="copy"):
+                node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1
             return
     if await node.write(node.store.restore_manifest_record, record, best[1], rotted, order="copy"):
         node.stats["scrub_replaced"] = node.stats.get("scrub_replaced", 0) + 1

@@ -330,8 +330,9 @@ def test_a_writers_retain_goes_with_its_store_into_the_restore(tmp_path: Path) -
     """A store whose writer asked its replicas to keep more versions than the nodes'
     ``--retain`` (``retain=N``: Spark's ``minBatchesToRetain``) is restored with that
     ``retain``: every replica of the restored store records it, where the build before
-    carried none and the target's ``--retain`` (here 3) then dropped versions the writer
-    counts on. A store without one is restored without one."""
+    carried none and the target's ``--retain`` (here 3) would have applied, dropping
+    versions the writer counts on once it has more. A store without one is restored
+    without one."""
     kept, plain = StoreId("q-ret", 0, 0, "default"), StoreId("q-ret", 0, 1, "default")
     with local_ring(tmp_path / "ring", 3, [*FAST, "--retain", "3"]) as ring:
         seed = ring.seeds[0]

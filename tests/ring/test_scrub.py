@@ -171,32 +171,77 @@ async def test_a_rotted_main_record_takes_the_highest_epoch_the_replicas_hold(
 async def test_the_scrub_brings_back_nothing_a_drop_deleted_while_it_fetched(
     tmp_path: Path,
 ) -> None:
-    """The scrub finds a rotted manifest record and a rotted chunk and fetches replicas'
-    copies; the query is dropped while the answers are on their way. Nothing of it comes
-    back: the copies are written only over the rotted record still there, and a chunk only
-    while the query's tombstone and floor are as they were. The build before wrote both back
-    (a manifest of a dropped store, a hostile review found)."""
+    """The scrub finds a rotted manifest record (then, in a second query, a rotted chunk) and
+    fetches a replica's copy; the query is dropped while the answer is on its way. Nothing
+    of it comes back: a manifest's copy is written only over the rotted record still there,
+    a chunk's only while the query's tombstone and floor are as they were. The build before
+    wrote both back (a manifest of a dropped store, a hostile review found)."""
     async with nodes(tmp_path, 3, replicas=3, write_quorum=2, scrub_mbps=0,
                      repair_interval=3600.0) as live:  # fmt: skip
-        m, chunks = _attempt(1, "dropped")
-        for n in live:
-            await send_commit(n, m, chunks)
         victim = live[0]
-        _rot_main_record(victim)
-        ckey = chunk_key(MAIN, 1, m.chunks[0].name)
-        data = victim.store.backend._data  # type: ignore[attr-defined]
-        stored = next(k for k in data if k.endswith(ckey.encode()))
-        data[stored] = data[stored][:-1] + bytes([data[stored][-1] ^ 1])
         real = victim.transport.request
+        data = victim.store.backend._data  # type: ignore[attr-defined]
+        for query, rot in (("drop-m", "/v1/manifests/"), ("drop-c", "/v1/chunks/")):
+            store = StoreId(query, 0, 1, "default")
+            m, chunks = build_commit(
+                store, 1, {b"k": b"v" * 64}, [], None, 1, False,
+                key_groups=128, chunk_size=1 << 20, max_chunk=1 << 22,
+            )  # fmt: skip
+            for n in live:
+                await send_commit(n, m, chunks)
+            if rot == "/v1/manifests/":
+                _rot_main_record(victim)
+            else:
+                ckey = chunk_key(store, 1, m.chunks[0].name).encode()
+                stored = next(k for k in data if k.endswith(ckey))
+                data[stored] = data[stored][:-1] + bytes([data[stored][-1] ^ 1])
 
-        async def dropped_meanwhile(method: str, address: str, path: str, **kw: Any) -> Any:
-            answer = await real(method, address, path, **kw)
-            if "?copy=1" in path:  # the drop lands while the copy is on its way
-                victim.store.purge_query(MAIN.query, b"tombstone")
-            return answer
+            async def dropped_meanwhile(
+                method: str, address: str, path: str, query: str = query, rot: str = rot,
+                **kw: Any,
+            ) -> Any:  # fmt: skip
+                answer = await real(method, address, path, **kw)
+                if path.startswith(rot) and "copy=1" in path:  # the drop lands meanwhile
+                    victim.store.purge_query(query, b"tombstone")
+                return answer
 
-        victim.transport.request = dropped_meanwhile  # type: ignore[method-assign]
-        await scrub_pass(victim, 1e12)
-        assert victim.store.manifest_records() == []
-        assert [k for k in victim.store.chunk_keys() if k.startswith(MAIN.query + "/")] == []
-        assert victim.stats.get("scrub_replaced", 0) == 0
+            victim.transport.request = dropped_meanwhile  # type: ignore[method-assign]
+            assert await scrub_pass(victim, 1e12) == 1
+            assert [k for k in victim.store.manifest_records() if query.encode() in k] == []
+            assert [k for k in victim.store.chunk_keys() if k.startswith(query + "/")] == []
+            assert victim.stats.get("scrub_replaced", 0) == 0
+
+
+async def test_a_rotted_main_record_no_replica_outranks_gives_way_to_the_epoch_beside_it(
+    tmp_path: Path,
+) -> None:
+    """Epoch 1 of a version is on every replica; a newer writer's epoch 2 reached only this
+    node (a failed attempt), then this node's main record of the version rots. No replica
+    holds an epoch above the one kept beside it (1): that one takes the main record's
+    place, readable again. A draft of the highest-epoch rule left the record rotted for good
+    (repair copies nothing over a rotted main record: a review ran it); and one a replica
+    outranks raises the head with it, as a copy does."""
+    async with nodes(tmp_path, 3, replicas=3, write_quorum=2, scrub_mbps=0,
+                     repair_interval=3600.0) as live:  # fmt: skip
+        victim = live[0]
+        acked, acked_chunks = _attempt(1, "acked")
+        newer, newer_chunks = _attempt(2, "newer")
+        for n in live:
+            await send_commit(n, acked, acked_chunks)
+        await send_commit(victim, newer, newer_chunks)
+        _rot_main_record(victim)
+        assert await scrub_pass(victim, 1e12) == 1
+        held = victim.store.get_manifest(MAIN, 1, "delta")
+        assert held is not None and held.same_content(acked), held
+        assert victim.store.side_epochs(MAIN, 1, "delta") == []
+        assert victim.stats["scrub_replaced"] == 1
+        # the others take a third writer's epoch 3 this node missed; its record rots again
+        third, third_chunks = _attempt(3, "third")
+        for n in live[1:]:
+            await send_commit(n, third, third_chunks)
+        _rot_main_record(victim)
+        assert await scrub_pass(victim, 1e12) == 1
+        held = victim.store.get_manifest(MAIN, 1, "delta")
+        assert held is not None and held.same_content(third), held
+        head = victim.store.head(MAIN)
+        assert head is not None and head.key() == (3, 1), head

@@ -59,3 +59,39 @@ def test_remove_plan_names_the_other_down_members_unless_forced() -> None:
     # fewer survivors than R is refused forced or not
     forced = remove_plan("d", seen, 3, 2, 3, others_down=["e"], force=True)
     assert forced is not None and "fewer than the R=3" in forced
+
+
+def test_a_removal_whose_remover_died_is_taken_over_without_force(tmp_path: Path) -> None:
+    """The remover dies while its removal runs: the next member asked takes it over. The
+    dead remover is down then, but it is no reason to refuse: the target was written off
+    (marked removing) when the removal began. A draft of the check refused every takeover
+    without --force (a review of it)."""
+
+    async def main() -> tuple[str, str]:
+        cluster = Cluster(MemoryNetwork(random.Random(3)), 5, random.Random(4), str(tmp_path))
+        await cluster.start_all()
+        await asyncio.sleep(SIM_CONFIG.down_after)
+        try:
+            nodes = [cluster.node(a) for a in cluster.addresses]
+            remover, successor, dead = nodes[0], nodes[1], nodes[3]
+            assert remover is not None and successor is not None and dead is not None
+            target = dead.id
+            await cluster.crash(cluster.addresses[3])
+            await asyncio.sleep(2 * SIM_CONFIG.down_after)
+            await start_removal(remover, target)
+            assert successor.membership is not None
+            for _ in range(100):  # the remover dies once the mark reached the successor
+                mark = successor.membership.get(target)
+                if mark is not None and mark.removal == "removing":
+                    break
+                await asyncio.sleep(0.05)
+            assert mark is not None and mark.removal == "removing", mark
+            await cluster.crash(cluster.addresses[0])
+            await asyncio.sleep(2 * SIM_CONFIG.down_after)
+            move = await start_removal(successor, target)
+            return move.handover.kind, remover.id
+        finally:
+            await cluster.stop_all()
+
+    kind, _ = run_simulated(main)
+    assert kind == "remove"
