@@ -133,6 +133,14 @@ def _rot_main_record(node: Node) -> bytes:
     return key
 
 
+async def _rot_and_scrub(victim: Node) -> Manifest | None:
+    """Rot ``victim``'s main record of MAIN v1, run a scrub pass (it finds one bad record)
+    and give the manifest it holds then."""
+    _rot_main_record(victim)
+    assert await scrub_pass(victim, 1e12) == 1
+    return victim.store.get_manifest(MAIN, 1, "delta")
+
+
 def _attempt(epoch: int, tag: str) -> tuple[Manifest, list[Any]]:
     rows = {f"{tag}-{i}".encode(): tag.encode() * 4 for i in range(5)}
     return build_commit(MAIN, 1, rows, [], None, epoch, False, key_groups=128,
@@ -161,9 +169,7 @@ async def test_a_rotted_main_record_takes_the_highest_epoch_the_replicas_hold(
         await send_commit(lagging, failed, failed_chunks)
         await send_commit(victim, acked, acked_chunks)
         await send_commit(third, acked, acked_chunks)
-        _rot_main_record(victim)
-        assert await scrub_pass(victim, 1e12) == 1
-        held = victim.store.get_manifest(MAIN, 1, "delta")
+        held = await _rot_and_scrub(victim)
         assert held is not None and held.same_content(acked), held
         assert victim.stats["scrub_replaced"] == 1
 
@@ -229,9 +235,7 @@ async def test_a_rotted_main_record_no_replica_outranks_gives_way_to_the_epoch_b
         for n in live:
             await send_commit(n, acked, acked_chunks)
         await send_commit(victim, newer, newer_chunks)
-        _rot_main_record(victim)
-        assert await scrub_pass(victim, 1e12) == 1
-        held = victim.store.get_manifest(MAIN, 1, "delta")
+        held = await _rot_and_scrub(victim)
         assert held is not None and held.same_content(acked), held
         assert victim.store.side_epochs(MAIN, 1, "delta") == []
         assert victim.stats["scrub_replaced"] == 1
@@ -239,9 +243,7 @@ async def test_a_rotted_main_record_no_replica_outranks_gives_way_to_the_epoch_b
         third, third_chunks = _attempt(3, "third")
         for n in live[1:]:
             await send_commit(n, third, third_chunks)
-        _rot_main_record(victim)
-        assert await scrub_pass(victim, 1e12) == 1
-        held = victim.store.get_manifest(MAIN, 1, "delta")
+        held = await _rot_and_scrub(victim)
         assert held is not None and held.same_content(third), held
         head = victim.store.head(MAIN)
         assert head is not None and head.key() == (3, 1), head
