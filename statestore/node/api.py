@@ -352,7 +352,15 @@ async def have(request: web.Request) -> web.Response:
         )
     body = decode_json(await read_body(request), HaveRequest, "have")
     # a batch is up to MAX_HAVE_ITEMS lookups: read in a worker thread, clients go on
-    return web.json_response(await asyncio.to_thread(_have, node, body))
+    answer = await asyncio.to_thread(_have, node, body)
+    if body.retains:  # taken for the stores the batch names only
+        listed = {StoreId.parse(m[0]) for m in body.manifests}
+        listed.update(StoreId.parse(e[0]) for e in body.epochs)
+        listed.update(parse_chunk_key(k)[0] for k in body.chunks)
+        named = {s: n for p, n in body.retains.items() if (s := StoreId.parse(p)) in listed}
+        if named:
+            await node.write(node.store.adopt_retains, named, order="copy")
+    return web.json_response(answer)
 
 
 def _have(node: Node, body: HaveRequest) -> dict[str, Any]:

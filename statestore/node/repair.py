@@ -135,6 +135,9 @@ async def ask_have(
             }
             if digests is not None:
                 body["digests"] = [digests.get(it, 0) for it in batch if is_manifest(it)]
+            retains = _retains(node, parsed)
+            if retains:  # the writers' retain=N, for a target that missed their commits
+                body["retains"] = retains
             try:
                 resp = await node.transport.request(  # floors and drops follow: proven
                     "POST",
@@ -159,6 +162,17 @@ async def ask_have(
                     (address, it) for it, d in zip(ms, answer["differ"], strict=False) if d
                 )
     return answers
+
+
+def _retains(node: Node, items: list[Item]) -> dict[str, int]:
+    """The writer-set ``retain`` this node holds of each store ``items`` name (a read per
+    store, not per item)."""
+    out: dict[str, int] = {}
+    for store in {it.store for it in items}:
+        n = node.store.retain(store, if_rotted=None)
+        if n is not None:
+            out[store.path] = n
+    return out
 
 
 async def recover_lines(node: Node, view: RingView) -> None:

@@ -667,6 +667,19 @@ class NodeStore:
         if self.retain(store) != versions:
             self._write({_skey(Prefix.RETAIN, store): _seal(str(versions).encode())}, [])
 
+    def adopt_retains(self, retains: dict[StoreId, int]) -> int:
+        """Take a peer's writer-set ``retain`` for each store this node holds none of (or only
+        a rotted one): a replica that missed the writer's commits, or a restore's. One this
+        node holds stays (the writer's latest reached it). Returns how many were taken."""
+        puts = {
+            _skey(Prefix.RETAIN, store): _seal(str(n).encode())
+            for store, n in retains.items()
+            if self.retain(store, if_rotted=None) is None
+        }
+        if puts:
+            self._write(puts, [])
+        return len(puts)
+
     def floor(self, store: StoreId) -> int:
         raw = self.backend.get(_skey(Prefix.FLOOR, store))
         if raw is None:

@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from statestore.core.errors import InvalidRequest, MalformedData
 from statestore.core.ids import MAX_EPOCH, MAX_VERSION
+from statestore.core.retention import MAX_RETAIN
 
 __all__ = [
     "MAX_BATCH_KEYS",
@@ -119,6 +120,12 @@ class HaveRequest(msgspec.Struct, frozen=True):
     digests: Annotated[
         list[Annotated[int, Meta(ge=0, le=2**63 - 1)]], Meta(max_length=MAX_HAVE_ITEMS)
     ] = []
+    # the versions the asker's stores' writers asked to keep (retain=N), by store path: the
+    # node takes one for a store the request names and it holds none of (a replica that
+    # missed the writer's commits); nodes that predate it ignore the field
+    retains: Annotated[
+        dict[Str, Annotated[int, Meta(ge=1, le=MAX_RETAIN)]], Meta(max_length=MAX_HAVE_ITEMS)
+    ] = {}
 
 
 class KeysRequest(msgspec.Struct, frozen=True):

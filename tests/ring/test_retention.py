@@ -19,6 +19,7 @@ from aiohttp import web
 from client import AsyncRingClient, RingClient, StoreId, VersionNotFound
 from statestore.cli.local import http_json
 from statestore.node.daemon import Node
+from statestore.node.repair import repair_pass
 from statestore.node.server import start_node, stop_node
 from tests.ringkit import FAST, commit_row, config, eventually, local_ring, nodes
 
@@ -299,3 +300,28 @@ async def test_a_whole_commit_taken_by_nodes_that_missed_the_line_survives_it(
     finally:
         for name in list(running):
             await stop(name)
+
+
+async def test_a_replica_that_missed_the_writers_commits_takes_its_retain_from_repair(
+    tmp_path: Path,
+) -> None:
+    """A writer's ``retain=N`` reaches the replicas that take its commits. One that missed
+    them (down meanwhile: here its copy of the store is wiped) takes the manifests and the
+    ``retain`` from the others' repair pass (``/v1/sync/have`` carries the asker's), so as
+    the store's compactor it keeps what the writer asked. The build before brought the
+    manifests back and no ``retain``: that replica's compactor would keep ``--retain``."""
+    store = StoreId("ret-repair", 0, 0, "s")
+    async with nodes(tmp_path, 3, replicas=3, write_quorum=2, repair_interval=3600.0) as live:
+        for v in (1, 2):
+            assert (
+                await asyncio.to_thread(commit_row, live[0].address, store, v, "&retain=40") == 201
+            )
+        lagging = live[2]
+        assert lagging.store.retain(store) == 40
+        held = lagging.store.query_keys(store.query)
+        lagging.store.backend.write({}, [k for keys in held.values() for k in keys])
+        assert lagging.store.retain(store) is None and lagging.store.head(store) is None
+        for n in live[:2]:
+            await repair_pass(n, n.view(), allow_handoff=True)
+        assert lagging.store.versions(store) == [1, 2]
+        assert lagging.store.retain(store) == 40
