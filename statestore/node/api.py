@@ -398,6 +398,7 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         "differ": differ,
         "floors": {k: v for k, v in floors.items() if v},
         "thinning": {p: [t.below, t.every, t.chunks, t.floor] for p, t in thins.items() if t.every},
+        "retains": {p: n for p in floors if (n := node.store.retain(StoreId.parse(p), None))},
     }
 
 

@@ -45,6 +45,7 @@ from statestore.net.restorer import HOLD
 from statestore.net.writes import write_commit
 from statestore.node.budget import FoldLease, Lease
 from statestore.node.daemon import Node
+from statestore.node.repair import ask_retains
 
 __all__ = ["compact_store", "compaction_loop"]
 
@@ -290,12 +291,26 @@ async def compaction_loop(node: Node) -> None:
     # again: decoding every manifest of every store it leads, every interval, was 20-35 ms
     # of each node's event loop every 2 s at 1 GiB, in clients' p99 (docs/benchmarks.md).
     settled: dict[StoreId, tuple[object, ...]] = {}
+    # stores whose other owners were asked for a writer-set retain (led here with none held:
+    # once each, node/repair.ask_retains)
+    asked: set[StoreId] = set()
     while True:
         await asyncio.sleep(node.config.compact_interval)
         view = node.view()
         stores = node.store.stores()
         for gone in settled.keys() - set(stores):
             del settled[gone]
+        asked &= set(stores)
+        unknown = [
+            s
+            for s in stores
+            if s not in asked
+            and view.store_replicas(s)[:1] == [node.address]
+            and node.store.retain(s, if_rotted=None) is None
+        ]
+        if unknown:
+            asked.update(unknown)
+            await ask_retains(node, view, unknown)
         for store in stores:
             replicas = view.store_replicas(store)
             if not replicas or replicas[0] != node.address:

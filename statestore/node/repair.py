@@ -34,7 +34,7 @@ from statestore.core.items import parse as parse_item
 from statestore.core.manifest import Manifest
 from statestore.core.repair import Holding, acknowledged, content_digest, decide
 from statestore.core.repair_clock import RepairClock, phase_of
-from statestore.core.retention import Thinning, usable_snapshots
+from statestore.core.retention import MAX_RETAIN, Thinning, usable_snapshots
 from statestore.core.retention import check_floor as floor_allowed
 from statestore.core.view import RingView
 from statestore.net.reads import read_head
@@ -152,6 +152,7 @@ async def ask_have(
             answer = resp.json()
             await _apply_floors(node, address, parsed, answer.get("floors"))
             await _apply_thinning(node, address, parsed, answer.get("thinning"))
+            await _adopt_retains(node, parsed, answer.get("retains"))
             flags = iter(answer["chunks"]), iter(answer.get("epochs", answer["manifests"]))
             for it, p in zip(batch, parsed, strict=True):
                 flag = flags[0] if isinstance(p, ChunkItem) else flags[1]
@@ -162,6 +163,39 @@ async def ask_have(
                     (address, it) for it, d in zip(ms, answer["differ"], strict=False) if d
                 )
     return answers
+
+
+async def _adopt_retains(node: Node, batch: list[Item], retains: object) -> None:
+    """Take the writer-set ``retain`` a peer's ``sync/have`` answer gives, of stores the batch
+    named and this node holds none of (NodeStore.adopt_retains); anything else is ignored."""
+    if not isinstance(retains, dict) or not retains:
+        return
+    asked = {it.store.path: it.store for it in batch}
+    got = {
+        asked[path]: n
+        for path, n in retains.items()
+        if path in asked and type(n) is int and 1 <= n <= MAX_RETAIN
+    }
+    if got:
+        await node.write(node.store.adopt_retains, got, order="copy")
+
+
+async def ask_retains(node: Node, view: RingView, stores: list[StoreId]) -> None:
+    """Ask the other live owners of each of ``stores`` (led here, with no writer-set
+    ``retain`` held) whether they hold one: the head's item of each in one batched
+    ``sync/have`` per owner, whose answers carry it (a node that joined, or missed the
+    writer's commits, would otherwise fold and raise the floor by ``--retain``)."""
+    live = set(view.live_addresses())
+    want: dict[str, list[str]] = defaultdict(list)
+    for store in stores:
+        head = node.store.head(store)
+        if head is None:
+            continue
+        item = ManifestItem(store, head.version, "delta", head.epoch).name()
+        for a in sorted(set(view.store_replicas(store)) & live - {node.address}):
+            want[a].append(item)
+    if want:
+        await ask_have(node, dict(want))
 
 
 def _retains(node: Node, items: list[Item]) -> dict[str, int]:

@@ -325,3 +325,20 @@ async def test_a_replica_that_missed_the_writers_commits_takes_its_retain_from_r
             await repair_pass(n, n.view(), allow_handoff=True)
         assert lagging.store.versions(store) == [1, 2]
         assert lagging.store.retain(store) == 40
+
+
+async def test_a_leader_with_no_retain_asks_the_other_owners_for_it(tmp_path: Path) -> None:
+    """The store's compaction leader holds its manifests but no writer-set ``retain`` (it
+    joined after the writer's commits: a join's pulls do not carry it). Its compaction loop
+    asks the other owners once (``sync/have``'s answer carries theirs) and takes it, before
+    it would fold and raise the floor by ``--retain``. The build before never did."""
+    store = StoreId("ret-leader", 0, 0, "s")
+    async with nodes(tmp_path, 3, replicas=3, write_quorum=2, repair_interval=3600.0) as live:
+        for v in (1, 2):
+            assert (
+                await asyncio.to_thread(commit_row, live[0].address, store, v, "&retain=40") == 201
+            )
+        leader = next(n for n in live if n.view().store_replicas(store)[0] == n.address)
+        leader.store.backend.write({}, leader.store.query_keys(store.query)["retention"])
+        assert leader.store.retain(store) is None
+        await eventually(lambda: leader.store.retain(store) == 40, "the leader took the retain")
