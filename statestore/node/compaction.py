@@ -45,7 +45,7 @@ from statestore.net.restorer import HOLD
 from statestore.net.writes import write_commit
 from statestore.node.budget import FoldLease, Lease
 from statestore.node.daemon import Node
-from statestore.node.repair import ask_retains
+from statestore.node.repair import ask_owners
 
 __all__ = ["compact_store", "compaction_loop"]
 
@@ -292,7 +292,7 @@ async def compaction_loop(node: Node) -> None:
     # of each node's event loop every 2 s at 1 GiB, in clients' p99 (docs/benchmarks.md).
     settled: dict[StoreId, tuple[object, ...]] = {}
     # stores whose other owners were asked for a writer-set retain (led here with none held:
-    # once each, node/repair.ask_retains)
+    # once each, node/repair.ask_owners)
     asked: set[StoreId] = set()
     while True:
         await asyncio.sleep(node.config.compact_interval)
@@ -310,7 +310,7 @@ async def compaction_loop(node: Node) -> None:
         ]
         if unknown:
             asked.update(unknown)
-            await ask_retains(node, view, unknown)
+            await ask_owners(node, view, unknown)
         for store in stores:
             replicas = view.store_replicas(store)
             if not replicas or replicas[0] != node.address:

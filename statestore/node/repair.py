@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statestore.core.chunk import verify
@@ -45,6 +45,7 @@ from statestore.wire.manifest import decode_manifest, manifest_epoch
 
 __all__ = [
     "ask_have",
+    "ask_owners",
     "check_floor",
     "check_thinning",
     "push_item",
@@ -180,19 +181,23 @@ async def _adopt_retains(node: Node, batch: list[Item], retains: object) -> None
         await node.write(node.store.adopt_retains, got, order="copy")
 
 
-async def ask_retains(node: Node, view: RingView, stores: list[StoreId]) -> None:
-    """Ask the other live owners of each of ``stores`` (led here, with no writer-set
-    ``retain`` held) whether they hold one: the head's item of each in one batched
-    ``sync/have`` per owner, whose answers carry it (a node that joined, or missed the
-    writer's commits, would otherwise fold and raise the floor by ``--retain``)."""
+async def ask_owners(node: Node, view: RingView, stores: Iterable[StoreId]) -> None:
+    """Ask the other live owners (replicas and home replicas) of each of ``stores`` about its
+    head's item, in one batched ``sync/have`` per owner: its answers carry the store's
+    thinning line and writer-set ``retain``, which :func:`ask_have` takes (a store with no
+    head here is left out: nothing of it is refused or folded). :func:`recover_lines` asks
+    for lost lines; the compaction loop asks once about each store it leads with no
+    ``retain`` held (one that joined, or missed the writer's commits, would otherwise fold
+    and raise the floor by ``--retain``)."""
     live = set(view.live_addresses())
     want: dict[str, list[str]] = defaultdict(list)
     for store in stores:
         head = node.store.head(store)
         if head is None:
             continue
+        owners = set(view.store_replicas(store)) | set(view.write_homes(store.path))
         item = ManifestItem(store, head.version, "delta", head.epoch).name()
-        for a in sorted(set(view.store_replicas(store)) & live - {node.address}):
+        for a in sorted(owners & live - {node.address}):
             want[a].append(item)
     if want:
         await ask_have(node, dict(want))
@@ -217,18 +222,9 @@ async def recover_lines(node: Node, view: RingView) -> None:
     this node refuses every snapshot below the head and, as the store's leader, folds only
     its head and draws no line. The scan of the line records (a few bytes a store) runs off
     the event loop."""
-    live = set(view.live_addresses())
-    want: dict[str, list[str]] = defaultdict(list)
-    for store in await asyncio.to_thread(node.store.lost_lines):
-        head = node.store.head(store)
-        if head is None:
-            continue  # chunks only: nothing here is refused, the next gc gives the line
-        owners = set(view.store_replicas(store)) | set(view.write_homes(store.path))
-        item = ManifestItem(store, head.version, "delta", head.epoch).name()
-        for a in sorted(owners & live - {node.address}):
-            want[a].append(item)
-    if want:
-        await ask_have(node, dict(want))
+    # a store with chunks only here is left out: nothing of it is refused, the next gc
+    # gives the line
+    await ask_owners(node, view, await asyncio.to_thread(node.store.lost_lines))
 
 
 async def check_floor(node: Node, store: StoreId, floor: int) -> None:
