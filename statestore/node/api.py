@@ -352,18 +352,22 @@ async def have(request: web.Request) -> web.Response:
         )
     body = decode_json(await read_body(request), HaveRequest, "have")
     # a batch is up to MAX_HAVE_ITEMS lookups: read in a worker thread, clients go on
-    answer = await asyncio.to_thread(_have, node, body)
-    if body.retains:  # taken for the stores the batch names only
-        listed = {StoreId.parse(m[0]) for m in body.manifests}
-        listed.update(StoreId.parse(e[0]) for e in body.epochs)
-        listed.update(parse_chunk_key(k)[0] for k in body.chunks)
-        named = {s: n for p, n in body.retains.items() if (s := StoreId.parse(p)) in listed}
-        if named:
-            await node.write(node.store.adopt_retains, named, order="copy")
+    answer, adopt = await asyncio.to_thread(_have, node, body)
+    dropping = request.app[DROPPING]
+    adopt = {s: n for s, n in adopt.items() if s.query not in dropping.queries}
+    if adopt:  # seldom: a replica that missed its writer's commits
+        try:
+            await node.write(
+                node.store.adopt_retains, adopt, node.config.retain_versions, order="copy"
+            )
+        except StateStoreError as exc:  # the answer stands; the next question offers it
+            log.warning("sync/have: the asker's retains not taken: %s", exc)
     return web.json_response(answer)
 
 
-def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
+def _have(node: Node, body: HaveRequest) -> tuple[dict[str, Any], dict[StoreId, int]]:
+    """The answer, and the asker's writer-set retains this node would take (of the stores
+    the batch names: NodeStore.retains_to_adopt)."""
     chunks, manifests = body.chunks, body.manifests
     out_m = []
     floors: dict[str, int] = {}
@@ -399,7 +403,10 @@ def _have(node: Node, body: HaveRequest) -> dict[str, Any]:
         "floors": {k: v for k, v in floors.items() if v},
         "thinning": {p: [t.below, t.every, t.chunks, t.floor] for p, t in thins.items() if t.every},
         "retains": {p: n for p in floors if (n := node.store.retain(StoreId.parse(p), None))},
-    }
+    }, node.store.retains_to_adopt(
+        {StoreId.parse(p): n for p, n in body.retains.items() if p in floors},
+        node.config.retain_versions,
+    )
 
 
 # -- manifests and stores ---------------------------------------------------------------

@@ -291,8 +291,8 @@ async def compaction_loop(node: Node) -> None:
     # again: decoding every manifest of every store it leads, every interval, was 20-35 ms
     # of each node's event loop every 2 s at 1 GiB, in clients' p99 (docs/benchmarks.md).
     settled: dict[StoreId, tuple[object, ...]] = {}
-    # stores whose other owners were asked for a writer-set retain (led here with none held:
-    # once each, node/repair.ask_owners)
+    # stores whose other owners answered about a writer-set retain (led here with none held:
+    # asked each pass until one answers, node/repair.ask_owners)
     asked: set[StoreId] = set()
     while True:
         await asyncio.sleep(node.config.compact_interval)
@@ -309,13 +309,15 @@ async def compaction_loop(node: Node) -> None:
             and node.store.retain(s, if_rotted=None) is None
         ]
         if unknown:
-            asked.update(unknown)
-            await ask_owners(node, view, unknown)
+            asked.update(await ask_owners(node, view, unknown))
+        waiting = set(unknown) - asked
         for store in stores:
             replicas = view.store_replicas(store)
             if not replicas or replicas[0] != node.address:
                 settled.pop(store, None)
                 continue
+            if store in waiting:  # no owner answered about its retain yet: no fold, no
+                continue  # floor by --retain that the writer's retain would not allow
             inputs = _inputs(node, store)
             if settled.get(store) == inputs:
                 continue

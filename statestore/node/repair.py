@@ -168,39 +168,48 @@ async def ask_have(
 
 async def _adopt_retains(node: Node, batch: list[Item], retains: object) -> None:
     """Take the writer-set ``retain`` a peer's ``sync/have`` answer gives, of stores the batch
-    named and this node holds none of (NodeStore.adopt_retains); anything else is ignored."""
+    named, where it makes the store keep more (NodeStore.retains_to_adopt); anything else
+    is ignored."""
     if not isinstance(retains, dict) or not retains:
         return
     asked = {it.store.path: it.store for it in batch}
-    got = {
+    offered = {
         asked[path]: n
         for path, n in retains.items()
         if path in asked and type(n) is int and 1 <= n <= MAX_RETAIN
     }
-    if got:
-        await node.write(node.store.adopt_retains, got, order="copy")
+    default = node.config.retain_versions
+    if node.store.retains_to_adopt(offered, default):  # seldom: a write only then
+        await node.write(node.store.adopt_retains, offered, default, order="copy")
 
 
-async def ask_owners(node: Node, view: RingView, stores: Iterable[StoreId]) -> None:
+async def ask_owners(node: Node, view: RingView, stores: Iterable[StoreId]) -> set[StoreId]:
     """Ask the other live owners (replicas and home replicas) of each of ``stores`` about its
     head's item, in one batched ``sync/have`` per owner: its answers carry the store's
     thinning line and writer-set ``retain``, which :func:`ask_have` takes (a store with no
     head here is left out: nothing of it is refused or folded). :func:`recover_lines` asks
     for lost lines; the compaction loop asks once about each store it leads with no
     ``retain`` held (one that joined, or missed the writer's commits, would otherwise fold
-    and raise the floor by ``--retain``)."""
+    and raise the floor by ``--retain``). Returns the stores settled: some owner answered
+    about it, or there was none to ask."""
     live = set(view.live_addresses())
     want: dict[str, list[str]] = defaultdict(list)
+    settled: set[StoreId] = set()
+    of: dict[str, StoreId] = {}
     for store in stores:
         head = node.store.head(store)
-        if head is None:
+        others = set(view.store_replicas(store)) | set(view.write_homes(store.path))
+        others = others & live - {node.address}
+        if head is None or not others:
+            settled.add(store)
             continue
-        owners = set(view.store_replicas(store)) | set(view.write_homes(store.path))
         item = ManifestItem(store, head.version, "delta", head.epoch).name()
-        for a in sorted(owners & live - {node.address}):
+        of[item] = store
+        for a in sorted(others):
             want[a].append(item)
     if want:
-        await ask_have(node, dict(want))
+        settled.update(of[item] for _, item in await ask_have(node, dict(want)))
+    return settled
 
 
 def _retains(node: Node, items: list[Item]) -> dict[str, int]:

@@ -658,7 +658,7 @@ class NodeStore:
             _rotted(
                 "retention",
                 store,
-                f"{MAX_RETAIN} (nothing dropped) taken until its writer's next commit",
+                f"{MAX_RETAIN} (nothing dropped) taken until its writer's next commit or a peer's",
             )
             return if_rotted
         return got
@@ -667,14 +667,24 @@ class NodeStore:
         if self.retain(store) != versions:
             self._write({_skey(Prefix.RETAIN, store): _seal(str(versions).encode())}, [])
 
-    def adopt_retains(self, retains: dict[StoreId, int]) -> int:
-        """Take a peer's writer-set ``retain`` for each store this node holds none of (or only
-        a rotted one): a replica that missed the writer's commits, or a restore's. One this
-        node holds stays (the writer's latest reached it). Returns how many were taken."""
+    def retains_to_adopt(self, retains: dict[StoreId, int], default: int) -> dict[StoreId, int]:
+        """Of a peer's writer-set ``retain`` values, those this node would take: each above
+        both what it holds (none: 0) and ``default`` (the node's ``--retain``). A peer's value
+        only ever makes a store keep more: its record carries no date, and a stale lower one
+        (a replica that missed the writer's raise) must not make the store keep less than
+        this node would anyway; the writer's own commits set it either way."""
+        return {
+            store: n
+            for store, n in retains.items()
+            if n > max(self.retain(store, if_rotted=None) or 0, default)
+        }
+
+    def adopt_retains(self, retains: dict[StoreId, int], default: int) -> int:
+        """Take what :meth:`retains_to_adopt` keeps (checked again here, on the writer
+        thread). Returns how many were taken."""
         puts = {
             _skey(Prefix.RETAIN, store): _seal(str(n).encode())
-            for store, n in retains.items()
-            if self.retain(store, if_rotted=None) is None
+            for store, n in self.retains_to_adopt(retains, default).items()
         }
         if puts:
             self._write(puts, [])
@@ -1102,11 +1112,11 @@ class NodeStore:
         side = self.backend.scan_keys(
             _under(Prefix.REPLACED, f"{store.path}/{version:020d}/{kind}")
         )
-        if not side:
-            return False
-        top = max(side)  # the epoch is zero-padded: the highest sorts last
-        self._write({key: self.backend.get(top) or b""}, [top])
-        return True
+        for top in sorted(side, reverse=True):  # the epoch is zero-padded: highest first
+            if self._mget(top) is not None:  # a side record rotted too is not promoted
+                self._write({key: self.backend.get(top) or b""}, [top])
+                return True
+        return False
 
     def side_epochs(self, store: StoreId, version: int, kind: str) -> list[int]:
         """The epochs of ``version`` and ``kind`` kept beside its main record (replaced by a

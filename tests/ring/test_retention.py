@@ -302,43 +302,46 @@ async def test_a_whole_commit_taken_by_nodes_that_missed_the_line_survives_it(
             await stop(name)
 
 
+async def _committed_with_retain(live: list[Node], store: StoreId, retain: int) -> None:
+    """Versions 1 and 2 of ``store`` committed with ``retain=N`` through the first node."""
+    for v in (1, 2):
+        query = f"&retain={retain}"
+        assert await asyncio.to_thread(commit_row, live[0].address, store, v, query) == 201
+
+
 async def test_a_replica_that_missed_the_writers_commits_takes_its_retain_from_repair(
     tmp_path: Path,
 ) -> None:
     """A writer's ``retain=N`` reaches the replicas that take its commits. One that missed
-    them (down meanwhile: here its copy of the store is wiped) takes the manifests and the
-    ``retain`` from the others' repair pass (``/v1/sync/have`` carries the asker's), so as
-    the store's compactor it keeps what the writer asked. The build before brought the
-    manifests back and no ``retain``: that replica's compactor would keep ``--retain``."""
+    them (down meanwhile: here its copy of the store is wiped; not the store's compaction
+    leader, which asks on its own) takes the manifests and the ``retain`` from the others'
+    repair pass (``/v1/sync/have`` carries the asker's), so as the store's compactor it
+    would keep what the writer asked. The build before brought the manifests back and no
+    ``retain``: that replica's compactor would keep ``--retain`` (100 here)."""
     store = StoreId("ret-repair", 0, 0, "s")
     async with nodes(tmp_path, 3, replicas=3, write_quorum=2, repair_interval=3600.0) as live:
-        for v in (1, 2):
-            assert (
-                await asyncio.to_thread(commit_row, live[0].address, store, v, "&retain=40") == 201
-            )
-        lagging = live[2]
-        assert lagging.store.retain(store) == 40
+        await _committed_with_retain(live, store, 400)
+        lagging = next(n for n in live if n.view().store_replicas(store)[0] != n.address)
+        assert lagging.store.retain(store) == 400
         held = lagging.store.query_keys(store.query)
         lagging.store.backend.write({}, [k for keys in held.values() for k in keys])
         assert lagging.store.retain(store) is None and lagging.store.head(store) is None
-        for n in live[:2]:
-            await repair_pass(n, n.view(), allow_handoff=True)
+        for n in live:
+            if n is not lagging:
+                await repair_pass(n, n.view(), allow_handoff=True)
         assert lagging.store.versions(store) == [1, 2]
-        assert lagging.store.retain(store) == 40
+        assert lagging.store.retain(store) == 400
 
 
 async def test_a_leader_with_no_retain_asks_the_other_owners_for_it(tmp_path: Path) -> None:
     """The store's compaction leader holds its manifests but no writer-set ``retain`` (it
     joined after the writer's commits: a join's pulls do not carry it). Its compaction loop
-    asks the other owners once (``sync/have``'s answer carries theirs) and takes it, before
-    it would fold and raise the floor by ``--retain``. The build before never did."""
+    asks the other owners (``sync/have``'s answer carries theirs) and takes it, before it
+    would fold and raise the floor by ``--retain`` (100 here). The build before never did."""
     store = StoreId("ret-leader", 0, 0, "s")
     async with nodes(tmp_path, 3, replicas=3, write_quorum=2, repair_interval=3600.0) as live:
-        for v in (1, 2):
-            assert (
-                await asyncio.to_thread(commit_row, live[0].address, store, v, "&retain=40") == 201
-            )
+        await _committed_with_retain(live, store, 400)
         leader = next(n for n in live if n.view().store_replicas(store)[0] == n.address)
         leader.store.backend.write({}, leader.store.query_keys(store.query)["retention"])
         assert leader.store.retain(store) is None
-        await eventually(lambda: leader.store.retain(store) == 40, "the leader took the retain")
+        await eventually(lambda: leader.store.retain(store) == 400, "the leader took the retain")

@@ -239,6 +239,8 @@ async def test_a_rotted_main_record_no_replica_outranks_gives_way_to_the_epoch_b
         assert held is not None and held.same_content(acked), held
         assert victim.store.side_epochs(MAIN, 1, "delta") == []
         assert victim.stats["scrub_replaced"] == 1
+        head = victim.store.head(MAIN)  # it stays at epoch 2: the epoch-1 writer stays fenced
+        assert head is not None and head.key() == (2, 1), head
         # the others take a third writer's epoch 3 this node missed; its record rots again
         third, third_chunks = _attempt(3, "third")
         for n in live[1:]:
