@@ -482,6 +482,10 @@ def _decompress(
     return raw
 
 
+_BYTES = {bytes}
+_BYTES_OR_NONE = {bytes, type(None)}
+
+
 def _rows(raw: memoryview, max_rows: int, what: str) -> list[Row]:
     try:
         flat = msgpack.unpackb(
@@ -503,8 +507,6 @@ def _rows(raw: memoryview, max_rows: int, what: str) -> list[Row]:
     if not isinstance(flat, list) or len(flat) % 2:
         raise CorruptChunk(f"chunk {what} payload is not a list of key/value pairs")
     keys, values = flat[0::2], flat[1::2]
-    if not all(type(k) is bytes for k in keys) or not all(
-        v is None or type(v) is bytes for v in values
-    ):
+    if not set(map(type, keys)) <= _BYTES or not set(map(type, values)) <= _BYTES_OR_NONE:
         raise CorruptChunk(f"chunk {what} has a key or value that is not bytes")
     return list(zip(keys, values, strict=True))

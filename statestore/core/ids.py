@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from statestore.core.errors import InvalidStoreId
 
@@ -150,12 +150,17 @@ def chunk_key(store: StoreId, version: int, name: str) -> str:
     return f"{store.path}/{version}/{name}"
 
 
+# a node parses the same few stores' chunk keys read after read (a lookup's blocks): the
+# stores parsed last are kept (StoreId is immutable; a path that does not parse is not kept)
+_parsed_store = lru_cache(maxsize=1024)(StoreId.parse)
+
+
 def parse_chunk_key(key: str) -> tuple[StoreId, int, str]:
     """Inverse of :func:`chunk_key`; raises InvalidStoreId for anything else."""
     parts = key.split("/")
     if len(parts) != 6 or not _UINT.fullmatch(parts[4]):
         raise InvalidStoreId(f"chunk key {key!r} is not STORE/VERSION/NAME")
-    store = StoreId.parse("/".join(parts[:4]))
+    store = _parsed_store("/".join(parts[:4]))
     check_name = parts[5]
     if not _CHUNK_NAME.fullmatch(check_name):
         raise InvalidStoreId(f"chunk name {check_name!r} is not [dsw]<seq>-<checksum>")

@@ -12,7 +12,8 @@ import json
 import logging
 import math
 from bisect import bisect_right
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from itertools import accumulate
 from typing import Any, TypeVar
 
@@ -505,10 +506,19 @@ async def chain(request: web.Request) -> web.Response:
     version = _version(request.query.get("version"))
     if node.store.head(store) is None:
         raise StoreNotFound(f"store {store} has no version on this node")
+    # a scan of the store's manifests: in a worker thread (a store keeping many versions)
+    body = (await asyncio.to_thread(_chains_of, node, store, [version]))[version]
+    assert body is not None
+    return web.Response(body=body, content_type="application/msgpack")
+
+
+def _chains_of(node: Node, store: StoreId, versions: Sequence[int]) -> dict[int, bytes | None]:
+    """The chains of ``versions`` of ``store`` as ``GET .../chain`` encodes them, from one
+    scan of its manifests (None for each where this node holds no version of it)."""
+    if node.store.head(store) is None:
+        return dict.fromkeys(versions)
     deltas, snaps = node.store.manifests(store)
-    return web.Response(
-        body=encode_chain(local_chain(deltas, snaps, version)), content_type="application/msgpack"
-    )
+    return {v: encode_chain(local_chain(deltas, snaps, v)) for v in versions}
 
 
 HEADS_SHAPE = '{"stores": ["QUERY/OPERATOR/PARTITION/NAME", ...]}'
@@ -550,12 +560,19 @@ async def chains(request: web.Request) -> web.Response:
     ]
     for query in {s.query for s, _ in items}:
         allow(request, "read", query)
-    for store, version in items:
-        if node.store.head(store) is None:
-            out.append(None)
-            continue
-        deltas, snaps = node.store.manifests(store)
-        out.append(encode_chain(local_chain(deltas, snaps, version)))
+    named = Counter(items)
+    wanted: dict[StoreId, set[int]] = {}
+    for store, version in named:
+        wanted.setdefault(store, set()).add(version)
+    got: dict[tuple[StoreId, int], bytes | None] = {}
+    for store, versions in wanted.items():
+        # each store's manifests scanned once however often it is named, in a worker thread;
+        # the answer (a chain as often as it is named) held to the node's --memory-budget
+        chains = await asyncio.to_thread(_chains_of, node, store, sorted(versions))
+        size = sum(len(b or b"") * named[store, v] for v, b in chains.items())
+        await request[LEASE].take(2 * size, "a chains answer")  # the chains, then packed
+        got.update(((store, v), b) for v, b in chains.items())
+    out = [got[item] for item in items]
     body: bytes = msgpack.packb(out, use_bin_type=True)
     return web.Response(body=body, content_type="application/msgpack")
 

@@ -119,6 +119,16 @@ class Backend(ABC):
         value = self.get(key)
         return None if value is None else (value[offset : offset + length], len(value))
 
+    def get_ranges(
+        self, key: bytes, spans: Sequence[tuple[int, int]]
+    ) -> tuple[list[bytes], int] | None:
+        """:meth:`get_range` of several ``(offset, length)`` spans of one value, read at once
+        (one transaction); None if absent."""
+        value = self.get(key)
+        if value is None:
+            return None
+        return [value[o : o + n] for o, n in spans], len(value)
+
     @abstractmethod
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
         """Apply puts and deletes atomically; durable when it returns."""
@@ -234,6 +244,15 @@ class LmdbBackend(Backend):
             if value is None:
                 return None
             return bytes(value[offset : offset + length]), len(value)
+
+    def get_ranges(
+        self, key: bytes, spans: Sequence[tuple[int, int]]
+    ) -> tuple[list[bytes], int] | None:
+        with self._gate.shared(), self._env.begin(buffers=True) as txn:
+            value = txn.get(key)
+            if value is None:
+                return None
+            return [bytes(value[o : o + n]) for o, n in spans], len(value)
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
         try:

@@ -68,7 +68,8 @@ T = TypeVar("T")
 _ADDS_DATA = frozenset(
     {
         NodeStore.put_chunk,
-        NodeStore.restore_chunk,
+        NodeStore.put_chunk_copy,
+        NodeStore.copy_pulled,
         NodeStore.put_manifest,
         NodeStore.copy_manifest,
         NodeStore.copy_manifests,

@@ -250,10 +250,15 @@ class _Reads:
         self._count(total)
         await self.lease.take(total, "a lookup's reads")
         elsewhere = []
-        for n, version, ref, ckey, span, expected in new:
-            out[n] = self._held(ckey, span, expected)
-            if out[n] is None:
-                elsewhere.append((n, version, ref, ckey, span, expected))
+        by_chunk: dict[str, list[tuple[int, int, ChunkRef, str, tuple[int, int], int]]] = {}
+        for item in new:
+            by_chunk.setdefault(item[3], []).append(item)
+        for ckey, items in by_chunk.items():  # a chunk's blocks in one read of storage
+            held = self._held_parts(ckey, [(span, expected) for *_, span, expected in items])
+            for (n, version, ref, ckey, span, expected), data in zip(items, held, strict=True):
+                out[n] = data
+                if data is None:
+                    elsewhere.append((n, version, ref, ckey, span, expected))
         if elsewhere:
             got = await gather_all(self._from_replica(*e[1:]) for e in elsewhere)
             for (n, *_), data in zip(elsewhere, got, strict=True):
@@ -270,6 +275,26 @@ class _Reads:
         if data is None:
             data = await self._from_replica(version, ref, ckey, span, expected)
         return data
+
+    def _held_parts(
+        self, ckey: str, wanted: Sequence[tuple[tuple[int, int], int]]
+    ) -> list[bytes | None]:
+        """Parts of one chunk, (span, checksum) each, from this node's storage: each one
+        held that verifies, else None (read from a replica)."""
+        held = self.node.store.get_chunk_parts(ckey, [span for span, _ in wanted])
+        if held is None:
+            return [None] * len(wanted)
+        parts, size = held
+        out: list[bytes | None] = []
+        for ((offset, length), expected), data in zip(wanted, parts, strict=True):
+            try:
+                if offset + length > size:
+                    raise CorruptChunk(f"{ckey} holds {size} bytes, not {offset}+{length}")
+                verify(data, expected, f"{ckey} bytes {offset}+{length}")
+                out.append(data)
+            except CorruptChunk:
+                out.append(None)  # a replica's copy; the scrub rewrites this one
+        return out
 
     def _held(self, ckey: str, span: tuple[int, int], expected: int) -> bytes | None:
         """The part from this node's storage, if it holds the chunk and its copy verifies."""

@@ -41,6 +41,7 @@ from statestore.net.reads import read_head
 from statestore.node.daemon import Node
 from statestore.node.digests import narrow
 from statestore.node.moves.copies import Unsupported, push_manifests
+from statestore.node.tombstones import copy_mark
 from statestore.wire.manifest import decode_manifest, manifest_epoch
 
 __all__ = [
@@ -353,6 +354,7 @@ async def reconcile(node: Node, view: RingView, item: str, mine: int) -> bool:
     store, v, kind, e = parse_manifest(item)
     path = store.path
     owners = view.store_replicas(store)
+    mark = copy_mark(node, store.query)  # a drop meanwhile: its chunks are not brought back
     got: dict[str, Manifest] = {}
     for a in owners:
         if a == node.address:
@@ -384,7 +386,8 @@ async def reconcile(node: Node, view: RingView, item: str, mine: int) -> bool:
                 verify(data, ref.checksum, key)
             except StateStoreError:
                 continue
-            await node.write(node.store.put_chunk, key, data)
+            if not await node.write(node.store.put_chunk_copy, key, data, mark):
+                return False  # dropped (or past retention) meanwhile
             break
         else:
             return False  # its chunks are not readable yet: next pass

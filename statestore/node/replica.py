@@ -336,6 +336,14 @@ class NodeStore:
         parse_chunk_key(key)
         return self.backend.get_range(_ckey(key), offset, length)
 
+    def get_chunk_parts(
+        self, key: str, spans: Sequence[tuple[int, int]]
+    ) -> tuple[list[bytes], int] | None:
+        """:meth:`get_chunk_part` of several ``(offset, length)`` spans of one chunk, read
+        at once (a lookup's blocks of one chunk: one read of storage, not one a block)."""
+        parse_chunk_key(key)
+        return self.backend.get_ranges(_ckey(key), spans)
+
     def has_chunks(self, keys: Sequence[str]) -> list[bool]:
         """Whether each chunk is held: one read of the keys, no chunk's bytes copied (a
         hand-over's check of 1 GiB took 2 s on the event loop when it read every value)."""
@@ -1126,13 +1134,30 @@ class NodeStore:
         )
         return sorted(int(_manifest_parts(k)[3][0]) for k in keys)
 
-    def restore_chunk(self, key: str, data: bytes, tombstone: bytes | None) -> bool:
-        """Store a replica's copy of a chunk the scrub deleted as rotted, unless its query was
-        dropped (its tombstone is not ``tombstone``, read before the fetch) or retention
-        passed its version meanwhile: what they deleted is not brought back. Whether it was
-        written."""
+    def put_chunk_copy(self, key: str, data: bytes, tombstone: bytes | None) -> bool:
+        """Store a copy of a chunk fetched from a peer (the scrub's of one it deleted as
+        rotted, a join's or token move's pull, repair's reconciliation), unless its query was
+        dropped (its tombstone is not ``tombstone``, read before the fetch:
+        node/tombstones.copy_mark) or retention passed its version meanwhile: what they
+        deleted is not brought back. Whether it was written."""
         store, version, _ = parse_chunk_key(key)
         if self.tombstone(store.query) != tombstone or version < self.floor(store):
             return False
         self.put_chunk(key, data)
         return True
+
+    def copy_pulled(
+        self, ms: Sequence[Manifest], tombstones: Mapping[str, bytes | None]
+    ) -> list[bool | None]:
+        """:meth:`copy_manifests` of manifests fetched from a peer (a join's or token move's
+        pulls), each only while its query's tombstone is the one in ``tombstones`` (read
+        before the fetch: node/tombstones.copy_mark) and its version not below the retention
+        floor; None for one not written for that (a drop or retention deleted it meanwhile:
+        not brought back)."""
+        keep = [
+            self.tombstone(m.store.query) == tombstones[m.store.query]
+            and m.version >= self.floor(m.store)
+            for m in ms
+        ]
+        done = iter(self.copy_manifests([m for m, k in zip(ms, keep, strict=True) if k]))
+        return [next(done) if k else None for k in keep]

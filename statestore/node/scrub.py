@@ -96,7 +96,7 @@ def _found(node: Node, what: str, exc: Exception) -> None:
 
 async def _replace_chunk(node: Node, key: str) -> None:
     """Fetch ``key`` from another replica, verified, and store it (as a copy), unless its
-    query was dropped or retention passed it while it was fetched (NodeStore.restore_chunk)."""
+    query was dropped or retention passed it while it was fetched (NodeStore.put_chunk_copy)."""
     store, _, name = parse_chunk_key(key)
     checksum = int(name.split("-", 1)[1], 16)
     tombstone = await asyncio.to_thread(node.store.tombstone, store.query)
@@ -107,7 +107,7 @@ async def _replace_chunk(node: Node, key: str) -> None:
             resp = await node.transport.request("GET", address, f"/v1/chunks/{key}?copy=1")
             verify(resp.body, checksum, key)
             put = await node.write(
-                node.store.restore_chunk, key, resp.body, tombstone, order="copy"
+                node.store.put_chunk_copy, key, resp.body, tombstone, order="copy"
             )
         except StateStoreError as exc:
             log.debug("scrub: %s from %s: %s", key, address, exc)

@@ -12,12 +12,16 @@
 
 Refusing writes between the two phases is what keeps the repair loop from bringing the data
 back: a node that has not purged yet may be pushing a copy to one that has, and that push is
-refused. A member that could not be reached (down) still holds the query's data; it learns
-the tombstone from its peers (``GET /v1/tombstones``, :func:`tombstone_loop`) on its first
+refused. A pull (a join's or token move's rounds, repair's reconciliation) is written only
+under the tombstone it read before its fetch (:func:`copy_mark`): one a peer that had not
+purged yet served, or one fetched before this node's purge and written after, is dropped.
+
+A member that could not be reached (down) still holds the query's data; it learns the
+tombstone from its peers (``GET /v1/tombstones``, :func:`tombstone_loop`) on its first
 exchange after it starts, and purges before its repair loop's first pass (which waits
 ``--down-after``). A tombstone learned later than that (a member that was up but missed the
-purge) is only recorded and logged: the data it holds may already be a new incarnation of the
-query, so the operator runs the drop again (the drop command reports such members).
+purge) is only recorded and logged: the data it holds may already be a new incarnation of
+the query, so the operator runs the drop again (the drop command reports such members).
 
 Limits: a compaction that restored a store of the query before the drop and writes its
 snapshot after the seal brings that store back; drop finished queries, whose writers and
@@ -44,7 +48,7 @@ from statestore.node.quotas import quota_json
 from statestore.node.request import read_body
 from statestore.wire.bodies import PurgeRequest, decode_json
 
-__all__ = ["DROPPING", "Dropping", "register", "tombstone_loop"]
+__all__ = ["DROPPING", "Dropping", "copy_mark", "register", "tombstone_loop"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -62,10 +66,10 @@ class Dropping:
                 self.queries.add(str(t["query"]))  # a drop that never sealed: still refused
 
     def check(self, query: str) -> None:
-        """QueryDropping while ``query`` is between a drop's purge and its seal: the one check
-        every write path takes (the routes' middleware, the batched copies of node/moves/copies.py),
-        run right before the write is queued, so that a purge (a barrier) deletes whatever
-        passed it."""
+        """QueryDropping while ``query`` is between a drop's purge and its seal: the check
+        every write a request brings takes (the routes' middleware, the batched copies of
+        node/moves/copies.py), run right before the write is queued, so that a purge (a
+        barrier) deletes whatever passed it; a pull's writes are held to :func:`copy_mark`."""
         if query in self.queries:
             raise QueryDropping(
                 f"query {query} is being dropped; nothing of it is written until the drop "
@@ -74,6 +78,20 @@ class Dropping:
 
 
 DROPPING = web.AppKey("dropping", Dropping)
+
+
+def copy_mark(node: Node, query: str) -> bytes | None:
+    """What a copy of ``query``'s data pulled from a peer (a join's or token move's pulls,
+    repair's reconciliation) is written under: the query's tombstone here, read before the
+    fetch; the write (NodeStore.put_chunk_copy, copy_pulled) is dropped if it changed by
+    then, so a drop's purge that ran meanwhile (a barrier on the writer) is not undone by
+    what a peer that had not purged yet served. QueryDropping while the query is being
+    dropped here (purged, not sealed): nothing of it is pulled then."""
+    raw = node.store.tombstone(query)
+    t = _decode(raw) if raw is not None else None
+    if t is not None and t.get("state") == "purging":
+        raise QueryDropping(f"query {query} is being dropped: nothing of it is copied here")
+    return raw
 
 
 def _check_query(query: str) -> str:

@@ -43,7 +43,7 @@ from statestore.core.manifest import Manifest
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body
-from statestore.node.tombstones import DROPPING
+from statestore.node.tombstones import DROPPING, copy_mark
 from statestore.wire.bodies import (
     MAX_COPIES,
     MAX_COPIES_BYTES,
@@ -230,6 +230,13 @@ async def fetch_manifests(node: Node, source: str, items: Sequence[str]) -> list
     start = 0
     while start < len(named):
         part = named[start : start + MAX_COPIES]
+        marks: dict[str, bytes | None] = {}  # what a drop meanwhile would change
+        for _, (s, *_) in part:
+            if s.query not in marks:
+                try:
+                    marks[s.query] = copy_mark(node, s.query)
+                except QueryDropping:
+                    marks[s.query] = DROPPING_NOW
         try:
             resp = await node.transport.request(
                 "POST",
@@ -250,14 +257,19 @@ async def fetch_manifests(node: Node, source: str, items: Sequence[str]) -> list
         kept = [m for _, m in got if m is not None]
         try:
             if kept:
-                await node.write(node.store.copy_manifests, kept, order="copy")
+                await node.write(node.store.copy_pulled, kept, marks, order="copy")
         except StateStoreError as exc:  # a full disk: none of these landed
             log.warning("keeping %d manifests from %s failed: %s", len(kept), source, exc)
             return out
-        for (i, _), (n, _) in zip(part, got, strict=False):
-            out[i] = n
+        for (i, (s, *_)), (n, _) in zip(part, got, strict=False):
+            if marks[s.query] != DROPPING_NOW:  # being dropped: not landed, asked again
+                out[i] = n
         start += len(got)
     return out
+
+
+# a mark no tombstone equals: the manifests of a query being dropped are not written
+DROPPING_NOW = b"\0dropping"
 
 
 def _landing(

@@ -27,6 +27,7 @@ from statestore.core.items import parse as parse_item
 from statestore.node.daemon import MoveStatus, Node
 from statestore.node.moves.copies import Unsupported, fetch_manifests
 from statestore.node.moves.rounds import Seen, copy_round, pause, peers, spread
+from statestore.node.tombstones import copy_mark
 from statestore.wire.manifest import decode_manifest
 
 __all__ = ["PAGE", "join_loop", "join_round", "sees_joining"]
@@ -124,19 +125,21 @@ async def _fetch(node: Node, source: str, item: str) -> int:
     """Copy ``item`` from ``source`` into our store; returns its bytes. Raises
     StateStoreError (CorruptChunk when the bytes fail their checksum) when it did not land."""
     it = parse_item(item)  # a name from a source's listing
+    store, _ = _store_version(it)
+    mark = copy_mark(node, store.query)  # a drop meanwhile: what it deleted stays deleted
     if isinstance(it, ChunkItem):
         # ?copy=1: the source serves it after its clients' requests (node/foreground.py)
         resp = await node.transport.request("GET", source, f"/v1/chunks/{it.key}?copy=1")
-        await node.write(node.store.put_chunk, it.key, resp.body, order="copy")
+        await node.write(node.store.put_chunk_copy, it.key, resp.body, mark, order="copy")
         return len(resp.body)
     path = f"/v1/manifests/{it.store.path}/{it.version}/{it.kind}?epoch={it.epoch}&copy=1"
     resp = await node.transport.request("GET", source, path)
     m = decode_manifest(resp.body)
     if ManifestItem.of(m) != it:
         raise CorruptChunk(f"{source} answered manifest {item} with another one")
-    if m.version >= node.store.floor(m.store):
-        # every epoch held is kept, replaced ones as side keys (core/manifest.py, "Lineage")
-        await node.write(node.store.copy_manifest, m, order="copy")
+    # every epoch held is kept, replaced ones as side keys (core/manifest.py, "Lineage");
+    # one below the floor or of a query dropped meanwhile is not
+    await node.write(node.store.copy_pulled, [m], {store.query: mark}, order="copy")
     return len(resp.body)
 
 

@@ -1,0 +1,79 @@
+"""A drop racing the pulls of a join or a token move (in-process nodes): a node's purge is
+not undone by a copy it pulls from a peer that has not purged yet, nor by one it fetched
+before its purge and writes after (node/tombstones.copy_mark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from statestore.core.handover import Handover
+from statestore.core.ids import StoreId, chunk_key
+from statestore.node.daemon import MoveStatus, Node
+from statestore.node.moves.join import join_round
+from statestore.node.tombstones import copy_mark
+from statestore.wire.rows import encode_rows
+from tests.ringkit import call, nodes
+
+STORE = StoreId("q", 0, 0, "s")
+DROP = {"id": "d1", "at": 1.0}
+
+
+async def _commit(node: Node, version: int, value: bytes) -> int:
+    body = b"".join(encode_rows([(b"k", value)]))
+    path = f"/v1/stores/{STORE.path}/commit?version={version}&epoch=1"
+    return (await call(node, "POST", path, data=body))[0]
+
+
+async def _held(node: Node) -> dict[str, Any]:
+    status, body = await call(node, "GET", "/v1/queries/q")
+    assert status == 200, body
+    return dict(body["held"])
+
+
+async def _phase(node: Node, phase: str) -> None:
+    status, body = await call(node, "POST", "/v1/queries/q/purge", json=DROP | {"phase": phase})
+    assert status == 200, body
+
+
+async def test_a_join_round_between_its_own_purge_and_a_sources_pulls_nothing_back(
+    tmp_path: Path,
+) -> None:
+    async with nodes(tmp_path, 3, replicas=3, write_quorum=2, repair_interval=3600) as ns:
+        source, other, joiner = ns
+        for v in (1, 2, 3):
+            assert await _commit(source, v, b"OLD-%d" % v) == 201
+        # the drop's purges run on every member at once: the joiner's lands first, and its
+        # round runs before the others purge (they still list and serve the query)
+        await _phase(joiner, "purge")
+        await join_round(joiner, MoveStatus(Handover("join"), joiner.clock()))
+        for n in (source, other):
+            await _phase(n, "purge")
+        for n in ns:
+            await _phase(n, "seal")
+        assert sum((await _held(joiner)).values()) == 0
+        # the query written anew from version 1 is not fenced by the dropped one
+        assert await _commit(other, 1, b"NEW-1") == 201
+        status, head = await call(joiner, "GET", f"/v1/stores/{STORE.path}/head")
+        assert status == 404 or head.get("version") == 1, head
+
+
+async def test_a_copy_fetched_before_a_purge_is_not_written_after_it(tmp_path: Path) -> None:
+    async with nodes(tmp_path, 2, replicas=2, write_quorum=2, repair_interval=3600) as ns:
+        node, peer = ns
+        assert await _commit(peer, 1, b"OLD-1") == 201
+        m = peer.store.get_manifest(STORE, 1, "delta")
+        assert m is not None
+        key = chunk_key(STORE, 1, m.chunks[0].name)
+        data = peer.store.get_chunk(key)
+        assert data is not None
+        mark = copy_mark(node, "q")  # read before the fetch, as a pull does
+        await _phase(node, "purge")
+        await _phase(node, "seal")
+        assert not await node.write(node.store.put_chunk_copy, key, data, mark)
+        assert await node.write(node.store.copy_pulled, [m], {"q": mark}) == [None]
+        assert sum((await _held(node)).values()) == 0
+        # a copy marked after the drop lands
+        mark = copy_mark(node, "q")
+        assert await node.write(node.store.put_chunk_copy, key, data, mark)
+        assert await node.write(node.store.copy_pulled, [m], {"q": mark}) == [True]
