@@ -165,11 +165,14 @@ class RingView:
         """Ids of the live members changing their token count (``statestore rebalance``)."""
         return [m.id for m in self.members if m.status != "down" and m.next_vnodes]
 
-    def busy(self) -> str | None:
+    def busy(self, besides: str = "") -> str | None:
         """Why no member may start a token move now (None: it may): a member that owned
         ranges is down (its copies are one short), or one is joining, leaving or moving
-        tokens (one move at a time, so every ring in between holds R copies)."""
+        tokens (one move at a time, so every ring in between holds R copies); the member
+        ``besides`` (a node's own move) not counted."""
         for m in self.members:
+            if m.id == besides:
+                continue
             if m.status == "down" and m.state in READ_STATES:
                 return (
                     f"member {m.id} is down: its copies are one short until it comes back, "

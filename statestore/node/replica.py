@@ -466,6 +466,9 @@ class NodeStore:
         out = []
         for m in ms:
             main_key = _mkey(m.store, m.version, m.kind)
+            if m.version < self.floor(m.store):
+                out.append(False)  # retention dropped it here (a floor raised meanwhile)
+                continue
             if m.kind == "snapshot" and not m.whole and self.thinned(m.store, m.version):
                 out.append(False)  # thinning dropped it here: not brought back
                 if len(self.thinned_offers) >= MAX_THINNED_OFFERS:
@@ -1151,13 +1154,8 @@ class NodeStore:
     ) -> list[bool | None]:
         """:meth:`copy_manifests` of manifests fetched from a peer (a join's or token move's
         pulls), each only while its query's tombstone is the one in ``tombstones`` (read
-        before the fetch: node/tombstones.copy_mark) and its version not below the retention
-        floor; None for one not written for that (a drop or retention deleted it meanwhile:
-        not brought back)."""
-        keep = [
-            self.tombstone(m.store.query) == tombstones[m.store.query]
-            and m.version >= self.floor(m.store)
-            for m in ms
-        ]
+        before the fetch: node/tombstones.copy_mark); None for one not written for that (a
+        drop deleted it meanwhile: not brought back)."""
+        keep = [self.tombstone(m.store.query) == tombstones[m.store.query] for m in ms]
         done = iter(self.copy_manifests([m for m, k in zip(ms, keep, strict=True) if k]))
         return [next(done) if k else None for k in keep]

@@ -568,3 +568,50 @@ async def test_a_move_asked_for_supersedes_or_cancels_one_a_restart_interrupted(
         assert kept() == {"state": "normal", "vnodes": 24, "next_vnodes": 0}
     finally:
         await stop_node(node, runner)
+
+
+async def test_two_token_moves_asked_at_once_never_run_together(tmp_path: Path) -> None:
+    """Two members asked to move tokens at the same moment (an operator and the automatic
+    mode, say) both pass the check on their own views; once each one's move is known
+    everywhere, one that learns of the other gives way (hostile review 64: both ran to
+    their switch, two nodes' changes between the rings). Three in-process nodes."""
+    from statestore.node.server import start_node, stop_node
+    from tests.ringkit import call
+
+    kw: dict[str, Any] = {"replicas": 2, "write_quorum": 2, "vnodes": 16}
+    kw["repair_interval"] = 3600
+    started = [await start_node(config(tmp_path, "n0", **kw))]
+    try:
+        for i in (1, 2):
+            seeds = [started[0][0].address]
+            started.append(await start_node(config(tmp_path, f"n{i}", seeds=seeds, **kw)))
+        a, b, c = (n for n, _ in started)
+        await eventually(
+            lambda: all(len(n.view().live_addresses()) == 3 for n in (a, b, c)), "3 members"
+        )
+        asked = await asyncio.gather(
+            call(a, "POST", "/v1/handover/tokens", json={"vnodes": 32}),
+            call(b, "POST", "/v1/handover/tokens", json={"vnodes": 8}),
+        )
+        assert [status for status, _ in asked] == [202, 202]  # both began: the race
+        moves = [n.move for n in (a, b)]
+        assert all(m is not None for m in moves)
+
+        def ended() -> bool:
+            return all(m.handover.phase in ("switched", "failed") for m in moves if m)
+
+        await eventually(ended, "both moves ended", 60)
+        phases = [m.handover.phase for m in moves if m]
+        assert phases.count("switched") <= 1, phases
+        for m in moves:
+            if m is not None and m.handover.phase == "failed":
+                assert "gave way to another move" in m.handover.reason
+        # the one that gave way owns what it owned, and moves no more
+        for n, before in ((a, 16), (b, 16)):
+            if n.move is not None and n.move.handover.phase == "failed":
+                assert (n.vnodes or 16) == before
+                me = n.membership.get(n.id) if n.membership is not None else None
+                assert me is not None and not me.next_vnodes
+    finally:
+        for n, runner in reversed(started):
+            await stop_node(n, runner)

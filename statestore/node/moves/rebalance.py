@@ -115,6 +115,18 @@ async def move_tokens(node: Node, move: MoveStatus, target: int) -> None:
     node.set_vnodes(node.vnodes, target)
     seen = _sees(target, switched=False)
     await spread(node, seen, "spread tokens")
+    other = node.view().busy(besides=node.id)
+    if other is not None:
+        # another member began a move at the same moment (an operator's and the automatic
+        # mode's, two leaders'): the check that started this one ran on a view without it,
+        # and one move at a time keeps R copies in every ring in between. Whichever learns
+        # of the other once its own move is known everywhere gives way (both may: each is
+        # asked again); nothing was copied or switched yet
+        node.set_vnodes(node.vnodes, 0)
+        await spread(node, lambda a: not a.get("next_vnodes"), "give way")
+        move.handover = move.handover.fail(f"gave way to another move begun at once: {other}")
+        log.warning("token move to %d given up: %s", target, other)
+        return
     while move.handover.phase is Phase.STREAMING:
         if grow:
             result = await join_round(node, move, target, seen)
