@@ -14,6 +14,7 @@ import asyncio
 import json
 import socket
 import ssl
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +31,7 @@ from statestore.core.errors import (
     UnprovenAnswer,
 )
 from statestore.core.identity import PROVE_HEADER
+from statestore.net.channel import MAX_MESSAGE, LookupChannel
 from statestore.net.tls import TLS_CA_ENV, tls_failure
 from statestore.net.transport import MAX_ANSWER_BYTES, Response, error_from_answer
 from statestore.wire.headers import EPOCH_HEADER
@@ -38,6 +40,7 @@ __all__ = ["HttpStream", "HttpTransport", "Response"]
 
 
 Auth = Callable[[str, str, str, bytes], dict[str, str]]
+PLAIN_FOR = 60.0  # seconds a node that serves no lookup channel is sent requests instead
 Prove = Callable[[Mapping[str, str], int, Mapping[str, str], bytes], None]
 
 
@@ -74,6 +77,10 @@ class HttpTransport:
         self._rcvbuf = rcvbuf
         self._session: aiohttp.ClientSession | None = None
         self.seen_epoch = 0
+        # lookup channels by address; nodes that serve none (an older build: HTTP until then)
+        self._channels: dict[str, LookupChannel] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._plain: dict[str, float] = {}
 
     async def start(self) -> None:
         if self._session is None:
@@ -97,9 +104,66 @@ class HttpTransport:
         return sock
 
     async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def lookup(
+        self, address: str, store: str, body: bytes, *, timeout: float | None = None
+    ) -> Response:
+        """A lookup of ``store`` (``POST /v1/stores/{store}/lookup``'s ``body``) at
+        ``address``: over a lookup channel (net/channel.py) where the node serves them,
+        else as that request. A transport that checks answers' proofs (a node's) sends
+        requests: a channel's answers are not proven."""
+        limit = self.timeout if timeout is None else timeout
+        channel = None if self._prove is not None else await self._channel(address, limit)
+        if channel is None:
+            path = f"/v1/stores/{store}/lookup"
+            ct = {"Content-Type": "application/json"}
+            return await self.request("POST", address, path, body=body, headers=ct, timeout=limit)
+        resp = await channel.ask(store, body, limit)
+        self.seen_epoch = max(self.seen_epoch, resp.epoch)
+        return resp
+
+    async def _channel(self, address: str, timeout: float) -> LookupChannel | None:
+        """The open channel to ``address``, opened if need be; None where the node serves
+        none (asked again after :data:`PLAIN_FOR` seconds). NodeUnavailable when it cannot
+        be reached, as a request."""
+        channel = self._channels.get(address)
+        if channel is not None and channel.broken is None:
+            return channel
+        if self._plain.get(address, 0.0) > time.monotonic():
+            return None
+        async with self._opening.setdefault(address, asyncio.Lock()):
+            channel = self._channels.get(address)
+            if channel is not None and channel.broken is None:
+                return channel  # another reader opened it meanwhile
+            if self._session is None:
+                await self.start()
+            assert self._session is not None
+            path = "/v1/lookups"
+            hdrs = self._auth("GET", address, path, b"") if self._auth is not None else {}
+            url = node_url(address, path, tls=self._tls is not None)
+            try:
+                async with asyncio.timeout(timeout):
+                    ws = await self._session.ws_connect(
+                        url, headers=hdrs, max_msg_size=MAX_MESSAGE, autoping=True
+                    )
+            except TimeoutError as exc:
+                raise RequestTimeout(
+                    f"opening a lookup channel to {address} took too long"
+                ) from exc
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status in (401, 403, 429) or exc.status >= 500:
+                    raise error_from_answer(exc.status, exc.message.encode(), address) from exc
+                self._plain[address] = time.monotonic() + PLAIN_FOR  # no such route there
+                return None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise self._unreachable(address, exc) from exc
+            channel = self._channels[address] = LookupChannel(ws, address)
+            return channel
 
     async def request(
         self,

@@ -231,6 +231,13 @@ class MemoryTransport:
             raise error_from_answer(status, data, address)
         return Response(status, data, epoch)
 
+    async def lookup(
+        self, address: str, store: str, body: bytes, *, timeout: float | None = None
+    ) -> Response:
+        path = f"/v1/stores/{store}/lookup"
+        ct = {"Content-Type": "application/json"}
+        return await self.request("POST", address, path, body=body, headers=ct, timeout=timeout)
+
     async def open_stream(
         self, address: str, path: str, body: bytes, *, timeout: float | None = None
     ) -> Answer:

@@ -37,7 +37,9 @@ from statestore.core.errors import (
     MalformedData,
     NodeUnavailable,
     NotFound,
+    PayloadTooLarge,
     QuorumNotReached,
+    RateLimited,
     StateStoreError,
     StoreNotFound,
     Unavailable,
@@ -351,23 +353,34 @@ async def _ask_many(
         for address in view.store_replicas(store):
             by_node.setdefault(address, []).append(i)
 
+    async def ask_part(address: str, part: list[int]) -> list[tuple[int, Any]]:
+        try:
+            resp = await transport.request(
+                "POST", address, path, json_body={"stores": [items[i] for i in part]}
+            )
+        except (PayloadTooLarge, RateLimited):
+            if len(part) == 1:
+                raise
+            # its answer is more than the node's memory budget holds (now): asked in halves
+            half = len(part) // 2
+            return [
+                *(await ask_part(address, part[:half])),
+                *(await ask_part(address, part[half:])),
+            ]
+        except (Unavailable, InvalidRequest):
+            raise
+        except StateStoreError as exc:  # e.g. a node older than the batched reads (404):
+            # not an answer about any store, so the caller may fall back to single reads
+            raise NodeUnavailable(f"{address} does not serve {path} ({exc})") from exc
+        answers = decode(resp.body)
+        if not isinstance(answers, list) or len(answers) != len(part):
+            raise MalformedData(f"{address} answered {path} for the wrong number of stores")
+        return list(zip(part, answers, strict=True))
+
     async def ask(address: str, idxs: list[int]) -> list[tuple[int, Any]]:
         out: list[tuple[int, Any]] = []
         for j in range(0, len(idxs), BATCH_STORES):
-            part = idxs[j : j + BATCH_STORES]
-            try:
-                resp = await transport.request(
-                    "POST", address, path, json_body={"stores": [items[i] for i in part]}
-                )
-            except (Unavailable, InvalidRequest):
-                raise
-            except StateStoreError as exc:  # e.g. a node older than the batched reads (404):
-                # not an answer about any store, so the caller may fall back to single reads
-                raise NodeUnavailable(f"{address} does not serve {path} ({exc})") from exc
-            answers = decode(resp.body)
-            if not isinstance(answers, list) or len(answers) != len(part):
-                raise MalformedData(f"{address} answered {path} for the wrong number of stores")
-            out.extend(zip(part, answers, strict=True))
+            out += await ask_part(address, idxs[j : j + BATCH_STORES])
         return out
 
     nodes = list(by_node.items())
@@ -818,13 +831,7 @@ async def lookup_keys(
     anchor = chunk_key(store, path[-1][0], path[-1][1].name)
 
     async def read(address: str) -> list[bytes | None]:
-        resp = await transport.request(
-            "POST",
-            address,
-            f"/v1/stores/{store.path}/lookup",
-            body=body,
-            headers={"Content-Type": "application/json"},
-        )
+        resp = await transport.lookup(address, store.path, body)
         stats.bytes += len(resp.body)
         return _lookup_values(resp.body, len(keys), address)
 

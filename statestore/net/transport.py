@@ -86,6 +86,13 @@ class Transport(Protocol):
         NodeUnavailable for an answer of more than ``max_bytes``, not read past them)."""
         ...
 
+    async def lookup(
+        self, address: str, store: str, body: bytes, *, timeout: float | None = None
+    ) -> Response:
+        """A lookup of ``store`` (``POST /v1/stores/{store}/lookup``'s ``body``): the same
+        answer as that request, however it is carried."""
+        ...
+
     async def open_stream(
         self, address: str, path: str, body: bytes, *, timeout: float | None = None
     ) -> Stream:

@@ -43,7 +43,7 @@ from statestore.core.ids import (
     parse_chunk_key,
     parse_uint,
 )
-from statestore.core.manifest import local_chain
+from statestore.core.manifest import Manifest, local_chain
 from statestore.core.quorum import check_consistency
 from statestore.core.repair import content_digest
 from statestore.core.retention import MAX_RETAIN, Thinning
@@ -90,7 +90,7 @@ from statestore.wire.bodies import (
 from statestore.wire.frames import encode_frame
 from statestore.wire.head import to_json as head_json
 from statestore.wire.headers import EPOCH_HEADER, FRAMES_CONTENT_TYPE
-from statestore.wire.manifest import decode_manifest, encode_chain
+from statestore.wire.manifest import decode_manifest, encode_manifest, join_chain
 from statestore.wire.rows import decode_rows, encode_puts
 
 __all__ = ["NODE", "build_app"]
@@ -273,6 +273,7 @@ async def get_chunk(request: web.Request) -> web.Response:
     key = request.match_info["key"]
     allow(request, "read", parse_chunk_key(key)[0].query)
     if request.query.get("copy") == "1":  # a hand-over's fetch yields to clients' requests
+        node.check_copies_served()
         await node.foreground.wait()
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
@@ -465,6 +466,8 @@ async def get_manifest(request: web.Request) -> web.Response:
     node = request.app[NODE]
     store = store_of(request)
     allow(request, "read", store.query)
+    if request.query.get("copy") == "1":  # a hand-over's pull
+        node.check_copies_served()
     version = _version(request.match_info["version"])
     text = request.query.get("epoch")
     epoch = parse_uint(text, "epoch", MAX_EPOCH) if text is not None else None
@@ -507,18 +510,31 @@ async def chain(request: web.Request) -> web.Response:
     if node.store.head(store) is None:
         raise StoreNotFound(f"store {store} has no version on this node")
     # a scan of the store's manifests: in a worker thread (a store keeping many versions)
-    body = (await asyncio.to_thread(_chains_of, node, store, [version]))[version]
-    assert body is not None
-    return web.Response(body=body, content_type="application/msgpack")
+    parts = (await asyncio.to_thread(_chains_of, node, store, [version]))[version]
+    assert parts is not None
+    await request[LEASE].take(2 * sum(map(len, parts)), "a chain's answer")
+    return web.Response(body=join_chain(parts), content_type="application/msgpack")
 
 
-def _chains_of(node: Node, store: StoreId, versions: Sequence[int]) -> dict[int, bytes | None]:
-    """The chains of ``versions`` of ``store`` as ``GET .../chain`` encodes them, from one
-    scan of its manifests (None for each where this node holds no version of it)."""
+def _chains_of(
+    node: Node, store: StoreId, versions: Sequence[int]
+) -> dict[int, list[bytes] | None]:
+    """The chains of ``versions`` of ``store``, each as its manifests encoded (each manifest
+    once, whatever the chains naming it: what an answer takes is known before it is built,
+    wire/manifest.join_chain), from one scan of its manifests (None for each where this
+    node holds no version of it)."""
     if node.store.head(store) is None:
         return dict.fromkeys(versions)
     deltas, snaps = node.store.manifests(store)
-    return {v: encode_chain(local_chain(deltas, snaps, v)) for v in versions}
+    encoded: dict[int, bytes] = {}
+
+    def parts(chain: list[Manifest]) -> list[bytes]:
+        for m in chain:
+            if id(m) not in encoded:
+                encoded[id(m)] = encode_manifest(m)
+        return [encoded[id(m)] for m in chain]
+
+    return {v: parts(local_chain(deltas, snaps, v)) for v in versions}
 
 
 HEADS_SHAPE = '{"stores": ["QUERY/OPERATOR/PARTITION/NAME", ...]}'
@@ -564,15 +580,17 @@ async def chains(request: web.Request) -> web.Response:
     wanted: dict[StoreId, set[int]] = {}
     for store, version in named:
         wanted.setdefault(store, set()).add(version)
-    got: dict[tuple[StoreId, int], bytes | None] = {}
+    got: dict[tuple[StoreId, int], list[bytes] | None] = {}
     for store, versions in wanted.items():
         # each store's manifests scanned once however often it is named, in a worker thread;
         # the answer (a chain as often as it is named) held to the node's --memory-budget
+        # before it is built
         chains = await asyncio.to_thread(_chains_of, node, store, sorted(versions))
-        size = sum(len(b or b"") * named[store, v] for v, b in chains.items())
+        size = sum(sum(map(len, p or ())) * named[store, v] for v, p in chains.items())
         await request[LEASE].take(2 * size, "a chains answer")  # the chains, then packed
-        got.update(((store, v), b) for v, b in chains.items())
-    out = [got[item] for item in items]
+        got.update(((store, v), p) for v, p in chains.items())
+    built = {item: None if p is None else join_chain(p) for item, p in got.items()}
+    out = [built[item] for item in items]
     body: bytes = msgpack.packb(out, use_bin_type=True)
     return web.Response(body=body, content_type="application/msgpack")
 

@@ -31,7 +31,13 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 
 from statestore.core.balance import ServedMeter
-from statestore.core.errors import DataDirInUse, InsufficientStorage, StateStoreError, Unavailable
+from statestore.core.errors import (
+    DataDirInUse,
+    InsufficientStorage,
+    NodeUnavailable,
+    StateStoreError,
+    Unavailable,
+)
 from statestore.core.formats import DISK_FORMAT, VERSION, WIRE_FORMAT, check_disk_format
 from statestore.core.handover import Handover, NodeState
 from statestore.core.membership import MAX_VNODES, REMOVED, Membership, Status
@@ -363,6 +369,10 @@ class Node:
         self.hints_arrived = asyncio.Event()  # wakes the hint loop (node/hints.py)
         # called with a query once this node purged it (a drop): the lookup cache forgets it
         self.purge_hooks: list[Callable[[str], None]] = []
+        # whether the drops this node missed while away are known (node/tombstones.py): its
+        # first tombstone exchange, or --down-after since it started
+        self.tombstones_heard = False
+        self.began = clock()
         self.stats: dict[str, int] = {
             "repaired": 0,
             "handed_off": 0,
@@ -681,6 +691,17 @@ class Node:
                 self.id,
                 addr,
                 inc,
+            )
+
+    def check_copies_served(self) -> None:
+        """NodeUnavailable until what this node holds may be copied to peers (a join's or
+        token move's listing and pulls): not before it learned the drops it missed while away
+        (its first tombstone exchange, or ``--down-after`` since it started, when no peer
+        answered), or a peer would pull a dropped query's data back from it."""
+        if not self.tombstones_heard and self.clock() - self.began < self.config.down_after:
+            raise NodeUnavailable(
+                f"node {self.id} has not yet learned the drops it missed while away: its "
+                "copies are served once it has (a moment after it starts)"
             )
 
     def removed_reason(self) -> str | None:

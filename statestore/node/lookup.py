@@ -65,7 +65,7 @@ from statestore.wire.bodies import (
 )
 from statestore.wire.headers import EPOCH_HEADER
 
-__all__ = ["CACHE", "MAX_KEY_BYTES", "lookup", "point_read", "register"]
+__all__ = ["CACHE", "MAX_KEY_BYTES", "answer_lookup", "lookup", "point_read", "register"]
 
 MAX_KEY_BYTES = 64 * 1024
 WINDOW = 16  # keys of one lookup read at once
@@ -422,17 +422,30 @@ async def _values(
     return values
 
 
+LOOKUP_SHAPE = (
+    '{"groups": G, "keys": [hex, ...], "parts": [[version, name, lo, hi, size, '
+    "index_len, index_checksum], ...]}"
+)
+
+
 async def lookup(request: web.Request) -> web.Response:
     """``POST /v1/stores/{store}/lookup``."""
-    node = request.app[NODE]
     store = store_of(request)
-    body = decode_json(
-        await read_body(request),
-        LookupRequest,
-        "lookup",
-        '{"groups": G, "keys": [hex, ...], "parts": [[version, name, lo, hi, size, '
-        "index_len, index_checksum], ...]}",
+    raw = await read_body(request)
+    answer = await answer_lookup(request.app, store, raw, request[LEASE])
+    return web.Response(
+        body=answer,
+        content_type="application/msgpack",
+        headers={EPOCH_HEADER: str(request.app[NODE].epoch)},
     )
+
+
+async def answer_lookup(app: web.Application, store: StoreId, raw: bytes, lease: Lease) -> bytes:
+    """A lookup's answer (a msgpack list of the keys' values) to the body ``raw`` of a
+    reader authorized to read ``store``, its reads and answer taken from ``lease``: the one
+    path of ``POST .../lookup`` and of a lookup channel's messages (node/channel.py)."""
+    node = app[NODE]
+    body = decode_json(raw, LookupRequest, "lookup", LOOKUP_SHAPE)
     keys = _keys(body.keys)
     parts = _parts(store, body)
     floor = node.store.floor(store)
@@ -453,8 +466,8 @@ async def lookup(request: web.Request) -> web.Response:
                 "read a chain that long by parts"
             )
         paths.append(path)
-    reads = _Reads(node, store, request[LEASE])
-    cache = _Pinned(request.app[CACHE], store.query)  # the indexes it reads or finds, kept
+    reads = _Reads(node, store, lease)
+    cache = _Pinned(app[CACHE], store.query)  # the indexes it reads or finds, kept
     values: list[bytes | None] = []
     answer = 0
     try:
@@ -476,7 +489,7 @@ async def lookup(request: web.Request) -> web.Response:
         for i in range(0, len(keys), WINDOW):
             got = await _values(
                 keys[i : i + WINDOW], paths[i : i + WINDOW], body.groups, store, reads, cache,
-                node.config.max_chunk, request.app[DCTX],
+                node.config.max_chunk, app[DCTX],
             )  # fmt: skip
             size = sum(len(v) for v in got if v is not None)
             answer += size
@@ -493,11 +506,8 @@ async def lookup(request: web.Request) -> web.Response:
                 await asyncio.sleep(0)
     finally:
         reads.cancel()
-    return web.Response(
-        body=msgpack.packb(values, use_bin_type=True),
-        content_type="application/msgpack",
-        headers={EPOCH_HEADER: str(node.epoch)},
-    )
+    packed: bytes = msgpack.packb(values, use_bin_type=True)
+    return packed
 
 
 def register(app: web.Application) -> None:

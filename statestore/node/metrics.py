@@ -443,10 +443,11 @@ class NodeMetrics:
             self.point_read_seconds.observe(seconds)
 
     def answered(self, resp: web.StreamResponse) -> None:
-        status = resp.status
-        if status < 400:
-            return
-        code = _error_code(resp)
+        if resp.status >= 400:
+            self.refused(resp.status, _error_code(resp))
+
+    def refused(self, status: int, code: str) -> None:
+        """Count a refusal (4xx) or a failure (5xx) with its error code."""
         (self.refusals if status < 500 else self.failures).labels(str(status), code).inc()
 
 

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from statestore.node import (
     activity,
+    channel,
     dashboard,
     digests,
     hints,
@@ -34,6 +35,7 @@ def install(app: web.Application) -> None:
     metrics.register(app)  # its middleware goes first: it sees every answer as sent
     inventory.register(app)
     lookup.register(app)
+    channel.register(app)  # /v1/lookups: lookups over a kept connection
     tombstones.register(app)
     dashboard.register(app)
     moves.register(app)  # /v1/handover, /v1/load, /v1/sync/manifests (node/moves/routes.py)

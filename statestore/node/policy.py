@@ -129,6 +129,7 @@ ROUTES: dict[tuple[str, str], Policy] = {
     ("GET", STORE + "/state"): _r("read", "path"),
     ("GET", STORE + "/key"): _r("read", "path"),
     ("POST", STORE + "/lookup"): _r("read", "path"),
+    ("GET", "/v1/lookups"): _r("read", "body"),  # each message's query (node/channel.py)
     ("GET", STORE + "/outcomes"): _r("read", "path"),
     ("POST", STORE + "/commit"): _r("write", "path"),
     ("POST", STORE + "/gc"): Policy("right", "admin", "path", node_without_tokens=True),

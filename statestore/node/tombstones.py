@@ -272,6 +272,9 @@ def _learn(node: Node, t: Any, first: bool) -> tuple[str, bytes] | None:
     return query, _encode({"id": tid, "at": float(at), "query": query, "state": state})
 
 
+FIRST_RETRY = 1.0  # seconds between tombstone exchanges until one was answered
+
+
 async def tombstone_loop(node: Node) -> None:
     """Learn the tombstones of drops this node missed. On the first exchange after it starts
     the node purges every query dropped meanwhile (what it holds of them predates the drop);
@@ -323,9 +326,11 @@ async def tombstone_loop(node: Node) -> None:
                         query,
                         query,
                     )
-        if heard:
+        if heard or not peers:  # (alone: no copy is asked of it, nor was a drop missed)
             first = False
-        await asyncio.sleep(node.config.repair_interval)
+            node.tombstones_heard = True
+        # until it heard a peer, it asks again soon: its copies wait for it (check_copies_served)
+        await asyncio.sleep(node.config.repair_interval if not first else FIRST_RETRY)
 
 
 def register(app: web.Application) -> None:

@@ -301,7 +301,7 @@ def _template(rng: random.Random, h: _Harness) -> Request:
             "inventory", "store-inventory", "point-read", "drop", "purge", "query", "tombstones",
             "put-hint", "get-hint", "outcomes", "post-outcomes", "load", "tokens", "copies",
             "read-copies", "live", "ready", "remove", "remove-sweep", "removals", "handover",
-            "leave", "items", "room", "post-room", "hints", "lookup",
+            "leave", "items", "room", "post-room", "hints", "lookup", "lookups",
         )
     )  # fmt: skip
     j = "json"
@@ -312,6 +312,8 @@ def _template(rng: random.Random, h: _Harness) -> Request:
         r = Request(route, "GET", f"/v1/health/{route}", {}, {}, b"")
     elif route == "ring":
         r = Request(route, "GET", "/v1/ring", {}, {}, b"")
+    elif route == "lookups":  # a lookup channel asked without a WebSocket upgrade
+        r = Request(route, "GET", "/v1/lookups", {}, {}, b"")
     elif route == "gossip":
         obj = h.node.membership.digest() if h.node.membership else {}
         obj["members"].append(

@@ -158,6 +158,14 @@ def encode_chain(chain: Sequence[Manifest]) -> bytes:
     return data
 
 
+def join_chain(encoded: Sequence[bytes]) -> bytes:
+    """:func:`encode_chain` of manifests already encoded (:func:`encode_manifest`): the same
+    bytes (a msgpack array is its header and its items), each manifest encoded once however
+    many chains name it."""
+    header: bytes = msgpack.Packer().pack_array_header(len(encoded))
+    return header + b"".join(encoded)
+
+
 def decode_chain(data: bytes) -> list[Manifest]:
     try:
         objs = msgpack.unpackb(data, raw=False)

@@ -9,11 +9,12 @@ from typing import Any
 
 from statestore.core.handover import Handover
 from statestore.core.ids import StoreId, chunk_key
+from statestore.core.manifest import Manifest
 from statestore.node.daemon import MoveStatus, Node
 from statestore.node.moves.join import join_round
 from statestore.node.tombstones import copy_mark
 from statestore.wire.rows import encode_rows
-from tests.ringkit import call, nodes
+from tests.ringkit import call, eventually, nodes
 
 STORE = StoreId("q", 0, 0, "s")
 DROP = {"id": "d1", "at": 1.0}
@@ -23,6 +24,14 @@ async def _commit(node: Node, version: int, value: bytes) -> int:
     body = b"".join(encode_rows([(b"k", value)]))
     path = f"/v1/stores/{STORE.path}/commit?version={version}&epoch=1"
     return (await call(node, "POST", path, data=body))[0]
+
+
+async def _committed(node: Node) -> tuple[Manifest, str]:
+    """Version 1 committed through ``node``: its manifest and its chunk's key."""
+    assert await _commit(node, 1, b"OLD-1") == 201
+    m = node.store.get_manifest(STORE, 1, "delta")
+    assert m is not None
+    return m, chunk_key(STORE, 1, m.chunks[0].name)
 
 
 async def _held(node: Node) -> dict[str, Any]:
@@ -61,10 +70,7 @@ async def test_a_join_round_between_its_own_purge_and_a_sources_pulls_nothing_ba
 async def test_a_copy_fetched_before_a_purge_is_not_written_after_it(tmp_path: Path) -> None:
     async with nodes(tmp_path, 2, replicas=2, write_quorum=2, repair_interval=3600) as ns:
         node, peer = ns
-        assert await _commit(peer, 1, b"OLD-1") == 201
-        m = peer.store.get_manifest(STORE, 1, "delta")
-        assert m is not None
-        key = chunk_key(STORE, 1, m.chunks[0].name)
+        m, key = await _committed(peer)
         data = peer.store.get_chunk(key)
         assert data is not None
         mark = copy_mark(node, "q")  # read before the fetch, as a pull does
@@ -77,3 +83,37 @@ async def test_a_copy_fetched_before_a_purge_is_not_written_after_it(tmp_path: P
         mark = copy_mark(node, "q")
         assert await node.write(node.store.put_chunk_copy, key, data, mark)
         assert await node.write(node.store.copy_pulled, [m], {"q": mark}) == [True]
+
+
+async def test_a_node_serves_no_copies_before_it_learned_the_drops_it_missed(
+    tmp_path: Path,
+) -> None:
+    """A node back from being away (down during a drop) holds the dropped query until its
+    first tombstone exchange: a joiner's listing and pulls from it in that window would
+    bring the query back (hostile review 65). They are refused (503) until it heard a peer
+    (or --down-after passed); its peers' loops hear each other within a moment."""
+    async with nodes(tmp_path, 2, replicas=2, write_quorum=2, down_after=600) as ns:
+        node, peer = ns
+        _, key = await _committed(node)
+        node.tombstones_heard, node.began = False, node.clock()  # as at its start
+        asks = [
+            ("POST", "/v1/handover/items", {"json": {"node": peer.id, "limit": 10}}),
+            ("GET", f"/v1/chunks/{key}?copy=1", {}),
+            ("GET", f"/v1/manifests/{STORE.path}/1/delta?epoch=1&copy=1", {}),
+            (
+                "POST",
+                "/v1/sync/manifests/read",
+                {"json": {"manifests": [[STORE.path, 1, "delta", 1]]}},
+            ),
+        ]
+        for method, path, kw in asks:
+            status, body = await call(node, method, path, **kw)
+            assert status == 503, (path, status, body)
+            assert "drops it missed" in body["error"]["message"]
+        # a client's reads are served meanwhile
+        assert (await call(node, "GET", f"/v1/chunks/{key}"))[0] == 200
+        node.tombstones_heard = True
+        for method, path, kw in asks:
+            assert (await call(node, method, path, **kw))[0] == 200, path
+    async with nodes(tmp_path / "b", 2, replicas=2, write_quorum=2, down_after=600) as ns:
+        await eventually(lambda: all(n.tombstones_heard for n in ns), "both heard a peer")

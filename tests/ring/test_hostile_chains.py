@@ -13,6 +13,8 @@ import msgpack
 import pytest
 
 from statestore.core.ids import StoreId
+from statestore.net.http import HttpTransport
+from statestore.net.reads import read_chains
 from statestore.wire.rows import encode_rows
 from tests.ringkit import call, nodes
 
@@ -57,3 +59,22 @@ async def test_a_chain_named_a_thousand_times_is_scanned_once_and_held_to_the_bu
         scans = 0
         status, _ = await call(node, "POST", "/v1/chains", json={"stores": one * 20})
         assert status == 200 and scans == 1
+
+
+async def test_chains_over_the_budget_are_asked_in_halves(tmp_path: Path) -> None:
+    """A reader's batch of chains whose answer is more than the node's budget holds (a
+    backup's 150 versions of one store: every chain holds every manifest above its version)
+    is asked again in halves, down to what fits, where it failed (hostile review 65)."""
+    kw = {"replicas": 1, "write_quorum": 1, "memory_budget": 4 << 20, "max_body": 1 << 20}
+    async with nodes(tmp_path, 1, **kw) as (node,):
+        for v in range(1, 151):
+            body = b"".join(encode_rows([(b"k%d" % v, b"v")]))
+            path = f"/v1/stores/{STORE.path}/commit?version={v}&epoch=1"
+            assert (await call(node, "POST", path, data=body))[0] == 201
+        transport = HttpTransport()
+        try:
+            wanted = [(STORE, v) for v in range(1, 151)]
+            chains = await read_chains(transport, node.view(), wanted)
+        finally:
+            await transport.close()
+        assert [len(c) for c in chains] == list(range(1, 151))

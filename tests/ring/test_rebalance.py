@@ -605,7 +605,7 @@ async def test_two_token_moves_asked_at_once_never_run_together(tmp_path: Path) 
         assert phases.count("switched") <= 1, phases
         for m in moves:
             if m is not None and m.handover.phase == "failed":
-                assert "gave way to another move" in m.handover.reason
+                assert "gave way (one move at a time)" in m.handover.reason
         # the one that gave way owns what it owned, and moves no more
         for n, before in ((a, 16), (b, 16)):
             if n.move is not None and n.move.handover.phase == "failed":

@@ -24,7 +24,13 @@ from statestore.core.manifest import (
     resolve_chain,
 )
 from statestore.core.quorum import check_write, merge_heads, read_quorum
-from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
+from statestore.wire.manifest import (
+    decode_chain,
+    decode_manifest,
+    encode_chain,
+    encode_manifest,
+    join_chain,
+)
 from statestore.wire.rows import decode_rows, encode_rows
 from tests.corekit import LINEAGE_CASES, SID, lm, manifest
 
@@ -229,3 +235,9 @@ def test_lineage_walks_down_from_the_head() -> None:
     deltas, snaps = candidates([lm(1, 1), lm(1, 2), lm(2, 3, 1), lm(3, 3, 3)])
     assert lineage(deltas, snaps) == {3: 3, 2: 3, 1: 1}
     assert lineage({}, {}) == {}
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 300])
+def test_a_chain_joined_from_encoded_manifests_is_the_chain_encoded(n: int) -> None:
+    chain = [manifest(v) for v in range(1, n + 1)]
+    assert join_chain([encode_manifest(m) for m in chain]) == encode_chain(chain)

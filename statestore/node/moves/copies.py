@@ -119,6 +119,7 @@ async def read_copies(request: web.Request) -> web.Response:
     """``POST /v1/sync/manifests/read``: the manifests asked for, as stored."""
     node = request.app[NODE]
     allow(request, "admin")
+    node.check_copies_served()
     body = decode_json(
         await read_body(request),
         ManifestsRequest,

@@ -40,7 +40,7 @@ from statestore.node.auth import allow, allow_ring
 from statestore.node.daemon import NODE, MoveStatus, Node
 from statestore.node.moves.join import join_round
 from statestore.node.moves.leave import leave_round
-from statestore.node.moves.rounds import FINAL_SWEEPS, pause, settle, spread
+from statestore.node.moves.rounds import FINAL_SWEEPS, pause, peers, settle, spread
 from statestore.node.request import read_body
 from statestore.wire.bodies import TokensRequest, decode_json
 
@@ -100,6 +100,9 @@ async def _histogram(node: Node) -> list[list[int]]:
 # -- one node's move ------------------------------------------------------------------------
 
 
+SPREADS = 3  # times a move's start is spread before, unconfirmed, it gives way
+
+
 def _sees(target: int, switched: bool) -> Any:
     """Whether a peer's answer about us routes by our new count: moving to ``target``, or
     (``switched``) owning it."""
@@ -114,17 +117,23 @@ async def move_tokens(node: Node, move: MoveStatus, target: int) -> None:
     grow = target > current
     node.set_vnodes(node.vnodes, target)
     seen = _sees(target, switched=False)
-    await spread(node, seen, "spread tokens")
+    for _ in range(SPREADS):  # a member slow to confirm is asked again
+        confirmed = await spread(node, seen, "spread tokens") or not peers(node)
+        if confirmed:  # (alone, nobody else can be moving)
+            break
     other = node.view().busy(besides=node.id)
+    if other is None and not confirmed:
+        other = "not every member confirmed this move in time (another may have begun unseen)"
     if other is not None:
         # another member began a move at the same moment (an operator's and the automatic
         # mode's, two leaders'): the check that started this one ran on a view without it,
         # and one move at a time keeps R copies in every ring in between. Whichever learns
         # of the other once its own move is known everywhere gives way (both may: each is
-        # asked again); nothing was copied or switched yet
+        # asked again), as does one whose move was not confirmed everywhere (it cannot know
+        # that no other began); nothing was copied or switched yet
         node.set_vnodes(node.vnodes, 0)
         await spread(node, lambda a: not a.get("next_vnodes"), "give way")
-        move.handover = move.handover.fail(f"gave way to another move begun at once: {other}")
+        move.handover = move.handover.fail(f"gave way (one move at a time): {other}")
         log.warning("token move to %d given up: %s", target, other)
         return
     while move.handover.phase is Phase.STREAMING:

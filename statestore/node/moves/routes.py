@@ -69,6 +69,8 @@ async def handover_items(request: web.Request) -> web.Response:
     node = request.app[NODE]
     allow(request, "admin")
     body = decode_json(await read_body(request), HandoverItemsRequest, "handover items")
+    if body.limit:
+        node.check_copies_served()  # no item listed before the drops it missed are known
     assert node.membership is not None
     seen = node.membership.get(body.node)
     state = None if seen is None or seen.status.value == "down" else seen.state.value
