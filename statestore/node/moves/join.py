@@ -19,7 +19,7 @@ import asyncio
 import logging
 from typing import Any
 
-from statestore.core.errors import CorruptChunk, MalformedData, StateStoreError
+from statestore.core.errors import CorruptChunk, MalformedData, QueryDropping, StateStoreError
 from statestore.core.handover import Handover, NodeState, Phase, RoundResult, pull_plan
 from statestore.core.ids import StoreId, parse_chunk_key
 from statestore.core.items import ChunkItem, ManifestItem
@@ -170,12 +170,19 @@ async def join_round(
     started = node.clock()
     move.round_total, move.round_done = len(pulls), 0
 
+    dropping: set[str] = set()
+
     async def fetch(i: int, skip: str = "") -> int | None:
         for source in pulls[i].sources:
             if source == skip:
                 continue
             try:
                 return await _fetch(node, source, pulls[i].item)
+            except QueryDropping as exc:  # a drop that never sealed holds it: said once a round
+                if str(exc) not in dropping:
+                    dropping.add(str(exc))
+                    log.warning("join: %s (run `statestore drop` again to finish it)", exc)
+                return None
             except StateStoreError as exc:
                 log.debug("join: %s from %s failed: %s", pulls[i].item, source, exc)
         return None
