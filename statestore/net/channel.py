@@ -38,8 +38,9 @@ class LookupChannel:
         self._ws = ws
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
-        self._reader = asyncio.ensure_future(self._read())
+        self._answered = 0.0  # when an answer last came (the loop's clock)
         self.broken: str | None = None  # why it serves no more questions
+        self._reader = asyncio.ensure_future(self._read())
 
     async def ask(self, store: str, body: bytes, timeout: float) -> Response:
         """The answer to a lookup of ``store`` (``POST .../lookup``'s ``body``); raises from
@@ -47,8 +48,10 @@ class LookupChannel:
         if self.broken is not None:
             raise NodeUnavailable(self.broken)
         mid = next(self._ids)
-        answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         self._waiting[mid] = answer
+        asked = loop.time()
         try:
             async with asyncio.timeout(timeout):
                 try:
@@ -58,6 +61,9 @@ class LookupChannel:
                     raise NodeUnavailable(self.broken or "") from exc
                 status, data = await answer
         except TimeoutError as exc:
+            if self._answered < asked:  # nothing came back since: a wedged channel, replaced
+                self._break(f"the lookup channel to {self.address} answered nothing in time")
+                self._reader.cancel()
             raise RequestTimeout(
                 f"a lookup at {self.address} took longer than {timeout:.1f}s: the node is slow "
                 "or stuck"
@@ -80,6 +86,7 @@ class LookupChannel:
                     why = f"{self.address} sent a lookup channel message of another shape"
                     break
                 mid, status, data, epoch = got
+                self._answered = asyncio.get_running_loop().time()
                 self.epoch = max(self.epoch, epoch)
                 waiting = self._waiting.pop(mid, None)
                 if waiting is not None and not waiting.done():

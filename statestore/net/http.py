@@ -41,6 +41,7 @@ __all__ = ["HttpStream", "HttpTransport", "Response"]
 
 Auth = Callable[[str, str, str, bytes], dict[str, str]]
 PLAIN_FOR = 60.0  # seconds a node that serves no lookup channel is sent requests instead
+HEARTBEAT = 30.0  # seconds between a lookup channel's pings
 Prove = Callable[[Mapping[str, str], int, Mapping[str, str], bytes], None]
 
 
@@ -118,7 +119,13 @@ class HttpTransport:
         else as that request. A transport that checks answers' proofs (a node's) sends
         requests: a channel's answers are not proven."""
         limit = self.timeout if timeout is None else timeout
-        channel = None if self._prove is not None else await self._channel(address, limit)
+        channel = None
+        if self._prove is None:
+            try:  # another reader opening it meanwhile is waited for within the deadline
+                async with asyncio.timeout(limit):
+                    channel = await self._channel(address)
+            except TimeoutError as exc:
+                raise RequestTimeout(f"a lookup channel to {address}: no answer") from exc
         if channel is None:
             path = f"/v1/stores/{store}/lookup"
             ct = {"Content-Type": "application/json"}
@@ -127,7 +134,7 @@ class HttpTransport:
         self.seen_epoch = max(self.seen_epoch, resp.epoch)
         return resp
 
-    async def _channel(self, address: str, timeout: float) -> LookupChannel | None:
+    async def _channel(self, address: str) -> LookupChannel | None:
         """The open channel to ``address``, opened if need be; None where the node serves
         none (asked again after :data:`PLAIN_FOR` seconds). NodeUnavailable when it cannot
         be reached, as a request."""
@@ -146,19 +153,15 @@ class HttpTransport:
             path = "/v1/lookups"
             hdrs = self._auth("GET", address, path, b"") if self._auth is not None else {}
             url = node_url(address, path, tls=self._tls is not None)
-            try:
-                async with asyncio.timeout(timeout):
-                    ws = await self._session.ws_connect(
-                        url, headers=hdrs, max_msg_size=MAX_MESSAGE, autoping=True
-                    )
-            except TimeoutError as exc:
-                raise RequestTimeout(
-                    f"opening a lookup channel to {address} took too long"
-                ) from exc
-            except aiohttp.WSServerHandshakeError as exc:
-                if exc.status in (401, 403, 429) or exc.status >= 500:
-                    raise error_from_answer(exc.status, exc.message.encode(), address) from exc
-                self._plain[address] = time.monotonic() + PLAIN_FOR  # no such route there
+            try:  # pings every HEARTBEAT seconds: a connection that died silently is noticed
+                ws = await self._session.ws_connect(
+                    url, headers=hdrs, max_msg_size=MAX_MESSAGE, heartbeat=HEARTBEAT
+                )
+            except aiohttp.WSServerHandshakeError:
+                # refused: an older node has no such route; a token without the read right, a
+                # rate, no room in the node's budget, a failing node: its requests' answers
+                # say so in their own words
+                self._plain[address] = time.monotonic() + PLAIN_FOR
                 return None
             except (aiohttp.ClientError, OSError) as exc:
                 raise self._unreachable(address, exc) from exc

@@ -11,12 +11,21 @@ out of order (``id`` pairs them).
 Every message passes the checks a ``POST .../lookup`` passes, in the same order: a node
 replaced or written off answers nothing (the channel is closed); the caller's token, taken
 from the upgrade's headers, is judged again per message (a tokens file reloaded since
-counts); the ``read`` right on the message's query; the token's rates; the message's bytes,
-then its reads and answer, from the node's ``--memory-budget``; the foreground gate. Ring
+counts; a token no longer valid is answered 401 and its channel closed); the ``read`` right
+on the message's query; the token's rates; the message's bytes, then its reads and answer,
+from the node's ``--memory-budget`` (held until the answer is sent); the foreground gate. Ring
 nodes do not use channels (a node's signed request cannot be judged again: its signature is
-spent), so the upgrade refuses them. A message is at most ``--max-body`` bytes (a larger one
-closes the channel); at most :data:`IN_FLIGHT` of a channel run at once, the next read when
-one ends; a channel idle for :data:`IDLE` seconds is closed.
+spent), so the upgrade refuses them.
+
+What a channel holds: the upgrade takes :data:`MESSAGE_BYTES` from the budget for the
+channel's life (the message being read: a valid lookup's body is well under it; a larger
+message closes the channel, 1009), and refuses the channel (429: the SDK sends requests)
+when there is no room; at most :data:`IN_FLIGHT` messages are answered or being sent at
+once, the next read when one's answer is sent; an answer not sent within
+:data:`SEND_TIMEOUT` (a reader that stopped reading) drops the connection; a channel that
+carried no message for :data:`IDLE` seconds (pings do not count) is closed, and a close
+that does not finish within :data:`CLOSE_TIMEOUT` (a peer that reads nothing) drops the
+connection, at the node's stop too.
 """
 
 from __future__ import annotations
@@ -27,23 +36,33 @@ import logging
 from typing import Any
 
 import msgpack
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from statestore.core.access import Grants
-from statestore.core.errors import InvalidRequest, NodeUnavailable, RateLimited, StateStoreError
+from statestore.core.errors import (
+    InvalidRequest,
+    NodeUnavailable,
+    RateLimited,
+    StateStoreError,
+    Unauthenticated,
+)
 from statestore.core.ids import StoreId
 from statestore.node.auth import Principal, principal
-from statestore.node.budget import Lease
+from statestore.node.budget import LEASE, Lease
 from statestore.node.daemon import NODE, Node
 from statestore.node.lookup import answer_lookup
 from statestore.node.metrics import METRICS
 from statestore.node.request import addressed_to
 
-__all__ = ["IDLE", "IN_FLIGHT", "register"]
+__all__ = ["IDLE", "IN_FLIGHT", "MESSAGE_BYTES", "register"]
 
 log = logging.getLogger(__name__)
-IN_FLIGHT = 16  # a channel's messages answered at once
-IDLE = 300.0  # seconds a channel may carry nothing before it is closed
+IN_FLIGHT = 16  # a channel's messages answered or being sent at once
+IDLE = 300.0  # seconds a channel may carry no message before it is closed
+SEND_TIMEOUT = 30.0  # seconds an answer may take to be sent
+CLOSE_TIMEOUT = 2.0  # seconds a close may take before the connection is dropped
+MESSAGE_BYTES = 1 << 20  # a message at most (a lookup's keys and parts: ~600 KiB at most)
+MAX_STORE_TEXT = 512  # a store's name in a message, at most (checked before it is parsed)
 MAX_ID = (1 << 63) - 1
 
 
@@ -77,13 +96,16 @@ def _message(data: bytes) -> tuple[int, StoreId, bytes]:
         or not isinstance(msg[2], bytes)
     ):
         raise InvalidRequest("lookup channel: a message is [id, store, body]")
+    if len(msg[1]) > MAX_STORE_TEXT:
+        raise InvalidRequest(f"lookup channel: a store's name is at most {MAX_STORE_TEXT} long")
     return msg[0], StoreId.parse(msg[1]), msg[2]
 
 
 async def _answer(
-    request: web.Request, who: Principal, store: StoreId, body: bytes
-) -> tuple[int, bytes]:
-    """One message's lookup, through the route's checks (module docstring)."""
+    request: web.Request, who: Principal, store: StoreId, body: bytes, lease: Lease
+) -> bytes:
+    """One message's lookup, through the route's checks (module docstring); its bytes, then
+    its reads and answer, taken from ``lease``."""
     app = request.app
     node = app[NODE]
     reason = _closed_reason(node)
@@ -94,17 +116,17 @@ async def _answer(
     if who.grant is not None:
         Grants.authorize(who.grant, "read", store.query)
     node.access.admit(who, len(body))
-    lease = Lease(node.budget)
-    gate = node.foreground
-    gate.begin()
     try:
         await lease.take(len(body), "a lookup channel's message")
-        answer = await answer_lookup(app, store, body, lease)
+        gate = node.foreground
+        gate.begin()
+        try:
+            answer = await answer_lookup(app, store, body, lease)
+        finally:
+            gate.end()
         node.access.charge(who, len(answer))
-        return 200, answer
+        return answer
     finally:
-        gate.end()
-        await lease.close()
         node.access.done(who)
 
 
@@ -114,59 +136,80 @@ async def lookups(request: web.Request) -> web.WebSocketResponse:
     who = principal(request)
     if who.kind == "node":
         raise InvalidRequest("ring nodes send their lookups as POST .../lookup")
-    ws = web.WebSocketResponse(max_msg_size=node.config.max_body, receive_timeout=IDLE)
+    # the message being read, for the channel's life: no room, no channel (its caller sends
+    # requests); given back with the request's lease when the channel ends
+    await request[LEASE].take(MESSAGE_BYTES, "a lookup channel", patient=False)
+    ws = web.WebSocketResponse(max_msg_size=MESSAGE_BYTES)
     await ws.prepare(request)
     channels = request.app[CHANNELS]
-    channels.add(ws)
+    channels[ws] = request.transport
     metrics = request.app[METRICS]
     room = asyncio.Semaphore(IN_FLIGHT)
     running: set[asyncio.Task[None]] = set()
+    loop = asyncio.get_running_loop()
 
     async def serve(mid: int, store: StoreId, body: bytes) -> None:
+        lease = Lease(node.budget)  # held until the answer is sent
+        close: WSCloseCode | None = None
         try:
-            status, answer = await _answer(request, who, store, body)
-        except StateStoreError as exc:
-            status, answer = exc.status, _error(exc)
-            if isinstance(exc, NodeUnavailable) and _closed_reason(node) is not None:
-                await ws.close()
-        except Exception as exc:  # the boundary, as errors_middleware's
-            log.exception("unhandled error on a lookup channel's message of %s", store)
-            err = StateStoreError(f"node error: {type(exc).__name__}: {exc}")
-            status, answer = 500, _error(err)
-        finally:
-            room.release()
-        metrics.bytes_in.inc(len(body))
-        metrics.bytes_out.inc(len(answer))
-        node.served.add(len(answer), node.clock())
-        if status >= 400:
-            metrics.refused(status, json.loads(answer)["error"]["code"])
-        if not ws.closed:
             try:
-                await ws.send_bytes(msgpack.packb([mid, status, answer, node.epoch]))
-            except (ConnectionError, RuntimeError):
-                pass  # the reader went away: nothing to answer
+                status, answer = 200, await _answer(request, who, store, body, lease)
+            except StateStoreError as exc:
+                status, answer = exc.status, _error(exc)
+                if isinstance(exc, Unauthenticated):
+                    close = WSCloseCode.POLICY_VIOLATION  # a token no longer valid
+                elif isinstance(exc, NodeUnavailable) and _closed_reason(node) is not None:
+                    close = WSCloseCode.GOING_AWAY
+            except Exception as exc:  # the boundary, as errors_middleware's
+                log.exception("unhandled error on a lookup channel's message of %s", store)
+                err = StateStoreError(f"node error: {type(exc).__name__}: {exc}")
+                status, answer = 500, _error(err)
+            metrics.bytes_in.inc(len(body))
+            if status >= 400:
+                metrics.refused(status, json.loads(answer)["error"]["code"])
+            if not ws.closed:
+                frame = msgpack.packb([mid, status, answer, node.epoch])
+                try:
+                    async with asyncio.timeout(SEND_TIMEOUT):
+                        await ws.send_bytes(frame)
+                except TimeoutError:
+                    _drop(request.transport)  # a reader that stopped reading
+                except (ConnectionError, RuntimeError):
+                    pass  # the reader went away: nothing to answer
+                else:
+                    metrics.bytes_out.inc(len(frame))
+                    node.served.add(len(frame), node.clock())
+            if close is not None:
+                await _close(ws, request.transport, close, b"lookup channel: closed")
+        finally:
+            await lease.close()
+            room.release()
 
+    last = loop.time()  # of the last message: pings do not keep a channel open
     try:
         while True:
             await room.acquire()
             try:
-                msg = await ws.receive()
+                async with asyncio.timeout_at(last + IDLE):
+                    msg = await ws.receive()
             except TimeoutError:
                 room.release()
-                break  # idle for too long
+                break  # no message for too long
+            last = loop.time()
             if msg.type != WSMsgType.BINARY:
                 room.release()
-                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
-                    break
-                if msg.type == WSMsgType.ERROR:  # too large, or not a WebSocket frame
-                    break
-                await ws.close(message=b"lookup channel: messages are binary msgpack")
-                break
+                if msg.type == WSMsgType.TEXT:
+                    metrics.refused(400, InvalidRequest.code)
+                    code, why = WSCloseCode.UNSUPPORTED_DATA, b"messages are binary msgpack"
+                    await _close(ws, request.transport, code, why)
+                break  # closed, or not a WebSocket frame, or too large (closed with 1009)
             try:
                 mid, store, body = _message(msg.data)
             except StateStoreError as exc:
                 room.release()
-                await ws.close(message=str(exc).encode()[:120])
+                metrics.refused(exc.status, exc.code)
+                why = str(exc).encode()[:120]
+                await _close(ws, request.transport, WSCloseCode.POLICY_VIOLATION, why)
                 break
             task = asyncio.ensure_future(serve(mid, store, body))
             running.add(task)
@@ -175,24 +218,41 @@ async def lookups(request: web.Request) -> web.WebSocketResponse:
         for task in list(running):
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        channels.discard(ws)
-        await ws.close()
+        channels.pop(ws, None)
+        await _close(ws, request.transport, WSCloseCode.OK, b"")
     return ws
 
 
-Channels = set[web.WebSocketResponse]
+async def _close(
+    ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, code: int, why: bytes
+) -> None:
+    """Close ``ws``, or drop its connection when the close does not finish in time (a peer
+    that reads nothing holds a close's send for ever)."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await ws.close(code=code, message=why)
+    except TimeoutError:
+        _drop(transport)
+
+
+def _drop(transport: asyncio.BaseTransport | None) -> None:
+    if transport is not None and not transport.is_closing():
+        transport.abort()  # type: ignore[attr-defined]
+
+
+Channels = dict[web.WebSocketResponse, asyncio.BaseTransport | None]
 CHANNELS: web.AppKey[Channels] = web.AppKey("lookup_channels")
 
 
 async def _close_all(app: web.Application) -> None:
-    """On shutdown: every channel closed, so that none holds the node's stop."""
+    """On shutdown: every channel closed at once, so that none holds the node's stop."""
     held: Channels = app[CHANNELS]
-    for ws in list(held):
-        await ws.close(code=1001, message=b"node stopping")
+    code = WSCloseCode.GOING_AWAY
+    await asyncio.gather(*(_close(ws, t, code, b"node stopping") for ws, t in list(held.items())))
 
 
 def register(app: web.Application) -> None:
-    open_channels: Channels = set()
+    open_channels: Channels = {}
     app[CHANNELS] = open_channels
     app.on_shutdown.append(_close_all)
     app.router.add_get("/v1/lookups", lookups)

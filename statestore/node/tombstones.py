@@ -326,10 +326,11 @@ async def tombstone_loop(node: Node) -> None:
                         query,
                         query,
                     )
-        if heard or not peers:  # (alone: no copy is asked of it, nor was a drop missed)
-            first = False
+        if heard:
             node.tombstones_heard = True
-        # until it heard a peer, it asks again soon: its copies wait for it (check_copies_served)
+        if heard or node.clock() - node.began >= node.config.down_after:
+            first = False  # (no peer answered within --down-after: its copies are served too)
+        # until then it asks again soon: its copies wait for it (Node.check_copies_served)
         await asyncio.sleep(node.config.repair_interval if not first else FIRST_RETRY)
 
 

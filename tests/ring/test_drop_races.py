@@ -4,6 +4,7 @@ before its purge and writes after (node/tombstones.copy_mark)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,15 @@ async def test_a_node_serves_no_copies_before_it_learned_the_drops_it_missed(
             assert (await call(node, method, path, **kw))[0] == 200, path
     async with nodes(tmp_path / "b", 2, replicas=2, write_quorum=2, down_after=600) as ns:
         await eventually(lambda: all(n.tombstones_heard for n in ns), "both heard a peer")
+
+
+async def test_a_node_that_knows_no_peer_yet_has_not_heard_the_drops(tmp_path: Path) -> None:
+    """A node that starts knowing no peer (a ring's first node, or one finding its peers
+    later) has learned no drop: it serves copies only once a peer answered, or after
+    --down-after (hostile review 66: it counted "no peers" as heard, at once)."""
+    async with nodes(tmp_path, 1, replicas=1, write_quorum=1, down_after=600) as (node,):
+        await asyncio.sleep(1.5)  # the tombstone loop has run at least once
+        assert not node.tombstones_heard
+        asks = {"json": {"node": "x1", "limit": 10}}
+        status, _ = await call(node, "POST", "/v1/handover/items", **asks)
+        assert status == 503

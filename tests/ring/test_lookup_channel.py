@@ -7,18 +7,26 @@ fails over as a request does."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
+import socket
+import struct
+import time
 from pathlib import Path
 
 import aiohttp
 import msgpack
 import msgspec
+import pytest
 from aiohttp import web
 
 from client import AsyncRingClient, StoreId
 from statestore.core.manifest import Manifest
 from statestore.net.http import HttpTransport
 from statestore.net.reads import block_path
+from statestore.node import channel as channel_module
+from statestore.node.channel import CHANNELS, IN_FLIGHT
 from statestore.node.server import start_node, stop_node
 from statestore.wire.bodies import LookupPart, LookupRequest
 from tests.ringkit import SECRET, call, config, nodes
@@ -62,14 +70,17 @@ async def test_cold_reads_of_an_opened_store_go_over_one_channel(tmp_path: Path)
         assert msgpack.unpackb(answer) == [b"new"]
 
 
-def _lookup_body(chain: list[Manifest], key: bytes) -> bytes:
-    """What a reader of ``chain`` sends to look ``key`` up (net/reads.lookup_keys)."""
-    path = block_path(chain, key)
-    assert path
-    parts = [
-        LookupPart(v, r.name, r.lo, r.hi, r.size, r.index_len, r.index_checksum) for v, r in path
-    ]
-    return msgspec.json.encode(LookupRequest(chain[-1].key_groups, [key.hex()], parts))
+def _lookup_body(chain: list[Manifest], *keys: bytes) -> bytes:
+    """What a reader of ``chain`` sends to look ``keys`` up (net/reads.lookup_keys)."""
+    parts: dict[tuple[int, str], LookupPart] = {}
+    for key in keys:
+        path = block_path(chain, key)
+        assert path
+        for v, r in path:
+            part = LookupPart(v, r.name, r.lo, r.hi, r.size, r.index_len, r.index_checksum)
+            parts[v, r.name] = part
+    hexed = [k.hex() for k in keys]
+    return msgspec.json.encode(LookupRequest(chain[-1].key_groups, hexed, list(parts.values())))
 
 
 async def test_each_message_is_judged_as_its_request(tmp_path: Path) -> None:
@@ -163,3 +174,117 @@ async def test_a_channel_whose_node_stops_fails_over(tmp_path: Path) -> None:
     finally:
         for n, r in reversed(started):
             await stop_node(n, r)
+
+
+async def _raw_channel(
+    address: str, headers: dict[str, str] | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket to ``/v1/lookups`` that reads nothing unless asked (a small receive
+    buffer: a reader that stops reading)."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    r, w = await asyncio.open_connection(sock=sock, limit=4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    w.write(
+        f"GET /v1/lookups HTTP/1.1\r\nHost: {address}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"{extra}\r\n".encode()
+    )
+    head = await r.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return r, w
+
+
+def _frame(payload: bytes) -> bytes:
+    """A client's binary frame (masked with zeros)."""
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", 0x82, 0x80 | n)
+    elif n < 65536:
+        head = struct.pack("!BBH", 0x82, 0x80 | 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x82, 0x80 | 127, n)
+    return head + b"\0\0\0\0" + payload
+
+
+async def test_a_reader_that_stops_reading_holds_neither_memory_nor_the_stop(
+    tmp_path: Path,
+) -> None:
+    """150 lookups of ~0.8 MB answers sent, none read (hostile review 66): the node answers
+    at most IN_FLIGHT at once, each held to the budget until sent (the build before queued
+    every answer, 112 MiB past an 8 MiB budget), and its stop drops the connection a close
+    cannot finish on (the build before's stop hung for ever)."""
+    kw = {"replicas": 1, "write_quorum": 1, "memory_budget": 8 << 20, "max_body": 1 << 20}
+    node, runner = await start_node(config(tmp_path, "n", **kw))
+    stopped = False
+    try:
+        rows = {b"k%d" % i: os.urandom(200_000) for i in range(4)}
+        async with AsyncRingClient([node.address]) as ring:
+            await ring.commit(SID, 1, rows, [], {}, epoch=1, snapshot=True)
+            view = await ring.open(SID, cache_bytes=0)
+            body = _lookup_body(view.chain, *rows)
+        _r, w = await _raw_channel(node.address)
+        for i in range(150):
+            w.write(_frame(msgpack.packb([i, SID.path, body])))
+        await w.drain()
+        (ws,) = runner.app[CHANNELS]
+        buffered = 0
+        for _ in range(8):
+            await asyncio.sleep(0.25)
+            buffered = max(buffered, ws._writer.transport.get_write_buffer_size())
+        assert buffered <= IN_FLIGHT * 1_000_000, buffered
+        await asyncio.wait_for(stop_node(node, runner), 60)
+        stopped = True
+        w.close()
+    finally:
+        if not stopped:
+            await stop_node(node, runner)
+
+
+async def test_a_revoked_token_and_a_giant_name_close_the_channel(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(TOKENS))
+    (tmp_path / "s").write_bytes(SECRET)
+    kw = {"auth_file": str(tmp_path / "t.json"), "cluster_secret_file": str(tmp_path / "s")}
+    node, runner = await start_node(config(tmp_path, "n", replicas=1, write_quorum=1, **kw))
+    url = f"http://{node.address}/v1/lookups"
+    headers = {"Authorization": f"Bearer {A_READER}"}
+    try:
+        async with AsyncRingClient([node.address], token=A_READER) as ring:
+            await ring.commit(SID, 1, ROWS, [], {}, epoch=1, snapshot=True)
+            view = await ring.open(SID, cache_bytes=0)
+            body = _lookup_body(view.chain, b"k00007")
+        async with aiohttp.ClientSession() as s:
+            async with s.ws_connect(url, headers=headers) as ws:
+                await ws.send_bytes(msgpack.packb([1, "x" * 100_000, body]))
+                closed = await ws.receive()
+                assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+                assert ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
+            async with s.ws_connect(url, headers=headers) as ws:
+                await ws.send_bytes(msgpack.packb([1, SID.path, body]))
+                assert msgpack.unpackb((await ws.receive()).data)[1] == 200
+                tokens = {k: v for k, v in TOKENS.items() if k != A_READER}
+                (tmp_path / "t.json").write_text(json.dumps(tokens))
+                later = time.time_ns() + 10**9
+                os.utime(tmp_path / "t.json", ns=(later, later))
+                await ws.send_bytes(msgpack.packb([2, SID.path, body]))
+                assert msgpack.unpackb((await ws.receive()).data)[1] == 401
+                closed = await ws.receive()
+                assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    finally:
+        await stop_node(node, runner)
+
+
+async def test_pings_do_not_keep_an_idle_channel_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel_module, "IDLE", 1.0)
+    async with nodes(tmp_path, 1, replicas=1, write_quorum=1) as (node,):
+        async with aiohttp.ClientSession() as s:
+            url = f"http://{node.address}/v1/lookups"
+            async with s.ws_connect(url, heartbeat=0.2) as ws:  # pings every 0.2 s
+                closed = await asyncio.wait_for(ws.receive(), 30)
+                assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
