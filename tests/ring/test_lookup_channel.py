@@ -27,6 +27,7 @@ from statestore.net.http import HttpTransport
 from statestore.net.reads import block_path
 from statestore.node import channel as channel_module
 from statestore.node.channel import CHANNELS, IN_FLIGHT
+from statestore.node.daemon import Node
 from statestore.node.server import start_node, stop_node
 from statestore.wire.bodies import LookupPart, LookupRequest
 from tests.ringkit import SECRET, call, config, nodes
@@ -83,11 +84,16 @@ def _lookup_body(chain: list[Manifest], *keys: bytes) -> bytes:
     return msgspec.json.encode(LookupRequest(chain[-1].key_groups, hexed, list(parts.values())))
 
 
-async def test_each_message_is_judged_as_its_request(tmp_path: Path) -> None:
+async def _guarded(tmp_path: Path) -> tuple[Node, web.AppRunner]:
+    """One node with the tokens of :data:`TOKENS` and a cluster secret."""
     (tmp_path / "t.json").write_text(json.dumps(TOKENS))
     (tmp_path / "s").write_bytes(SECRET)
     kw = {"auth_file": str(tmp_path / "t.json"), "cluster_secret_file": str(tmp_path / "s")}
-    node, runner = await start_node(config(tmp_path, "n", replicas=1, write_quorum=1, **kw))
+    return await start_node(config(tmp_path, "n", replicas=1, write_quorum=1, **kw))
+
+
+async def test_each_message_is_judged_as_its_request(tmp_path: Path) -> None:
+    node, runner = await _guarded(tmp_path)
     url = f"http://{node.address}/v1/lookups"
     try:
         async with AsyncRingClient([node.address], token=A_READER) as ring:
@@ -246,10 +252,7 @@ async def test_a_reader_that_stops_reading_holds_neither_memory_nor_the_stop(
 
 
 async def test_a_revoked_token_and_a_giant_name_close_the_channel(tmp_path: Path) -> None:
-    (tmp_path / "t.json").write_text(json.dumps(TOKENS))
-    (tmp_path / "s").write_bytes(SECRET)
-    kw = {"auth_file": str(tmp_path / "t.json"), "cluster_secret_file": str(tmp_path / "s")}
-    node, runner = await start_node(config(tmp_path, "n", replicas=1, write_quorum=1, **kw))
+    node, runner = await _guarded(tmp_path)
     url = f"http://{node.address}/v1/lookups"
     headers = {"Authorization": f"Bearer {A_READER}"}
     try:
