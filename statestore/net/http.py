@@ -41,7 +41,6 @@ __all__ = ["HttpStream", "HttpTransport", "Response"]
 
 Auth = Callable[[str, str, str, bytes], dict[str, str]]
 PLAIN_FOR = 60.0  # seconds a node that serves no lookup channel is sent requests instead
-HEARTBEAT = 30.0  # seconds between a lookup channel's pings
 Prove = Callable[[Mapping[str, str], int, Mapping[str, str], bytes], None]
 
 
@@ -119,8 +118,8 @@ class HttpTransport:
         else as that request. A transport that checks answers' proofs (a node's) sends
         requests: a channel's answers are not proven."""
         limit = self.timeout if timeout is None else timeout
-        channel = None
-        if self._prove is None:
+        channel = self._channels.get(address)  # open: the usual case, with no timer
+        if (channel is None or channel.broken is not None) and self._prove is None:
             try:  # another reader opening it meanwhile is waited for within the deadline
                 async with asyncio.timeout(limit):
                     channel = await self._channel(address)
@@ -153,10 +152,8 @@ class HttpTransport:
             path = "/v1/lookups"
             hdrs = self._auth("GET", address, path, b"") if self._auth is not None else {}
             url = node_url(address, path, tls=self._tls is not None)
-            try:  # pings every HEARTBEAT seconds: a connection that died silently is noticed
-                ws = await self._session.ws_connect(
-                    url, headers=hdrs, max_msg_size=MAX_MESSAGE, heartbeat=HEARTBEAT
-                )
+            try:  # (a channel that answers nothing before a deadline is replaced: LookupChannel)
+                ws = await self._session.ws_connect(url, headers=hdrs, max_msg_size=MAX_MESSAGE)
             except aiohttp.WSServerHandshakeError:
                 # refused: an older node has no such route; a token without the read right, a
                 # rate, no room in the node's budget, a failing node: its requests' answers

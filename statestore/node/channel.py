@@ -64,6 +64,7 @@ CLOSE_TIMEOUT = 2.0  # seconds a close may take before the connection is dropped
 MESSAGE_BYTES = 1 << 20  # a message at most (a lookup's keys and parts: ~600 KiB at most)
 MAX_STORE_TEXT = 512  # a store's name in a message, at most (checked before it is parsed)
 MAX_ID = (1 << 63) - 1
+SMALL = 16 << 10  # an answer this small sent into an empty buffer is written, never waited on
 
 
 def _error(exc: StateStoreError) -> bytes:
@@ -170,8 +171,11 @@ async def lookups(request: web.Request) -> web.WebSocketResponse:
             if not ws.closed:
                 frame = msgpack.packb([mid, status, answer, node.epoch])
                 try:
-                    async with asyncio.timeout(SEND_TIMEOUT):
-                        await ws.send_bytes(frame)
+                    if len(frame) < SMALL and not _pending(request.transport):
+                        await ws.send_bytes(frame)  # into an empty buffer: it does not wait
+                    else:
+                        async with asyncio.timeout(SEND_TIMEOUT):
+                            await ws.send_bytes(frame)
                 except TimeoutError:
                     _drop(request.transport)  # a reader that stopped reading
                 except (ConnectionError, RuntimeError):
@@ -185,17 +189,13 @@ async def lookups(request: web.Request) -> web.WebSocketResponse:
             await lease.close()
             room.release()
 
-    last = loop.time()  # of the last message: pings do not keep a channel open
+    last = [loop.time()]  # of the last message: pings do not keep a channel open
+    idle = asyncio.ensure_future(_close_when_idle(ws, request.transport, last))
     try:
         while True:
             await room.acquire()
-            try:
-                async with asyncio.timeout_at(last + IDLE):
-                    msg = await ws.receive()
-            except TimeoutError:
-                room.release()
-                break  # no message for too long
-            last = loop.time()
+            msg = await ws.receive()
+            last[0] = loop.time()
             if msg.type != WSMsgType.BINARY:
                 room.release()
                 if msg.type == WSMsgType.TEXT:
@@ -215,12 +215,33 @@ async def lookups(request: web.Request) -> web.WebSocketResponse:
             running.add(task)
             task.add_done_callback(running.discard)
     finally:
+        idle.cancel()
         for task in list(running):
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         channels.pop(ws, None)
         await _close(ws, request.transport, WSCloseCode.OK, b"")
     return ws
+
+
+async def _close_when_idle(
+    ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, last: list[float]
+) -> None:
+    """Close ``ws`` once it carried no message for :data:`IDLE` seconds (``last[0]``: when
+    its last one came): one timer a channel, not one a message."""
+    loop = asyncio.get_running_loop()
+    while not ws.closed:
+        wait = last[0] + IDLE - loop.time()
+        if wait <= 0:
+            await _close(ws, transport, WSCloseCode.GOING_AWAY, b"lookup channel: idle")
+            return
+        await asyncio.sleep(wait)
+
+
+def _pending(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes ``transport`` has not sent yet (0 when there is none)."""
+    size = getattr(transport, "get_write_buffer_size", None)
+    return int(size()) if size is not None else 0
 
 
 async def _close(
