@@ -370,8 +370,9 @@ class Node:
         # called with a query once this node purged it (a drop): the lookup cache forgets it
         self.purge_hooks: list[Callable[[str], None]] = []
         # whether the drops this node missed while away are known (node/tombstones.py): its
-        # first tombstone exchange, or --down-after since it started
-        self.tombstones_heard = False
+        # first tombstone exchange, or --down-after since it started; a new data dir held
+        # nothing of a drop it missed
+        self.tombstones_heard = self.incarnation == 1 and adopt is None
         self.began = clock()
         self.stats: dict[str, int] = {
             "repaired": 0,

@@ -121,10 +121,14 @@ async def test_a_node_serves_no_copies_before_it_learned_the_drops_it_missed(
 
 
 async def test_a_node_that_knows_no_peer_yet_has_not_heard_the_drops(tmp_path: Path) -> None:
-    """A node that starts knowing no peer (a ring's first node, or one finding its peers
-    later) has learned no drop: it serves copies only once a peer answered, or after
-    --down-after (hostile review 66: it counted "no peers" as heard, at once)."""
+    """A node that starts again knowing no peer (a ring's first node, or one finding its
+    peers later) has learned no drop: it serves copies only once a peer answered, or after
+    --down-after (hostile review 66: it counted "no peers" as heard, at once). A new data
+    dir held nothing: its copies are served at once."""
     async with nodes(tmp_path, 1, replicas=1, write_quorum=1, down_after=600) as (node,):
+        assert node.tombstones_heard  # a new data dir
+    async with nodes(tmp_path, 1, replicas=1, write_quorum=1, down_after=600) as (node,):
+        assert node.incarnation == 2  # the same data dir, started again
         await asyncio.sleep(1.5)  # the tombstone loop has run at least once
         assert not node.tombstones_heard
         asks = {"json": {"node": "x1", "limit": 10}}
