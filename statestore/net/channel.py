@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 
 import aiohttp
 import msgpack
@@ -23,7 +22,6 @@ from statestore.net.transport import Response, error_from_answer
 
 __all__ = ["MAX_MESSAGE", "LookupChannel"]
 
-log = logging.getLogger(__name__)
 # the largest answer a channel takes: a lookup's values (node/lookup.LOOKUP_ANSWER_BYTES,
 # 32 MiB) packed, and room besides
 MAX_MESSAGE = 40 << 20

@@ -39,7 +39,6 @@ from statestore.core.errors import (
     NotFound,
     PayloadTooLarge,
     QuorumNotReached,
-    RateLimited,
     StateStoreError,
     StoreNotFound,
     Unavailable,
@@ -358,10 +357,11 @@ async def _ask_many(
             resp = await transport.request(
                 "POST", address, path, json_body={"stores": [items[i] for i in part]}
             )
-        except (PayloadTooLarge, RateLimited):
+        except PayloadTooLarge:
             if len(part) == 1:
                 raise
-            # its answer is more than the node's memory budget holds (now): asked in halves
+            # its answer is more than the node's whole memory budget: asked in halves (not on
+            # a 429, which more requests would not help)
             half = len(part) // 2
             return [
                 *(await ask_part(address, part[:half])),

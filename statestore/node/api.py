@@ -511,7 +511,8 @@ async def chain(request: web.Request) -> web.Response:
         raise StoreNotFound(f"store {store} has no version on this node")
     # a scan of the store's manifests: in a worker thread (a store keeping many versions)
     parts = (await asyncio.to_thread(_chains_of, node, store, [version]))[version]
-    assert parts is not None
+    if parts is None:  # dropped since the check above
+        raise StoreNotFound(f"store {store} has no version on this node")
     await request[LEASE].take(2 * sum(map(len, parts)), "a chain's answer")
     return web.Response(body=join_chain(parts), content_type="application/msgpack")
 
