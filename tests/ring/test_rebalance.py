@@ -367,8 +367,12 @@ def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> Non
             before = json.loads(
                 _statestore("rebalance", "--seeds", ring.seeds[0], "--dry-run", "--json").stdout
             )
-            assert before["ratio_before"] > 1.15 and before["steps"], before
-            done = _statestore("rebalance", "--seeds", ring.seeds[0], "--bound", "1.15")
+            assert before["ratio_before"] > 1.1 and before["steps"], before
+            # the bound half way down from the measured skew: the writer's commits move the
+            # measured ratio between this dry run and the real one (a CI run measured 1.15+ here
+            # and 1.149 there, "nothing to move" against a fixed bound of 1.15)
+            bound = 1 + (before["ratio_before"] - 1) / 2
+            done = _statestore("rebalance", "--seeds", ring.seeds[0], "--bound", f"{bound:.3f}")
             assert done.returncode == 0, done.stderr
             assert "done:" in done.stderr, done.stderr
             time.sleep(1.0)  # commits on the rebalanced ring
