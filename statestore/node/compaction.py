@@ -294,6 +294,9 @@ async def compaction_loop(node: Node) -> None:
     # stores whose other owners answered about a writer-set retain (led here with none held:
     # asked each pass until one answers, node/repair.ask_owners)
     asked: set[StoreId] = set()
+    # a node started again writes no snapshot to owners before it learned the drops it
+    # missed (one of a query dropped meanwhile would bring it back)
+    await node.until_copies_served()
     while True:
         await asyncio.sleep(node.config.compact_interval)
         view = node.view()

@@ -373,6 +373,9 @@ class Node:
         # first tombstone exchange, or --down-after since it started; a new data dir held
         # nothing of a drop it missed
         self.tombstones_heard = self.incarnation == 1 and adopt is None
+        self._heard = asyncio.Event()  # set with tombstones_heard (heard_drops)
+        if self.tombstones_heard:
+            self._heard.set()
         self.began = clock()
         self.stats: dict[str, int] = {
             "repaired": 0,
@@ -694,12 +697,33 @@ class Node:
                 inc,
             )
 
-    def check_copies_served(self) -> None:
-        """NodeUnavailable until what this node holds may be copied to peers (a join's or
-        token move's listing and pulls): not before it learned the drops it missed while away
+    def heard_drops(self) -> None:
+        """The drops this node missed while away are known and purged (node/tombstones.py):
+        its copies may go to peers from now on."""
+        self.tombstones_heard = True
+        self._heard.set()
+
+    def copies_served(self) -> bool:
+        """Whether what this node holds may be copied to peers, pulled by them or pushed by
+        it (a join's or token move's listing and pulls, hints handed off, snapshots written
+        to owners, a leave's pushes): not before it learned the drops it missed while away
         (its first tombstone exchange, or ``--down-after`` since it started, when no peer
-        answered), or a peer would pull a dropped query's data back from it."""
-        if not self.tombstones_heard and self.clock() - self.began < self.config.down_after:
+        answered), or a dropped query's data would go back to peers that purged it."""
+        return self.tombstones_heard or self.clock() - self.began >= self.config.down_after
+
+    async def until_copies_served(self) -> None:
+        """Wait until :meth:`copies_served` (at most ``--down-after`` since the start)."""
+        left = self.config.down_after - (self.clock() - self.began)
+        if self.tombstones_heard or left <= 0:
+            return
+        try:
+            await asyncio.wait_for(self._heard.wait(), left)
+        except TimeoutError:
+            pass
+
+    def check_copies_served(self) -> None:
+        """NodeUnavailable until :meth:`copies_served`: a peer's pull of this node's copies."""
+        if not self.copies_served():
             raise NodeUnavailable(
                 f"node {self.id} has not yet learned the drops it missed while away: its "
                 "copies are served once it has (a moment after it starts)"

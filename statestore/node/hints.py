@@ -581,6 +581,9 @@ async def hint_loop(node: Node) -> None:
     so its next commit can be stable again); a pass that decides nothing doubles the wait
     before the next, up to 30 s (core/hints.next_wait: no busy loop over hints nobody can
     decide)."""
+    # a node started again hands nothing off before it learned the drops it missed: a hint
+    # of a query dropped meanwhile would be written back to owners that purged it
+    await node.until_copies_served()
     base = min(node.config.repair_interval, 1.0)
     wait = base
     while True:

@@ -285,25 +285,26 @@ async def tombstone_loop(node: Node) -> None:
         peers = {m.address for m in node.membership.members() if m.id != node.id}
         peers.update(node.config.seeds)
         peers.discard(node.address)
-        answers = await asyncio.gather(
-            *(
-                # a purge on a peer's word: only an answer signed with the secret (identity)
-                node.transport.request(
-                    "GET", a, "/v1/tombstones", headers=node.access.prove_headers(), timeout=5.0
-                )
-                for a in sorted(peers)
-            ),
-            return_exceptions=True,
-        )
+        asks = [
+            # a purge on a peer's word: only an answer signed with the secret (identity)
+            node.transport.request(
+                "GET", a, "/v1/tombstones", headers=node.access.prove_headers(), timeout=5.0
+            )
+            for a in sorted(peers)
+        ]
         heard = False
-        for answer in answers:
-            if isinstance(answer, BaseException):
+        # each answer learned as it comes: a peer that hangs does not hold back what the
+        # others say (nor this node's copies, which wait for the first answer learned)
+        for asked in asyncio.as_completed(asks):
+            try:
+                answer = await asked
+            except Exception:
                 continue
-            heard = True
             try:
                 tombs = answer.json().get("tombstones", [])
             except (ValueError, AttributeError):
                 continue
+            heard = True
             for t in tombs if isinstance(tombs, list) else []:
                 learned = _learn(node, t, first)
                 if learned is None:
@@ -326,11 +327,11 @@ async def tombstone_loop(node: Node) -> None:
                         query,
                         query,
                     )
-        if heard:
-            node.tombstones_heard = True
+            if not node.tombstones_heard:
+                node.heard_drops()  # this answer's drops purged: copies may go to peers
         if heard or node.clock() - node.began >= node.config.down_after:
             first = False  # (no peer answered within --down-after: its copies are served too)
-        # until then it asks again soon: its copies wait for it (Node.check_copies_served)
+        # until then it asks again soon: its copies wait for it (Node.copies_served)
         await asyncio.sleep(node.config.repair_interval if not first else FIRST_RETRY)
 
 

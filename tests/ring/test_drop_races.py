@@ -5,17 +5,20 @@ before its purge and writes after (node/tombstones.copy_mark)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 from typing import Any
 
+from statestore.core.commit import build_commit
 from statestore.core.handover import Handover
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import Manifest
 from statestore.node.daemon import MoveStatus, Node
 from statestore.node.moves.join import join_round
+from statestore.node.server import start_node, stop_node
 from statestore.node.tombstones import copy_mark
 from statestore.wire.rows import encode_rows
-from tests.ringkit import call, eventually, nodes
+from tests.ringkit import call, config, eventually, nodes, send_commit
 
 STORE = StoreId("q", 0, 0, "s")
 DROP = {"id": "d1", "at": 1.0}
@@ -113,7 +116,7 @@ async def test_a_node_serves_no_copies_before_it_learned_the_drops_it_missed(
             assert "drops it missed" in body["error"]["message"]
         # a client's reads are served meanwhile
         assert (await call(node, "GET", f"/v1/chunks/{key}"))[0] == 200
-        node.tombstones_heard = True
+        node.heard_drops()
         for method, path, kw in asks:
             assert (await call(node, method, path, **kw))[0] == 200, path
     async with nodes(tmp_path / "b", 2, replicas=2, write_quorum=2, down_after=600) as ns:
@@ -134,3 +137,76 @@ async def test_a_node_that_knows_no_peer_yet_has_not_heard_the_drops(tmp_path: P
         asks = {"json": {"node": "x1", "limit": 10}}
         status, _ = await call(node, "POST", "/v1/handover/items", **asks)
         assert status == 503
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_node_started_again_hands_off_no_hint_of_a_query_dropped_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """A node holding a hint goes down; the owners come back and the query is dropped; the
+    node starts again with a peer among its seeds that accepts connections and never
+    answers. Its hint loop waits for the drops it missed (its first tombstone answer, which
+    no longer waits for the hanging peer), so the hint is purged, not written back to the
+    owners that purged the query (hostile review 67: it was handed off a second after the
+    start, while the tombstone exchange waited 5 s for the hanging peer)."""
+    ports = [_free_port() for _ in range(3)]
+    seed = f"127.0.0.1:{ports[0]}"
+    kw: dict[str, Any] = dict(
+        storage="", replicas=2, write_quorum=2, down_after=30, repair_interval=3600,
+        compact_interval=3600,
+    )  # fmt: skip
+
+    def cfg(i: int, *more: str) -> Any:
+        seeds = ([] if i == 0 else [seed]) + list(more)
+        return config(tmp_path, f"n{i}", port=ports[i], host="127.0.0.1", seeds=seeds, **kw)
+
+    # a peer that takes connections (the kernel's backlog) and never answers
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    hanging = f"127.0.0.1:{hole.getsockname()[1]}"
+    started = {i: await start_node(cfg(i)) for i in range(3)}
+    try:
+        ns = [n for n, _ in started.values()]
+        await eventually(lambda: all(len(n.view().live_addresses()) == 3 for n in ns), "3 up")
+        view = ns[0].view()
+        sid = next(
+            s
+            for s in (StoreId("q", 0, p, "s") for p in range(100))
+            if ns[2].address not in view.store_replicas(s)
+        )
+        # the owners go away; a writer's tentative commit lands as a hint on the third node
+        for i in (1, 0):
+            await stop_node(*started.pop(i))
+        rows = {b"k%d" % i: b"DROPPED" for i in range(5)}
+        m, chunks = build_commit(
+            sid, 1, rows, [], None, 1, False, key_groups=128, chunk_size=1 << 20,
+            max_chunk=1 << 22,
+        )  # fmt: skip
+        await send_commit(ns[2], m, chunks, hint=ns[2].address)
+        assert ns[2].store.hint_count() == 1
+        await stop_node(*started.pop(2))
+        # the owners come back and the query is dropped without the third node
+        started[0] = await start_node(cfg(0))
+        started[1] = await start_node(cfg(1))
+        a, b = started[0][0], started[1][0]
+        status, body = await call(a, "POST", "/v1/queries/q/drop")
+        assert status == 200, body
+        assert a.store.head(sid) is None and b.store.head(sid) is None
+        started[2] = await start_node(cfg(2, hanging))
+        h = started[2][0]
+        await eventually(
+            lambda: h.tombstones_heard and h.store.hint_count() == 0, "the hint purged", 20
+        )
+        await asyncio.sleep(1.5)  # a hint pass or two
+        assert a.store.head(sid) is None and b.store.head(sid) is None
+        assert h.store.hint_count() == 0
+    finally:
+        for n, r in started.values():
+            await stop_node(n, r)
+        hole.close()

@@ -69,6 +69,9 @@ async def leave_round(node: Node, move: MoveStatus, seen: Seen, label: str = "")
     by our new state yet. ``label`` names the round in the move's timeline (default: its
     number)."""
     label = label or f"round {move.handover.rounds + 1}"
+    # nothing pushed before this node learned the drops it missed while away (a leave or a
+    # token move asked of a node just started again): those queries' items would go back
+    await node.until_copies_served()
     started = node.clock()
     view = node.view()
     me = node.address
