@@ -150,9 +150,10 @@ def chunk_key(store: StoreId, version: int, name: str) -> str:
     return f"{store.path}/{version}/{name}"
 
 
-# a node parses the same few stores' chunk keys read after read (a lookup's blocks): the
-# stores parsed last are kept (StoreId is immutable; a path that does not parse is not kept)
-_parsed_store = lru_cache(maxsize=1024)(StoreId.parse)
+# a node parses the same few stores read after read (a lookup's blocks' chunk keys, a lookup
+# channel's messages): the stores parsed last are kept (StoreId is immutable; a path that
+# does not parse is not kept)
+parsed_store = lru_cache(maxsize=1024)(StoreId.parse)
 
 
 def parse_chunk_key(key: str) -> tuple[StoreId, int, str]:
@@ -160,7 +161,7 @@ def parse_chunk_key(key: str) -> tuple[StoreId, int, str]:
     parts = key.split("/")
     if len(parts) != 6 or not _UINT.fullmatch(parts[4]):
         raise InvalidStoreId(f"chunk key {key!r} is not STORE/VERSION/NAME")
-    store = _parsed_store("/".join(parts[:4]))
+    store = parsed_store("/".join(parts[:4]))
     check_name = parts[5]
     if not _CHUNK_NAME.fullmatch(check_name):
         raise InvalidStoreId(f"chunk name {check_name!r} is not [dsw]<seq>-<checksum>")

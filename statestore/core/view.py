@@ -36,6 +36,7 @@ MAX_VIEW_TOKENS = 1 << 21
 # reads ask a leaving replica after the others (RingView.read_order); False only for
 # bench/elastic.py, which alternates both within one run to measure what it buys
 LEAVING_LAST = True
+ORDERS_KEPT = 4096  # keys whose read order a view keeps
 
 
 def _count(value: Any) -> int:
@@ -120,6 +121,7 @@ class RingView:
         object.__setattr__(self, "_addr", {m.id: m.address for m in self.members})
         leaving = frozenset(m.address for m in live if m.state == NodeState.LEAVING)
         object.__setattr__(self, "_leaving", leaving)
+        object.__setattr__(self, "_orders", {})  # read_order's, kept
 
     @property
     def ring(self) -> Ring:
@@ -224,7 +226,17 @@ class RingView:
 
     def read_order(self, key: str) -> list[str]:
         """Replicas first, a leaving one after the others (:meth:`leaving`), then every other
-        live node in ring order (where it may have moved)."""
+        live node in ring order (where it may have moved). The orders of the last keys asked
+        are kept with the view (a reader asks the same few chunks' order read after read)."""
+        orders: dict[tuple[str, bool], tuple[str, ...]] = self.__dict__["_orders"]
+        kept = orders.get((key, LEAVING_LAST))
+        if kept is None:
+            if len(orders) >= ORDERS_KEPT:
+                orders.clear()
+            kept = orders[(key, LEAVING_LAST)] = tuple(self._read_order(key))
+        return list(kept)
+
+    def _read_order(self, key: str) -> list[str]:
         first = self.replicas_of(key)
         leaving = self.leaving()
         if leaving:

@@ -46,7 +46,7 @@ from statestore.core.errors import (
     StateStoreError,
     Unauthenticated,
 )
-from statestore.core.ids import StoreId
+from statestore.core.ids import StoreId, parsed_store
 from statestore.node.auth import Principal, principal
 from statestore.node.budget import LEASE, Lease
 from statestore.node.daemon import NODE, Node
@@ -99,7 +99,7 @@ def _message(data: bytes) -> tuple[int, StoreId, bytes]:
         raise InvalidRequest("lookup channel: a message is [id, store, body]")
     if len(msg[1]) > MAX_STORE_TEXT:
         raise InvalidRequest(f"lookup channel: a store's name is at most {MAX_STORE_TEXT} long")
-    return msg[0], StoreId.parse(msg[1]), msg[2]
+    return msg[0], parsed_store(msg[1]), msg[2]
 
 
 async def _answer(

@@ -232,6 +232,7 @@ def _version_of(key: bytes) -> int:
 
 
 MAX_THINNED_OFFERS = 100_000  # names kept in NodeStore.thinned_offers (~10 MB at most)
+FLOORS_KEPT = 65536  # floors NodeStore keeps read (a few MB at most)
 
 
 def _named_whole(held: Manifest, m: Manifest) -> bool:
@@ -272,6 +273,12 @@ class NodeStore:
         # dropped (refused by copy_manifests): a hand-over counts them as held once offered,
         # where it could not tell them from whole ones before (node/moves/join._held)
         self.thinned_offers: set[str] = set()
+        # the floors read, kept (a lookup checks its store's floor each time): a write of
+        # any floor forgets them all and moves the generation, so that a read racing it
+        # keeps nothing it read before
+        self._floors: dict[StoreId, int] = {}
+        self._floors_gen = 0
+        self._floors_lock = threading.Lock()
 
     def _write(
         self,
@@ -291,6 +298,10 @@ class NodeStore:
                     check(query, self.usage.of(query), delta, limit)
             self.backend.write(puts, deletes)
             self.usage.apply(deltas)
+            if any(k.startswith(Prefix.FLOOR) for k in (*puts, *deletes)):
+                with self._floors_lock:
+                    self._floors_gen += 1
+                    self._floors.clear()
             # hint keys are counted keys, so ``old`` says which existed
             for k in puts:
                 if k.startswith(Prefix.HINT) and old.get(k) is None:
@@ -702,13 +713,20 @@ class NodeStore:
         return len(puts)
 
     def floor(self, store: StoreId) -> int:
+        kept = self._floors.get(store)
+        if kept is not None:
+            return kept
+        began = self._floors_gen
         raw = self.backend.get(_skey(Prefix.FLOOR, store))
-        if raw is None:
-            return 0
-        got = _number(raw)
+        got = 0 if raw is None else _number(raw)
         if got is None:  # 0 drops nothing and refuses no copy; the next gc raises it again
             _rotted("floor", store, "0 taken until the next gc")
             return 0
+        with self._floors_lock:
+            if self._floors_gen == began:
+                if len(self._floors) >= FLOORS_KEPT:
+                    self._floors.clear()
+                self._floors[store] = got
         return got
 
     def apply_floor(self, store: StoreId, floor: int) -> int:

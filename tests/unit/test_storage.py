@@ -542,7 +542,10 @@ def test_a_stores_head_floor_thinning_and_retention_are_sealed(store: NodeStore)
     store.set_retain(SID, 40)
 
     def read() -> tuple[object, ...]:
-        return store.head(SID), store.floor(SID), store.thinning(SID), store.retain(SID)
+        # the floor as a store started again reads it (NodeStore keeps a floor once read
+        # and forgets it at a write of floors: rot after the read is seen at the next start)
+        floor = NodeStore(store.backend).floor(SID)
+        return store.head(SID), floor, store.thinning(SID), store.retain(SID)
 
     want = (Head(9, 3), 4, Thinning(8, 5, 0, 4), 40)
     assert read() == want
@@ -721,3 +724,33 @@ def test_a_snapshot_committed_whole_is_never_thinned(store: NodeStore) -> None:
     mixed = replace(m6, chunks=(*m6.chunks, *commit(6, 2, kind="snapshot").chunks))
     assert not mixed.whole and not replace(m6, chunks=()).whole
     assert not replace(m6, kind="delta").whole
+
+
+def test_a_floor_kept_once_read_follows_every_write_of_floors(store: NodeStore) -> None:
+    """NodeStore keeps the floors it read (a lookup checks one each time): a raised floor,
+    a dropped query's and a floor read while a write lands are never answered stale."""
+    store.put_manifest(commit(6, 2))
+    assert store.floor(SID) == 0  # read, and kept
+    store.apply_floor(SID, 4)
+    assert store.floor(SID) == 4
+    store.purge_query(SID.query, b"tombstone")
+    assert store.floor(SID) == 0
+    store.put_manifest(commit(9, 3))
+    store.apply_floor(SID, 6)  # (forgets the floors kept)
+    # a read that began before a write of floors keeps nothing: the next read sees the write
+    began = store.backend.get
+    calls = []
+
+    def racing(key: bytes) -> bytes | None:
+        got = began(key)
+        if not calls:
+            calls.append(key)
+            store.apply_floor(SID, 9)  # lands after the read, before it is kept
+        return got
+
+    store.backend.get = racing  # type: ignore[method-assign]
+    try:
+        assert store.floor(SID) == 6  # (read before the write)
+    finally:
+        store.backend.get = began  # type: ignore[method-assign]
+    assert store.floor(SID) == 9
