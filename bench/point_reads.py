@@ -18,7 +18,10 @@ chunk covering the key along the chain, the index and the one block that can hol
 its own storage and keeps them in its cache (node/lookup.py; blocked chunks, the layout
 since 0.3.0; the 256 KiB store too). The constant handler runs in its own process, like
 the node. Ratios are taken per round (each phase against the constant
-handler's rate of the same round) and printed as the median with its range.
+handler's rate of the same round) and printed as the median with its range. Each phase's
+CPU a read is printed too (the client process's and the server's: the node, or the
+constant handler's process), the medians over rounds: a figure this machine's load swings
+less than rates.
 
     .venv/bin/python bench/point_reads.py [--seconds 10] [--rounds 2] [--concurrency 16]
 """
@@ -78,7 +81,16 @@ async def drive(op: Callable[[], Awaitable[object]], concurrency: int, seconds: 
     return lat
 
 
-async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> None:
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (user and system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench(
+    a: argparse.Namespace, seeds: list[str], const_addr: str, pids: dict[str, int]
+) -> None:
     rng = random.Random(3)
     stores = {
         "default": (StoreId("bench", 0, 0, "points-4m"), 4 * MiB),
@@ -153,13 +165,17 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
         gc.freeze()
         results: dict[str, list[float]] = {p: [] for p in phases}
         rates: dict[str, list[float]] = {p: [] for p in phases}
+        cpu: dict[str, list[tuple[float, float]]] = {p: [] for p in phases}  # us a read
         for r in range(a.rounds):
             order = list(phases) if r % 2 == 0 else list(reversed(phases))
             for name in order:
                 await drive(phases[name], a.concurrency, 1.0)  # warm the pools and caches
-                t0 = time.perf_counter()
+                server = pids["const" if name == "const" else "node"]
+                t0, c0, s0 = time.perf_counter(), time.process_time(), cpu_seconds(server)
                 lat = await drive(phases[name], a.concurrency, a.seconds)
                 rate = len(lat) / (time.perf_counter() - t0)
+                c1, s1 = time.process_time(), cpu_seconds(server)
+                cpu[name].append((1e6 * (c1 - c0) / len(lat), 1e6 * (s1 - s0) / len(lat)))
                 results[name] += lat
                 rates[name].append(rate)
                 print(f"round {r + 1} {name}: {rate:.0f}/s", flush=True)
@@ -186,10 +202,12 @@ async def bench(a: argparse.Namespace, seeds: list[str], const_addr: str) -> Non
                 f"{median(rates[name]):.0f}",
                 f"{median(lat) * 1000:.1f}",
                 f"{pct(lat, 99) * 1000:.1f}",
+                f"{median([c for c, _ in cpu[name]]):.0f}",
+                f"{median([s for _, s in cpu[name]]):.0f}",
             ]
         )
     print()
-    print(table(["path", "reads/s", "p50 ms", "p99 ms"], body))
+    print(table(["path", "reads/s", "p50 ms", "p99 ms", "client CPU us", "server CPU us"], body))
     print()
     for name in [p for p in phases if p != "const"]:
         shares = [r / c for r, c in zip(rates[name], rates["const"], strict=True)]
@@ -233,7 +251,9 @@ def main() -> None:
         assert proc.stdout is not None
         const_addr = proc.stdout.readline().split()[-1]
         with local_ring(1, ["--replicas", "1", "--write-quorum", "1"]) as ring:
-            asyncio.run(bench(a, ring.seeds, const_addr))
+            node = ring.procs[0].proc
+            assert node is not None
+            asyncio.run(bench(a, ring.seeds, const_addr, {"const": proc.pid, "node": node.pid}))
     finally:
         proc.terminate()
         proc.wait()
