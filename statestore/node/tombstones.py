@@ -293,8 +293,8 @@ async def tombstone_loop(node: Node) -> None:
             for a in sorted(peers)
         ]
         heard = False
-        # each answer learned as it comes: a peer that hangs does not hold back what the
-        # others say (nor this node's copies, which wait for the first answer learned)
+        # each answer learned as it comes: a peer that hangs does not hold back the purges
+        # the others' answers call for (this node's copies wait for them all, 5 s at most)
         for asked in asyncio.as_completed(asks):
             try:
                 answer = await asked
@@ -327,8 +327,11 @@ async def tombstone_loop(node: Node) -> None:
                         query,
                         query,
                     )
-            if not node.tombstones_heard:
-                node.heard_drops()  # this answer's drops purged: copies may go to peers
+        if heard and not node.tombstones_heard:
+            # every peer answered or timed out (5 s), each answer's drops purged as it came:
+            # copies may go to peers (not at the first answer: that peer may have been away
+            # during a drop another one knows)
+            node.heard_drops()
         if heard or node.clock() - node.began >= node.config.down_after:
             first = False  # (no peer answered within --down-after: its copies are served too)
         # until then it asks again soon: its copies wait for it (Node.copies_served)

@@ -150,10 +150,11 @@ async def test_a_node_started_again_hands_off_no_hint_of_a_query_dropped_meanwhi
 ) -> None:
     """A node holding a hint goes down; the owners come back and the query is dropped; the
     node starts again with a peer among its seeds that accepts connections and never
-    answers. Its hint loop waits for the drops it missed (its first tombstone answer, which
-    no longer waits for the hanging peer), so the hint is purged, not written back to the
-    owners that purged the query (hostile review 67: it was handed off a second after the
-    start, while the tombstone exchange waited 5 s for the hanging peer)."""
+    answers. The owners' answers purge the hint as they come, and its hint loop waits for
+    the drops it missed (the first tombstone exchange, 5 s at most with the hanging peer),
+    so the hint is not written back to the owners that purged the query (hostile review
+    67: it was handed off a second after the start, while the exchange waited for the
+    hanging peer)."""
     ports = [_free_port() for _ in range(3)]
     seed = f"127.0.0.1:{ports[0]}"
     kw: dict[str, Any] = dict(
