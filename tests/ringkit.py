@@ -25,6 +25,8 @@ import contextlib
 import inspect
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -576,3 +578,10 @@ def short_copies(ring: LocalRing, client: RingClient, stores: list[StoreId], top
         named = set(keys) | {"/".join(m) for m in manifests}
         short = {i: n for i, n in short.items() if i in named}
     return short
+
+
+def cli(args: list[str], timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+    """``statestore ARGS`` in a process of its own; its exit code and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "statestore", *args], capture_output=True, text=True, timeout=timeout
+    )

@@ -192,7 +192,11 @@ class _Ring:
             elif isinstance(answer, BaseException):
                 raise answer
             else:
-                found.update(s for s in answer.json()["stores"] if s.startswith(query + "/"))
+                try:
+                    listed = answer.json()["stores"]
+                    found.update(s for s in listed if s.startswith(query + "/"))
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    failed.append(f"{address}: answered /v1/stores with another shape")
         return [StoreId.parse(s) for s in sorted(found)], failed
 
     async def drop(self, query: str) -> dict[str, Any]:
@@ -327,8 +331,13 @@ async def _backup(
     ring = _Ring(seeds, tls_ca)
     try:
         stores, failed = await ring.stores_of(query)
-        for f in failed:
-            console.print(f"warning: no answer from {f}; a store only it lists is not backed up")
+        if failed:
+            # a store only that member lists would be missing from a backup that says it is
+            # whole (hostile review 68: it was a warning and exit 0)
+            raise StateStoreError(
+                f"could not ask every live member which stores query {query} has "
+                f"({'; '.join(failed)}): retry when they answer"
+            )
         if not stores:
             raise StateStoreError(f"query {query} has no stores on the ring: nothing to back up")
         plans: dict[StoreId, _StorePlan] = {}
@@ -409,6 +418,11 @@ async def _plan_store(
         console.print(f"warning: {store} left out: {exc} (dropped during the backup?)")
         return _DROPPED
     if not versions:
+        if version_at is None:  # a store listed with no version at all: not a whole backup
+            raise StateStoreError(
+                f"{store} has no retained version its replicas agree on (a replica reports a "
+                "floor above every version?): not backed up; retry, or check its nodes"
+            )
         return None
     if before is not None:
         for v in sorted(set(before.entry["versions"]) - set(versions)):
@@ -766,6 +780,22 @@ def restore_backup(
                     print(
                         f"query {query} {before_load} (--force): nothing dropped; these "
                         "stores may be partly loaded: " + ", ".join(sorted(touched)),
+                        file=sys.stderr,
+                    )
+                    return 1
+                # a writer may have committed to the query since it was found empty (a job
+                # started on it early, another store of it): its stores are not dropped
+                now, unanswered = await ring.stores_of(query)
+                others = sorted({s.path for s in now} - set(touched))
+                if others or unanswered:
+                    why = (
+                        f"it now holds stores this restore did not write ({', '.join(others)})"
+                        if others
+                        else f"not every member said what it holds ({'; '.join(unanswered)})"
+                    )
+                    print(
+                        f"query {query}: nothing dropped: {why}; these stores may be partly "
+                        "loaded: " + ", ".join(sorted(touched)),
                         file=sys.stderr,
                     )
                     return 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -36,11 +37,17 @@ from statestore.core.errors import (
     SetupError,
     StateStoreError,
 )
+from statestore.core.view import RingView
 from statestore.net.credentials import client_token
 from statestore.net.tls import TLS_CA_ENV, client_context, tls_ca_file, tls_failure
 from statestore.net.transport import error_from_answer
 
-__all__ = ["first_view", "open_node", "request_json", "token_headers"]
+__all__ = ["MAX_ANSWER", "first_view", "open_node", "request_json", "token_headers"]
+
+# the largest answer a command reads from a node (a ring view of 4,096 members, a removal's
+# progress: well under it), and of an error answer
+MAX_ANSWER = 64 << 20
+MAX_ERROR = 1 << 20
 
 
 def token_headers(token: str | None = None) -> dict[str, str]:
@@ -86,12 +93,26 @@ def open_node(
     """GET ``path`` (or POST ``body`` as JSON) on the node at ``address``; the answer's body.
 
     Raises urllib's errors (``HTTPError`` for an error answer, another OSError when no
-    answer came) and SetupError for a CA or token file it cannot use.
+    answer came, TimeoutError when the whole answer took longer than ``timeout``: urllib's
+    own timeout bounds each read, and a node sending a byte a second never hits it),
+    MalformedData for an answer past :data:`MAX_ANSWER` bytes and SetupError for a CA or
+    token file it cannot use.
     """
     req, context = _prepare(address, path, body, tls_ca, token)
+    deadline = time.monotonic() + timeout
     with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
-        data: bytes = resp.read()
-        return data
+        parts, size = [], 0
+        while chunk := resp.read1(1 << 16):
+            size += len(chunk)
+            if size > MAX_ANSWER:
+                raise MalformedData(
+                    f"node {address} answered {path} with more than {MAX_ANSWER} bytes: is "
+                    "that address a statestore node?"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the answer took longer than {timeout:.1f}s")
+            parts.append(chunk)
+        return b"".join(parts)
 
 
 def request_json(
@@ -112,7 +133,7 @@ def request_json(
     try:
         data = open_node(address, path, body, timeout=timeout, tls_ca=tls_ca, token=token)
     except urllib.error.HTTPError as exc:
-        raise error_from_answer(exc.code, exc.read(), address) from exc
+        raise error_from_answer(exc.code, exc.read(MAX_ERROR), address) from exc
     except (OSError, http.client.HTTPException) as exc:
         raise _unanswered(address, path, timeout, tls_ca, exc) from exc
     try:
@@ -154,7 +175,10 @@ def first_view(
         except StateStoreError as exc:
             errors.append(f"{seed}: {exc}")
             continue
-        if isinstance(view, dict):
-            return seed, view
-        errors.append(f"{seed}: answered {type(view).__name__}, not a ring view")
+        try:
+            RingView.from_json(view)  # the shape every command reads it by
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            errors.append(f"{seed}: answered something that is not a ring view ({exc!r:.80})")
+            continue
+        return seed, view
     raise NodeUnavailable("no seed answered (" + "; ".join(errors) + "); check --seeds")

@@ -146,12 +146,15 @@ def removenode(
                     )
                 time.sleep(poll)
                 continue
-            run = ((answer.get("removals") or {}).get(target) or {}).get("run") or {}
-            if not run:
+            removals = answer.get("removals") if isinstance(answer, dict) else None
+            got = removals.get(target) if isinstance(removals, dict) else None
+            shown = got.get("run") if isinstance(got, dict) else None
+            if not isinstance(shown, dict) or not shown:
                 return fail(
                     f"node {remover} shows no removal of {target} under way (it restarted?): "
                     "run the command again"
                 )
+            run = shown
             bar.update(
                 task,
                 description=f"removing {target}: {run.get('phase')}, pass "

@@ -352,3 +352,37 @@ def test_a_writers_retain_goes_with_its_store_into_the_restore(tmp_path: Path) -
                 got = http_json(address, f"/v1/stores/{target.path}/versions")
                 assert isinstance(got, dict) and got["versions"] == [1, 2], got
                 assert got.get("retain") == want, (address, got)
+
+
+def test_a_failed_restore_drops_nothing_a_writer_committed_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """restore-backup found the target query empty, then a writer committed to another store
+    of it (acknowledged) and the load failed: the drop after the failure would delete the
+    writer's commit (hostile review 68). The query is listed again first; with a store the
+    restore did not write, nothing is dropped."""
+    from statestore.core.errors import NodeUnavailable
+
+    src, other = StoreId("q-src", 0, 0), StoreId("q-dst", 0, 7)
+    with (
+        local_ring(tmp_path / "ring", 1, [*FAST, "--replicas", "1"]) as ring,
+        RingClient(ring.seeds) as client,
+    ):
+        for v in range(1, 4):
+            client.commit(src, v, {f"k{v}".encode(): b"x" * 40}, [], {"src": v}, epoch=1)
+        out = tmp_path / "bk"
+        assert backup_mod.backup(ring.seeds, "q-src", str(out)) == 0
+        real, calls = backup_mod._commit, [0]
+
+        async def commit(*a: Any, **kw: Any) -> None:
+            calls[0] += 1
+            if calls[0] == 1:
+                await real(*a, **kw)
+                return
+            # a writer commits to the target query; then the restore's node goes away
+            await asyncio.to_thread(client.commit, other, 1, {b"mine": b"acked"}, [], {}, epoch=1)
+            raise NodeUnavailable("a replica went away (injected)")
+
+        monkeypatch.setattr(backup_mod, "_commit", commit)
+        assert backup_mod.restore_backup(ring.seeds, str(out), as_query="q-dst") == 1
+        assert client.restore(other, 1)[b"mine"] == b"acked"

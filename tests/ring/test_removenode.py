@@ -28,6 +28,7 @@ from tests.ringkit import (
     R,
     Writer,
     check_restores,
+    cli,
     held_states,
     load,
     local_ring,
@@ -157,12 +158,7 @@ def test_a_removed_id_cannot_be_taken_by_a_replacement() -> None:
 
 
 def _cli(args: list[str], timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return cli(args, timeout)
 
 
 def _member_ids(view: dict[str, Any]) -> dict[str, str]:
