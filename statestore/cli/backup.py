@@ -298,7 +298,12 @@ async def _read_store(
             except VersionNotFound as exc:
                 if v == versions[-1]:
                     raise
-                warn(f"{store} v{v} left out: {exc} (retention dropped it during the backup?)")
+                # left out only when retention dropped it meanwhile: a version still retained
+                # whose chain no holder serves fails the backup (docs/operations.md)
+                now = await ring.routed(lambda view: read_retention(ring.transport, view, store))
+                if v in now.versions:
+                    raise
+                warn(f"{store} v{v} left out: retention dropped it during the backup ({exc})")
     return [v for v in versions if v in chains], chains, retention.retain
 
 

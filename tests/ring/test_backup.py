@@ -386,3 +386,29 @@ def test_a_failed_restore_drops_nothing_a_writer_committed_meanwhile(
         monkeypatch.setattr(backup_mod, "_commit", commit)
         assert backup_mod.restore_backup(ring.seeds, str(out), as_query="q-dst") == 1
         assert client.restore(other, 1)[b"mine"] == b"acked"
+
+
+async def test_a_backup_fails_on_a_retained_version_whose_chain_no_holder_serves(
+    tmp_path: Path,
+) -> None:
+    """A version the store still retains whose chain is broken (its base delta's manifest
+    gone on every holder) fails the backup, as docs/operations.md says: it was left out with
+    a warning, as if retention had dropped it, and the backup exited 0 (hostile review 68)."""
+    from client import AsyncRingClient
+    from tests.ringkit import nodes
+
+    sid = StoreId("q-broken", 0, 0)
+    async with nodes(tmp_path, 1, replicas=1, write_quorum=1) as (node,):
+        async with AsyncRingClient([node.address]) as c:
+            await c.commit(sid, 1, {b"a": b"1"}, [], {}, epoch=1)
+            await c.commit(sid, 2, {b"b": b"2"}, [], {}, epoch=1)
+            whole = {b"a": b"1", b"b": b"2", b"c": b"3"}
+            await c.commit(sid, 3, whole, [], {}, epoch=1, snapshot=True)
+            await c.commit(sid, 4, {b"d": b"4"}, [], {}, epoch=1)
+        await node.write(node.store.delete_manifest, sid, 1, "delta")
+        out = tmp_path / "bk"
+        from statestore.core.errors import VersionNotFound
+
+        with pytest.raises(VersionNotFound, match="version 2 needs version 1"):
+            await asyncio.to_thread(backup_mod.backup, [node.address], "q-broken", str(out))
+        assert not out.exists()
