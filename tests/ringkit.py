@@ -5,7 +5,8 @@ Test modules import from here (and from ``tests/certs.py``, ``tests/corekit.py``
 
 - **Rings**: :data:`FAST` (timers short enough for a test), :func:`config` (an in-process
   node's ``NodeConfig``: port 0, memory storage, no DHT), :func:`nodes` (in-process nodes on
-  loopback port 0 that see each other), :func:`local_ring` (node processes, ``LocalRing``).
+  loopback port 0 that see each other), :class:`Restartable` (in-process nodes stopped and
+  started again on their address and data), :func:`local_ring` (node processes, ``LocalRing``).
 - **Waiting**: :func:`eventually`, the one wait-until of the suite.
 - **HTTP**: :func:`post` (JSON over urllib, for process rings), :func:`call` (aiohttp, with
   a token, to an address or an in-process node), :func:`scrape` and :func:`value`
@@ -25,6 +26,7 @@ import contextlib
 import inspect
 import json
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import RingClient, StoreId
@@ -104,6 +107,82 @@ async def nodes(tmp_path: Path, n: int, **kw: Any) -> AsyncIterator[list[Node]]:
     finally:
         for node, runner in reversed(started):
             await stop_node(node, runner)
+
+
+def sees(node: Node, n: int) -> bool:
+    """Whether ``node`` sees ``n`` live members (itself included)."""
+    return len(node.view().live_addresses()) == n
+
+
+class Restartable:
+    """In-process nodes that keep their address and data across a stop (fixed loopback
+    ports, LMDB data dirs; :func:`config` with ``kw``), started, stopped and started again
+    by name; :meth:`close` stops those running. R=3, and timers short enough that a stop is
+    seen within a second, repair runs every second and compaction five times a second, unless
+    ``kw`` says otherwise."""
+
+    def __init__(self, tmp_path: Path, names: str = "abc", **kw: Any) -> None:
+        self.tmp_path = tmp_path
+        self.kw = {
+            "replicas": 3,
+            "compact_interval": 0.2,
+            "repair_interval": 1.0,
+            "suspect_after": 0.5,
+            "down_after": 1.0,
+            **kw,
+        }
+        self.ports: dict[str, int] = {}
+        for name in names:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.ports[name] = s.getsockname()[1]
+        self.running: dict[str, tuple[Node, web.AppRunner]] = {}
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def __getitem__(self, name: str) -> Node:
+        return self.running[name][0]
+
+    def live(self) -> list[Node]:
+        return [node for node, _ in self.running.values()]
+
+    def leader(self, store: StoreId) -> str:
+        """The running node first among ``store``'s replicas (its compaction leader)."""
+        return next(
+            k
+            for k, (n, _) in self.running.items()
+            if n.view().store_replicas(store)[0] == n.address
+        )
+
+    async def start(self, name: str, seed: str | None = None) -> Node:
+        cfg = config(
+            self.tmp_path,
+            name,
+            port=self.ports[name],
+            storage=f"lmdb://{self.tmp_path}/{name}-db",
+            seeds=[seed] if seed else [],
+            **self.kw,
+        )
+        self.running[name] = await start_node(cfg)
+        return self.running[name][0]
+
+    async def start_all(self) -> None:
+        """Every node, the others seeded with the first; once they all see each other."""
+        names = list(self.ports)
+        first = await self.start(names[0])
+        for name in names[1:]:
+            await self.start(name, first.address)
+        await eventually(
+            lambda: all(sees(n, len(names)) for n in self.live()), f"{len(names)} nodes"
+        )
+
+    async def stop(self, name: str) -> None:
+        await stop_node(*self.running.pop(name))
+
+    async def close(self) -> None:
+        for name in list(self.running):
+            await self.stop(name)
 
 
 @contextlib.contextmanager

@@ -176,12 +176,18 @@ def retention_floor(
     return max(below) if below else 0
 
 
-def check_floor(store: StoreId, floor: int, head: int, snapshot_held: bool | None) -> None:
+def check_floor(
+    store: StoreId, floor: int, head: int, snapshot_held: bool | None, keep: int | None = None
+) -> None:
     """Whether a retention floor raised to ``floor`` may be applied, wherever it comes from
     (a compactor's ``gc``, a peer's ``sync/have`` answer): never above the store's ``head``
     (it would erase the store), and where this node holds the store's manifests
     (``snapshot_held`` not None) a version it holds a snapshot of, so that every version at
-    or above it stays restorable. InvalidRequest names what is wrong."""
+    or above it stays restorable, and (``keep``: the versions this node keeps of the store,
+    its writer's ``retain``, else its ``--retain``) not above the oldest of those: a
+    compactor that missed the writer's raise of ``retain`` plans with the lower value, and
+    its floor would drop, on every replica, versions the writer keeps. InvalidRequest names
+    what is wrong."""
     if floor > head:
         raise InvalidRequest(
             f"gc floor {floor} is above the head of {store} (version {head}): refused, it "
@@ -191,6 +197,11 @@ def check_floor(store: StoreId, floor: int, head: int, snapshot_held: bool | Non
         raise InvalidRequest(
             f"gc floor {floor} of {store} is not a snapshot this node holds: refused, the "
             "versions above it would not be restorable (repair brings the floor later)"
+        )
+    if keep is not None and floor > head - keep + 1:
+        raise InvalidRequest(
+            f"gc floor {floor} of {store} is within the {keep} versions this node keeps "
+            f"(its head is {head}): refused, a compactor with an older retain sent it"
         )
 
 

@@ -66,7 +66,7 @@ from statestore.node.operations import install as install_operations
 from statestore.node.policy import policy_of
 from statestore.node.quotas import charged_limit
 from statestore.node.relay import relay_handler
-from statestore.node.repair import check_floor, check_thinning
+from statestore.node.repair import check_floor, check_thinning, raise_floor
 from statestore.node.request import (
     MIN_RATE,
     PacedAnswer,
@@ -626,7 +626,7 @@ async def gc(request: web.Request) -> web.Response:
         )
     dropped = 0
     if body.floor is not None:
-        dropped += await node.write(node.store.apply_floor, store, body.floor)
+        dropped += await raise_floor(node, store, body.floor)  # checked again there
     if thin is not None:
         dropped += await node.write(node.store.apply_thinning, store, thin)
     node.stats["gc"] += dropped

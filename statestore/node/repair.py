@@ -34,7 +34,7 @@ from statestore.core.items import parse as parse_item
 from statestore.core.manifest import Manifest
 from statestore.core.repair import Holding, acknowledged, content_digest, decide
 from statestore.core.repair_clock import RepairClock, phase_of
-from statestore.core.retention import MAX_RETAIN, Thinning, usable_snapshots
+from statestore.core.retention import MAX_RETAIN, Thinning
 from statestore.core.retention import check_floor as floor_allowed
 from statestore.core.view import RingView
 from statestore.net.reads import read_head
@@ -42,7 +42,7 @@ from statestore.node.daemon import Node
 from statestore.node.digests import narrow
 from statestore.node.moves.copies import Unsupported, push_manifests
 from statestore.node.tombstones import copy_mark
-from statestore.wire.manifest import decode_manifest, manifest_epoch
+from statestore.wire.manifest import decode_manifest
 
 __all__ = [
     "ask_have",
@@ -50,6 +50,7 @@ __all__ = [
     "check_floor",
     "check_thinning",
     "push_item",
+    "raise_floor",
     "repair_loop",
     "repair_pass",
 ]
@@ -239,31 +240,24 @@ async def recover_lines(node: Node, view: RingView) -> None:
 
 async def check_floor(node: Node, store: StoreId, floor: int) -> None:
     """InvalidRequest unless raising ``store``'s floor to ``floor`` here keeps it restorable
-    (core/retention.check_floor): a compactor's ``gc`` and a floor a peer's ``sync/have``
-    answer carries take the same checks. The head is this node's, else the ring's."""
+    (NodeStore.check_floor): a compactor's ``gc`` and a floor a peer's ``sync/have`` answer
+    carries take the same checks, before anything is applied; :func:`raise_floor` takes
+    them again where it applies the floor. The head is this node's, else the ring's."""
     if floor <= node.store.floor(store):
         return  # nothing would be dropped
-    local = node.store.head(store)
-    head = local or await read_head(node.transport, node.view(), store)
-    held = None
-    if local is not None:
-        # a snapshot of the head's line of descent at the floor, not any epoch's: a copy of
-        # a dead branch's (an older writer's, which a newer one rewound below) would drop
-        # the newer writer's versions under it. One of the head's own epoch is (the common
-        # case: its epoch read without decoding); another is checked against the lineage,
-        # the store's manifests decoded off the event loop.
-        raw = node.store.raw_manifest(store, floor, "snapshot")
-        held = raw is not None and (
-            manifest_epoch(raw) == local.epoch
-            or floor in await asyncio.to_thread(_usable_here, node, store)
-        )
-    floor_allowed(store, floor, head.version, held)
+    if node.store.head(store) is None:
+        head = await read_head(node.transport, node.view(), store)
+        floor_allowed(store, floor, head.version, None)
+        return
+    # off the event loop: a snapshot off the head's epoch decodes the store's manifests
+    await asyncio.to_thread(node.store.check_floor, store, floor, node.config.retain_versions)
 
 
-def _usable_here(node: Node, store: StoreId) -> list[int]:
-    """The snapshot versions of ``store`` usable here (core/retention.usable_snapshots)."""
-    deltas, snapshots = node.store.manifests(store)
-    return usable_snapshots(snapshots, deltas)
+async def raise_floor(node: Node, store: StoreId, floor: int) -> int:
+    """Apply ``floor`` to ``store`` here, checked again on the writer thread
+    (NodeStore.raise_floor): what landed since :func:`check_floor` (a newer writer's delta
+    at the floor) is seen. Returns items dropped; InvalidRequest if refused now."""
+    return await node.write(node.store.raise_floor, store, floor, node.config.retain_versions)
 
 
 async def _apply_floors(node: Node, address: str, batch: list[Item], floors: object) -> None:
@@ -285,7 +279,10 @@ async def _apply_floors(node: Node, address: str, batch: list[Item], floors: obj
             log.warning("floor %d of %s from %s not applied: %s", floor, path, address, exc)
             continue
         if floor > node.store.floor(store):
-            await node.write(node.store.apply_floor, store, floor)
+            try:
+                await raise_floor(node, store, floor)
+            except StateStoreError as exc:
+                log.warning("floor %d of %s from %s not applied: %s", floor, path, address, exc)
 
 
 async def check_thinning(node: Node, store: StoreId, thin: Thinning) -> Thinning:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import xxhash
 
@@ -67,7 +67,7 @@ from statestore.core.quota import (
     query_of_key,
 )
 from statestore.core.repair import content_digest
-from statestore.core.retention import MAX_RETAIN, Thinning
+from statestore.core.retention import MAX_RETAIN, Thinning, check_floor, usable_snapshots
 from statestore.core.tentative import Outcome
 from statestore.node.backends import Backend
 from statestore.wire.head import decode_stored, encode_stored
@@ -430,6 +430,13 @@ class NodeStore:
                     f"store {m.store} version {m.version} already holds other content at "
                     f"epoch {m.epoch}: commit a new version, or take a higher epoch to replace it"
                 )
+        if self._below_floor(m, self._mget):
+            # on the writer thread: a floor raised since the handler's own check counts
+            raise InvalidRequest(
+                f"{m.store} version {m.version} is below retention here (floor "
+                f"{self.floor(m.store)}, the versions below it dropped): restore a newer "
+                "version and commit on it"
+            )
         puts = {_mkey(m.store, m.version, m.kind): _seal(encode_manifest(m))}
         if raw_old is not None:
             puts[_okey(m.store, m.version, m.kind, old.epoch)] = _seal(raw_old)
@@ -437,6 +444,27 @@ class NodeStore:
             puts[_skey(Prefix.HEAD, m.store)] = _seal(encode_stored(Head(m.version, m.epoch)))
         self._write(puts, limit=limit)
         return True
+
+    def below_floor(self, m: Manifest) -> bool:
+        """Whether ``m`` is of what retention dropped here (:meth:`_below_floor`): a copy of
+        it is refused."""
+        return self._below_floor(m, self._mget)
+
+    def _below_floor(self, m: Manifest, get: Callable[[bytes], bytes | None]) -> bool:
+        """Whether ``m`` is of what retention dropped here: below the store's floor, or a
+        delta at the floor whose base, the version below, is gone, unless a snapshot at the
+        floor of its own epoch holds its state (its chain ends there). A newer writer that
+        restored the version below the floor before the floor rose, and commits on it, is
+        refused: its version could never be restored. ``get``: a manifest record's bytes."""
+        floor = self.floor(m.store)
+        if m.version < floor:
+            return True
+        if m.kind != "delta" or m.version != floor:
+            return False
+        raw = get(_mkey(m.store, floor, "snapshot"))
+        if raw is not None and manifest_epoch(raw) == m.epoch:
+            return False
+        return get(_okey(m.store, floor, "snapshot", m.epoch)) is None
 
     def _fence_head(self, m: Manifest, folded: bool = False) -> Head | None:
         """The store's head; StaleEpoch if its epoch is above ``m``'s. ``folded``: ``m`` is
@@ -477,7 +505,7 @@ class NodeStore:
         out = []
         for m in ms:
             main_key = _mkey(m.store, m.version, m.kind)
-            if m.version < self.floor(m.store):
+            if self._below_floor(m, get):
                 out.append(False)  # retention dropped it here (a floor raised meanwhile)
                 continue
             if m.kind == "snapshot" and not m.whole and self.thinned(m.store, m.version):
@@ -729,8 +757,41 @@ class NodeStore:
                 self._floors[store] = got
         return got
 
+    def check_floor(self, store: StoreId, floor: int, keep: int) -> None:
+        """InvalidRequest unless raising ``store``'s floor to ``floor`` keeps every version
+        this replica holds of it restorable (core/retention.check_floor): not above its
+        head, at a snapshot of the head's line of descent (one of the head's own epoch is,
+        its epoch read without decoding; another is checked against the lineage, every
+        manifest of the store decoded: a dead branch's snapshot, an older writer's that a
+        newer one rewound below, would drop the newer writer's versions under it), and not
+        within the versions kept here (the writer's ``retain``, else ``keep``). Nothing to
+        check where this node holds no manifest of the store (its caller checks the ring's
+        head)."""
+        if floor <= self.floor(store):
+            return  # nothing would be dropped
+        head = self.head(store)
+        if head is None:
+            return
+        raw = self.raw_manifest(store, floor, "snapshot")
+        held = raw is not None and manifest_epoch(raw) == head.epoch
+        if raw is not None and not held:
+            deltas, snapshots = self.manifests(store)
+            held = floor in usable_snapshots(snapshots, deltas)
+        kept = self.retain(store, if_rotted=None) or keep
+        check_floor(store, floor, head.version, held, kept)
+
+    def raise_floor(self, store: StoreId, floor: int, keep: int) -> int:
+        """:meth:`apply_floor` once :meth:`check_floor` holds, the two on the writer thread:
+        a write that lands between a caller's own check and the floor's write (a newer
+        writer's delta at the floor, whose base the floor drops) is seen. Returns items
+        dropped."""
+        self.check_floor(store, floor, keep)
+        return self.apply_floor(store, floor)
+
     def apply_floor(self, store: StoreId, floor: int) -> int:
-        """Drop every manifest and chunk of ``store`` below ``floor``. Returns items dropped."""
+        """Drop every manifest and chunk of ``store`` below ``floor``, unchecked (a floor a
+        peer or a compactor sends goes through :meth:`raise_floor`). Returns items
+        dropped."""
         if floor <= self.floor(store):
             floor = self.floor(store)
         drop: list[bytes] = []

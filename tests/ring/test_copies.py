@@ -181,13 +181,15 @@ async def test_a_peer_that_predates_the_routes_is_unsupported(solo: Node) -> Non
 
 async def test_below_the_floor_is_refused_per_manifest(solo: Node) -> None:
     solo.store.apply_floor(SID, 3)
-    ms = [manifest(SID, 2), manifest(SID, 3), manifest(OTHER, 1)]
+    # a delta at the floor with no snapshot there of its epoch: its base is gone
+    ms = [manifest(SID, 2), manifest(SID, 3), manifest(SID, 4), manifest(OTHER, 1)]
     raws = [encode_manifest(m) for m in ms]
     status, body = await call(solo, "/v1/sync/manifests", encode_copies(raws))
-    assert (status, body) == (200, {"stored": [None, True, True]})
+    assert (status, body) == (200, {"stored": [None, None, True, True]})
     assert solo.store.raw_manifest(SID, 2, "delta") is None
+    assert solo.store.raw_manifest(SID, 3, "delta") is None
     status, body = await call(solo, "/v1/sync/manifests", encode_copies(raws))
-    assert (status, body) == (200, {"stored": [None, False, False]})
+    assert (status, body) == (200, {"stored": [None, None, False, False]})
 
 
 def _bad_bodies() -> list[tuple[str, bytes, str]]:

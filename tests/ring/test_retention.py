@@ -9,19 +9,16 @@ and changes nothing.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from client import AsyncRingClient, RingClient, StoreId, VersionNotFound
 from statestore.cli.local import http_json
 from statestore.node.daemon import Node
 from statestore.node.repair import repair_pass
-from statestore.node.server import start_node, stop_node
-from tests.ringkit import FAST, commit_row, config, eventually, local_ring, nodes
+from tests.ringkit import FAST, Restartable, commit_row, eventually, local_ring, nodes, sees
 
 
 def test_a_writer_sets_how_many_versions_its_store_keeps(tmp_path: Path) -> None:
@@ -210,55 +207,22 @@ async def test_a_whole_commit_taken_by_nodes_that_missed_the_line_survives_it(
     kw = {
         "thin_snapshots": 4,
         "snapshot_every": 2,
-        "compact_interval": 0.2,
-        "replicas": 3,
         "write_quorum": 1,
-        "repair_interval": 1.0,
-        "suspect_after": 0.5,
-        "down_after": 1.0,
     }
-    ports = {}
-    for name in "abc":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports[name] = s.getsockname()[1]
-    running: dict[str, tuple[Node, web.AppRunner]] = {}
-
-    async def start(name: str, seed: str | None = None) -> Node:
-        cfg = config(
-            tmp_path,
-            name,
-            port=ports[name],
-            storage=f"lmdb://{tmp_path}/{name}-db",
-            seeds=[seed] if seed else [],
-            **kw,
-        )
-        running[name] = await start_node(cfg)
-        return running[name][0]
-
-    async def stop(name: str) -> None:
-        await stop_node(*running.pop(name))
-
-    def up(node: Node, n: int) -> bool:
-        return len(node.view().live_addresses()) == n
+    ring = Restartable(tmp_path, **kw)
 
     try:
-        a = await start("a")
-        for name in "bc":
-            await start(name, a.address)
-        await eventually(lambda: all(up(n, 3) for n, _ in running.values()), "3 nodes")
-        lead = next(
-            n for n, _ in running.values() if n.view().store_replicas(store)[0] == n.address
-        )
-        lname = next(k for k, (n, _) in running.items() if n is lead)
+        await ring.start_all()
+        lname = ring.leader(store)
+        lead = ring[lname]
         others = [k for k in "abc" if k != lname]
         state: dict[bytes, bytes] = {}
         async with AsyncRingClient([lead.address], timeout=30) as old:
             for v in range(1, 15):
                 if v == 5:
                     for k in others:
-                        await stop(k)
-                    await eventually(lambda: up(lead, 1), "the others down")
+                        await ring.stop(k)
+                    await eventually(lambda: sees(lead, 1), "the others down")
                 state[f"k{v % 5}".encode()] = f"v{v}".encode()
                 await old.commit(store, v, dict(state), [], {}, epoch=1)
                 await asyncio.sleep(0.3)  # a compaction pass: a snapshot folded every 2
@@ -267,11 +231,11 @@ async def test_a_whole_commit_taken_by_nodes_that_missed_the_line_survives_it(
                 return lead.store.thinning(store).below > 8 and lead.store.thinned(store, 5)
 
             await eventually(dropped, "the compactor's line passed version 5")
-        await stop(lname)
+        await ring.stop(lname)
         for k in others:
-            await start(k, f"127.0.0.1:{ports[others[0]]}" if k != others[0] else None)
-        missed = [running[k][0] for k in others]
-        await eventually(lambda: all(up(n, 2) for n in missed), "the two see each other")
+            await ring.start(k, ring.address(others[0]) if k != others[0] else None)
+        missed = [ring[k] for k in others]
+        await eventually(lambda: all(sees(n, 2) for n in missed), "the two see each other")
         assert all(n.store.thinning(store).below <= 5 for n in missed)
         whole = {b"k0": b"w5", b"k1": b"w5"}
         want = {5: whole, 6: {**whole, b"k6": b"x"}, 7: {**whole, b"k6": b"x", b"k7": b"y"}}
@@ -279,9 +243,9 @@ async def test_a_whole_commit_taken_by_nodes_that_missed_the_line_survives_it(
             await new.commit(store, 5, whole, [], {}, epoch=2, snapshot=True)
             await new.commit(store, 6, {b"k6": b"x"}, [], {}, epoch=2)
             await new.commit(store, 7, {b"k7": b"y"}, [], {}, epoch=2)
-            await start(lname, missed[0].address)
-            live = [n for n, _ in running.values()]
-            await eventually(lambda: all(up(n, 3) for n in live), "3 nodes again")
+            await ring.start(lname, missed[0].address)
+            live = ring.live()
+            await eventually(lambda: all(sees(n, 3) for n in live), "3 nodes again")
 
             def line_taken() -> bool:
                 lines = [n.store.thinning(store) for n in live]
@@ -292,14 +256,13 @@ async def test_a_whole_commit_taken_by_nodes_that_missed_the_line_survives_it(
             for n in missed:
                 assert 5 in n.store.snapshot_versions(store), n.address
             await eventually(
-                lambda: 5 in running[lname][0].store.snapshot_versions(store),
+                lambda: 5 in ring[lname].store.snapshot_versions(store),
                 "the third got a copy",
             )
             for v, expect in want.items():
                 assert dict(await new.restore(store, v)) == expect, v
     finally:
-        for name in list(running):
-            await stop(name)
+        await ring.close()
 
 
 async def _committed_with_retain(live: list[Node], store: StoreId, retain: int) -> None:

@@ -160,6 +160,44 @@ def test_floor_drops_old_versions(store: NodeStore) -> None:
     assert store.apply_floor(SID, 2) == 0 and store.floor(SID) == 3  # floors never go back
 
 
+def test_a_delta_at_the_floor_is_taken_only_of_the_floor_snapshots_epoch(
+    store: NodeStore,
+) -> None:
+    """A delta at the floor needs the version below it, which the floor dropped, unless a
+    snapshot at the floor of its own epoch ends its chain: a newer writer's (it restored
+    the version below before the floor rose) is refused, by a commit and by a copy."""
+    for v in range(1, 4):
+        store.put_manifest(commit(v, 1))
+    store.put_manifest(commit(3, 1, kind="snapshot"))
+    store.apply_floor(SID, 3)
+    newer = replace(commit(3, 2, b"n"), base_epoch=1)
+    with pytest.raises(InvalidRequest, match="below retention"):
+        store.put_manifest(newer)
+    assert store.copy_manifests([newer]) == [False]
+    assert store.head(SID) == Head(3, 1)
+    assert store.put_manifest(commit(3, 1)) is False  # the one held: a retry is answered
+    store.delete_manifest(SID, 3, "delta", 1)
+    assert store.copy_manifests([commit(3, 1)]) == [True]  # its chain ends at the snapshot
+
+
+def test_a_floor_is_raised_only_where_every_version_kept_here_stays(store: NodeStore) -> None:
+    for v in range(1, 9):
+        store.put_manifest(commit(v, 1))
+    for v in (4, 7):
+        store.put_manifest(commit(v, 1, kind="snapshot"))
+    store.set_retain(SID, 5)  # the writer keeps 5: versions 4..8
+    with pytest.raises(InvalidRequest, match="within the 5 versions"):
+        store.raise_floor(SID, 7, 100)  # a compactor that keeps fewer sent it
+    assert store.floor(SID) == 0
+    assert store.raise_floor(SID, 4, 100) > 0 and store.floor(SID) == 4
+    # a newer writer's delta at 7, on the old writer's 6: the snapshot at 7 is off its line
+    store.put_manifest(replace(commit(7, 2, b"n"), base_epoch=1))
+    store.set_retain(SID, 1)
+    with pytest.raises(InvalidRequest, match="not a snapshot this node holds"):
+        store.raise_floor(SID, 7, 100)
+    assert store.floor(SID) == 4 and store.versions(SID) == [4, 5, 6, 7, 8]
+
+
 def test_lmdb_survives_reopen(tmp_path: Path) -> None:
     s = NodeStore(LmdbBackend(str(tmp_path / "db")))
     s.put_manifest(commit(1, 1))

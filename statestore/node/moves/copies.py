@@ -12,7 +12,7 @@ job and an fsync each, docs/benchmarks.md). Here up to :data:`MAX_COPIES` go at 
   does not decode, names a bad chunk, or is for a query the caller has no ``admin`` right on
   refuses the whole request. Those at or above their store's retention floor are kept in one
   writer job (after clients' writes) and one atomic write; the answer says per manifest
-  stored, already held, or refused (below the floor).
+  stored, already held, or refused (below the floor, or a delta at it whose base is gone).
 - ``POST /v1/sync/manifests/read`` (a join fetches): JSON ``{"manifests": [[store,
   version, kind, epoch], ...]}``; the answer is the same array, nil for one not held, after
   this node's clients' requests (node/foreground.py). It stops before :data:`MAX_COPIES_BYTES`:
@@ -92,7 +92,7 @@ async def put_copies(request: web.Request) -> web.Response:
     limits = {q: node.quota_limit(q) for q in {m.store.query for m in ms}} if handoff else {}
     # a query being dropped takes no copy (as PUT ...?copy=1 takes none): checked here, with
     # no await before the write is queued, so a purge queued later deletes what passed
-    keep = [m.version >= node.store.floor(m.store) and _taken(request, m) for m in ms]
+    keep = [not node.store.below_floor(m) and _taken(request, m) for m in ms]
     kept = [m for m, k in zip(ms, keep, strict=True) if k]
     # after clients' writes, as a single copy (node/writer.py); one atomic write for all, or
     # for a hand-off (charged) one per manifest, each refused alone past its query's quota
@@ -289,7 +289,7 @@ def _landing(
             m = decode_manifest(raw)
             if (got := ManifestItem.of(m).name()) != item:
                 raise InvalidRequest(f"answered {item} with {got}")
-            keep = m.version >= node.store.floor(m.store)
+            keep = not node.store.below_floor(m)
             out.append((len(raw), m if keep else None))
         return out
     except StateStoreError as exc:

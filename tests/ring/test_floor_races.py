@@ -1,0 +1,162 @@
+"""Retention floors against newer writers and stale compactors (hostile review 69): a floor
+never drops what an acknowledged version needs, whichever lands first.
+
+- A newer writer that restored the version just below a floor before the floor rose, then
+  commits on it: its delta at the floor is refused (its base is gone), where the builds
+  before acknowledged it and could never restore it.
+- A floor checked, then a newer writer's delta at it landing before the floor's write: the
+  floor is checked again on the writer thread and refused there (the builds before dropped
+  the acknowledged delta's base).
+- A compactor with a stale, lower ``retain`` (it missed the writer's raise while down): the
+  replicas that hold the writer's value refuse its floor (the builds before dropped, on
+  every replica, versions the writer keeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statestore.node.api as api
+from client import AsyncRingClient, StoreId
+from statestore.core.errors import InvalidRequest, QuorumNotReached
+from tests.ringkit import Restartable, commit_row, eventually, nodes, sees
+
+# the floor is the whole snapshot the old writer commits at 6 (the compactor folds nothing)
+RING = {
+    "replicas": 3,
+    "write_quorum": 2,
+    "thin_snapshots": 0,
+    "snapshot_every": 100,
+    "retain_versions": 3,
+    "compact_interval": 0.2,
+}
+
+
+async def _old_history(old: AsyncRingClient, store: StoreId) -> dict[bytes, bytes]:
+    """Epoch 1's v1-v5 (deltas), v6 (whole), v7: the state at 5."""
+    state: dict[bytes, bytes] = {}
+    for v in range(1, 6):
+        state[f"k{v}".encode()] = f"a{v}".encode()
+        await old.commit(store, v, {f"k{v}".encode(): f"a{v}".encode()}, [], {}, epoch=1)
+    at5 = dict(state)
+    await old.commit(store, 6, {**state, b"k6": b"a6"}, [], {}, epoch=1, snapshot=True)
+    await old.commit(store, 7, {b"k7": b"a7"}, [], {}, epoch=1)
+    return at5
+
+
+async def test_a_newer_writers_delta_at_the_floor_is_refused_not_acknowledged(
+    tmp_path: Path,
+) -> None:
+    store = StoreId("rew", 0, 0, "floor")
+    async with nodes(tmp_path, 3, **RING) as ring:
+        addrs = [n.address for n in ring]
+        async with (
+            AsyncRingClient(addrs, timeout=30) as old,
+            AsyncRingClient(addrs, timeout=30) as new,
+        ):
+            at5 = await _old_history(old, store)
+            assert dict(await new.restore(store, 5)) == at5  # retained: head 7, retain 3
+            # the old writer's last commit (a zombie's): the floor rises to 6 everywhere
+            await old.commit(store, 8, {b"k8": b"a8"}, [], {}, epoch=1)
+            await eventually(lambda: all(n.store.floor(store) == 6 for n in ring), "floor 6")
+            # the newer writer's v6 on the v5 it restored: its base is gone
+            with pytest.raises((InvalidRequest, QuorumNotReached), match="below retention"):
+                await new.commit(store, 6, {b"k6": b"b6"}, [], {}, epoch=2, base_epoch=1)
+            assert all(n.store.head(store).epoch == 1 for n in ring)  # type: ignore[union-attr]
+            # the old writer's delta at the floor, of the floor snapshot's epoch, is held
+            assert dict(await new.restore(store, 8)) == {
+                **at5,
+                b"k6": b"a6",
+                b"k7": b"a7",
+                b"k8": b"a8",
+            }
+
+
+async def test_a_floor_checked_before_a_newer_writers_delta_at_it_is_not_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = StoreId("rew", 0, 0, "race")
+    checked = resumed = 0
+    go = asyncio.Event()
+    real = api.check_floor
+
+    async def held_check(node: Any, s: StoreId, floor: int) -> None:
+        nonlocal checked, resumed
+        await real(node, s, floor)  # the check passes: the head is the old writer's
+        if s == store and floor == 6 and not go.is_set():
+            checked += 1
+            await go.wait()  # ... and the floor's write waits
+            resumed += 1
+
+    monkeypatch.setattr(api, "check_floor", held_check)
+    async with nodes(tmp_path, 3, **RING) as ring:
+        addrs = [n.address for n in ring]
+        async with (
+            AsyncRingClient(addrs, timeout=30) as old,
+            AsyncRingClient(addrs, timeout=30) as new,
+        ):
+            at5 = await _old_history(old, store)
+            assert dict(await new.restore(store, 5)) == at5
+            await old.commit(store, 8, {b"k8": b"a8"}, [], {}, epoch=1)
+            await eventually(lambda: checked >= 2, "the compactor's floor 6 checked on two")
+            assert all(n.store.floor(store) < 6 for n in ring)
+            mine = {**at5, b"k6": b"b6"}
+            result = await new.commit(store, 6, {b"k6": b"b6"}, [], {}, epoch=2, base_epoch=1)
+            assert result.version == 6 and not result.tentative
+            go.set()  # the held gc handlers go on to write their floor
+            await eventually(lambda: resumed >= checked, "the held handlers went on")
+            await asyncio.sleep(1.0)  # their writes ran (the writer queue is idle)
+            assert all(n.store.floor(store) < 6 for n in ring)
+            assert dict(await new.restore(store, 6)) == mine
+
+
+async def test_a_compactor_with_a_stale_lower_retain_drops_nothing_the_writer_keeps(
+    tmp_path: Path,
+) -> None:
+    store = StoreId("ret", 0, 0, "stale")
+    kw = {
+        "thin_snapshots": 0,
+        "snapshot_every": 2,
+        "retain_versions": 100,
+        "write_quorum": 2,
+    }
+    ring = Restartable(tmp_path, **kw)
+
+    try:
+        await ring.start_all()
+        leader = ring.leader(store)
+        others = [k for k in "abc" if k != leader]
+        via = ring[others[0]].address
+        for v in range(1, 7):  # the writer keeps 3 versions at first
+            assert await asyncio.to_thread(commit_row, via, store, v, "&retain=3") == 201
+        await eventually(lambda: ring[leader].store.retain(store) == 3, "leader: 3")
+        # the leader goes down; the writer, started again keeping 20, goes on
+        await ring.stop(leader)
+        await eventually(lambda: all(sees(ring[k], 2) for k in others), "the two alone")
+        for v in range(7, 21):
+            assert await asyncio.to_thread(commit_row, via, store, v, "&retain=20") == 201
+        kept_from = max(ring[k].store.floor(store) for k in others)
+        assert kept_from <= 8
+        # the leader comes back with its record of 3; repair brings it the versions
+        node = await ring.start(leader, via)
+        await eventually(lambda: all(sees(n, 3) for n in ring.live()), "3 nodes again")
+        await eventually(
+            lambda: (h := node.store.head(store)) is not None and h.version == 20,
+            "the leader at head 20",
+            limit=30,
+        )
+        # its compactor plans a floor of 18 (its retain of 3) and sends it: refused by the
+        # two that keep 20, which hold every version from kept_from on
+        await eventually(lambda: node.store.floor(store) >= 18, "the leader's own floor")
+        await asyncio.sleep(1.0)  # a few more of its passes
+        assert all(ring[k].store.floor(store) <= kept_from for k in others)
+        async with AsyncRingClient([ring[k].address for k in others], timeout=30) as c:
+            for v in range(max(1, kept_from), 21):
+                got = dict(await c.restore(store, v))
+                assert got == {f"k{u}".encode(): b"v" for u in range(1, v + 1)}, v
+    finally:
+        await ring.close()
