@@ -183,11 +183,10 @@ def check_floor(
     (a compactor's ``gc``, a peer's ``sync/have`` answer): never above the store's ``head``
     (it would erase the store), and where this node holds the store's manifests
     (``snapshot_held`` not None) a version it holds a snapshot of, so that every version at
-    or above it stays restorable, and (``keep``: the versions this node keeps of the store,
-    its writer's ``retain``, else its ``--retain``) not above the oldest of those: a
-    compactor that missed the writer's raise of ``retain`` plans with the lower value, and
-    its floor would drop, on every replica, versions the writer keeps. InvalidRequest names
-    what is wrong."""
+    or above it stays restorable, and (``keep``: the versions its writer keeps, its
+    ``retain`` as this node holds it) not above the oldest of those: a compactor that missed
+    the writer's raise of ``retain`` plans with the lower value, and its floor would drop,
+    on every replica, versions the writer keeps. InvalidRequest names what is wrong."""
     if floor > head:
         raise InvalidRequest(
             f"gc floor {floor} is above the head of {store} (version {head}): refused, it "

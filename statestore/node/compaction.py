@@ -264,15 +264,22 @@ async def _drop_chunks(
 async def _send_gc(
     node: Node, view: RingView, store: StoreId, body: dict[str, int]
 ) -> dict[str, dict[str, Any]]:
-    """``POST .../gc`` to every live node; their answers by address (those that gave one)."""
-    live = view.live_addresses()
-    got = await asyncio.gather(
-        *(
-            node.transport.request("POST", a, f"/v1/stores/{store.path}/gc", json_body=body)
-            for a in live
-        ),
-        return_exceptions=True,
-    )
+    """``POST .../gc`` to every live node, the store's owners first (a node holding none of
+    its manifests takes only a floor its home replicas took: node/repair.check_floor);
+    their answers by address (those that gave one)."""
+    owners = {*view.store_write_replicas(store), *view.write_homes(store.path)}
+    first = [a for a in view.live_addresses() if a in owners]
+    then = [a for a in view.live_addresses() if a not in owners]
+    live = first + then
+    got: list[Any] = []
+    for step in (first, then):
+        got += await asyncio.gather(
+            *(
+                node.transport.request("POST", a, f"/v1/stores/{store.path}/gc", json_body=body)
+                for a in step
+            ),
+            return_exceptions=True,
+        )
     out: dict[str, dict[str, Any]] = {}
     for address, r in zip(live, got, strict=True):
         if isinstance(r, BaseException):

@@ -26,7 +26,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statestore.core.chunk import verify
-from statestore.core.errors import CorruptChunk, StaleEpoch, StateStoreError, VersionConflict
+from statestore.core.errors import (
+    CorruptChunk,
+    InvalidRequest,
+    StaleEpoch,
+    StateStoreError,
+    VersionConflict,
+)
 from statestore.core.handover import NodeState
 from statestore.core.ids import MAX_VERSION, StoreId, chunk_key
 from statestore.core.items import ChunkItem, Item, ManifestItem, is_manifest, parse_manifest
@@ -246,18 +252,57 @@ async def check_floor(node: Node, store: StoreId, floor: int) -> None:
     if floor <= node.store.floor(store):
         return  # nothing would be dropped
     if node.store.head(store) is None:
-        head = await read_head(node.transport, node.view(), store)
+        view = node.view()
+        head = await read_head(node.transport, view, store)
         floor_allowed(store, floor, head.version, None)
+        # a node holding none of the store's manifests (a chunk holder, a hint holder, an
+        # owner not repaired yet) cannot tell whether the floor keeps the retained versions
+        # restorable (their lineage, the writer's retain): it takes only a floor every home
+        # replica took (floors only rise there, so it stays safe when applied later)
+        agreed = await _homes_floor(node, view, store)
+        if floor > agreed:
+            raise InvalidRequest(
+                f"gc floor {floor} of {store}: its home replicas keep versions from {agreed}; "
+                "this node holds none of its manifests and takes only a floor they took"
+            )
         return
     # off the event loop: a snapshot off the head's epoch decodes the store's manifests
-    await asyncio.to_thread(node.store.check_floor, store, floor, node.config.retain_versions)
+    await asyncio.to_thread(node.store.check_floor, store, floor)
+
+
+async def _homes_floor(node: Node, view: RingView, store: StoreId) -> int:
+    """The lowest retention floor of ``store`` among its home replicas (``GET
+    .../versions``): 0 when one is down, does not answer, holds no version of it or answers
+    no version."""
+    homes = view.write_homes(store.path)
+    if any(a.startswith("down:") for a in homes):
+        return 0
+    path = f"/v1/stores/{store.path}/versions"
+    got = await asyncio.gather(
+        *(node.transport.request("GET", a, path) for a in homes if a != node.address),
+        return_exceptions=True,
+    )
+    floors = [node.store.floor(store)] if node.address in homes else []
+    for r in got:
+        if isinstance(r, BaseException):
+            if not isinstance(r, StateStoreError):
+                raise r
+            return 0
+        try:
+            floor = r.json().get("floor")
+        except (StateStoreError, ValueError, AttributeError):
+            return 0
+        if type(floor) is not int or not 0 <= floor <= MAX_VERSION:
+            return 0
+        floors.append(floor)
+    return min(floors, default=0)
 
 
 async def raise_floor(node: Node, store: StoreId, floor: int) -> int:
     """Apply ``floor`` to ``store`` here, checked again on the writer thread
     (NodeStore.raise_floor): what landed since :func:`check_floor` (a newer writer's delta
     at the floor) is seen. Returns items dropped; InvalidRequest if refused now."""
-    return await node.write(node.store.raise_floor, store, floor, node.config.retain_versions)
+    return await node.write(node.store.raise_floor, store, floor)
 
 
 async def _apply_floors(node: Node, address: str, batch: list[Item], floors: object) -> None:

@@ -757,16 +757,17 @@ class NodeStore:
                 self._floors[store] = got
         return got
 
-    def check_floor(self, store: StoreId, floor: int, keep: int) -> None:
+    def check_floor(self, store: StoreId, floor: int) -> None:
         """InvalidRequest unless raising ``store``'s floor to ``floor`` keeps every version
         this replica holds of it restorable (core/retention.check_floor): not above its
         head, at a snapshot of the head's line of descent (one of the head's own epoch is,
         its epoch read without decoding; another is checked against the lineage, every
         manifest of the store decoded: a dead branch's snapshot, an older writer's that a
         newer one rewound below, would drop the newer writer's versions under it), and not
-        within the versions kept here (the writer's ``retain``, else ``keep``). Nothing to
-        check where this node holds no manifest of the store (its caller checks the ring's
-        head)."""
+        within the versions its writer keeps (its ``retain``, as this replica holds it: a
+        compactor that missed a raise plans with the lower value; a replica holding none
+        takes the compactor's ``--retain``). Nothing to check where this node holds no
+        manifest of the store (its caller asks the home replicas)."""
         if floor <= self.floor(store):
             return  # nothing would be dropped
         head = self.head(store)
@@ -777,15 +778,14 @@ class NodeStore:
         if raw is not None and not held:
             deltas, snapshots = self.manifests(store)
             held = floor in usable_snapshots(snapshots, deltas)
-        kept = self.retain(store, if_rotted=None) or keep
-        check_floor(store, floor, head.version, held, kept)
+        check_floor(store, floor, head.version, held, self.retain(store))
 
-    def raise_floor(self, store: StoreId, floor: int, keep: int) -> int:
+    def raise_floor(self, store: StoreId, floor: int) -> int:
         """:meth:`apply_floor` once :meth:`check_floor` holds, the two on the writer thread:
         a write that lands between a caller's own check and the floor's write (a newer
         writer's delta at the floor, whose base the floor drops) is seen. Returns items
         dropped."""
-        self.check_floor(store, floor, keep)
+        self.check_floor(store, floor)
         return self.apply_floor(store, floor)
 
     def apply_floor(self, store: StoreId, floor: int) -> int:
@@ -950,8 +950,15 @@ class NodeStore:
         version, kind and epoch with other content is replaced (the writer's later attempt
         supersedes the one it gave up). False when already held (idempotent). Counted
         against its query's quota like a manifest (``limit``), and against the node's cap
-        and the query's share of it (core/hints.admit: InsufficientStorage)."""
+        and the query's share of it (core/hints.admit: InsufficientStorage). Refused below
+        the store's floor as a commit is (:meth:`_below_floor`): its writer is told now, not
+        "tentative" and rolled back later."""
         self.check_fence(m)
+        if self.below_floor(m):
+            raise InvalidRequest(
+                f"{m.store} version {m.version} is below retention here (floor "
+                f"{self.floor(m.store)}): restore a newer version and commit on it"
+            )
         held = self.get_manifest(m.store, m.version, m.kind, m.epoch)
         if held is not None and held.epoch == m.epoch and not held.same_content(m):
             raise VersionConflict(

@@ -22,8 +22,10 @@ import pytest
 
 import statestore.node.api as api
 from client import AsyncRingClient, StoreId
+from statestore.core.chunk import encode_chunks
 from statestore.core.errors import InvalidRequest, QuorumNotReached
-from tests.ringkit import Restartable, commit_row, eventually, nodes, sees
+from statestore.core.ids import chunk_key
+from tests.ringkit import Restartable, call, commit_row, eventually, nodes, sees
 
 # the floor is the whole snapshot the old writer commits at 6 (the compactor folds nothing)
 RING = {
@@ -160,3 +162,46 @@ async def test_a_compactor_with_a_stale_lower_retain_drops_nothing_the_writer_ke
                 assert got == {f"k{u}".encode(): b"v" for u in range(1, v + 1)}, v
     finally:
         await ring.close()
+
+
+async def test_a_node_holding_no_manifest_of_a_store_takes_only_a_floor_its_owners_took(
+    tmp_path: Path,
+) -> None:
+    """A chunk holder cannot tell a floor that keeps the store restorable (hostile review
+    70): a dead branch's floor the owners refuse must not drop, on the nodes holding only
+    chunks (most of a store's chunk copies on a ring of more than R), the base of a newer
+    writer's acknowledged versions."""
+    async with nodes(tmp_path, 7, **{**RING, "retain_versions": 100}) as ring:
+        view = ring[0].view()
+        (v1,) = encode_chunks({b"k1": b"a1"}, [], block_size=view.block_size())
+        # a store whose v1 chunk (the old writer's, under the newer writer's chain) lives on
+        # three nodes that hold none of its manifests
+        store = next(
+            s
+            for p in range(5000)
+            if not set(view.replicas_of(chunk_key(s := StoreId("rew", 0, p, "chk"), 1, v1.name)))
+            & set(view.store_replicas(s))
+        )
+        addrs = [n.address for n in ring]
+        async with (
+            AsyncRingClient(addrs, timeout=30) as old,
+            AsyncRingClient(addrs, timeout=30) as new,
+        ):
+            await _old_history(old, store)
+            # the newer writer restores v4 and goes on from it, past the old snapshot at 6
+            mine = dict(await new.restore(store, 4))
+            for v in range(5, 13):
+                mine[f"k{v}".encode()] = f"b{v}".encode()
+                base = 1 if v == 5 else 2
+                row = {f"k{v}".encode(): f"b{v}".encode()}
+                await new.commit(store, v, row, [], {}, epoch=2, base_epoch=base)
+            # the floor a compactor of the old writer's plans (its snapshot at 6), to every
+            # node, owners first as the compactor sends it
+            owners = set(view.store_write_replicas(store))
+            for n in sorted(ring, key=lambda n: n.address not in owners):
+                status, body = await call(
+                    n, "POST", f"/v1/stores/{store.path}/gc", json={"floor": 6}
+                )
+                assert status == 400, (n.address in owners, body)
+            assert all(n.store.floor(store) == 0 for n in ring)
+            assert dict(await new.restore(store, 12)) == mine

@@ -174,6 +174,8 @@ def test_a_delta_at_the_floor_is_taken_only_of_the_floor_snapshots_epoch(
     with pytest.raises(InvalidRequest, match="below retention"):
         store.put_manifest(newer)
     assert store.copy_manifests([newer]) == [False]
+    with pytest.raises(InvalidRequest, match="below retention"):
+        store.put_hint(newer, ["a"])  # nor kept as a tentative commit
     assert store.head(SID) == Head(3, 1)
     assert store.put_manifest(commit(3, 1)) is False  # the one held: a retry is answered
     store.delete_manifest(SID, 3, "delta", 1)
@@ -187,14 +189,14 @@ def test_a_floor_is_raised_only_where_every_version_kept_here_stays(store: NodeS
         store.put_manifest(commit(v, 1, kind="snapshot"))
     store.set_retain(SID, 5)  # the writer keeps 5: versions 4..8
     with pytest.raises(InvalidRequest, match="within the 5 versions"):
-        store.raise_floor(SID, 7, 100)  # a compactor that keeps fewer sent it
+        store.raise_floor(SID, 7)  # a compactor that keeps fewer sent it
     assert store.floor(SID) == 0
-    assert store.raise_floor(SID, 4, 100) > 0 and store.floor(SID) == 4
+    assert store.raise_floor(SID, 4) > 0 and store.floor(SID) == 4
     # a newer writer's delta at 7, on the old writer's 6: the snapshot at 7 is off its line
     store.put_manifest(replace(commit(7, 2, b"n"), base_epoch=1))
     store.set_retain(SID, 1)
     with pytest.raises(InvalidRequest, match="not a snapshot this node holds"):
-        store.raise_floor(SID, 7, 100)
+        store.raise_floor(SID, 7)
     assert store.floor(SID) == 4 and store.versions(SID) == [4, 5, 6, 7, 8]
 
 

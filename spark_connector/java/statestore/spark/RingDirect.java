@@ -95,13 +95,21 @@ final class RingDirect {
     List<ChunkCodec.Chunk> chunks;
     int blockSize;
     char snapshotKind;
+    RingView layout;
     try {
-      blockSize = writer.view().blockSize();
-      snapshotKind = writer.view().snapshotKind();
+      layout = writer.view();
     } catch (RingException e) {
-      blockSize = 0; // whole chunks: every build reads them; the retries below meet the error
-      snapshotKind = 's';
+      // the view last read says the ring's layout as well (it changes with an upgrade): a
+      // whole snapshot is named as the ring names one ('w', kept by thinning), never 's',
+      // which a thinning line may drop with the version's only state
+      layout = writer.lastView();
+      if (layout == null) {
+        throw new Unavailable("commit of " + storePath + " version " + version
+            + ": the ring's view could not be read: " + e.getMessage(), e);
+      }
     }
+    blockSize = layout.blockSize();
+    snapshotKind = layout.snapshotKind();
     try {
       chunks = ChunkCodec.encode(keys, values, deletes, ChunkCodec.DEFAULT_KEY_GROUPS,
           ChunkCodec.DEFAULT_CHUNK_SIZE, snapshot ? snapshotKind : 'd', ChunkCodec.MAX_CHUNK_RAW,

@@ -111,6 +111,11 @@ public final class RingWriter {
     return transport;
   }
 
+  /** The view last read (none yet: null), not refreshed. */
+  RingView lastView() {
+    return view;
+  }
+
   /** The current view, refreshed when a node reported a newer ring epoch. */
   public RingView view() {
     RingView v = view;
