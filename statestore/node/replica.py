@@ -765,8 +765,8 @@ class NodeStore:
         manifest of the store decoded: a dead branch's snapshot, an older writer's that a
         newer one rewound below, would drop the newer writer's versions under it), and not
         within the versions its writer keeps (its ``retain``, as this replica holds it: a
-        compactor that missed a raise plans with the lower value; a replica holding none
-        takes the compactor's ``--retain``). Nothing to check where this node holds no
+        compactor that missed a raise plans with the lower value; without one, the
+        compactor's ``--retain`` decides). Nothing to check where this node holds no
         manifest of the store (its caller asks the home replicas)."""
         if floor <= self.floor(store):
             return  # nothing would be dropped
