@@ -264,7 +264,10 @@ async def put_chunk(request: web.Request) -> web.Response:
     limit = charged_limit(request, parse_chunk_key(key)[0].query)
     # a replica's or a hand-over's copy (?copy=1) waits for client writes (node/writer.py)
     copy = request.query.get("copy") == "1"
-    await node.write(node.store.put_chunk, key, data, limit, order="copy" if copy else "foreground")
+    # a copy below the store's floor here is answered as landed and not kept
+    await node.write(
+        node.store.put_chunk, key, data, limit, copy, order="copy" if copy else "foreground"
+    )
     return web.json_response({"stored": key}, status=201)
 
 

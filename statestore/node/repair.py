@@ -271,18 +271,22 @@ async def check_floor(node: Node, store: StoreId, floor: int) -> None:
 
 
 async def _homes_floor(node: Node, view: RingView, store: StoreId) -> int:
-    """The lowest retention floor of ``store`` among its home replicas (``GET
-    .../versions``): 0 when one is down, does not answer, holds no version of it or answers
-    no version."""
+    """The lowest retention floor of ``store`` among its live home replicas (``GET
+    .../versions``), with fewer than W of them down (an acknowledged commit is on W homes,
+    so on one of those that answer, which refuses a floor that would drop what it needs): 0
+    when W or more are down, or one does not answer, holds no version of it or answers no
+    version."""
     homes = view.write_homes(store.path)
-    if any(a.startswith("down:") for a in homes):
+    down = [a for a in homes if a.startswith("down:")]
+    if len(down) >= view.write_quorum:
         return 0
+    live = [a for a in homes if a not in down]
     path = f"/v1/stores/{store.path}/versions"
     got = await asyncio.gather(
-        *(node.transport.request("GET", a, path) for a in homes if a != node.address),
+        *(node.transport.request("GET", a, path) for a in live if a != node.address),
         return_exceptions=True,
     )
-    floors = [node.store.floor(store)] if node.address in homes else []
+    floors = [node.store.floor(store)] if node.address in live else []
     for r in got:
         if isinstance(r, BaseException):
             if not isinstance(r, StateStoreError):

@@ -324,12 +324,19 @@ class NodeStore:
         return self.usage.of(query)
 
     # -- chunks --------------------------------------------------------------------------
-    def put_chunk(self, key: str, data: bytes, limit: int | None = None) -> None:
+    def put_chunk(
+        self, key: str, data: bytes, limit: int | None = None, copy: bool = False
+    ) -> bool:
         """Store a verified chunk; ``limit``: its query's quota (None: not charged, as for
-        repair's copies)."""
-        _, _, name = parse_chunk_key(key)
+        repair's copies). A copy (``copy``: repair's, a hand-over's) of a version below the
+        store's floor here is not kept (what retention dropped does not come back from a
+        node that did not take the floor yet). Returns whether it was stored."""
+        store, version, name = parse_chunk_key(key)
         verify(data, int(name.split("-", 1)[1], 16), key)
+        if copy and version < self.floor(store):
+            return False
         self._write({_ckey(key): data}, limit=limit)
+        return True
 
     def get_chunk(self, key: str) -> bytes | None:
         """The chunk's bytes, re-verified; raises CorruptChunk if they rotted on disk."""

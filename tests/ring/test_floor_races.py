@@ -25,6 +25,7 @@ from client import AsyncRingClient, StoreId
 from statestore.core.chunk import encode_chunks
 from statestore.core.errors import InvalidRequest, QuorumNotReached
 from statestore.core.ids import chunk_key
+from statestore.node.daemon import Node
 from tests.ringkit import Restartable, call, commit_row, eventually, nodes, sees
 
 # the floor is the whole snapshot the old writer commits at 6 (the compactor folds nothing)
@@ -205,3 +206,61 @@ async def test_a_node_holding_no_manifest_of_a_store_takes_only_a_floor_its_owne
                 assert status == 400, (n.address in owners, body)
             assert all(n.store.floor(store) == 0 for n in ring)
             assert dict(await new.restore(store, 12)) == mine
+
+
+def _below(ring: list[Node], store: StoreId, floor: int) -> dict[str, tuple[int, list[str]]]:
+    """Per node, its floor and the chunks of ``store`` it holds below ``floor``."""
+    out = {}
+    for n in ring:
+        keys = [
+            k
+            for k in n.store.chunk_keys()
+            if k.startswith(store.path + "/") and int(k.split("/")[-2]) < floor
+        ]
+        if keys:
+            out[n.address] = (n.store.floor(store), sorted(keys))
+    return out
+
+
+async def test_chunk_holders_take_a_floor_with_a_home_down_and_nothing_below_comes_back(
+    tmp_path: Path,
+) -> None:
+    """With one home replica down (fewer than W), a node holding only a store's chunks takes
+    the floor every live home took (hostile review 71: it refused every floor while any
+    home was down, and its repair pushed the chunks below the floor back to the nodes that
+    had dropped them; an idle store kept them for good)."""
+    names = "abcdefg"
+    ring = Restartable(tmp_path, names, write_quorum=2, snapshot_every=2, retain_versions=3)
+    try:
+        await ring.start_all()
+        view = ring["a"].view()
+        (c1,) = encode_chunks({b"k1": b"a1"}, [], block_size=view.block_size())
+        # a store whose v1 chunk lives on a home replica and on nodes that are not homes, and
+        # a home that is neither its compaction leader nor a holder of that chunk
+        for p in range(5000):
+            store = StoreId("r71", 0, p, "idle")
+            homes = view.write_homes(store.path)
+            holders = view.replicas_of(chunk_key(store, 1, c1.name))
+            down = [h for h in homes if h not in holders and h != view.store_replicas(store)[0]]
+            if set(holders) - set(homes) and set(holders) & set(homes) and down:
+                break
+        name = next(k for k in names if ring.address(k) == down[0])
+        async with AsyncRingClient([ring["a"].address], timeout=30) as c:
+            await c.commit(store, 1, {b"k1": b"a1"}, [], {}, epoch=1)
+            await ring.stop(name)
+            await eventually(lambda: all(sees(n, 6) for n in ring.live()), "6 live")
+            for v in range(2, 15):
+                await c.commit(store, v, {f"k{v}".encode(): b"v"}, [], {}, epoch=1)
+        live_homes = [n for n in ring.live() if n.address in homes]
+        await eventually(lambda: all(n.store.floor(store) >= 10 for n in live_homes), "floors")
+        floor = min(n.store.floor(store) for n in live_homes)
+        await eventually(lambda: not _below(ring.live(), store, floor), "chunks below dropped")
+        await ring.start(name, ring["a"].address)  # the home comes back; the store is idle
+        await eventually(lambda: all(sees(n, 7) for n in ring.live()), "7 live")
+        await eventually(
+            lambda: ring[name].store.floor(store) >= floor, "the home took the floor", limit=40
+        )
+        await asyncio.sleep(3.0)  # three more repair passes
+        assert not _below(ring.live(), store, floor)
+    finally:
+        await ring.close()

@@ -200,6 +200,17 @@ def test_a_floor_is_raised_only_where_every_version_kept_here_stays(store: NodeS
     assert store.floor(SID) == 4 and store.versions(SID) == [4, 5, 6, 7, 8]
 
 
+def test_a_chunk_copy_below_the_floor_is_not_taken_back(store: NodeStore) -> None:
+    """What retention dropped does not come back from a node that did not take the floor
+    yet (its repair pushes; hostile review 71); a writer's own chunk is its commit's."""
+    store.apply_floor(SID, 3)
+    (c,) = encode_chunks({b"k": b"v"}, [])
+    old, new = chunk_key(SID, 2, c.name), chunk_key(SID, 3, c.name)
+    assert store.put_chunk(old, c.data, copy=True) is False
+    assert store.put_chunk(new, c.data, copy=True) is True
+    assert store.has_chunks([old, new]) == [False, True]
+
+
 def test_lmdb_survives_reopen(tmp_path: Path) -> None:
     s = NodeStore(LmdbBackend(str(tmp_path / "db")))
     s.put_manifest(commit(1, 1))
