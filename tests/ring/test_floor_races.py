@@ -10,6 +10,8 @@ never drops what an acknowledged version needs, whichever lands first.
 - A compactor with a stale, lower ``retain`` (it missed the writer's raise while down): the
   replicas that hold the writer's value refuse its floor (the builds before dropped, on
   every replica, versions the writer keeps).
+- Nodes holding only a store's chunks take only a floor its live home replicas took
+  (hostile reviews 70 and 71), and no chunk copy below a floor is taken back.
 """
 
 from __future__ import annotations
