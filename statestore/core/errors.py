@@ -50,6 +50,7 @@ __all__ = [
     "DataDirInUse",
     "DecompressionBomb",
     "DelayBoundExceeded",
+    "FloorWithinRetain",
     "Forbidden",
     "InsufficientStorage",
     "InvalidAddress",
@@ -93,6 +94,13 @@ class StateStoreError(Exception):
 class InvalidRequest(StateStoreError):
     code = "invalid_request"
     status = 400
+
+
+class FloorWithinRetain(InvalidRequest):
+    """A retention floor a replica refuses: it would drop versions the store's writer keeps
+    (its ``retain``, as that replica holds it)."""
+
+    code = "floor_within_retain"
 
 
 class InvalidStoreId(InvalidRequest):

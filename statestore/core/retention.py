@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from statestore.core.errors import InvalidRequest, VersionNotFound
+from statestore.core.errors import FloorWithinRetain, InvalidRequest, VersionNotFound
 from statestore.core.ids import StoreId
 from statestore.core.manifest import Candidates, Manifest, lineage, manifests_at, resolve_chain
 
@@ -198,7 +198,7 @@ def check_floor(
             "versions above it would not be restorable (repair brings the floor later)"
         )
     if keep is not None and floor > head - keep + 1:
-        raise InvalidRequest(
+        raise FloorWithinRetain(
             f"gc floor {floor} of {store} is within the {keep} versions this node keeps "
             f"(its head is {head}): refused, a compactor with an older retain sent it"
         )

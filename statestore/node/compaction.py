@@ -30,7 +30,7 @@ from typing import Any
 import xxhash
 
 from statestore.core.chunk import EncodedChunk, encode_chunks
-from statestore.core.errors import StaleEpoch, StateStoreError
+from statestore.core.errors import FloorWithinRetain, StaleEpoch, StateStoreError
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.core.retention import (
@@ -264,32 +264,42 @@ async def _drop_chunks(
 async def _send_gc(
     node: Node, view: RingView, store: StoreId, body: dict[str, int]
 ) -> dict[str, dict[str, Any]]:
-    """``POST .../gc`` to every live node, the store's owners first (a node holding none of
-    its manifests takes only a floor its home replicas took: node/repair.check_floor);
-    their answers by address (those that gave one)."""
+    """``POST .../gc`` to every live node: the store's other owners first, then this node
+    (its compactor), then the rest (a node holding none of its manifests takes only a floor
+    its home replicas took: node/repair.check_floor); their answers by address (those that
+    gave one). This node takes nothing an owner refused as within the versions the writer
+    keeps (FloorWithinRetain): its ``retain`` is the stale one, and its own floor would
+    drop its copies of versions the writer keeps (hostile review 71), until a peer's
+    ``sync/have`` gives it the writer's value (NodeStore.retains_to_adopt)."""
     owners = {*view.store_write_replicas(store), *view.write_homes(store.path)}
-    first = [a for a in view.live_addresses() if a in owners]
-    then = [a for a in view.live_addresses() if a not in owners]
-    live = first + then
-    got: list[Any] = []
-    for step in (first, then):
-        got += await asyncio.gather(
+    live = view.live_addresses()
+    steps = (
+        [a for a in live if a in owners and a != node.address],
+        [a for a in live if a == node.address],
+        [a for a in live if a not in owners and a != node.address],
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for step in steps:
+        got = await asyncio.gather(
             *(
                 node.transport.request("POST", a, f"/v1/stores/{store.path}/gc", json_body=body)
                 for a in step
             ),
             return_exceptions=True,
         )
-    out: dict[str, dict[str, Any]] = {}
-    for address, r in zip(live, got, strict=True):
-        if isinstance(r, BaseException):
-            continue
-        try:
-            answer = r.json()
-        except ValueError:
-            continue
-        if isinstance(answer, dict):
-            out[address] = answer
+        for address, r in zip(step, got, strict=True):
+            if isinstance(r, FloorWithinRetain):
+                node.stats["gc_within_retain"] += 1
+                log.info("gc of %s refused by %s: %s", store, address, r)
+                return out  # neither this node nor the nodes holding only chunks take it
+            if isinstance(r, BaseException):
+                continue
+            try:
+                answer = r.json()
+            except ValueError:
+                continue
+            if isinstance(answer, dict):
+                out[address] = answer
     return out
 
 

@@ -383,6 +383,7 @@ class Node:
             "snapshots": 0,
             "compaction_failed": 0,  # store compaction passes that failed (logged)
             "gc": 0,
+            "gc_within_retain": 0,  # this node's floors an owner refused (compaction.py)
             "hints": 0,
             "hints_taken": 0,
             "tentative_confirmed": 0,

@@ -252,7 +252,9 @@ class NodeCollector(Collector):
             "Background work done: repaired (copies pushed), handed_off (copies dropped after "
             "their owners confirmed), snapshots (folded by compaction), compaction_failed "
             "(store compaction passes that failed: a fold too few replicas took), gc (items "
-            "dropped below retention), hints_taken (tentative commits kept as hints), "
+            "dropped below retention), gc_within_retain (floors this node planned that an "
+            "owner refused as within the versions the writer keeps: its retain was stale), "
+            "hints_taken (tentative commits kept as hints), "
             "tentative_confirmed and tentative_rolled_back (verdicts this node reached), "
             "have_asked (items repair and hand-over listed to peers) and digest_confirmed "
             "(items range digests showed a peer holds, unlisted); scrubbed, scrub_corrupt and "
@@ -270,6 +272,7 @@ class NodeCollector(Collector):
             "snapshots",
             "compaction_failed",
             "gc",
+            "gc_within_retain",
             "hints_taken",
             "tentative_confirmed",
             "tentative_rolled_back",

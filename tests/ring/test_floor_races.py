@@ -8,8 +8,9 @@ never drops what an acknowledged version needs, whichever lands first.
   floor is checked again on the writer thread and refused there (the builds before dropped
   the acknowledged delta's base).
 - A compactor with a stale, lower ``retain`` (it missed the writer's raise while down): the
-  replicas that hold the writer's value refuse its floor (the builds before dropped, on
-  every replica, versions the writer keeps).
+  replicas that hold the writer's value refuse its floor, and it takes none of it itself
+  (the builds before dropped, on every replica, versions the writer keeps; then its own
+  copies of them).
 - Nodes holding only a store's chunks take only a floor its live home replicas took
   (hostile reviews 70 and 71), and no chunk copy below a floor is taken back.
 """
@@ -154,11 +155,13 @@ async def test_a_compactor_with_a_stale_lower_retain_drops_nothing_the_writer_ke
             "the leader at head 20",
             limit=30,
         )
-        # its compactor plans a floor of 18 (its retain of 3) and sends it: refused by the
-        # two that keep 20, which hold every version from kept_from on
-        await eventually(lambda: node.store.floor(store) >= 18, "the leader's own floor")
+        # its compactor plans a floor of 18 (its retain of 3) and sends it to the other
+        # owners first: refused by the two that keep 20, so it takes none of it itself (the
+        # builds before dropped its own copies: the versions at R-1), and the first
+        # sync/have gives it the writer's 20 (taken only above --retain before)
+        await eventually(lambda: node.store.retain(store) == 20, "the leader: 20")
         await asyncio.sleep(1.0)  # a few more of its passes
-        assert all(ring[k].store.floor(store) <= kept_from for k in others)
+        assert all(ring[k].store.floor(store) <= kept_from for k in "abc")
         async with AsyncRingClient([ring[k].address for k in others], timeout=30) as c:
             for v in range(max(1, kept_from), 21):
                 got = dict(await c.restore(store, v))
