@@ -159,9 +159,10 @@ async def ask_have(
                 continue
             node.stats["have_asked"] += len(batch)  # items listed to a peer that answered
             answer = resp.json()
+            # the writers' retain first: the floors are checked against it
+            await _adopt_retains(node, parsed, answer.get("retains"))
             await _apply_floors(node, address, parsed, answer.get("floors"))
             await _apply_thinning(node, address, parsed, answer.get("thinning"))
-            await _adopt_retains(node, parsed, answer.get("retains"))
             flags = iter(answer["chunks"]), iter(answer.get("epochs", answer["manifests"]))
             for it, p in zip(batch, parsed, strict=True):
                 flag = flags[0] if isinstance(p, ChunkItem) else flags[1]
@@ -270,12 +271,12 @@ async def check_floor(node: Node, store: StoreId, floor: int) -> None:
     await asyncio.to_thread(node.store.check_floor, store, floor)
 
 
-async def _homes_floor(node: Node, view: RingView, store: StoreId) -> int:
+async def _homes_floor(node: Node, view: RingView, store: StoreId, mine: bool = True) -> int:
     """The lowest retention floor of ``store`` among its live home replicas (``GET
     .../versions``), with fewer than W of them down (an acknowledged commit is on W homes,
     so on one of those that answer, which refuses a floor that would drop what it needs): 0
     when W or more are down, or one does not answer, holds no version of it or answers no
-    version."""
+    version. ``mine``: this node's own floor counts too, where it is a home."""
     homes = view.write_homes(store.path)
     down = [a for a in homes if a.startswith("down:")]
     if len(down) >= view.write_quorum:
@@ -286,7 +287,7 @@ async def _homes_floor(node: Node, view: RingView, store: StoreId) -> int:
         *(node.transport.request("GET", a, path) for a in live if a != node.address),
         return_exceptions=True,
     )
-    floors = [node.store.floor(store)] if node.address in live else []
+    floors = [node.store.floor(store)] if mine and node.address in live else []
     for r in got:
         if isinstance(r, BaseException):
             if not isinstance(r, StateStoreError):
@@ -311,7 +312,8 @@ async def raise_floor(node: Node, store: StoreId, floor: int) -> int:
 
 async def _apply_floors(node: Node, address: str, batch: list[Item], floors: object) -> None:
     """Apply the floors in a peer's ``sync/have`` answer (a GC we missed while down): only
-    of stores the batch named, and only those :func:`check_floor` allows."""
+    of stores the batch named, only those :func:`check_floor` allows, and where this node
+    holds the store's manifests only a floor every other live home replica took."""
     if not isinstance(floors, dict) or not floors:
         return
     asked = {it.store.path for it in batch}
@@ -324,6 +326,15 @@ async def _apply_floors(node: Node, address: str, batch: list[Item], floors: obj
         store = StoreId.parse(path)
         try:
             await check_floor(node, store, floor)
+            if floor > node.store.floor(store) and node.store.head(store) is not None:
+                # where it holds the store's manifests, a floor every other live home took
+                # (hostile review 72: one holding no writer's retain took a stale leader's
+                # floor, which the leader's own compactor had withheld, and passed it on)
+                agreed = await _homes_floor(node, node.view(), store, mine=False)
+                if floor > agreed:
+                    raise InvalidRequest(
+                        f"its other home replicas keep {store} from version {agreed}"
+                    )
         except StateStoreError as exc:
             log.warning("floor %d of %s from %s not applied: %s", floor, path, address, exc)
             continue

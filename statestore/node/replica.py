@@ -726,18 +726,14 @@ class NodeStore:
 
     def retains_to_adopt(self, retains: dict[StoreId, int], default: int) -> dict[StoreId, int]:
         """Of a peer's writer-set ``retain`` values, those this node would take: each above
-        what it keeps now (the value it holds, else ``default``, the node's ``--retain``). A
-        peer's value only ever makes a store keep more: its record carries no date, and a
-        stale lower one (a replica that missed the writer's raise) must not make the store
-        keep less than this node would anyway; the writer's own commits set it either way. A
-        replica that missed a raise to a value below ``--retain`` takes it from the first
-        peer it syncs with (the builds before took only values above ``--retain``, and a
-        compactor with the stale value planned floors by it until the writer's next
-        commit)."""
+        both what it holds (none: 0) and ``default`` (the node's ``--retain``). A peer's value
+        only ever makes a store keep more: its record carries no date, and a stale lower one
+        (a replica that missed the writer's raise) must not make the store keep less than
+        this node would anyway; the writer's own commits set it either way."""
         return {
             store: n
             for store, n in retains.items()
-            if n > (self.retain(store, if_rotted=None) or default)
+            if n > max(self.retain(store, if_rotted=None) or 0, default)
         }
 
     def adopt_retains(self, retains: dict[StoreId, int], default: int) -> int:

@@ -28,7 +28,9 @@ from client import AsyncRingClient, StoreId
 from statestore.core.chunk import encode_chunks
 from statestore.core.errors import InvalidRequest, QuorumNotReached
 from statestore.core.ids import chunk_key
+from statestore.core.items import Prefix
 from statestore.node.daemon import Node
+from statestore.node.replica import _skey
 from tests.ringkit import Restartable, call, commit_row, eventually, nodes, sees
 
 # the floor is the whole snapshot the old writer commits at 6 (the compactor folds nothing)
@@ -157,9 +159,8 @@ async def test_a_compactor_with_a_stale_lower_retain_drops_nothing_the_writer_ke
         )
         # its compactor plans a floor of 18 (its retain of 3) and sends it to the other
         # owners first: refused by the two that keep 20, so it takes none of it itself (the
-        # builds before dropped its own copies: the versions at R-1), and the first
-        # sync/have gives it the writer's 20 (taken only above --retain before)
-        await eventually(lambda: node.store.retain(store) == 20, "the leader: 20")
+        # builds before dropped its own copies: the versions at R-1)
+        await eventually(lambda: node.stats["gc_within_retain"] > 0, "a floor refused")
         await asyncio.sleep(1.0)  # a few more of its passes
         assert all(ring[k].store.floor(store) <= kept_from for k in "abc")
         async with AsyncRingClient([ring[k].address for k in others], timeout=30) as c:
@@ -250,7 +251,8 @@ async def test_chunk_holders_take_a_floor_with_a_home_down_and_nothing_below_com
             if set(holders) - set(homes) and set(holders) & set(homes) and down:
                 break
         name = next(k for k in names if ring.address(k) == down[0])
-        async with AsyncRingClient([ring["a"].address], timeout=30) as c:
+        seeds = [ring.address(k) for k in names if k != name]
+        async with AsyncRingClient(seeds, timeout=30) as c:
             await c.commit(store, 1, {b"k1": b"a1"}, [], {}, epoch=1)
             await ring.stop(name)
             await eventually(lambda: all(sees(n, 6) for n in ring.live()), "6 live")
@@ -260,12 +262,108 @@ async def test_chunk_holders_take_a_floor_with_a_home_down_and_nothing_below_com
         await eventually(lambda: all(n.store.floor(store) >= 10 for n in live_homes), "floors")
         floor = min(n.store.floor(store) for n in live_homes)
         await eventually(lambda: not _below(ring.live(), store, floor), "chunks below dropped")
-        await ring.start(name, ring["a"].address)  # the home comes back; the store is idle
+        # the home comes back (seeded by a live node: it may be "a"); the store is idle
+        await ring.start(name, ring.live()[0].address)
         await eventually(lambda: all(sees(n, 7) for n in ring.live()), "7 live")
         await eventually(
             lambda: ring[name].store.floor(store) >= floor, "the home took the floor", limit=40
         )
         await asyncio.sleep(3.0)  # three more repair passes
         assert not _below(ring.live(), store, floor)
+    finally:
+        await ring.close()
+
+
+R72 = {
+    "replicas": 3,
+    "write_quorum": 2,
+    "thin_snapshots": 0,
+    "snapshot_every": 2,
+    "compact_interval": 0.2,
+    "repair_interval": 1.0,
+}
+
+
+def _leader(ring: list[Node], store: StoreId) -> int:
+    return next(i for i, n in enumerate(ring) if n.view().store_replicas(store)[0] == n.address)
+
+
+async def test_a_floor_another_owner_took_does_not_reach_a_stale_leader_by_sync_have(
+    tmp_path: Path,
+) -> None:
+    """Hostile review 72: a stale leader's floor that one owner refused and another took
+    (one holding no writer's retain: a replaced disk refilled by repair) reached the leader
+    in that owner's sync/have answer, and the leader dropped its copies of versions the
+    writer keeps (left on one replica). A node holding the store's manifests now takes a
+    peer's floor only once every other live home took it."""
+    store = StoreId("ret", 0, 1, "byp")
+    async with nodes(tmp_path, 3, **R72, retain_versions=100) as ring:
+        via = ring[0].address
+        for v in range(1, 21):
+            assert await asyncio.to_thread(commit_row, via, store, v, "&retain=20") == 201
+            await asyncio.sleep(0.3)  # a compaction pass: a snapshot every 2 versions
+        await eventually(
+            lambda: all((h := n.store.head(store)) is not None and h.version == 20 for n in ring),
+            "head 20 everywhere",
+        )
+        lead = _leader(ring, store)
+        b, c = (i for i in range(3) if i != lead)
+
+        def target() -> int:
+            held = [set(n.store.snapshot_versions(store)) for n in ring]
+            return max((v for v in set.intersection(*held) if 2 <= v <= 18), default=0)
+
+        await eventually(target, "snapshots within 2..18 on all three")
+        floor = target()
+        # b: no writer retain held (a replaced disk refilled by repair); the leader: the
+        # stale 3 it held before a raise it missed; c: the writer's 20
+        await ring[b].write(ring[b].store.backend.write, {}, [_skey(Prefix.RETAIN, store)])
+        assert ring[b].store.retain(store) is None
+        await ring[lead].write(ring[lead].store.set_retain, store, 3)
+        await eventually(lambda: ring[b].store.floor(store) >= floor, "b took the stale floor")
+        # a full repair pass every 30 s (node/repair.repair_loop), at a phase of its own
+        for _ in range(40):
+            await asyncio.sleep(1.0)
+            if ring[lead].store.floor(store) > 1:
+                break
+        assert ring[c].store.floor(store) <= 1
+        assert ring[lead].store.floor(store) <= 1, (
+            f"the leader dropped its copies below {ring[lead].store.floor(store)}: "
+            "versions the writer keeps are on one replica"
+        )
+
+
+async def test_a_writers_lowered_retain_is_not_undone_by_a_replica_that_missed_it(
+    tmp_path: Path,
+) -> None:
+    """Hostile review 72 (of a rule tried and dropped: a peer's retain taken above the value
+    held): a writer lowers retain 100 -> 10 while one replica is down; that replica comes
+    back holding 100, and its sync/have must not give the 100 back to the two that took
+    the writer's 10 (the ring would keep 100 versions against the writer; an idle store
+    for good)."""
+    store = StoreId("ret", 0, 2, "low")
+    ring = Restartable(tmp_path, **{**R72, "retain_versions": 100})
+    try:
+        await ring.start_all()
+        lead = ring.leader(store)
+        down = next(k for k in "abc" if k != lead)
+        up = [k for k in "abc" if k != down]
+        via = ring[lead].address
+        for v in range(1, 5):
+            assert await asyncio.to_thread(commit_row, via, store, v, "&retain=100") == 201
+        await eventually(lambda: all(n.store.retain(store) == 100 for n in ring.live()), "100")
+        await ring.stop(down)
+        await eventually(lambda: all(sees(ring[k], 2) for k in up), "the two alone")
+        for v in range(5, 9):
+            assert await asyncio.to_thread(commit_row, via, store, v, "&retain=10") == 201
+        assert all(ring[k].store.retain(store) == 10 for k in up)
+        await ring.start(down, via)
+        await eventually(lambda: all(sees(n, 3) for n in ring.live()), "3 nodes again")
+        await eventually(
+            lambda: (h := ring[down].store.head(store)) is not None and h.version == 8,
+            "the returned replica repaired",
+        )
+        await asyncio.sleep(3.0)  # a few repair passes
+        assert [ring[k].store.retain(store) for k in up] == [10, 10]
     finally:
         await ring.close()

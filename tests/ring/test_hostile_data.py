@@ -160,6 +160,7 @@ async def test_a_floor_from_a_have_answer_takes_the_gc_checks(
     a, b = pair
     for version, kind in ((1, "delta"), (2, "delta"), (3, "snapshot")):
         commit_local(a, SID, version, kind)
+        commit_local(b, SID, version, kind)  # b, the other home, holds them too
     a.store.set_retain(SID, 1)  # its writer keeps the head only: a floor at 3 keeps that
     held = sorted(a.store.chunk_keys())
     b.store.apply_floor(SID, floor)  # what b answers about SID (a gc b took, or a lie)
