@@ -70,6 +70,7 @@ __all__ = [
     "block_path",
     "blocks_wanted",
     "cache_key",
+    "decided",
     "fetch_chunk",
     "fetch_part",
     "load_index",
@@ -737,16 +738,20 @@ def blocks_wanted(
     key: bytes,
     cache: ChunkCache,
     held: dict[str, dict[bytes, bytes | None]] | None = None,
+    ckeys: Sequence[str] | None = None,
 ) -> tuple[bytes | None, list[Block]] | None:
     """What deciding ``key``'s value along ``path`` (:func:`block_path`) still needs, from
     what ``cache`` holds (and ``held``: the blocks a caller keeps for itself, where every
     block found in ``cache`` is put too, so that it stays while the rest are read): None when
     an index is not cached; else ``(value, [])`` when the blocks held decide (the newest
-    naming the key does), or ``(None, blocks)``: the blocks not held, newest first, down to
-    the newest block held that names the key (without ``held``, only the first)."""
+    naming the key does), or ``(value, blocks)``: the blocks not held, newest first, down to
+    the newest block held that names the key (without ``held``, only the first), and
+    ``value`` that block's value of the key (None without one): the key's value unless one
+    of ``blocks`` names it (:func:`decided`, once they are held). ``ckeys``: the path's
+    cache keys (:func:`cache_key`), where the caller keeps them."""
     wanted: list[Block] = []
-    for version, ref in path:
-        ckey = cache_key(store, version, ref)
+    for n, (version, ref) in enumerate(path):
+        ckey = cache_key(store, version, ref) if ckeys is None else ckeys[n]
         index = cache.get_index(ckey)
         if index is None:
             return None
@@ -765,8 +770,23 @@ def blocks_wanted(
             if held is not None:
                 held[bkey] = rows
         if key in rows:
-            return (None, wanted) if wanted else (rows[key], wanted)
+            return rows[key], wanted
     return None, wanted
+
+
+def decided(
+    key: bytes,
+    value: bytes | None,
+    blocks: Sequence[Block],
+    held: dict[str, dict[bytes, bytes | None]],
+) -> bytes | None:
+    """``key``'s value once ``held`` holds the ``blocks`` :func:`blocks_wanted` returned with
+    ``value``: the newest of them naming the key decides, else ``value``."""
+    for _v, _ref, ckey, i in blocks:
+        rows = held[f"{ckey}#{i}"]
+        if key in rows:
+            return rows[key]
+    return value
 
 
 async def read_by_blocks(

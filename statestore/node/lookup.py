@@ -42,10 +42,10 @@ from statestore.core.manifest import ChunkRef
 from statestore.net.quorate import gather_all
 from statestore.net.reads import (
     Block,
-    BlockPath,
     ReadStats,
     blocks_wanted,
     cache_key,
+    decided,
     fetch_part,
     load_index,
     read_head,
@@ -114,7 +114,10 @@ async def point_read(request: web.Request) -> web.Response:
     )
 
 
-def _parts(store: StoreId, body: LookupRequest) -> tuple[tuple[int, ChunkRef], ...]:
+Part = tuple[int, ChunkRef, str]  # a chunk a lookup names: version, chunk, its cache_key
+
+
+def _parts(store: StoreId, body: LookupRequest) -> tuple[Part, ...]:
     """:func:`_checked_parts` of a lookup. A reader names the same chain's chunks lookup after
     lookup, so a list of up to :data:`KEPT_PARTS` is checked once: the last 256 are kept
     (2.5 MB at most; a bad list raises, and is not kept)."""
@@ -127,15 +130,14 @@ KEPT_PARTS = 32
 
 
 @functools.lru_cache(maxsize=256)
-def _checked_parts(
-    store: StoreId, groups: int, parts: tuple[LookupPart, ...]
-) -> tuple[tuple[int, ChunkRef], ...]:
-    """The chunks a lookup names (their names checked on decode), checked: ranges within the
+def _checked_parts(store: StoreId, groups: int, parts: tuple[LookupPart, ...]) -> tuple[Part, ...]:
+    """The chunks a lookup names (their names checked on decode), with their cache keys
+    (net/reads.cache_key, made once a list), checked: ranges within the
     store's groups, an index of at most :data:`MAX_LOOKUP_INDEX` bytes within its chunk, all
     of them together at most :data:`MAX_LOOKUP_INDEX_BYTES`, no chunk twice, newest version
     first and each version's ranges in order, overlapping at most at an end (a manifest's
     chunks: a key looks into one or two of a version's chunks)."""
-    out: BlockPath = []
+    out: list[Part] = []
     last: tuple[int, int] | None = None
     seen: set[tuple[int, str]] = set()
     for p in parts:
@@ -163,8 +165,8 @@ def _checked_parts(
             )
         last = (p.version, p.hi)
         ref = ChunkRef(p.name, p.lo, p.hi, p.size, 0, 1, 0, p.index_len, p.index_checksum)
-        out.append((p.version, ref))
-    if sum(ref.index_len for _, ref in out) > MAX_LOOKUP_INDEX_BYTES:
+        out.append((p.version, ref, cache_key(store, p.version, ref)))
+    if sum(ref.index_len for _, ref, _ in out) > MAX_LOOKUP_INDEX_BYTES:
         raise InvalidRequest(
             f"lookup: the chunks' indexes come to more than {MAX_LOOKUP_INDEX_BYTES} bytes: "
             "split the keys over several lookups"
@@ -377,7 +379,7 @@ class _Pinned(ChunkCache):
 
 async def _values(
     keys: Sequence[bytes],
-    paths: Sequence[BlockPath],
+    paths: Sequence[Sequence[Part]],
     groups: int,
     store: StoreId,
     reads: _Reads,
@@ -392,15 +394,19 @@ async def _values(
     held: dict[str, dict[bytes, bytes | None]] = {}
     values: list[bytes | None] = []
     wanted: dict[str, Block] = {}
-    waiting: list[int] = []
+    waiting: list[tuple[int, bytes | None, list[Block]]] = []
     for n, (key, path) in enumerate(zip(keys, paths, strict=True)):
-        walk = blocks_wanted(path, store, key_group(key, groups), key, cache, held)
+        walk = blocks_wanted(
+            [(v, ref) for v, ref, _ in path], store, key_group(key, groups), key, cache, held,
+            [ckey for _, _, ckey in path],
+        )  # fmt: skip
         if walk is None:
             raise RuntimeError("lookup: an index it loaded is not pinned")
-        values.append(walk[0])
-        if walk[1]:
-            waiting.append(n)
-            for block in walk[1]:
+        value, blocks = walk
+        values.append(None if blocks else value)
+        if blocks:
+            waiting.append((n, value, blocks))
+            for block in blocks:
                 wanted.setdefault(f"{block[2]}#{block[3]}", block)
     if not wanted:
         return values
@@ -414,11 +420,8 @@ async def _values(
         rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey, dctx=dctx))
         cache.put(bkey, rows, rows_cost(rows))
         held[bkey] = rows
-    for n in waiting:
-        walk = blocks_wanted(paths[n], store, key_group(keys[n], groups), keys[n], cache, held)
-        if walk is None or walk[1]:
-            raise RuntimeError("lookup: a block it read is not held")
-        values[n] = walk[0]
+    for n, value, blocks in waiting:  # each block it wanted now held
+        values[n] = decided(keys[n], value, blocks, held)
     return values
 
 
@@ -449,7 +452,7 @@ async def answer_lookup(app: web.Application, store: StoreId, raw: bytes, lease:
     keys = _keys(body.keys)
     parts = _parts(store, body)
     floor = node.store.floor(store)
-    if floor and any(v < floor for v, _ in parts):
+    if floor and any(v < floor for v, _, _ in parts):
         # retention dropped those versions here: what the cache may still hold of them is
         # not answered (the reader's chain read then says the version is gone)
         raise NotFound(
@@ -459,7 +462,7 @@ async def answer_lookup(app: web.Application, store: StoreId, raw: bytes, lease:
     paths = []
     for key in keys:
         g = key_group(key, body.groups)
-        path = [(v, ref) for v, ref in parts if ref.lo <= g <= ref.hi]
+        path = [part for part in parts if part[1].lo <= g <= part[1].hi]
         if len(path) > MAX_LOOKUP_PATH:
             raise InvalidRequest(
                 f"lookup: a key looks into {len(path)} chunks, more than {MAX_LOOKUP_PATH}: "
@@ -471,10 +474,9 @@ async def answer_lookup(app: web.Application, store: StoreId, raw: bytes, lease:
     values: list[bytes | None] = []
     answer = 0
     try:
-        needed = {(v, ref.name): (v, ref) for path in paths for v, ref in path}
+        needed = {(v, ref.name): (v, ref, ckey) for path in paths for v, ref, ckey in path}
         missing, found = [], 0
-        for v, ref in needed.values():
-            ckey = cache_key(store, v, ref)
+        for v, ref, ckey in needed.values():
             if cache.get_index(ckey) is None:
                 missing.append((v, ref, ckey))
             else:

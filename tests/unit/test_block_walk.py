@@ -1,7 +1,8 @@
 """What a point read by blocks still needs (net/reads.py, ``blocks_wanted``), checked against
 a model: a chain of a snapshot and deltas (puts and deletes) in small blocks, a cache holding
 a random part of its blocks, and a reader that reads the blocks it is told it needs and asks
-again (the node's lookups do just that, node/lookup.py). The value it ends with is the
+again, or takes the value :func:`decided` gives from them (the node's lookups,
+node/lookup.py). The value it ends with is the
 newest version's that names the key, whatever the cache held; a block it is told to read is
 one it lacks; and it reads nothing when the cache holds every block that decides."""
 
@@ -24,7 +25,7 @@ from statestore.core.chunk import (
 )
 from statestore.core.ids import StoreId
 from statestore.core.manifest import ChunkRef, Manifest
-from statestore.net.reads import block_path, blocks_wanted, cache_key
+from statestore.net.reads import block_path, blocks_wanted, cache_key, decided
 
 SID = StoreId("unit", 0, 2, "walk")
 GROUPS = 8
@@ -92,7 +93,6 @@ def test_a_walk_with_any_cache_ends_at_the_newest_value(seed: int, held: float) 
         walk = blocks_wanted(path, SID, group, key, cache, kept)
         assert walk is not None
         value, wanted = walk
-        assert not wanted or value is None  # decided only when nothing is wanted
         # the blocks along the path that can hold the key, newest first, down to the one
         # that names it: when the cache holds them all, nothing is wanted
         deciding = []
@@ -112,8 +112,13 @@ def test_a_walk_with_any_cache_ends_at_the_newest_value(seed: int, held: float) 
         if wanted:
             again = blocks_wanted(path, SID, group, key, cache, kept)
             assert again is not None and again[1] == []
-            value = again[0]
+            assert again[0] == want.get(key), key
+            # what a lookup does instead of walking again: the blocks it wanted, then the
+            # value the walk found below them
+            value = decided(key, value, wanted, kept)
         assert value == want.get(key), key
+        ckeys = [cache_key(SID, v, ref) for v, ref in path]
+        assert blocks_wanted(path, SID, group, key, cache, kept, ckeys) == (value, [])
 
 
 def test_a_walk_needs_every_index() -> None:
