@@ -268,9 +268,10 @@ async def _send_gc(
     (its compactor), then the rest (a node holding none of its manifests takes only a floor
     its home replicas took: node/repair.check_floor); their answers by address (those that
     gave one). This node takes nothing an owner refused as within the versions the writer
-    keeps (FloorWithinRetain): its ``retain`` is the stale one, and its own floor would
-    drop its copies of versions the writer keeps (hostile review 71), until a peer's
-    ``sync/have`` gives it the writer's value (NodeStore.retains_to_adopt)."""
+    keeps (FloorWithinRetain): its ``retain`` may be the stale one, and its own floor would
+    drop its copies of versions the writer keeps (hostile review 71), until the writer's
+    next commit gives it the writer's value (a peer's floor reaches it only once every
+    other live home took it: node/repair._apply_floors)."""
     owners = {*view.store_write_replicas(store), *view.write_homes(store.path)}
     live = view.live_addresses()
     steps = (
