@@ -34,6 +34,7 @@ public final class RingErrors {
   public enum Kind {
     StateStoreError("error", 500, null),
     InvalidRequest("invalid_request", 400, StateStoreError),
+    FloorWithinRetain("floor_within_retain", 400, InvalidRequest),
     InvalidStoreId("invalid_store_id", 400, InvalidRequest),
     InvalidAddress("invalid_address", 400, InvalidRequest),
     PayloadTooLarge("payload_too_large", 413, InvalidRequest),
