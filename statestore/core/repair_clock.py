@@ -5,7 +5,8 @@ A pass walks everything the node holds, so it runs only when it can find work:
 - when who owns what changes (``RingView.placement``): a member declared down or back, a
   finished move. Not for a member that only starts joining or leaving: its owners are
   unchanged, and the hand-over moves its copies (node/moves/);
-- while the last pass left items waiting (hand-offs, copies left to a designated source);
+- while the last pass left items waiting (hand-offs, copies left to a designated source),
+  or when the shell asks for one (:meth:`RepairClock.want`);
 - once in every ``full_every`` seconds of this node's own grid, as a safety net. The grid is
   offset by a per-node ``phase``, so nodes started together do not all walk what they hold in
   the same second (at 1 GiB that cluster of passes showed in clients' p99,
@@ -108,6 +109,11 @@ class RepairClock:
             self.moved_at = now
         planned = self.moved_at is not None and now - self.moved_at < self.grace
         return PassPlan(allow_handoff=not moved, planned=planned)
+
+    def want(self) -> None:
+        """A pass at the next tick, whatever the grid says: something arrived that only a
+        pass acts on (a floor this node refused while it lagged, now within its head)."""
+        self.pending = max(self.pending, 1)
 
     def ran(self, epoch: int, placement: object, now: float, pending: int | None) -> None:
         """Record a pass that started at ``now`` over ``epoch`` and ``placement``;

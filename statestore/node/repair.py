@@ -324,6 +324,11 @@ async def _apply_floors(node: Node, address: str, batch: list[Item], floors: obj
             log.warning("%s answered floor %r for %s: not a version", address, floor, path)
             continue
         store = StoreId.parse(path)
+        head = node.store.head(store)
+        if head is not None and floor > head.version:
+            # this node lags (it missed the versions up to the floor): refused below, and
+            # asked again by a pass once repair brought its head there (_caught_up)
+            node.lagging_floors[path] = max(floor, node.lagging_floors.get(path, 0))
         try:
             await check_floor(node, store, floor)
             if floor > node.store.floor(store) and node.store.head(store) is not None:
@@ -606,6 +611,23 @@ def _complete(node: Node, item: str, lacking: set[str]) -> bool:
     )
 
 
+def _caught_up(node: Node) -> bool:
+    """Whether a store whose floor this node refused while it lagged (Node.lagging_floors)
+    has since reached it here (repair brought the versions it missed): its next pass asks
+    the owners again and takes the floor, where the safety net would wait up to a slot.
+    Entries of stores gone from here, or whose floor rose meanwhile, are forgotten."""
+    ready = False
+    for path, floor in list(node.lagging_floors.items()):
+        store = StoreId.parse(path)
+        head = node.store.head(store)
+        if head is None or node.store.floor(store) >= floor:
+            del node.lagging_floors[path]
+        elif head.version >= floor:
+            del node.lagging_floors[path]
+            ready = True
+    return ready
+
+
 async def repair_loop(node: Node, full_every: float = 30.0) -> None:
     # Each node declares a death on its own clock, up to a failure-detector period apart, so
     # a designated source may run its planned pass well after its peers. Until every live node
@@ -619,6 +641,8 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
         view = node.view()
         now = node.clock()
         joining = node.membership is not None and node.membership.state is NodeState.JOINING
+        if _caught_up(node):
+            clock.want()
         plan = (
             clock.due(
                 view.epoch,

@@ -243,3 +243,16 @@ def test_phases_spread_nodes_started_together() -> None:
     later = {s for seen in starts for s in seen if s > 5.0}
     assert all(len(seen) >= 6 for seen in starts)  # each passes once per 30 s slot
     assert len(later) > 8  # not one second for all
+
+
+def test_a_pass_asked_for_runs_at_the_next_tick_within_a_slot() -> None:
+    """``want`` (a floor refused while the node lagged, now within its head): a pass at the
+    next tick, where the grid would wait for its next slot; once run, the grid rules again."""
+    clock = RepairClock(30.0, 9.0)
+    assert clock.due(3, "A", 5.0) == PassPlan(allow_handoff=False, planned=True)
+    clock.ran(3, "A", 5.0, 0)
+    assert clock.due(3, "A", 20.0) is None
+    clock.want()
+    assert clock.due(3, "A", 21.0) == PassPlan(allow_handoff=True, planned=False)
+    clock.ran(3, "A", 21.0, 0)
+    assert clock.due(3, "A", 23.0) is None
