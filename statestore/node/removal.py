@@ -26,7 +26,8 @@ asks a live member, the *remover*, to write ID off:
    ``statestore rebalance``, joins and decommissions go on.
 
 Every node keeps the marks it knows in ``DIR/removed-members.json`` (:func:`removal_loop`),
-so a node restarted later, or one that was partitioned meanwhile, still refuses ID. A removed
+so a node restarted later, or one that was partitioned meanwhile, still refuses ID; a remover
+started again goes on with the removal its mark says it ran (:func:`_resume`). A removed
 node started again on its old data dir asks its seeds how they see it first
 (:func:`check_removed`) and refuses to start; one that starts anyway (no seed answered)
 learns it from gossip and stands aside like a replaced node (node/daemon.py: no loops, 503 on
@@ -38,9 +39,11 @@ everything but health and metrics).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -83,6 +86,9 @@ class _Removals:
     sweeps: dict[str, tuple[int, MoveStatus]] = field(default_factory=dict)
     starting: set[str] = field(default_factory=set)
     seq: int = 0
+    # one write of the marks file at a time, each of the marks as they are when it starts
+    # (the loop's and a removal's wrote one temporary file at once: one of them failed)
+    saving: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 _STATE: weakref.WeakKeyDictionary[Node, _Removals] = weakref.WeakKeyDictionary()
@@ -115,7 +121,7 @@ def load_removed(data_dir: str) -> list[dict[str, Any]]:
 
 def _save_removed(data_dir: str, entries: list[dict[str, Any]]) -> None:
     path = os.path.join(data_dir, REMOVED_FILE)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{threading.get_ident()}.tmp"  # a stop's last write may meet a thread's
     with open(tmp, "w") as f:
         json.dump({"members": entries}, f)
         f.flush()
@@ -134,28 +140,54 @@ def _marks(node: Node) -> list[dict[str, Any]]:
     return out
 
 
-async def _persist(node: Node) -> None:
-    await asyncio.to_thread(_save_removed, node.config.data_dir, _marks(node))
+async def _persist(node: Node) -> list[dict[str, Any]]:
+    """Write the marks this node knows to its data dir; returns what it wrote."""
+    async with _state(node).saving:
+        marks = _marks(node)
+        await asyncio.to_thread(_save_removed, node.config.data_dir, marks)
+        return marks
 
 
 async def removal_loop(node: Node) -> None:
-    """Take back the removal marks kept in the data dir, then keep the file up to date with
-    what gossip brings (a node loop)."""
+    """Take back the removal marks kept in the data dir, go on with the removals this node
+    ran when it stopped (:func:`_resume`), then keep the file up to date with what gossip
+    brings (a node loop)."""
     assert node.membership is not None
     node.membership.remember(
         [e for e in load_removed(node.config.data_dir) if e.get("id") != node.id], node.clock()
     )
+    if any(m.removal == REMOVING and m.removed_by == node.id for m in node.membership.removals()):
+        node.spawn(lambda: _resume(node), "resume-removals")
     saved = _marks(node)
     try:
         while True:
-            marks = _marks(node)
-            if marks != saved:
-                await asyncio.to_thread(_save_removed, node.config.data_dir, marks)
-                saved = marks
+            if _marks(node) != saved:
+                saved = await _persist(node)
             await asyncio.sleep(node.config.gossip_interval / 2)
     finally:  # stopped, or standing aside because we were removed: keep what we learnt
         if _marks(node) != saved:
             _save_removed(node.config.data_dir, _marks(node))
+
+
+async def _resume(node: Node) -> None:
+    """A remover that stopped during a removal (its mark ``removing`` by this node, taken
+    back from the data dir) runs it to the end again once started: after ``--down-after``
+    and a gossip exchange, so the marks the ring holds now are known (a member that took the
+    removal over while this node was down, or finished it, wrote its own mark, which gossip
+    brings). Only copies are made, so a second run beside a member's takeover costs copies
+    that repair would have made, nothing more."""
+    assert node.membership is not None
+    await asyncio.sleep(node.config.down_after + 2 * node.config.gossip_interval)
+    state = _state(node)
+    for m in node.membership.removals():
+        if m.removal != REMOVING or m.removed_by != node.id or _running(state.runs.get(m.id)):
+            continue
+        move = MoveStatus(Handover("remove"), node.clock())
+        state.runs[m.id] = move
+        log.warning(
+            "resuming the removal of dead node %s, which this node ran when it stopped", m.id
+        )
+        node.spawn(functools.partial(_remove, node, m.id, move), f"remove-{m.id}")
 
 
 # -- a removed node started again -------------------------------------------------------------

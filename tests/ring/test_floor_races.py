@@ -30,8 +30,8 @@ from statestore.core.errors import InvalidRequest, QuorumNotReached
 from statestore.core.ids import chunk_key
 from statestore.core.items import Prefix
 from statestore.node.daemon import Node
-from statestore.node.replica import _skey
 from statestore.node.repair import ask_have
+from statestore.node.replica import _skey
 from tests.ringkit import Restartable, call, commit_row, eventually, nodes, sees
 
 # the floor is the whole snapshot the old writer commits at 6 (the compactor folds nothing)

@@ -15,24 +15,27 @@ from typing import Any
 
 import pytest
 
-from client import RingClient, StoreId
+from client import AsyncRingClient, RingClient, StoreId
 from statestore.cli.local import http_json
 from statestore.cli.main import main
 from statestore.core.handover import NodeState, Sighting, remove_plan, replace_plan
 from statestore.core.membership import REMOVED, REMOVING, Membership, Status
 from statestore.core.view import MemberInfo, RingView
-from statestore.node.removal import load_removed
+from statestore.node.removal import _persist, load_removed
 from tests.ringkit import (
     ARGS,
     Copies,
     R,
+    Restartable,
     Writer,
     check_restores,
     cli,
+    eventually,
     held_states,
     load,
     local_ring,
     sample,
+    sees,
     short_copies,
     wait_exact,
 )
@@ -292,3 +295,43 @@ def test_removenode_removes_a_dead_node_for_good_under_a_writer(
                 ["node", "--data-dir", dead_dir, "--listen", "127.0.0.1:0", "--no-dht"], timeout=60
             )
             assert alone.returncode == 2 and "was removed from the ring" in alone.stderr
+
+
+def _mark(node: Any, target: str) -> str | None:
+    m = node.membership.get(target)
+    return None if m is None else m.removal
+
+
+async def test_a_remover_started_again_goes_on_with_its_removal(tmp_path: Path) -> None:
+    """A remover that stops after it wrote the mark ``removing`` (step 2) runs the removal
+    to the end once started again (it left the dead node ``removing`` for good, blocking
+    token moves, until removenode was run again)."""
+    ring = Restartable(tmp_path, "abcd")
+    try:
+        await ring.start_all()
+        store = StoreId("resume", 0, 1)
+        async with AsyncRingClient([ring.address("a")], timeout=30) as c:
+            await c.commit(store, 1, {b"k": b"v"}, [], {}, epoch=1)
+        dead = ring["d"].id
+        await ring.stop("d")
+        await eventually(lambda: all(sees(n, 3) for n in ring.live()), "d down")
+        a = ring["a"]
+        assert a.membership is not None
+        # what the remover's run does first (node/removal._remove), then the remover stops
+        a.membership.mark_removal(dead, REMOVING, a.id, a.clock())
+        await _persist(a)
+        await eventually(
+            lambda: all(_mark(n, dead) == REMOVING for n in ring.live()), "the mark spread"
+        )
+        await ring.stop("a")
+        assert [_mark(ring[k], dead) for k in "bc"] == [REMOVING, REMOVING]
+        a = await ring.start("a", ring.address("b"))
+        await eventually(
+            lambda: all(_mark(n, dead) == REMOVED for n in ring.live()), "removed", limit=60
+        )
+        for n in ring.live():
+            assert dead not in {m.id for m in n.view().members}
+        async with AsyncRingClient([ring.address("b")], timeout=30) as c:
+            assert dict(await c.restore(store, 1)) == {b"k": b"v"}
+    finally:
+        await ring.close()

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from statestore.core.errors import InvalidRequest
 from statestore.net.memory import MemoryNetwork
-from statestore.node.removal import start_removal
+from statestore.node.removal import _save_removed, load_removed, start_removal
 from statestore.testing.clock import run_simulated
 from statestore.testing.cluster import SIM_CONFIG, Cluster
 
@@ -95,3 +96,18 @@ def test_a_removal_whose_remover_died_is_taken_over_without_force(tmp_path: Path
 
     kind, _ = run_simulated(main)
     assert kind == "remove"
+
+
+def test_the_marks_file_written_from_two_threads_at_once_is_whole(tmp_path: Path) -> None:
+    """A removal's write of the marks file and the removal loop's met (both wrote one
+    temporary file: one of them failed with FileNotFoundError, and a loop that failed so
+    was started again)."""
+
+    def write(i: int) -> None:
+        _save_removed(str(tmp_path), [{"id": f"n{i}", "removal": "removing"}])
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(write, range(400)))
+    (mark,) = load_removed(str(tmp_path))
+    assert mark["id"].startswith("n")
+    assert [p.name for p in tmp_path.iterdir()] == ["removed-members.json"]
