@@ -151,8 +151,9 @@ def removenode(
             shown = got.get("run") if isinstance(got, dict) else None
             if not isinstance(shown, dict) or not shown:
                 return fail(
-                    f"node {remover} shows no removal of {target} under way (it restarted?): "
-                    "run the command again"
+                    f"node {remover} shows no removal of {target} under way (it restarted? "
+                    "a remover started again resumes its removal once it hears from the "
+                    "ring): run the command again to follow it"
                 )
             run = shown
             bar.update(

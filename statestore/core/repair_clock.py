@@ -72,6 +72,7 @@ class RepairClock:
     moved_at: float | None = None
     pending: int = 0
     moving_seen: float | None = None  # the last tick at which a member moved
+    wanted: bool = False  # the shell asked for a pass (:meth:`want`), not run yet
 
     def _slot(self, now: float) -> float:
         """The start of the grid slot ``now`` is in."""
@@ -102,7 +103,8 @@ class RepairClock:
             if not moving and self.moving_seen is not None:
                 safety = safety and slot > self.moving_seen  # a grid point after the move
             changed = placement != self.placement and not left_only
-            if not (changed or self.pending or safety):
+            wanted = self.wanted and not moving  # held, as the safety net, while one moves
+            if not (changed or self.pending or safety or wanted):
                 return None
         moved = epoch != self.epoch
         if moved and (self.moved_at is None or now - self.moved_at >= self.grace):
@@ -111,13 +113,15 @@ class RepairClock:
         return PassPlan(allow_handoff=not moved, planned=planned)
 
     def want(self) -> None:
-        """A pass at the next tick, whatever the grid says: something arrived that only a
-        pass acts on (a floor this node refused while it lagged, now within its head)."""
-        self.pending = max(self.pending, 1)
+        """One pass at the next tick, whatever the grid says (held while a member moves):
+        something arrived that only a pass acts on (a floor this node refused while it
+        lagged, now within its head). A pass that ran, or failed, settles it."""
+        self.wanted = True
 
     def ran(self, epoch: int, placement: object, now: float, pending: int | None) -> None:
         """Record a pass that started at ``now`` over ``epoch`` and ``placement``;
         ``pending``: the items it left waiting, or None if it failed (the count stands)."""
         self.epoch, self.placement, self.last_pass = epoch, placement, now
+        self.wanted = False
         if pending is not None:
             self.pending = pending

@@ -367,9 +367,9 @@ class Node:
         self._seed_errors: dict[str, str] = {}
         self.restorer: Restorer
         self.hints_arrived = asyncio.Event()  # wakes the hint loop (node/hints.py)
-        # store path -> a floor a peer's sync/have answer carried above this node's head (it
-        # lags: it missed the versions up to it): repair passes again once the head reaches it
-        # (node/repair.py), not at its next safety-net slot. One entry per store at most.
+        # store path -> the lowest floor a peer's sync/have answer carried above this node's
+        # head (it lags: it missed the versions up to it): repair passes again once the head
+        # reaches it (node/repair.py), not at its next safety-net slot. One entry per store.
         self.lagging_floors: dict[str, int] = {}
         # called with a query once this node purged it (a drop): the lookup cache forgets it
         self.purge_hooks: list[Callable[[str], None]] = []

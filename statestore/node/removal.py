@@ -39,7 +39,6 @@ everything but health and metrics).
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -71,9 +70,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_SAVING = threading.Lock()
 REMOVED_FILE = "removed-members.json"
 SILENT = 30.0  # seconds a member may not answer about its sweep before the pass counts it so
 ASK_TIMEOUT = 5.0
+RESUME_RETRY = 10.0  # seconds between tries to resume a removal a start left waiting
 
 
 @dataclass
@@ -86,9 +87,7 @@ class _Removals:
     sweeps: dict[str, tuple[int, MoveStatus]] = field(default_factory=dict)
     starting: set[str] = field(default_factory=set)
     seq: int = 0
-    # one write of the marks file at a time, each of the marks as they are when it starts
-    # (the loop's and a removal's wrote one temporary file at once: one of them failed)
-    saving: asyncio.Lock = field(default_factory=asyncio.Lock)
+    resuming: bool = False
 
 
 _STATE: weakref.WeakKeyDictionary[Node, _Removals] = weakref.WeakKeyDictionary()
@@ -121,12 +120,13 @@ def load_removed(data_dir: str) -> list[dict[str, Any]]:
 
 def _save_removed(data_dir: str, entries: list[dict[str, Any]]) -> None:
     path = os.path.join(data_dir, REMOVED_FILE)
-    tmp = f"{path}.{threading.get_ident()}.tmp"  # a stop's last write may meet a thread's
-    with open(tmp, "w") as f:
-        json.dump({"members": entries}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = path + ".tmp"
+    with _SAVING:  # one write at a time: two on one temporary file failed
+        with open(tmp, "w") as f:
+            json.dump({"members": entries}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 def _marks(node: Node) -> list[dict[str, Any]]:
@@ -140,12 +140,13 @@ def _marks(node: Node) -> list[dict[str, Any]]:
     return out
 
 
-async def _persist(node: Node) -> list[dict[str, Any]]:
-    """Write the marks this node knows to its data dir; returns what it wrote."""
-    async with _state(node).saving:
-        marks = _marks(node)
-        await asyncio.to_thread(_save_removed, node.config.data_dir, marks)
-        return marks
+def _persist(node: Node) -> list[dict[str, Any]]:
+    """Write the marks this node knows to its data dir; returns what it wrote. On the event
+    loop (a file of a few hundred bytes a removed member, written when the marks change):
+    writes in worker threads could land out of order, an older set of marks last."""
+    marks = _marks(node)
+    _save_removed(node.config.data_dir, marks)
+    return marks
 
 
 async def removal_loop(node: Node) -> None:
@@ -156,13 +157,17 @@ async def removal_loop(node: Node) -> None:
     node.membership.remember(
         [e for e in load_removed(node.config.data_dir) if e.get("id") != node.id], node.clock()
     )
-    if any(m.removal == REMOVING and m.removed_by == node.id for m in node.membership.removals()):
+    state = _state(node)
+    if not state.resuming and any(
+        m.removal == REMOVING and m.removed_by == node.id for m in node.membership.removals()
+    ):
+        state.resuming = True  # once: a restart of this loop does not spawn it again
         node.spawn(lambda: _resume(node), "resume-removals")
     saved = _marks(node)
     try:
         while True:
             if _marks(node) != saved:
-                saved = await _persist(node)
+                saved = _persist(node)
             await asyncio.sleep(node.config.gossip_interval / 2)
     finally:  # stopped, or standing aside because we were removed: keep what we learnt
         if _marks(node) != saved:
@@ -171,23 +176,39 @@ async def removal_loop(node: Node) -> None:
 
 async def _resume(node: Node) -> None:
     """A remover that stopped during a removal (its mark ``removing`` by this node, taken
-    back from the data dir) runs it to the end again once started: after ``--down-after``
-    and a gossip exchange, so the marks the ring holds now are known (a member that took the
-    removal over while this node was down, or finished it, wrote its own mark, which gossip
-    brings). Only copies are made, so a second run beside a member's takeover costs copies
-    that repair would have made, nothing more."""
+    back from the data dir) runs it to the end again once started, through every check of a
+    removal asked for (:func:`start_removal`: every live member says how it sees the node, at
+    least R stay, one move at a time), so a node that came up before its peers does not write
+    the node off alone. It first waits ``--down-after`` and two gossip intervals, so the
+    marks the ring holds now are known (a member that took the removal over while this node
+    was down, or finished it, wrote its own mark, which gossip brings); a refusal is tried
+    again every ``RESUME_RETRY`` seconds while the mark is still this node's."""
     assert node.membership is not None
     await asyncio.sleep(node.config.down_after + 2 * node.config.gossip_interval)
-    state = _state(node)
-    for m in node.membership.removals():
-        if m.removal != REMOVING or m.removed_by != node.id or _running(state.runs.get(m.id)):
-            continue
-        move = MoveStatus(Handover("remove"), node.clock())
-        state.runs[m.id] = move
-        log.warning(
-            "resuming the removal of dead node %s, which this node ran when it stopped", m.id
-        )
-        node.spawn(functools.partial(_remove, node, m.id, move), f"remove-{m.id}")
+    while True:
+        mine = [
+            m.id
+            for m in node.membership.removals()
+            if m.removal == REMOVING and m.removed_by == node.id
+        ]
+        if not mine:
+            return
+        for target in mine:
+            if _running(_state(node).runs.get(target)):
+                continue
+            try:
+                if len(_live_peers(node)) < 2:
+                    raise InvalidRequest("no other live member is known yet")
+                await start_removal(node, target)
+                log.warning(
+                    "resumed the removal of dead node %s, which this node ran when it stopped",
+                    target,
+                )
+            except StateStoreError as exc:
+                log.warning("the removal of %s this node ran waits: %s", target, exc)
+        if all(_running(_state(node).runs.get(t)) for t in mine):
+            return
+        await asyncio.sleep(RESUME_RETRY)
 
 
 # -- a removed node started again -------------------------------------------------------------
@@ -434,7 +455,7 @@ async def _remove(node: Node, target: str, move: MoveStatus) -> None:
         return
     if cur.removal != REMOVED:
         node.membership.mark_removal(target, REMOVING, node.id, node.clock())
-        await _persist(node)
+        _persist(node)
         await _confirm(node, target, (REMOVING, REMOVED), "spread removing", move)
     while move.handover.phase is Phase.STREAMING:
         started = node.clock()
@@ -461,7 +482,7 @@ async def _remove(node: Node, target: str, move: MoveStatus) -> None:
         )
         await pause(node, move, result)
     node.membership.mark_removal(target, REMOVED, node.id, node.clock())
-    await _persist(node)
+    _persist(node)
     log.warning("node %s removed from the ring for good", target)
     await _confirm(node, target, (REMOVED,), "spread removed", move)
     move.handover = move.handover.switch()

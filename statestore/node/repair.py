@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -64,6 +65,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 BATCH = 1000
 RECONCILE_BUDGET = 64  # same-epoch divergences a pass reconciles (reconcile)
+CATCH_UP_EVERY = 5  # repair ticks between passes a caught-up store sets off (repair_loop)
 # Items are named as core/items.py names them (core/repair.Holding carries the names): every
 # epoch of a version a replica keeps is an item of its own, so a manifest that a higher epoch
 # replaced here is copied to the owners that lack it too (core/manifest.py, "Lineage").
@@ -328,7 +330,8 @@ async def _apply_floors(node: Node, address: str, batch: list[Item], floors: obj
         if head is not None and floor > head.version:
             # this node lags (it missed the versions up to the floor): refused below, and
             # asked again by a pass once repair brought its head there (_caught_up)
-            node.lagging_floors[path] = max(floor, node.lagging_floors.get(path, 0))
+            # (the lowest such floor: one a peer answered too high hides no lower one)
+            node.lagging_floors[path] = min(floor, node.lagging_floors.get(path, floor))
         try:
             await check_floor(node, store, floor)
             if floor > node.store.floor(store) and node.store.head(store) is not None:
@@ -637,12 +640,16 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
     clock = RepairClock(full_every, grace, phase=phase_of(node.id, full_every))
     # let gossip settle before the first pass, so a fresh node does not judge a partial view
     await asyncio.sleep(node.config.down_after)
+    last_want = -math.inf
     while True:
         view = node.view()
         now = node.clock()
         joining = node.membership is not None and node.membership.state is NodeState.JOINING
-        if _caught_up(node):
+        # a caught-up store passes at once, at most once in CATCH_UP_EVERY repair ticks
+        # (a peer that kept answering a floor just above the head would pass every tick)
+        if now - last_want >= CATCH_UP_EVERY * node.config.repair_interval and _caught_up(node):
             clock.want()
+            last_want = now
         plan = (
             clock.due(
                 view.epoch,

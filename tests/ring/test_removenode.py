@@ -6,6 +6,7 @@ dir started again is refused (or, when no seed answers, learns it and serves not
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -305,7 +306,8 @@ def _mark(node: Any, target: str) -> str | None:
 async def test_a_remover_started_again_goes_on_with_its_removal(tmp_path: Path) -> None:
     """A remover that stops after it wrote the mark ``removing`` (step 2) runs the removal
     to the end once started again (it left the dead node ``removing`` for good, blocking
-    token moves, until removenode was run again)."""
+    token moves, until removenode was run again), with a removal's checks: started before
+    its peers, it waits for them."""
     ring = Restartable(tmp_path, "abcd")
     try:
         await ring.start_all()
@@ -319,13 +321,21 @@ async def test_a_remover_started_again_goes_on_with_its_removal(tmp_path: Path) 
         assert a.membership is not None
         # what the remover's run does first (node/removal._remove), then the remover stops
         a.membership.mark_removal(dead, REMOVING, a.id, a.clock())
-        await _persist(a)
+        _persist(a)
         await eventually(
             lambda: all(_mark(n, dead) == REMOVING for n in ring.live()), "the mark spread"
         )
         await ring.stop("a")
         assert [_mark(ring[k], dead) for k in "bc"] == [REMOVING, REMOVING]
-        a = await ring.start("a", ring.address("b"))
+        # the whole ring stops; the remover comes up first, its peers not yet: it does not
+        # write the node off alone (nobody would have swept its share)
+        await ring.stop("b")
+        await ring.stop("c")
+        a = await ring.start("a")
+        await asyncio.sleep(a.config.down_after + 2 * a.config.gossip_interval + 2.0)
+        assert _mark(a, dead) == REMOVING
+        await ring.start("b", ring.address("a"))
+        await ring.start("c", ring.address("a"))
         await eventually(
             lambda: all(_mark(n, dead) == REMOVED for n in ring.live()), "removed", limit=60
         )

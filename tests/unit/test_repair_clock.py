@@ -256,3 +256,12 @@ def test_a_pass_asked_for_runs_at_the_next_tick_within_a_slot() -> None:
     assert clock.due(3, "A", 21.0) == PassPlan(allow_handoff=True, planned=False)
     clock.ran(3, "A", 21.0, 0)
     assert clock.due(3, "A", 23.0) is None
+    # a pass that failed settles it too (no pass every tick after one failure)
+    clock.want()
+    assert clock.due(3, "A", 25.0) is not None
+    clock.ran(3, "A", 25.0, None)
+    assert clock.due(3, "A", 27.0) is None
+    # held while a member moves, as the safety net is; run once the move is over
+    clock.want()
+    assert clock.due(3, "A", 28.0, moving=True) is None
+    assert clock.due(3, "A", 29.0) is not None
