@@ -17,8 +17,9 @@ what it held, the file stays as large. :meth:`LmdbBackend.compact` writes a comp
 (``mdb_env_copy2`` with ``MDB_CP_COMPACT``: live pages only) beside the file while reads and
 writes go on; the writes made meanwhile are logged and replayed onto the copy, which is then
 fsynced and swapped in (``rename``, so a crash leaves either file, both whole). Only the last
-replay and the close and reopen hold reads and writes (milliseconds). node/space.py decides
-when (docs/operations.md, "Disk space").
+replay and the close and reopen hold reads and writes (milliseconds). A rename whose
+directory fsync fails turns the backend read-only until the process starts again
+(``Backend.unsynced``). node/space.py decides when (docs/operations.md, "Disk space").
 """
 
 from __future__ import annotations
@@ -106,9 +107,12 @@ class _Gate:
 
 class Backend(ABC):
     """Ordered bytes-to-bytes map with atomic, durable batches. ``gives_space_back``: its
-    storage shrinks as data is freed (no compaction needed: node/space.py skips it)."""
+    storage shrinks as data is freed (no compaction needed: node/space.py skips it).
+    ``unsynced``: why no write can be made durable until the process starts again (None:
+    writes can), and :meth:`write` refuses every write meanwhile."""
 
     gives_space_back = True
+    unsynced: str | None = None
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None: ...
@@ -221,6 +225,9 @@ class LmdbBackend(Backend):
         # a compacted copy a crash left before its swap: the file in place is whole
         shutil.rmtree(os.path.join(path, _COMPACT_DIR), ignore_errors=True)
         self._env = self._open()
+        # a compaction's rename whose directory sync failed in an earlier process is made
+        # durable here, before a write is acknowledged on top of it (or the node refuses)
+        self._sync_dir("opening it")
 
     def _open(self) -> Any:
         return self._lmdb.open(
@@ -255,6 +262,10 @@ class LmdbBackend(Backend):
             return [bytes(value[o : o + n]) for o, n in spans], len(value)
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
+        if self.unsynced is not None:
+            raise InsufficientStorage(
+                f"storage under {self._path} takes no writes: {self.unsynced}"
+            ) from OSError(self.unsynced)
         try:
             with self._gate.shared():
                 with self._env.begin(write=True) as txn:  # aborted, nothing written, on error
@@ -376,9 +387,10 @@ class LmdbBackend(Backend):
             except (self._lmdb.Error, OSError) as exc:
                 # LMDB, or the file system (a full or read-only disk: the copy's directory,
                 # an fsync): the file in place is whole, the old one or the copy swapped in
+                after = f"; {self.unsynced}" if self.unsynced is not None else ""
                 raise InsufficientStorage(
                     f"compacting the storage under {self._path} failed ({type(exc).__name__}: "
-                    f"{exc}); the file in place is whole"
+                    f"{exc}); the file in place is whole{after}"
                 ) from exc
             finally:
                 with self._log_lock:
@@ -410,14 +422,33 @@ class LmdbBackend(Backend):
 
     def _swap(self, copy: str, data: str) -> None:
         """The compacted file, fsynced, renamed over the old one and opened (the gate held
-        exclusively); the old file is opened again if the rename fails."""
+        exclusively); the old file is opened again if the rename fails. A rename whose
+        directory sync fails is in place but may not be on disk: a power loss could bring
+        back the old file, without any write made to the new one, so the backend refuses
+        writes from then on (:meth:`_sync_dir`)."""
         _fsync(copy)
         self._env.close()
         try:
             os.replace(copy, data)
-            _fsync(self._path)
         finally:
             self._env = self._open()
+        self._sync_dir("a compaction's rename")
+        if self.unsynced is not None:
+            raise OSError(self.unsynced)
+
+    def _sync_dir(self, after: str) -> None:
+        """fsync the data directory (what a compaction renamed in); when that fails,
+        :attr:`unsynced` says so and :meth:`write` refuses every write until the process
+        starts again. Not retried: a later fsync's success proves nothing after a failed
+        one (Linux may have dropped the dirty state it failed to write)."""
+        try:
+            _fsync(self._path)
+        except OSError as exc:
+            self.unsynced = (
+                f"its directory could not be synced after {after} ({exc}): the node is "
+                "read-only until it is started again (check the disk; the file in place "
+                "holds every write acknowledged before)"
+            )
 
     def close(self) -> None:
         with self._gate.exclusive():

@@ -584,7 +584,11 @@ class Node:
     def read_only_reason(self) -> str | None:
         """Why this node takes no new data now (None: it does): its disk is nearly full, or
         a storage write failed for want of room (a full disk or LMDB map) and neither has the
-        free space grown since nor STORAGE_RETRY seconds passed."""
+        free space grown since nor STORAGE_RETRY seconds passed; or its storage cannot make a
+        write durable until the node starts again (backends.Backend.unsynced)."""
+        unsynced = self.store.backend.unsynced
+        if unsynced is not None:
+            return f"storage: {unsynced}"
         free = self.disk_free()
         if free is not None and free < self.config.min_free_bytes:
             return (

@@ -69,6 +69,8 @@ async def reclaim(node: Node) -> tuple[int, int] | None:
     (:func:`room_for_copy`; else it gives up, counted, as one that failed): ``(bytes
     before, after)`` or None."""
     backend = node.store.backend
+    if backend.unsynced is not None:  # read-only until restarted: nothing to give back for
+        return None
     space = await asyncio.to_thread(backend.space)
     if not due(space, node.config.reclaim_at, node.config.reclaim_min):
         return None

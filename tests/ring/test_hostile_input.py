@@ -356,6 +356,68 @@ async def test_a_full_file_system_under_lmdb_is_507_until_space_returns(tmpfs: P
         await stop_node(node, runner)
 
 
+async def test_a_compaction_whose_rename_is_not_synced_turns_the_node_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node compacts its storage file and the data directory's fsync fails after the
+    rename (a failing disk): a power loss could bring the old file back without any write
+    acknowledged since, so the node takes no write until it is started again, and says so
+    in /v1/health and /metrics; reads go on. The build before logged a give-up and went on
+    acknowledging writes. Started again on a disk that syncs, it takes writes."""
+    from statestore.node import backends, space
+
+    config = NodeConfig(
+        port=0,
+        data_dir=str(tmp_path / "n"),
+        replicas=1,
+        write_quorum=1,
+        dht=False,
+        min_free_bytes=0,
+        reclaim_at=0.01,
+        reclaim_min=0,
+    )
+    node, runner = await start_node(config)
+    try:
+        stored = []
+        for i in range(40):
+            key, data = _chunk(i, 20_000)
+            status, body = await call(node, "PUT", f"/v1/chunks/{key}", data=data)
+            assert status == 201, body
+            stored.append(key)
+        await node.write(node.store.delete_chunks, stored[10:])  # free pages to give back
+        real = backends._fsync
+
+        def failing(target: str) -> None:
+            if os.path.isdir(target):
+                raise OSError(5, "Input/output error", target)
+            real(target)
+
+        monkeypatch.setattr(backends, "_fsync", failing)
+        assert await space.reclaim(node) is None  # given up, counted
+        assert node.stats["compactions_given_up"] == 1
+        monkeypatch.setattr(backends, "_fsync", real)  # the disk answers again: no matter
+        assert "started again" in (node.read_only_reason() or "")
+        key, data = _chunk(900, 1000)
+        status, body = await call(node, "PUT", f"/v1/chunks/{key}", data=data)
+        assert (status, body["error"]["code"]) == (507, "insufficient_storage"), body
+        status, health = await call(node, "GET", "/v1/health")
+        assert health["status"] == "degraded"
+        assert any("started again" in r for r in health["reasons"]), health
+        assert (await _metrics(node))["statestore_read_only"] == 1
+        for k in stored[:10]:
+            status, _ = await call(node, "GET", f"/v1/chunks/{k}")
+            assert status == 200
+    finally:
+        await stop_node(node, runner)
+    node, runner = await start_node(config)
+    try:
+        assert node.read_only_reason() is None
+        status, body = await call(node, "PUT", f"/v1/chunks/{key}", data=data)
+        assert status == 201, body
+    finally:
+        await stop_node(node, runner)
+
+
 async def test_free_space_is_checked_at_the_write_not_only_when_the_request_starts(
     small_map: Node,
 ) -> None:

@@ -23,6 +23,7 @@ from statestore.core.errors import (
 from statestore.core.ids import StoreId, chunk_key
 from statestore.core.manifest import ChunkRef, Head, Manifest
 from statestore.core.retention import Thinning
+from statestore.node import backends
 from statestore.node.backends import LmdbBackend, Space, open_backend
 from statestore.node.config import NodeConfig
 from statestore.node.replica import NodeStore
@@ -426,6 +427,49 @@ def test_a_compaction_the_disk_fails_gives_up_and_keeps_serving(
     backend.close()
 
 
+def test_a_rename_the_directory_sync_fails_leaves_the_storage_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compacted file is renamed in and the directory's fsync fails: the rename may not
+    be on disk, and a power loss could bring back the old file without any write made since.
+    The backend refuses every write from then on (the build before logged a give-up and went
+    on acknowledging writes into the new file) and serves reads; opened again (the node
+    started again), the directory is synced first and writes go on."""
+    path = str(tmp_path / "db")
+    backend = LmdbBackend(path)
+    backend.write({b"k%05d" % i: b"v" * 4000 for i in range(300)})
+    backend.write({}, [b"k%05d" % i for i in range(100, 300)])
+    real = backends._fsync
+
+    def failing(target: str) -> None:
+        if os.path.isdir(target):
+            raise OSError(5, "Input/output error", target)
+        real(target)
+
+    monkeypatch.setattr("statestore.node.backends._fsync", failing)
+    with pytest.raises(InsufficientStorage, match="read-only until it is started again"):
+        backend.compact()
+    assert backend.unsynced is not None and "Input/output error" in backend.unsynced
+    with pytest.raises(InsufficientStorage, match="takes no writes"):
+        backend.write({b"after": b"1"})
+    with pytest.raises(InsufficientStorage, match="takes no writes"):
+        backend.write({}, [b"k00001"])  # a delete too: a lost one would bring data back
+    assert len(backend.scan_keys(b"k")) == 100 and backend.get(b"after") is None
+    backend.close()
+    monkeypatch.setattr("statestore.node.backends._fsync", real)
+    again = LmdbBackend(path)
+    assert again.unsynced is None
+    again.write({b"after": b"1"})
+    assert len(again.scan_keys(b"k")) == 100 and again.get(b"after") == b"1"
+    again.close()
+    monkeypatch.setattr("statestore.node.backends._fsync", failing)
+    third = LmdbBackend(path)  # the directory cannot be synced at the start either
+    assert third.unsynced is not None and "opening it" in third.unsynced
+    with pytest.raises(InsufficientStorage, match="takes no writes"):
+        third.write({b"later": b"1"})
+    third.close()
+
+
 def test_a_compaction_lets_go_of_writes_past_its_log_bound(tmp_path: Path) -> None:
     """More than ``max_log`` bytes written while the copy is made: the logged writes are let
     go at once (a compaction never holds more than its bound in memory, node/space.py gives
@@ -467,6 +511,7 @@ def test_compactions_that_give_up_back_off() -> None:
 
     class Busy:
         gives_space_back = False
+        unsynced = None
 
         def space(self) -> Space:
             return Space(1 << 30, 1 << 20)  # almost all free: due
@@ -503,6 +548,7 @@ def test_no_compaction_starts_on_a_disk_too_full_for_its_copy() -> None:
 
     class Loose:
         gives_space_back = False
+        unsynced = None
 
         def space(self) -> Space:
             return Space(1 << 30, 256 << 20)  # 768 MiB of free pages: due
