@@ -76,7 +76,7 @@ from statestore.node.request import (
     read_signed_body,
     store_of,
 )
-from statestore.node.tombstones import DROPPING
+from statestore.node.tombstones import DROPPING, check_pushed, pushed_marks
 from statestore.wire.bodies import (
     ChainsRequest,
     GcRequest,
@@ -264,6 +264,8 @@ async def put_chunk(request: web.Request) -> web.Response:
     limit = charged_limit(request, parse_chunk_key(key)[0].query)
     # a replica's or a hand-over's copy (?copy=1) waits for client writes (node/writer.py)
     copy = request.query.get("copy") == "1"
+    if copy:  # one read before a drop is not taken after it (node/tombstones.py)
+        check_pushed(node, pushed_marks(request), parse_chunk_key(key)[0].query)
     # a copy below the store's floor here is answered as landed and not kept
     await node.write(
         node.store.put_chunk, key, data, limit, copy, order="copy" if copy else "foreground"
@@ -441,6 +443,7 @@ async def put_manifest(request: web.Request) -> web.Response:
         # a query being dropped takes no copy: checked again here, with no await before the
         # write is queued (the middleware's check ran before the body was read)
         request.app[DROPPING].check(store.query)
+        check_pushed(node, pushed_marks(request), store.query)  # not read before a drop
         # after client writes, as a chunk's copy (node/writer.py)
         created = await node.write(node.store.copy_manifest, m, limit, order="copy")
         return web.json_response({"stored": created}, status=201 if created else 200)

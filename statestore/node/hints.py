@@ -90,6 +90,7 @@ from statestore.node.daemon import NODE, Node
 from statestore.node.quotas import charged_limit
 from statestore.node.repair import ask_have
 from statestore.node.request import read_body
+from statestore.node.tombstones import DropMarks
 from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
 from statestore.wire.tentative import (
     decode_hint,
@@ -362,10 +363,14 @@ STALE = Outcome("-/0/0/-", 1, 0, CONFIRMED)
 
 
 async def _decide(
-    node: Node, view: RingView, m: Manifest, known: dict[tuple[int, int], Outcome]
+    node: Node,
+    view: RingView,
+    m: Manifest,
+    known: dict[tuple[int, int], Outcome],
+    marks: DropMarks,
 ) -> Outcome | None:
     """The verdict on ``m`` (None: not yet, its base is still undecided or out of reach;
-    STALE: no verdict, the hint is dropped)."""
+    STALE: no verdict, the hint is dropped). ``marks``: for :func:`_copy_to_owners`."""
     if m.kind == "delta" and m.base_epoch is not None and m.version > 1:
         # built on a tentative commit (its own writer's, or one a writer read within a
         # bound): that one's verdict first
@@ -406,15 +411,16 @@ async def _decide(
         if same >= view.write_quorum:  # handed off another way already
             return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
         if built_on and not other:  # stable history built on it: make it whole
-            await _copy_to_owners(node, view, m)
+            await _copy_to_owners(node, view, m, marks)
             return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
         replay_from, positions = await _replay_point(node, view, m)
         return _rolled_back(m, replay_from, positions)
 
 
-async def _copy_to_owners(node: Node, view: RingView, m: Manifest) -> None:
+async def _copy_to_owners(node: Node, view: RingView, m: Manifest, marks: DropMarks) -> None:
     """Put ``m`` (chunks, then the manifest as repair's unfenced copy) on W owners: a later
-    commit of another epoch names it as its base."""
+    commit of another epoch names it as its base. ``marks``: its query's drop, read before
+    the hint (node/tombstones.py, "Copies pushed across a drop")."""
     await put_chunks(node.transport, view, m.store, m.version, await _chunks(node, view, m))
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}?copy=1"
     results = await asyncio.gather(
@@ -424,7 +430,7 @@ async def _copy_to_owners(node: Node, view: RingView, m: Manifest) -> None:
                 a,
                 path,
                 body=encode_manifest(m),
-                headers={"Content-Type": "application/msgpack"},
+                headers={"Content-Type": "application/msgpack"} | marks.headers([m.store.query]),
             )
             for a in view.store_write_replicas(m.store)
         ),
@@ -514,6 +520,8 @@ async def hint_pass(node: Node, view: RingView) -> int:
         line = (store.path, epoch)
         if line in waiting:
             continue
+        marks = DropMarks(node)
+        marks.read(store.query)  # before the hint: a copy of it read before a drop is refused
         raw = node.store.raw_hint(store, version, kind, epoch)
         if raw is None and not node.store.hint_rotted(store, version, kind, epoch):
             continue  # gone meanwhile
@@ -538,7 +546,7 @@ async def hint_pass(node: Node, view: RingView) -> int:
                 if not await _reconciles(node, m, holders, live):
                     waiting.add(line)
                     continue
-                o = await _decide(node, view, m, known[m.store])
+                o = await _decide(node, view, m, known[m.store], marks)
                 if o is None:
                     # undecidable for now (its base held by no owner and undecided, or other
                     # content in flight at its version): dropped once held past the TTL

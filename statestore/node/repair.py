@@ -35,7 +35,7 @@ from statestore.core.errors import (
     VersionConflict,
 )
 from statestore.core.handover import NodeState
-from statestore.core.ids import MAX_VERSION, StoreId, chunk_key
+from statestore.core.ids import MAX_VERSION, StoreId, chunk_key, parse_chunk_key
 from statestore.core.items import ChunkItem, Item, ManifestItem, is_manifest, parse_manifest
 from statestore.core.items import parse as parse_item
 from statestore.core.manifest import Manifest
@@ -48,7 +48,7 @@ from statestore.net.reads import read_head
 from statestore.node.daemon import Node
 from statestore.node.digests import narrow
 from statestore.node.moves.copies import Unsupported, push_manifests
-from statestore.node.tombstones import copy_mark
+from statestore.node.tombstones import DropMarks, copy_mark
 from statestore.wire.manifest import decode_manifest
 
 __all__ = [
@@ -87,11 +87,16 @@ async def push_item(node: Node, address: str, item: str, *, handoff: bool = Fals
 
 
 async def _push_chunk(node: Node, address: str, key: str, copy: str) -> int | None:
+    query = parse_chunk_key(key)[0].query
+    marks = DropMarks(node)
+    marks.read(query)  # before the data: a copy read before a drop is refused after it
     try:
         data = node.store.get_chunk(key)
         if data is None:
             return None
-        await node.transport.request("PUT", address, f"/v1/chunks/{key}?{copy}", body=data)
+        await node.transport.request(
+            "PUT", address, f"/v1/chunks/{key}?{copy}", body=data, headers=marks.headers([query])
+        )
         return len(data)
     except CorruptChunk:
         node.store.delete_chunks([key])  # our copy rotted: drop it, a replica will push back
@@ -99,6 +104,8 @@ async def _push_chunk(node: Node, address: str, key: str, copy: str) -> int | No
 
 
 async def _push_manifest(node: Node, address: str, it: ManifestItem, copy: str) -> int | None:
+    marks = DropMarks(node)
+    marks.read(it.store.query)  # before the manifest, as for a chunk
     raw = node.store.raw_manifest(it.store, it.version, it.kind, it.epoch)
     if raw is None:
         return None
@@ -108,7 +115,7 @@ async def _push_manifest(node: Node, address: str, it: ManifestItem, copy: str) 
             address,
             f"/v1/manifests/{it.store.path}/{it.version}/{it.kind}?{copy}",
             body=raw,
-            headers={"Content-Type": "application/msgpack"},
+            headers={"Content-Type": "application/msgpack"} | marks.headers([it.store.query]),
         )
     except (StaleEpoch, VersionConflict):
         pass  # an older target holds a newer manifest and refused ours: fine there

@@ -16,6 +16,14 @@ refused. A pull (a join's or token move's rounds, repair's reconciliation) is wr
 under the tombstone it read before its fetch (:func:`copy_mark`): one a peer that had not
 purged yet served, or one fetched before this node's purge and written after, is dropped.
 
+**Copies pushed across a drop.** A push (repair's copies, a hand-over's manifests) is read on
+the sender and written on the receiver: one read before the sender's purge and delivered
+after the receiver's seal would bring the dropped data back. The sender reads each query's
+drop id (its tombstone's, none when it holds none) before the query's data and sends them
+with the copy (``X-Statestore-Drops``, :class:`DropMarks`); the receiver takes a copy of a
+query only while its own drop id for it is none or the sender's (:func:`check_pushed`), so
+data read under an older drop, or by a sender that never heard of the drop, is refused.
+
 A member that could not be reached (down) still holds the query's data; it learns the
 tombstone from its peers (``GET /v1/tombstones``, :func:`tombstone_loop`) on its first
 exchange after it starts, and purges before its repair loop's first pass (which waits
@@ -35,20 +43,35 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
-from statestore.core.errors import QueryDropping, StateStoreError, Unauthenticated
+from statestore.core.errors import (
+    InvalidRequest,
+    QueryDropping,
+    StateStoreError,
+    Unauthenticated,
+)
 from statestore.core.ids import StoreId
 from statestore.node.auth import allow, is_node, principal
 from statestore.node.daemon import NODE, Node
 from statestore.node.quotas import quota_json
 from statestore.node.request import read_body
 from statestore.wire.bodies import PurgeRequest, decode_json
+from statestore.wire.headers import DROPS_HEADER
 
-__all__ = ["DROPPING", "Dropping", "copy_mark", "register", "tombstone_loop"]
+__all__ = [
+    "DROPPING",
+    "DropMarks",
+    "Dropping",
+    "check_pushed",
+    "copy_mark",
+    "pushed_marks",
+    "register",
+    "tombstone_loop",
+]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -92,6 +115,82 @@ def copy_mark(node: Node, query: str) -> bytes | None:
     if t is not None and t.get("state") == "purging":
         raise QueryDropping(f"query {query} is being dropped: nothing of it is copied here")
     return raw
+
+
+def drop_id(node: Node, query: str) -> str:
+    """The id of the drop this node last recorded for ``query`` ("" for none, or a record
+    that rotted)."""
+    raw = node.store.tombstone(query)
+    t = _decode(raw) if raw is not None else None
+    tid = t.get("id") if t is not None else None
+    return tid if isinstance(tid, str) else ""
+
+
+class DropMarks:
+    """The sender's side of a push: the drop ids of the queries it carries, each read
+    (:meth:`read`) before the first of that query's data is read (an id read earlier than
+    needed only refuses more), sent as :data:`DROPS_HEADER` (queries with none are left
+    out: the header lists every drop the sender knows of among them)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._ids: dict[str, str] = {}
+
+    def read(self, query: str) -> None:
+        if query not in self._ids:
+            self._ids[query] = drop_id(self._node, query)
+
+    def dropped(self, queries: Iterable[str]) -> int:
+        """How many of ``queries`` (each read) have a drop id: the header's entries."""
+        return sum(1 for q in queries if self._ids[q])
+
+    def headers(self, queries: Iterable[str]) -> dict[str, str]:
+        """The header for a push of ``queries`` (each read)."""
+        ids = {q: self._ids[q] for q in queries if self._ids[q]}
+        return {DROPS_HEADER: json.dumps(ids, sort_keys=True, separators=(",", ":"))}
+
+
+MAX_DROP_MARKS = 16  # drop ids a push carries (a batch is sent before it would carry more)
+
+
+def pushed_marks(request: web.Request) -> dict[str, str] | None:
+    """The sender's drop ids of a pushed copy (:class:`DropMarks`); None when the header is
+    absent (a node of the build before: its copies are taken as they were). Typed and
+    bounded: InvalidRequest (400) for anything but a JSON object of at most
+    :data:`MAX_DROP_MARKS` query names to ids."""
+    text = request.headers.get(DROPS_HEADER)
+    if text is None:
+        return None
+    try:
+        ids = json.loads(text)
+    except ValueError:
+        ids = None
+    if (
+        not isinstance(ids, dict)
+        or len(ids) > MAX_DROP_MARKS
+        or not all(isinstance(q, str) and isinstance(i, str) for q, i in ids.items())
+    ):
+        raise InvalidRequest(
+            f"{DROPS_HEADER}: a JSON object of at most {MAX_DROP_MARKS} query names to drop "
+            "ids (strings)"
+        )
+    return ids
+
+
+def check_pushed(node: Node, marks: dict[str, str] | None, query: str) -> None:
+    """QueryDropping when a pushed copy of ``query`` was read under another drop than the
+    one this node last recorded for it (``marks``: :func:`pushed_marks`): data a drop
+    deleted is not brought back by a push read before it. Called right before the write is
+    queued, with no await between (a purge queued later deletes what passed)."""
+    if marks is None:
+        return
+    mine = drop_id(node, query)
+    if mine and marks.get(query, "") != mine:
+        theirs = marks.get(query) or "none"
+        raise QueryDropping(
+            f"a copy of query {query} read before its drop {mine} (the sender's drop: "
+            f"{theirs}) is not taken: dropped data does not come back"
+        )
 
 
 def _check_query(query: str) -> str:

@@ -12,16 +12,21 @@ from typing import Any
 from statestore.core.commit import build_commit
 from statestore.core.handover import Handover
 from statestore.core.ids import StoreId, chunk_key
+from statestore.core.items import ChunkItem, ManifestItem
 from statestore.core.manifest import Manifest
 from statestore.node.daemon import MoveStatus, Node
+from statestore.node.moves.copies import push_manifests
 from statestore.node.moves.join import join_round
+from statestore.node.repair import push_item
 from statestore.node.server import start_node, stop_node
 from statestore.node.tombstones import copy_mark
+from statestore.wire.headers import DROPS_HEADER
 from statestore.wire.rows import encode_rows
 from tests.ringkit import call, config, eventually, nodes, send_commit
 
 STORE = StoreId("q", 0, 0, "s")
 DROP = {"id": "d1", "at": 1.0}
+COPIES = ("/v1/chunks/", "/v1/manifests/", "/v1/sync/manifests")  # the paths pushes take
 
 
 async def _commit(node: Node, version: int, value: bytes) -> int:
@@ -87,6 +92,54 @@ async def test_a_copy_fetched_before_a_purge_is_not_written_after_it(tmp_path: P
         mark = copy_mark(node, "q")
         assert await node.write(node.store.put_chunk_copy, key, data, mark)
         assert await node.write(node.store.copy_pulled, [m], {"q": mark}) == [True]
+
+
+async def test_a_copy_pushed_across_a_drop_does_not_bring_it_back(tmp_path: Path) -> None:
+    """A push read on its sender before the sender's purge and delivered after the
+    receiver's seal (a slow link: its request held until the drop finished) is refused:
+    repair's chunk and manifest pushes and a hand-over's batch of manifests. The build
+    before took them, and the dropped query's version 1 came back on the receiver. A push
+    read after the drop lands, and so does one from a node of the build before (no
+    header), as it did."""
+    async with nodes(tmp_path, 2, replicas=2, write_quorum=2, repair_interval=3600) as ns:
+        node, peer = ns
+        m, key = await _committed(peer)
+        items = [ChunkItem(key).name(), ManifestItem.of(m).name()]
+        held, waiting = asyncio.Event(), []
+        real = peer.transport.request
+
+        async def slow(method: str, address: str, path: str, **kw: Any) -> Any:
+            if address == node.address and path.startswith(COPIES):
+                waiting.append(path)
+                await held.wait()  # read and sent before the drop, delivered after it
+            return await real(method, address, path, **kw)
+
+        peer.transport.request = slow  # type: ignore[method-assign]
+        pushes = [asyncio.ensure_future(push_item(peer, node.address, i)) for i in items]
+        batch = asyncio.ensure_future(push_manifests(peer, node.address, items[1:]))
+        await eventually(lambda: len(waiting) == 3, "each push read its data and waits")
+        for n in ns:
+            await _phase(n, "purge")
+        for n in ns:
+            await _phase(n, "seal")
+        held.set()
+        await asyncio.gather(*pushes, batch)
+        assert sum((await _held(node)).values()) == 0
+        # the query written anew through the peer: its pushes read after the drop land
+        m, key = await _committed(peer)
+        await node.write(node.store.purge_query, "q", node.store.tombstone("q") or b"")
+        assert sum((await _held(node)).values()) == 0
+        assert await push_item(peer, node.address, ChunkItem(key).name())
+        assert await push_manifests(peer, node.address, [ManifestItem.of(m).name()]) != [None]
+        assert (await _held(node))["chunks"] == 1
+        data = peer.store.get_chunk(key)
+        await node.write(node.store.purge_query, "q", node.store.tombstone("q") or b"")
+        status, _ = await call(node, "PUT", f"/v1/chunks/{key}?copy=1", data=data)
+        assert status == 201  # no header: a node of the build before, taken as it was
+        status, body = await call(
+            node, "PUT", f"/v1/chunks/{key}?copy=1", data=b"x", headers={DROPS_HEADER: "[1]"}
+        )
+        assert (status, body["error"]["code"]) == (400, "invalid_request"), body
 
 
 async def test_a_node_serves_no_copies_before_it_learned_the_drops_it_missed(

@@ -43,7 +43,14 @@ from statestore.core.manifest import Manifest
 from statestore.node.auth import allow
 from statestore.node.daemon import NODE, Node
 from statestore.node.request import read_body
-from statestore.node.tombstones import DROPPING, copy_mark
+from statestore.node.tombstones import (
+    DROPPING,
+    MAX_DROP_MARKS,
+    DropMarks,
+    check_pushed,
+    copy_mark,
+    pushed_marks,
+)
 from statestore.wire.bodies import (
     MAX_COPIES,
     MAX_COPIES_BYTES,
@@ -92,7 +99,8 @@ async def put_copies(request: web.Request) -> web.Response:
     limits = {q: node.quota_limit(q) for q in {m.store.query for m in ms}} if handoff else {}
     # a query being dropped takes no copy (as PUT ...?copy=1 takes none): checked here, with
     # no await before the write is queued, so a purge queued later deletes what passed
-    keep = [not node.store.below_floor(m) and _taken(request, m) for m in ms]
+    marks = pushed_marks(request)  # the sender's drops: a copy read before one is refused
+    keep = [not node.store.below_floor(m) and _taken(request, m, marks) for m in ms]
     kept = [m for m, k in zip(ms, keep, strict=True) if k]
     # after clients' writes, as a single copy (node/writer.py); one atomic write for all, or
     # for a hand-off (charged) one per manifest, each refused alone past its query's quota
@@ -107,9 +115,10 @@ async def put_copies(request: web.Request) -> web.Response:
     return web.json_response({"stored": stored}, status=200)
 
 
-def _taken(request: web.Request, m: Manifest) -> bool:
+def _taken(request: web.Request, m: Manifest, marks: dict[str, str] | None) -> bool:
     try:
         request.app[DROPPING].check(m.store.query)
+        check_pushed(request.app[NODE], marks, m.store.query)
     except QueryDropping:
         return False
     return True
@@ -160,20 +169,29 @@ async def push_manifests(
     batch: list[int] = []
     raws: list[bytes] = []
     size = 0
+    marks = DropMarks(node)  # each query's drop, read before its first manifest is
+    queries: set[str] = set()  # the batch's
 
     async def send() -> None:
         nonlocal batch, raws, size
         if batch:
-            await _send(node, address, batch, raws, out, handoff)
+            await _send(node, address, batch, raws, out, handoff, marks.headers(queries))
         batch, raws, size = [], [], 0
+        queries.clear()
 
     for i, item in enumerate(items):
         it = parse_manifest(item)
+        marks.read(it.store.query)
         raw = node.store.raw_manifest(it.store, it.version, it.kind, it.epoch)
         if raw is None:
             continue
-        if batch and (len(batch) == MAX_COPIES or size + len(raw) > MAX_COPIES_BYTES - 1024):
+        if batch and (
+            len(batch) == MAX_COPIES
+            or size + len(raw) > MAX_COPIES_BYTES - 1024
+            or marks.dropped(queries | {it.store.query}) > MAX_DROP_MARKS
+        ):
             await send()
+        queries.add(it.store.query)
         batch.append(i)
         raws.append(raw)
         size += len(raw) + 8
@@ -188,6 +206,7 @@ async def _send(
     raws: list[bytes],
     out: list[int | None],
     handoff: bool,
+    drops: dict[str, str],
 ) -> None:
     try:
         resp = await node.transport.request(
@@ -195,7 +214,7 @@ async def _send(
             address,
             "/v1/sync/manifests?handoff=1" if handoff else "/v1/sync/manifests",
             body=encode_copies(raws),
-            headers=MSGPACK,
+            headers=MSGPACK | drops,
             ok=(200, 404),
         )
     except StateStoreError as exc:
