@@ -34,7 +34,7 @@ versions.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from statestore.core.chunk import EncodedChunk
@@ -216,10 +216,12 @@ async def put_chunks(
     stats: WriteStats | None = None,
     acks: int | None = None,
     compaction: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> None:
     """Store every chunk on its R replicas (and its pending owners while nodes join or
     leave); raises QuorumNotReached below W (or ``acks``) for any chunk, QuotaExceeded if a
-    replica refused one over its query's quota."""
+    replica refused one over its query's quota. ``headers``: sent with every chunk (a
+    compactor's drop marks, node/tombstones.py)."""
     sem = asyncio.Semaphore(concurrency)
     suffix = "?compaction=1" if compaction else ""
 
@@ -235,6 +237,7 @@ async def put_chunks(
                 f"/v1/chunks/{key}{suffix}",
                 chunk.data,
                 _chunk_ack(key),
+                dict(headers) if headers else None,
                 enough=_quorum_of(current, future, w),
                 rest=REST["chunk"],
             )
@@ -257,8 +260,10 @@ async def put_manifest(
     retain: int | None = None,
     acks: int | None = None,
     compaction: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> int:
     """Store the manifest on the store's replicas; returns the acks. Fencing errors win.
+    ``headers``: sent besides its content type (as :func:`put_chunks`').
 
     ``retain`` asks the replicas to keep the store's last ``retain`` versions instead of
     their ``--retain`` default (Spark's ``minBatchesToRetain``)."""
@@ -281,7 +286,7 @@ async def put_manifest(
         path,
         encode_manifest(m),
         _manifest_ack,
-        {"Content-Type": "application/msgpack"},
+        {"Content-Type": "application/msgpack", **(headers or {})},
         enough=_quorum_of(current, future, w, homes),
         rest=REST["manifest"],
     )
@@ -379,6 +384,7 @@ async def write_commit(
     retain: int | None = None,
     acks: int | None = None,
     compaction: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> WriteStats:
     """Write one commit: fencing check, room check (quotas on), chunks, manifest, each
     acknowledged by W replicas (``acks`` instead: a per-request consistency,
@@ -387,7 +393,8 @@ async def write_commit(
     compactor's snapshot (node/compaction.py), never charged to a quota, and fenced by the
     replicas' manifest write alone, by the head's lineage rather than its epoch
     (node/replica.py ``_fence_head``): the head's epoch would refuse a rung below the
-    version a newer writer started at."""
+    version a newer writer started at. ``headers``: sent with
+    each chunk and the manifest (a compactor's drop marks, node/tombstones.py)."""
     stats = WriteStats()
     if not compaction:
         await check_fence(transport, view, manifest)
@@ -403,6 +410,7 @@ async def write_commit(
         stats=stats,
         acks=acks,
         compaction=compaction,
+        headers=headers,
     )
-    await put_manifest(transport, view, manifest, retain, acks, compaction)
+    await put_manifest(transport, view, manifest, retain, acks, compaction, headers)
     return stats

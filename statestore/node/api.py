@@ -264,8 +264,13 @@ async def put_chunk(request: web.Request) -> web.Response:
     limit = charged_limit(request, parse_chunk_key(key)[0].query)
     # a replica's or a hand-over's copy (?copy=1) waits for client writes (node/writer.py)
     copy = request.query.get("copy") == "1"
-    if copy:  # one read before a drop is not taken after it (node/tombstones.py)
-        check_pushed(node, pushed_marks(request), parse_chunk_key(key)[0].query)
+    if copy or request.query.get("compaction") == "1":
+        # a node's copy or snapshot: not while its query is being dropped (checked again
+        # here, with no await before the write is queued: the middleware's check ran before
+        # the body was read), nor one read before its drop (node/tombstones.py)
+        query = parse_chunk_key(key)[0].query
+        request.app[DROPPING].check(query)
+        check_pushed(node, pushed_marks(request), query)
     # a copy below the store's floor here is answered as landed and not kept
     await node.write(
         node.store.put_chunk, key, data, limit, copy, order="copy" if copy else "foreground"
@@ -449,6 +454,9 @@ async def put_manifest(request: web.Request) -> web.Response:
         return web.json_response({"stored": created}, status=201 if created else 200)
     # a compactor's snapshot (node-only: node/policy.py) is fenced by the head's lineage
     folded = request.query.get("compaction") == "1"
+    if folded:  # as a copy: not while dropped, nor read before a drop (node/tombstones.py)
+        request.app[DROPPING].check(store.query)
+        check_pushed(node, pushed_marks(request), store.query)
     created = await node.write(
         node.store.put_manifest, m, charged_limit(request, store.query), folded
     )

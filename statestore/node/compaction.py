@@ -46,6 +46,7 @@ from statestore.net.writes import write_commit
 from statestore.node.budget import FoldLease, Lease
 from statestore.node.daemon import Node
 from statestore.node.repair import ask_owners
+from statestore.node.tombstones import DropMarks
 
 __all__ = ["compact_store", "compaction_loop"]
 
@@ -56,6 +57,8 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
     """Write version ``top.version`` back as a snapshot; None if a newer writer fenced us.
     The fold is held to the node's memory budget as far as there is room for it now (see
     :func:`_fold_hold`), and given back before the snapshot is written."""
+    marks = DropMarks(node)
+    marks.read(top.store.query)  # before the restore: a snapshot read before a drop is refused
     lease = Lease(node.budget)
     hold = HOLD.set(_fold_hold(lease))
     try:
@@ -81,7 +84,7 @@ async def _snapshot(node: Node, view: RingView, top: Manifest) -> Manifest | Non
         # the node it goes to, this one's too, which a fold still held here could leave no
         # room for (a review found the node refusing its own snapshot's chunks, every pass)
         await lease.close()
-    return await _write_snapshot(node, view, top, chunks)
+    return await _write_snapshot(node, view, top, chunks, marks.headers([top.store.query]))
 
 
 def _fold_hold(lease: Lease) -> FoldLease:
@@ -95,7 +98,11 @@ def _fold_hold(lease: Lease) -> FoldLease:
 
 
 async def _write_snapshot(
-    node: Node, view: RingView, top: Manifest, chunks: list[EncodedChunk]
+    node: Node,
+    view: RingView,
+    top: Manifest,
+    chunks: list[EncodedChunk],
+    headers: dict[str, str],
 ) -> Manifest | None:
     snap = Manifest(
         top.store,
@@ -108,7 +115,7 @@ async def _write_snapshot(
         top.base_epoch,
     )
     try:
-        await write_commit(node.transport, view, snap, chunks, compaction=True)
+        await write_commit(node.transport, view, snap, chunks, compaction=True, headers=headers)
     except StaleEpoch:
         return None  # a newer writer took over meanwhile; its commits decide
     node.stats["snapshots"] += 1

@@ -16,13 +16,14 @@ refused. A pull (a join's or token move's rounds, repair's reconciliation) is wr
 under the tombstone it read before its fetch (:func:`copy_mark`): one a peer that had not
 purged yet served, or one fetched before this node's purge and written after, is dropped.
 
-**Copies pushed across a drop.** A push (repair's copies, a hand-over's manifests) is read on
-the sender and written on the receiver: one read before the sender's purge and delivered
-after the receiver's seal would bring the dropped data back. The sender reads each query's
-drop id (its tombstone's, none when it holds none) before the query's data and sends them
-with the copy (``X-Statestore-Drops``, :class:`DropMarks`); the receiver takes a copy of a
-query only while its own drop id for it is none or the sender's (:func:`check_pushed`), so
-data read under an older drop, or by a sender that never heard of the drop, is refused.
+**Copies pushed across a drop.** A push (repair's copies, a hand-over's manifests, a hint's
+copy to its owners) is read on the sender and written on the receiver: one read before the
+sender's purge and delivered after the receiver's seal would bring the dropped data back.
+The sender reads each query's drop id (its tombstone's, none when it holds none) before the
+query's data and sends them with the copy (``X-Statestore-Drops``, :class:`DropMarks`); the
+receiver takes a copy of a query only while its own drop id for it is none or the sender's
+(:func:`check_pushed`), so data read under an older drop, or by a sender that never heard of
+the drop, is refused.
 
 A member that could not be reached (down) still holds the query's data; it learns the
 tombstone from its peers (``GET /v1/tombstones``, :func:`tombstone_loop`) on its first
@@ -31,9 +32,10 @@ exchange after it starts, and purges before its repair loop's first pass (which 
 purge) is only recorded and logged: the data it holds may already be a new incarnation of
 the query, so the operator runs the drop again (the drop command reports such members).
 
-Limits: a compaction that restored a store of the query before the drop and writes its
-snapshot after the seal brings that store back; drop finished queries, whose writers and
-compaction have stopped, or run the drop again.
+A compactor's snapshot is such a push too: it reads the query's drop id before its restore
+and sends it with the snapshot's chunks and manifest (``?compaction=1``), so a snapshot
+folded before a drop and written after its seal is refused. Drop finished queries: a writer
+still running writes the query anew after the seal.
 """
 
 from __future__ import annotations
