@@ -76,7 +76,7 @@ from statestore.node.request import (
     read_signed_body,
     store_of,
 )
-from statestore.node.tombstones import DROPPING, check_pushed, pushed_marks
+from statestore.node.tombstones import DROPPING, check_pushed, check_served, pushed_marks
 from statestore.wire.bodies import (
     ChainsRequest,
     GcRequest,
@@ -256,21 +256,23 @@ async def gossip(request: web.Request) -> web.Response:
 async def put_chunk(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = request.match_info["key"]
-    allow(request, "write", parse_chunk_key(key)[0].query)
+    query = parse_chunk_key(key)[0].query
+    allow(request, "write", query)
     node.check_writable()
+    # a replica's or a hand-over's copy (?copy=1) waits for client writes (node/writer.py)
+    copy = request.query.get("copy") == "1"
+    marks = pushed_marks(request)  # a node's push: the drops it was read under
+    check_pushed(node, marks, query)  # before the body too: a refused push is not read
     data = await read_body(request)
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
-    limit = charged_limit(request, parse_chunk_key(key)[0].query)
-    # a replica's or a hand-over's copy (?copy=1) waits for client writes (node/writer.py)
-    copy = request.query.get("copy") == "1"
-    if copy or request.query.get("compaction") == "1":
-        # a node's copy or snapshot: not while its query is being dropped (checked again
-        # here, with no await before the write is queued: the middleware's check ran before
-        # the body was read), nor one read before its drop (node/tombstones.py)
-        query = parse_chunk_key(key)[0].query
+    limit = charged_limit(request, query)
+    if copy or marks is not None or request.query.get("compaction") == "1":
+        # a node's copy, snapshot or hint: not while its query is being dropped (checked
+        # again here, with no await before the write is queued: the middleware's check ran
+        # before the body was read), nor one read before its drop (node/tombstones.py)
         request.app[DROPPING].check(query)
-        check_pushed(node, pushed_marks(request), query)
+        check_pushed(node, marks, query)
     # a copy below the store's floor here is answered as landed and not kept
     await node.write(
         node.store.put_chunk, key, data, limit, copy, order="copy" if copy else "foreground"
@@ -284,6 +286,7 @@ async def get_chunk(request: web.Request) -> web.Response:
     allow(request, "read", parse_chunk_key(key)[0].query)
     if request.query.get("copy") == "1":  # a hand-over's fetch yields to clients' requests
         node.check_copies_served()
+        check_served(node, parse_chunk_key(key)[0].query)  # not of a drop learned late
         await node.foreground.wait()
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
@@ -454,9 +457,10 @@ async def put_manifest(request: web.Request) -> web.Response:
         return web.json_response({"stored": created}, status=201 if created else 200)
     # a compactor's snapshot (node-only: node/policy.py) is fenced by the head's lineage
     folded = request.query.get("compaction") == "1"
-    if folded:  # as a copy: not while dropped, nor read before a drop (node/tombstones.py)
+    marks = pushed_marks(request)  # a node's snapshot or hint: the drops it was read under
+    if folded or marks is not None:  # as a copy: not while dropped, nor read before a drop
         request.app[DROPPING].check(store.query)
-        check_pushed(node, pushed_marks(request), store.query)
+        check_pushed(node, marks, store.query)
     created = await node.write(
         node.store.put_manifest, m, charged_limit(request, store.query), folded
     )
@@ -482,6 +486,7 @@ async def get_manifest(request: web.Request) -> web.Response:
     allow(request, "read", store.query)
     if request.query.get("copy") == "1":  # a hand-over's pull
         node.check_copies_served()
+        check_served(node, store.query)  # not of a drop learned late
     version = _version(request.match_info["version"])
     text = request.query.get("epoch")
     epoch = parse_uint(text, "epoch", MAX_EPOCH) if text is not None else None

@@ -24,6 +24,7 @@ directory fsync fails turns the backend read-only until the process starts again
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
@@ -262,12 +263,14 @@ class LmdbBackend(Backend):
             return [bytes(value[o : o + n]) for o, n in spans], len(value)
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Sequence[bytes] = ()) -> None:
-        if self.unsynced is not None:
-            raise InsufficientStorage(
-                f"storage under {self._path} takes no writes: {self.unsynced}"
-            ) from OSError(self.unsynced)
         try:
             with self._gate.shared():
+                # inside the gate: a write that waited on a compaction's swap whose directory
+                # sync failed is refused, not made into the new file
+                if self.unsynced is not None:
+                    raise InsufficientStorage(
+                        f"storage under {self._path} takes no writes: {self.unsynced}"
+                    ) from OSError(self.unsynced)
                 with self._env.begin(write=True) as txn:  # aborted, nothing written, on error
                     _apply(txn, puts, deletes)
                 with self._log_lock:  # a compaction's copy is being made: it replays this
@@ -431,7 +434,14 @@ class LmdbBackend(Backend):
         try:
             os.replace(copy, data)
         finally:
-            self._env = self._open()
+            try:
+                self._env = self._open()
+            except self._lmdb.Error as exc:  # no storage to serve: reads fail too
+                self.unsynced = (
+                    f"its storage could not be opened again after a compaction ({exc}): "
+                    "start the node again (check the disk)"
+                )
+                raise
         self._sync_dir("a compaction's rename")
         if self.unsynced is not None:
             raise OSError(self.unsynced)
@@ -440,14 +450,19 @@ class LmdbBackend(Backend):
         """fsync the data directory (what a compaction renamed in); when that fails,
         :attr:`unsynced` says so and :meth:`write` refuses every write until the process
         starts again. Not retried: a later fsync's success proves nothing after a failed
-        one (Linux may have dropped the dirty state it failed to write)."""
+        one (Linux may have dropped the dirty state it failed to write). A file system that
+        cannot fsync a directory at all (EINVAL, ENOTSUP: some network and FUSE ones) is
+        taken as it is, as PostgreSQL does."""
         try:
             _fsync(self._path)
         except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOTSUP):
+                return
             self.unsynced = (
                 f"its directory could not be synced after {after} ({exc}): the node is "
-                "read-only until it is started again (check the disk; the file in place "
-                "holds every write acknowledged before)"
+                "read-only until it is started again, after a reboot or a remount of its "
+                "file system (check the disk; the file in place holds every write "
+                "acknowledged before)"
             )
 
     def close(self) -> None:

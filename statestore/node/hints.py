@@ -393,7 +393,8 @@ async def _decide(
     if fate == "wait":
         return None
     try:
-        await write_commit(node.transport, view, m, await _chunks(node, view, m))
+        headers = marks.headers([m.store.query])  # read before the hint: not across a drop
+        await write_commit(node.transport, view, m, await _chunks(node, view, m), headers=headers)
         return Outcome(m.store.path, m.version, m.epoch, CONFIRMED)
     except VersionConflict:
         # the other content arrived meanwhile (a race with the writer's retry): the content
@@ -421,7 +422,9 @@ async def _copy_to_owners(node: Node, view: RingView, m: Manifest, marks: DropMa
     """Put ``m`` (chunks, then the manifest as repair's unfenced copy) on W owners: a later
     commit of another epoch names it as its base. ``marks``: its query's drop, read before
     the hint (node/tombstones.py, "Copies pushed across a drop")."""
-    await put_chunks(node.transport, view, m.store, m.version, await _chunks(node, view, m))
+    chunks = await _chunks(node, view, m)
+    headers = marks.headers([m.store.query])
+    await put_chunks(node.transport, view, m.store, m.version, chunks, headers=headers)
     path = f"/v1/manifests/{m.store.path}/{m.version}/{m.kind}?copy=1"
     results = await asyncio.gather(
         *(

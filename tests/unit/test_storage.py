@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -468,6 +471,61 @@ def test_a_rename_the_directory_sync_fails_leaves_the_storage_read_only(
     with pytest.raises(InsufficientStorage, match="takes no writes"):
         third.write({b"later": b"1"})
     third.close()
+
+
+def test_a_write_waiting_on_a_swap_whose_directory_sync_fails_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that reached the backend while a compaction's swap held reads and writes
+    waits for it; the directory's fsync then fails: that write is refused too, not made
+    into the new file (the build before checked before waiting, and acknowledged it:
+    hostile review 77). A file system that cannot fsync a directory at all (EINVAL) is
+    taken as it is."""
+    backend = LmdbBackend(str(tmp_path / "db"))
+    backend.write({b"k%05d" % i: b"v" * 4000 for i in range(300)})
+    backend.write({}, [b"k%05d" % i for i in range(100, 300)])
+    real = backends._fsync
+    outcome: list[object] = []
+    started = threading.Event()
+
+    def late_write() -> None:
+        started.set()
+        try:
+            backend.write({b"late": b"1"})
+            outcome.append("acknowledged")
+        except InsufficientStorage as exc:
+            outcome.append(exc)
+
+    writer = threading.Thread(target=late_write)
+
+    def failing(target: str) -> None:
+        if not os.path.isdir(target):
+            return real(target)
+        writer.start()  # the swap holds the gate: the write waits on it
+        started.wait()
+        time.sleep(0.2)
+        raise OSError(5, "Input/output error", target)
+
+    monkeypatch.setattr(backends, "_fsync", failing)
+    with pytest.raises(InsufficientStorage):
+        backend.compact()
+    writer.join()
+    assert len(outcome) == 1 and isinstance(outcome[0], InsufficientStorage), outcome
+    assert backend.get(b"late") is None
+    backend.close()
+
+    def unsupported(target: str) -> None:
+        if os.path.isdir(target):
+            raise OSError(errno.EINVAL, "Invalid argument", target)
+        real(target)
+
+    monkeypatch.setattr(backends, "_fsync", unsupported)
+    again = LmdbBackend(str(tmp_path / "db"))
+    assert again.unsynced is None
+    again.compact()
+    again.write({b"after": b"1"})
+    assert again.unsynced is None and again.get(b"after") == b"1"
+    again.close()
 
 
 def test_a_compaction_lets_go_of_writes_past_its_log_bound(tmp_path: Path) -> None:
