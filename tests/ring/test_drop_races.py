@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,40 @@ async def _held(node: Node) -> dict[str, Any]:
 async def _phase(node: Node, phase: str) -> None:
     status, body = await call(node, "POST", "/v1/queries/q/purge", json=DROP | {"phase": phase})
     assert status == 200, body
+
+
+class SlowLink:
+    """The requests ``node`` sends that ``holds`` picks wait until :meth:`release` (a slow
+    link: read before a drop, delivered after it); ``waiting`` and ``delivered`` list them."""
+
+    def __init__(self, node: Node, holds: Callable[[str, str, str], bool]) -> None:
+        self.held = asyncio.Event()
+        self.waiting: list[str] = []
+        self.delivered: list[str] = []
+        real = node.transport.request
+
+        async def slow(method: str, address: str, path: str, **kw: Any) -> Any:
+            if not holds(method, address, path):
+                return await real(method, address, path, **kw)
+            self.waiting.append(path)
+            await self.held.wait()
+            try:
+                return await real(method, address, path, **kw)
+            finally:
+                self.delivered.append(path)
+
+        node.transport.request = slow  # type: ignore[method-assign]
+
+    def release(self) -> None:
+        self.held.set()
+
+
+async def _drop_everywhere(ns: list[Node]) -> None:
+    """The drop's two phases on every node, each phase on all before the next."""
+    for n in ns:
+        await _phase(n, "purge")
+    for n in ns:
+        await _phase(n, "seal")
 
 
 async def test_a_join_round_between_its_own_purge_and_a_sources_pulls_nothing_back(
@@ -110,24 +145,12 @@ async def test_a_copy_pushed_across_a_drop_does_not_bring_it_back(tmp_path: Path
         node, peer = ns
         m, key = await _committed(peer)
         items = [ChunkItem(key).name(), ManifestItem.of(m).name()]
-        held, waiting = asyncio.Event(), []
-        real = peer.transport.request
-
-        async def slow(method: str, address: str, path: str, **kw: Any) -> Any:
-            if address == node.address and path.startswith(COPIES):
-                waiting.append(path)
-                await held.wait()  # read and sent before the drop, delivered after it
-            return await real(method, address, path, **kw)
-
-        peer.transport.request = slow  # type: ignore[method-assign]
+        link = SlowLink(peer, lambda _, a, path: a == node.address and path.startswith(COPIES))
         pushes = [asyncio.ensure_future(push_item(peer, node.address, i)) for i in items]
         batch = asyncio.ensure_future(push_manifests(peer, node.address, items[1:]))
-        await eventually(lambda: len(waiting) == 3, "each push read its data and waits")
-        for n in ns:
-            await _phase(n, "purge")
-        for n in ns:
-            await _phase(n, "seal")
-        held.set()
+        await eventually(lambda: len(link.waiting) == 3, "each push read its data and waits")
+        await _drop_everywhere(ns)
+        link.release()
         await asyncio.gather(*pushes, batch)
         assert sum((await _held(node)).values()) == 0
         # the query written anew through the peer: its pushes read after the drop land
@@ -158,23 +181,11 @@ async def test_a_snapshot_folded_before_a_drop_does_not_bring_it_back(tmp_path: 
             assert await _commit(peer, v, b"OLD-%d" % v) == 201
         top = node.store.get_manifest(STORE, 3, "delta")
         assert top is not None
-        held, waiting = asyncio.Event(), []
-        real = node.transport.request
-
-        async def slow(method: str, address: str, path: str, **kw: Any) -> Any:
-            if "compaction=1" in path:
-                waiting.append(path)
-                await held.wait()  # folded before the drop, written after it
-            return await real(method, address, path, **kw)
-
-        node.transport.request = slow  # type: ignore[method-assign]
+        link = SlowLink(node, lambda _, __, path: "compaction=1" in path)
         fold = asyncio.ensure_future(_snapshot(node, node.view(), top))
-        await eventually(lambda: waiting, "the snapshot is folded and on its way")
-        for n in ns:
-            await _phase(n, "purge")
-        for n in ns:
-            await _phase(n, "seal")
-        held.set()
+        await eventually(lambda: link.waiting, "the snapshot is folded and on its way")
+        await _drop_everywhere(ns)
+        link.release()
         with pytest.raises(QuorumNotReached):
             await fold
         for n in ns:
@@ -195,34 +206,20 @@ async def test_a_hint_handed_off_across_a_drop_does_not_bring_it_back(tmp_path: 
             if ns[2].address not in view.store_replicas(s)
         )
         holder = ns[2]
-        held, waiting, delivered = asyncio.Event(), [], []
-        real = holder.transport.request
-
-        async def slow(method: str, address: str, path: str, **kw: Any) -> Any:
-            if not (method == "PUT" and path.startswith(COPIES[:2])):
-                return await real(method, address, path, **kw)
-            waiting.append(path)
-            await held.wait()  # read before the drop, delivered after it
-            try:
-                return await real(method, address, path, **kw)
-            finally:
-                delivered.append(path)
-
-        holder.transport.request = slow  # type: ignore[method-assign]
+        link = SlowLink(holder, lambda m, _, path: m == "PUT" and path.startswith(COPIES[:2]))
         rows = {b"k%d" % i: b"DROPPED" for i in range(5)}
         m, chunks = build_commit(
             sid, 1, rows, [], None, 1, False, key_groups=128, chunk_size=1 << 20,
             max_chunk=1 << 22,
         )  # fmt: skip
         await send_commit(holder, m, chunks, hint=holder.address)
-        await eventually(lambda: waiting, "the hint's hand-off is on its way")
-        for n in ns:
-            await _phase(n, "purge")
-        for n in ns:
-            await _phase(n, "seal")
-        held.set()
+        await eventually(lambda: link.waiting, "the hint's hand-off is on its way")
+        await _drop_everywhere(ns)
+        link.release()
         await eventually(lambda: holder.store.hint_count() == 0, "the hint purged")
-        await eventually(lambda: len(delivered) == len(waiting), "the held writes delivered")
+        await eventually(
+            lambda: len(link.delivered) == len(link.waiting), "the held writes delivered"
+        )
         for n in ns:
             assert n.store.head(sid) is None
             assert sum((await _held(n)).values()) == 0
