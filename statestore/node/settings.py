@@ -86,7 +86,6 @@ INTERNAL_FIELDS: dict[str, str] = {
     "dht_port": "the DHT's UDP port: the HTTP port's number (tests pick another)",
     "header_timeout": "slow-client limits, tuned in-process by the hostile-input tests",
     "body_timeout": "slow-client limits, tuned in-process by the hostile-input tests",
-    "min_free_bytes": "the free-space floor below which the node turns read-only (tests)",
 }
 
 Kind = Literal["text", "int", "number", "bool", "address", "list"]
@@ -397,6 +396,17 @@ SETTINGS: tuple[Setting, ...] = (
         64 * MiB,
         "and when at least this many bytes are free",
         ("reclaim_min",),
+        _non_negative_int,
+        "BYTES",
+        "bytes",
+    ),
+    Setting(
+        "min-free",
+        "int",
+        64 * MiB,
+        "free disk bytes under the data dir below which the node takes no new data "
+        "(read-only, 507) until space returns; compaction keeps this much free too",
+        ("min_free_bytes",),
         _non_negative_int,
         "BYTES",
         "bytes",
