@@ -15,6 +15,7 @@ import resource
 import signal
 import sys
 from dataclasses import replace
+from typing import Any
 
 from aiohttp import web
 
@@ -89,7 +90,14 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
         keepalive_timeout=config.header_timeout,
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, ssl_context=tls)
+    site = _Site(
+        runner,
+        config.host,
+        config.port,
+        reuse_address=True,
+        ssl_context=tls,
+        handshake_timeout=config.header_timeout,
+    )
     try:
         await site.start()
     except OSError:
@@ -100,6 +108,37 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
     loops = (*LOOPS, ("tombstones", tombstone_loop), ("removals", removal_loop))
     await node.start(int(runner.addresses[0][1]), loops)
     return node, runner
+
+
+class _Site(web.TCPSite):
+    """aiohttp's TCP site with the TLS handshake held to ``handshake_timeout`` (the node's
+    header timeout), where asyncio's default gives a connection that never finishes its
+    handshake 60 s; a plain-TCP site is the same as aiohttp's."""
+
+    __slots__ = ("_handshake_timeout",)
+
+    def __init__(self, *args: Any, handshake_timeout: float, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._handshake_timeout = handshake_timeout
+
+    async def start(self) -> None:
+        if self._ssl_context is None:
+            return await super().start()
+        await web.BaseSite.start(self)  # registered with the runner, as TCPSite does
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self._handshake_timeout,
+        )
+        sockets = self._server.sockets
+        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
 
 
 async def stop_node(node: Node, runner: web.AppRunner) -> None:

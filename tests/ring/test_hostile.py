@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgpack
 import pytest
 import zstandard
@@ -30,6 +32,7 @@ from statestore.node.server import start_node, stop_node
 from statestore.wire.frames import encode_hop
 from statestore.wire.manifest import encode_manifest
 from statestore.wire.rows import encode_puts
+from tests.certs import make_tls
 from tests.ringkit import assert_refused, call, state_of
 
 SID = StoreId("q1", 0, 3, "default")
@@ -362,6 +365,40 @@ async def test_a_connection_that_never_finishes_its_headers_is_closed(impatient:
         rest = await reader.read()  # the server closes the connection
     assert b"200 OK" not in rest
     writer.close()
+
+
+async def test_a_tls_handshake_that_never_finishes_is_closed_at_the_header_timeout(
+    tmp_path: Path,
+) -> None:
+    """A connection to a TLS node that never sends its ClientHello is closed once the
+    node's header timeout passes (0.5 s here), where asyncio's own limit held it 60 s: a
+    peer opening many such connections held as many file descriptors that long. A real
+    client's handshake still succeeds."""
+    tls = make_tls(tmp_path / "tls")
+    config = NodeConfig(
+        port=0,
+        data_dir=str(tmp_path / "n"),
+        storage="memory://",
+        replicas=1,
+        write_quorum=1,
+        dht=False,
+        header_timeout=0.5,
+        tls_cert=str(tls.cert),
+        tls_key=str(tls.key),
+    )
+    node, runner = await start_node(config)
+    try:
+        host, port = node.address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        async with asyncio.timeout(30):  # asyncio's own limit: 60 s
+            assert await reader.read() == b""  # closed by the node, nothing sent
+        writer.close()
+        context = ssl.create_default_context(cafile=str(tls.ca))
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"https://{node.address}/v1/health", ssl=context) as r:
+                assert r.status == 200
+    finally:
+        await stop_node(node, runner)
 
 
 @pytest.mark.parametrize("path", ["/v1/gossip", "/v1/handover/items", "/v1/handover/tokens"])
