@@ -138,7 +138,8 @@ class _Site(web.TCPSite):
             ssl_handshake_timeout=self._handshake_timeout,
         )
         sockets = self._server.sockets
-        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+        if hasattr(self, "_bound_port"):  # the port ``name`` shows (aiohttp 3.10 and later)
+            self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
 
 
 async def stop_node(node: Node, runner: web.AppRunner) -> None:
