@@ -76,7 +76,7 @@ from statestore.node.request import (
     read_signed_body,
     store_of,
 )
-from statestore.node.tombstones import DROPPING, check_pushed, check_served, pushed_marks
+from statestore.node.tombstones import DROPPING, check_pushed, pushed_marks
 from statestore.wire.bodies import (
     ChainsRequest,
     GcRequest,
@@ -286,7 +286,6 @@ async def get_chunk(request: web.Request) -> web.Response:
     allow(request, "read", parse_chunk_key(key)[0].query)
     if request.query.get("copy") == "1":  # a hand-over's fetch yields to clients' requests
         node.check_copies_served()
-        check_served(node, parse_chunk_key(key)[0].query)  # not of a drop learned late
         await node.foreground.wait()
     if node.config.inject_delay:
         await asyncio.sleep(node.config.inject_delay)
@@ -486,7 +485,6 @@ async def get_manifest(request: web.Request) -> web.Response:
     allow(request, "read", store.query)
     if request.query.get("copy") == "1":  # a hand-over's pull
         node.check_copies_served()
-        check_served(node, store.query)  # not of a drop learned late
     version = _version(request.match_info["version"])
     text = request.query.get("epoch")
     epoch = parse_uint(text, "epoch", MAX_EPOCH) if text is not None else None

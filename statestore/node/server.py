@@ -100,7 +100,7 @@ async def start_node(config: NodeConfig) -> tuple[Node, web.AppRunner]:
     )
     try:
         await site.start()
-    except OSError:
+    except (OSError, ValueError):  # the address is taken, or a setting create_server refuses
         await runner.cleanup()
         node.release()
         raise

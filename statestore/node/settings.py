@@ -405,7 +405,7 @@ SETTINGS: tuple[Setting, ...] = (
         "int",
         64 * MiB,
         "free disk bytes under the data dir below which the node takes no new data "
-        "(read-only, 507) until space returns; compaction keeps this much free too",
+        "(read-only, 507) until space returns; compaction keeps this much free too (0: none)",
         ("min_free_bytes",),
         _non_negative_int,
         "BYTES",

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -69,7 +70,6 @@ __all__ = [
     "DropMarks",
     "Dropping",
     "check_pushed",
-    "check_served",
     "copy_mark",
     "pushed_marks",
     "register",
@@ -122,28 +122,11 @@ def copy_mark(node: Node, query: str) -> bytes | None:
 
 def drop_id(node: Node, query: str) -> str:
     """The id of the drop this node last recorded for ``query`` ("" for none, or a record
-    that rotted); ``missed:ID`` for a drop it learned only after its first exchange
-    (:func:`tombstone_loop`): what it holds of the query may predate that drop, so its
-    pushes are refused by the nodes that took the drop, and it takes none of theirs, until
-    the drop is run again."""
+    that rotted)."""
     raw = node.store.tombstone(query)
     t = _decode(raw) if raw is not None else None
     tid = t.get("id") if t is not None else None
-    if not isinstance(tid, str):
-        return ""
-    return f"missed:{tid}" if t is not None and t.get("state") == "missed" else tid
-
-
-def check_served(node: Node, query: str) -> None:
-    """QueryDropping when a peer pulls a copy of ``query`` (``?copy=1``, a hand-over's
-    batch) from a node that learned its drop late (:func:`drop_id`): what it holds may
-    predate the drop."""
-    if drop_id(node, query).startswith("missed:"):
-        raise QueryDropping(
-            f"this node learned the drop of query {query} only after it had come back: what "
-            "it holds of the query may predate the drop, so it serves no copy of it; run "
-            "`statestore drop` again"
-        )
+    return tid if isinstance(tid, str) else ""
 
 
 class DropMarks:
@@ -277,7 +260,7 @@ async def drop(request: web.Request) -> web.Response:
     before = known.get("at") if known is not None else None
     at = time.time()
     if isinstance(before, int | float) and at <= before:
-        at = float(before) + 0.001
+        at = math.nextafter(float(before), math.inf)
     t = {"id": uuid.uuid4().hex, "at": at, "query": query}
     # without node identity, peers judge the purge by the caller's own (admin) token
     auth = request.headers.get("Authorization")

@@ -204,7 +204,7 @@ class PurgeRequest(msgspec.Struct, frozen=True):
     """``POST /v1/queries/{query}/purge`` (ring nodes): one phase of a drop."""
 
     id: Annotated[str, Meta(min_length=1, max_length=64)]
-    at: Annotated[float, Meta(ge=0)]
+    at: Annotated[float, Meta(ge=0, le=1e11)]  # seconds since 1970 (up to the year 5138)
     phase: Literal["purge", "seal"]
 
 

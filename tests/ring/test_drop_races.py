@@ -5,7 +5,6 @@ before its purge and writes after (node/tombstones.copy_mark)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from statestore.core.items import ChunkItem, ManifestItem
 from statestore.core.manifest import Manifest
 from statestore.node.compaction import _snapshot
 from statestore.node.daemon import MoveStatus, Node
-from statestore.node.moves.copies import fetch_manifests, push_manifests
+from statestore.node.moves.copies import push_manifests
 from statestore.node.moves.join import join_round
 from statestore.node.repair import push_item
 from statestore.node.server import start_node, stop_node
@@ -223,36 +222,6 @@ async def test_a_hint_handed_off_across_a_drop_does_not_bring_it_back(tmp_path: 
         for n in ns:
             assert n.store.head(sid) is None
             assert sum((await _held(n)).values()) == 0
-
-
-async def test_a_node_that_learned_a_drop_late_neither_pushes_nor_serves_it(
-    tmp_path: Path,
-) -> None:
-    """A member that was up but missed a drop records it as ``missed`` when it hears of it
-    and keeps what it holds (it may predate the drop: run the drop again). Its pushes of
-    the query are refused by a node that took the drop, and it serves no copy of it to a
-    peer's pull (``?copy=1``, a hand-over's batch). The build before sent and served them
-    under the drop's id, and the old data came back (hostile review 77)."""
-    async with nodes(tmp_path, 2, replicas=2, write_quorum=2, repair_interval=3600) as ns:
-        node, peer = ns
-        m, key = await _committed(node)
-        # the peer took the drop; the node learned it late and kept its copy
-        await _phase(peer, "purge")
-        await _phase(peer, "seal")
-        missed = {"id": DROP["id"], "at": DROP["at"], "query": "q", "state": "missed"}
-        await node.write(node.store.put_tombstone, "q", json.dumps(missed).encode())
-        assert await push_item(node, peer.address, ChunkItem(key).name()) is None
-        assert await push_item(node, peer.address, ManifestItem.of(m).name()) is None
-        assert await push_manifests(node, peer.address, [ManifestItem.of(m).name()]) == [None]
-        assert sum((await _held(peer)).values()) == 0
-        status, body = await call(node, "GET", f"/v1/chunks/{key}?copy=1")
-        assert (status, body["error"]["code"]) == (409, "query_dropping"), body
-        status, body = await call(node, "GET", f"/v1/manifests/{STORE.path}/1/delta?copy=1")
-        assert (status, body["error"]["code"]) == (409, "query_dropping"), body
-        status, _ = await call(node, "GET", f"/v1/chunks/{key}")  # a client's read: served
-        assert status == 200
-        assert await fetch_manifests(peer, node.address, [ManifestItem.of(m).name()]) == [None]
-        assert sum((await _held(peer)).values()) == 0
 
 
 async def test_a_node_serves_no_copies_before_it_learned_the_drops_it_missed(

@@ -48,7 +48,6 @@ from statestore.node.tombstones import (
     MAX_DROP_MARKS,
     DropMarks,
     check_pushed,
-    check_served,
     copy_mark,
     pushed_marks,
 )
@@ -125,14 +124,6 @@ def _taken(request: web.Request, m: Manifest, marks: dict[str, str] | None) -> b
     return True
 
 
-def _served_late(node: Node, query: str) -> bool:
-    try:
-        check_served(node, query)
-    except QueryDropping:
-        return True
-    return False
-
-
 async def read_copies(request: web.Request) -> web.Response:
     """``POST /v1/sync/manifests/read``: the manifests asked for, as stored."""
     node = request.app[NODE]
@@ -149,15 +140,11 @@ async def read_copies(request: web.Request) -> web.Response:
         allow(request, "read", query)
         allow(request, "admin", query)
     await node.foreground.wait()  # a hand-over's fetch yields to clients' requests
-    late = {q for q in {s.query for s in stores} if _served_late(node, q)}
 
     def read() -> bytes:
         out: list[bytes | None] = []
         size = 0
         for store, (_, version, kind, epoch) in zip(stores, body.manifests, strict=True):
-            if store.query in late:  # a drop learned late: none of it (null)
-                out.append(None)
-                continue
             raw = node.store.raw_manifest(store, version, kind, epoch)
             size += len(raw or b"")
             if out and size > MAX_COPIES_BYTES:
