@@ -166,7 +166,7 @@ def pushed_marks(request: web.Request) -> dict[str, str] | None:
         return None
     try:
         ids = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         ids = None
     if (
         not isinstance(ids, dict)
