@@ -428,7 +428,9 @@ class Node:
         # with identity on but no TLS a hop's stream is not proven: no tree folds are believed
         self.restorer.folds = not (self.access.identity_on and not self.config.tls_cert)
         if self.config.dht:
-            self.discovery = Discovery(self.id, self.config.host, self.address)
+            self.discovery = Discovery(
+                self.id, self.config.host, self.address, secret=self.access.secret
+            )
             dport = port if self.config.dht_port is None else self.config.dht_port
             try:
                 await self.discovery.listen(dport)

@@ -31,7 +31,7 @@ from statestore.core.ids import chunk_key
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.node.api import build_app
 from statestore.node.daemon import Node
-from statestore.node.discovery import Discovery
+from statestore.node.discovery import SIGNED_DIRECTORY_KEY, Discovery, sign_entry
 from statestore.node.policy import ROUTES, route_key, routes_table
 from statestore.node.server import start_node, stop_node
 from statestore.wire.manifest import encode_copies, encode_manifest
@@ -291,7 +291,10 @@ async def test_an_impostor_in_the_dht_never_gets_a_clients_token(
     tokens file either refuses to start (no secret) or never takes the impostor as a member
     (push-only gossip: it becomes one only by a signed push); a client's commit and restore
     then send it nothing, and the ring view lists the node alone. On a node with tokens alone
-    (which started before) the impostor became a member and took the client's token."""
+    (which started before) the impostor became a member and took the client's token. With
+    the secret the directory is signed: the impostor's entry, even written into the signed
+    directory beside a signed one, is never read, so the node does not even push its table
+    to it (the build before did)."""
     impostor = Impostor()
     await impostor.start()
     kw = {"replicas": 2, "write_quorum": 1, "dht": True} | _files(tmp_path, True, secret)
@@ -308,12 +311,19 @@ async def test_an_impostor_in_the_dht_never_gets_a_clients_token(
             await dht.listen(0)
             await dht.bootstrap([("127.0.0.1", int(health["dht_port"]))])
             await dht.announce()  # the impostor's entry in the ring's DHT directory
-            # the node reads the directory (every 5 s) and pushes its table to the impostor
-            await eventually(
-                lambda: any(p == "/v1/gossip" for _, p, _ in impostor.requests),
-                "the node gossiping with the impostor's DHT entry",
-            )
+            # ... and in the signed one, forged, beside an entry signed with the secret
+            assert node.access.secret is not None
+            friend = "127.0.0.1:9"
+            forged = {
+                "ba5eba11": [impostor.address, "0" * 64],
+                "f00d": [friend, sign_entry(node.access.secret, "f00d", friend)],
+            }
+            await dht.server.set(SIGNED_DIRECTORY_KEY, json.dumps(forged))
+            # the node reads the directory (every 5 s): the signed entry, not the forged one
+            await eventually(lambda: friend in node._directory, "the node read the directory")
+            assert impostor.address not in node._directory
             await asyncio.sleep(5 * node.config.gossip_interval)  # a few more rounds
+            assert not any(p == "/v1/gossip" for _, p, _ in impostor.requests)
             async with AsyncRingClient([node.address], token=ADMIN) as ring:
                 try:
                     await ring.commit(B1, 1, {b"k": b"v"}, [], {}, epoch=1)

@@ -88,7 +88,9 @@ async def test_an_impostors_gossip_answer_is_not_read_past_its_bound(
             max_body=8 << 20,
         )
         node, runner = await start_node(cfg)
-        dht = Discovery("ba5eba11", "127.0.0.1", f"127.0.0.1:{port}", timeout=5.0)
+        # an entry in the ring's signed DHT directory (signed here: with the secret on, an
+        # unsigned one is never read) naming an address that floods its answers
+        dht = Discovery("ba5eba11", "127.0.0.1", f"127.0.0.1:{port}", timeout=5.0, secret=SECRET)
         try:
             _, health = await call(node.address, "GET", "/v1/health")
             await dht.listen(0)
