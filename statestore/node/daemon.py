@@ -863,7 +863,9 @@ class Node:
                 await self.discovery.bootstrap(await self._seed_dht_ports(said))
             directory = await self.discovery.announce()
             self._directory = [a for i, a in directory.items() if i != self.id]
-            await asyncio.sleep(5.0)
+            # 5-7 s: rounds in step (nodes started together) read the value at once and the
+            # last write drops the others' entries, round after round
+            await asyncio.sleep(5.0 + random.uniform(0.0, 2.0))
 
     def problems(self) -> list[str]:
         """Why this node is degraded (empty: healthy): loops that failed within the last

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,12 @@ from statestore.core.ids import chunk_key
 from statestore.core.manifest import ChunkRef, Manifest
 from statestore.node.api import build_app
 from statestore.node.daemon import Node
-from statestore.node.discovery import SIGNED_DIRECTORY_KEY, Discovery, sign_entry
+from statestore.node.discovery import DIRECTORY_KEY, SIGNED_DIRECTORY_KEY, Discovery, sign_entry
 from statestore.node.policy import ROUTES, route_key, routes_table
 from statestore.node.server import start_node, stop_node
 from statestore.wire.manifest import encode_copies, encode_manifest
 from statestore.wire.rows import encode_puts
-from tests.ringkit import SECRET, call, config, eventually
+from tests.ringkit import SECRET, call, config, eventually, nodes
 
 ADMIN = "ring-admin-token-000001"  # admin on every query
 A_ADMIN = "a-star-admin-token-0001"  # admin on a* only
@@ -313,10 +314,10 @@ async def test_an_impostor_in_the_dht_never_gets_a_clients_token(
             await dht.announce()  # the impostor's entry in the ring's DHT directory
             # ... and in the signed one, forged, beside an entry signed with the secret
             assert node.access.secret is not None
-            friend = "127.0.0.1:9"
+            friend, at = "127.0.0.1:9", int(time.time())
             forged = {
-                "ba5eba11": [impostor.address, "0" * 64],
-                "f00d": [friend, sign_entry(node.access.secret, "f00d", friend)],
+                "ba5eba11": [impostor.address, at, "0" * 32],
+                "f00d": [friend, at, sign_entry(node.access.secret, "f00d", friend, at)],
             }
             await dht.server.set(SIGNED_DIRECTORY_KEY, json.dumps(forged))
             # the node reads the directory (every 5 s): the signed entry, not the forged one
@@ -339,6 +340,29 @@ async def test_an_impostor_in_the_dht_never_gets_a_clients_token(
             await stop_node(node, runner)
     finally:
         await impostor.stop()
+
+
+async def test_nodes_with_a_secret_find_each_other_in_the_signed_dht_directory(
+    tmp_path: Path,
+) -> None:
+    """Three in-process nodes with the cluster secret, the DHT on: each signs its own entry
+    of the signed directory and reads the others' (node/discovery.py), so every node's
+    directory names the other two; the unsigned directory stays empty."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    kw = {"dht": True, "cluster_secret_file": str(secret)}
+    async with nodes(tmp_path, 3, **kw) as ns:
+        others = {n.id: {m.address for m in ns if m is not n} for n in ns}
+        seen: dict[str, set[str]] = {n.id: set() for n in ns}
+
+        def named() -> bool:  # the value is merged by each in turn: some rounds lose one
+            for n in ns:
+                seen[n.id] |= set(n._directory)
+            return all(seen[i] == others[i] for i in seen)
+
+        await eventually(named, "each node's directory named the other two", limit=60)
+        assert ns[0].discovery is not None
+        assert await ns[0].discovery.server.get(DIRECTORY_KEY) is None
 
 
 async def test_the_coordinator_endpoints_still_work_with_tokens_and_secret(
