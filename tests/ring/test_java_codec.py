@@ -737,17 +737,22 @@ def test_java_writer_writes_to_pending_owners(harness: Harness) -> None:
                 want = "ok" if checks[-1] == "ok" else "quorum_not_reached"
             assert got == [want], (refusing, checks)
             wrote = {a: set(paths) for a, paths in _Member.puts.items()}
-            for k in keys:
-                for a in addresses:
-                    assert (f"/v1/chunks/{k}" in wrote.get(a, set())) == (
-                        a in view.write_replicas_of(k)
-                    ), (k, a)
-            if want == "ok":
-                mpath = f"/v1/manifests/{manifest.store.path}/1/{manifest.kind}"
-                for a in addresses:
-                    assert (mpath in wrote.get(a, set())) == (
-                        a in view.write_replicas_of(manifest.store.path)
-                    ), a
+            # each chunk went to its current and pending owners, none to another node: a
+            # write still in flight past the writer's grace (a loaded machine) may not have
+            # reached its owner before the harness exited, so a write replica may be missing
+            # where the ones that answered made the quorum on their own
+            reached: set[str] = set()
+            mpath = f"/v1/manifests/{manifest.store.path}/1/{manifest.kind}"
+            sent = [(f"/v1/chunks/{k}", k) for k in keys]
+            for path, target in sent + ([(mpath, manifest.store.path)] if want == "ok" else []):
+                got_by = {a for a in addresses if path in wrote.get(a, set())}
+                assert got_by <= set(view.write_replicas_of(target)), (path, got_by)
+                if want == "ok":
+                    assert _python_check(view, target, got_by - refusing) == "ok", path
+                reached |= got_by
+            # ... and every write replica got some: the pending owners are written to
+            wanted = {a for k in keys for a in view.write_replicas_of(k)}
+            assert reached == wanted, (wanted - reached, refusing)
             if refusing:
                 assert want == "quorum_not_reached"  # a pending or leaving owner counts
     finally:

@@ -408,12 +408,14 @@ async def test_auto_rebalance_moves_tokens_when_the_ring_passes_its_threshold(
     """``--auto-rebalance``: four in-process nodes (real HTTP on port 0); one is skewed to
     four times the tokens of the others; the lowest-id member's check plans and runs the
     moves, and the predicted max/mean falls within the bound. A member that is not the
-    lowest id does nothing."""
+    lowest id does nothing. The threshold is 1.1: with R=3 of 4 nodes no node holds more than
+    4/3 of the mean, and the skewed one measured 1.19 in one run of eight (where 1.2 let the
+    check stand aside: the test failed one run in three)."""
     from statestore.node.moves.rebalance import auto_rebalance_once, start_tokens
     from statestore.node.server import start_node, stop_node
 
     first, runner = await start_node(
-        config(tmp_path, "n0", replicas=3, write_quorum=2, vnodes=16, auto_rebalance=1.2)
+        config(tmp_path, "n0", replicas=3, write_quorum=2, vnodes=16, auto_rebalance=1.1)
     )
     nodes = [(first, runner)]
     try:
@@ -424,7 +426,7 @@ async def test_auto_rebalance_moves_tokens_when_the_ring_passes_its_threshold(
                 replicas=3,
                 write_quorum=2,
                 vnodes=16,
-                auto_rebalance=1.2,
+                auto_rebalance=1.1,
                 seeds=[first.address],
             )
             nodes.append(await start_node(cfg))
