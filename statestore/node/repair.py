@@ -621,20 +621,39 @@ def _complete(node: Node, item: str, lacking: set[str]) -> bool:
     )
 
 
-def _caught_up(node: Node) -> bool:
-    """Whether a store whose floor this node refused while it lagged (Node.lagging_floors)
-    has since reached it here (repair brought the versions it missed): its next pass asks
-    the owners again and takes the floor, where the safety net would wait up to a slot.
-    Entries of stores gone from here, or whose floor rose meanwhile, are forgotten."""
-    ready = False
-    for path, floor in list(node.lagging_floors.items()):
+def _reached(node: Node, floors: dict[str, int]) -> dict[str, bool | None]:
+    """Per store of ``floors`` (a copy of Node.lagging_floors): True once its head here
+    reached the floor it refused, None when it is gone from here or its floor rose
+    meanwhile (forget it), False while it still lags. Storage reads: off the event loop."""
+    out: dict[str, bool | None] = {}
+    for path, floor in floors.items():
         store = StoreId.parse(path)
         head = node.store.head(store)
         if head is None or node.store.floor(store) >= floor:
+            out[path] = None
+        else:
+            out[path] = head.version >= floor
+    return out
+
+
+async def _caught_up(node: Node) -> bool:
+    """Whether a store whose floor this node refused while it lagged (Node.lagging_floors)
+    has since reached it here (repair brought the versions it missed): its next pass asks
+    the owners again and takes the floor, where the safety net would wait up to a slot.
+    Entries of stores gone from here, or whose floor rose meanwhile, are forgotten. The
+    heads and floors are read in a thread (one read each a lagging store); the entries are
+    changed on the loop, and only those no refusal lowered meanwhile."""
+    if not node.lagging_floors:
+        return False
+    floors = dict(node.lagging_floors)
+    reached = await asyncio.to_thread(_reached, node, floors)
+    ready = False
+    for path, state in reached.items():
+        if state is False:
+            continue
+        if node.lagging_floors.get(path) == floors[path]:
             del node.lagging_floors[path]
-        elif head.version >= floor:
-            del node.lagging_floors[path]
-            ready = True
+            ready |= bool(state)
     return ready
 
 
@@ -654,7 +673,9 @@ async def repair_loop(node: Node, full_every: float = 30.0) -> None:
         joining = node.membership is not None and node.membership.state is NodeState.JOINING
         # a caught-up store passes at once, at most once in CATCH_UP_EVERY repair ticks
         # (a peer that kept answering a floor just above the head would pass every tick)
-        if now - last_want >= CATCH_UP_EVERY * node.config.repair_interval and _caught_up(node):
+        if now - last_want >= CATCH_UP_EVERY * node.config.repair_interval and await _caught_up(
+            node
+        ):
             clock.want()
             last_want = now
         plan = (
