@@ -204,6 +204,11 @@ def worker(spec: dict[str, Any]) -> None:
             ahead["from_blocks"] = int(provider_class.readAheadBlockKeys())
         except Exception:  # py4j's error for a method the jar lacks
             pass
+        try:  # puts that took the read store's answer, and those that read the version again
+            ahead["recalled"] = int(provider_class.recalledReads())
+            ahead["recall_misses"] = int(provider_class.recallMisses())
+        except Exception:  # a build before these counters
+            pass
     spark.stop()
     if ring != provider.startswith("ring"):
         raise SystemExit(f"the query ran on another provider than {provider}")
@@ -391,6 +396,12 @@ def main() -> None:
                         elif b_round:
                             raise SystemExit(f"{provider} build failed ({got}); see {log}")
                         print(f"  {got if isinstance(got, str) else round(got['seconds'], 1)}")
+                        if not isinstance(got, str) and "recalled" in got.get("ahead", {}):
+                            a = got["ahead"]
+                            print(
+                                f"  puts recalling a read: {a['recalled']:,}, reading again: "
+                                f"{a['recall_misses']:,}"
+                            )
                 # the ring's restarts read a state whose second batch was written as a snapshot
                 # (snapshotInterval=2): the base a lazy restart reads by blocks, as the nodes'
                 # compaction (every --snapshot-every versions) makes one in a longer run, where

@@ -212,6 +212,9 @@ def test_a_spilled_version_and_its_overlay_merge_in_key_order(
     )
     assert r["spilled"] is True, r
     assert r["merged_equal"] is True, r
+    # the spilled overlay's counts, kept without reading each row back
+    assert r["overlay_rows"] == r["overlay_rows_expected"] > 0, r
+    assert r["overlay_bytes"] == r["overlay_bytes_expected"] > 0, r
     assert r["iterators_while_reading"] == 2, r
     assert r["iterators_after_close"] == 0, r
     # one never closed: the commit closes it
@@ -221,6 +224,34 @@ def test_a_spilled_version_and_its_overlay_merge_in_key_order(
     # applied to the spilled version in batches, counted by the store, not read back
     assert r["keys_after"] == r["keys_expected"], r
     assert r["bytes_after"] == r["bytes_expected"], r
+
+
+def test_a_batch_reads_each_key_from_a_spilled_version_once(
+    tmp_path: Path, ring3: LocalRing, classpath: str
+) -> None:
+    # a key read, then put a key later (as a write store's get then put): the put recalls
+    # the read's answer instead of reading the version again, and a filter of the spilled
+    # overlay's keys answers the put's read of the overlay (the build before: 4 spill store
+    # reads a key; 1 now); every key read before any is put (a streaming aggregation, whose
+    # restored rows Spark sorts): 2 a key but for the last few (the build before: 4); a
+    # remove of a key the version answered: none past the read's (the build before: 4)
+    r = harness(
+        classpath,
+        "spill-reads",
+        tmp_path / "ckpt" / "state",
+        seeds=",".join(ring3.seeds),
+        cacheBytes=0,
+    )
+    assert r["spilled"] is True and r["overlay_spilled"] is True, r
+    assert r["reads"] == 1000, r
+    # 100 reads, then 100 puts of which the last 4 recall the thread's last 4 answers
+    assert r["reads_hashed"] == 100 + 96, r
+    assert r["reads_remove"] == 1, r  # the read store's own
+    assert r["same_instance"] is True, r  # committed in place: the case a stale answer hits
+    assert r["rows_equal"] is True, r
+    assert r["keys_after"] == r["keys_expected"] == 1600, r
+    assert r["bytes_after"] == r["bytes_expected"], r
+    assert r["restored_equal"] is True, r
 
 
 def test_prefix_scans_of_a_spilled_version_after_batched_applies(
@@ -518,7 +549,9 @@ def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_stor
     it: the batch's read-ahead still finds the task's lazily loaded version (it found none
     once the second provider closed, when one provider a store was registered) and brings
     the keys' values in lookups; the version then answers them exactly. A few keys of a
-    chunk are read from their blocks in the read-ahead, in no lookup."""
+    chunk are read from their blocks in the read-ahead, in no lookup. Once no provider of
+    the store holds the version lazily, a batch's rows are no longer windowed and copied
+    for a read-ahead (`RingStateStoreProvider.readsAhead`: a build's batches)."""
     seeds = ",".join(ring3.seeds)
     conf = {"lazyRestore": "true", "prefetchBytesPerSec": "0"}
     r = harness(classpath, "read-ahead", tmp_path / "ckpt" / "state", seeds=seeds, **conf)
@@ -529,6 +562,10 @@ def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_stor
     # read-ahead (the build before left them to the task's reads: none brought)
     assert r["few_brought"] == r["few_from_blocks"] == 5 and r["few_lookups"] == 0, r
     assert r["few_values"] == list(range(1, 2000, 400)), r
+    # windows are copied and read ahead while the version is lazy, or not yet known; once
+    # every provider of the store holds it whole, the rows go through as they come
+    assert r["reads_ahead_lazy"] is True and r["reads_ahead_other"] is True, r
+    assert r["reads_ahead_whole"] is False, r
 
 
 def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(

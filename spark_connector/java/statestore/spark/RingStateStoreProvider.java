@@ -84,7 +84,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   private DataType[] prefixTypes;
 
   // -- the in-memory versions -----------------------------------------------------------
-  private StateData cached;
+  private volatile StateData cached;
 
   /**
    * The head a read store read for {@code headVersion} in task {@code headTask}: the write
@@ -268,6 +268,44 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
             e.toString());
       }
     }
+  }
+
+  /**
+   * Whether a read-ahead of {@code version} of {@code id} may bring anything: true while a
+   * provider of the store in this JVM that reads ahead holds that version lazily, or none
+   * holds it yet; false once those that hold it hold it whole (a build, or a lazy version
+   * the prefetch finished: a whole version never turns lazy again). Another provider of the
+   * store holding another version (a reader's, an earlier run's) does not count.
+   */
+  public static boolean readsAhead(StateStoreId id, long version) {
+    List<RingStateStoreProvider> all = LIVE.get(id);
+    if (all == null) {
+      return true;
+    }
+    boolean held = false;
+    for (RingStateStoreProvider p : all) {
+      if (!p.config.readAhead) {
+        continue;
+      }
+      StateData data = p.cached; // volatile: no wait on a provider's lock (a restore's)
+      if (data != null && data.version == version) {
+        if (data.remote != null) {
+          return true;
+        }
+        held = true;
+      }
+    }
+    return !held;
+  }
+
+  /** Write stores' puts and removes that took a read store's answer for their key (bench). */
+  public static long recalledReads() {
+    return StateData.RECALLED.sum();
+  }
+
+  /** Those that read the spilled or lazy version again for it (bench). */
+  public static long recallMisses() {
+    return StateData.RECALL_MISSES.sum();
   }
 
   /**
@@ -987,9 +1025,18 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     return LAST_EPOCH.merge(storePath, floor + 1, (prev, proposed) -> Math.max(prev + 1, proposed));
   }
 
+  /** Rows of the last committed overlay: what the next one is made ready to hold. */
+  private volatile int overlayRows;
+
+  /** Rows the next write store's overlay is made to hold before its map grows. */
+  int overlayRows() {
+    return overlayRows;
+  }
+
   /** A write store's commit was acknowledged: its version becomes the cached one. */
   synchronized StateData committed(WriteStore store, long newVersion) {
     StateData base = store.data;
+    overlayRows = (int) Math.min(store.overlay.size(), Integer.MAX_VALUE);
     StateData next = base.onlyHeldBy(store.task) ? base : base.copy();
     base.release(store.task);
     next.apply(store.overlay, store.keyDelta(), store.bytesDelta());

@@ -61,6 +61,8 @@ final class SpillStore {
   /** Every open instance's directory, deleted at exit if still there. */
   private static final Set<Path> OPEN = ConcurrentHashMap.newKeySet();
   private static volatile LRUCache blockCache;
+  /** Point reads of rows made on the JVM's spill stores (tests). */
+  static final AtomicLong READS = new AtomicLong();
 
   static {
     RocksDB.loadLibrary();
@@ -286,6 +288,7 @@ final class SpillStore {
   UnsafeRow get(UnsafeRow key) {
     live();
     try {
+      READS.incrementAndGet();
       byte[] v = nat.db.get(dataKey(key));
       return v == null ? null : valueRow(v);
     } catch (RocksDBException e) {
@@ -305,12 +308,31 @@ final class SpillStore {
     try {
       live();
       byte[] k = dataKey(key);
+      READS.incrementAndGet();
       byte[] old = nat.db.get(k);
       nat.db.put(nat.write, k, valueBytes(value));
       if (old == null && prefixer != null) {
         nat.db.put(nat.write, indexKey(prefixer.apply(key), key), new byte[0]);
       }
       return old == null ? null : valueRow(old);
+    } catch (RocksDBException e) {
+      throw failed("put", e);
+    }
+  }
+
+  /**
+   * Put, for a caller that knows whether {@code key} is held ({@code fresh}: not, so it is
+   * indexed under its prefix) and needs no old value back: one write, no read.
+   */
+  void putOver(UnsafeRow key, UnsafeRow value, boolean fresh,
+      Function<UnsafeRow, UnsafeRow> prefixer) {
+    try {
+      live();
+      byte[] k = dataKey(key);
+      nat.db.put(nat.write, k, valueBytes(value));
+      if (fresh && prefixer != null) {
+        nat.db.put(nat.write, indexKey(prefixer.apply(key), key), new byte[0]);
+      }
     } catch (RocksDBException e) {
       throw failed("put", e);
     }
@@ -327,13 +349,29 @@ final class SpillStore {
    */
   void writeAll(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows,
       Function<UnsafeRow, UnsafeRow> prefixer) {
+    write(rows, prefixer, false);
+  }
+
+  /**
+   * Put every row as it is, a {@link StateData#TOMBSTONE} value kept as an overlay's
+   * tombstone, in write batches and without reading what each replaces: for a store that
+   * holds none of their keys yet (a version or an overlay moving here from the heap).
+   */
+  void load(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows,
+      Function<UnsafeRow, UnsafeRow> prefixer) {
+    write(rows, prefixer, true);
+  }
+
+  /** {@link #writeAll} ({@code keepTombstones} false) and {@link #load} (true). */
+  private void write(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows,
+      Function<UnsafeRow, UnsafeRow> prefixer, boolean keepTombstones) {
     try (WriteBatch batch = new WriteBatch()) {
       live();
       while (rows.hasNext()) {
         Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
         UnsafeRow key = e.getKey();
         byte[] k = dataKey(key);
-        if (e.getValue() == StateData.TOMBSTONE) {
+        if (e.getValue() == StateData.TOMBSTONE && !keepTombstones) {
           batch.delete(k);
           if (prefixer != null) {
             batch.delete(indexKey(prefixer.apply(key), key));
@@ -353,7 +391,7 @@ final class SpillStore {
         nat.db.write(nat.write, batch);
       }
     } catch (RocksDBException e) {
-      throw failed("write", e);
+      throw failed(keepTombstones ? "load" : "write", e);
     }
   }
 
@@ -362,6 +400,7 @@ final class SpillStore {
     try {
       live();
       byte[] k = dataKey(key);
+      READS.incrementAndGet();
       byte[] old = nat.db.get(k);
       if (old == null) {
         return null;

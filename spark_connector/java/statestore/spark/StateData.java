@@ -51,7 +51,19 @@ final class StateData {
 
   private static final Cleaner CLEANER = Cleaner.create();
 
-  final ConcurrentHashMap<UnsafeRow, UnsafeRow> map = new ConcurrentHashMap<>();
+  final ConcurrentHashMap<UnsafeRow, UnsafeRow> map;
+  /** The most rows a new map is made to hold before it grows (2 MiB of table). */
+  static final int ROOM = 1 << 18;
+  /**
+   * An overlay's: the keys its spill store holds are kept in {@link #filter} once it spills,
+   * which is sized for this many (or 4x its rows then, if more); 0: a version, no filter.
+   */
+  private long filterFor;
+  /** The keys put into the spill store, once an overlay spilled (null: none kept). */
+  private volatile KeyFilter filter;
+  /** This instance, among the JVM's ({@link #recall}). */
+  private final long uid = UIDS.incrementAndGet();
+  private static final AtomicLong UIDS = new AtomicLong();
   private final DataType[] prefixTypes;
   private final int keyFields;
   private final int valueFields;
@@ -121,6 +133,16 @@ final class StateData {
   }
 
   StateData(DataType[] prefixTypes, int keyFields, int valueFields) {
+    this(prefixTypes, keyFields, valueFields, 0);
+  }
+
+  /**
+   * With room for {@code expectedRows} in its map before it grows (0: the default; at most
+   * {@link #ROOM}).
+   */
+  StateData(DataType[] prefixTypes, int keyFields, int valueFields, int expectedRows) {
+    int room = Math.min(expectedRows, ROOM);
+    this.map = room > 0 ? new ConcurrentHashMap<>(room) : new ConcurrentHashMap<>();
     this.prefixTypes = prefixTypes;
     this.keyFields = keyFields;
     this.valueFields = valueFields;
@@ -134,9 +156,15 @@ final class StateData {
     }
   }
 
-  /** An empty map of the same kind (an overlay). */
-  StateData emptyLike() {
-    return new StateData(prefixTypes, keyFields, valueFields);
+  /**
+   * An empty overlay of the same kind, made for {@code expectedRows} (the batch before's):
+   * its map has room for them (up to {@link #ROOM}) before its table grows, and once it
+   * spills, the keys it takes are kept in a {@link KeyFilter} sized for them.
+   */
+  StateData emptyLike(int expectedRows) {
+    StateData out = new StateData(prefixTypes, keyFields, valueFields, expectedRows);
+    out.filterFor = Math.max(1, expectedRows);
+    return out;
   }
 
   /** An independent copy (rows are immutable and shared). */
@@ -361,6 +389,7 @@ final class StateData {
     }
     SpillStore s = spill;
     if (s != null) {
+      filter = null; // a version keeps no filter of its keys (its writes would bypass one)
       s.writeAll(overlay.entries(), prefixIndex == null ? null : this::prefixOf);
       spilledRows.set(keys);
       bytes.addAndGet(bytesDelta);
@@ -371,6 +400,7 @@ final class StateData {
     while (it.hasNext()) {
       SpillStore moved = spill;
       if (moved != null) { // the version moved to a spill store part way: the rest in batches
+        filter = null;
         moved.writeAll(it, prefixIndex == null ? null : this::prefixOf);
         spilledRows.set(keys);
         bytes.set(before + bytesDelta);
@@ -445,16 +475,24 @@ final class StateData {
     release.spill = s;
     java.util.function.Function<UnsafeRow, UnsafeRow> prefixer =
         prefixIndex == null ? null : this::prefixOf;
-    for (Map.Entry<UnsafeRow, UnsafeRow> e : map.entrySet()) {
-      s.put(e.getKey(), e.getValue(), prefixer);
+    KeyFilter f = null;
+    if (filterFor > 0) {
+      f = new KeyFilter(Math.max(filterFor, 4L * map.size()));
+      for (UnsafeRow k : map.keySet()) {
+        f.add(k);
+      }
+      filter = f; // before the spill store: a read that finds one finds the other
     }
+    s.load(map.entrySet().iterator(), prefixer); // a fresh store: nothing to read first
     spilledRows.set(map.size());
     spill = s;
     map.clear();
     if (prefixIndex != null) {
       prefixIndex.clear();
     }
-    StateBudget.add(-release.heapBytes.getAndSet(0));
+    // the filter stays on the heap, counted in the cache until the overlay is let go
+    long kept = f == null ? 0 : f.bytes();
+    StateBudget.add(kept - release.heapBytes.getAndSet(kept));
     SPILLS.incrementAndGet();
     if (Trace.ON) {
       Trace.log("spill v%d rows=%d bytes=%d %.1fms cache=%d/%d", version, spilledRows.get(),
@@ -496,6 +534,7 @@ final class StateData {
    */
   synchronized void retire() {
     cleanable.clean();
+    filter = null; // its bytes left the cache with the version's
   }
 
   boolean unheld() {
@@ -551,8 +590,108 @@ final class StateData {
 
   private UnsafeRow localGet(UnsafeRow key) {
     SpillStore s = spill;
-    return s != null ? s.get(key) : map.get(key);
+    if (s == null) {
+      return map.get(key);
+    }
+    KeyFilter f = filter;
+    return f != null && !f.mightHold(key) ? null : s.get(key);
   }
+
+  /**
+   * {@link #get}, and for a version in a spill store or on the ring, the answer kept a short
+   * while for this thread's {@link #recall} of the same key: an operator that gets a key from
+   * its write store and then puts or removes it (deduplication, a join's state,
+   * flatMapGroupsWithState) would ask the version again (to count the batch's keys and
+   * bytes). A streaming aggregation reads all its batch's keys before it puts any: its puts
+   * miss. A version's answer does not change while stores read it (the batch's writes go to
+   * its overlay).
+   */
+  UnsafeRow getRemembered(UnsafeRow key) {
+    UnsafeRow v = get(key);
+    if ((spill != null || remote != null)
+        && (v == null || v.getSizeInBytes() <= Recent.MAX_VALUE)) {
+      RECENT.get().keep(uid, version, key.copy(), v);
+    }
+    return v;
+  }
+
+  /** What {@link #getRemembered} answered this thread for {@code key}, else {@link #get}. */
+  UnsafeRow recall(UnsafeRow key) {
+    if (spill == null && remote == null) {
+      return get(key); // on the heap: nothing remembered, a map look-up
+    }
+    Recent r = RECENT.get();
+    int i = r.find(uid, version, key);
+    if (i < 0) {
+      RECALL_MISSES.increment();
+      return get(key);
+    }
+    RECALLED.increment();
+    return r.take(i);
+  }
+
+  /** Let go of this thread's remembered answers (a store's commit or abort). */
+  static void forgetRecent() {
+    RECENT.get().clear();
+  }
+
+  /** Puts that took a read's answer, and those that read the version again (tests, bench). */
+  static final java.util.concurrent.atomic.LongAdder RECALLED =
+      new java.util.concurrent.atomic.LongAdder();
+  static final java.util.concurrent.atomic.LongAdder RECALL_MISSES =
+      new java.util.concurrent.atomic.LongAdder();
+
+  /**
+   * A thread's last few {@link #getRemembered} answers, by instance, version and key (an
+   * instance takes the next version in place when its task commits: a key's answer of the
+   * version before is not the next one's).
+   */
+  private static final class Recent {
+    private static final int SIZE = 4;
+    /** Larger answers are not kept (a thread holds at most 4 of them). */
+    static final int MAX_VALUE = 4096;
+    private final long[] owners = new long[SIZE];
+    private final long[] versions = new long[SIZE];
+    private final UnsafeRow[] keys = new UnsafeRow[SIZE];
+    private final UnsafeRow[] values = new UnsafeRow[SIZE];
+    private int next;
+
+    void keep(long owner, long version, UnsafeRow key, UnsafeRow value) {
+      owners[next] = owner;
+      versions[next] = version;
+      keys[next] = key;
+      values[next] = value;
+      next = (next + 1) % SIZE;
+    }
+
+    int find(long owner, long version, UnsafeRow key) {
+      for (int i = 0; i < SIZE; i++) {
+        if (owners[i] == owner && versions[i] == version && keys[i] != null
+            && keys[i].equals(key)) {
+          return i;
+        }
+      }
+      return -1;
+    }
+
+    void clear() {
+      for (int i = 0; i < SIZE; i++) {
+        owners[i] = 0;
+        keys[i] = null;
+        values[i] = null;
+      }
+    }
+
+    UnsafeRow take(int i) {
+      UnsafeRow v = values[i];
+      owners[i] = 0;
+      keys[i] = null;
+      values[i] = null;
+      return v;
+    }
+  }
+
+  private static final ThreadLocal<Recent> RECENT = ThreadLocal.withInitial(Recent::new);
 
   boolean containsKey(UnsafeRow key) {
     if (remote != null) {
@@ -620,6 +759,30 @@ final class StateData {
     return prev;
   }
 
+  /**
+   * {@link #put} for this map's only writer, which read {@code prev} (what {@link #get} gave
+   * under {@code key}) just before: a spilled map writes the row without reading it again.
+   * For a map read through no lazy base (an overlay).
+   */
+  void putOver(UnsafeRow key, UnsafeRow value, UnsafeRow prev) {
+    SpillStore s = spill;
+    if (s == null || remote != null) {
+      put(key, value);
+      return;
+    }
+    KeyFilter f = filter;
+    if (f != null) {
+      f.add(key);
+    }
+    s.putOver(key, value, prev == null, prefixIndex == null ? null : this::prefixOf);
+    if (prev == null) {
+      spilledRows.incrementAndGet();
+      bytes.addAndGet(key.getSizeInBytes() + value.getSizeInBytes() + StateBudget.ROW_COST);
+    } else {
+      bytes.addAndGet(value.getSizeInBytes() - prev.getSizeInBytes());
+    }
+  }
+
   UnsafeRow remove(UnsafeRow key) {
     if (remote == null) {
       return localRemove(key);
@@ -636,6 +799,10 @@ final class StateData {
   private UnsafeRow localPut(UnsafeRow key, UnsafeRow value) {
     SpillStore s = spill;
     if (s != null) {
+      KeyFilter f = filter;
+      if (f != null) {
+        f.add(key);
+      }
       UnsafeRow prev = s.put(key, value, prefixIndex == null ? null : this::prefixOf);
       if (prev == null) {
         spilledRows.incrementAndGet();

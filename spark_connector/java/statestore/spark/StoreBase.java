@@ -47,7 +47,7 @@ abstract class StoreBase implements ReadStateStore {
   @Override
   public UnsafeRow get(UnsafeRow key, String colFamilyName) {
     defaultFamily(colFamilyName);
-    return data.get(key);
+    return data.getRemembered(key); // a write store's put of the key recalls it
   }
 
   @Override

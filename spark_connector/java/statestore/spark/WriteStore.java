@@ -78,7 +78,7 @@ final class WriteStore extends StoreBase implements StateStore {
     this.epoch = epoch;
     this.baseEpochs = data.version == version ? data.shardEpochs : null;
     this.task = task;
-    this.overlay = data.emptyLike();
+    this.overlay = data.emptyLike(provider.overlayRows());
     this.lazy = data.reads;
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
@@ -104,7 +104,7 @@ final class WriteStore extends StoreBase implements StateStore {
     if (o != null) {
       return o == StateData.TOMBSTONE ? null : o;
     }
-    return data.get(key);
+    return data.getRemembered(key);
   }
 
   @Override
@@ -116,8 +116,9 @@ final class WriteStore extends StoreBase implements StateStore {
     updating("put");
     UnsafeRow k = key.copy();
     UnsafeRow v = value.copy();
-    UnsafeRow before = get(k, null);
-    overlay.put(k, v);
+    UnsafeRow o = overlay.get(k);
+    UnsafeRow before = o == null ? data.recall(k) : o == StateData.TOMBSTONE ? null : o;
+    overlay.putOver(k, v, o);
     if (before == null) {
       keyDelta++;
       bytesDelta += k.getSizeInBytes() + v.getSizeInBytes() + StateBudget.ROW_COST;
@@ -130,13 +131,15 @@ final class WriteStore extends StoreBase implements StateStore {
   public void remove(UnsafeRow key, String cf) {
     defaultFamily(cf);
     updating("remove");
-    UnsafeRow before = get(key, null);
+    UnsafeRow o = overlay.get(key);
+    UnsafeRow before = o == null ? data.recall(key) : o == StateData.TOMBSTONE ? null : o;
     if (before == null) {
       return;
     }
     UnsafeRow k = key.copy();
-    if (data.containsKey(k)) {
-      overlay.put(k, StateData.TOMBSTONE);
+    // a value the version answered is the version's: no second read to know it holds the key
+    if (o == null || data.containsKey(k)) {
+      overlay.putOver(k, StateData.TOMBSTONE, o);
     } else {
       overlay.remove(k);
     }
@@ -353,6 +356,7 @@ final class WriteStore extends StoreBase implements StateStore {
       } finally {
         closeIterators(); // the commit's passes and any a caller left open
       }
+      StateData.forgetRecent(); // the batch's reads: none is asked for again
       bytesCommitted = r.bytes;
       snapshotSent = r.snapshot;
       shardsCommitted = r.shards;
@@ -386,6 +390,7 @@ final class WriteStore extends StoreBase implements StateStore {
   @Override
   public void abort() {
     closeIterators();
+    StateData.forgetRecent();
     if (state == UPDATING) {
       state = ABORTED;
       if (!overlay.spilled()) {

@@ -88,18 +88,29 @@ object ReadAheadExec {
       rows: Iterator[InternalRow]): Iterator[InternalRow] = new Iterator[InternalRow] {
     private var window: Array[InternalRow] = Array.empty
     private var at = 0
+    /** Once the version has nothing to read ahead (held whole): the rows as they come. */
+    private var through = false
 
-    override def hasNext: Boolean = at < window.length || fill()
+    override def hasNext: Boolean =
+      at < window.length || (if (through) rows.hasNext else fill())
 
     override def next(): InternalRow = {
       if (!hasNext) throw new NoSuchElementException("no more rows")
-      val r = window(at)
-      at += 1
-      r
+      if (at < window.length) {
+        val r = window(at)
+        at += 1
+        r
+      } else rows.next()
     }
 
     private def fill(): Boolean = {
       if (!rows.hasNext) return false
+      if (!RingStateStoreProvider.readsAhead(id, version)) { // no copies of a window for nothing
+        through = true
+        window = Array.empty
+        at = 0
+        return true
+      }
       val most = RingStateStoreProvider.readAheadRows()
       val bytes = RingStateStoreProvider.readAheadBytes()
       val taken = new ArrayBuffer[InternalRow](most)

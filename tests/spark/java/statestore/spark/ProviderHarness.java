@@ -352,9 +352,12 @@ public final class ProviderHarness {
       model.put(keys[i], (long) i);
     }
     w.commit();
+    java.util.Set<Integer> first = new java.util.HashSet<>(model.keySet());
+    java.util.Set<Integer> touched = new java.util.HashSet<>();
     WriteStore u = write(p, 1, false);
     for (int i = 0; i < 2000; i++) {
       int k = keys[rnd.nextInt(keys.length)];
+      touched.add(k);
       if (rnd.nextInt(4) == 0) {
         u.remove(key(k), null);
         model.remove(k);
@@ -365,6 +368,21 @@ public final class ProviderHarness {
     }
     out.put("spilled", u.data.spilled() && u.overlay.spilled());
     out.put("merged_equal", model.equals(rows(u)));
+    // the spilled overlay's own counts, kept as rows went in without being read back
+    // (StateData.putOver): a row per key touched, a tombstone for one the version held
+    long keyCost = key(0).getSizeInBytes() + StateBudget.ROW_COST;
+    long rows = 0;
+    long bytes = 0;
+    for (int k : touched) {
+      if (model.containsKey(k) || first.contains(k)) {
+        rows++;
+        bytes += keyCost + (model.containsKey(k) ? value(0, 8).getSizeInBytes() : 0);
+      }
+    }
+    out.put("overlay_rows", u.overlay.size());
+    out.put("overlay_rows_expected", rows);
+    out.put("overlay_bytes", u.overlay.spillBytes());
+    out.put("overlay_bytes_expected", bytes);
     // an iterator stopped early and closed (as Spark closes one) closes the spill stores'
     try (StateStoreIterator<UnsafeRowPair> some = u.iterator(null)) {
       for (int i = 0; i < 3 && some.hasNext(); i++) {
@@ -378,17 +396,90 @@ public final class ProviderHarness {
     out.put("iterators_left_open", u.data.openIterators() + u.overlay.openIterators());
     u.commit();
     out.put("iterators_after_commit", u.data.openIterators());
-    // the committed version's count and bytes, as its store counted them (no read-back)
-    WriteStore next = write(p, 2, false); // the version the provider kept: no restore
+    committedAgainst(p, 2, model);
+  }
+
+  /**
+   * Version {@code version} as {@code p} kept it, its count and bytes as its stores counted
+   * them (no read-back): keys_after, bytes_after against keys_expected, bytes_expected (rows
+   * of values of 8 padding bytes); then restored in a fresh provider against the model
+   * (restored_equal).
+   */
+  void committedAgainst(RingStateStoreProvider p, long version, Map<Integer, Long> model) {
+    WriteStore next = write(p, version, false); // the version the provider kept: no restore
     out.put("keys_after", next.data.size());
     out.put("keys_expected", model.size());
     long row = key(0).getSizeInBytes() + value(0, 8).getSizeInBytes() + StateBudget.ROW_COST;
     out.put("bytes_after", next.data.spillBytes());
     out.put("bytes_expected", model.size() * row);
     next.abort();
-    WriteStore r = write(provider(), 2, false);
+    WriteStore r = write(provider(), version, false);
     out.put("restored_equal", model.equals(rows(r)));
     r.abort();
+  }
+
+  /**
+   * The point reads a batch makes of the spill stores, the version and the overlay both
+   * spilled ({@code cacheBytes=0}): each key read, then put a key later (as an operator's
+   * get then put). Each key is read from the version once (the put recalls the read's
+   * answer), and the overlay, whose keys a filter keeps, is not read (reads); every key read
+   * before any is put, as a streaming aggregation does (reads_hashed); a remove of a key the
+   * version answered (reads_remove); the counts the store kept (keys_after, bytes_after)
+   * and the rows (rows_equal) against a model; then a key the version answered before a
+   * batch removed it, put again in the next batch, counts as new (the answer of the version
+   * before is not recalled for the next one, the same instance committed in place).
+   */
+  void spillReads() {
+    RingStateStoreProvider p = provider();
+    Map<Integer, Long> model = new java.util.HashMap<>();
+    WriteStore w = write(p, 0, false);
+    for (int k = 0; k < 1000; k++) {
+      w.put(key(k), value(k, 8), null);
+      model.put(k, (long) k);
+    }
+    w.commit();
+    ReadStateStore r = p.getReadStore(1, Option.empty());
+    WriteStore u = write(p, 1, false);
+    out.put("spilled", u.data.spilled());
+    long before = SpillStore.READS.get();
+    for (int i = 0; i <= 1000; i++) { // keys 500..1499: half the version's, half new
+      if (i < 1000) {
+        r.get(key(500 + i), null);
+      }
+      if (i > 0) {
+        int k = 500 + i - 1;
+        u.put(key(k), value(10_000 + k, 8), null);
+        model.put(k, 10_000L + k);
+      }
+    }
+    out.put("reads", SpillStore.READS.get() - before);
+    out.put("overlay_spilled", u.overlay.spilled());
+    // every key of a batch read before any is put (a streaming aggregation: Spark sorts the
+    // restored rows): the put reads the version again, the overlay still not (1500..1599)
+    before = SpillStore.READS.get();
+    for (int k = 1500; k < 1600; k++) {
+      r.get(key(k), null);
+    }
+    for (int k = 1500; k < 1600; k++) {
+      u.put(key(k), value(k, 8), null);
+      model.put(k, (long) k);
+    }
+    out.put("reads_hashed", SpillStore.READS.get() - before);
+    before = SpillStore.READS.get();
+    r.get(key(0), null); // the version answers key 0; the batch then removes it
+    u.remove(key(0), null);
+    model.remove(0);
+    out.put("reads_remove", SpillStore.READS.get() - before);
+    r.abort();
+    u.commit();
+    WriteStore again = write(p, 2, false);
+    out.put("same_instance", again.data == u.data);
+    again.put(key(0), value(7, 8), null); // new in version 3
+    model.put(0, 7L);
+    out.put("rows_equal", model.equals(rows(again)));
+    again.commit();
+    committedAgainst(p, 3, model);
+    p.close();
   }
 
   /**
@@ -683,8 +774,13 @@ public final class ProviderHarness {
       few.add(key(k));
     }
     readAheadOf("few", lazy, s, few);
+    // a batch's rows go through a read-ahead while a provider of the store holds the
+    // version lazily; once none does (the lazy one closed), as they come
+    out.put("reads_ahead_lazy", RingStateStoreProvider.readsAhead(lazy.stateStoreId(), 1));
+    out.put("reads_ahead_other", RingStateStoreProvider.readsAhead(lazy.stateStoreId(), 7));
     s.abort();
     lazy.close();
+    out.put("reads_ahead_whole", RingStateStoreProvider.readsAhead(writer.stateStoreId(), 1));
     writer.close();
   }
 
@@ -1245,6 +1341,7 @@ public final class ProviderHarness {
       case "legacy" -> h.legacy();
       case "bulk" -> h.bulk();
       case "merged" -> h.merged();
+      case "spill-reads" -> h.spillReads();
       case "prefix-merged" -> h.prefixMerged();
       case "schema" -> h.schema();
       case "changes" -> h.changes();
