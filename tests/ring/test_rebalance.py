@@ -382,7 +382,9 @@ def test_rebalance_evens_out_a_skewed_ring_under_a_writer(tmp_path: Path) -> Non
             view = RingView.from_json(ring.ring())
             assert not view.moving
             counts = {m.id: m.vnodes or 16 for m in view.members}
-            assert counts[hot.id] < 64
+            # the hot node's share of the tokens fell: a plan may take tokens from it or give
+            # the others more (a CI run's plan left it at 64 and raised the others)
+            assert counts[hot.id] / sum(counts.values()) < 64 / (64 + 4 * 16), counts
             load = http_json(hot.address, "/v1/load")
             assert load["vnodes"] == counts[hot.id] and load["requests_per_s"] > 0  # type: ignore[index]
             # the old owners drop what they gave up (and the extra copies of commits made during

@@ -233,8 +233,9 @@ def test_a_batch_reads_each_key_from_a_spilled_version_once(
     # the read's answer instead of reading the version again, and a filter of the spilled
     # overlay's keys answers the put's read of the overlay (the build before: 4 spill store
     # reads a key; 1 now); every key read before any is put (a streaming aggregation, whose
-    # restored rows Spark sorts): 2 a key but for the last few (the build before: 4); a
-    # remove of a key the version answered: none past the read's (the build before: 4)
+    # restore's rows are all taken before its save): 2 a key but for the last 4 (the build
+    # before: 4); a remove of a key the version answered: none past the read's (the build
+    # before: 4)
     r = harness(
         classpath,
         "spill-reads",
@@ -566,6 +567,7 @@ def test_a_read_ahead_reaches_the_lazy_version_when_another_provider_of_its_stor
     # every provider of the store holds it whole, the rows go through as they come
     assert r["reads_ahead_lazy"] is True and r["reads_ahead_other"] is True, r
     assert r["reads_ahead_whole"] is False, r
+    assert r["reads_ahead_first"] is False, r  # version 0: the empty state a query starts from
 
 
 def test_a_lazy_load_reads_no_index_and_a_read_ahead_reads_none_either(

@@ -275,9 +275,13 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
    * provider of the store in this JVM that reads ahead holds that version lazily, or none
    * holds it yet; false once those that hold it hold it whole (a build, or a lazy version
    * the prefetch finished: a whole version never turns lazy again). Another provider of the
-   * store holding another version (a reader's, an earlier run's) does not count.
+   * store holding another version (a reader's, an earlier run's) does not count. Version 0,
+   * the empty state a query's first batch starts from, is never lazy (and never cached).
    */
   public static boolean readsAhead(StateStoreId id, long version) {
+    if (version == 0) {
+      return false;
+    }
     List<RingStateStoreProvider> all = LIVE.get(id);
     if (all == null) {
       return true;

@@ -454,8 +454,9 @@ public final class ProviderHarness {
     }
     out.put("reads", SpillStore.READS.get() - before);
     out.put("overlay_spilled", u.overlay.spilled());
-    // every key of a batch read before any is put (a streaming aggregation: Spark sorts the
-    // restored rows): the put reads the version again, the overlay still not (1500..1599)
+    // every key of a batch read before any is put (a streaming aggregation: its restore's
+    // rows are all taken before its save): the put reads the version again, the overlay
+    // still not (1500..1599)
     before = SpillStore.READS.get();
     for (int k = 1500; k < 1600; k++) {
       r.get(key(k), null);
@@ -778,6 +779,7 @@ public final class ProviderHarness {
     // version lazily; once none does (the lazy one closed), as they come
     out.put("reads_ahead_lazy", RingStateStoreProvider.readsAhead(lazy.stateStoreId(), 1));
     out.put("reads_ahead_other", RingStateStoreProvider.readsAhead(lazy.stateStoreId(), 7));
+    out.put("reads_ahead_first", RingStateStoreProvider.readsAhead(lazy.stateStoreId(), 0));
     s.abort();
     lazy.close();
     out.put("reads_ahead_whole", RingStateStoreProvider.readsAhead(writer.stateStoreId(), 1));
