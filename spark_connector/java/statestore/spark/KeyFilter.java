@@ -3,34 +3,120 @@ package statestore.spark;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 
 /**
- * A Bloom filter of the keys put into a spilled overlay ({@link StateData}): a key it has
- * not seen is answered absent without a read of the spill store. A streaming aggregation
- * puts each of its batch's keys once, and each put first asks the overlay for the key: every
- * such read misses, and on a spill store each costs a RocksDB read (its memtables and
- * files). 12 bits and 6 probes a key sized for {@code expected} keys, at most 4M keys (6
- * MiB): about 0.4% false positives at that count, 6% at twice it, 42% at four times; a
- * false positive only costs the read the filter would have saved. Not thread-safe: an overlay has one writer, its
- * task.
+ * A Bloom filter of the keys put into a spill store ({@link StateData}): a key it has not
+ * seen is answered absent without a read of the store. An overlay's: a streaming aggregation
+ * puts each of its batch's keys once, and each put first asks the overlay for the key, which
+ * misses for every new key. A version's: a batch's new keys miss in the version twice (the
+ * read store's get, the write store's put), and a merge of a lazy base's chunk asks it for
+ * every row. On a spill store each miss would cost a RocksDB read (its memtables and files).
+ *
+ * <p>12 bits and 6 probes a key: about 0.4% false positives while a stage holds at most the
+ * keys it was sized for (at least 4,096). A stage that is full gets a newer one (a chain),
+ * sized for as many keys as the chain has room for, at most 4M keys (6 MiB) a stage, so the
+ * rate stays under about 0.4% for each stage a key is checked against. A key already held
+ * takes no room; a removed key keeps its bits (its owner rebuilds or drops a filter whose
+ * keys outgrew the map's: {@link StateData}). A false positive only costs the read the
+ * filter would have saved; a key it was given is never answered absent.
+ *
+ * <p>Not thread-safe for writers: a map's writes are one thread's at a time (an overlay's
+ * task; a version's writers hold its lock). A reader racing a write may not see the key, as
+ * it would not see the row it is written with.
  */
 final class KeyFilter {
   private static final int PROBES = 6;
   private static final int BITS_PER_KEY = 12;
+  private static final long MIN_KEYS = 1L << 12;
+  private static final long MAX_KEYS = 1L << 22;
   private final long[] words;
   private final long bits;
+  /** The keys this stage is sized for. */
+  private final long room;
+  /** The keys added to this stage. */
+  private long added;
+  /** The stages before this one (null: the first). */
+  private final KeyFilter older;
 
   KeyFilter(long expected) {
-    long n = Math.max(1L << 12, Math.min(expected, 1L << 22)) * BITS_PER_KEY;
-    this.words = new long[(int) ((n + 63) >>> 6)];
+    this(expected, null);
+  }
+
+  private KeyFilter(long expected, KeyFilter older) {
+    this.room = Math.max(MIN_KEYS, Math.min(expected, MAX_KEYS));
+    this.words = new long[(int) ((room * BITS_PER_KEY + 63) >>> 6)];
     this.bits = (long) words.length << 6;
+    this.older = older;
   }
 
-  /** The bytes it holds on the heap. */
+  private KeyFilter(KeyFilter from, KeyFilter older) {
+    this.room = from.room;
+    this.words = from.words.clone();
+    this.bits = from.bits;
+    this.added = from.added;
+    this.older = older;
+  }
+
+  /** An independent copy (a copied version's). */
+  KeyFilter copy() {
+    java.util.ArrayDeque<KeyFilter> stages = new java.util.ArrayDeque<>();
+    for (KeyFilter f = this; f != null; f = f.older) {
+      stages.push(f); // the oldest last in, first out
+    }
+    KeyFilter out = null;
+    while (!stages.isEmpty()) {
+      out = new KeyFilter(stages.pop(), out);
+    }
+    return out;
+  }
+
+  /** The bytes it holds on the heap, every stage's. */
   long bytes() {
-    return 16L + 8L * words.length;
+    long b = 0;
+    for (KeyFilter f = this; f != null; f = f.older) {
+      b += 48L + 8L * f.words.length;
+    }
+    return b;
   }
 
-  void add(UnsafeRow key) {
+  /** The keys its stages are sized for. */
+  private long rooms() {
+    long r = 0;
+    for (KeyFilter f = this; f != null; f = f.older) {
+      r += f.room;
+    }
+    return r;
+  }
+
+  /**
+   * Add {@code key}; returns the filter to keep: this one, or a newer stage on top of it when
+   * this one is full. A key it answers as held already is not added again (a version's
+   * batches put the same keys over and over: only new ones take room).
+   */
+  KeyFilter add(UnsafeRow key) {
     long h = mix(key.hashCode());
+    for (KeyFilter f = this; f != null; f = f.older) {
+      if (f.has(h)) {
+        return this;
+      }
+    }
+    KeyFilter to = this;
+    if (added >= room) {
+      to = new KeyFilter(rooms(), this);
+    }
+    to.set(h);
+    to.added++;
+    return to;
+  }
+
+  /** The keys added to its stages (each counted once, but for false positives). */
+  long added() {
+    long n = 0;
+    for (KeyFilter f = this; f != null; f = f.older) {
+      n += f.added;
+    }
+    return n;
+  }
+
+  private void set(long h) {
     long step = (h >>> 32) | 1;
     for (int i = 0; i < PROBES; i++, h += step) {
       long bit = Long.remainderUnsigned(h, bits);
@@ -41,6 +127,15 @@ final class KeyFilter {
   /** False: {@code key} was never added. True: it may have been. */
   boolean mightHold(UnsafeRow key) {
     long h = mix(key.hashCode());
+    for (KeyFilter f = this; f != null; f = f.older) {
+      if (f.has(h)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  private boolean has(long h) {
     long step = (h >>> 32) | 1;
     for (int i = 0; i < PROBES; i++, h += step) {
       long bit = Long.remainderUnsigned(h, bits);

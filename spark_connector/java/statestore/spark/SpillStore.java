@@ -62,7 +62,8 @@ final class SpillStore {
   private static final Set<Path> OPEN = ConcurrentHashMap.newKeySet();
   private static volatile LRUCache blockCache;
   /** Point reads of rows made on the JVM's spill stores (tests). */
-  static final AtomicLong READS = new AtomicLong();
+  static final java.util.concurrent.atomic.LongAdder READS =
+      new java.util.concurrent.atomic.LongAdder();
 
   static {
     RocksDB.loadLibrary();
@@ -288,7 +289,7 @@ final class SpillStore {
   UnsafeRow get(UnsafeRow key) {
     live();
     try {
-      READS.incrementAndGet();
+      READS.increment();
       byte[] v = nat.db.get(dataKey(key));
       return v == null ? null : valueRow(v);
     } catch (RocksDBException e) {
@@ -308,7 +309,7 @@ final class SpillStore {
     try {
       live();
       byte[] k = dataKey(key);
-      READS.incrementAndGet();
+      READS.increment();
       byte[] old = nat.db.get(k);
       nat.db.put(nat.write, k, valueBytes(value));
       if (old == null && prefixer != null) {
@@ -400,7 +401,7 @@ final class SpillStore {
     try {
       live();
       byte[] k = dataKey(key);
-      READS.incrementAndGet();
+      READS.increment();
       byte[] old = nat.db.get(k);
       if (old == null) {
         return null;

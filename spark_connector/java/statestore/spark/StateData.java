@@ -51,15 +51,23 @@ final class StateData {
 
   private static final Cleaner CLEANER = Cleaner.create();
 
-  final ConcurrentHashMap<UnsafeRow, UnsafeRow> map;
+  /**
+   * The rows on the heap. A spill replaces it with an empty one (its table goes too), after
+   * setting {@link #spill}: a reader reads this field first, then {@link #spill}, and one that
+   * sees no spill store has the map as it was before the spill, rows and all.
+   */
+  volatile ConcurrentHashMap<UnsafeRow, UnsafeRow> map;
   /** The most rows a new map is made to hold before it grows (2 MiB of table). */
   static final int ROOM = 1 << 18;
   /**
-   * An overlay's: the keys its spill store holds are kept in {@link #filter} once it spills,
-   * which is sized for this many (or 4x its rows then, if more); 0: a version, no filter.
+   * An overlay's: once it spills, {@link #filter} is sized for this many keys first (or 4x
+   * its rows then, if more); 0: a version's, sized for twice its rows then.
    */
   private long filterFor;
-  /** The keys put into the spill store, once an overlay spilled (null: none kept). */
+  /**
+   * Every key written to {@link #spill}, once this map spilled (null: none kept; a read
+   * then asks the store): its bytes are counted in the cache with the version's.
+   */
   private volatile KeyFilter filter;
   /** This instance, among the JVM's ({@link #recall}). */
   private final long uid = UIDS.incrementAndGet();
@@ -77,7 +85,8 @@ final class StateData {
   volatile int shards = 1;
   /** Task attempts holding this version through an open store (provider lock). */
   private final ArrayList<Long> holders = new ArrayList<>();
-  final ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> prefixIndex;
+  /** The keys on the heap by prefix (null: no prefix key encoding); a spill replaces it. */
+  volatile ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> prefixIndex;
   final UnsafeProjection prefixProjection;
   volatile long version;
   volatile long epoch;
@@ -179,6 +188,13 @@ final class StateData {
       out.release.spill = out.spill;
       out.spilledRows.set(spilledRows.get());
       out.bytes.set(bytes.get());
+      KeyFilter f = filter;
+      if (f != null) { // the copy's own, counted in the cache as the original's is
+        KeyFilter g = f.copy();
+        out.filter = g;
+        out.release.heapBytes.addAndGet(g.bytes());
+        StateBudget.add(g.bytes());
+      }
     } else {
       for (Map.Entry<UnsafeRow, UnsafeRow> e : map.entrySet()) {
         out.put(e.getKey(), e.getValue());
@@ -389,10 +405,10 @@ final class StateData {
     }
     SpillStore s = spill;
     if (s != null) {
-      filter = null; // a version keeps no filter of its keys (its writes would bypass one)
-      s.writeAll(overlay.entries(), prefixIndex == null ? null : this::prefixOf);
+      s.writeAll(remembering(overlay.entries()), prefixIndex == null ? null : this::prefixOf);
       spilledRows.set(keys);
       bytes.addAndGet(bytesDelta);
+      refilter(s);
       return;
     }
     long before = bytes.get();
@@ -400,10 +416,10 @@ final class StateData {
     while (it.hasNext()) {
       SpillStore moved = spill;
       if (moved != null) { // the version moved to a spill store part way: the rest in batches
-        filter = null;
-        moved.writeAll(it, prefixIndex == null ? null : this::prefixOf);
+        moved.writeAll(remembering(it), prefixIndex == null ? null : this::prefixOf);
         spilledRows.set(keys);
         bytes.set(before + bytesDelta);
+        refilter(moved);
         return;
       }
       Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
@@ -475,22 +491,32 @@ final class StateData {
     release.spill = s;
     java.util.function.Function<UnsafeRow, UnsafeRow> prefixer =
         prefixIndex == null ? null : this::prefixOf;
-    KeyFilter f = null;
-    if (filterFor > 0) {
-      f = new KeyFilter(Math.max(filterFor, 4L * map.size()));
-      for (UnsafeRow k : map.keySet()) {
-        f.add(k);
+    ConcurrentHashMap<UnsafeRow, UnsafeRow> rows = map;
+    // the keys go into the filter as the rows go to the store (an overlay's sized for the
+    // batch before's keys, a version's for twice its own: either grows when full, and is
+    // not kept past filterCap)
+    KeyFilter[] keys = {
+        new KeyFilter(filterFor > 0 ? Math.max(filterFor, 4L * rows.size()) : 2L * rows.size())};
+    long cap = filterCap();
+    // a fresh store: nothing to read first
+    s.load(seeing(rows.entrySet().iterator(), e -> {
+      KeyFilter was = keys[0];
+      if (was != null) {
+        KeyFilter now = was.add(e.getKey());
+        keys[0] = now == was || now.bytes() <= cap ? now : null;
       }
-      filter = f; // before the spill store: a read that finds one finds the other
-    }
-    s.load(map.entrySet().iterator(), prefixer); // a fresh store: nothing to read first
-    spilledRows.set(map.size());
+    }), prefixer);
+    spilledRows.set(rows.size());
+    KeyFilter f = keys[0];
+    filter = f; // before the spill store: a read that finds one finds the other
     spill = s;
-    map.clear();
+    // let go of the map whole, its table with it (a clear walks every bin and keeps the
+    // table); a read that saw no spill store yet still finds its rows there
+    map = new ConcurrentHashMap<>();
     if (prefixIndex != null) {
-      prefixIndex.clear();
+      prefixIndex = new ConcurrentHashMap<>();
     }
-    // the filter stays on the heap, counted in the cache until the overlay is let go
+    // the filter stays on the heap, counted in the cache until the map is let go
     long kept = f == null ? 0 : f.bytes();
     StateBudget.add(kept - release.heapBytes.getAndSet(kept));
     SPILLS.incrementAndGet();
@@ -502,6 +528,108 @@ final class StateData {
         "version {}: {} rows, {} bytes moved to the spill store in {} ms (cache {} of {} bytes)",
         version, spilledRows.get(), bytes.get(), (System.nanoTime() - t0) / 1_000_000,
         StateBudget.used(), StateBudget.limit());
+  }
+
+  /**
+   * Add {@code key} to the filter of the keys in the spill store, before the row is written
+   * there; a filter grown a stage counts its new bytes in the cache.
+   */
+  private void remember(UnsafeRow key) {
+    KeyFilter f = filter;
+    if (f == null) {
+      return;
+    }
+    KeyFilter g = f.add(key);
+    if (g != f) {
+      keep(f, g);
+    }
+  }
+
+  /**
+   * The most bytes a map's filter may take: an eighth of the cache (at least 1 MiB). A
+   * larger one is let go, and reads ask the spill store: the filters are counted in the
+   * cache, on the heap for as long as their maps are held, and cannot spill.
+   */
+  static long filterCap() {
+    return Math.max(StateBudget.limit() / 8, 1L << 20);
+  }
+
+  /**
+   * {@code after} in place of the filter {@code before}, its bytes counted in the cache in
+   * place of the other's; none past {@link #filterCap}.
+   */
+  private void keep(KeyFilter before, KeyFilter after) {
+    if (after != null && after.bytes() > filterCap()) {
+      after = null;
+    }
+    filter = after;
+    long more = (after == null ? 0 : after.bytes()) - (before == null ? 0 : before.bytes());
+    synchronized (release) {
+      if (!release.done) {
+        release.heapBytes.addAndGet(more);
+        StateBudget.add(more);
+      }
+    }
+  }
+
+  /**
+   * Build the filter again from the spill store's keys once the keys it was given are over
+   * 4x those the map holds (a state whose keys come and go: a removed key keeps its bits, and
+   * a filter would grow with every key ever put): one walk of the store each time as many
+   * new keys as 3x those it holds went in. Under the version's lock (its writers hold it).
+   */
+  private void refilter(SpillStore s) {
+    KeyFilter f = filter;
+    long live = spilledRows.get();
+    if (f == null || f.added() <= 4 * Math.max(live, 4096)) {
+      return;
+    }
+    KeyFilter g = new KeyFilter(2 * live);
+    try (SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> it = s.entries()) {
+      while (it.hasNext()) {
+        g = g.add(it.next().getKey());
+      }
+    }
+    keep(f, g);
+    REFILTERS.incrementAndGet();
+  }
+
+  /** The bytes of its filter of the spill store's keys (0: none kept; tests). */
+  long filterBytes() {
+    KeyFilter f = filter;
+    return f == null ? 0 : f.bytes();
+  }
+
+  /** Filters built again from their stores in this JVM (tests). */
+  static final AtomicLong REFILTERS = new AtomicLong();
+
+  /** {@code rows}, each key {@link #remember}ed as it is taken (a tombstone's is not). */
+  private Iterator<Map.Entry<UnsafeRow, UnsafeRow>> remembering(
+      Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows) {
+    return seeing(rows, e -> {
+      if (e.getValue() != TOMBSTONE) {
+        remember(e.getKey());
+      }
+    });
+  }
+
+  /** {@code rows}, each shown to {@code see} as it is taken. */
+  private static Iterator<Map.Entry<UnsafeRow, UnsafeRow>> seeing(
+      Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows,
+      java.util.function.Consumer<Map.Entry<UnsafeRow, UnsafeRow>> see) {
+    return new Iterator<Map.Entry<UnsafeRow, UnsafeRow>>() {
+      @Override
+      public boolean hasNext() {
+        return rows.hasNext();
+      }
+
+      @Override
+      public Map.Entry<UnsafeRow, UnsafeRow> next() {
+        Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+        see.accept(e);
+        return e;
+      }
+    };
   }
 
   /** How many versions moved to a spill store in this JVM (tests). */
@@ -589,9 +717,10 @@ final class StateData {
   }
 
   private UnsafeRow localGet(UnsafeRow key) {
+    ConcurrentHashMap<UnsafeRow, UnsafeRow> m = map; // before the spill store ({@link #map})
     SpillStore s = spill;
     if (s == null) {
-      return map.get(key);
+      return m.get(key);
     }
     KeyFilter f = filter;
     return f != null && !f.mightHold(key) ? null : s.get(key);
@@ -697,29 +826,37 @@ final class StateData {
     if (remote != null) {
       return get(key) != null;
     }
+    ConcurrentHashMap<UnsafeRow, UnsafeRow> m = map;
     SpillStore s = spill;
-    return s != null ? s.containsKey(key) : map.containsKey(key);
+    if (s == null) {
+      return m.containsKey(key);
+    }
+    KeyFilter f = filter;
+    return (f == null || f.mightHold(key)) && s.containsKey(key);
   }
 
   long size() {
     if (remote != null) {
       return lazyCount.get();
     }
-    return spill != null ? spilledRows.get() : map.size();
+    ConcurrentHashMap<UnsafeRow, UnsafeRow> m = map;
+    return spill != null ? spilledRows.get() : m.size();
   }
 
   /** Every entry (an overlay's values may be {@link #TOMBSTONE}). */
   Iterator<Map.Entry<UnsafeRow, UnsafeRow>> entries() {
     materialize();
+    ConcurrentHashMap<UnsafeRow, UnsafeRow> m = map;
     SpillStore s = spill;
-    return s != null ? s.entries() : map.entrySet().iterator();
+    return s != null ? s.entries() : m.entrySet().iterator();
   }
 
   /** The keys with {@code prefix} (null or empty when none). */
   Collection<UnsafeRow> keysWithPrefix(UnsafeRow prefix) {
     materialize();
+    ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> index = prefixIndex;
     SpillStore s = spill;
-    return s != null ? s.keysWithPrefix(prefix) : prefixIndex.get(prefix);
+    return s != null ? s.keysWithPrefix(prefix) : index.get(prefix);
   }
 
   void hold(long task) {
@@ -770,10 +907,7 @@ final class StateData {
       put(key, value);
       return;
     }
-    KeyFilter f = filter;
-    if (f != null) {
-      f.add(key);
-    }
+    remember(key);
     s.putOver(key, value, prev == null, prefixIndex == null ? null : this::prefixOf);
     if (prev == null) {
       spilledRows.incrementAndGet();
@@ -781,6 +915,21 @@ final class StateData {
     } else {
       bytes.addAndGet(value.getSizeInBytes() - prev.getSizeInBytes());
     }
+  }
+
+  /**
+   * {@link #put} for this map's only writer (an overlay, read through no lazy base),
+   * returning what was under {@code key} (perhaps {@link #TOMBSTONE}), else null: on the
+   * heap one map operation, where a {@link #get} then a {@link #putOver} made two; spilled,
+   * the row is read only where the filter cannot rule it out, then written once.
+   */
+  UnsafeRow swap(UnsafeRow key, UnsafeRow value) {
+    if (spill == null && remote == null) {
+      return localPut(key, value); // a spill it sets off takes the row with the map
+    }
+    UnsafeRow prev = localGet(key);
+    putOver(key, value, prev);
+    return prev;
   }
 
   UnsafeRow remove(UnsafeRow key) {
@@ -799,10 +948,7 @@ final class StateData {
   private UnsafeRow localPut(UnsafeRow key, UnsafeRow value) {
     SpillStore s = spill;
     if (s != null) {
-      KeyFilter f = filter;
-      if (f != null) {
-        f.add(key);
-      }
+      remember(key);
       UnsafeRow prev = s.put(key, value, prefixIndex == null ? null : this::prefixOf);
       if (prev == null) {
         spilledRows.incrementAndGet();

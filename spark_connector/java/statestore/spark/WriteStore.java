@@ -116,9 +116,17 @@ final class WriteStore extends StoreBase implements StateStore {
     updating("put");
     UnsafeRow k = key.copy();
     UnsafeRow v = value.copy();
-    UnsafeRow o = overlay.get(k);
-    UnsafeRow before = o == null ? data.recall(k) : o == StateData.TOMBSTONE ? null : o;
-    overlay.putOver(k, v, o);
+    // the overlay's row and the write in one operation
+    UnsafeRow o = overlay.swap(k, v);
+    UnsafeRow before;
+    try {
+      before = o == null ? data.recall(k) : o == StateData.TOMBSTONE ? null : o;
+    } catch (RuntimeException | Error e) {
+      if (o == null) { // the put fails whole: a put tried again counts the key as new
+        overlay.remove(k);
+      }
+      throw e;
+    }
     if (before == null) {
       keyDelta++;
       bytesDelta += k.getSizeInBytes() + v.getSizeInBytes() + StateBudget.ROW_COST;

@@ -420,14 +420,16 @@ public final class ProviderHarness {
 
   /**
    * The point reads a batch makes of the spill stores, the version and the overlay both
-   * spilled ({@code cacheBytes=0}): each key read, then put a key later (as an operator's
-   * get then put). Each key is read from the version once (the put recalls the read's
-   * answer), and the overlay, whose keys a filter keeps, is not read (reads); every key read
-   * before any is put, as a streaming aggregation does (reads_hashed); a remove of a key the
-   * version answered (reads_remove); the counts the store kept (keys_after, bytes_after)
-   * and the rows (rows_equal) against a model; then a key the version answered before a
-   * batch removed it, put again in the next batch, counts as new (the answer of the version
-   * before is not recalled for the next one, the same instance committed in place).
+   * spilled ({@code cacheBytes=0}), each with a filter of its keys: each key read, then put
+   * a key later (as an operator's get then put): a key the version holds is read from it
+   * once (the put recalls the read's answer), a new key not at all (reads); every key read
+   * before any is put, as a streaming aggregation does, all new (reads_hashed); a remove of
+   * a key the version answered (reads_remove); the rows (rows_equal) against a model; a key
+   * the version answered before a batch removed it, put again in the next batch, counts as
+   * new (the answer of the version before is not recalled for the next one, the same
+   * instance committed in place); then 20,000 keys more, past the version filter's first
+   * stage: every key read back one by one (gets_equal), keys never put (reads_absent), the
+   * counts the store kept (keys_after, bytes_after), and a restore.
    */
   void spillReads() {
     RingStateStoreProvider p = provider();
@@ -441,7 +443,7 @@ public final class ProviderHarness {
     ReadStateStore r = p.getReadStore(1, Option.empty());
     WriteStore u = write(p, 1, false);
     out.put("spilled", u.data.spilled());
-    long before = SpillStore.READS.get();
+    long before = SpillStore.READS.sum();
     for (int i = 0; i <= 1000; i++) { // keys 500..1499: half the version's, half new
       if (i < 1000) {
         r.get(key(500 + i), null);
@@ -452,12 +454,12 @@ public final class ProviderHarness {
         model.put(k, 10_000L + k);
       }
     }
-    out.put("reads", SpillStore.READS.get() - before);
+    out.put("reads", SpillStore.READS.sum() - before);
     out.put("overlay_spilled", u.overlay.spilled());
     // every key of a batch read before any is put (a streaming aggregation: its restore's
     // rows are all taken before its save): the put reads the version again, the overlay
     // still not (1500..1599)
-    before = SpillStore.READS.get();
+    before = SpillStore.READS.sum();
     for (int k = 1500; k < 1600; k++) {
       r.get(key(k), null);
     }
@@ -465,12 +467,12 @@ public final class ProviderHarness {
       u.put(key(k), value(k, 8), null);
       model.put(k, (long) k);
     }
-    out.put("reads_hashed", SpillStore.READS.get() - before);
-    before = SpillStore.READS.get();
+    out.put("reads_hashed", SpillStore.READS.sum() - before);
+    before = SpillStore.READS.sum();
     r.get(key(0), null); // the version answers key 0; the batch then removes it
     u.remove(key(0), null);
     model.remove(0);
-    out.put("reads_remove", SpillStore.READS.get() - before);
+    out.put("reads_remove", SpillStore.READS.sum() - before);
     r.abort();
     u.commit();
     WriteStore again = write(p, 2, false);
@@ -479,7 +481,89 @@ public final class ProviderHarness {
     model.put(0, 7L);
     out.put("rows_equal", model.equals(rows(again)));
     again.commit();
-    committedAgainst(p, 3, model);
+    // 20,000 new keys into the spilled version (its filter's first stage is sized for 4,096
+    // at least: it grows by stages), then every key asked for one by one: a key the filter
+    // lost would read as absent
+    WriteStore grow = write(p, 3, false);
+    for (int k = 2000; k < 22_000; k++) {
+      grow.put(key(k), value(k, 8), null);
+      model.put(k, (long) k);
+    }
+    grow.commit();
+    WriteStore check = write(p, 4, false);
+    out.put("grown_spilled", check.data.spilled());
+    boolean gets = true;
+    for (Map.Entry<Integer, Long> e : model.entrySet()) {
+      UnsafeRow v = check.get(key(e.getKey()), null);
+      gets &= v != null && v.getLong(0) == e.getValue();
+    }
+    before = SpillStore.READS.sum();
+    for (int k = 22_000; k < 32_000; k++) { // never put: the filter answers most
+      gets &= check.get(key(k), null) == null;
+    }
+    out.put("reads_absent", SpillStore.READS.sum() - before);
+    out.put("gets_equal", gets);
+    check.abort();
+    committedAgainst(p, 4, model);
+    p.close();
+  }
+
+  /**
+   * A spilled version's filter of its keys stays bounded ({@code cacheBytes=0}): batches that
+   * put the same keys again leave its bytes as they were (same_bytes_before, _after); batches
+   * whose keys come and go (each removes the last batch's 5,000 keys and puts 5,000 new ones)
+   * make it build itself again from the store (refilters) at a size for the keys held
+   * (churn_bytes); every key held reads back and every key removed reads absent
+   * (gets_equal), against a model, and a restore matches it.
+   */
+  void filterBounds() {
+    RingStateStoreProvider p = provider();
+    Map<Integer, Long> model = new java.util.HashMap<>();
+    long v = 0;
+    for (int round = 0; round < 4; round++) { // the same 5,000 keys, four times
+      WriteStore w = write(p, v, false);
+      for (int k = 0; k < 5000; k++) {
+        w.put(key(k), value(round * 10_000L + k, 8), null);
+        model.put(k, round * 10_000L + k);
+      }
+      w.commit();
+      v++;
+      if (round == 1) {
+        WriteStore r = write(p, v, false);
+        out.put("spilled", r.data.spilled());
+        out.put("same_bytes_before", r.data.filterBytes());
+        r.abort();
+      }
+    }
+    WriteStore r = write(p, v, false);
+    out.put("same_bytes_after", r.data.filterBytes());
+    r.abort();
+    long refilters = StateData.REFILTERS.get();
+    for (int round = 1; round <= 8; round++) { // keys 5000 * round .. +5000 in, the last out
+      WriteStore w = write(p, v, false);
+      for (int k = 5000 * (round - 1); k < 5000 * round; k++) {
+        w.remove(key(k), null);
+        model.remove(k);
+      }
+      for (int k = 5000 * round; k < 5000 * (round + 1); k++) {
+        w.put(key(k), value(k, 8), null);
+        model.put(k, (long) k);
+      }
+      w.commit();
+      v++;
+    }
+    out.put("refilters", StateData.REFILTERS.get() - refilters);
+    WriteStore check = write(p, v, false);
+    out.put("churn_bytes", check.data.filterBytes());
+    boolean gets = true;
+    for (int k = 0; k < 5000 * 9; k++) {
+      UnsafeRow got = check.get(key(k), null);
+      Long want = model.get(k);
+      gets &= want == null ? got == null : got != null && got.getLong(0) == want;
+    }
+    out.put("gets_equal", gets);
+    check.abort();
+    committedAgainst(p, v, model);
     p.close();
   }
 
@@ -1344,6 +1428,7 @@ public final class ProviderHarness {
       case "bulk" -> h.bulk();
       case "merged" -> h.merged();
       case "spill-reads" -> h.spillReads();
+      case "filter-bounds" -> h.filterBounds();
       case "prefix-merged" -> h.prefixMerged();
       case "schema" -> h.schema();
       case "changes" -> h.changes();
