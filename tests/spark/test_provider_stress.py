@@ -274,8 +274,9 @@ def test_a_spilled_versions_key_filter_stays_bounded(
     assert r["spilled"] is True, r
     assert 0 < r["same_bytes_before"] == r["same_bytes_after"], r
     assert r["refilters"] >= 1, r  # 40,000 keys went in, 5,000 held at the end
-    # sized for the 5,000 keys held, not the 45,000 ever put (67 KB at 12 bits a key)
-    assert 0 < r["churn_bytes"] <= 2 * r["same_bytes_after"], r
+    # sized for the 5,000 keys held, not the 45,000 ever put (67 KB at 12 bits a key; ~98 KB
+    # of stages without the rebuilds): under half of those 45,000's after any round
+    assert 0 < r["churn_bytes"] < 45_000 * 12 // 8 // 2, r
     assert r["gets_equal"] is True, r
     assert r["keys_after"] == r["keys_expected"] == 5000, r
     assert r["restored_equal"] is True, r

@@ -55,6 +55,17 @@ final class KeyFilter {
     this.older = older;
   }
 
+  /** The bytes of a one-stage filter made for {@code expected} keys. */
+  static long bytesFor(long expected) {
+    long room = Math.max(MIN_KEYS, Math.min(expected, MAX_KEYS));
+    return 48L + 8L * ((room * BITS_PER_KEY + 63) >>> 6);
+  }
+
+  /** The most keys a one-stage filter of at most {@code bytes} is made for. */
+  static long keysFor(long bytes) {
+    return Math.max(MIN_KEYS, (bytes - 48L) * 8 / BITS_PER_KEY);
+  }
+
   /** An independent copy (a copied version's). */
   KeyFilter copy() {
     java.util.ArrayDeque<KeyFilter> stages = new java.util.ArrayDeque<>();

@@ -483,7 +483,7 @@ final class StateData {
 
   /** Move every row to a new spill store: the heap keeps none of this version. */
   private synchronized void spillNow() {
-    if (spill != null) {
+    if (spill != null || release.done) {
       return;
     }
     long t0 = System.nanoTime();
@@ -495,9 +495,9 @@ final class StateData {
     // the keys go into the filter as the rows go to the store (an overlay's sized for the
     // batch before's keys, a version's for twice its own: either grows when full, and is
     // not kept past filterCap)
-    KeyFilter[] keys = {
-        new KeyFilter(filterFor > 0 ? Math.max(filterFor, 4L * rows.size()) : 2L * rows.size())};
     long cap = filterCap();
+    long first = filterFor > 0 ? Math.max(filterFor, 4L * rows.size()) : 2L * rows.size();
+    KeyFilter[] keys = {new KeyFilter(Math.min(first, KeyFilter.keysFor(cap)))};
     // a fresh store: nothing to read first
     s.load(seeing(rows.entrySet().iterator(), e -> {
       KeyFilter was = keys[0];
@@ -518,7 +518,11 @@ final class StateData {
     }
     // the filter stays on the heap, counted in the cache until the map is let go
     long kept = f == null ? 0 : f.bytes();
-    StateBudget.add(kept - release.heapBytes.getAndSet(kept));
+    synchronized (release) {
+      if (!release.done) {
+        StateBudget.add(kept - release.heapBytes.getAndSet(kept));
+      }
+    }
     SPILLS.incrementAndGet();
     if (Trace.ON) {
       Trace.log("spill v%d rows=%d bytes=%d %.1fms cache=%d/%d", version, spilledRows.get(),
@@ -584,11 +588,20 @@ final class StateData {
     if (f == null || f.added() <= 4 * Math.max(live, 4096)) {
       return;
     }
+    if (KeyFilter.bytesFor(2 * live) > filterCap()) {
+      keep(f, null); // one for the keys held would be past the cap: reads ask the store
+      return;
+    }
     KeyFilter g = new KeyFilter(2 * live);
     try (SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> it = s.entries()) {
       while (it.hasNext()) {
         g = g.add(it.next().getKey());
       }
+    } catch (RuntimeException e) {
+      // the version is committed already: the filter it has still holds every key
+      org.slf4j.LoggerFactory.getLogger(StateData.class).warn(
+          "version {}: its key filter was not built again: {}", version, e.toString());
+      return;
     }
     keep(f, g);
     REFILTERS.incrementAndGet();
@@ -673,27 +686,34 @@ final class StateData {
 
   /** The value under {@code key} (an overlay's may be {@link #TOMBSTONE}), else null. */
   UnsafeRow get(UnsafeRow key) {
-    UnsafeRow v = localGet(key);
-    LazyBase base = remote;
-    if (v != null || base == null || removed.contains(key)) {
-      return v;
-    }
-    byte[] b;
-    try {
-      b = base.lookup(key);
-    } catch (LazyBase.Unreadable e) {
-      LazyBase now = rebase(base, e);
-      if (now == null) { // made whole meanwhile
-        return localGet(key);
+    while (true) {
+      // the base before the rows here: a version seen whole has every merged row in place,
+      // and a base seen still set is checked again after its answer (a merge that made the
+      // version whole meanwhile may have taken the key in, or let go of the keys removed)
+      LazyBase base = remote;
+      UnsafeRow v = localGet(key);
+      if (v != null || base == null) {
+        return v;
       }
-      b = now.lookup(key);
+      byte[] b = null;
+      if (!removed.contains(key)) {
+        try {
+          b = base.lookup(key);
+        } catch (LazyBase.Unreadable e) {
+          rebase(base, e); // made whole or over a newer base: asked again
+          continue;
+        }
+      }
+      if (remote != base) {
+        continue; // made whole or rebased while it read: the rows here decide now
+      }
+      if (b == null) {
+        return null;
+      }
+      UnsafeRow value = new UnsafeRow(valueFields);
+      value.pointTo(b, b.length);
+      return value;
     }
-    if (b == null) {
-      return null;
-    }
-    UnsafeRow value = new UnsafeRow(valueFields);
-    value.pointTo(b, b.length);
-    return value;
   }
 
   /**

@@ -123,7 +123,11 @@ final class WriteStore extends StoreBase implements StateStore {
       before = o == null ? data.recall(k) : o == StateData.TOMBSTONE ? null : o;
     } catch (RuntimeException | Error e) {
       if (o == null) { // the put fails whole: a put tried again counts the key as new
-        overlay.remove(k);
+        try {
+          overlay.remove(k);
+        } catch (RuntimeException | Error undo) {
+          e.addSuppressed(undo);
+        }
       }
       throw e;
     }
