@@ -283,6 +283,12 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=1200, help="seconds a JVM may run")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument(
+        "--jfr",
+        type=Path,
+        help="a directory for a Java Flight Recording (settings=profile) of each JVM, named "
+        "by provider and what it ran",
+    )
+    p.add_argument(
         "--query",
         choices=("count", "windowed"),
         default="count",
@@ -323,8 +329,17 @@ def main() -> None:
     windowed = args.query == "windowed"
     wk = args.window_keys if windowed else 0
 
+    def jfr(provider: str, what: str) -> dict[str, str]:
+        if args.jfr is None:
+            return {}
+        args.jfr.mkdir(parents=True, exist_ok=True)
+        name = args.jfr.resolve() / f"{provider}-{what.replace(' ', '-')}.jfr"
+        extra = RING_CONF.get(provider, {}).get("spark.driver.extraJavaOptions", "")
+        record = f"-XX:StartFlightRecording=filename={name},settings=profile"
+        return {"spark.driver.extraJavaOptions": f"{extra} {record}".strip()}
+
     import numpy as np
-    from _common import local_ring, machine, quiet, table
+    from _common import cpu_seconds, local_ring, machine, quiet, table
 
     print(machine(), flush=True)
     if windowed:
@@ -364,6 +379,7 @@ def main() -> None:
                         "conf": {
                             **(before_jar if provider == "ring-lazy-before" else {}),
                             **(conf or {}),
+                            **jfr(provider, what),
                         },
                         "provider": provider,
                         "what": what,
@@ -385,10 +401,21 @@ def main() -> None:
                     for provider in turn:
                         if isinstance(built.get(provider), str):
                             continue  # it failed once (out of memory): it fails again
-                        print(f"{size} MiB ({keys:,} keys): build {provider} ...", flush=True)
+                        # each build starts on quiet nodes: a ring build before it leaves
+                        # them folding snapshots, which would take CPU from the next build
+                        waited = quiet(ring)
+                        print(
+                            f"{size} MiB ({keys:,} keys): build {provider} (nodes quiet "
+                            f"after {waited:.0f} s) ...",
+                            flush=True,
+                        )
                         tag = f"-build{b_round}" if b_round else ""
                         what = f"build {size} MiB round {b_round}"
+                        pids = [p.proc.pid for p in ring.procs if p.proc is not None and p.alive]
+                        nodes_cpu = sum(cpu_seconds(pid) for pid in pids)
                         got, wall = call(job(provider, what, tag=tag), log)
+                        nodes_cpu = sum(cpu_seconds(pid) for pid in pids) - nodes_cpu
+                        print(f"  the nodes' CPU during it: {nodes_cpu:.1f} s", flush=True)
                         if b_round == 0:
                             built[provider] = got
                         if not isinstance(got, str):

@@ -147,7 +147,9 @@ final class StateData {
 
   /**
    * With room for {@code expectedRows} in its map before it grows (0: the default; at most
-   * {@link #ROOM}).
+   * {@link #ROOM}). The table made for that room is counted in the cache from the start,
+   * until the map is let go (a spill or the release), on top of what each row counts: a
+   * batch smaller than the one before leaves most of it empty.
    */
   StateData(DataType[] prefixTypes, int keyFields, int valueFields, int expectedRows) {
     int room = Math.min(expectedRows, ROOM);
@@ -156,6 +158,11 @@ final class StateData {
     this.keyFields = keyFields;
     this.valueFields = valueFields;
     this.cleanable = CLEANER.register(this, release);
+    long table = tableBytes(room);
+    if (table > 0) {
+      release.heapBytes.addAndGet(table);
+      StateBudget.add(table);
+    }
     if (prefixTypes != null) {
       prefixIndex = new ConcurrentHashMap<>();
       prefixProjection = UnsafeProjection.create(prefixTypes);
@@ -163,6 +170,22 @@ final class StateData {
       prefixIndex = null;
       prefixProjection = null;
     }
+  }
+
+  /**
+   * The bytes of the table a {@code ConcurrentHashMap} made with room for {@code room} rows
+   * allocates at its first put (JDK 17's constructor: the power of two at or above
+   * {@code 1 + room / 0.75} slots, a reference a slot: 4 bytes with compressed references,
+   * on heaps under 32 GiB, 8 above); 0 for none.
+   */
+  static long tableBytes(int room) {
+    if (room <= 0) {
+      return 0;
+    }
+    long size = 1 + (long) (room / 0.75f);
+    long slots = Long.highestOneBit(size - 1) << 1;
+    long ref = Runtime.getRuntime().maxMemory() < (32L << 30) ? 4 : 8;
+    return 16 + slots * ref;
   }
 
   /**
@@ -481,6 +504,16 @@ final class StateData {
     }
   }
 
+  /**
+   * Make an empty overlay's spill store now: its puts go there from the first, where a batch
+   * too large for the cache would put most of its rows into the map, move them to the store
+   * when the cache fills, then write the rest there one by one (each row a map operation, a
+   * walk of the map and a write batch more than one write).
+   */
+  void spillFromStart() {
+    spillNow();
+  }
+
   /** Move every row to a new spill store: the heap keeps none of this version. */
   private synchronized void spillNow() {
     if (spill != null || release.done) {
@@ -555,8 +588,12 @@ final class StateData {
    * cache, on the heap for as long as their maps are held, and cannot spill.
    */
   static long filterCap() {
-    return Math.max(StateBudget.limit() / 8, 1L << 20);
+    long set = filterCapForTests;
+    return set > 0 ? set : Math.max(StateBudget.limit() / 8, 1L << 20);
   }
+
+  /** A cap in place of {@link #filterCap}'s rule when above 0 (tests). */
+  static volatile long filterCapForTests;
 
   /**
    * {@code after} in place of the filter {@code before}, its bytes counted in the cache in
@@ -580,15 +617,21 @@ final class StateData {
    * Build the filter again from the spill store's keys once the keys it was given are over
    * 4x those the map holds (a state whose keys come and go: a removed key keeps its bits, and
    * a filter would grow with every key ever put): one walk of the store each time as many
-   * new keys as 3x those it holds went in. Under the version's lock (its writers hold it).
+   * new keys as 3x those it holds went in. A filter let go at the cap is made again once one
+   * for twice the keys held takes at most half the cap (a state that shrank): it is let go
+   * again only after as many new keys as twice those it was made for, so each walk is paid
+   * for by that many puts. Under the version's lock (its writers hold it).
    */
   private void refilter(SpillStore s) {
     KeyFilter f = filter;
     long live = spilledRows.get();
-    if (f == null || f.added() <= 4 * Math.max(live, 4096)) {
+    if (f == null) {
+      if (KeyFilter.bytesFor(2 * live) > filterCap() / 2) {
+        return; // still too many keys: reads ask the store
+      }
+    } else if (f.added() <= 4 * Math.max(live, 4096)) {
       return;
-    }
-    if (KeyFilter.bytesFor(2 * live) > filterCap()) {
+    } else if (KeyFilter.bytesFor(2 * live) > filterCap()) {
       keep(f, null); // one for the keys held would be past the cap: reads ask the store
       return;
     }

@@ -79,6 +79,9 @@ final class WriteStore extends StoreBase implements StateStore {
     this.baseEpochs = data.version == version ? data.shardEpochs : null;
     this.task = task;
     this.overlay = data.emptyLike(provider.overlayRows());
+    if (provider.overlayOutgrew() && data.spilled()) {
+      overlay.spillFromStart(); // its rows would go there by the batch's end anyway
+    }
     this.lazy = data.reads;
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {

@@ -568,6 +568,126 @@ public final class ProviderHarness {
   }
 
   /**
+   * A batch after one that outgrew the cache (4 MiB here) starts its overlay in a spill
+   * store, over a spilled version; a batch that fits the cache again ends it; the rows and
+   * counts are the same either way.
+   */
+  void overlayStartsSpilled() {
+    RingStateStoreProvider p = provider();
+    Map<Integer, Long> model = new java.util.HashMap<>();
+    WriteStore w = write(p, 0, false);
+    for (int k = 0; k < 30_000; k++) { // ~6 MB counted
+      w.put(key(k), value(k, 8), null);
+      model.put(k, (long) k);
+    }
+    out.put("first_spilled", w.overlay.spilled()); // by the cache, part way
+    w.commit();
+    WriteStore big = write(p, 1, false);
+    out.put("version_spilled", big.data.spilled());
+    out.put("big_starts_spilled", big.overlay.spilled()); // before any put
+    for (int k = 0; k < 60_000; k += 2) { // 15,000 keys again, 15,000 new (~6 MB)
+      big.put(key(k), value(1_000_000L + k, 8), null);
+      model.put(k, 1_000_000L + k);
+    }
+    for (int k = 1; k < 2_000; k += 2) {
+      big.remove(key(k), null);
+      model.remove(k);
+    }
+    big.commit();
+    WriteStore small = write(p, 2, false);
+    out.put("small_starts_spilled", small.overlay.spilled());
+    for (int k = 0; k < 200; k += 2) {
+      small.put(key(k), value(2_000_000L + k, 8), null);
+      model.put(k, 2_000_000L + k);
+    }
+    small.commit();
+    WriteStore after = write(p, 3, false);
+    out.put("after_small_starts_spilled", after.overlay.spilled());
+    after.abort();
+    committedAgainst(p, 3, model);
+    p.close();
+  }
+
+  /**
+   * An overlay made for the batch before's rows counts its map's table in the cache from the
+   * start, and gives it back when it is let go (here an abort with no put).
+   */
+  void tableCounted() {
+    RingStateStoreProvider p = provider();
+    WriteStore w = write(p, 0, false);
+    for (int k = 0; k < 50_000; k++) {
+      w.put(key(k), value(k, 8), null);
+    }
+    w.commit();
+    long before = StateBudget.used();
+    WriteStore next = write(p, 1, false);
+    long opened = StateBudget.used();
+    out.put("counted", opened - before);
+    out.put("table", StateData.tableBytes(50_000));
+    next.abort();
+    out.put("given_back", opened - StateBudget.used());
+    p.close();
+  }
+
+  /**
+   * A spilled version's key filter past its cap (a tiny one here): let go, the store asked
+   * for every key (and no key lost); once the version shrinks to keys whose filter takes
+   * half the cap, made again at the commit.
+   */
+  void filterCap() {
+    StateData.filterCapForTests = 16 << 10; // ~10,900 keys at 12 bits a key
+    try {
+      RingStateStoreProvider p = provider();
+      Map<Integer, Long> model = new java.util.HashMap<>();
+      WriteStore w = write(p, 0, false);
+      for (int k = 0; k < 20_000; k++) {
+        w.put(key(k), value(k, 8), null);
+        model.put(k, (long) k);
+      }
+      w.commit();
+      WriteStore r = write(p, 1, false);
+      out.put("spilled", r.data.spilled());
+      out.put("capped_bytes", r.data.filterBytes());
+      long before = SpillStore.READS.sum();
+      for (int k = 100_000; k < 101_000; k++) { // never put
+        r.get(key(k), null);
+      }
+      out.put("capped_reads_absent", SpillStore.READS.sum() - before);
+      boolean gets = true;
+      for (int k = 0; k < 20_000; k++) {
+        UnsafeRow got = r.get(key(k), null);
+        gets &= got != null && got.getLong(0) == k;
+      }
+      out.put("capped_gets_equal", gets);
+      for (int k = 0; k < 19_000; k++) { // 1,000 keys left
+        r.remove(key(k), null);
+        model.remove(k);
+      }
+      r.commit();
+      WriteStore c = write(p, 2, false);
+      out.put("same_instance", c.data == r.data);
+      out.put("remade_bytes", c.data.filterBytes());
+      before = SpillStore.READS.sum();
+      for (int k = 100_000; k < 101_000; k++) {
+        c.get(key(k), null);
+      }
+      out.put("remade_reads_absent", SpillStore.READS.sum() - before);
+      gets = true;
+      for (int k = 0; k < 20_000; k++) {
+        UnsafeRow got = c.get(key(k), null);
+        Long want = model.get(k);
+        gets &= want == null ? got == null : got != null && got.getLong(0) == want;
+      }
+      out.put("remade_gets_equal", gets);
+      c.abort();
+      committedAgainst(p, 2, model);
+      p.close();
+    } finally {
+      StateData.filterCapForTests = 0;
+    }
+  }
+
+  /**
    * Prefix scans of a spilled version after a committed batch went into it in write batches
    * ({@link SpillStore#writeAll}: the prefix index's entries put again and removed with their
    * rows), against a model; keys (group, k) scanned by group.
@@ -1429,6 +1549,9 @@ public final class ProviderHarness {
       case "merged" -> h.merged();
       case "spill-reads" -> h.spillReads();
       case "filter-bounds" -> h.filterBounds();
+      case "filter-cap" -> h.filterCap();
+      case "table-counted" -> h.tableCounted();
+      case "overlay-starts-spilled" -> h.overlayStartsSpilled();
       case "prefix-merged" -> h.prefixMerged();
       case "schema" -> h.schema();
       case "changes" -> h.changes();
