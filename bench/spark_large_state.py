@@ -437,6 +437,7 @@ def main() -> None:
                 for provider in providers if args.rounds else []:
                     if not provider.startswith("ring") or isinstance(built[provider], str):
                         continue
+                    quiet(ring)
                     print(f"{size} MiB: the restarts' base {provider} ...", flush=True)
                     conf = {"spark.statestore.snapshotInterval": "2"}
                     what = f"base {size} MiB"

@@ -282,39 +282,23 @@ def test_a_spilled_versions_key_filter_stays_bounded(
     assert r["restored_equal"] is True, r
 
 
-def test_a_batch_after_one_that_outgrew_the_cache_starts_spilled(
-    tmp_path: Path, ring3: LocalRing, classpath: str
-) -> None:
-    # a 4 MiB cache: a batch of ~6 MB spills part way; the next batch's overlay (over the
-    # spilled version) is in a spill store before its first put; after a batch that fits
-    # the cache again, the next one's is on the heap; the rows and counts match a model
-    r = harness(
-        classpath,
-        "overlay-starts-spilled",
-        tmp_path / "ckpt" / "state",
-        seeds=",".join(ring3.seeds),
-        cacheBytes=4 << 20,
-    )
-    assert r["first_spilled"] is True and r["version_spilled"] is True, r
-    assert r["big_starts_spilled"] is True, r
-    assert r["small_starts_spilled"] is True, r  # the batch before outgrew the cache
-    assert r["after_small_starts_spilled"] is False, r  # the batch before fitted it
-    assert r["keys_after"] == r["keys_expected"] == 44_000, r
-    assert r["bytes_after"] == r["bytes_expected"], r
-    assert r["restored_equal"] is True, r
-
-
 def test_an_overlays_presized_table_is_counted_in_the_cache(
     tmp_path: Path, ring3: LocalRing, classpath: str
 ) -> None:
     # an overlay made for the batch before's 50,000 rows (a table of 131,072 slots, 512 KiB)
     # counts that table in cacheBytes before any row is put, and gives it back at the abort
+    # and at a refused commit
     r = harness(
         classpath, "table-counted", tmp_path / "ckpt" / "state", seeds=",".join(ring3.seeds)
     )
     assert r["table"] == 16 + 131_072 * 4, r
     assert r["counted"] == r["table"], r
     assert r["given_back"] == r["table"], r
+    # a refused commit's overlay gives back what it counted (the build before kept it until
+    # the overlay was collected)
+    assert "fenced" in r["fenced_commit"], r
+    assert r["fenced_held_before"] > r["table"], r
+    assert r["fenced_held_after"] == 0, r
 
 
 def test_a_key_filter_past_its_cap_is_let_go_and_made_again(

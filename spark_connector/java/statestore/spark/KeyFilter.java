@@ -66,6 +66,17 @@ final class KeyFilter {
     return 48L + 8L * BLOCK_WORDS * blocksFor(room);
   }
 
+  /**
+   * The bytes of a filter given {@code keys} distinct keys from its making: a chain of full
+   * stages of {@link #MAX_KEYS} and one for the rest ({@link #bytesFor} is one stage's, which
+   * stops growing at that size).
+   */
+  static long chainBytesFor(long keys) {
+    long full = keys / MAX_KEYS;
+    long rest = keys % MAX_KEYS;
+    return full * bytesFor(MAX_KEYS) + (rest > 0 || full == 0 ? bytesFor(rest) : 0);
+  }
+
   private static int blocksFor(long room) {
     return (int) ((room * BITS_PER_KEY + 64 * BLOCK_WORDS - 1) / (64 * BLOCK_WORDS));
   }

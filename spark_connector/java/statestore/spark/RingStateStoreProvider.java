@@ -1032,21 +1032,6 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   /** Rows of the last committed overlay: what the next one is made ready to hold. */
   private volatile int overlayRows;
 
-  /**
-   * Whether the last committed overlay was in its spill store and would not have fitted the
-   * cache beside what it holds at that commit: a batch larger than the cache.
-   */
-  private volatile boolean overlayOutgrew;
-
-  /**
-   * Whether the next write store's overlay starts in its spill store (with its version
-   * spilled): the batch before outgrew the cache ({@link StateData#spillFromStart}). A batch
-   * that fits the cache again, spilled from the start or not, ends it.
-   */
-  boolean overlayOutgrew() {
-    return overlayOutgrew;
-  }
-
   /** Rows the next write store's overlay is made to hold before its map grows. */
   int overlayRows() {
     return overlayRows;
@@ -1056,8 +1041,6 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   synchronized StateData committed(WriteStore store, long newVersion) {
     StateData base = store.data;
     overlayRows = (int) Math.min(store.overlay.size(), Integer.MAX_VALUE);
-    overlayOutgrew = store.overlay.spilled()
-        && StateBudget.used() + store.overlay.bytes.get() > StateBudget.limit();
     StateData next = base.onlyHeldBy(store.task) ? base : base.copy();
     base.release(store.task);
     next.apply(store.overlay, store.keyDelta(), store.bytesDelta());

@@ -504,16 +504,6 @@ final class StateData {
     }
   }
 
-  /**
-   * Make an empty overlay's spill store now: its puts go there from the first, where a batch
-   * too large for the cache would put most of its rows into the map, move them to the store
-   * when the cache fills, then write the rest there one by one (each row a map operation, a
-   * walk of the map and a write batch more than one write).
-   */
-  void spillFromStart() {
-    spillNow();
-  }
-
   /** Move every row to a new spill store: the heap keeps none of this version. */
   private synchronized void spillNow() {
     if (spill != null || release.done) {
@@ -619,19 +609,21 @@ final class StateData {
    * a filter would grow with every key ever put): one walk of the store each time as many
    * new keys as 3x those it holds went in. A filter let go at the cap is made again once one
    * for twice the keys held takes at most half the cap (a state that shrank): it is let go
-   * again only after as many new keys as twice those it was made for, so each walk is paid
-   * for by that many puts. Under the version's lock (its writers hold it).
+   * again only after as many new keys as those it holds, so each walk is paid for by that
+   * many puts. A walk whose filter passes the cap stops there, the filter let go. Under the
+   * version's lock (its writers hold it).
    */
   private void refilter(SpillStore s) {
     KeyFilter f = filter;
     long live = spilledRows.get();
+    long cap = filterCap();
     if (f == null) {
-      if (KeyFilter.bytesFor(2 * live) > filterCap() / 2) {
+      if (KeyFilter.chainBytesFor(2 * live) > cap / 2) {
         return; // still too many keys: reads ask the store
       }
     } else if (f.added() <= 4 * Math.max(live, 4096)) {
       return;
-    } else if (KeyFilter.bytesFor(2 * live) > filterCap()) {
+    } else if (KeyFilter.chainBytesFor(2 * live) > cap) {
       keep(f, null); // one for the keys held would be past the cap: reads ask the store
       return;
     }
@@ -639,6 +631,10 @@ final class StateData {
     try (SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> it = s.entries()) {
       while (it.hasNext()) {
         g = g.add(it.next().getKey());
+        if (g.bytes() > cap) { // more keys than counted: none kept, reads ask the store
+          keep(f, null);
+          return;
+        }
       }
     } catch (RuntimeException e) {
       // the version is committed already: the filter it has still holds every key
@@ -698,6 +694,11 @@ final class StateData {
   /** Bytes of this version on the heap (in the cache). */
   long heapBytes() {
     return spill != null ? 0 : bytes.get();
+  }
+
+  /** What this map counts in the cache now: rows, table, filter (0 once let go; tests). */
+  long cachedBytes() {
+    return release.heapBytes.get();
   }
 
   /** Iterators open on this version's spill store (0 when it has none). */

@@ -79,9 +79,6 @@ final class WriteStore extends StoreBase implements StateStore {
     this.baseEpochs = data.version == version ? data.shardEpochs : null;
     this.task = task;
     this.overlay = data.emptyLike(provider.overlayRows());
-    if (provider.overlayOutgrew() && data.spilled()) {
-      overlay.spillFromStart(); // its rows would go there by the batch's end anyway
-    }
     this.lazy = data.reads;
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
@@ -377,6 +374,7 @@ final class WriteStore extends StoreBase implements StateStore {
       shardsCommitted = r.shards;
     } catch (IOException | RuntimeException e) {
       state = ABORTED;
+      overlay.retire(); // its bytes leave the cache, its spill store goes
       provider.finished(this);
       String msg = e.getMessage();
       if (e instanceof RingErrors.RingError && "stale_epoch".equals(((RingErrors.RingError) e).code)) {

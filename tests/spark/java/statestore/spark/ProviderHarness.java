@@ -568,47 +568,6 @@ public final class ProviderHarness {
   }
 
   /**
-   * A batch after one that outgrew the cache (4 MiB here) starts its overlay in a spill
-   * store, over a spilled version; a batch that fits the cache again ends it; the rows and
-   * counts are the same either way.
-   */
-  void overlayStartsSpilled() {
-    RingStateStoreProvider p = provider();
-    Map<Integer, Long> model = new java.util.HashMap<>();
-    WriteStore w = write(p, 0, false);
-    for (int k = 0; k < 30_000; k++) { // ~6 MB counted
-      w.put(key(k), value(k, 8), null);
-      model.put(k, (long) k);
-    }
-    out.put("first_spilled", w.overlay.spilled()); // by the cache, part way
-    w.commit();
-    WriteStore big = write(p, 1, false);
-    out.put("version_spilled", big.data.spilled());
-    out.put("big_starts_spilled", big.overlay.spilled()); // before any put
-    for (int k = 0; k < 60_000; k += 2) { // 15,000 keys again, 15,000 new (~6 MB)
-      big.put(key(k), value(1_000_000L + k, 8), null);
-      model.put(k, 1_000_000L + k);
-    }
-    for (int k = 1; k < 2_000; k += 2) {
-      big.remove(key(k), null);
-      model.remove(k);
-    }
-    big.commit();
-    WriteStore small = write(p, 2, false);
-    out.put("small_starts_spilled", small.overlay.spilled());
-    for (int k = 0; k < 200; k += 2) {
-      small.put(key(k), value(2_000_000L + k, 8), null);
-      model.put(k, 2_000_000L + k);
-    }
-    small.commit();
-    WriteStore after = write(p, 3, false);
-    out.put("after_small_starts_spilled", after.overlay.spilled());
-    after.abort();
-    committedAgainst(p, 3, model);
-    p.close();
-  }
-
-  /**
    * An overlay made for the batch before's rows counts its map's table in the cache from the
    * start, and gives it back when it is let go (here an abort with no put).
    */
@@ -626,6 +585,15 @@ public final class ProviderHarness {
     out.put("table", StateData.tableBytes(50_000));
     next.abort();
     out.put("given_back", opened - StateBudget.used());
+    // a commit refused (fenced by a later attempt's) lets its overlay go: rows and table
+    WriteStore a = write(p, 1, false);
+    WriteStore b = write(p, 1, false);
+    a.put(key(1), value(7, 8), null);
+    b.put(key(1), value(8, 8), null);
+    b.commit();
+    out.put("fenced_held_before", a.overlay.cachedBytes());
+    out.put("fenced_commit", attempt(a::commit));
+    out.put("fenced_held_after", a.overlay.cachedBytes());
     p.close();
   }
 
@@ -1551,7 +1519,6 @@ public final class ProviderHarness {
       case "filter-bounds" -> h.filterBounds();
       case "filter-cap" -> h.filterCap();
       case "table-counted" -> h.tableCounted();
-      case "overlay-starts-spilled" -> h.overlayStartsSpilled();
       case "prefix-merged" -> h.prefixMerged();
       case "schema" -> h.schema();
       case "changes" -> h.changes();
