@@ -326,8 +326,17 @@ def main() -> None:
             "--sizes, --build-rounds and --payload must be positive, --rounds >= 0, "
             "--window-keys >= 10"
         )
+    if args.jfr is not None and " " in str(args.jfr.resolve()):
+        raise SystemExit("--jfr: a directory whose path has no spaces (a JVM option names it)")
     windowed = args.query == "windowed"
     wk = args.window_keys if windowed else 0
+
+    def nodes_seconds(pids: list[int]) -> float:
+        """The nodes' CPU seconds so far (nan once one of them is gone)."""
+        try:
+            return sum(cpu_seconds(pid) for pid in pids)
+        except FileNotFoundError:
+            return float("nan")
 
     def jfr(provider: str, what: str) -> dict[str, str]:
         if args.jfr is None:
@@ -412,9 +421,9 @@ def main() -> None:
                         tag = f"-build{b_round}" if b_round else ""
                         what = f"build {size} MiB round {b_round}"
                         pids = [p.proc.pid for p in ring.procs if p.proc is not None and p.alive]
-                        nodes_cpu = sum(cpu_seconds(pid) for pid in pids)
+                        nodes_cpu = nodes_seconds(pids)
                         got, wall = call(job(provider, what, tag=tag), log)
-                        nodes_cpu = sum(cpu_seconds(pid) for pid in pids) - nodes_cpu
+                        nodes_cpu = nodes_seconds(pids) - nodes_cpu
                         print(f"  the nodes' CPU during it: {nodes_cpu:.1f} s", flush=True)
                         if b_round == 0:
                             built[provider] = got

@@ -294,8 +294,8 @@ def test_an_overlays_presized_table_is_counted_in_the_cache(
     assert r["table"] == 16 + 131_072 * 4, r
     assert r["counted"] == r["table"], r
     assert r["given_back"] == r["table"], r
-    # a refused commit's overlay gives back what it counted (the build before kept it until
-    # the overlay was collected)
+    # a refused commit's overlay lets go of what it counted (the build before kept it counted
+    # until the overlay was collected); the table's size assumes a heap under 32 GiB
     assert "fenced" in r["fenced_commit"], r
     assert r["fenced_held_before"] > r["table"], r
     assert r["fenced_held_after"] == 0, r
@@ -323,6 +323,9 @@ def test_a_key_filter_past_its_cap_is_let_go_and_made_again(
     assert r["remade_gets_equal"] is True, r
     assert r["keys_after"] == r["keys_expected"] == 1000, r
     assert r["restored_equal"] is True, r
+    # the rule sizes a filter by all its stages (one stage's size stops growing at 4M keys)
+    assert r["chain_small"] is True and r["chain_two_stages"] is True, r
+    assert r["one_stage_stops"] is True, r
 
 
 def test_prefix_scans_of_a_spilled_version_after_batched_applies(

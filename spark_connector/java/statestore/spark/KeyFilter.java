@@ -67,9 +67,10 @@ final class KeyFilter {
   }
 
   /**
-   * The bytes of a filter given {@code keys} distinct keys from its making: a chain of full
-   * stages of {@link #MAX_KEYS} and one for the rest ({@link #bytesFor} is one stage's, which
-   * stops growing at that size).
+   * An estimate of the bytes a filter takes for {@code keys} distinct keys, however many
+   * stages it needs: full stages of {@link #MAX_KEYS} and one for the rest ({@link #bytesFor}
+   * is one stage's, which stops growing at that size). A chain grown stage by stage may take
+   * more (its last stage is made whole); a filter made for {@code keys} and given them does not.
    */
   static long chainBytesFor(long keys) {
     long full = keys / MAX_KEYS;

@@ -618,7 +618,7 @@ final class StateData {
     long live = spilledRows.get();
     long cap = filterCap();
     if (f == null) {
-      if (KeyFilter.chainBytesFor(2 * live) > cap / 2) {
+      if (KeyFilter.chainBytesFor(2 * live) > cap / 2 || (retryBelow >= 0 && live > retryBelow)) {
         return; // still too many keys: reads ask the store
       }
     } else if (f.added() <= 4 * Math.max(live, 4096)) {
@@ -631,8 +631,11 @@ final class StateData {
     try (SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> it = s.entries()) {
       while (it.hasNext()) {
         g = g.add(it.next().getKey());
-        if (g.bytes() > cap) { // more keys than counted: none kept, reads ask the store
+        if (g.bytes() > cap) {
+          // more keys than counted: none kept (reads ask the store), and no walk again
+          // until the version holds half the keys it was counted to hold now
           keep(f, null);
+          retryBelow = live / 2;
           return;
         }
       }
@@ -643,8 +646,15 @@ final class StateData {
       return;
     }
     keep(f, g);
+    retryBelow = -1;
     REFILTERS.incrementAndGet();
   }
+
+  /**
+   * After a rebuild stopped at the cap, the key count a filter let go waits for before it is
+   * built again (-1: none; the version's lock).
+   */
+  private long retryBelow = -1;
 
   /** The bytes of its filter of the spill store's keys (0: none kept; tests). */
   long filterBytes() {

@@ -374,8 +374,11 @@ final class WriteStore extends StoreBase implements StateStore {
       shardsCommitted = r.shards;
     } catch (IOException | RuntimeException e) {
       state = ABORTED;
-      overlay.retire(); // its bytes leave the cache, its spill store goes
-      provider.finished(this);
+      try {
+        provider.finished(this);
+      } finally {
+        overlay.retire(); // its bytes leave the cache, its spill store goes
+      }
       String msg = e.getMessage();
       if (e instanceof RingErrors.RingError && "stale_epoch".equals(((RingErrors.RingError) e).code)) {
         msg = "fenced: a newer attempt owns " + storePath + " (" + msg + ")";

@@ -650,6 +650,11 @@ public final class ProviderHarness {
       c.abort();
       committedAgainst(p, 2, model);
       p.close();
+      // the size the rule counts: every stage, where one stage's stops at 4M keys
+      out.put("chain_small", KeyFilter.chainBytesFor(1000) == KeyFilter.bytesFor(1000));
+      out.put("chain_two_stages",
+          KeyFilter.chainBytesFor(2L << 22) == 2 * KeyFilter.bytesFor(1L << 22));
+      out.put("one_stage_stops", KeyFilter.bytesFor(2L << 22) == KeyFilter.bytesFor(1L << 22));
     } finally {
       StateData.filterCapForTests = 0;
     }
