@@ -48,6 +48,7 @@ __all__ = [
     "checksum",
     "decode_block",
     "decode_chunk",
+    "decoded_bound",
     "encode_chunks",
     "index_span",
     "key_group",
@@ -257,6 +258,33 @@ def bloom(keys: Sequence[bytes]) -> bytes:
             b = (h1 + i * h2) % m
             bits[b >> 3] |= 1 << (b & 7)
     return bytes(bits)
+
+
+def decoded_bound(data: bytes, max_raw: int = MAX_CHUNK_RAW) -> int:
+    """The raw bytes decoding ``data`` (a chunk, either layout) would make at most: its
+    frames' declared sizes (``max_raw`` for a frame that declares none), at most ``max_raw``,
+    the limit :func:`decode_chunk` holds it to. For a reader that takes a chunk's memory
+    from a budget before decoding it, where the raw size it has is a writer's word (a
+    manifest's ``raw_size``). Bytes that are no chunk count ``max_raw``: their decode fails."""
+    try:
+        if data[:1] != _BLOCKED:
+            declared = zstandard.frame_content_size(data)
+            return max_raw if declared < 0 else min(declared, max_raw)
+        index_len = int.from_bytes(data[-_TRAILER:], "little")
+        if len(data) < 1 + _TRAILER or index_len > len(data) - 1 - _TRAILER:
+            return max_raw
+        end = len(data) - _TRAILER - index_len
+        index = parse_index(data[end : end + index_len], limit=end - 1)
+        view = memoryview(data)
+        total = 0
+        for at, length in zip(index.offsets, index.lengths, strict=True):
+            declared = zstandard.frame_content_size(view[at : at + length])
+            total += max_raw if declared < 0 else declared
+            if total >= max_raw:
+                return max_raw
+        return total
+    except (zstandard.ZstdError, CorruptChunk):
+        return max_raw
 
 
 def decode_chunk(

@@ -26,6 +26,7 @@ from statestore.core.chunk import (
     BlockIndex,
     decode_block,
     decode_chunk,
+    decoded_bound,
     index_span,
     key_group,
     parse_index,
@@ -899,6 +900,7 @@ async def read_key(
     cache: ChunkCache,
     *,
     max_raw: int = MAX_CHUNK_RAW,
+    reserve: Callable[[int], Awaitable[None]] | None = None,
 ) -> bytes | None:
     """The value of ``key`` at ``version`` (None if absent): a point read.
 
@@ -906,7 +908,9 @@ async def read_key(
     can be in of every chunk covering the key's group down to the newest snapshot, all at
     once. Else it walks the chain from the newest manifest down and stops at the first that
     mentions the key, fetching only the chunks of the key's key group. What is fetched is
-    cached decoded.
+    cached decoded, counted in the cache at what its rows take (the manifest's raw size is
+    its writer's word). ``reserve`` (a node's: its request's memory budget) is given what a
+    whole chunk's decode makes at most before it decodes, then what its rows hold.
     """
     chain = await read_chain(transport, view, store, version)
     stats = ReadStats(chain=len(chain))
@@ -930,11 +934,16 @@ async def read_key(
             rows = cache.get(ckey)
             if rows is None:
                 data = await fetch_chunk(transport, view, store, m.version, ref, stats)
+                if reserve is not None:
+                    await reserve(decoded_bound(data, max_raw))
                 decoded = await loop.run_in_executor(
                     None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)
                 )
                 rows = dict(decoded)
-                cache.put(ckey, rows, ref.raw_size)
+                cost = rows_cost(rows)
+                if reserve is not None:
+                    await reserve(cost)
+                cache.put(ckey, rows, cost)
             if key in rows:
                 return rows[key]
         if m.kind == "snapshot":

@@ -60,7 +60,10 @@ class MemoryBudget:
         """Take ``nbytes`` for a request that holds ``held`` already, waiting up to
         :attr:`wait` seconds for room (not at all unless ``patient``). Raises
         PayloadTooLarge when the two exceed the whole budget (no room could ever come),
-        RateLimited when no room came."""
+        RateLimited when no room came. A negative amount is a caller's bug or a peer's lie
+        taken on trust (it would give room that nobody gave back): ValueError."""
+        if nbytes < 0:
+            raise ValueError(f"{what}: a negative amount of memory ({nbytes}) is not taken")
         if held + nbytes > self.limit:
             raise PayloadTooLarge(
                 f"{what} needs {held + nbytes} bytes of memory, over this node's "

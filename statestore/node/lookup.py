@@ -102,9 +102,12 @@ async def point_read(request: web.Request) -> web.Response:
         version = check_version(int(text))
     else:
         raise InvalidRequest(f"version {text[:40]!r} must be a positive integer")
+    lease = request[LEASE]
     value = await read_key(
-        node.transport, view, store, version, key, request.app[CACHE], max_raw=node.config.max_chunk
-    )
+        node.transport, view, store, version, key, request.app[CACHE],
+        max_raw=node.config.max_chunk,
+        reserve=lambda n: lease.take(n, "a point read's chunk"),
+    )  # fmt: skip
     if value is None:
         raise NotFound(f"{store} has no value for that key at version {version}")
     return web.Response(

@@ -154,8 +154,11 @@ def _hop_from(store: StoreId, obj: Any, budget: list[int], seen: set[str]) -> Ho
             )
         chunks = []
         for pos, version, name, digest, size, raw_size, rows in tasks:
-            if not all(type(i) is int for i in (pos, version, digest, size, raw_size, rows)):
-                raise ValueError("chunk task fields must be integers")
+            fields = (pos, version, digest, size, raw_size, rows)
+            # within 0..2**64 as a manifest's are: a negative raw size or row count would be
+            # a negative claim on the node's memory budget (node/relay.py)
+            if not all(type(i) is int and 0 <= i < 1 << 64 for i in fields):
+                raise ValueError("chunk task fields must be integers in 0..2**64")
             if type(name) is not str:
                 raise ValueError("chunk task names must be strings")
             key = chunk_key(store, check_version(version), check_chunk_name(name))

@@ -518,3 +518,47 @@ def test_ring_fs_reads_what_the_old_naming_stored_where_it_is_unambiguous(
     assert got == [["file", "g"], b"old"]
     with RingClient(ring1.seeds) as client:
         assert client.latest(StoreId.parse(new)).version == 1
+
+
+async def test_a_point_read_counts_a_chunk_at_what_it_decodes_to_not_at_its_manifests_word(
+    tmp_path: Path,
+) -> None:
+    """A writer's manifest names each chunk's raw size: one that says 0 for a whole chunk of
+    a few KiB that decodes to MiBs made the node's point-read cache count it as nothing, so
+    point reads pinned such chunks decoded for good, past the cache's bytes; and the decode
+    itself was not taken from the node's memory budget (hostile review 87). Now the cache
+    counts what the rows take, and a decode larger than the budget is refused (413)."""
+    from statestore.core.cache import rows_cost
+    from statestore.core.ids import chunk_key
+    from statestore.core.manifest import ChunkRef, Manifest
+    from statestore.node.lookup import CACHE
+
+    sid = StoreId("q1", 0, 0, "default")
+    config = NodeConfig(
+        port=0, data_dir=str(tmp_path / "n"), storage="memory://", replicas=1,
+        write_quorum=1, dht=False, max_body=1 << 20, max_chunk=64 << 20,
+        memory_budget=8 << 20, lookup_cache=32 << 20,
+    )  # fmt: skip
+    node, runner = await start_node(config)
+    try:
+        # 40,000 rows of 100 equal bytes: ~4.5 MB raw, ~150 KB compressed
+        rows = {b"k%08d" % i: b"x" * 100 for i in range(40_000)}
+        small = {b"a": b"1"}
+        for version, puts in ((1, small), (2, rows)):
+            (c,) = encode_chunks(puts, [], target_size=16 << 20, block_size=0)
+            assert len(c.data) < 256 << 10 and c.raw_size >= (4 << 20 if puts is rows else 0)
+            node.store.put_chunk(chunk_key(sid, version, c.name), c.data)
+            ref = replace(ChunkRef.of(c), raw_size=0)  # the writer's word: nothing
+            node.store.put_manifest(Manifest(sid, version, "snapshot", 1, 128, (ref,), {}))
+        url = f"http://{node.address}/v1/stores/{sid.path}/key"
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{url}?key={b'a'.hex()}&version=1") as r:
+                assert (r.status, await r.read()) == (200, b"1")
+            async with s.get(f"{url}?key={b'k00000007'.hex()}&version=2") as r:
+                big = (r.status, await r.text())
+        # the 4.4 MB chunk's rows take more than the 8 MiB budget: refused, nothing cached
+        cache = runner.app[CACHE]
+        assert big[0] == 413, big
+        assert cache.size_bytes == rows_cost(small)
+    finally:
+        await stop_node(node, runner)

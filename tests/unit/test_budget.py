@@ -148,3 +148,19 @@ def test_a_take_that_waited_past_its_requests_end_gives_its_room_back() -> None:
         return budget.used
 
     assert asyncio.run(run()) == 0
+
+
+def test_a_negative_take_is_refused_and_changes_nothing() -> None:
+    """A negative amount (a peer's claim taken on trust) would give room nobody gave back:
+    two takes near the whole budget would then both get in (hostile review 87)."""
+
+    async def run() -> tuple[int, int]:
+        budget = MemoryBudget(100, wait=0.1, max_body=10)
+        lease = Lease(budget)
+        with pytest.raises(ValueError, match="negative"):
+            await lease.take(-(2**62), "a claim")
+        with pytest.raises(ValueError, match="negative"):
+            await budget.take(-1, "a claim")
+        return budget.used, lease.held
+
+    assert asyncio.run(run()) == (0, 0)

@@ -14,6 +14,7 @@ from statestore.core.chunk import (
     checksum,
     decode_block,
     decode_chunk,
+    decoded_bound,
     encode_chunks,
     index_span,
     key_group,
@@ -258,3 +259,20 @@ def test_truncated_blocked_chunks_are_corrupt() -> None:
     for cut in (1, 3, 5, len(data) // 2, len(data) - 1):
         with pytest.raises(CorruptChunk):
             decode_chunk(data[:cut])
+
+
+@pytest.mark.parametrize("block_size", [0, DEFAULT_BLOCK_SIZE])
+@pytest.mark.parametrize("kind", ["d", "s"])
+def test_decoded_bound_is_what_a_chunk_decodes_to_from_its_own_frames(
+    block_size: int, kind: str
+) -> None:
+    """What a reader takes from a memory budget before decoding a chunk whose manifest's raw
+    size is a writer's word: the frames' declared sizes, at most the limit (node/lookup.py's
+    point reads)."""
+    rows = {b"k%06d" % i: b"v" * (i % 300) for i in range(5_000)}
+    for c in encode_chunks(rows, [], kind=kind, block_size=block_size):
+        bound = decoded_bound(c.data)
+        payload = sum(len(k) + len(v or b"") for k, v in decode_chunk(c.data))
+        assert payload <= bound <= c.raw_size + 64
+        assert decoded_bound(c.data, max_raw=100) == 100
+    assert decoded_bound(b"\x00not a chunk", max_raw=1234) == 1234

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,6 +132,31 @@ def test_hop_plan_round_trip_and_garbage() -> None:
     assert sorted(t.key for t in hop.all_chunks()) == sorted(t.key for t in plan.root.all_chunks())
     with pytest.raises(MalformedData):
         decode_hop(b"\x81\xa1v\x07")
+
+
+@pytest.mark.parametrize("field", ["pos", "version", "digest", "size", "raw_size", "rows"])
+@pytest.mark.parametrize("bad", [-1, -(2**62)])  # msgpack carries no 2**64
+def test_a_hop_plan_with_a_field_out_of_range_is_refused(field: str, bad: int) -> None:
+    """A plan's raw size and rows are what a hop claims of the node's memory budget before it
+    decodes a chunk (node/relay.py): a negative one would have given the budget room that
+    nobody had given back (hostile review 87)."""
+    plan = build("tree", tasks(3, 3))
+    assert plan.root is not None
+    t = plan.root.all_chunks()[0]
+    values = {
+        "pos": t.pos, "version": t.version, "digest": t.checksum, "size": t.size,
+        "raw_size": t.raw_size, "rows": t.rows,
+    }  # fmt: skip
+    values[field] = bad
+    row = [values["pos"], values["version"], t.name, values["digest"], values["size"],
+           values["raw_size"], values["rows"]]  # fmt: skip
+    hop = {"a": plan.root.address, "c": [row], "k": []}
+    body = msgpack.packb(
+        {"v": 1, "store": SID.path, "fold": True, "depth": 0, "groups": 128, "hop": hop},
+        use_bin_type=True,
+    )
+    with pytest.raises(MalformedData):
+        decode_hop(body)
 
 
 @settings(max_examples=50, deadline=None)
