@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import msgpack
 from aiohttp import web
 
+from statestore.core.cache import ROW_COST
 from statestore.core.errors import (
     DelayBoundExceeded,
     InvalidRequest,
@@ -267,11 +268,12 @@ async def put_chunk(request: web.Request) -> web.Response:
     if len(data) > node.config.max_chunk:
         raise PayloadTooLarge(f"chunk {key} is {len(data)} bytes, over --max-chunk")
     limit = charged_limit(request, query)
+    # not while its query is being dropped: checked again here, with no await before the
+    # write is queued (the middleware's check ran before the body was read: a client's slow
+    # body started before a drop's purge was written after it)
+    request.app[DROPPING].check(query)
     if copy or marks is not None or request.query.get("compaction") == "1":
-        # a node's copy, snapshot or hint: not while its query is being dropped (checked
-        # again here, with no await before the write is queued: the middleware's check ran
-        # before the body was read), nor one read before its drop (node/tombstones.py)
-        request.app[DROPPING].check(query)
+        # a node's copy, snapshot or hint: nor one read before its drop (node/tombstones.py)
         check_pushed(node, marks, query)
     # a copy below the store's floor here is answered as landed and not kept
     await node.write(
@@ -336,6 +338,7 @@ async def read_chunks(request: web.Request) -> web.StreamResponse:
     node = request.app[NODE]
     raw = await read_body(request)
     keys = decode_json(raw, KeysRequest, "chunk batch", '{"keys": [chunk key, ...]}').keys
+    keys = list(dict.fromkeys(keys))  # each once: a key named many times is not read as often
     for query in {parse_chunk_key(key)[0].query for key in keys}:  # names a malformed key
         allow(request, "read", query)
     if node.config.inject_delay:
@@ -457,8 +460,8 @@ async def put_manifest(request: web.Request) -> web.Response:
     # a compactor's snapshot (node-only: node/policy.py) is fenced by the head's lineage
     folded = request.query.get("compaction") == "1"
     marks = pushed_marks(request)  # a node's snapshot or hint: the drops it was read under
-    if folded or marks is not None:  # as a copy: not while dropped, nor read before a drop
-        request.app[DROPPING].check(store.query)
+    request.app[DROPPING].check(store.query)  # as a chunk's: again, after the body
+    if folded or marks is not None:  # as a copy: nor read before a drop
         check_pushed(node, marks, store.query)
     created = await node.write(
         node.store.put_manifest, m, charged_limit(request, store.query), folded
@@ -723,6 +726,10 @@ async def commit(request: web.Request) -> web.Response:
         if declared is None:  # chunked: its memory as it arrives
             await lease.take(COMMIT_FACTOR * len(piece), "a commit")
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
+    # rows held as Python objects cost ~100 bytes each beyond their bytes, which the 3x of
+    # the body does not cover for small rows (a body of 11-byte records decodes to 8x its
+    # size): taken now, for the chunking and the writes, or refused (429) without room
+    await lease.take(ROW_COST * (len(puts) + len(deletes)), "a commit's rows", patient=False)
     result = await coordinate_commit(
         node,
         store,

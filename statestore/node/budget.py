@@ -203,6 +203,13 @@ def budget_middleware(budget_of: Callable[[web.Request], MemoryBudget]) -> Middl
                 size = request.content_length
                 if size is None:  # chunked: up to --max-body
                     size = budget.max_body
+                elif size > budget.max_body:
+                    # a body no read can take (aiohttp refuses it past --max-body): refused
+                    # now, not held in the budget for the body timeout
+                    raise PayloadTooLarge(
+                        f"{request.method} {request.path:.80}: a body of {size} bytes is over "
+                        f"this node's --max-body ({budget.max_body})"
+                    )
                 await lease.take(size, f"{request.method} {request.path:.80}")
             return await handler(request)
         finally:

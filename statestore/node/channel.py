@@ -62,6 +62,7 @@ IDLE = 300.0  # seconds a channel may carry no message before it is closed
 SEND_TIMEOUT = 30.0  # seconds an answer may take to be sent
 CLOSE_TIMEOUT = 2.0  # seconds a close may take before the connection is dropped
 MESSAGE_BYTES = 1 << 20  # a message at most (a lookup's keys and parts: ~600 KiB at most)
+CHANNELS_SHARE = 4  # the channels' messages hold at most 1/4 of the budget (256 at 1 GiB)
 MAX_STORE_TEXT = 512  # a store's name in a message, at most (checked before it is parsed)
 MAX_ID = (1 << 63) - 1
 SMALL = 16 << 10  # an answer this small sent into an empty buffer is written, never waited on
@@ -137,6 +138,16 @@ async def lookups(request: web.Request) -> web.WebSocketResponse:
     who = principal(request)
     if who.kind == "node":
         raise InvalidRequest("ring nodes send their lookups as POST .../lookup")
+    # the channels together hold at most a quarter of the budget: idle ones, kept open by a
+    # message every few minutes, could otherwise hold all of it (a caller refused sends its
+    # lookups as requests)
+    if (len(request.app[CHANNELS]) + 1) * MESSAGE_BYTES > node.budget.limit // CHANNELS_SHARE:
+        raise RateLimited(
+            f"this node serves {len(request.app[CHANNELS])} lookup channels, what a "
+            f"1/{CHANNELS_SHARE} of its --memory-budget holds: send lookups as POST "
+            ".../lookup",
+            retry_after=60.0,  # the SDK asks again after net/http.PLAIN_FOR (60 s)
+        )
     # the message being read, for the channel's life: no room, no channel (its caller sends
     # requests); given back with the request's lease when the channel ends
     await request[LEASE].take(MESSAGE_BYTES, "a lookup channel", patient=False)

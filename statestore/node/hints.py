@@ -90,7 +90,7 @@ from statestore.node.daemon import NODE, Node
 from statestore.node.quotas import charged_limit
 from statestore.node.repair import ask_have
 from statestore.node.request import read_body
-from statestore.node.tombstones import DropMarks
+from statestore.node.tombstones import DROPPING, DropMarks
 from statestore.wire.manifest import decode_chain, decode_manifest, encode_chain, encode_manifest
 from statestore.wire.tentative import (
     decode_hint,
@@ -158,6 +158,9 @@ async def put_hint(request: web.Request) -> web.Response:
             f"hint of {store} v{version} names {len(missing)} chunk(s) this node does not hold "
             f"(first {missing[0]}): send the chunks, then the hint"
         )
+    # not while its query is being dropped: again after the body, with no await before
+    # the write is queued (node/tombstones.py)
+    request.app[DROPPING].check(store.query)
     # the node's cap and the query's share are checked where the hint is written
     # (NodeStore.put_hint, core/hints.admit: 507 past them)
     created = await node.write(node.store.put_hint, m, holders, charged_limit(request, store.query))

@@ -326,7 +326,8 @@ async def query_holdings(request: web.Request) -> web.Response:
     its tombstone (the drop tests check every node with it)."""
     node = request.app[NODE]
     query = _check_query(request.match_info["query"])
-    keys = node.store.query_keys(query)
+    # a scan of every key of the query: in a worker thread, the event loop serving on
+    keys = await asyncio.to_thread(node.store.query_keys, query)
     raw = node.store.tombstone(query)
     return web.json_response(
         {

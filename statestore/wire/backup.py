@@ -35,6 +35,10 @@ from statestore.core.ids import StoreId
 from statestore.core.manifest import Manifest
 from statestore.core.retention import MAX_RETAIN
 
+# the most bytes one file of a backup may hold (a chunk or a manifest, read whole): a node
+# takes none past its --max-body (64 MiB by default), nor past 1 GiB of any setting
+MAX_FILE_BYTES = 1 << 30
+
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
@@ -161,7 +165,10 @@ def decode_index(data: bytes) -> dict[str, Any]:
         files: dict[str, tuple[int, str]] = {}
         for f in obj["files"]:
             path, size, digest = f["path"], f["size"], f["xxh3_128"]
-            if not (isinstance(size, int) and size >= 0 and _HEX32.fullmatch(str(digest))):
+            # a file is a chunk or a manifest: at most a chunk's bytes (MAX_FILE_BYTES)
+            if not (
+                type(size) is int and 0 <= size <= MAX_FILE_BYTES and _HEX32.fullmatch(str(digest))
+            ):
                 raise _fail(f"lists {path!r:.80} with a bad size or checksum")
             files[_check_path(path)] = (size, digest)
         stores = []
@@ -169,9 +176,9 @@ def decode_index(data: bytes) -> dict[str, Any]:
             store = StoreId.parse(s["store"])
             if store.query != query:
                 raise _fail(f"lists store {store} outside query {query}")
-            versions = tuple(int(v) for v in s["versions"])
+            versions = tuple(_int(v) for v in s["versions"])
             chains = {
-                int(v): tuple((int(e[0]), str(e[1]), int(e[2])) for e in chain)
+                _int(v): tuple((_int(e[0]), str(e[1]), _int(e[2])) for e in chain)
                 for v, chain in s["chains"].items()
             }
             manifests = tuple(str(p) for p in s["manifests"])
@@ -184,7 +191,7 @@ def decode_index(data: bytes) -> dict[str, Any]:
             if retain is not None and not (type(retain) is int and 1 <= retain <= MAX_RETAIN):
                 raise _fail(f"gives store {store} a retain that is not 1..{MAX_RETAIN}")
             stores.append(StoreEntry(store, versions, chains, manifests, retain))
-    except (KeyError, TypeError, ValueError, AttributeError, InvalidStoreId) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, InvalidStoreId) as exc:
         if isinstance(exc, BackupInvalid):
             raise
         raise _fail(f"is malformed ({exc!r:.200})") from exc
@@ -192,6 +199,16 @@ def decode_index(data: bytes) -> dict[str, Any]:
     out["files"] = files
     out["stores"] = stores
     return out
+
+
+def _int(x: object) -> int:
+    """An index's whole number (a version, an epoch): an int within 0..2**64, or a string of
+    one (JSON object keys); a float, Infinity or anything else is malformed."""
+    if type(x) is str and x.isascii() and x.isdigit() and len(x) <= 20:
+        x = int(x)
+    if type(x) is not int or not 0 <= x < 1 << 64:
+        raise ValueError(f"{x!r:.40} is not a whole number in 0..2**64")
+    return x
 
 
 def _check_path(path: object) -> str:

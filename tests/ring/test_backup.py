@@ -231,6 +231,28 @@ def test_the_format_s_pure_rules() -> None:
             assert not ok and "retain" in str(exc), exc
         else:
             assert ok and got == retain, (retain, got)
+    # versions and epochs are whole numbers (an infinity made int() raise OverflowError, a
+    # traceback where the index should be refused); a file is at most 1 GiB (read whole)
+    bad_entries = [
+        {**entry, "versions": [float("inf")], "chains": {"1": [[1, "snapshot", 1]]}},
+        {**entry, "versions": [1.5]},
+        {**entry, "chains": {"1": [[1, "snapshot", float("inf")]]}},
+        {**entry, "versions": [-1], "chains": {"-1": [[1, "snapshot", 1]]}},
+    ]
+    for one in bad_entries:
+        try:
+            decode_index(encode_index({**index, "stores": [one]}))
+        except BackupInvalid as exc:
+            assert "malformed" in str(exc), exc
+        else:
+            raise AssertionError(f"accepted {one}")
+    huge = {**index, "files": [{"path": "x", "size": 1 << 40, "xxh3_128": "0" * 32}]}
+    try:
+        decode_index(encode_index(huge))
+    except BackupInvalid as exc:
+        assert "bad size" in str(exc), exc
+    else:
+        raise AssertionError("a file of 1 TiB was accepted")
 
 
 def test_a_backup_that_outlives_a_thinned_snapshot_reads_the_chains_again(

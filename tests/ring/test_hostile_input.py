@@ -562,3 +562,22 @@ async def test_a_point_read_counts_a_chunk_at_what_it_decodes_to_not_at_its_mani
         assert cache.size_bytes == rows_cost(small)
     finally:
         await stop_node(node, runner)
+
+
+async def test_a_chunk_named_many_times_in_a_batch_is_sent_once(solo: Node) -> None:
+    """``POST /v1/chunks`` with one key named 50 times read and sent the chunk 50 times: a
+    few KB of request for 50x a chunk's bytes of reads, checks and answer (hostile review
+    87). Each key is read and sent once."""
+    from statestore.core.ids import chunk_key
+
+    sid = StoreId("q1", 0, 0, "default")
+    (c,) = encode_chunks({b"k": os.urandom(64 << 10)}, [])
+    key = chunk_key(sid, 1, c.name)
+    solo.store.put_chunk(key, c.data)
+    async with aiohttp.ClientSession() as s:
+        url = f"http://{solo.address}/v1/chunks"
+        async with s.post(url, json={"keys": [key] * 50}) as r:
+            assert r.status == 200
+            body = await r.read()
+    assert body.count(c.data) == 1
+    assert len(body) < 2 * len(c.data)

@@ -91,6 +91,38 @@ async def test_a_trickled_commit_gives_its_budget_back(tmp_path: Path) -> None:
         await stop_node(node, runner)
 
 
+async def test_a_body_declared_past_max_body_is_refused_at_once_and_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    """A body declared over --max-body can never be read (aiohttp refuses it past it): it
+    held its declared bytes of the budget for the body timeout, so one connection sending
+    ``Content-Length: 1 GiB`` and nothing else kept every other body out (hostile review
+    87). Now it gets 413 at once and takes nothing."""
+    cfg = config(
+        tmp_path, "n", replicas=1, write_quorum=1, memory_budget=4 << 20, max_body=1 << 20,
+        body_timeout=5.0,
+    )  # fmt: skip
+    node, runner = await start_node(cfg)
+    try:
+        host, port = node.address.rsplit(":", 1)
+        reader, w = await asyncio.open_connection(host, int(port))
+        w.write(
+            b"POST /v1/heads HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 4194304\r\n\r\n"
+        )
+        await w.drain()
+        answer = await asyncio.wait_for(reader.read(4096), 3)
+        assert b" 413 " in answer.split(b"\r\n", 1)[0], answer[:200]
+        assert node.budget.used == 0
+        status, _ = await call(node.address, "POST", "/v1/heads", json={"stores": []})
+        assert status == 200
+        w.close()
+        with contextlib.suppress(OSError):
+            await w.wait_closed()
+    finally:
+        await stop_node(node, runner)
+
+
 async def test_a_restore_answer_left_unread_gives_its_budget_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,3 +288,68 @@ async def test_an_in_process_relay_hop_slower_than_a_second_answers_whole(
         frames = [(kind, meta) async for kind, meta, _data, _raw in read_frames(answer, 1 << 28)]
         await served
         assert any(kind == b"D" and "out" in meta for kind, meta in frames), frames
+
+
+async def test_a_slow_body_begun_before_a_drop_s_purge_is_not_written_after_it(
+    tmp_path: Path,
+) -> None:
+    """A client's chunk ``PUT`` whose headers passed the drop check before the purge, and
+    whose body arrived after it, was written between the purge and the seal: the drop left
+    that chunk behind (hostile review 87). The check runs again once the body is read."""
+    from statestore.core.chunk import encode_chunks
+    from statestore.node.tombstones import DROPPING
+
+    cfg = config(tmp_path, "n", replicas=1, write_quorum=1, body_timeout=10.0)
+    node, runner = await start_node(cfg)
+    try:
+        (c,) = encode_chunks({b"k": b"v" * 1000}, [])
+        key = chunk_key(SID, 1, c.name)
+        host, port = node.address.rsplit(":", 1)
+        reader, w = await asyncio.open_connection(host, int(port))
+        w.write(
+            f"PUT /v1/chunks/{key} HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Length: {len(c.data)}\r\n\r\n".encode()
+            + c.data[:10]
+        )
+        await w.drain()
+        await asyncio.sleep(0.3)  # the request is in its handler, reading the body
+        runner.app[DROPPING].queries.add(SID.query)  # a drop's purge ran: not sealed yet
+        w.write(c.data[10:])
+        await w.drain()
+        answer = await asyncio.wait_for(reader.read(4096), 10)
+        status = answer.split(b"\r\n", 1)[0]
+        assert b" 201 " not in status and b" 409 " in status, answer[:300]
+        assert node.store.has_chunks([key]) == [False]
+        w.close()
+        with contextlib.suppress(OSError):
+            await w.wait_closed()
+    finally:
+        await stop_node(node, runner)
+
+
+async def test_a_commit_of_tiny_rows_takes_what_its_rows_hold(tmp_path: Path) -> None:
+    """A commit is charged 3x its body; a body of 11-byte records decodes to ~8x its size
+    in Python objects, so a commit within its charge held several times it (hostile review
+    87). Its rows are now taken too: 1 MiB of 6-byte keys (74,898 rows, ~7.5 MB as objects)
+    does not fit a 4 MiB budget and is refused, with nothing stored; a commit of the same
+    size in a hundred rows lands."""
+    cfg = config(
+        tmp_path, "n", replicas=1, write_quorum=1, memory_budget=4 << 20, max_body=1 << 20,
+        max_commit=1 << 20,
+    )  # fmt: skip
+    node, runner = await start_node(cfg)
+    try:
+        n = (1 << 20) // 14  # 8 bytes of framing and a 6-byte key a row
+        tiny = encode_puts([b"%03d" % (i % 1000) + i.to_bytes(3, "big") for i in range(n)],
+                           [b""] * n)  # fmt: skip
+        assert len(tiny) <= 1 << 20
+        url = f"/v1/stores/{SID.path}/commit?version=1&epoch=1"
+        status, body = await call(node.address, "POST", url, data=tiny)
+        assert status in (413, 429), body
+        assert node.store.head(SID) is None
+        assert node.budget.used == 0
+        large = encode_puts([b"k%d" % i for i in range(100)], [b"v" * 9000] * 100)
+        status, body = await call(node.address, "POST", url, data=large)
+        assert status == 201, body
+    finally:
+        await stop_node(node, runner)

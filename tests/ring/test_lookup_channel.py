@@ -291,3 +291,33 @@ async def test_pings_do_not_keep_an_idle_channel_open(
             async with s.ws_connect(url, heartbeat=0.2) as ws:  # pings every 0.2 s
                 closed = await asyncio.wait_for(ws.receive(), 30)
                 assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+
+
+async def test_channels_hold_at_most_a_quarter_of_the_budget(tmp_path: Path) -> None:
+    """Each channel holds a message's room (1 MiB) for its life, and a message every few
+    minutes keeps one open: 1,024 idle channels held a 1 GiB budget (hostile review 87).
+    Channels now take at most a quarter of it (here 8 MiB: two); past it a channel is
+    refused (429) and the SDK sends its lookups as requests, which still answer."""
+    kw = {"replicas": 1, "write_quorum": 1, "memory_budget": 8 << 20, "max_body": 1 << 20}
+    async with nodes(tmp_path, 1, **kw) as (node,):
+        async with AsyncRingClient([node.address]) as ring:
+            await ring.commit(SID, 1, ROWS, [], {}, epoch=1, snapshot=True)
+        url = f"http://{node.address}/v1/lookups"
+        async with aiohttp.ClientSession() as s:
+            first = await s.ws_connect(url)
+            second = await s.ws_connect(url)
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await s.ws_connect(url)
+            assert refused.value.status == 429
+            assert node.budget.used == 2 * channel_module.MESSAGE_BYTES
+            async with AsyncRingClient([node.address]) as ring:
+                view = await ring.open(SID, cache_bytes=0)
+                assert await view.get(b"k00007") == b"v00007"  # as a request
+            await first.close()
+            for _ in range(100):  # the closed channel's room comes back
+                if node.budget.used <= channel_module.MESSAGE_BYTES:
+                    break
+                await asyncio.sleep(0.05)
+            third = await s.ws_connect(url)
+            await third.close()
+            await second.close()

@@ -238,6 +238,9 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     return LazyBase.memoBytes() / 4;
   }
 
+  /** Holders of versions that read-aheads read (below 0: no task attempt's id). */
+  private static final AtomicLong AHEAD_HOLDER = new AtomicLong();
+
   /**
    * A batch's {@code keys} of store {@code id}, about to be read from version
    * {@code version} one by one ({@code ReadAheadExec}, under a streaming aggregation's
@@ -254,18 +257,29 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       if (!p.config.readAhead) {
         continue;
       }
+      // the version is held while it is read (a holder of its own, for this call): another
+      // provider of the store (an earlier run's, a reader's) closed meanwhile, or a commit
+      // that moves the cache on, lets it go only after, never with its spill store mid-read
+      long holder = AHEAD_HOLDER.decrementAndGet();
+      StateData data;
+      synchronized (p) {
+        data = p.cached;
+        if (data == null || data.version != version) {
+          continue;
+        }
+        data.hold(holder);
+      }
       try {
-        StateData data;
-        synchronized (p) {
-          data = p.cached;
-        }
-        if (data != null && data.version == version) {
-          data.readAhead(keys, p.config.readAheadMinKeys); // of each holding it
-        }
+        data.readAhead(keys, p.config.readAheadMinKeys); // of each holding it
       } catch (RuntimeException e) {
         // best effort: the restore reads those keys one by one, and says what is wrong
         LOG.debug("read-ahead of {} version {} skipped: {}", p.storePath, version,
             e.toString());
+      } finally {
+        synchronized (p) {
+          data.release(holder);
+          p.drop(data); // let go now if nothing else holds or caches it
+        }
       }
     }
   }
@@ -1041,9 +1055,27 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
   synchronized StateData committed(WriteStore store, long newVersion) {
     StateData base = store.data;
     overlayRows = (int) Math.min(store.overlay.size(), Integer.MAX_VALUE);
-    StateData next = base.onlyHeldBy(store.task) ? base : base.copy();
-    base.release(store.task);
-    next.apply(store.overlay, store.keyDelta(), store.bytesDelta());
+    StateData next = null;
+    store.overlay.letFilterGo(); // its keys are the version's now: the room is the version's
+    try {
+      next = base.onlyHeldBy(store.task) ? base : base.copy();
+      base.release(store.task);
+      next.apply(store.overlay, store.keyDelta(), store.bytesDelta());
+    } catch (RuntimeException | Error e) {
+      // applied part way (a spill store's write failed, a disk filled): no version of this
+      // JVM is that. A version applied in place is let go, cached or not, so that no load
+      // takes it for the version it was (a retry then reads that version from the ring); a
+      // copy is let go, its base kept as it was
+      base.release(store.task);
+      if (next == base && cached == base) {
+        cached = null;
+      }
+      if (next != null && next != base) {
+        next.retire();
+      }
+      drop(base);
+      throw e;
+    }
     if (next != base) {
       Prefetcher.schedule(next, config.prefetchBytesPerSec); // a copy: its own merge
     }
@@ -1061,6 +1093,11 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       drop(old);
     }
     return next;
+  }
+
+  /** The version a load of the next batch may take (tests). */
+  StateData cachedForTests() {
+    return cached;
   }
 
   /** A write store ended without a commit. */

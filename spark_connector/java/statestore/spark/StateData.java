@@ -119,6 +119,8 @@ final class StateData {
   /** What this version holds of the executor: its bytes in the cache, its spill. */
   private static final class Release implements Runnable {
     final AtomicLong heapBytes = new AtomicLong();
+    /** Of {@link #heapBytes}, its key filter's: counted in {@link #FILTER_BYTES} too. */
+    final AtomicLong filterBytes = new AtomicLong();
     volatile SpillStore spill;
     /** What the JVM holds of the base the version reads ({@link #readFrom}), let go with it. */
     LazyBase.Held base;
@@ -128,6 +130,7 @@ final class StateData {
     public synchronized void run() {
       done = true;
       StateBudget.add(-heapBytes.getAndSet(0));
+      FILTER_BYTES.addAndGet(-filterBytes.getAndSet(0));
       SpillStore s = spill;
       spill = null;
       if (s != null) {
@@ -212,12 +215,13 @@ final class StateData {
       out.spilledRows.set(spilledRows.get());
       out.bytes.set(bytes.get());
       KeyFilter f = filter;
-      if (f != null) { // the copy's own, counted in the cache as the original's is
+      if (f != null && takeFilterRoom(f.bytes())) { // the copy's own, counted as the original's
         KeyFilter g = f.copy();
         out.filter = g;
         out.release.heapBytes.addAndGet(g.bytes());
+        out.release.filterBytes.addAndGet(g.bytes());
         StateBudget.add(g.bytes());
-      }
+      } // else none: the JVM's filters are at their total, the copy's reads ask its store
     } else {
       for (Map.Entry<UnsafeRow, UnsafeRow> e : map.entrySet()) {
         out.put(e.getKey(), e.getValue());
@@ -436,7 +440,12 @@ final class StateData {
     }
     long before = bytes.get();
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = overlay.entries();
+    int failAfter = failApplyAfterForTests;
+    int applied = 0;
     while (it.hasNext()) {
+      if (applied++ == failAfter) {
+        throw new IllegalStateException("apply failed part way (a test's hook)");
+      }
       SpillStore moved = spill;
       if (moved != null) { // the version moved to a spill store part way: the rest in batches
         moved.writeAll(remembering(it), prefixIndex == null ? null : this::prefixOf);
@@ -453,6 +462,12 @@ final class StateData {
       }
     }
   }
+
+  /**
+   * Tests: a heap version's {@link #apply} throws after this many rows (-1: never), as a
+   * spill store's write or a full disk would part way.
+   */
+  static volatile int failApplyAfterForTests = -1;
 
   /** Empty the map (a restore attempt starting again). */
   void clear() {
@@ -531,6 +546,9 @@ final class StateData {
     }), prefixer);
     spilledRows.set(rows.size());
     KeyFilter f = keys[0];
+    if (f != null && !takeFilterRoom(f.bytes())) {
+      f = null; // the JVM's filters are at their total: reads ask the store
+    }
     filter = f; // before the spill store: a read that finds one finds the other
     spill = s;
     // let go of the map whole, its table with it (a clear walks every bin and keeps the
@@ -544,6 +562,9 @@ final class StateData {
     synchronized (release) {
       if (!release.done) {
         StateBudget.add(kept - release.heapBytes.getAndSet(kept));
+        release.filterBytes.addAndGet(kept);
+      } else {
+        FILTER_BYTES.addAndGet(-kept); // let go meanwhile: not counted
       }
     }
     SPILLS.incrementAndGet();
@@ -593,12 +614,61 @@ final class StateData {
     if (after != null && after.bytes() > filterCap()) {
       after = null;
     }
-    filter = after;
-    long more = (after == null ? 0 : after.bytes()) - (before == null ? 0 : before.bytes());
+    long had = before == null ? 0 : before.bytes();
+    long more = (after == null ? 0 : after.bytes()) - had;
     synchronized (release) {
       if (!release.done) {
+        if (more > 0 && !takeFilterRoom(more)) {
+          after = null; // the JVM's filters are at their total: reads ask the store
+          more = -had;
+          FILTER_BYTES.addAndGet(more);
+        } else if (more <= 0) {
+          FILTER_BYTES.addAndGet(more);
+        }
         release.heapBytes.addAndGet(more);
+        release.filterBytes.addAndGet(more);
         StateBudget.add(more);
+      }
+      filter = after;
+    }
+  }
+
+  /**
+   * Let go of its key filter (its reads then ask its spill store): an overlay's, once its
+   * commit is sent, so that the version it is applied to has the room.
+   */
+  void letFilterGo() {
+    KeyFilter f = filter;
+    if (f != null) {
+      keep(f, null);
+    }
+  }
+
+  /**
+   * Bytes of the key filters that the versions and overlays of this JVM hold: at most
+   * {@link #filterTotal}, so that however many partitions an executor holds spilled, their
+   * filters stay within a share of the cache (each is also at most {@link #filterCap}).
+   */
+  static final AtomicLong FILTER_BYTES = new AtomicLong();
+
+  /** The most bytes the JVM's key filters take together: a quarter of the cache. */
+  static long filterTotal() {
+    long set = filterTotalForTests;
+    return set > 0 ? set : Math.max(StateBudget.limit() / 4, filterCap());
+  }
+
+  /** A total in place of {@link #filterTotal}'s rule when above 0 (tests). */
+  static volatile long filterTotalForTests;
+
+  /** Count {@code bytes} more of filters if the total has room for them; whether it had. */
+  private static boolean takeFilterRoom(long bytes) {
+    while (true) {
+      long now = FILTER_BYTES.get();
+      if (now + bytes > filterTotal()) {
+        return false;
+      }
+      if (FILTER_BYTES.compareAndSet(now, now + bytes)) {
+        return true;
       }
     }
   }

@@ -391,8 +391,19 @@ final class WriteStore extends StoreBase implements StateStore {
     commitMs = (System.nanoTime() - started) / 1_000_000;
     state = COMMITTED;
     long t1 = System.nanoTime();
-    committedData = provider.committed(this, newVersion);
-    overlay.retire();
+    try {
+      committedData = provider.committed(this, newVersion);
+    } catch (RuntimeException | Error e) {
+      // the ring holds the version; this JVM could not make it (its rows applied part way
+      // were let go): the task fails, and its retry reads the version before from the ring
+      // and commits this one again under a newer epoch
+      state = ABORTED;
+      throw new IllegalStateException("RingStateStoreProvider: " + storePath + " version "
+          + newVersion + " was committed to the ring, but applying it in this JVM failed: "
+          + e.getMessage(), e);
+    } finally {
+      overlay.retire(); // its bytes leave the cache, its spill store goes
+    }
     if (Trace.ON) {
       Trace.log("commit %s v%d overlay=%d send=%dms apply=%.1fms", storePath, newVersion,
           overlay.size(), commitMs, (System.nanoTime() - t1) / 1e6);

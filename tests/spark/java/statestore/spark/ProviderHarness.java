@@ -598,6 +598,111 @@ public final class ProviderHarness {
   }
 
   /**
+   * A commit the ring acknowledged whose apply in this JVM fails part way (a test hook: as a
+   * spill store's write or a full disk would): the version applied in place is not kept as
+   * the version it was, the overlay lets go of what it counted, and the task's retry reads
+   * the version before from the ring and commits again, exactly.
+   */
+  void applyFails() {
+    RingStateStoreProvider p = provider();
+    WriteStore w = write(p, 0, false);
+    for (int k = 0; k < 1_000; k++) {
+      w.put(key(k), value(k, 8), null);
+    }
+    w.commit();
+    WriteStore a = write(p, 1, false);
+    out.put("in_place", a.data == p.cachedForTests());
+    for (int k = 0; k < 1_000; k++) {
+      a.put(key(k), value(k + 1_000_000, 8), null);
+    }
+    StateData.failApplyAfterForTests = 500;
+    try {
+      out.put("commit", attempt(a::commit));
+    } finally {
+      StateData.failApplyAfterForTests = -1;
+    }
+    out.put("has_committed", a.hasCommitted());
+    out.put("overlay_held_after", a.overlay.cachedBytes());
+    StateData kept = p.cachedForTests();
+    out.put("cached_after", kept == null ? "none" : "version " + kept.version);
+    a.abort(); // as Spark's task end does
+    // the retry: the version before, then the same puts, committed again
+    WriteStore b = write(p, 1, false);
+    boolean before = true;
+    for (int k = 0; k < 1_000; k++) {
+      UnsafeRow got = b.get(key(k), null);
+      before &= got != null && got.getLong(0) == k;
+    }
+    out.put("retry_reads_version_1", before);
+    for (int k = 0; k < 1_000; k++) {
+      b.put(key(k), value(k + 1_000_000, 8), null);
+    }
+    out.put("retry_commit", attempt(b::commit));
+    RingStateStoreProvider fresh = provider(); // another JVM's view: from the ring only
+    StateStore r = fresh.getStore(2, Option.empty(), false, false);
+    boolean after = true;
+    for (int k = 0; k < 1_000; k++) {
+      UnsafeRow got = r.get(key(k), null);
+      after &= got != null && got.getLong(0) == k + 1_000_000;
+    }
+    out.put("version_2_equal", after);
+    r.abort();
+    fresh.close();
+    p.close();
+  }
+
+  /**
+   * The JVM's key filters held to a total (a tiny one here, 20 KiB: one version's filter of
+   * ~15 KiB fits, two do not): a copy of a spilled version made while a reader holds it gets
+   * none, and its reads ask its spill store, exact; every filter's bytes are given back.
+   */
+  void filterTotal() {
+    StateData.filterCapForTests = 16 << 10;
+    StateData.filterTotalForTests = 20 << 10;
+    try {
+      RingStateStoreProvider p = provider();
+      WriteStore w = write(p, 0, false);
+      for (int k = 0; k < 5_000; k++) {
+        w.put(key(k), value(k, 8), null);
+      }
+      out.put("overlay_filter", w.overlay.filterBytes());
+      out.put("total_before_commit", StateData.FILTER_BYTES.get());
+      w.commit();
+      StateData v1 = p.cachedForTests();
+      out.put("total_after_commit", StateData.FILTER_BYTES.get());
+      out.put("spilled", v1.spilled());
+      out.put("v1_filter", v1.filterBytes());
+      ReadStateStore r = p.getReadStore(1, Option.empty()); // holds version 1: a copy follows
+      WriteStore a = write(p, 1, false);
+      for (int k = 5_000; k < 5_100; k++) {
+        a.put(key(k), value(k, 8), null);
+      }
+      a.commit();
+      StateData v2 = p.cachedForTests();
+      out.put("copied", v2 != v1);
+      out.put("copy_filter", v2.filterBytes());
+      out.put("total", StateData.FILTER_BYTES.get());
+      WriteStore c = write(p, 2, false);
+      boolean gets = true;
+      for (int k = 0; k < 5_100; k++) {
+        UnsafeRow got = c.get(key(k), null);
+        gets &= got != null && got.getLong(0) == k;
+      }
+      for (int k = 100_000; k < 100_500; k++) { // never put
+        gets &= c.get(key(k), null) == null;
+      }
+      out.put("gets_equal", gets);
+      c.abort();
+      r.abort();
+      p.close();
+      out.put("total_after_close", StateData.FILTER_BYTES.get());
+    } finally {
+      StateData.filterCapForTests = 0;
+      StateData.filterTotalForTests = 0;
+    }
+  }
+
+  /**
    * A spilled version's key filter past its cap (a tiny one here): let go, the store asked
    * for every key (and no key lost); once the version shrinks to keys whose filter takes
    * half the cap, made again at the commit.
@@ -1524,6 +1629,8 @@ public final class ProviderHarness {
       case "filter-bounds" -> h.filterBounds();
       case "filter-cap" -> h.filterCap();
       case "table-counted" -> h.tableCounted();
+      case "apply-fails" -> h.applyFails();
+      case "filter-total" -> h.filterTotal();
       case "prefix-merged" -> h.prefixMerged();
       case "schema" -> h.schema();
       case "changes" -> h.changes();
