@@ -15,7 +15,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import msgspec
@@ -653,6 +653,25 @@ async def fetch_part(
     return body
 
 
+class ReadBudget(Protocol):
+    """Memory a reader takes before it decodes what a writer's word sized, and gives back
+    (a node's request lease, node/budget.Lease)."""
+
+    async def take(self, nbytes: int, what: str) -> None: ...
+
+    async def give(self, nbytes: int) -> None: ...
+
+
+async def _decoding(budget: ReadBudget | None, data: bytes, max_raw: int, what: str) -> int:
+    """Take from ``budget`` (if any) what decoding ``data`` makes at most (core/chunk's
+    decoded_bound: its frames' own declared sizes); what was taken, to give back."""
+    if budget is None:
+        return 0
+    bound = decoded_bound(data, max_raw)
+    await budget.take(bound, what)
+    return bound
+
+
 async def load_index(
     fetch: Callable[[tuple[int, int], int], Awaitable[bytes]],
     ref: ChunkRef,
@@ -679,10 +698,12 @@ async def read_block_rows(
     cache: ChunkCache,
     *,
     max_raw: int = MAX_CHUNK_RAW,
+    budget: ReadBudget | None = None,
 ) -> dict[bytes, bytes | None] | None:
     """The rows of the one block of blocked chunk ``ref`` that can hold ``key`` (None if no
     block can): its index and that block, each fetched by ``fetch(span, checksum)`` unless
-    ``cache`` holds it, verified, and cached under ``ckey``."""
+    ``cache`` holds it, verified, and cached under ``ckey``; its decode taken from
+    ``budget`` while it runs."""
     index = await load_index(fetch, ref, ckey, cache)
     i = index.find(group, key)
     if i is None:
@@ -691,7 +712,12 @@ async def read_block_rows(
     rows = cache.get(bkey)
     if rows is None:
         frame = await fetch((index.offsets[i], index.lengths[i]), index.checksums[i])
-        rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey))
+        taken = await _decoding(budget, frame, max_raw, "a point read's block")
+        try:
+            rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey))
+        finally:
+            if budget is not None:
+                await budget.give(taken)
         cache.put(bkey, rows, rows_cost(rows))
     return rows
 
@@ -799,11 +825,12 @@ async def read_by_blocks(
     cache: ChunkCache,
     *,
     max_raw: int = MAX_CHUNK_RAW,
+    budget: ReadBudget | None = None,
 ) -> bytes | None:
     """``key``'s value along ``path`` (:func:`block_path`, of a chain of ``groups`` key
     groups): of every chunk at once, its index then the one block that can hold the key (two
     round trips whatever the chain's length), and the newest manifest naming the key
-    decides."""
+    decides. ``budget``: each block's decode is taken from it while it runs."""
     if not path:
         return None
     g = key_group(key, groups)
@@ -820,6 +847,7 @@ async def read_by_blocks(
                 key,
                 cache,
                 max_raw=max_raw,
+                budget=budget,
             )
             for version, ref in path
         )
@@ -900,7 +928,7 @@ async def read_key(
     cache: ChunkCache,
     *,
     max_raw: int = MAX_CHUNK_RAW,
-    reserve: Callable[[int], Awaitable[None]] | None = None,
+    budget: ReadBudget | None = None,
 ) -> bytes | None:
     """The value of ``key`` at ``version`` (None if absent): a point read.
 
@@ -909,8 +937,9 @@ async def read_key(
     once. Else it walks the chain from the newest manifest down and stops at the first that
     mentions the key, fetching only the chunks of the key's key group. What is fetched is
     cached decoded, counted in the cache at what its rows take (the manifest's raw size is
-    its writer's word). ``reserve`` (a node's: its request's memory budget) is given what a
-    whole chunk's decode makes at most before it decodes, then what its rows hold.
+    its writer's word). ``budget`` (a node's: its request's lease) holds one chunk's or
+    block's decode at a time: what it makes at most (its frames' declared sizes) while it
+    decodes, then what its rows hold until the key is looked up in them.
     """
     chain = await read_chain(transport, view, store, version)
     stats = ReadStats(chain=len(chain))
@@ -923,7 +952,9 @@ async def read_key(
             return partial(fetch_part, transport, view, store, version, ref, stats=stats)
 
         groups = chain[-1].key_groups
-        return await read_by_blocks(path, groups, fetch_for, store, key, cache, max_raw=max_raw)
+        return await read_by_blocks(
+            path, groups, fetch_for, store, key, cache, max_raw=max_raw, budget=budget
+        )
     loop = asyncio.get_running_loop()
     for m in reversed(chain):
         g = key_group(key, m.key_groups)
@@ -932,20 +963,29 @@ async def read_key(
                 continue
             ckey = chunk_key(store, m.version, ref.name)
             rows = cache.get(ckey)
+            held = 0  # of the budget, for these rows until the key is looked up in them
             if rows is None:
                 data = await fetch_chunk(transport, view, store, m.version, ref, stats)
-                if reserve is not None:
-                    await reserve(decoded_bound(data, max_raw))
-                decoded = await loop.run_in_executor(
-                    None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)
-                )
+                taken = await _decoding(budget, data, max_raw, "a point read's chunk")
+                try:
+                    decoded = await loop.run_in_executor(
+                        None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)
+                    )
+                finally:
+                    if budget is not None:
+                        await budget.give(taken)
                 rows = dict(decoded)
                 cost = rows_cost(rows)
-                if reserve is not None:
-                    await reserve(cost)
+                if budget is not None:
+                    await budget.take(cost, "a point read's rows")
+                    held = cost
                 cache.put(ckey, rows, cost)
-            if key in rows:
-                return rows[key]
+            try:
+                if key in rows:
+                    return rows[key]
+            finally:
+                if budget is not None and held:
+                    await budget.give(held)
         if m.kind == "snapshot":
             break
     return None

@@ -467,6 +467,7 @@ async def put_manifest(request: web.Request) -> web.Response:
         node.store.put_manifest, m, charged_limit(request, store.query), folded
     )
     if retain is not None:
+        request.app[DROPPING].check(store.query)  # again: the manifest's write was awaited
         await node.write(node.store.set_retain, store, retain)
     return web.json_response({"stored": created}, status=201 if created else 200)
 
@@ -726,10 +727,15 @@ async def commit(request: web.Request) -> web.Response:
         if declared is None:  # chunked: its memory as it arrives
             await lease.take(COMMIT_FACTOR * len(piece), "a commit")
     puts, deletes = await asyncio.to_thread(decode_rows, bytes(body))  # the loop stays free
-    # rows held as Python objects cost ~100 bytes each beyond their bytes, which the 3x of
-    # the body does not cover for small rows (a body of 11-byte records decodes to 8x its
-    # size): taken now, for the chunking and the writes, or refused (429) without room
-    await lease.take(ROW_COST * (len(puts) + len(deletes)), "a commit's rows", patient=False)
+    size = len(body)
+    body.clear()  # the rows hold the bytes now
+    # rows held as Python objects cost ~100 bytes each beyond their bytes: the 3x of the
+    # body covers that for rows of ~100 bytes and more (the body, the rows, the chunks), not
+    # for smaller ones (a body of 11-byte records decodes to 8x its size): what the rows
+    # hold past twice the body is taken now, for the chunking and the writes, or refused
+    extra = ROW_COST * (len(puts) + len(deletes)) - size
+    if extra > 0:
+        await lease.take(extra, "a commit's small rows", patient=False)
     result = await coordinate_commit(
         node,
         store,

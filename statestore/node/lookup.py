@@ -28,7 +28,14 @@ import zstandard
 from aiohttp import web
 
 from statestore.core.cache import ChunkCache, rows_cost
-from statestore.core.chunk import INDEX_OVERHEAD, BlockIndex, decode_block, key_group, verify
+from statestore.core.chunk import (
+    INDEX_OVERHEAD,
+    BlockIndex,
+    decode_block,
+    decoded_bound,
+    key_group,
+    verify,
+)
 from statestore.core.errors import (
     CorruptChunk,
     InvalidRequest,
@@ -102,11 +109,9 @@ async def point_read(request: web.Request) -> web.Response:
         version = check_version(int(text))
     else:
         raise InvalidRequest(f"version {text[:40]!r} must be a positive integer")
-    lease = request[LEASE]
     value = await read_key(
         node.transport, view, store, version, key, request.app[CACHE],
-        max_raw=node.config.max_chunk,
-        reserve=lambda n: lease.take(n, "a point read's chunk"),
+        max_raw=node.config.max_chunk, budget=request[LEASE],
     )  # fmt: skip
     if value is None:
         raise NotFound(f"{store} has no value for that key at version {version}")
@@ -418,11 +423,22 @@ async def _values(
         index = cache.indexes[ckey]
         spans.append((version, ref, (index.offsets[i], index.lengths[i]), index.checksums[i]))
     frames = await reads.blocks(spans)
-    for (bkey, (_v, _ref, ckey, i)), frame in zip(wanted.items(), frames, strict=True):
-        index = cache.indexes[ckey]
-        rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey, dctx=dctx))
-        cache.put(bkey, rows, rows_cost(rows))
-        held[bkey] = rows
+    # what the blocks decode to at most, by their frames' own declared sizes (a block may
+    # hold one large row, up to a chunk's limit), past 4x the frames' bytes that the lookup
+    # holds already (a frame that declares far more than it could hold, a bomb), taken while
+    # they decode: the rows are then the cache's, counted there, and the values the
+    # answer's, taken with it
+    declared = sum(decoded_bound(frame, max_raw) for frame in frames)
+    bound = max(0, declared - 4 * sum(map(len, frames)))
+    await reads.lease.take(bound, "a lookup's blocks decoded")
+    try:
+        for (bkey, (_v, _ref, ckey, i)), frame in zip(wanted.items(), frames, strict=True):
+            index = cache.indexes[ckey]
+            rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey, dctx=dctx))
+            cache.put(bkey, rows, rows_cost(rows))
+            held[bkey] = rows
+    finally:
+        await reads.lease.give(bound)
     for n, value, blocks in waiting:  # each block it wanted now held
         values[n] = decided(keys[n], value, blocks, held)
     return values

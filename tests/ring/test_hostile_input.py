@@ -537,7 +537,7 @@ async def test_a_point_read_counts_a_chunk_at_what_it_decodes_to_not_at_its_mani
     config = NodeConfig(
         port=0, data_dir=str(tmp_path / "n"), storage="memory://", replicas=1,
         write_quorum=1, dht=False, max_body=1 << 20, max_chunk=64 << 20,
-        memory_budget=8 << 20, lookup_cache=32 << 20,
+        memory_budget=4 << 20, lookup_cache=32 << 20,
     )  # fmt: skip
     node, runner = await start_node(config)
     try:
@@ -556,7 +556,7 @@ async def test_a_point_read_counts_a_chunk_at_what_it_decodes_to_not_at_its_mani
                 assert (r.status, await r.read()) == (200, b"1")
             async with s.get(f"{url}?key={b'k00000007'.hex()}&version=2") as r:
                 big = (r.status, await r.text())
-        # the 4.4 MB chunk's rows take more than the 8 MiB budget: refused, nothing cached
+        # the 4.5 MB chunk decodes to more than the 4 MiB budget: refused, nothing cached
         cache = runner.app[CACHE]
         assert big[0] == 413, big
         assert cache.size_bytes == rows_cost(small)
@@ -581,3 +581,45 @@ async def test_a_chunk_named_many_times_in_a_batch_is_sent_once(solo: Node) -> N
             body = await r.read()
     assert body.count(c.data) == 1
     assert len(body) < 2 * len(c.data)
+
+
+async def test_a_lookup_takes_a_block_that_declares_far_more_than_its_bytes_from_the_budget(
+    tmp_path: Path,
+) -> None:
+    """A block of a few KiB that declares 40 MiB (a row of zeros, or a writer's bomb) was
+    decoded by any lookup whose key its index routes there, outside the node's budget: a
+    lookup of an absent key answered nil after 40 MiB of decode (hostile review 88). Now
+    what a block declares past 4x its bytes is taken while it decodes: 413 under a 16 MiB
+    budget, nothing held after."""
+    from statestore.core.chunk import key_group
+    from statestore.core.ids import chunk_key
+    from statestore.core.manifest import ChunkRef, Manifest
+
+    sid = StoreId("q1", 0, 0, "default")
+    config = NodeConfig(
+        port=0, data_dir=str(tmp_path / "n"), storage="memory://", replicas=1,
+        write_quorum=1, dht=False, max_body=1 << 20, memory_budget=16 << 20,
+    )  # fmt: skip
+    node, runner = await start_node(config)
+    try:
+        # a delta: no Bloom filter to rule the key out before its block is read
+        (c,) = encode_chunks({b"a": bytes(40 << 20)}, [], kind="d", target_size=64 << 20)
+        assert c.index_len > 0 and len(c.data) < 256 << 10
+        node.store.put_chunk(chunk_key(sid, 1, c.name), c.data)
+        ref = ChunkRef.of(c)
+        node.store.put_manifest(Manifest(sid, 1, "delta", 1, 128, (ref,), {}))
+        g = key_group(b"a", 128)
+        absent = next(k for i in range(10_000) if key_group(k := b"a%d" % i, 128) == g)
+        body = {
+            "groups": 128,
+            "keys": [absent.hex()],
+            "parts": [[1, ref.name, ref.lo, ref.hi, ref.size, ref.index_len, ref.index_checksum]],
+        }
+        url = f"http://{node.address}/v1/stores/{sid.path}/lookup"
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url, data=json.dumps(body).encode()) as r:
+                status, text = r.status, (await r.read())[:300]
+        assert status == 413 and b"--memory-budget" in text, (status, text)
+        assert node.budget.used == 0
+    finally:
+        await stop_node(node, runner)

@@ -238,8 +238,11 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     return LazyBase.memoBytes() / 4;
   }
 
-  /** Holders of versions that read-aheads read (below 0: no task attempt's id). */
-  private static final AtomicLong AHEAD_HOLDER = new AtomicLong();
+  /**
+   * Holders of versions that read-aheads read: from {@code Long.MIN_VALUE} up, apart from
+   * task attempts' ids and from the negative ids of stores opened outside a task.
+   */
+  private static final AtomicLong AHEAD_HOLDER = new AtomicLong(Long.MIN_VALUE);
 
   /**
    * A batch's {@code keys} of store {@code id}, about to be read from version
@@ -260,7 +263,7 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
       // the version is held while it is read (a holder of its own, for this call): another
       // provider of the store (an earlier run's, a reader's) closed meanwhile, or a commit
       // that moves the cache on, lets it go only after, never with its spill store mid-read
-      long holder = AHEAD_HOLDER.decrementAndGet();
+      long holder = AHEAD_HOLDER.incrementAndGet();
       StateData data;
       synchronized (p) {
         data = p.cached;
@@ -1056,17 +1059,21 @@ public final class RingStateStoreProvider implements StateStoreProvider, Support
     StateData base = store.data;
     overlayRows = (int) Math.min(store.overlay.size(), Integer.MAX_VALUE);
     StateData next = null;
+    boolean released = false;
     store.overlay.letFilterGo(); // its keys are the version's now: the room is the version's
     try {
       next = base.onlyHeldBy(store.task) ? base : base.copy();
       base.release(store.task);
+      released = true;
       next.apply(store.overlay, store.keyDelta(), store.bytesDelta());
     } catch (RuntimeException | Error e) {
       // applied part way (a spill store's write failed, a disk filled): no version of this
       // JVM is that. A version applied in place is let go, cached or not, so that no load
       // takes it for the version it was (a retry then reads that version from the ring); a
       // copy is let go, its base kept as it was
-      base.release(store.task);
+      if (!released) { // the store's own hold only (its task's read store may hold it too)
+        base.release(store.task);
+      }
       if (next == base && cached == base) {
         cached = null;
       }

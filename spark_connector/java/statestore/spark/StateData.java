@@ -610,10 +610,11 @@ final class StateData {
    * {@code after} in place of the filter {@code before}, its bytes counted in the cache in
    * place of the other's; none past {@link #filterCap}.
    */
-  private void keep(KeyFilter before, KeyFilter after) {
+  private boolean keep(KeyFilter before, KeyFilter after) {
     if (after != null && after.bytes() > filterCap()) {
       after = null;
     }
+    boolean wanted = after != null;
     long had = before == null ? 0 : before.bytes();
     long more = (after == null ? 0 : after.bytes()) - had;
     synchronized (release) {
@@ -631,6 +632,7 @@ final class StateData {
       }
       filter = after;
     }
+    return !wanted || after != null;
   }
 
   /**
@@ -691,6 +693,9 @@ final class StateData {
       if (KeyFilter.chainBytesFor(2 * live) > cap / 2 || (retryBelow >= 0 && live > retryBelow)) {
         return; // still too many keys: reads ask the store
       }
+      if (FILTER_BYTES.get() + KeyFilter.chainBytesFor(2 * live) > filterTotal()) {
+        return; // no room among the JVM's filters: no walk (its filter would be let go)
+      }
     } else if (f.added() <= 4 * Math.max(live, 4096)) {
       return;
     } else if (KeyFilter.chainBytesFor(2 * live) > cap) {
@@ -698,6 +703,7 @@ final class StateData {
       return;
     }
     KeyFilter g = new KeyFilter(2 * live);
+    FILTER_WALKS.incrementAndGet();
     try (SpillStore.CloseableIterator<Map.Entry<UnsafeRow, UnsafeRow>> it = s.entries()) {
       while (it.hasNext()) {
         g = g.add(it.next().getKey());
@@ -715,7 +721,12 @@ final class StateData {
           "version {}: its key filter was not built again: {}", version, e.toString());
       return;
     }
-    keep(f, g);
+    if (!keep(f, g)) {
+      // the JVM's filters took the room meanwhile: none kept, and no walk again until the
+      // version holds half the keys (as after a walk stopped at the cap)
+      retryBelow = live / 2;
+      return;
+    }
     retryBelow = -1;
     REFILTERS.incrementAndGet();
   }
@@ -731,6 +742,9 @@ final class StateData {
     KeyFilter f = filter;
     return f == null ? 0 : f.bytes();
   }
+
+  /** Walks of spill stores to build a filter again, kept or not (tests). */
+  static final AtomicLong FILTER_WALKS = new AtomicLong();
 
   /** Filters built again from their stores in this JVM (tests). */
   static final AtomicLong REFILTERS = new AtomicLong();

@@ -657,7 +657,7 @@ public final class ProviderHarness {
    * none, and its reads ask its spill store, exact; every filter's bytes are given back.
    */
   void filterTotal() {
-    StateData.filterCapForTests = 16 << 10;
+    StateData.filterCapForTests = 64 << 10; // half of it holds a filter for twice 5,100 keys
     StateData.filterTotalForTests = 20 << 10;
     try {
       RingStateStoreProvider p = provider();
@@ -673,6 +673,7 @@ public final class ProviderHarness {
       out.put("spilled", v1.spilled());
       out.put("v1_filter", v1.filterBytes());
       ReadStateStore r = p.getReadStore(1, Option.empty()); // holds version 1: a copy follows
+      long walks = StateData.FILTER_WALKS.get();
       WriteStore a = write(p, 1, false);
       for (int k = 5_000; k < 5_100; k++) {
         a.put(key(k), value(k, 8), null);
@@ -682,7 +683,15 @@ public final class ProviderHarness {
       out.put("copied", v2 != v1);
       out.put("copy_filter", v2.filterBytes());
       out.put("total", StateData.FILTER_BYTES.get());
-      WriteStore c = write(p, 2, false);
+      // the copy's commit and the next one: the version's keys would take a filter again,
+      // but the JVM's filters have no room: no walk of its store (a first build of the total
+      // walked it at every commit, and let the filter go each time)
+      WriteStore d = write(p, 2, false);
+      d.put(key(200_000), value(200_000, 8), null);
+      d.commit();
+      out.put("walks_while_full", StateData.FILTER_WALKS.get() - walks);
+      out.put("in_place", p.cachedForTests() == v2);
+      WriteStore c = write(p, 3, false);
       boolean gets = true;
       for (int k = 0; k < 5_100; k++) {
         UnsafeRow got = c.get(key(k), null);
