@@ -653,7 +653,10 @@ final class StateData {
    */
   static final AtomicLong FILTER_BYTES = new AtomicLong();
 
-  /** The most bytes the JVM's key filters take together: a quarter of the cache. */
+  /**
+   * The most bytes the JVM's key filters take together: a quarter of the cache, at least one
+   * filter's cap ({@link #filterCap}, itself at least 1 MiB).
+   */
   static long filterTotal() {
     long set = filterTotalForTests;
     return set > 0 ? set : Math.max(StateBudget.limit() / 4, filterCap());

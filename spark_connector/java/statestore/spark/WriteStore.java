@@ -393,7 +393,10 @@ final class WriteStore extends StoreBase implements StateStore {
     long t1 = System.nanoTime();
     try {
       committedData = provider.committed(this, newVersion);
-    } catch (RuntimeException | Error e) {
+    } catch (Error e) {
+      state = ABORTED; // as below, the error itself thrown on (an OutOfMemoryError stays one)
+      throw e;
+    } catch (RuntimeException e) {
       // the ring holds the version; this JVM could not make it (its rows applied part way
       // were let go): the task fails, and its retry reads the version before from the ring
       // and commits this one again under a newer epoch
