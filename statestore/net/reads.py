@@ -672,6 +672,20 @@ async def _decoding(budget: ReadBudget | None, data: bytes, max_raw: int, what: 
     return bound
 
 
+async def _hold_instead(budget: ReadBudget, taken: int, cost: int, what: str) -> int:
+    """Turn ``taken`` of ``budget`` (a decode's bound) into ``cost`` (what its rows hold),
+    never holding less than the rows meanwhile; what is held now (none if refused)."""
+    if cost > taken:
+        try:
+            await budget.take(cost - taken, what)
+        except BaseException:
+            await budget.give(taken)
+            raise
+    elif taken > cost:
+        await budget.give(taken - cost)
+    return cost
+
+
 async def load_index(
     fetch: Callable[[tuple[int, int], int], Awaitable[bytes]],
     ref: ChunkRef,
@@ -699,11 +713,12 @@ async def read_block_rows(
     *,
     max_raw: int = MAX_CHUNK_RAW,
     budget: ReadBudget | None = None,
+    held: list[int] | None = None,
 ) -> dict[bytes, bytes | None] | None:
     """The rows of the one block of blocked chunk ``ref`` that can hold ``key`` (None if no
     block can): its index and that block, each fetched by ``fetch(span, checksum)`` unless
-    ``cache`` holds it, verified, and cached under ``ckey``; its decode taken from
-    ``budget`` while it runs."""
+    ``cache`` holds it, verified, and cached under ``ckey``. With a ``budget``, its decode is
+    taken from it, then what its rows hold, added to ``held`` for the caller to give back."""
     index = await load_index(fetch, ref, ckey, cache)
     i = index.find(group, key)
     if i is None:
@@ -715,10 +730,18 @@ async def read_block_rows(
         taken = await _decoding(budget, frame, max_raw, "a point read's block")
         try:
             rows = dict(decode_block(frame, index, i, max_raw=max_raw, what=ckey))
-        finally:
+        except BaseException:
             if budget is not None:
                 await budget.give(taken)
-        cache.put(bkey, rows, rows_cost(rows))
+            raise
+        cost = rows_cost(rows)
+        if budget is not None:
+            taken = await _hold_instead(budget, taken, cost, "a point read's block rows")
+            if held is not None:
+                held.append(taken)
+            else:
+                await budget.give(taken)
+        cache.put(bkey, rows, cost)
     return rows
 
 
@@ -830,13 +853,33 @@ async def read_by_blocks(
     """``key``'s value along ``path`` (:func:`block_path`, of a chain of ``groups`` key
     groups): of every chunk at once, its index then the one block that can hold the key (two
     round trips whatever the chain's length), and the newest manifest naming the key
-    decides. ``budget``: each block's decode is taken from it while it runs."""
+    decides. ``budget``: each block's decode is taken from it, then what its rows hold until
+    every block is read and the key looked up."""
     if not path:
         return None
     g = key_group(key, groups)
     cached = blocks_wanted(path, store, g, key, cache)
     if cached is not None and not cached[1]:
         return cached[0]
+    held: list[int] = []
+    try:
+        return await _by_blocks(path, g, fetch_for, store, key, cache, max_raw, budget, held)
+    finally:
+        if budget is not None and held:
+            await budget.give(sum(held))
+
+
+async def _by_blocks(
+    path: Sequence[tuple[int, ChunkRef]],
+    g: int,
+    fetch_for: Callable[[int, ChunkRef], Callable[[tuple[int, int], int], Awaitable[bytes]]],
+    store: StoreId,
+    key: bytes,
+    cache: ChunkCache,
+    max_raw: int,
+    budget: ReadBudget | None,
+    held: list[int],
+) -> bytes | None:
     found = await asyncio.gather(
         *(
             read_block_rows(
@@ -848,6 +891,7 @@ async def read_by_blocks(
                 cache,
                 max_raw=max_raw,
                 budget=budget,
+                held=held,
             )
             for version, ref in path
         )
@@ -971,14 +1015,14 @@ async def read_key(
                     decoded = await loop.run_in_executor(
                         None, partial(decode_chunk, data, max_raw=max_raw, what=ref.name)
                     )
-                finally:
+                except BaseException:
                     if budget is not None:
                         await budget.give(taken)
+                    raise
                 rows = dict(decoded)
                 cost = rows_cost(rows)
                 if budget is not None:
-                    await budget.take(cost, "a point read's rows")
-                    held = cost
+                    held = await _hold_instead(budget, taken, cost, "a point read's rows")
                 cache.put(ckey, rows, cost)
             try:
                 if key in rows:

@@ -424,13 +424,14 @@ async def _values(
         spans.append((version, ref, (index.offsets[i], index.lengths[i]), index.checksums[i]))
     frames = await reads.blocks(spans)
     # what the blocks decode to at most, by their frames' own declared sizes (a block may
-    # hold one large row, up to a chunk's limit), past 4x the frames' bytes that the lookup
-    # holds already (a frame that declares far more than it could hold, a bomb), taken while
-    # they decode: the rows are then the cache's, counted there, and the values the
-    # answer's, taken with it
+    # hold one large row, up to a chunk's limit), past the frames' bytes that the lookup
+    # holds already, taken while they decode: the rows are then the cache's, counted there,
+    # and the values the answer's, taken with it. Not waited for once the lookup holds
+    # room (two lookups each holding reads and waiting for the other's would both wait
+    # out the body timeout): refused at once then (429), and the reader asks again
     declared = sum(decoded_bound(frame, max_raw) for frame in frames)
-    bound = max(0, declared - 4 * sum(map(len, frames)))
-    await reads.lease.take(bound, "a lookup's blocks decoded")
+    bound = max(0, declared - sum(map(len, frames)))
+    await reads.lease.take(bound, "a lookup's blocks decoded", patient=reads.lease.held == 0)
     try:
         for (bkey, (_v, _ref, ckey, i)), frame in zip(wanted.items(), frames, strict=True):
             index = cache.indexes[ckey]

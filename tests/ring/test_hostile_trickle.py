@@ -351,5 +351,13 @@ async def test_a_commit_of_tiny_rows_takes_what_its_rows_hold(tmp_path: Path) ->
         large = encode_puts([b"k%d" % i for i in range(100)], [b"v" * 9000] * 100)
         status, body = await call(node.address, "POST", url, data=large)
         assert status == 201, body
+        # rows of 60 bytes: 3 MiB for the body and 0.5 MB past it for the rows fit (a first
+        # build of the charge took 100 bytes a row on top of the 3x and refused it)
+        n = (1 << 20) // 68
+        rows = encode_puts([b"r%07d" % i for i in range(n)], [b"x" * 52] * n)
+        url2 = f"/v1/stores/{SID.path}/commit?version=2&epoch=1"
+        status, body = await call(node.address, "POST", url2, data=rows)
+        assert status == 201, body
+        assert node.budget.used == 0
     finally:
         await stop_node(node, runner)

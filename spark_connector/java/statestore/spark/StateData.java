@@ -611,10 +611,10 @@ final class StateData {
    * place of the other's; none past {@link #filterCap}.
    */
   private boolean keep(KeyFilter before, KeyFilter after) {
+    boolean wanted = after != null;
     if (after != null && after.bytes() > filterCap()) {
       after = null;
     }
-    boolean wanted = after != null;
     long had = before == null ? 0 : before.bytes();
     long more = (after == null ? 0 : after.bytes()) - had;
     synchronized (release) {
@@ -725,9 +725,8 @@ final class StateData {
       return;
     }
     if (!keep(f, g)) {
-      // the JVM's filters took the room meanwhile: none kept, and no walk again until the
-      // version holds half the keys (as after a walk stopped at the cap)
-      retryBelow = live / 2;
+      // the JVM's filters took the room meanwhile (the check above passed): none kept; the
+      // next commit walks again only if they have room by then
       return;
     }
     retryBelow = -1;
